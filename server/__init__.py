@@ -1,0 +1,1 @@
+"""Server side of vllm-load: the vLLM emulator and the metrics sidecar."""

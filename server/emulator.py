@@ -1,0 +1,303 @@
+"""A vLLM emulator: vLLM's OpenAI HTTP API, SSE chunk shapes and /metrics names, on gevent.
+
+    python -m server.emulator --port 8000 --ttft 0.05 --itl 0.01
+
+It is the default target of the locustfiles (started on 127.0.0.1 when no --host is given) and
+the fixture of the tests; every report says when the target was this emulator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import secrets
+import socket
+import sys
+import time
+from typing import Any, Callable, Iterable
+
+import orjson
+from gevent.pywsgi import WSGIServer
+
+from server.engine import EngineConfig, FixedScheduleEngine
+from server.vllm_metrics import VllmMetrics
+
+VERSION = "0.32.0"
+FINGERPRINT = f"vllm-{VERSION}-emulator"
+_WORDS = (" the", " model", " answers", " with", " tokens", " that", " stream", " back", " to", " a",
+          " client", " under", " load", " while", " batches", " grow", " and", " caches", " fill", " up")
+
+Start = Callable[[str, list], Any]
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str, err_type: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.err_type, self.param = status, message, err_type, param
+
+    def body(self) -> bytes:
+        # vLLM >= 0.10.1 error shape
+        return orjson.dumps({"error": {"message": self.message, "type": self.err_type, "param": self.param,
+                                       "code": self.status}})
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
+
+
+class Emulator:
+    def __init__(self, model: str, tokenizer: Any, max_model_len: int, engine: FixedScheduleEngine,
+                 api_key: str = "") -> None:
+        self.model = model
+        self.tok = tokenizer
+        self.max_model_len = max_model_len
+        self.engine = engine
+        self.api_key = api_key
+        self.metrics = VllmMetrics(model)
+        self.created = int(time.time())
+
+    # -- WSGI -----------------------------------------------------------------------------------
+    def __call__(self, environ: dict, start_response: Start) -> Iterable[bytes]:
+        path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
+        try:
+            if path == "/health":
+                return self._reply(start_response, 200, b"", "text/plain")
+            if path == "/metrics":
+                self._update_gauges()
+                return self._reply(start_response, 200, self.metrics.exposition(), "text/plain; version=0.0.4")
+            if path.startswith("/v1/") and self.api_key:
+                if environ.get("HTTP_AUTHORIZATION", "") != f"Bearer {self.api_key}":
+                    raise HttpError(401, "Unauthorized", "Unauthorized")
+            if path == "/version":
+                return self._reply(start_response, 200, orjson.dumps({"version": VERSION}))
+            if path == "/v1/models":
+                return self._reply(start_response, 200, self._models())
+            if path in ("/v1/chat/completions", "/v1/completions", "/tokenize"):
+                if method != "POST":
+                    raise HttpError(405, "Method Not Allowed", "BadRequestError")
+                body = self._json_body(environ)
+                if path == "/tokenize":
+                    return self._reply(start_response, 200, self._tokenize(body))
+                return self._generate(start_response, path == "/v1/chat/completions", body)
+            raise HttpError(404, f"Not Found: {path}", "NotFoundError")
+        except HttpError as exc:
+            return self._reply(start_response, exc.status, exc.body())
+
+    @staticmethod
+    def _reply(start_response: Start, status: int, body: bytes, ctype: str = "application/json") -> list[bytes]:
+        start_response(f"{status} {_REASONS.get(status, 'Error')}",
+                       [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+        return [body]
+
+    @staticmethod
+    def _json_body(environ: dict) -> dict:
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+            data = orjson.loads(environ["wsgi.input"].read(length))
+        except (ValueError, orjson.JSONDecodeError):
+            raise HttpError(400, "request body is not valid JSON", "BadRequestError") from None
+        if not isinstance(data, dict):
+            raise HttpError(400, "request body must be a JSON object", "BadRequestError")
+        return data
+
+    def _models(self) -> bytes:
+        return orjson.dumps({"object": "list", "data": [{
+            "id": self.model, "object": "model", "created": self.created, "owned_by": "vllm",
+            "root": self.model, "parent": None, "max_model_len": self.max_model_len,
+            "permission": [{"id": "modelperm-emulator", "object": "model_permission", "created": self.created,
+                            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                            "organization": "*", "group": None, "is_blocking": False}],
+        }]})
+
+    def _count_prompt(self, chat: bool, body: dict) -> int:
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise HttpError(400, "messages must be a non-empty list", "BadRequestError", "messages")
+            if self.tok is None:
+                return sum(len(str(m.get("content", "")).split()) for m in messages) + 8
+            return self.tok.count_chat(messages)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return len(prompt)
+        if not isinstance(prompt, str) or not prompt:
+            raise HttpError(400, "prompt must be a non-empty string or token list", "BadRequestError", "prompt")
+        return self.tok.count_completion(prompt) if self.tok is not None else len(prompt.split()) + 1
+
+    def _tokenize(self, body: dict) -> bytes:
+        chat = "messages" in body
+        if chat:
+            ids = self.tok.encode(self.tok.render_chat(body["messages"]), add_special_tokens=False)
+        else:
+            ids = self.tok.encode(str(body.get("prompt", "")), add_special_tokens=body.get("add_special_tokens", True))
+        return orjson.dumps({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids})
+
+    def _update_gauges(self) -> None:
+        m = self.metrics
+        m.l(m.running).set(self.engine.running)
+        m.l(m.waiting).set(0)
+        m.l(m.kv_usage).set(self.engine.kv_usage)
+
+    # -- generation -----------------------------------------------------------------------------
+    def _generate(self, start_response: Start, chat: bool, body: dict) -> Iterable[bytes]:
+        model = body.get("model", self.model)
+        if model != self.model:
+            raise HttpError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        prompt_tokens = self._count_prompt(chat, body)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = 16 if not chat else max(1, self.max_model_len - prompt_tokens)
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise HttpError(400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError", "max_tokens")
+        if prompt_tokens + max_tokens > self.max_model_len:
+            raise HttpError(400, (
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
+                "completion). Please reduce the length of the messages or completion."), "BadRequestError")
+        self.metrics.l(self.metrics.prefix_queries).inc(prompt_tokens)
+        if not body.get("stream"):
+            return self._complete(start_response, chat, model, prompt_tokens, max_tokens)
+        opts = body.get("stream_options") or {}
+        start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
+        return self._stream(chat, model, prompt_tokens, max_tokens, bool(opts.get("include_usage")),
+                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")))
+
+    def _observe_finish(self, prompt_tokens: int, out: int, ttft: float, e2e: float) -> None:
+        m = self.metrics
+        m.l(m.prompt_tokens).inc(prompt_tokens)
+        m.success.labels(finished_reason="length", **m.labels).inc()
+        m.l(m.e2e).observe(e2e)
+        m.l(m.queue).observe(0.0)
+        m.l(m.prefill).observe(ttft)
+        m.l(m.decode).observe(max(0.0, e2e - ttft))
+        m.l(m.req_prompt).observe(prompt_tokens)
+        m.l(m.req_generation).observe(out)
+
+    def _complete(self, start_response: Start, chat: bool, model: str, prompt_tokens: int, max_tokens: int) -> list[bytes]:
+        words = itertools.cycle(_WORDS)
+        text, ttft, last = [], 0.0, 0.0
+        for em in self.engine.generate(prompt_tokens, max_tokens):
+            ttft = ttft or em.offset
+            last = em.offset
+            text.extend(next(words) for _ in range(em.tokens))
+        self.metrics.l(self.metrics.generation_tokens).inc(max_tokens)
+        self._observe_finish(prompt_tokens, max_tokens, ttft, last)
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + max_tokens, "completion_tokens": max_tokens}
+        rid, created = secrets.token_hex(8), int(time.time())
+        if chat:
+            body = {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
+                                 "logprobs": None, "finish_reason": "length", "stop_reason": None}], "usage": usage}
+        else:
+            body = {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": "".join(text), "logprobs": None, "finish_reason": "length",
+                                 "stop_reason": None}], "usage": usage}
+        return self._reply(start_response, 200, orjson.dumps(body))
+
+    def _stream(self, chat: bool, model: str, prompt_tokens: int, max_tokens: int, include_usage: bool,
+                continuous: bool) -> Iterable[bytes]:
+        m = self.metrics
+        rid, created = secrets.token_hex(8), int(time.time())
+        head = ({"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk"} if chat
+                else {"id": f"cmpl-{rid}", "object": "text_completion"})
+        head.update(created=created, model=model)
+        words = itertools.cycle(_WORDS)
+        out, ttft, prev = 0, 0.0, 0.0
+
+        def usage(n: int) -> dict:
+            return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n}
+
+        def event(obj: dict) -> bytes:
+            return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+        for em in self.engine.generate(prompt_tokens, max_tokens):
+            text = "".join(next(words) for _ in range(em.tokens))
+            m.l(m.generation_tokens).inc(em.tokens)
+            if out == 0:
+                ttft = em.offset
+                m.l(m.ttft).observe(ttft)
+                if chat:
+                    role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                                 "logprobs": None, "finish_reason": None}]}
+                    if continuous:
+                        role["usage"] = usage(0)
+                    role.update(prompt_token_ids=None, prompt_text=None)
+                    yield event(role)
+            else:
+                gap = (em.offset - prev) / em.tokens
+                for _ in range(em.tokens):
+                    m.l(m.itl).observe(gap)
+            prev = em.offset
+            out += em.tokens
+            last = out >= max_tokens
+            if chat:
+                choice: dict = {"index": 0, "delta": {"content": text}, "logprobs": None,
+                                "finish_reason": "length" if last else None}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length" if last else None}
+            choice["stop_reason"] = None
+            if not chat:
+                choice["prompt_token_ids"] = None
+            choice["token_ids"] = None
+            chunk = {**head, "choices": [choice]}
+            if continuous:
+                chunk["usage"] = usage(out)
+            yield event(chunk)
+        if include_usage:
+            yield event({**head, "choices": [], "usage": usage(out), "system_fingerprint": FINGERPRINT})
+        self._observe_finish(prompt_tokens, out, ttft, prev)
+        yield b"data: [DONE]\n\n"
+
+
+class NoDelayWSGIServer(WSGIServer):
+    """Streams small SSE chunks without Nagle's delay (uvicorn, vLLM's server, sets TCP_NODELAY too)."""
+
+    def handle(self, sock: socket.socket, address: Any) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().handle(sock, address)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m server.emulator", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; the URL is printed)")
+    p.add_argument("--model", default="emulator/mistral-7b-v0.1", help="served model name")
+    p.add_argument("--tokenizer", default="", help="tokenizer used to count prompt tokens (default: the model's)")
+    p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
+    p.add_argument("--itl", type=float, default=0.01, help="seconds between tokens")
+    p.add_argument("--prefill-per-token", type=float, default=0.0, help="extra TTFT seconds per prompt token")
+    p.add_argument("--tokens-per-chunk", type=int, default=1, help="output tokens carried by each SSE chunk")
+    p.add_argument("--api-key", default="", help="require this bearer token on /v1/*")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.ttft < 0 or args.itl < 0 or args.tokens_per_chunk < 1 or args.max_model_len < 1:
+        sys.stderr.write("emulator: error: --ttft/--itl must be >= 0, --tokens-per-chunk and --max-model-len >= 1\n")
+        return 2
+    from vllm_load.errors import UsageError
+    from vllm_load.tokenizer import load_tokenizer
+
+    try:
+        tok = load_tokenizer(args.tokenizer or args.model)
+    except UsageError as exc:
+        sys.stderr.write(f"emulator: error: {exc}\n")
+        return 2
+    engine = FixedScheduleEngine(EngineConfig(ttft=args.ttft, itl=args.itl, prefill_per_token=args.prefill_per_token,
+                                              tokens_per_chunk=args.tokens_per_chunk))
+    app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key)
+    server = NoDelayWSGIServer((args.host, args.port), app, log=None, error_log=None)
+    server.init_socket()
+    host, port = server.socket.getsockname()[:2]
+    print(f"vllm-load emulator listening on http://{host}:{port} model {args.model}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The emulator's /metrics, under vLLM's own metric names (V1 naming, labels model_name and engine)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+TTFT_BUCKETS = (.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560)
+ITL_BUCKETS = (.01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
+REQUEST_BUCKETS = (.3, .5, .8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+
+class VllmMetrics:
+    """Registry of the metrics a vLLM 0.32 server exposes that a load test reads."""
+
+    def __init__(self, model: str) -> None:
+        self.registry = r = CollectorRegistry()
+        labels = ["model_name", "engine"]
+        self.labels = {"model_name": model, "engine": "0"}
+
+        def g(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=r)
+
+        def c(name: str, doc: str, extra: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, labels + list(extra), registry=r)
+
+        def h(name: str, doc: str, buckets: tuple) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prefix_queries = c("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_hits = c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.preemptions = c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = c("vllm:generation_tokens", "Number of generation tokens processed.")
+        self.success = c("vllm:request_success", "Count of successfully processed requests.", ("finished_reason",))
+        self.ttft = h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_BUCKETS)
+        self.queue = h("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_BUCKETS)
+        self.prefill = h("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", REQUEST_BUCKETS)
+        self.decode = h("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", REQUEST_BUCKETS)
+        self.req_prompt = h("vllm:request_prompt_tokens", "Number of prefill tokens processed.", TOKEN_BUCKETS)
+        self.req_generation = h("vllm:request_generation_tokens", "Number of generation tokens processed.", TOKEN_BUCKETS)
+        for m in (self.running, self.waiting, self.kv_usage):
+            m.labels(**self.labels).set(0)
+
+    def l(self, metric):  # noqa: E743 - short accessor used on every token
+        return metric.labels(**self.labels)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

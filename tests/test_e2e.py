@@ -1,0 +1,110 @@
+"""End-to-end: real Locust processes against the real emulator process, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+from tests.conftest import ROOT, run_locust
+from vllm_load.histogram import Histogram
+from vllm_load.reqlog import read_log
+
+TTFT, ITL = 0.080, 0.010
+
+
+def load_run(run_dir):
+    stats = json.loads((run_dir / "llm_stats.json").read_text())
+    logs = []
+    for f in sorted(run_dir.glob("requests*.jsonl")):
+        logs.extend(read_log(f))
+    return stats, logs
+
+
+def test_headless_run_measures_the_configured_schedule(emulator_factory, tmp_path):
+    emu = emulator_factory("--ttft", str(TTFT), "--itl", str(ITL), "--tokens-per-chunk", "2")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s",
+                      "--host", emu.url, "--input-tokens", "200", "--output-tokens", "32", "--run-dir", str(run_dir)],
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "vllm-load LLM metrics" in res.stdout and "TTFT (ms)" in res.stdout
+    stats, logs = load_run(run_dir)
+    s = stats["summary"]
+    assert s["failed"] == 0 and s["requests"] == len(logs) >= 8
+    # every request got exactly what it asked for, by the server's own usage
+    assert all(r["input_tokens"] == 200 and r["output_tokens"] == 32 and r["tokens_from_usage"] for r in logs)
+    assert s["input_drift_requests"] == 0 and s["output_mismatch"] == 0
+    m = s["metrics"]
+    # Stated tolerance: the client may only add its own overhead, at most 10 ms at the median
+    assert TTFT <= m["ttft"]["p50"] <= TTFT + 0.010
+    # two tokens per chunk: chunk gaps are 2*ITL, per-token gaps ITL (within 1 ms at the median)
+    assert m["itl_chunk"]["p50"] == pytest.approx(2 * ITL, abs=0.001)
+    assert m["itl"]["p50"] == pytest.approx(ITL, abs=0.001)
+    # the emulator sends 16 chunks of 2 tokens: E2E-TTFT = 15 chunk gaps, TPOT = that / 31
+    assert m["tpot"]["p50"] == pytest.approx(15 * 2 * ITL / 31, rel=0.05)
+    assert m["itl"]["count"] == sum(r["output_tokens"] - 1 for r in logs)
+    # the run dir says the target was not the emulator the locustfile started itself
+    assert json.loads((run_dir / "config.json").read_text())["target_is_emulator"] is False
+
+
+def test_no_host_starts_the_embedded_emulator_and_says_so(tmp_path):
+    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+                      "--input-tokens", "50", "--output-tokens", "8", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "EMULATOR" in res.stdout
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert cfg["target_is_emulator"] is True and cfg["host"].startswith("http://127.0.0.1:")
+    stats, logs = load_run(tmp_path / "run")
+    assert stats["summary"]["requests"] == len(logs) > 0
+    assert all(r["api"] == "completions" and r["input_tokens"] == 50 for r in logs)
+
+
+def test_master_and_two_workers_merge_exactly(emulator_factory, tmp_path):
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.004")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "6", "-r", "6", "-t", "5s",
+                      "--processes", "2", "--host", emu.url, "--input-tokens", "64-256", "--output-tokens", "8-40",
+                      "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    stats, logs = load_run(run_dir)
+    s = stats["summary"]
+    workers = {r["worker"] for r in logs}
+    assert len(workers) == 2 and len(list(run_dir.glob("requests-*.jsonl"))) == 2
+    assert s["requests"] == len(logs) and s["failed"] == 0
+    assert s["input_tokens"] == sum(r["input_tokens"] for r in logs)
+    assert s["output_tokens"] == sum(r["output_tokens"] for r in logs)
+    # the master's histograms equal histograms built from every worker's per-request log
+    ttft, itl = Histogram(), Histogram()
+    for r in logs:
+        ttft.record(r["ttft"])
+        offs = r["chunk_offsets"]
+        for i in range(1, len(offs)):
+            itl.record((offs[i] - offs[i - 1]) / r["chunk_tokens"][i], r["chunk_tokens"][i])
+    m = s["metrics"]
+    assert m["ttft"]["count"] == ttft.count == len(logs)
+    assert m["itl"]["count"] == itl.count
+    for p in ("p50", "p90", "p99", "p99.9"):
+        q = float(p[1:])
+        assert m["ttft"][p] == pytest.approx(ttft.percentile(q), rel=1e-3)
+        assert m["itl"][p] == pytest.approx(itl.percentile(q), rel=1e-3)
+    exact = sorted(r["ttft"] for r in logs)
+    assert m["ttft"]["p50"] == pytest.approx(statistics.median_low(exact), rel=2e-3) or \
+        m["ttft"]["p50"] == pytest.approx(statistics.median_high(exact), rel=2e-3)
+    assert m["ttft"]["max"] == pytest.approx(max(exact), abs=1e-6)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--host", "http://127.0.0.1:9"], "cannot reach http://127.0.0.1:9/v1/models"),
+    (["--model", "no-such-model"], "is not served by"),
+    (["--tokenizer", "/nonexistent/tokenizer"], "cannot load tokenizer"),
+    (["--input-tokens", "0"], "--input-tokens"),
+    (["--input-tokens", "30000", "--output-tokens", "5000"], "exceed the server's max_model_len"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, needle):
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
+                      "--run-dir", str(tmp_path / "run"), *args], cwd=tmp_path, timeout=90)
+    assert res.returncode == 2, (res.stdout[-1000:], res.stderr[-2000:])
+    errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
+    assert len(errors) == 1 and needle in errors[0], res.stderr[-2000:]

@@ -1,0 +1,105 @@
+"""Prompts are exact under the server's counting (chat template included) and unique."""
+
+import random
+
+import pytest
+
+from tests.tokenizers_fixture import build_byte_level_bpe
+from vllm_load.errors import UsageError
+from vllm_load.lengths import parse_length
+from vllm_load.prompts import DIGEST_WORDS, PromptFactory
+from vllm_load.tokenizer import BUILTIN_MISTRAL, load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    return build_byte_level_bpe(tmp_path_factory.mktemp("bpe"))
+
+
+@pytest.fixture(scope="module", params=["mistral-sp", "byte-level-bpe"])
+def tok(request, bpe_dir):
+    return load_tokenizer(BUILTIN_MISTRAL if request.param == "mistral-sp" else str(bpe_dir))
+
+
+def independent_count(tok, api, prompt):
+    """Count the way vLLM does, straight through transformers (not through our helpers)."""
+    if api == "completions":
+        return len(tok.hf(prompt.text, add_special_tokens=True)["input_ids"])
+    text = tok.hf.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
+    return len(tok.hf(text, add_special_tokens=False)["input_ids"])
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_exact_for_many_random_lengths(tok, api):
+    f = PromptFactory(tok, api, salt="exact")
+    rng = random.Random(7)
+    lengths = list(range(f.min_tokens, f.min_tokens + 40)) + [rng.randint(f.min_tokens, 3000) for _ in range(60)]
+    for n in lengths:
+        p = f.make(n)
+        assert p.tokens == n
+        assert independent_count(tok, api, p) == n
+
+
+def test_exact_at_32k(tok):
+    f = PromptFactory(tok, "completions", salt="big")
+    p = f.make(32000)
+    assert independent_count(tok, "completions", p) == 32000
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_below_the_minimum_is_a_clear_error(tok, api):
+    f = PromptFactory(tok, api, salt="min")
+    with pytest.raises(UsageError, match="at least"):
+        f.make(f.min_tokens - 1)
+
+
+def shared_prefix_tokens(tok, api, a, b):
+    render = (lambda p: p.text) if api == "completions" else (
+        lambda p: tok.hf.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False))
+    ia = tok.hf(render(a), add_special_tokens=api == "completions")["input_ids"]
+    ib = tok.hf(render(b), add_special_tokens=api == "completions")["input_ids"]
+    n = 0
+    while n < min(len(ia), len(ib)) and ia[n] == ib[n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_no_shared_prefix_beyond_the_template(tok, api):
+    runs = [PromptFactory(tok, api, salt=s, source_id=w) for s in ("run-a", "run-b") for w in ("w1", "w2")]
+    prompts = [f.make(64) for f in runs for _ in range(50)]
+    fixed = runs[0].overhead if api == "chat" else 1  # template tokens before the content / BOS
+    texts = {p.text or p.messages[0]["content"] for p in prompts}
+    assert len(texts) == len(prompts)
+    heads = {tuple((p.text or p.messages[0]["content"]).split()[:DIGEST_WORDS]) for p in prompts}
+    assert len(heads) == len(prompts)
+    worst = max(shared_prefix_tokens(tok, api, a, b) for i, a in enumerate(prompts) for b in prompts[i + 1:i + 30])
+    # the chat template's own leading tokens are shared by construction; one token of slack for
+    # the first content word colliding by chance in a 1-of-thousands draw
+    assert worst <= fixed + 1
+
+
+def test_shared_prefix_is_deliberate_and_exact(tok):
+    f = PromptFactory(tok, "completions", salt="pfx", shared_prefix_tokens=32)
+    a, b = f.make(100), f.make(100)
+    assert a.tokens == b.tokens == 100
+    assert shared_prefix_tokens(tok, "completions", a, b) >= 1 + 32
+    assert a.text != b.text
+
+
+@pytest.mark.parametrize("spec, kind", [("128", "fixed"), ("100-200", "uniform"), ("uniform:5-9", "uniform"),
+                                        ("normal:512,64", "normal")])
+def test_length_specs(spec, kind):
+    s = parse_length(spec, "--input-tokens")
+    assert s.kind == kind
+    rng = random.Random(0)
+    values = [s.sample(rng) for _ in range(500)]
+    assert all(v >= 1 for v in values)
+    if kind == "uniform":
+        assert min(values) == s.low and max(values) == s.high
+
+
+@pytest.mark.parametrize("spec", ["0", "-5", "abc", "200-100", "normal:1", "uniform:x-y"])
+def test_bad_length_specs(spec):
+    with pytest.raises(UsageError, match="--input-tokens"):
+        parse_length(spec, "--input-tokens")

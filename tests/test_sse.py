@@ -1,0 +1,82 @@
+"""SSE parsing on vLLM's real chunk shapes (../shared/notes/vllm-0.32-sse-samples.txt) and on faults."""
+
+import orjson
+import pytest
+
+from vllm_load.sse import StreamError, StreamState
+
+ROLE = b'data: {"id":"chatcmpl-b2","object":"chat.completion.chunk","created":1,"model":"tiny","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}\n'
+EMPTY = b'data: {"id":"chatcmpl-b2","object":"chat.completion.chunk","created":1,"model":"tiny","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n'
+USAGE = b'data: {"id":"chatcmpl-b2","object":"chat.completion.chunk","created":1,"model":"tiny","choices":[],"usage":{"prompt_tokens":14,"total_tokens":30,"completion_tokens":16},"system_fingerprint":"vllm-0.32.0-d5e9bee5"}\n'
+
+
+def chat_chunk(text, finish=None, usage=None):
+    d = {"id": "x", "object": "chat.completion.chunk", "choices": [
+        {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish, "token_ids": None}]}
+    if usage is not None:
+        d["usage"] = {"prompt_tokens": 14, "completion_tokens": usage, "total_tokens": 14 + usage}
+    return b"data: " + orjson.dumps(d) + b"\n"
+
+
+def feed_all(lines):
+    s = StreamState()
+    for i, line in enumerate(lines):
+        s.feed(line, float(i))
+        s.feed(b"\n", float(i))
+    return s
+
+
+def test_real_vllm_chat_stream_without_continuous_usage():
+    lines = [ROLE, EMPTY, chat_chunk("\ufffdinstance"), chat_chunk(" pla"), chat_chunk("", finish="length"), USAGE, b"data: [DONE]\n"]
+    s = feed_all(lines)
+    assert s.done
+    # role chunk and empty-content chunks carry no visible token: first token is line 2
+    assert s.chunk_times == [2.0, 3.0]
+    assert s.prompt_tokens == 14 and s.completion_tokens == 16
+    assert s.finish_reason == "length"
+    assert s.text == "\ufffdinstance pla"
+    assert not s.continuous_usage
+
+
+def test_continuous_usage_counts_multi_token_and_empty_chunks():
+    lines = [ROLE.replace(b',"prompt_token_ids"', b',"usage":{"prompt_tokens":14,"completion_tokens":0,"total_tokens":14},"prompt_token_ids"'),
+             chat_chunk("", usage=1),  # a token that ended inside a UTF-8 sequence: still a token
+             chat_chunk(" a b c", usage=4),  # three tokens in one chunk
+             chat_chunk(" d", finish="length", usage=5), USAGE.replace(b'"completion_tokens":16', b'"completion_tokens":5'),
+             b"data: [DONE]\n"]
+    s = feed_all(lines)
+    assert s.continuous_usage
+    assert s.chunk_times == [1.0, 2.0, 3.0]
+    assert s.chunk_tokens == [1, 3, 1]
+    assert s.completion_tokens == 5
+
+
+def test_completions_text_chunks():
+    d = {"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": "sed", "logprobs": None,
+                                                                  "finish_reason": None, "stop_reason": None}]}
+    s = feed_all([b"data: " + orjson.dumps(d) + b"\n", b"data: [DONE]\n"])
+    assert s.chunk_tokens == [1] and s.text == "sed" and s.done
+
+
+def test_comments_and_crlf_are_ignored():
+    s = feed_all([b": keep-alive\r\n", chat_chunk("x").rstrip(b"\n") + b"\r\n", b"data: [DONE]\r\n"])
+    assert s.chunk_tokens == [1] and s.done
+
+
+@pytest.mark.parametrize("line, reason", [
+    (b'data: {"error":{"message":"boom","type":"InternalServerError","code":500}}\n', "error in stream: boom"),
+    (b'data: {"object":"error","error":"overloaded"}\n', "error in stream: overloaded"),
+    (b"data: {not json\n", "malformed SSE JSON"),
+    (b"garbage line\n", "malformed SSE line"),
+])
+def test_faults_raise_with_reason(line, reason):
+    s = StreamState()
+    s.feed(chat_chunk("a"), 0.0)
+    with pytest.raises(StreamError, match=reason.replace("(", r"\(")):
+        s.feed(line, 1.0)
+
+
+def test_data_after_done_is_a_protocol_error():
+    s = feed_all([b"data: [DONE]\n"])
+    with pytest.raises(StreamError):
+        s.feed(chat_chunk("late"), 2.0)

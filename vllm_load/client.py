@@ -1,0 +1,139 @@
+"""One streaming OpenAI request over Locust's FastHttpSession, timed chunk by chunk.
+
+Lines are read with the raw geventhttpclient response's ``readline`` (Locust's ``iter_lines``
+buffers 1 KB and inflates TTFT). The Locust request row gets the real end-to-end time and the
+failure reason; the LLM metrics go into a ``RequestRecord``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import orjson
+from gevent import GreenletExit
+
+from vllm_load.openai_api import error_message
+from vllm_load.prompts import Prompt
+from vllm_load.record import RequestRecord
+from vllm_load.sse import StreamError, StreamState
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def build_body(api: str, model: str, prompt: Prompt, max_tokens: int, ignore_eos: bool = True) -> bytes:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "temperature": 0.0,
+    }
+    if api == "chat":
+        body["messages"] = prompt.messages
+    else:
+        body["prompt"] = prompt.text
+    if ignore_eos:
+        body["ignore_eos"] = True
+        body["min_tokens"] = max_tokens
+    return orjson.dumps(body)
+
+
+def stream_request(
+    session: Any,
+    api: str,
+    body: bytes,
+    headers: dict[str, str],
+    *,
+    input_tokens_asked: int | None = None,
+    output_tokens_asked: int | None = None,
+    intended_start: float | None = None,
+    worker: str = "",
+    count_output: Callable[[str], int] | None = None,
+    on_record: Callable[[RequestRecord], None] = lambda rec: None,
+) -> RequestRecord:
+    """Send ``body``, read its SSE stream to the end and hand the record to ``on_record``.
+
+    Server faults never raise: they become a failed record with a reason. A user stopped
+    mid-request is recorded as failed too, before the stop goes on (nothing is lost from the counts).
+    """
+    path = PATHS[api]
+    now_perf = time.perf_counter()
+    now_wall = time.time()
+    # In open-loop mode latency counts from when the request *should* have gone out.
+    t0 = now_perf if intended_start is None else intended_start
+    start_wall = now_wall - (now_perf - t0)
+    state = StreamState()
+    error: str | None = None
+    status: int | None = None
+    cancelled: BaseException | None = None
+    with session.request("POST", path, data=body, headers=headers, stream=True, catch_response=True, name=path) as resp:
+        try:
+            status = resp.status_code
+            raw = resp._response
+            if not status:
+                error = f"connection failed: {resp.error!r}"[:240]
+            elif status != 200:
+                text = raw.read() if raw is not None else b""
+                error = f"HTTP {status}: {error_message(text)}"
+            else:
+                readline = raw.readline
+                feed = state.feed
+                perf = time.perf_counter
+                while True:
+                    line = readline(b"\n")
+                    if not line:
+                        break
+                    feed(line, perf() - t0)
+                    if state.done:
+                        end = perf()
+                        # drain the terminating chunk so the connection can be reused
+                        while readline(b"\n"):
+                            pass
+                        break
+                if not state.done:
+                    error = f"stream ended before [DONE] after {state.streamed_tokens} tokens"
+        except StreamError as exc:
+            error = str(exc)
+        except GreenletExit as exc:  # the user was stopped mid-stream: count it, then let it stop
+            cancelled = exc
+            error = f"cancelled after {state.streamed_tokens} tokens: the test stopped mid-request"
+        except Exception as exc:  # socket timeout, reset, closed connection...
+            kind = "timeout" if "timeout" in type(exc).__name__.lower() or "timed out" in str(exc) else "connection error"
+            error = f"{kind} after {state.streamed_tokens} tokens: {type(exc).__name__}: {exc}"[:240]
+        if error or not state.done:
+            end = time.perf_counter()
+        e2e = end - t0
+        resp.request_meta["response_time"] = e2e * 1000.0
+        resp.request_meta["response_length"] = state.bytes_read
+        if error:
+            resp.failure(error)
+        else:
+            resp.success()
+    offsets = state.chunk_times
+    tokens_from_usage = state.completion_tokens is not None and state.prompt_tokens is not None
+    rec = RequestRecord(
+        api=api,
+        start=start_wall,
+        e2e=e2e,
+        ok=error is None,
+        error=error,
+        status=status,
+        ttft=offsets[0] if offsets else None,
+        chunk_offsets=offsets,
+        chunk_tokens=state.chunk_tokens,
+        input_tokens_asked=input_tokens_asked,
+        output_tokens_asked=output_tokens_asked,
+        input_tokens=state.prompt_tokens if tokens_from_usage else input_tokens_asked,
+        output_tokens=state.completion_tokens if tokens_from_usage
+        else count_output(state.text) if count_output and state.text_parts else state.streamed_tokens,
+        tokens_from_usage=tokens_from_usage,
+        continuous_usage=state.continuous_usage,
+        finish_reason=state.finish_reason,
+        send_lag=max(0.0, now_perf - t0),
+        worker=worker,
+    )
+    on_record(rec)
+    if cancelled is not None:
+        raise cancelled
+    return rec

@@ -1,0 +1,22 @@
+"""Errors that stop a run before it starts, and the process exit codes that CI reads."""
+
+from __future__ import annotations
+
+import sys
+
+#: Exit codes, documented in the README: 0 pass, 1 requests failed, 2 bad input, 3 SLO missed.
+EXIT_OK = 0
+EXIT_ERRORS = 1
+EXIT_BAD_INPUT = 2
+EXIT_SLO_MISS = 3
+
+
+class UsageError(Exception):
+    """Bad input: the message is one line that says what is wrong and how to fix it."""
+
+
+def die(message: str) -> None:
+    """Print one line on stderr and leave with the bad-input code."""
+    sys.stderr.write(f"vllm-load: error: {message}\n")
+    sys.stderr.flush()
+    raise SystemExit(EXIT_BAD_INPUT)

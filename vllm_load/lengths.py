@@ -1,0 +1,68 @@
+"""Token-length distributions, given as short specs on the command line.
+
+  128             fixed
+  100-200         uniform integers in [100, 200] (also ``uniform:100-200``)
+  normal:512,64   normal(mean, std) rounded and clipped to >= 1
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from vllm_load.errors import UsageError
+
+
+@dataclass(frozen=True)
+class LengthSpec:
+    kind: str
+    a: float
+    b: float = 0.0
+    text: str = ""
+
+    def sample(self, rng: random.Random) -> int:
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return rng.randint(int(self.a), int(self.b))
+        return max(1, int(round(rng.gauss(self.a, self.b))))
+
+    @property
+    def low(self) -> int:
+        """The smallest length it can produce (for up-front validation)."""
+        if self.kind == "normal":
+            return max(1, int(self.a - 4 * self.b))
+        return int(self.a)
+
+    @property
+    def high(self) -> int:
+        """The largest length it produces in practice (normal: mean + 4 std)."""
+        if self.kind == "fixed":
+            return int(self.a)
+        if self.kind == "uniform":
+            return int(self.b)
+        return int(round(self.a + 4 * self.b))
+
+
+def parse_length(spec: str | int, option: str) -> LengthSpec:
+    text = str(spec).strip()
+    try:
+        if text.startswith("normal:"):
+            mean, std = (float(x) for x in text[7:].split(","))
+            if mean < 1 or std < 0:
+                raise ValueError
+            return LengthSpec("normal", mean, std, text)
+        body = text[8:] if text.startswith("uniform:") else text
+        if "-" in body:
+            lo, hi = (int(x) for x in body.split("-"))
+            if not 1 <= lo <= hi:
+                raise ValueError
+            return LengthSpec("uniform", lo, hi, text)
+        value = int(body)
+        if value < 1:
+            raise ValueError
+        return LengthSpec("fixed", value, text=text)
+    except ValueError:
+        raise UsageError(
+            f"{option} {text!r} is not a length: use N, LOW-HIGH or normal:MEAN,STD with positive integers"
+        ) from None

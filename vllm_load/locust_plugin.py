@@ -1,0 +1,168 @@
+"""Locust wiring: options, target checks, per-process runtime, worker->master shipping, results.
+
+Importing this module (the users module does) registers the listeners on ``locust.events``,
+in the same way Locust's own plugins do.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+from locust import events
+from locust.runners import MasterRunner, WorkerRunner
+
+from vllm_load import options, webui
+from vllm_load.console import render_table
+from vllm_load.embedded import EmbeddedEmulator, start_emulator
+from vllm_load.errors import UsageError, die
+from vllm_load.runtime import Runtime, Target, resolve_target
+from vllm_load.stats import LLMStats
+
+log = logging.getLogger("vllm_load")
+
+
+class _State:
+    """Process-wide plugin state (one Locust environment per process)."""
+
+    target: Target | None = None
+    emulator: EmbeddedEmulator | None = None
+    runtime: Runtime | None = None
+
+
+STATE = _State()
+
+
+def runtime() -> Runtime:
+    if STATE.runtime is None:
+        raise RuntimeError("vllm-load runtime used before test_start")
+    return STATE.runtime
+
+
+def _role(environment: Any) -> str:
+    if isinstance(environment.runner, WorkerRunner):
+        return "worker"
+    if isinstance(environment.runner, MasterRunner):
+        return "master"
+    return "local"
+
+
+@events.init_command_line_parser.add_listener
+def _add_options(parser: Any, **_kw: Any) -> None:
+    options.add_arguments(parser)
+
+
+def _emulator_args(opts: Any) -> list[str]:
+    return ["--ttft", str(opts.emulator_ttft), "--itl", str(opts.emulator_itl),
+            "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk)]
+
+
+def _check_target(environment: Any) -> Target:
+    opts = environment.parsed_options
+    is_emulator = STATE.emulator is not None and environment.host == STATE.emulator.url
+    target = resolve_target(opts, environment.host, is_emulator)
+    # resolved values travel to the workers with the spawn message
+    opts.model = target.model
+    opts.tokenizer = target.tokenizer
+    STATE.target = target
+    return target
+
+
+@events.init.add_listener
+def _on_init(environment: Any, **_kw: Any) -> None:
+    if _role(environment) == "worker" or environment.parsed_options is None:
+        return
+    opts = environment.parsed_options
+    try:
+        if not environment.host:
+            STATE.emulator = start_emulator(_emulator_args(opts))
+            environment.host = opts.host = STATE.emulator.url
+            print(
+                f"vllm-load: no --host given: started the built-in vLLM EMULATOR at {STATE.emulator.url} "
+                "(results describe the emulator, not a real vLLM)",
+                flush=True,
+            )
+        target = _check_target(environment)
+    except UsageError as exc:
+        if STATE.emulator:
+            STATE.emulator.stop()
+        die(str(exc))
+    print(
+        f"vllm-load: target {target.host} model {target.model} tokenizer {target.tokenizer} "
+        f"max_model_len {target.max_model_len} input {target.input_spec.text} output {target.output_spec.text} tokens",
+        flush=True,
+    )
+    if not environment.stop_timeout:
+        # let in-flight streams finish at the end of a run instead of killing them mid-request
+        environment.stop_timeout = float(opts.request_timeout)
+    webui.install(environment, _live_summary)
+
+
+def _live_summary() -> dict | None:
+    rt = STATE.runtime
+    if rt is None or rt.totals is None:
+        return None
+    return webui.live_summary(rt.totals, rt.start_wall)
+
+
+@events.test_start.add_listener
+def _on_test_start(environment: Any, **_kw: Any) -> None:
+    role = _role(environment)
+    opts = environment.parsed_options
+    if role != "worker" and (STATE.target is None or STATE.target.host != environment.host):
+        try:  # the web UI may have changed the host since start-up
+            _check_target(environment)
+        except UsageError as exc:
+            log.error("vllm-load: %s", exc)
+            environment.runner.quit()
+            return
+    if STATE.runtime is not None:
+        STATE.runtime.close()
+    worker_id = getattr(environment.runner, "client_id", "local")
+    STATE.runtime = rt = Runtime.create(role, opts, worker_id)
+    for cls in environment.user_classes:
+        cls.network_timeout = float(opts.request_timeout)
+    if role != "worker":
+        rt.write_config(STATE.target, environment.host)
+        print(f"vllm-load: run {rt.run_id} writes to {rt.run_dir}", flush=True)
+
+
+@events.report_to_master.add_listener
+def _on_report_to_master(data: dict, **_kw: Any) -> None:
+    if STATE.runtime is not None:
+        data["vllm_load"] = STATE.runtime.stats.take_delta()
+
+
+@events.worker_report.add_listener
+def _on_worker_report(client_id: str, data: dict, **_kw: Any) -> None:
+    rt = STATE.runtime
+    if rt is not None and rt.totals is not None and "vllm_load" in data:
+        delta = LLMStats.from_wire(data["vllm_load"])
+        if delta.requests or delta.tokens_per_second:
+            rt.workers_seen.add(client_id)
+        rt.totals.merge(delta)
+
+
+@events.test_stop.add_listener
+def _on_test_stop(environment: Any, **_kw: Any) -> None:
+    rt = STATE.runtime
+    if rt is not None and rt.role != "worker":
+        rt.end_wall = time.time()
+        rt.write_results()
+
+
+@events.quitting.add_listener
+def _on_quitting(environment: Any, **_kw: Any) -> None:
+    rt = STATE.runtime
+    if rt is None:
+        return
+    if rt.role != "worker":
+        rt.end_wall = rt.end_wall or time.time()
+        summary = rt.write_results()
+        banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
+        sys.stdout.write("\n" + render_table(summary, f"vllm-load LLM metrics, run {rt.run_id}{banner}") + "\n")
+        sys.stdout.write(f"vllm-load: results in {rt.run_dir}\n")
+        sys.stdout.flush()
+    rt.close()

@@ -1,0 +1,61 @@
+"""What the load test needs from an OpenAI-compatible server besides the streaming calls."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from vllm_load.errors import UsageError
+
+
+@dataclass
+class ServedModel:
+    id: str
+    max_model_len: int | None
+    all_ids: list[str]
+
+
+def _headers(api_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def discover_model(host: str, model: str, api_key: str = "", timeout: float = 10.0) -> ServedModel:
+    """Read /v1/models; pick ``model`` (or the first id) and its max_model_len. Bad input -> UsageError."""
+    url = host.rstrip("/") + "/v1/models"
+    try:
+        req = urllib.request.Request(url, headers=_headers(api_key))
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        hint = "check --api-key" if exc.code in (401, 403) else "check --host"
+        raise UsageError(f"{url} answered HTTP {exc.code}: {hint}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise UsageError(f"cannot reach {url} ({reason}): check --host and that the server is up") from None
+    entries = [m for m in data.get("data", []) if isinstance(m, dict) and m.get("id")]
+    ids = [m["id"] for m in entries]
+    if not ids:
+        raise UsageError(f"{url} lists no models: check --host")
+    chosen = model or ids[0]
+    if chosen not in ids:
+        raise UsageError(f"model {chosen!r} is not served by {host} (it serves: {', '.join(ids)}): fix --model")
+    entry = entries[ids.index(chosen)]
+    max_len = entry.get("max_model_len")
+    return ServedModel(id=chosen, max_model_len=int(max_len) if max_len else None, all_ids=ids)
+
+
+def error_message(body: bytes) -> str:
+    """The message of a vLLM/OpenAI error body, old ({"message":…}) or new ({"error":{…}}) shape."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body[:200].decode("utf-8", "replace").strip()
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])[:200]
+        if isinstance(err, str):
+            return err[:200]
+    return str(data)[:200]

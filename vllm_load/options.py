@@ -1,0 +1,34 @@
+"""vllm-load's options, registered as Locust custom arguments.
+
+They are settable on the command line, in locust.conf / pyproject.toml, from environment variables
+and from the web UI, and Locust ships them to every worker in its spawn messages (so every value
+here must be msgpack-encodable: strings, numbers, booleans).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+OPTION_DEFAULTS: dict[str, Any] = {}
+
+
+def add_arguments(parser: Any) -> None:
+    # Locust's own add_argument (not an argument group) understands is_secret/include_in_web_ui.
+    def add(flag: str, default: Any, help: str, **kw: Any) -> None:
+        env = "VLLM_LOAD_" + flag.lstrip("-").replace("-", "_").upper()
+        parser.add_argument(flag, default=default, env_var=env, help=f"{help} [env {env}]", **kw)
+        OPTION_DEFAULTS[flag.lstrip("-").replace("-", "_")] = default
+
+    add("--model", "", "model name to request (default: the server's first /v1/models id)")
+    add("--tokenizer", "", "tokenizer: HF id, local folder or builtin:mistral-7b-v0.1 (default: the model name)")
+    add("--input-tokens", "128", "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD")
+    add("--output-tokens", "64", "output length in tokens (forced with ignore_eos/min_tokens): N, LOW-HIGH, normal:MEAN,STD")
+    add("--api-key", "", "bearer token for the server (never logged or written)", is_secret=True)
+    add("--run-dir", "", "where the run's files go (default: reports/<run id>)")
+    add("--shared-prefix-tokens", 0, "deliberately share this many leading prompt tokens across requests", type=int)
+    add("--request-timeout", 600.0, "seconds without a byte from the server before a request fails", type=float)
+    add("--no-ignore-eos", False, "do not send ignore_eos/min_tokens (output length is then up to the model)",
+        action="store_true")
+    add("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float)
+    add("--emulator-itl", 0.01, "embedded emulator: inter-token delay, seconds", type=float)
+    add("--emulator-tokens-per-chunk", 1, "embedded emulator: tokens per SSE chunk", type=int)

@@ -1,0 +1,80 @@
+"""One finished request: its raw timings and the LLM metrics derived from them.
+
+Definitions (all times in seconds, from the request's start, which in open-loop mode is its
+*intended* send time so that queueing in the client is not hidden):
+  TTFT       first token-bearing chunk
+  ITL/chunk  gap between consecutive token-bearing chunks (what ``vllm bench serve`` reports)
+  ITL/token  each chunk gap divided over the tokens that chunk carried, recorded once per token,
+             so there are out-1 values whose sum is last-token minus first-token time
+  TPOT       (E2E - TTFT) / (out - 1)
+  E2E        end of the stream ([DONE])
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class RequestRecord:
+    api: str
+    start: float  # wall clock (time.time()) of the (intended) start
+    e2e: float
+    ok: bool
+    error: str | None = None
+    status: int | None = None
+    ttft: float | None = None
+    chunk_offsets: list[float] = field(default_factory=list)  # seconds from start
+    chunk_tokens: list[int] = field(default_factory=list)
+    input_tokens_asked: int | None = None
+    output_tokens_asked: int | None = None
+    input_tokens: int | None = None  # from usage (server), else tokenizer
+    output_tokens: int | None = None
+    tokens_from_usage: bool = False
+    continuous_usage: bool = False
+    finish_reason: str | None = None
+    send_lag: float = 0.0  # actual minus intended send time (open loop)
+    worker: str = ""
+
+    def chunk_itls(self) -> list[float]:
+        o = self.chunk_offsets
+        return [o[i] - o[i - 1] for i in range(1, len(o))]
+
+    def token_itls(self) -> list[tuple[float, int]]:
+        """(per-token gap, how many tokens had it); the first chunk's extra tokens came with a 0 gap."""
+        out: list[tuple[float, int]] = []
+        if not self.chunk_offsets:
+            return out
+        if self.chunk_tokens[0] > 1:
+            out.append((0.0, self.chunk_tokens[0] - 1))
+        o, n = self.chunk_offsets, self.chunk_tokens
+        for i in range(1, len(o)):
+            if n[i] > 0:
+                out.append(((o[i] - o[i - 1]) / n[i], n[i]))
+        return out
+
+    @property
+    def tpot(self) -> float | None:
+        if self.ttft is None or not self.output_tokens or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def output_tps(self) -> float | None:
+        """The request's output tokens per second of its own E2E time."""
+        if not self.output_tokens or self.e2e <= 0:
+            return None
+        return self.output_tokens / self.e2e
+
+    @property
+    def input_drift(self) -> int | None:
+        if self.input_tokens_asked is None or not self.tokens_from_usage or self.input_tokens is None:
+            return None
+        return self.input_tokens - self.input_tokens_asked
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["chunk_offsets"] = [round(x, 7) for x in self.chunk_offsets]
+        data["tpot"] = self.tpot
+        return data

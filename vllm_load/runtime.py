@@ -1,0 +1,194 @@
+"""Per-process state of a run: resolved target, prompt factories, stats and the request log."""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_load.errors import UsageError
+from vllm_load.lengths import LengthSpec, parse_length
+from vllm_load.openai_api import discover_model
+from vllm_load.prompts import Prompt, PromptFactory
+from vllm_load.record import RequestRecord
+from vllm_load.reqlog import RequestLog
+from vllm_load.stats import LLMStats
+from vllm_load.tokenizer import Tokenizer, load_tokenizer
+
+#: Option names never written to disk or logs.
+SECRET_OPTIONS = ("api_key",)
+
+
+@dataclass
+class Target:
+    """The server under test, validated before any load is sent."""
+
+    host: str
+    model: str
+    tokenizer: str
+    max_model_len: int | None
+    is_emulator: bool
+    input_spec: LengthSpec
+    output_spec: LengthSpec
+
+
+def resolve_target(opts: Any, host: str, is_emulator: bool) -> Target:
+    """Check host, model, tokenizer and lengths; raise UsageError with one line on bad input."""
+    input_spec = parse_length(opts.input_tokens, "--input-tokens")
+    output_spec = parse_length(opts.output_tokens, "--output-tokens")
+    if opts.shared_prefix_tokens < 0:
+        raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
+    served = discover_model(host, opts.model, opts.api_key)
+    tok_name = opts.tokenizer or served.id
+    tok = load_tokenizer(tok_name)
+    limit = served.max_model_len
+    if limit and input_spec.high + output_spec.high > limit:
+        raise UsageError(
+            f"input {input_spec.high} + output {output_spec.high} tokens exceed the server's max_model_len {limit}: "
+            "lower --input-tokens or --output-tokens"
+        )
+    for api in ("chat", "completions"):
+        try:
+            factory = PromptFactory(tok, api, salt="probe", shared_prefix_tokens=opts.shared_prefix_tokens)
+        except UsageError:
+            if api == "chat":
+                continue  # no chat template: only the completions locustfile can run
+            raise
+        if input_spec.low < factory.min_tokens and api == "completions":
+            raise UsageError(
+                f"--input-tokens {input_spec.text} goes below the {factory.min_tokens}-token minimum of a prompt "
+                "with this tokenizer: raise it"
+            )
+    return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec)
+
+
+def public_options(opts: Any) -> dict:
+    """The run's options as written to disk: msgpack/JSON-safe, secrets removed."""
+    out = {}
+    for k, v in sorted(vars(opts).items()):
+        if k in SECRET_OPTIONS:
+            out[k] = "***" if v else ""
+        elif isinstance(v, (str, int, float, bool)) or v is None:
+            out[k] = v
+        elif isinstance(v, (list, tuple)) and all(isinstance(x, (str, int, float, bool)) for x in v):
+            out[k] = list(v)
+    return out
+
+
+@dataclass
+class Runtime:
+    role: str  # "local", "master" or "worker"
+    opts: Any
+    run_id: str
+    salt: str
+    run_dir: Path
+    worker_id: str
+    stats: LLMStats = field(default_factory=LLMStats)
+    totals: LLMStats | None = None  # master: merge of worker deltas; local: same as stats
+    reqlog: RequestLog | None = None
+    tokenizer: Tokenizer | None = None
+    factories: dict[str, PromptFactory] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=random.Random)
+    input_spec: LengthSpec | None = None
+    output_spec: LengthSpec | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    start_wall: float = field(default_factory=time.time)
+    end_wall: float | None = None
+    workers_seen: set = field(default_factory=set)
+
+    @classmethod
+    def create(cls, role: str, opts: Any, worker_id: str) -> Runtime:
+        """On a master/local runner ``opts`` gains run id, salt and run dir, which travel to workers."""
+        if role != "worker":
+            opts.vllm_load_run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+            opts.vllm_load_salt = secrets.token_hex(16)
+            opts.vllm_load_run_dir = opts.run_dir or str(Path("reports") / opts.vllm_load_run_id)
+        rt = cls(
+            role=role,
+            opts=opts,
+            run_id=opts.vllm_load_run_id,
+            salt=opts.vllm_load_salt,
+            run_dir=Path(opts.vllm_load_run_dir),
+            worker_id=worker_id,
+        )
+        rt.run_dir.mkdir(parents=True, exist_ok=True)
+        if role == "master":
+            rt.totals = LLMStats()
+        if role == "local":
+            rt.totals = rt.stats
+        if role != "master":
+            rt._prepare_generation()
+        return rt
+
+    def _prepare_generation(self) -> None:
+        o = self.opts
+        self.input_spec = parse_length(o.input_tokens, "--input-tokens")
+        self.output_spec = parse_length(o.output_tokens, "--output-tokens")
+        self.tokenizer = load_tokenizer(o.tokenizer or o.model)
+        self.rng = random.Random(f"{self.salt}/{self.worker_id}/lengths")
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        if o.api_key:
+            self.headers["Authorization"] = f"Bearer {o.api_key}"
+        name = "requests.jsonl" if self.role == "local" else f"requests-{_safe(self.worker_id)}.jsonl"
+        self.reqlog = RequestLog(self.run_dir / name)
+
+    def factory(self, api: str) -> PromptFactory:
+        f = self.factories.get(api)
+        if f is None:
+            assert self.tokenizer is not None
+            f = self.factories[api] = PromptFactory(
+                self.tokenizer, api, self.salt, self.worker_id, self.opts.shared_prefix_tokens  # type: ignore[arg-type]
+            )
+        return f
+
+    def next_request(self, api: str) -> tuple[Prompt, int]:
+        """The next prompt (exact length, unique) and the output length to ask for."""
+        assert self.input_spec and self.output_spec
+        prompt = self.factory(api).make(self.input_spec.sample(self.rng))
+        return prompt, self.output_spec.sample(self.rng)
+
+    def on_record(self, rec: RequestRecord) -> None:
+        self.stats.add(rec)
+        if self.reqlog:
+            self.reqlog.write(rec)
+
+    def write_config(self, target: Target | None, host: str) -> None:
+        info = {
+            "run_id": self.run_id,
+            "salt": self.salt,
+            "host": host,
+            "target_is_emulator": bool(target and target.is_emulator),
+            "model": self.opts.model,
+            "tokenizer": self.opts.tokenizer or self.opts.model,
+            "max_model_len": target.max_model_len if target else None,
+            "started": self.start_wall,
+            "client_host": socket.gethostname(),
+            "options": public_options(self.opts),
+        }
+        (self.run_dir / "config.json").write_text(json.dumps(info, indent=2))
+
+    def write_results(self) -> dict:
+        """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
+        assert self.totals is not None
+        end = self.end_wall or time.time()
+        summary = self.totals.summary(duration=end - self.start_wall)
+        summary["workers"] = sorted(self.workers_seen)
+        data = {"run_id": self.run_id, "start": self.start_wall, "end": end, "summary": summary,
+                "stats": self.totals.to_wire()}
+        tmp = self.run_dir / "llm_stats.json.tmp"
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.run_dir / "llm_stats.json")
+        return summary
+
+    def close(self) -> None:
+        if self.reqlog:
+            self.reqlog.close()
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)

@@ -1,0 +1,185 @@
+"""LLM metrics of a run: exact histograms, counters and a per-second timeline.
+
+A worker records into its own ``LLMStats`` and ships ``take_delta()`` to the master with every
+Locust stats report; the master ``merge``s each delta. Everything is additive (histogram buckets,
+counters, per-second counts), so the master's totals equal the union of all workers' exactly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from vllm_load.histogram import Histogram
+from vllm_load.record import RequestRecord
+
+#: Latency-like histograms (seconds) and per-request output tokens/s.
+LATENCY_METRICS = ("ttft", "itl", "itl_chunk", "tpot", "e2e")
+TOKEN_METRICS = ("input_tokens", "output_tokens")
+ALL_METRICS = LATENCY_METRICS + ("output_tps",) + TOKEN_METRICS
+#: Width of the time windows whose TTFT/ITL/E2E histograms the report plots over time.
+WINDOW_S = 10
+WINDOW_METRICS = ("ttft", "itl", "e2e")
+
+
+def _hists() -> dict[str, Histogram]:
+    h = {m: Histogram() for m in LATENCY_METRICS}
+    h["output_tps"] = Histogram(scale=1000.0)  # milli-tokens/s
+    h.update({m: Histogram(scale=1.0) for m in TOKEN_METRICS})
+    return h
+
+
+@dataclass
+class LLMStats:
+    hists: dict[str, Histogram] = field(default_factory=_hists)
+    requests: int = 0
+    failures: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usage_missing: int = 0
+    drift_requests: int = 0
+    drift_max_abs: int = 0
+    output_mismatch: int = 0
+    errors: Counter = field(default_factory=Counter)
+    tokens_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> output tokens
+    done_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> finished requests
+    windows: dict = field(default_factory=lambda: defaultdict(dict))  # window start -> metric -> Histogram
+    first_start: float | None = None
+    last_end: float | None = None
+
+    def _window(self, start: float, metric: str) -> Histogram:
+        win = self.windows[int(start // WINDOW_S) * WINDOW_S]
+        h = win.get(metric)
+        if h is None:
+            h = win[metric] = Histogram()
+        return h
+
+    def add(self, rec: RequestRecord) -> None:
+        self.requests += 1
+        end = rec.start + rec.e2e
+        self.first_start = rec.start if self.first_start is None else min(self.first_start, rec.start)
+        self.last_end = end if self.last_end is None else max(self.last_end, end)
+        self.done_per_second[int(end)] += 1
+        for offset, n in zip(rec.chunk_offsets, rec.chunk_tokens):
+            self.tokens_per_second[int(rec.start + offset)] += n
+        if not rec.ok:
+            self.failures += 1
+            self.errors[rec.error or "unknown error"] += 1
+            return
+        h = self.hists
+        h["e2e"].record(rec.e2e)
+        self._window(rec.start, "e2e").record(rec.e2e)
+        if rec.ttft is not None:
+            h["ttft"].record(rec.ttft)
+            self._window(rec.start, "ttft").record(rec.ttft)
+        for gap in rec.chunk_itls():
+            h["itl_chunk"].record(gap)
+        win_itl = self._window(rec.start, "itl")
+        for gap, times in rec.token_itls():
+            h["itl"].record(gap, times)
+            win_itl.record(gap, times)
+        if rec.tpot is not None:
+            h["tpot"].record(rec.tpot)
+        if rec.output_tps is not None:
+            h["output_tps"].record(rec.output_tps)
+        if rec.input_tokens is not None:
+            self.input_tokens += rec.input_tokens
+            h["input_tokens"].record(rec.input_tokens)
+        if rec.output_tokens is not None:
+            self.output_tokens += rec.output_tokens
+            h["output_tokens"].record(rec.output_tokens)
+        if not rec.tokens_from_usage:
+            self.usage_missing += 1
+        drift = rec.input_drift
+        if drift:
+            self.drift_requests += 1
+            self.drift_max_abs = max(self.drift_max_abs, abs(drift))
+        if rec.output_tokens_asked is not None and rec.output_tokens not in (None, rec.output_tokens_asked):
+            self.output_mismatch += 1
+
+    # -- shipping between processes -------------------------------------------------------------
+    _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
+                 "drift_requests", "output_mismatch")
+
+    def to_wire(self) -> dict:
+        return {
+            "hists": {k: v.to_wire() for k, v in self.hists.items() if v.count},
+            **{k: getattr(self, k) for k in self._COUNTERS},
+            "drift_max_abs": self.drift_max_abs,
+            "errors": dict(self.errors),
+            "tokens_per_second": {str(k): v for k, v in self.tokens_per_second.items()},
+            "done_per_second": {str(k): v for k, v in self.done_per_second.items()},
+            "windows": {str(w): {m: h.to_wire() for m, h in ms.items()} for w, ms in self.windows.items()},
+            "first_start": self.first_start,
+            "last_end": self.last_end,
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict) -> LLMStats:
+        s = cls()
+        for k, v in data["hists"].items():
+            s.hists[k] = Histogram.from_wire(v)
+        for k in cls._COUNTERS:
+            setattr(s, k, int(data[k]))
+        s.drift_max_abs = int(data["drift_max_abs"])
+        s.errors = Counter(data["errors"])
+        s.tokens_per_second = Counter({int(k): v for k, v in data["tokens_per_second"].items()})
+        s.done_per_second = Counter({int(k): v for k, v in data["done_per_second"].items()})
+        for w, ms in data["windows"].items():
+            s.windows[int(w)] = {m: Histogram.from_wire(h) for m, h in ms.items()}
+        s.first_start, s.last_end = data["first_start"], data["last_end"]
+        return s
+
+    def merge(self, other: LLMStats) -> None:
+        for k, h in other.hists.items():
+            self.hists[k].merge(h)
+        for k in self._COUNTERS:
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        self.drift_max_abs = max(self.drift_max_abs, other.drift_max_abs)
+        self.errors.update(other.errors)
+        self.tokens_per_second.update(other.tokens_per_second)
+        self.done_per_second.update(other.done_per_second)
+        for w, ms in other.windows.items():
+            mine = self.windows[w]
+            for m, h in ms.items():
+                if m in mine:
+                    mine[m].merge(h)
+                else:
+                    mine[m] = h
+        for attr, pick in (("first_start", min), ("last_end", max)):
+            a, b = getattr(self, attr), getattr(other, attr)
+            setattr(self, attr, b if a is None else a if b is None else pick(a, b))
+
+    def take_delta(self) -> dict:
+        """Everything recorded since the last call, as wire data; the local stats start over."""
+        wire = self.to_wire()
+        self.__init__()  # type: ignore[misc]
+        return wire
+
+    # -- reading ----------------------------------------------------------------------------------
+    def recent_output_tps(self, now: float, window: int = 10, lag: int = 3) -> float:
+        """Output tokens/s over the ``window`` whole seconds ending ``lag`` s ago (workers report every 3 s)."""
+        end = int(now) - lag
+        return sum(self.tokens_per_second.get(s, 0) for s in range(end - window, end)) / window
+
+    def summary(self, duration: float | None = None) -> dict:
+        if duration is None:
+            duration = (self.last_end - self.first_start) if self.first_start is not None else 0.0
+        ok = self.requests - self.failures
+        return {
+            "requests": self.requests,
+            "succeeded": ok,
+            "failed": self.failures,
+            "error_rate": self.failures / self.requests if self.requests else 0.0,
+            "duration_s": duration,
+            "request_rate": ok / duration if duration else 0.0,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "output_token_rate": self.output_tokens / duration if duration else 0.0,
+            "usage_missing": self.usage_missing,
+            "input_drift_requests": self.drift_requests,
+            "input_drift_max_abs": self.drift_max_abs,
+            "output_mismatch": self.output_mismatch,
+            "errors": dict(self.errors.most_common()),
+            "metrics": {k: h.summary() for k, h in self.hists.items()},
+        }

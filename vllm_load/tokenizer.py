@@ -1,0 +1,131 @@
+"""Load the target model's tokenizer and count tokens exactly the way vLLM's OpenAI server does.
+
+vLLM tokenizes a /v1/completions prompt with the tokenizer's special tokens (BOS) and a chat request
+by rendering the chat template to text (with the generation prompt) and tokenizing that text with
+``add_special_tokens=False``. ``Tokenizer.count_completion`` / ``count_chat`` mirror those two paths,
+so a prompt built here has the length the server will report in ``usage.prompt_tokens``.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_load.errors import UsageError
+
+#: The Mistral 7B v0.1 SentencePiece model that the ``mistral-common`` wheel ships, with the
+#: Mistral instruct chat template. It is the emulator's model, so no hub is ever needed.
+BUILTIN_MISTRAL = "builtin:mistral-7b-v0.1"
+EMULATOR_MODEL = "emulator/mistral-7b-v0.1"
+MISTRAL_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}"
+    "{% endfor %}"
+)
+_ALIASES = {EMULATOR_MODEL: BUILTIN_MISTRAL, "mistral-7b": BUILTIN_MISTRAL}
+
+
+def _builtin_mistral_dir() -> Path:
+    """Materialise a Hugging Face tokenizer folder around mistral-common's SentencePiece file."""
+    try:
+        import mistral_common
+    except ImportError as exc:  # pragma: no cover - dependency of the package
+        raise UsageError("the built-in tokenizer needs mistral-common: pip install mistral-common") from exc
+    src = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
+    digest = hashlib.sha1(src.read_bytes()).hexdigest()[:12]
+    target = Path(tempfile.gettempdir()) / f"vllm-load-tokenizer-{digest}"
+    if not (target / "tokenizer_config.json").exists():
+        tmp = Path(tempfile.mkdtemp(prefix="vllm-load-tok-"))
+        shutil.copy(src, tmp / "tokenizer.model")
+        config = {
+            "tokenizer_class": "LlamaTokenizer",
+            "bos_token": "<s>",
+            "eos_token": "</s>",
+            "unk_token": "<unk>",
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "legacy": False,
+            "model_max_length": 32768,
+            "chat_template": MISTRAL_CHAT_TEMPLATE,
+        }
+        (tmp / "tokenizer_config.json").write_text(json.dumps(config))
+        try:
+            os.replace(tmp, target)
+        except OSError:  # another process won the race; its folder is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+@dataclass(eq=False)
+class Tokenizer:
+    """A loaded tokenizer plus the two counting paths of vLLM's server."""
+
+    name: str
+    hf: Any
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.hf, "chat_template", None))
+
+    @property
+    def model_max_length(self) -> int:
+        value = int(getattr(self.hf, "model_max_length", 0) or 0)
+        return value if 0 < value < 10**9 else 0
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.hf(text, add_special_tokens=add_special_tokens)["input_ids"]
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        if not self.has_chat_template:
+            raise UsageError(
+                f"tokenizer {self.name!r} has no chat template: use locustfiles/completions.py "
+                "or a tokenizer folder whose tokenizer_config.json has chat_template"
+            )
+        return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def count_completion(self, prompt: str) -> int:
+        return len(self.encode(prompt, add_special_tokens=True))
+
+    def count_chat(self, messages: list[dict[str, str]]) -> int:
+        return len(self.encode(self.render_chat(messages), add_special_tokens=False))
+
+    def count_batch(self, texts: list[str], add_special_tokens: bool) -> list[int]:
+        """Token counts of many texts in one call (the Rust side parallelises it)."""
+        return [len(ids) for ids in self.hf(texts, add_special_tokens=add_special_tokens)["input_ids"]]
+
+
+def resolve_name(name: str) -> str:
+    return _ALIASES.get(name, name)
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(name: str) -> Tokenizer:
+    """Load by built-in name, local folder, or Hugging Face id (offline when the files are local)."""
+    resolved = resolve_name(name)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    if resolved == BUILTIN_MISTRAL:
+        path: str = str(_builtin_mistral_dir())
+    else:
+        path = resolved
+    if Path(path).exists():
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        hf = transformers.AutoTokenizer.from_pretrained(path)
+    except Exception as exc:  # transformers raises OSError/ValueError/HF errors alike
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(
+            f"cannot load tokenizer {name!r} ({first[:160]}): pass --tokenizer with a local folder, "
+            f"a reachable Hugging Face id, or {BUILTIN_MISTRAL}"
+        ) from None
+    return Tokenizer(name=name, hf=hf)

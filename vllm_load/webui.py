@@ -1,0 +1,48 @@
+"""The "LLM" tab of Locust's web UI: exact LLM percentiles and live output tokens/s."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable
+
+from vllm_load.console import COLUMNS, table_rows
+
+
+def install(environment: Any, summary_source: Callable[[], dict | None]) -> None:
+    web_ui = environment.web_ui
+    if web_ui is None:
+        return
+    structure = [{"key": "metric", "title": "Metric"}, {"key": "count", "title": "Count"},
+                 {"key": "mean", "title": "Mean"}] + [{"key": c, "title": c} for c in COLUMNS]
+    web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": "llm"}]
+    web_ui.template_args["extended_tables"] = [{"key": "llm", "structure": structure}]
+
+    from flask import request
+
+    @web_ui.app.after_request
+    def _add_llm_stats(response: Any) -> Any:
+        if request.path != "/stats/requests" or response.status_code != 200:
+            return response
+        summary = summary_source()
+        rows: list[dict] = []
+        if summary:
+            rows = table_rows(summary)
+            rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "", "mean": f"{summary['live_output_tps']:.1f}"})
+            rows.append({"metric": "Output tok/s (run)", "count": summary["output_tokens"],
+                         "mean": f"{summary['output_token_rate']:.1f}"})
+            rows.append({"metric": "Requests ok / failed", "count": summary["requests"],
+                         "mean": f"{summary['succeeded']} / {summary['failed']}"})
+            if summary["input_drift_requests"]:
+                rows.append({"metric": "PROMPT LENGTH DRIFT (requests, max)", "count": summary["input_drift_requests"],
+                             "mean": summary["input_drift_max_abs"]})
+        data = response.get_json(silent=True) or {}
+        data["extended_stats"] = [{"key": "llm", "data": rows}]
+        response.set_data(json.dumps(data))
+        return response
+
+
+def live_summary(totals: Any, start_wall: float) -> dict:
+    summary = totals.summary(duration=max(time.time() - start_wall, 1e-9))
+    summary["live_output_tps"] = totals.recent_output_tps(time.time())
+    return summary
