@@ -8,7 +8,7 @@ from tests.tokenizers_fixture import build_byte_level_bpe
 from vllm_load.errors import UsageError
 from vllm_load.lengths import parse_length
 from vllm_load.prompts import DIGEST_WORDS, PromptFactory
-from vllm_load.tokenizer import BUILTIN_MISTRAL, load_tokenizer
+from vllm_load.tokenizer import BUILTIN_MISTRAL, BUILTIN_TEKKEN, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -16,15 +16,17 @@ def bpe_dir(tmp_path_factory):
     return build_byte_level_bpe(tmp_path_factory.mktemp("bpe"))
 
 
-@pytest.fixture(scope="module", params=["mistral-sp", "byte-level-bpe"])
+@pytest.fixture(scope="module", params=["mistral-sp", "mistral-tekken", "byte-level-bpe"])
 def tok(request, bpe_dir):
-    return load_tokenizer(BUILTIN_MISTRAL if request.param == "mistral-sp" else str(bpe_dir))
+    return load_tokenizer({"mistral-sp": BUILTIN_MISTRAL, "mistral-tekken": BUILTIN_TEKKEN}.get(request.param, str(bpe_dir)))
 
 
 def independent_count(tok, api, prompt):
     """Count the way vLLM does, straight through transformers (not through our helpers)."""
     if api == "completions":
         return len(tok.hf(prompt.text, add_special_tokens=True)["input_ids"])
+    if tok.mistral_common:
+        return len(tok.hf.apply_chat_template(prompt.messages, tokenize=True)["input_ids"])
     text = tok.hf.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
     return len(tok.hf(text, add_special_tokens=False)["input_ids"])
 
@@ -54,10 +56,10 @@ def test_below_the_minimum_is_a_clear_error(tok, api):
 
 
 def shared_prefix_tokens(tok, api, a, b):
-    render = (lambda p: p.text) if api == "completions" else (
-        lambda p: tok.hf.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False))
-    ia = tok.hf(render(a), add_special_tokens=api == "completions")["input_ids"]
-    ib = tok.hf(render(b), add_special_tokens=api == "completions")["input_ids"]
+    if api == "completions":
+        ia, ib = (tok.hf(p.text, add_special_tokens=True)["input_ids"] for p in (a, b))
+    else:
+        ia, ib = (tok.encode_chat(p.messages) for p in (a, b))
     n = 0
     while n < min(len(ia), len(ib)) and ia[n] == ib[n]:
         n += 1

@@ -22,12 +22,19 @@ def add_arguments(parser: Any) -> None:
     add("--model", "", "model name to request (default: the server's first /v1/models id)")
     add("--tokenizer", "", "tokenizer: HF id, local folder or builtin:mistral-7b-v0.1 (default: the model name)")
     add("--input-tokens", "128", "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD")
-    add("--output-tokens", "64", "output length in tokens (forced with ignore_eos/min_tokens): N, LOW-HIGH, normal:MEAN,STD")
+    add("--output-tokens", "", "output length in tokens (forced with ignore_eos/min_tokens): N, LOW-HIGH, "
+        "normal:MEAN,STD (default 64; with --dataset, the dataset's answer length, or one token per batched record)")
     add("--api-key", "", "bearer token for the server (never logged or written)", is_secret=True)
     add("--run-dir", "", "where the run's files go (default: reports/<run id>)")
     add("--shared-prefix-tokens", 0, "deliberately share this many leading prompt tokens across requests", type=int)
     add("--request-timeout", 600.0, "seconds without a byte from the server before a request fails", type=float)
     add("--no-ignore-eos", False, "do not send ignore_eos/min_tokens (output length is then up to the model)",
+        action="store_true")
+    add("--dataset", "", "take prompts from this file (ShareGPT .json, .jsonl, .csv) instead of synthetic text")
+    add("--dataset-format", "", "sharegpt, jsonl or csv (default: from the file extension)")
+    add("--dataset-field", "", "JSONL field or CSV column holding the text (default: text / first column)")
+    add("--dataset-batch", 1, "join this many dataset records into one prompt (answer: one word each)", type=int)
+    add("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
         action="store_true")
     add("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float)
     add("--emulator-itl", 0.01, "embedded emulator: inter-token delay, seconds", type=float)

@@ -45,8 +45,9 @@ def _safe_words(tok: Tokenizer) -> tuple[str, ...]:
     hf = tok.hf
     candidates: list[str] = []
     for piece in hf.get_vocab():
-        # SentencePiece marks a leading space with U+2581, byte-level BPE with U+0120
-        if piece[:1] in ("\u2581", "\u0120") and _WORD.match(piece[1:]):
+        # SentencePiece marks a leading space with U+2581, GPT-2 byte-level BPE with U+0120,
+        # Tekken keeps the space itself
+        if piece[:1] in ("\u2581", "\u0120", " ") and _WORD.match(piece[1:]):
             candidates.append(piece[1:])
     candidates = sorted(set(candidates))
     base = len(tok.encode("of the of", add_special_tokens=False))
@@ -111,8 +112,7 @@ class PromptFactory:
         if self.api == "completions":
             counts = self.tok.count_batch(list(pool), add_special_tokens=True)
         else:
-            texts = [self.tok.render_chat(self._render([w]).messages) for w in pool]
-            counts = self.tok.count_batch(texts, add_special_tokens=False)
+            counts = self.tok.count_chat_batch([self._render([w]).messages for w in pool])
         start = tuple(w for w, n in zip(pool, counts) if n == self.overhead + 1)
         return start if len(start) >= 64 else self.words
 
@@ -126,6 +126,15 @@ class PromptFactory:
             head.append(vocab[idx])
         rng = random.Random(digest)
         return head + [rng.choice(self.words) for _ in range(n - len(head))]
+
+    def wrap(self, content: str) -> Prompt:
+        """A prompt around given content (a dataset record), behind this prompt's unique digest words."""
+        seq = self.seq
+        self.seq += 1
+        words = self._shared + self._unique_words(seq, DIGEST_WORDS)
+        prompt = self._render(words + [content])
+        prompt.tokens = self.count(prompt)
+        return prompt
 
     def make(self, n_tokens: int) -> Prompt:
         """A fresh prompt of exactly ``n_tokens`` tokens as the server counts them."""

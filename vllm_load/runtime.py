@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_load.datasets import DatasetSource, read_records
 from vllm_load.errors import UsageError
 from vllm_load.lengths import LengthSpec, parse_length
 from vllm_load.openai_api import discover_model
@@ -20,6 +21,8 @@ from vllm_load.reqlog import RequestLog
 from vllm_load.stats import LLMStats
 from vllm_load.tokenizer import Tokenizer, load_tokenizer
 
+#: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
+DEFAULT_OUTPUT_TOKENS = "64"
 #: Option names never written to disk or logs.
 SECRET_OPTIONS = ("api_key",)
 
@@ -40,9 +43,15 @@ class Target:
 def resolve_target(opts: Any, host: str, is_emulator: bool) -> Target:
     """Check host, model, tokenizer and lengths; raise UsageError with one line on bad input."""
     input_spec = parse_length(opts.input_tokens, "--input-tokens")
-    output_spec = parse_length(opts.output_tokens, "--output-tokens")
+    output_spec = parse_length(opts.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
     if opts.shared_prefix_tokens < 0:
         raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
+    if opts.dataset:
+        read_records(opts.dataset, opts.dataset_format, opts.dataset_field)
+        if opts.dataset_batch < 1:
+            raise UsageError(f"--dataset-batch must be >= 1, got {opts.dataset_batch}")
+    elif opts.dataset_batch != 1:
+        raise UsageError("--dataset-batch needs --dataset: name the file whose records are batched")
     served = discover_model(host, opts.model, opts.api_key)
     tok_name = opts.tokenizer or served.id
     tok = load_tokenizer(tok_name)
@@ -64,7 +73,37 @@ def resolve_target(opts: Any, host: str, is_emulator: bool) -> Target:
                 f"--input-tokens {input_spec.text} goes below the {factory.min_tokens}-token minimum of a prompt "
                 "with this tokenizer: raise it"
             )
+    if opts.align_with_server:
+        align_with_server(host, served.id, tok, opts.api_key)
     return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec)
+
+
+def align_with_server(host: str, model: str, tok: Tokenizer, api_key: str = "") -> None:
+    """Compare our counts with vLLM's POST /tokenize for both APIs; a mismatch stops the run."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    for api in ("completions", "chat"):
+        if api == "chat" and not tok.has_chat_template:
+            continue
+        prompt = PromptFactory(tok, api, salt=secrets.token_hex(4)).make(100)  # type: ignore[arg-type]
+        body: dict = {"model": model}
+        if api == "chat":
+            body.update(messages=prompt.messages, add_generation_prompt=True)
+        else:
+            body.update(prompt=prompt.text, add_special_tokens=True)
+        req = urllib.request.Request(host.rstrip("/") + "/tokenize", data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                count = int(json.loads(resp.read())["count"])
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            raise UsageError(f"--align-with-server: {host}/tokenize failed ({exc}): drop the flag for servers without it") from None
+        if count != prompt.tokens:
+            raise UsageError(
+                f"--align-with-server: a {api} prompt of {prompt.tokens} tokens by tokenizer {tok.name!r} is "
+                f"{count} tokens on the server: pass --tokenizer with the server's own tokenizer"
+            )
 
 
 def public_options(opts: Any) -> dict:
@@ -100,6 +139,7 @@ class Runtime:
     start_wall: float = field(default_factory=time.time)
     end_wall: float | None = None
     workers_seen: set = field(default_factory=set)
+    dataset: DatasetSource | None = None
 
     @classmethod
     def create(cls, role: str, opts: Any, worker_id: str) -> Runtime:
@@ -128,12 +168,15 @@ class Runtime:
     def _prepare_generation(self) -> None:
         o = self.opts
         self.input_spec = parse_length(o.input_tokens, "--input-tokens")
-        self.output_spec = parse_length(o.output_tokens, "--output-tokens")
+        self.output_spec = parse_length(o.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
         self.tokenizer = load_tokenizer(o.tokenizer or o.model)
         self.rng = random.Random(f"{self.salt}/{self.worker_id}/lengths")
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if o.api_key:
             self.headers["Authorization"] = f"Bearer {o.api_key}"
+        if o.dataset:
+            records = read_records(o.dataset, o.dataset_format, o.dataset_field)
+            self.dataset = DatasetSource(records, f"{self.salt}/{self.worker_id}", o.dataset_batch)
         name = "requests.jsonl" if self.role == "local" else f"requests-{_safe(self.worker_id)}.jsonl"
         self.reqlog = RequestLog(self.run_dir / name)
 
@@ -149,7 +192,15 @@ class Runtime:
     def next_request(self, api: str) -> tuple[Prompt, int]:
         """The next prompt (exact length, unique) and the output length to ask for."""
         assert self.input_spec and self.output_spec
-        prompt = self.factory(api).make(self.input_spec.sample(self.rng))
+        if self.dataset is None:
+            prompt = self.factory(api).make(self.input_spec.sample(self.rng))
+            return prompt, self.output_spec.sample(self.rng)
+        content, answer = self.dataset.next_content()
+        prompt = self.factory(api).wrap(content)
+        if self.opts.dataset_batch > 1 and not self.opts.output_tokens:
+            return prompt, self.opts.dataset_batch  # one word per batched record, unless asked otherwise
+        if answer and self.tokenizer is not None and not self.opts.output_tokens:
+            return prompt, max(1, len(self.tokenizer.encode(answer, add_special_tokens=False)))
         return prompt, self.output_spec.sample(self.rng)
 
     def on_record(self, rec: RequestRecord) -> None:

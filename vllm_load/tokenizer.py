@@ -23,6 +23,9 @@ from vllm_load.errors import UsageError
 #: The Mistral 7B v0.1 SentencePiece model that the ``mistral-common`` wheel ships, with the
 #: Mistral instruct chat template. It is the emulator's model, so no hub is ever needed.
 BUILTIN_MISTRAL = "builtin:mistral-7b-v0.1"
+#: mistral-common's Tekken (tiktoken-style byte-level BPE) file, loaded through transformers'
+#: MistralCommonBackend, which counts chat tokens the way vLLM's ``--tokenizer-mode mistral`` does.
+BUILTIN_TEKKEN = "builtin:mistral-tekken"
 EMULATOR_MODEL = "emulator/mistral-7b-v0.1"
 MISTRAL_CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -31,6 +34,21 @@ MISTRAL_CHAT_TEMPLATE = (
     "{% endfor %}"
 )
 _ALIASES = {EMULATOR_MODEL: BUILTIN_MISTRAL, "mistral-7b": BUILTIN_MISTRAL}
+
+
+def _builtin_tekken_dir() -> Path:
+    import mistral_common
+
+    src = Path(mistral_common.__file__).parent / "data" / "tekken_240911.json"
+    target = Path(tempfile.gettempdir()) / f"vllm-load-tekken-{hashlib.sha1(src.read_bytes()).hexdigest()[:12]}"
+    if not (target / "tekken.json").exists():
+        tmp = Path(tempfile.mkdtemp(prefix="vllm-load-tok-"))
+        shutil.copy(src, tmp / "tekken.json")
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _builtin_mistral_dir() -> Path:
@@ -70,10 +88,11 @@ class Tokenizer:
 
     name: str
     hf: Any
+    mistral_common: bool = False  # chat is encoded by mistral-common, not by a Jinja template
 
     @property
     def has_chat_template(self) -> bool:
-        return bool(getattr(self.hf, "chat_template", None))
+        return self.mistral_common or bool(getattr(self.hf, "chat_template", None))
 
     @property
     def model_max_length(self) -> int:
@@ -94,8 +113,20 @@ class Tokenizer:
     def count_completion(self, prompt: str) -> int:
         return len(self.encode(prompt, add_special_tokens=True))
 
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        if self.mistral_common:
+            if not self.has_chat_template:
+                self.render_chat(messages)
+            return list(self.hf.apply_chat_template(messages, tokenize=True)["input_ids"])
+        return self.encode(self.render_chat(messages), add_special_tokens=False)
+
     def count_chat(self, messages: list[dict[str, str]]) -> int:
-        return len(self.encode(self.render_chat(messages), add_special_tokens=False))
+        return len(self.encode_chat(messages))
+
+    def count_chat_batch(self, conversations: list[list[dict[str, str]]]) -> list[int]:
+        if self.mistral_common:
+            return [self.count_chat(m) for m in conversations]
+        return self.count_batch([self.render_chat(m) for m in conversations], add_special_tokens=False)
 
     def count_batch(self, texts: list[str], add_special_tokens: bool) -> list[int]:
         """Token counts of many texts in one call (the Rust side parallelises it)."""
@@ -113,19 +144,28 @@ def load_tokenizer(name: str) -> Tokenizer:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
     if resolved == BUILTIN_MISTRAL:
         path: str = str(_builtin_mistral_dir())
+    elif resolved == BUILTIN_TEKKEN:
+        path = str(_builtin_tekken_dir())
     else:
         path = resolved
-    if Path(path).exists():
+    local = Path(path)
+    if local.exists():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    is_tekken = local.is_dir() and (local / "tekken.json").exists() and not (local / "tokenizer.json").exists()
     try:
         import transformers
 
         transformers.logging.set_verbosity_error()
-        hf = transformers.AutoTokenizer.from_pretrained(path)
+        if is_tekken:
+            from transformers.tokenization_mistral_common import MistralCommonBackend
+
+            hf = MistralCommonBackend.from_pretrained(path)
+        else:
+            hf = transformers.AutoTokenizer.from_pretrained(path)
     except Exception as exc:  # transformers raises OSError/ValueError/HF errors alike
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UsageError(
             f"cannot load tokenizer {name!r} ({first[:160]}): pass --tokenizer with a local folder, "
             f"a reachable Hugging Face id, or {BUILTIN_MISTRAL}"
         ) from None
-    return Tokenizer(name=name, hf=hf)
+    return Tokenizer(name=name, hf=hf, mistral_common=is_tekken)

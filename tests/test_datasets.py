@@ -1,0 +1,96 @@
+"""Dataset readers on small files made here, and dataset prompts end to end."""
+
+import json
+
+import pytest
+
+from tests.conftest import ROOT, run_locust
+from vllm_load.datasets import DatasetSource, read_records
+from vllm_load.errors import UsageError
+from vllm_load.prompts import PromptFactory
+from vllm_load.reqlog import read_log
+from vllm_load.tokenizer import BUILTIN_MISTRAL, load_tokenizer
+
+
+@pytest.fixture
+def files(tmp_path):
+    share = tmp_path / "sharegpt.json"
+    share.write_text(json.dumps([
+        {"id": "a", "conversations": [{"from": "human", "value": "What is a KV cache?"},
+                                      {"from": "gpt", "value": "It stores keys and values of past tokens."}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "Only one turn"}]},  # skipped: no reply
+        {"id": "c", "conversations": [{"from": "human", "value": "Explain batching."},
+                                      {"from": "gpt", "value": "Many requests share one forward pass."}]},
+    ]))
+    jl = tmp_path / "texts.jsonl"
+    jl.write_text('{"text": "first record"}\n\n{"body": "no text field"}\n{"text": "second record"}\n')
+    cs = tmp_path / "reviews.csv"
+    cs.write_text('id,review,label\n1,"Great phone, fast",pos\n2,"Broke after a day",neg\n3,,neg\n')
+    return share, jl, cs
+
+
+def test_readers(files):
+    share, jl, cs = files
+    s = read_records(share)
+    assert [r.text for r in s] == ["What is a KV cache?", "Explain batching."]
+    assert s[0].answer.startswith("It stores")
+    assert [r.text for r in read_records(jl)] == ["first record", "second record"]
+    assert [r.text for r in read_records(cs, field="review")] == ["Great phone, fast", "Broke after a day"]
+    assert [r.text for r in read_records(jl, field="body")] == ["no text field"]
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda d: (d / "missing.json", "", ""), "cannot be read"),
+    (lambda d: ((d / "bad.json").write_text("{oops") and d / "bad.json", "", ""), "is not JSON"),
+    (lambda d: ((d / "x.csv").write_text("a,b\n1,2\n") and d / "x.csv", "", "review"), "has no column 'review'"),
+    (lambda d: ((d / "e.jsonl").write_text('{"x": 1}\n') and d / "e.jsonl", "", ""), "no usable"),
+    (lambda d: (d / "e.jsonl", "parquet", ""), "is unknown"),
+])
+def test_bad_datasets_are_one_line_errors(tmp_path, make, match):
+    path, fmt, field = make(tmp_path)
+    with pytest.raises(UsageError, match=match):
+        read_records(path, fmt, field)
+
+
+def test_batch_mode_joins_k_records_under_an_instruction(files):
+    _, _, cs = files
+    src = DatasetSource(read_records(cs, field="review"), seed="s", batch=3)
+    content, answer = src.next_content()
+    assert answer is None
+    assert content.startswith("Classify each of the following 3 texts")
+    assert content.count("\n") == 3 and "1. " in content and "3. " in content
+
+
+def test_dataset_prompts_are_unique_even_when_records_repeat(files):
+    share, _, _ = files
+    tok = load_tokenizer(BUILTIN_MISTRAL)
+    f = PromptFactory(tok, "chat", salt="ds")
+    src = DatasetSource(read_records(share), seed="s")
+    prompts = [f.wrap(src.next_content()[0]) for _ in range(6)]  # 2 records, each replayed 3 times
+    contents = [p.messages[0]["content"] for p in prompts]
+    assert len(set(contents)) == 6
+    assert len({c.split()[0] for c in contents}) == 6  # differ from the very first word
+    assert all(p.tokens == tok.count_chat(p.messages) for p in prompts)
+
+
+def test_csv_batch_run_end_to_end(files, tmp_path):
+    _, _, cs = files
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+                      "--dataset", str(cs), "--dataset-field", "review", "--dataset-batch", "2",
+                      "--align-with-server", "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    assert logs and all(r["output_tokens"] == 2 and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+
+
+def test_align_with_server_catches_a_wrong_tokenizer(tmp_path, emulator_factory):
+    from tests.tokenizers_fixture import build_byte_level_bpe
+
+    emu = emulator_factory()
+    bpe = build_byte_level_bpe(tmp_path / "bpe")
+    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-t", "2s",
+                      "--host", emu.url, "--tokenizer", str(bpe), "--align-with-server",
+                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    assert res.returncode == 2
+    assert "pass --tokenizer with the server's own tokenizer" in res.stderr

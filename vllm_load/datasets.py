@@ -1,0 +1,106 @@
+"""Prompts taken from dataset files: ShareGPT JSON, JSON-lines with a text field, CSV with a column.
+
+Each record becomes the content of one prompt (or, with ``batch``, K records are joined under an
+instruction into one prompt, the shape users compare with one-record-per-request). Records are
+replayed in a shuffled cycle; every prompt starts with the factory's unique digest words, so a
+replayed record never shares a prefix with an earlier request (sharing stays opt-in).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_load.errors import UsageError
+
+FORMATS = ("sharegpt", "jsonl", "csv")
+
+
+@dataclass
+class Record:
+    text: str
+    answer: str | None = None  # ShareGPT's reply, when the output length should follow the dataset
+
+
+def _fail(path: Path, what: str) -> UsageError:
+    return UsageError(f"dataset {path}: {what}")
+
+
+def guess_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    return {".csv": "csv", ".jsonl": "jsonl", ".json": "sharegpt"}.get(suffix, "jsonl")
+
+
+def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Record]:
+    """Read every usable record; bad input raises UsageError with one line."""
+    p = Path(path)
+    fmt = fmt or guess_format(p)
+    if fmt not in FORMATS:
+        raise UsageError(f"--dataset-format {fmt!r} is unknown: use one of {', '.join(FORMATS)}")
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(p, f"cannot be read ({exc.__class__.__name__}: {exc}): check --dataset") from None
+    records: list[Record] = []
+    if fmt == "sharegpt":
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise _fail(p, f"is not JSON ({exc}): ShareGPT files are a JSON list of conversations") from None
+        for conv in data if isinstance(data, list) else []:
+            turns = conv.get("conversations") or conv.get("conversation") or [] if isinstance(conv, dict) else []
+            if len(turns) >= 2 and isinstance(turns[0], dict) and turns[0].get("value"):
+                records.append(Record(text=str(turns[0]["value"]), answer=str(turns[1].get("value", ""))))
+    elif fmt == "jsonl":
+        key = field or "text"
+        for n, line in enumerate(raw.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                raise _fail(p, f"line {n} is not JSON") from None
+            if isinstance(obj, dict) and isinstance(obj.get(key), str) and obj[key].strip():
+                records.append(Record(text=obj[key]))
+    else:
+        reader = csv.DictReader(raw.splitlines())
+        columns = reader.fieldnames or []
+        key = field or (columns[0] if columns else "")
+        if key not in columns:
+            raise _fail(p, f"has no column {key!r} (columns: {', '.join(columns)}): set --dataset-field")
+        records = [Record(text=row[key]) for row in reader if row.get(key, "").strip()]
+    if not records:
+        raise _fail(p, f"holds no usable {fmt} records" + (f" with field {field!r}" if field else ""))
+    return records
+
+
+class DatasetSource:
+    """Cycles through records in a seeded shuffle; ``batch`` > 1 joins that many per prompt."""
+
+    def __init__(self, records: list[Record], seed: str, batch: int = 1) -> None:
+        if batch < 1:
+            raise UsageError(f"--dataset-batch must be >= 1, got {batch}")
+        self.records = list(records)
+        self.batch = batch
+        self.rng = random.Random(seed)
+        self.rng.shuffle(self.records)
+        self.pos = 0
+
+    def _next(self) -> Record:
+        rec = self.records[self.pos % len(self.records)]
+        self.pos += 1
+        return rec
+
+    def next_content(self) -> tuple[str, str | None]:
+        """(content, dataset answer or None)."""
+        if self.batch == 1:
+            rec = self._next()
+            return rec.text, rec.answer
+        items = [self._next().text.replace("\n", " ") for _ in range(self.batch)]
+        lines = "\n".join(f"{i}. {t}" for i, t in enumerate(items, 1))
+        instruction = (f"Classify each of the following {self.batch} texts as positive or negative. "
+                       f"Answer with exactly one word per text, one per line.\n")
+        return instruction + lines, None
