@@ -18,7 +18,9 @@ from vllm_load import options, webui
 from vllm_load.console import render_table
 from vllm_load.embedded import EmbeddedEmulator, start_emulator
 from vllm_load.errors import UsageError, die
+from vllm_load.results import finish, render_checks
 from vllm_load.runtime import Runtime, Target, resolve_target
+from vllm_load.slo import parse_slo_option
 from vllm_load.stats import LLMStats
 
 log = logging.getLogger("vllm_load")
@@ -28,6 +30,7 @@ class _State:
     """Process-wide plugin state (one Locust environment per process)."""
 
     target: Target | None = None
+    slos: list = []
     emulator: EmbeddedEmulator | None = None
     runtime: Runtime | None = None
 
@@ -76,6 +79,9 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         return
     opts = environment.parsed_options
     try:
+        STATE.slos = parse_slo_option(opts.slo)
+        # workers get the parsed texts, not file paths that may not exist on their machines
+        opts.slo = [s.text for s in STATE.slos]
         if not environment.host:
             STATE.emulator = start_emulator(_emulator_args(opts))
             environment.host = opts.host = STATE.emulator.url
@@ -162,7 +168,12 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         rt.end_wall = rt.end_wall or time.time()
         summary = rt.write_results()
         banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
+        title = f"vllm-load run {rt.run_id}{banner}"
+        code, checks = finish(rt.run_dir, summary, STATE.slos, None, title, environment.parsed_options.junit)
         sys.stdout.write("\n" + render_table(summary, f"vllm-load LLM metrics, run {rt.run_id}{banner}") + "\n")
-        sys.stdout.write(f"vllm-load: results in {rt.run_dir}\n")
+        if checks:
+            sys.stdout.write(render_checks(checks) + "\n")
+        sys.stdout.write(f"vllm-load: results in {rt.run_dir} (exit code {code})\n")
         sys.stdout.flush()
+        environment.process_exit_code = code
     rt.close()

@@ -36,6 +36,9 @@ def add_arguments(parser: Any) -> None:
     add("--dataset-batch", 1, "join this many dataset records into one prompt (answer: one word each)", type=int)
     add("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
         action="store_true")
+    add("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",
+        action="append", include_in_web_ui=False)
+    add("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)")
     add("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float)
     add("--emulator-itl", 0.01, "embedded emulator: inter-token delay, seconds", type=float)
     add("--emulator-tokens-per-chunk", 1, "embedded emulator: tokens per SSE chunk", type=int)

@@ -36,6 +36,7 @@ class RequestRecord:
     finish_reason: str | None = None
     send_lag: float = 0.0  # actual minus intended send time (open loop)
     worker: str = ""
+    good: bool | None = None  # met every per-request SLO (None when no such SLO was given)
 
     def chunk_itls(self) -> list[float]:
         o = self.chunk_offsets

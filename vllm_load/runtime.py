@@ -18,6 +18,7 @@ from vllm_load.openai_api import discover_model
 from vllm_load.prompts import Prompt, PromptFactory
 from vllm_load.record import RequestRecord
 from vllm_load.reqlog import RequestLog
+from vllm_load.slo import goodput_thresholds, parse_slo_option
 from vllm_load.stats import LLMStats
 from vllm_load.tokenizer import Tokenizer, load_tokenizer
 
@@ -140,6 +141,7 @@ class Runtime:
     end_wall: float | None = None
     workers_seen: set = field(default_factory=set)
     dataset: DatasetSource | None = None
+    goodput_limits: dict = field(default_factory=dict)
 
     @classmethod
     def create(cls, role: str, opts: Any, worker_id: str) -> Runtime:
@@ -174,6 +176,7 @@ class Runtime:
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
         if o.api_key:
             self.headers["Authorization"] = f"Bearer {o.api_key}"
+        self.goodput_limits = goodput_thresholds(parse_slo_option(o.slo))
         if o.dataset:
             records = read_records(o.dataset, o.dataset_format, o.dataset_field)
             self.dataset = DatasetSource(records, f"{self.salt}/{self.worker_id}", o.dataset_batch)
@@ -204,6 +207,11 @@ class Runtime:
         return prompt, self.output_spec.sample(self.rng)
 
     def on_record(self, rec: RequestRecord) -> None:
+        if self.goodput_limits:
+            rec.good = rec.ok and all(
+                (value := getattr(rec, metric)) is not None and value <= limit
+                for metric, limit in self.goodput_limits.items()
+            )
         self.stats.add(rec)
         if self.reqlog:
             self.reqlog.write(rec)

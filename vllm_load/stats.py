@@ -40,6 +40,8 @@ class LLMStats:
     drift_requests: int = 0
     drift_max_abs: int = 0
     output_mismatch: int = 0
+    good: int = 0  # requests that met every per-request SLO
+    judged: int = 0  # requests judged for goodput (all requests, when per-request SLOs exist)
     errors: Counter = field(default_factory=Counter)
     tokens_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> output tokens
     done_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> finished requests
@@ -60,6 +62,9 @@ class LLMStats:
         self.first_start = rec.start if self.first_start is None else min(self.first_start, rec.start)
         self.last_end = end if self.last_end is None else max(self.last_end, end)
         self.done_per_second[int(end)] += 1
+        if rec.good is not None:
+            self.judged += 1
+            self.good += rec.good
         for offset, n in zip(rec.chunk_offsets, rec.chunk_tokens):
             self.tokens_per_second[int(rec.start + offset)] += n
         if not rec.ok:
@@ -99,7 +104,7 @@ class LLMStats:
 
     # -- shipping between processes -------------------------------------------------------------
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
-                 "drift_requests", "output_mismatch")
+                 "drift_requests", "output_mismatch", "good", "judged")
 
     def to_wire(self) -> dict:
         return {
@@ -180,6 +185,8 @@ class LLMStats:
             "input_drift_requests": self.drift_requests,
             "input_drift_max_abs": self.drift_max_abs,
             "output_mismatch": self.output_mismatch,
+            "goodput": self.good / self.judged if self.judged else None,
+            "good_requests": self.good,
             "errors": dict(self.errors.most_common()),
             "metrics": {k: h.summary() for k, h in self.hists.items()},
         }
