@@ -18,7 +18,7 @@ from vllm_load import options, webui
 from vllm_load.console import render_table
 from vllm_load.embedded import EmbeddedEmulator, start_emulator
 from vllm_load.errors import UsageError, die
-from vllm_load.results import finish, render_checks
+from vllm_load.slo import render_checks
 from vllm_load.runtime import Runtime, Target, resolve_target
 from vllm_load.slo import parse_slo_option
 from vllm_load.stats import LLMStats
@@ -168,12 +168,13 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         rt.end_wall = rt.end_wall or time.time()
         summary = rt.write_results()
         banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
-        title = f"vllm-load run {rt.run_id}{banner}"
-        code, checks = finish(rt.run_dir, summary, STATE.slos, None, title, environment.parsed_options.junit)
+        from vllm_load.report import build  # matplotlib is loaded only at the end of a run
+
+        code, report, checks = build(rt.run_dir, junit=environment.parsed_options.junit)
         sys.stdout.write("\n" + render_table(summary, f"vllm-load LLM metrics, run {rt.run_id}{banner}") + "\n")
         if checks:
             sys.stdout.write(render_checks(checks) + "\n")
-        sys.stdout.write(f"vllm-load: results in {rt.run_dir} (exit code {code})\n")
+        sys.stdout.write(f"vllm-load: report {report} (exit code {code})\n")
         sys.stdout.flush()
         environment.process_exit_code = code
     rt.close()

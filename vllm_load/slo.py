@@ -35,7 +35,7 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq,
 }
 _UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, "%": 0.01, "": 1.0, "tok/s": 1.0, "req/s": 1.0, "tok": 1.0}
-_SPEC = re.compile(r"^\s*([a-z_.]+?)(?:\.(p50|p90|p95|p99|p99\.9|max|mean|min))?\s*(<=|>=|==|<|>)\s*"
+_SPEC = re.compile(r"^\s*([a-z_][a-z0-9_.]*?)(?:\.(p50|p90|p95|p99|p99\.9|max|mean|min))?\s*(<=|>=|==|<|>)\s*"
                    r"([0-9]*\.?[0-9]+)\s*(ms|us|s|%|tok/s|req/s|tok)?\s*$")
 
 
@@ -56,6 +56,8 @@ def parse_slo(text: str) -> SLO:
     if not m:
         raise UsageError(f"SLO {text!r} is malformed: write METRIC[.pXX] OP VALUE[UNIT], e.g. ttft.p99<=500ms")
     metric, stat, op, value, unit = m.group(1), m.group(2) or "", m.group(3), float(m.group(4)), m.group(5) or ""
+    if stat and f"{metric}.{stat}" in SERVER_METRICS:  # server.kv_cache_usage.max is one name
+        metric, stat = f"{metric}.{stat}", ""
     if metric in LATENCY:
         if not stat:
             raise UsageError(f"SLO {text!r} needs a statistic: {metric}.p99, {metric}.p50, {metric}.max …")

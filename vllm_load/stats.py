@@ -125,7 +125,7 @@ class LLMStats:
         for k, v in data["hists"].items():
             s.hists[k] = Histogram.from_wire(v)
         for k in cls._COUNTERS:
-            setattr(s, k, int(data[k]))
+            setattr(s, k, int(data.get(k, 0)))  # older run dirs lack newer counters
         s.drift_max_abs = int(data["drift_max_abs"])
         s.errors = Counter(data["errors"])
         s.tokens_per_second = Counter({int(k): v for k, v in data["tokens_per_second"].items()})

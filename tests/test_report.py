@@ -1,0 +1,96 @@
+"""The report from a fixture run directory: files, content, sweep, and a real render in headless Chromium."""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from vllm_load.cli import main as cli_main
+from vllm_load.record import RequestRecord
+from vllm_load.report import build, build_sweep
+from vllm_load.stats import LLMStats
+
+SECRET = "sk-fixture-secret-0123456789"
+
+
+def make_run_dir(path, users=4, emulator=True, with_server=True, slo=("ttft.p99<=500ms",)):
+    stats = LLMStats()
+    t0 = 1_800_000_000.0
+    for i in range(60):
+        ttft = 0.05 + 0.001 * (i % 10)
+        offs = [ttft + 0.01 * k for k in range(20)]
+        stats.add(RequestRecord(api="chat", start=t0 + i * 0.5, e2e=offs[-1], ok=True, ttft=ttft, chunk_offsets=offs,
+                                chunk_tokens=[1] * 20, output_tokens=20, input_tokens=128, input_tokens_asked=128,
+                                tokens_from_usage=True))
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({
+        "run_id": path.name, "host": "http://127.0.0.1:1", "target_is_emulator": emulator, "model": "m",
+        "options": {"api_key": "***", "num_users": users, "slo": list(slo)}}))
+    (path / "llm_stats.json").write_text(json.dumps({
+        "run_id": path.name, "start": t0, "end": t0 + 31, "summary": stats.summary(duration=31.0),
+        "stats": stats.to_wire()}))
+    if with_server:
+        lines = [{"t": t0 + s, "running": min(s, 4), "waiting": 0, "kv_cache_usage": 0.01 * s, "preemptions_total": 0,
+                  "prompt_tokens_rate": 500.0, "generation_tokens_rate": 80.0, "prefix_cache_queries_total": 100.0 * s,
+                  "prefix_cache_hits_total": 0.0} for s in range(30)]
+        (path / "server.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    return path
+
+
+def test_report_files_and_content(tmp_path):
+    run = make_run_dir(tmp_path / "run-a")
+    code, html_path, checks = build(run, ["ttft.p99<=500ms", "server.prefix_cache_hit_rate<=0%", "server.kv_cache_usage.max<=10%"])
+    assert code == 3  # KV usage reached 29%
+    assert [c.passed for c in checks] == [True, True, False]
+    page = html_path.read_text()
+    assert len(re.findall(r"<img alt='[a-z]+' src='data:image/png;base64,", page)) == 2
+    assert "id='emulator-banner'" in page and "id='verdict'>FAIL" in page
+    assert "server-missing" not in page
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["server"]["prefix_cache_hit_rate"] == 0.0 and summary["verdict"] == "fail"
+    assert "| `ttft.p99<=500ms` | PASS |" in (run / "summary.md").read_text()
+    assert SECRET not in page
+
+
+def test_report_says_when_the_server_side_is_missing(tmp_path):
+    run = make_run_dir(tmp_path / "run-b", emulator=False, with_server=False)
+    code, html_path, checks = build(run)  # the run's own SLOs, from config.json
+    assert code == 0 and [c.slo for c in checks] == ["ttft.p99<=500ms"]
+    page = html_path.read_text()
+    assert "server-missing" in page and "emulator-banner" not in page
+
+
+def test_cli_sweep_and_bad_dir(tmp_path, capsys):
+    runs = [make_run_dir(tmp_path / f"u{u}", users=u) for u in (8, 2, 4)]
+    assert cli_main(["report", *map(str, runs), "--out", str(tmp_path / "sweep")]) == 0
+    md = (tmp_path / "sweep" / "sweep.md").read_text().splitlines()
+    assert [row.split("|")[2].strip() for row in md[2:]] == ["2", "4", "8"]
+    assert cli_main(["report", str(tmp_path / "nope")]) == 2
+    assert "is not a complete run directory" in capsys.readouterr().err
+
+
+def chromium():
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def test_report_renders_with_images_in_headless_chromium(tmp_path):
+    browser = chromium()
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must install chromium (.ci/run does)")
+        pytest.skip("chromium is not installed (CI installs it)")
+    run = make_run_dir(tmp_path / "run-c")
+    _, html_path, _ = build(run)
+    probe = tmp_path / "probe.html"
+    script = ("<script>window.addEventListener('load',()=>{document.body.setAttribute('data-images',"
+              "[...document.images].filter(i=>i.complete&&i.naturalWidth>200).length)})</script></body>")
+    probe.write_text(html_path.read_text().replace("</body>", script))
+    out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", probe.as_uri()],
+                         capture_output=True, text=True, timeout=90)
+    assert 'data-images="2"' in out.stdout, out.stderr[-2000:]
+    assert "SLO verdict" in out.stdout

@@ -1,0 +1,125 @@
+"""SLO parsing, evaluation on known data, JUnit output, and exit codes of real headless runs."""
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from tests.conftest import ROOT, run_locust
+from vllm_load.errors import UsageError
+from vllm_load.record import RequestRecord
+from vllm_load.results import exit_code
+from vllm_load.slo import evaluate, goodput_thresholds, junit_xml, parse_slo, parse_slo_option
+from vllm_load.stats import LLMStats
+
+
+@pytest.mark.parametrize("text, metric, stat, op, value", [
+    ("ttft.p99<=500ms", "ttft", "p99", "<=", 0.5),
+    ("itl.p95 < 40ms", "itl", "p95", "<", 0.04),
+    ("e2e.max<=2s", "e2e", "max", "<=", 2.0),
+    ("tpot.p99.9<=800us", "tpot", "p99.9", "<=", 0.0008),
+    ("error_rate<=1%", "error_rate", "", "<=", 0.01),
+    ("goodput>=95%", "goodput", "", ">=", 0.95),
+    ("output_token_rate>=2000", "output_token_rate", "", ">=", 2000),
+    ("server.prefix_cache_hit_rate<=0%", "server.prefix_cache_hit_rate", "", "<=", 0.0),
+    ("server.preemptions<=0", "server.preemptions", "", "<=", 0),
+])
+def test_parse_good(text, metric, stat, op, value):
+    s = parse_slo(text)
+    assert (s.metric, s.stat, s.op) == (metric, stat, op)
+    assert s.threshold == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("ttft<=500ms", "needs a statistic"),
+    ("ttft.p99<=500", "needs a time unit"),
+    ("latency.p99<=5ms", "unknown metric"),
+    ("ttft.p99 = 5ms", "malformed"),
+    ("error_rate.p99<=1%", "takes no"),
+    ("goodput>=95ms", "percentage"),
+])
+def test_parse_bad(text, match):
+    with pytest.raises(UsageError, match=match):
+        parse_slo(text)
+
+
+def test_files_yaml_and_toml(tmp_path):
+    y = tmp_path / "slo.yaml"
+    y.write_text("slo:\n  - ttft.p99<=500ms\n  - error_rate<=1%\n")
+    t = tmp_path / "slo.toml"
+    t.write_text('[slo]\n"itl.p99" = "<=50ms"\n"goodput" = ">=90%"\n')
+    assert [s.text for s in parse_slo_option([str(y)])] == ["ttft.p99<=500ms", "error_rate<=1%"]
+    assert [s.text for s in parse_slo_option([str(t)])] == ["itl.p99<=50ms", "goodput>=90%"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("slo: [ttft.p99<=5ms\n")
+    with pytest.raises(UsageError, match="does not parse"):
+        parse_slo_option([str(bad)])
+    with pytest.raises(UsageError, match="cannot be read"):
+        parse_slo_option([str(tmp_path / "missing.yaml")])
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("slo: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(UsageError):  # safe_load refuses Python tags
+        parse_slo_option([str(evil)])
+
+
+def known_stats():
+    stats = LLMStats()
+    limits = goodput_thresholds([parse_slo("ttft.p99<=100ms"), parse_slo("e2e.p50<=1s")])
+    for i in range(100):
+        ttft = 0.010 * (i + 1)  # 10 ms .. 1000 ms
+        r = RequestRecord(api="chat", start=1000.0, e2e=ttft + 0.5, ok=i < 98, ttft=ttft,
+                          chunk_offsets=[ttft, ttft + 0.5], chunk_tokens=[1, 1], output_tokens=2, input_tokens=10,
+                          tokens_from_usage=True, error=None if i < 98 else "HTTP 500: x")
+        r.good = r.ok and all(getattr(r, m) <= v for m, v in limits.items())
+        stats.add(r)
+    return stats.summary(duration=10.0)
+
+
+def test_evaluation_on_known_data():
+    summary = known_stats()
+    checks = evaluate([parse_slo(t) for t in (
+        "ttft.p50<=500ms", "ttft.p99<=100ms", "error_rate<=1%", "error_rate<=5%", "goodput>=10%",
+        "goodput>=20%", "server.preemptions<=0")], summary)
+    got = {c.slo: c.passed for c in checks}
+    assert got == {"ttft.p50<=500ms": True, "ttft.p99<=100ms": False, "error_rate<=1%": False,
+                   "error_rate<=5%": True, "goodput>=10%": True, "goodput>=20%": False,
+                   "server.preemptions<=0": False}
+    # ttft <= 100 ms and e2e <= 1 s: requests 0..9 (ttft 10..100 ms), all of which succeeded
+    assert summary["goodput"] == pytest.approx(0.10)
+    assert "no server-side data" in checks[-1].detail
+    root = ET.fromstring(junit_xml(checks))
+    assert root.get("tests") == "7" and root.get("failures") == "4"
+    assert [tc.get("name") for tc in root.iter("testcase")][1] == "ttft.p99<=100ms"
+
+
+def test_exit_code_rules():
+    summary = known_stats()
+    slos = [parse_slo("ttft.p50<=500ms")]
+    assert exit_code(summary, evaluate(slos, summary), slos) == 1  # failures and no error-rate SLO
+    slos = [parse_slo("error_rate<=5%")]
+    assert exit_code(summary, evaluate(slos, summary), slos) == 0
+    slos = [parse_slo("ttft.p99<=100ms")]
+    assert exit_code(summary, evaluate(slos, summary), slos) == 3
+
+
+@pytest.mark.parametrize("slo, code, verdict", [("ttft.p99<=2s", 0, "pass"), ("itl.p50<=1ms", 3, "fail")])
+def test_headless_exit_codes(emulator_factory, tmp_path, slo, code, verdict):
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
+    junit = tmp_path / "ci" / "slo.xml"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+                      "--host", emu.url, "--output-tokens", "16", "--slo", slo, "--slo", "error_rate<=0%",
+                      "--junit", str(junit), "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    assert res.returncode == code, res.stdout[-2000:] + res.stderr[-2000:]
+    assert f"SLO verdict: {verdict.upper()}" in res.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["verdict"] == verdict and summary["exit_code"] == code
+    assert ET.parse(junit).getroot().get("failures") == ("0" if code == 0 else "1")
+
+
+def test_malformed_slo_is_refused_before_the_run(tmp_path):
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
+                      "--slo", "ttft<=5", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    assert res.returncode == 2
+    assert [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")] == [
+        "vllm-load: error: SLO 'ttft<=5' needs a statistic: ttft.p99, ttft.p50, ttft.max …"]
+    assert not (tmp_path / "run").exists()

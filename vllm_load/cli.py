@@ -1,0 +1,40 @@
+"""`vllm-load report RUN_DIR...`: rebuild reports (and an SLO verdict) from saved run directories."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from vllm_load.errors import EXIT_BAD_INPUT, UsageError
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="vllm-load", description="vllm-load reports and verdicts")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    rp = sub.add_parser("report", help="rebuild report.html, summary.json/.md and the SLO verdict of run directories")
+    rp.add_argument("run_dirs", nargs="+", help="one or more run directories")
+    rp.add_argument("--slo", action="append", default=[], help="SLOs to judge by (default: the run's own)")
+    rp.add_argument("--junit", default="", help="also write the JUnit XML here")
+    rp.add_argument("--out", default="", help="with several runs: where the sweep report goes")
+    args = ap.parse_args(argv)
+    from vllm_load.report import build, build_sweep
+
+    try:
+        codes = []
+        for d in args.run_dirs:
+            code, path, _ = build(d, args.slo, args.junit if len(args.run_dirs) == 1 else "")
+            print(f"{path}  (exit code {code})")
+            codes.append(code)
+        if len(args.run_dirs) > 1:
+            out = Path(args.out or Path("reports") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}")
+            print(build_sweep(args.run_dirs, out))
+    except UsageError as exc:
+        sys.stderr.write(f"vllm-load: error: {exc}\n")
+        return EXIT_BAD_INPUT
+    return max(codes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

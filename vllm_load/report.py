@@ -1,0 +1,272 @@
+"""Rebuild a run's report from its run directory alone: HTML (plots embedded), summary.json/.md.
+
+The HTML puts client and server on one time axis (seconds since the run started): client TTFT/ITL
+percentiles per window and output tokens/s above, the server's running/waiting requests, KV-cache
+usage, preemptions and token rates beneath (from the sidecar's ``server.jsonl``, when present).
+Several run directories also give a sweep table: throughput and latency against concurrency.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from vllm_load.console import table_rows, COLUMNS  # noqa: E402
+from vllm_load.errors import UsageError  # noqa: E402
+from vllm_load.histogram import Histogram  # noqa: E402
+from vllm_load.results import finish  # noqa: E402
+from vllm_load.slo import Check, parse_slo_option  # noqa: E402
+from vllm_load.stats import LLMStats  # noqa: E402
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    start: float
+    end: float
+    stats: LLMStats
+    summary: dict
+    server: list[dict]
+
+    @property
+    def is_emulator(self) -> bool:
+        return bool(self.config.get("target_is_emulator"))
+
+    @property
+    def concurrency(self) -> Any:
+        o = self.config.get("options", {})
+        return o.get("vllm_load_step_users") or o.get("num_users") or o.get("users")
+
+
+def load_run(path: str | Path) -> Run:
+    p = Path(path)
+    try:
+        config = json.loads((p / "config.json").read_text())
+        data = json.loads((p / "llm_stats.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{p} is not a complete run directory ({exc.__class__.__name__}): "
+                         "it needs config.json and llm_stats.json") from None
+    server: list[dict] = []
+    series = p / "server.jsonl"
+    if series.exists():
+        for line in series.read_text().splitlines():
+            try:
+                server.append(json.loads(line))
+            except ValueError:
+                continue
+    return Run(p, config, data["start"], data["end"], LLMStats.from_wire(data["stats"]), data["summary"], server)
+
+
+def server_summary(series: list[dict]) -> dict | None:
+    """What server-side SLOs read: maxima and totals over the run's window."""
+    if not series:
+        return None
+
+    def mx(key: str) -> float | None:
+        vals = [s[key] for s in series if s.get(key) is not None]
+        return max(vals) if vals else None
+
+    first, last = series[0], series[-1]
+
+    def delta(key: str) -> float | None:
+        if last.get(key) is None or first.get(key) is None:
+            return None
+        return last[key] - first[key]
+
+    queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
+    return {
+        "kv_cache_usage.max": mx("kv_cache_usage"),
+        "waiting.max": mx("waiting"),
+        "running.max": mx("running"),
+        "preemptions": delta("preemptions_total"),
+        "prefix_cache_hit_rate": (hits / queries) if queries else (0.0 if queries == 0 else None),
+    }
+
+
+# -- plots -----------------------------------------------------------------------------------------
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def timeline_png(run: Run) -> str:
+    s = run.stats
+    has_server = bool(run.server)
+    n = 5 if has_server else 2
+    fig, axes = plt.subplots(n, 1, figsize=(10, 2.2 * n), sharex=True)
+    ax = axes[0]
+    wins = sorted(s.windows)
+    for metric, style in (("ttft", "-"), ("itl", "--")):
+        xs, p50, p99 = [], [], []
+        for w in wins:
+            h = s.windows[w].get(metric)
+            if h and h.count:
+                xs.append(w + 5 - run.start)
+                p50.append(h.percentile(50) * 1000)
+                p99.append(h.percentile(99) * 1000)
+        ax.plot(xs, p50, style, marker="o", label=f"{metric.upper()} p50")
+        ax.plot(xs, p99, style, marker="o", label=f"{metric.upper()} p99")
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=4)
+    ax.set_title("client latency per 10 s window")
+    ax = axes[1]
+    secs = sorted(s.tokens_per_second)
+    ax.plot([t - run.start for t in secs], [s.tokens_per_second[t] for t in secs], label="output tok/s")
+    ax.set_ylabel("tok/s")
+    ax.legend(fontsize=7)
+    if has_server:
+        t = [x["t"] - run.start for x in run.server]
+        axes[2].plot(t, [x.get("running") for x in run.server], label="running")
+        axes[2].plot(t, [x.get("waiting") for x in run.server], label="waiting")
+        axes[2].set_ylabel("requests")
+        axes[3].plot(t, [100 * (x.get("kv_cache_usage") or 0) for x in run.server], label="KV-cache usage %")
+        axes[3].plot(t, [x.get("preemptions_rate") for x in run.server], label="preemptions/s")
+        axes[4].plot(t, [x.get("prompt_tokens_rate") for x in run.server], label="prompt tok/s (server)")
+        axes[4].plot(t, [x.get("generation_tokens_rate") for x in run.server], label="generation tok/s (server)")
+        axes[4].set_ylabel("tok/s")
+        for a in axes[2:]:
+            a.legend(fontsize=7)
+    axes[-1].set_xlabel("seconds since the run started")
+    return _png(fig)
+
+
+def _cdf(h: Histogram) -> tuple[list[float], list[float]]:
+    xs, ys, seen = [], [], 0
+    for item in h.hdr.get_recorded_iterator():
+        seen += item.count_added_in_this_iter_step
+        xs.append(item.value_iterated_to / h.scale * 1000)
+        ys.append(seen / h.hdr.get_total_count())
+    return xs, ys
+
+
+def cdf_png(run: Run) -> str:
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3))
+    panels = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
+    for ax, (key, title) in zip(axes, panels):
+        h = run.stats.hists[key]
+        if h.count:
+            ax.plot(*_cdf(h), label="per token" if key == "itl" else title)
+            if key == "itl" and run.stats.hists["itl_chunk"].count:
+                ax.plot(*_cdf(run.stats.hists["itl_chunk"]), "--", label="per chunk")
+                ax.legend(fontsize=7)
+        ax.set_title(f"CDF of {title}")
+        ax.set_xlabel("ms")
+        ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+# -- HTML ------------------------------------------------------------------------------------------
+_CSS = ("body{font-family:sans-serif;margin:24px;max-width:1200px}table{border-collapse:collapse;margin:8px 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
+        ".pass{color:#080;font-weight:bold}.fail{color:#c00;font-weight:bold}"
+        ".banner{background:#ffe9a8;border:1px solid #d9a400;padding:8px;margin:8px 0}img{max-width:100%}")
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> str:
+    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def render_html(run: Run, checks: list[Check]) -> str:
+    s = run.summary
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load {html.escape(run.path.name)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>vllm-load run {html.escape(str(run.config.get('run_id')))}</h1>"]
+    if run.is_emulator:
+        parts.append("<div class='banner' id='emulator-banner'><b>Target: the built-in vLLM EMULATOR</b>, "
+                     "not a real vLLM server. These numbers describe the emulator's configured schedule.</div>")
+    if checks:
+        ok = all(c.passed for c in checks)
+        parts.append(f"<h2>SLO verdict: <span class='{'pass' if ok else 'fail'}' id='verdict'>{'PASS' if ok else 'FAIL'}</span></h2>")
+        parts.append(_table(["SLO", "result", "detail"], [[html.escape(c.slo),
+                     f"<span class='{'pass' if c.passed else 'fail'}'>{'PASS' if c.passed else 'FAIL'}</span>",
+                     html.escape(c.detail)] for c in checks]))
+    parts.append("<h2>Summary</h2>")
+    parts.append(_table(["", ""], [
+        ["target", html.escape(str(run.config.get("host")))], ["model", html.escape(str(run.config.get("model")))],
+        ["requests (ok / failed)", f"{s['requests']} ({s['succeeded']} / {s['failed']})"],
+        ["duration", f"{s['duration_s']:.1f} s"], ["request rate", f"{s['request_rate']:.2f} /s"],
+        ["output tokens/s", f"{s['output_token_rate']:.1f}"],
+        ["goodput", "n/a" if s.get("goodput") is None else f"{s['goodput'] * 100:.1f}%"],
+        ["prompt-length drift", f"{s['input_drift_requests']} requests (max {s['input_drift_max_abs']} tokens)"],
+    ]))
+    rows = table_rows(s)
+    parts.append(_table(["metric", "count", "mean", *COLUMNS], [[r["metric"], r["count"], r["mean"], *(r[c] for c in COLUMNS)] for r in rows]))
+    if s["errors"]:
+        parts.append("<h2>Failures</h2>" + _table(["reason", "count"], [[html.escape(k), v] for k, v in s["errors"].items()]))
+    parts.append("<h2>Client and server over time</h2>")
+    if not run.server:
+        parts.append("<p id='server-missing'><b>Server side missing:</b> no sidecar series in this run directory "
+                     "(start <code>python -m server.sidecar</code> beside vLLM and pass --sidecar-url).</p>")
+    parts.append(f"<img alt='timeline' src='data:image/png;base64,{timeline_png(run)}'>")
+    parts.append("<h2>Distributions</h2>")
+    parts.append(f"<img alt='cdf' src='data:image/png;base64,{cdf_png(run)}'>")
+    opts = run.config.get("options", {})
+    parts.append("<h2>Configuration</h2>")
+    parts.append(_table(["option", "value"], [[html.escape(k), html.escape(json.dumps(v))] for k, v in sorted(opts.items())]))
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = "") -> tuple[int, Path, list[Check]]:
+    """Regenerate summary.json, summary.md, junit.xml and report.html of one run directory."""
+    run = load_run(run_dir)
+    texts = slo_texts if slo_texts else run.config.get("options", {}).get("slo") or []
+    slos = parse_slo_option(texts)
+    title = f"vllm-load run {run.config.get('run_id')}" + (" (target: built-in EMULATOR)" if run.is_emulator else "")
+    code, checks = finish(run.path, run.summary, slos, server_summary(run.server), title, junit)
+    out = run.path / "report.html"
+    out.write_text(render_html(run, checks))
+    return code, out, checks
+
+
+def build_sweep(run_dirs: list[str | Path], out_dir: Path) -> Path:
+    """One table and plot of throughput and latency against concurrency, across runs."""
+    runs = sorted((load_run(d) for d in run_dirs), key=lambda r: (r.concurrency or 0, r.start))
+    head = ["run", "concurrency", "req/s", "output tok/s", "TTFT mean ms", "TTFT p99 ms", "ITL p99 ms",
+            "E2E mean ms", "E2E p99 ms", "KV usage max", "failed"]
+    rows = []
+    for r in runs:
+        m = r.summary["metrics"]
+        srv = server_summary(r.server) or {}
+        kv = srv.get("kv_cache_usage.max")
+
+        def ms(k: str, stat: str) -> str:
+            return f"{m[k][stat] * 1000:.1f}" if k in m else ""
+        rows.append([html.escape(r.path.name), r.concurrency or "", f"{r.summary['request_rate']:.2f}",
+                     f"{r.summary['output_token_rate']:.1f}", ms("ttft", "mean"), ms("ttft", "p99"), ms("itl", "p99"),
+                     ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%", r.summary["failed"]])
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.5))
+    xs = [r.concurrency or i for i, r in enumerate(runs)]
+    a1.plot(xs, [r.summary["output_token_rate"] for r in runs], "o-")
+    a1.set_xlabel("concurrency")
+    a1.set_ylabel("output tok/s")
+    for key in ("ttft", "e2e"):
+        a2.plot(xs, [r.summary["metrics"].get(key, {}).get("mean", 0) * 1000 for r in runs], "o-", label=f"{key} mean")
+        a2.plot(xs, [r.summary["metrics"].get(key, {}).get("p99", 0) * 1000 for r in runs], "o--", label=f"{key} p99")
+    a2.set_xlabel("concurrency")
+    a2.set_ylabel("ms")
+    a2.legend(fontsize=7)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load sweep</title><style>{_CSS}</style>"
+            f"</head><body><h1>vllm-load sweep ({len(runs)} runs)</h1>"
+            + ("<div class='banner'>Some runs targeted the built-in EMULATOR.</div>" if any(r.is_emulator for r in runs) else "")
+            + _table(head, rows) + f"<img alt='sweep' src='data:image/png;base64,{_png(fig)}'></body></html>")
+    (out_dir / "sweep.html").write_text(page)
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    (out_dir / "sweep.md").write_text("\n".join(md) + "\n")
+    return out_dir / "sweep.html"
