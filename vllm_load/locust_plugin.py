@@ -31,6 +31,7 @@ class _State:
 
     target: Target | None = None
     slos: list = []
+    report: str | None = None  # path of the last run's report.html
     emulator: EmbeddedEmulator | None = None
     runtime: Runtime | None = None
 
@@ -103,7 +104,7 @@ def _on_init(environment: Any, **_kw: Any) -> None:
     if not environment.stop_timeout:
         # let in-flight streams finish at the end of a run instead of killing them mid-request
         environment.stop_timeout = float(opts.request_timeout)
-    webui.install(environment, _live_summary)
+    webui.install(environment, _live_summary, STATE.slos, lambda: STATE.report)
 
 
 def _live_summary() -> dict | None:
@@ -157,6 +158,10 @@ def _on_test_stop(environment: Any, **_kw: Any) -> None:
     if rt is not None and rt.role != "worker":
         rt.end_wall = time.time()
         rt.write_results()
+        if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
+            from vllm_load.report import build
+
+            STATE.report = str(build(rt.run_dir)[1])
 
 
 @events.quitting.add_listener
@@ -171,6 +176,7 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         from vllm_load.report import build  # matplotlib is loaded only at the end of a run
 
         code, report, checks = build(rt.run_dir, junit=environment.parsed_options.junit)
+        STATE.report = str(report)
         sys.stdout.write("\n" + render_table(summary, f"vllm-load LLM metrics, run {rt.run_id}{banner}") + "\n")
         if checks:
             sys.stdout.write(render_checks(checks) + "\n")

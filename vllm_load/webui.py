@@ -9,7 +9,8 @@ from typing import Any, Callable
 from vllm_load.console import COLUMNS, table_rows
 
 
-def install(environment: Any, summary_source: Callable[[], dict | None]) -> None:
+def install(environment: Any, summary_source: Callable[[], dict | None], slos: list | None = None,
+            report_source: Callable[[], str | None] = lambda: None) -> None:
     web_ui = environment.web_ui
     if web_ui is None:
         return
@@ -18,7 +19,15 @@ def install(environment: Any, summary_source: Callable[[], dict | None]) -> None
     web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": "llm"}]
     web_ui.template_args["extended_tables"] = [{"key": "llm", "structure": structure}]
 
-    from flask import request
+    from flask import Response, request
+
+    @web_ui.app.route("/vllm-load/report")
+    def _report() -> Any:
+        path = report_source()
+        if not path:
+            return Response("no report yet: it is written when a run stops", status=404, mimetype="text/plain")
+        with open(path, encoding="utf-8") as fh:
+            return Response(fh.read(), mimetype="text/html")
 
     @web_ui.app.after_request
     def _add_llm_stats(response: Any) -> Any:
@@ -33,6 +42,13 @@ def install(environment: Any, summary_source: Callable[[], dict | None]) -> None
                          "mean": f"{summary['output_token_rate']:.1f}"})
             rows.append({"metric": "Requests ok / failed", "count": summary["requests"],
                          "mean": f"{summary['succeeded']} / {summary['failed']}"})
+            if slos:
+                from vllm_load.slo import evaluate
+
+                for c in evaluate(slos, summary):
+                    rows.append({"metric": f"SLO {c.slo}", "count": "PASS" if c.passed else "FAIL", "mean": c.detail})
+            if report_source():
+                rows.append({"metric": "Report of the last run", "count": "", "mean": "/vllm-load/report"})
             if summary["input_drift_requests"]:
                 rows.append({"metric": "PROMPT LENGTH DRIFT (requests, max)", "count": summary["input_drift_requests"],
                              "mean": summary["input_drift_max_abs"]})
