@@ -20,6 +20,7 @@ import orjson
 from gevent.pywsgi import WSGIServer
 
 from server.engine import EngineConfig, FixedScheduleEngine
+from server.prefix_cache import PrefixCache
 from server.vllm_metrics import VllmMetrics
 
 VERSION = "0.32.0"
@@ -53,6 +54,7 @@ class Emulator:
         self.engine = engine
         self.api_key = api_key
         self.metrics = VllmMetrics(model)
+        self.prefix_cache = PrefixCache(engine.cfg.block_size, engine.cfg.num_gpu_blocks)
         self.created = int(time.time())
 
     # -- WSGI -----------------------------------------------------------------------------------
@@ -109,20 +111,23 @@ class Emulator:
                             "organization": "*", "group": None, "is_blocking": False}],
         }]})
 
-    def _count_prompt(self, chat: bool, body: dict) -> int:
+    def _prompt_ids(self, chat: bool, body: dict) -> list[int]:
+        """The prompt's token ids, as vLLM would tokenize it (chat template included)."""
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise HttpError(400, "messages must be a non-empty list", "BadRequestError", "messages")
             if self.tok is None:
-                return sum(len(str(m.get("content", "")).split()) for m in messages) + 8
-            return self.tok.count_chat(messages)
+                return [hash(w) & 0xFFFF for m in messages for w in str(m.get("content", "")).split()]
+            return self.tok.encode_chat(messages)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-            return len(prompt)
+            return prompt
         if not isinstance(prompt, str) or not prompt:
             raise HttpError(400, "prompt must be a non-empty string or token list", "BadRequestError", "prompt")
-        return self.tok.count_completion(prompt) if self.tok is not None else len(prompt.split()) + 1
+        if self.tok is None:
+            return [hash(w) & 0xFFFF for w in prompt.split()]
+        return self.tok.encode(prompt, add_special_tokens=True)
 
     def _tokenize(self, body: dict) -> bytes:
         chat = "messages" in body
@@ -143,7 +148,8 @@ class Emulator:
         model = body.get("model", self.model)
         if model != self.model:
             raise HttpError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        prompt_tokens = self._count_prompt(chat, body)
+        ids = self._prompt_ids(chat, body)
+        prompt_tokens = len(ids)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         if max_tokens is None:
             max_tokens = 16 if not chat else max(1, self.max_model_len - prompt_tokens)
@@ -155,6 +161,7 @@ class Emulator:
                 f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
                 "completion). Please reduce the length of the messages or completion."), "BadRequestError")
         self.metrics.l(self.metrics.prefix_queries).inc(prompt_tokens)
+        self.metrics.l(self.metrics.prefix_hits).inc(self.prefix_cache.query(ids))
         if not body.get("stream"):
             return self._complete(start_response, chat, model, prompt_tokens, max_tokens)
         opts = body.get("stream_options") or {}

@@ -46,6 +46,13 @@ class VllmMetrics:
         self.req_generation = h("vllm:request_generation_tokens", "Number of generation tokens processed.", TOKEN_BUCKETS)
         for m in (self.running, self.waiting, self.kv_usage):
             m.labels(**self.labels).set(0)
+        # like vLLM, expose every series from the start (a scrape before any traffic sees zeros)
+        for m in (self.prefix_queries, self.prefix_hits, self.preemptions, self.prompt_tokens, self.generation_tokens,
+                  self.ttft, self.itl, self.e2e, self.queue, self.prefill, self.decode, self.req_prompt,
+                  self.req_generation):
+            m.labels(**self.labels)
+        for reason in ("stop", "length", "abort", "error"):
+            self.success.labels(finished_reason=reason, **self.labels)
 
     def l(self, metric):  # noqa: E743 - short accessor used on every token
         return metric.labels(**self.labels)

@@ -1,4 +1,4 @@
-"""Start the built-in vLLM emulator when the user gave no --host."""
+"""Child processes the locustfile starts itself: the vLLM emulator (no --host) and its sidecar."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from vllm_load.errors import UsageError
 
 
 @dataclass
-class EmbeddedEmulator:
+class ChildServer:
     url: str
     process: subprocess.Popen
 
@@ -28,16 +28,15 @@ class EmbeddedEmulator:
                 self.process.kill()
 
 
-def start_emulator(extra_args: list[str], timeout: float = 60.0) -> EmbeddedEmulator:
-    """Run ``python -m server.emulator`` on 127.0.0.1, on a free port, and wait until it listens."""
+def start_child(module: str, args: list[str], timeout: float = 60.0) -> ChildServer:
+    """Run ``python -m MODULE ARGS`` (it binds 127.0.0.1) and wait for its "listening on URL" line."""
     import server
 
     root = str(Path(server.__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [sys.executable, "-m", "server.emulator", "--host", "127.0.0.1", "--port", "0", *extra_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, env=env)
-    emu = EmbeddedEmulator(url="", process=proc)
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, env=env)
+    emu = ChildServer(url="", process=proc)
     atexit.register(emu.stop)
     line = b""
     try:
@@ -48,6 +47,15 @@ def start_emulator(extra_args: list[str], timeout: float = 60.0) -> EmbeddedEmul
     text = line.decode(errors="replace").strip()
     if "listening on " not in text:
         emu.stop()
-        raise UsageError(f"the built-in emulator did not start ({text or 'no output'}): run python -m server.emulator to see why")
+        raise UsageError(f"{module} did not start ({text or 'no output'}): run python -m {module} to see why")
     emu.url = text.split("listening on ", 1)[1].split()[0]
     return emu
+
+
+def start_emulator(extra_args: list[str]) -> ChildServer:
+    return start_child("server.emulator", ["--host", "127.0.0.1", "--port", "0", *extra_args])
+
+
+def start_sidecar(vllm_url: str, out: Path) -> ChildServer:
+    return start_child("server.sidecar", ["--vllm-url", vllm_url, "--listen", "127.0.0.1:0", "--interval", "1s",
+                                          "--out", str(out)])

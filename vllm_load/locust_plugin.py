@@ -7,7 +7,10 @@ in the same way Locust's own plugins do.
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import tempfile
+from pathlib import Path
 import time
 from typing import Any
 
@@ -16,7 +19,8 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from vllm_load import options, webui
 from vllm_load.console import render_table
-from vllm_load.embedded import EmbeddedEmulator, start_emulator
+from vllm_load.embedded import ChildServer, start_emulator, start_sidecar
+from vllm_load.server_side import fetch_series
 from vllm_load.errors import UsageError, die
 from vllm_load.slo import render_checks
 from vllm_load.runtime import Runtime, Target, resolve_target
@@ -32,7 +36,8 @@ class _State:
     target: Target | None = None
     slos: list = []
     report: str | None = None  # path of the last run's report.html
-    emulator: EmbeddedEmulator | None = None
+    emulator: ChildServer | None = None
+    sidecar: ChildServer | None = None
     runtime: Runtime | None = None
 
 
@@ -91,10 +96,15 @@ def _on_init(environment: Any, **_kw: Any) -> None:
                 "(results describe the emulator, not a real vLLM)",
                 flush=True,
             )
+            if not opts.sidecar_url:
+                series = Path(tempfile.gettempdir()) / f"vllm-load-sidecar-{os.getpid()}.jsonl"
+                STATE.sidecar = start_sidecar(STATE.emulator.url, series)
+                opts.sidecar_url = STATE.sidecar.url
         target = _check_target(environment)
     except UsageError as exc:
-        if STATE.emulator:
-            STATE.emulator.stop()
+        for child in (STATE.sidecar, STATE.emulator):
+            if child:
+                child.stop()
         die(str(exc))
     print(
         f"vllm-load: target {target.host} model {target.model} tokenizer {target.tokenizer} "
@@ -152,12 +162,21 @@ def _on_worker_report(client_id: str, data: dict, **_kw: Any) -> None:
         rt.totals.merge(delta)
 
 
+def _collect_server_side(rt: Runtime, opts: Any) -> None:
+    if not opts.sidecar_url or rt.end_wall is None:
+        return
+    why = fetch_series(opts.sidecar_url, rt.start_wall, rt.end_wall, rt.run_dir / "server.jsonl", opts.sidecar_token)
+    if why:
+        log.warning("vllm-load: server side missing from the report: %s", why)
+
+
 @events.test_stop.add_listener
 def _on_test_stop(environment: Any, **_kw: Any) -> None:
     rt = STATE.runtime
     if rt is not None and rt.role != "worker":
         rt.end_wall = time.time()
         rt.write_results()
+        _collect_server_side(rt, environment.parsed_options)
         if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
             from vllm_load.report import build
 
@@ -172,6 +191,8 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
     if rt.role != "worker":
         rt.end_wall = rt.end_wall or time.time()
         summary = rt.write_results()
+        if not (rt.run_dir / "server.jsonl").exists():
+            _collect_server_side(rt, environment.parsed_options)
         banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
         from vllm_load.report import build  # matplotlib is loaded only at the end of a run
 

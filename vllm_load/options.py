@@ -39,6 +39,8 @@ def add_arguments(parser: Any) -> None:
     add("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",
         action="append", include_in_web_ui=False)
     add("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)")
+    add("--sidecar-url", "", "the server.sidecar beside vLLM; its series lands in the run dir (auto with the emulator)")
+    add("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True)
     add("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float)
     add("--emulator-itl", 0.01, "embedded emulator: inter-token delay, seconds", type=float)
     add("--emulator-tokens-per-chunk", 1, "embedded emulator: tokens per SSE chunk", type=int)

@@ -25,7 +25,7 @@ from vllm_load.tokenizer import Tokenizer, load_tokenizer
 #: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
 DEFAULT_OUTPUT_TOKENS = "64"
 #: Option names never written to disk or logs.
-SECRET_OPTIONS = ("api_key",)
+SECRET_OPTIONS = ("api_key", "sidecar_token")
 
 
 @dataclass

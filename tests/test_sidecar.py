@@ -1,0 +1,160 @@
+"""The sidecar: the schema on real vLLM 0.32 /metrics text, V0 names, log lines; the process end to end."""
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from server.vllm_schema import derive, parse_log_line, parse_metrics
+from tests.conftest import ROOT, Proc, run_locust
+
+REAL = (Path(__file__).parent / "data" / "vllm-0.32-cpu-metrics.txt").read_text()
+
+V0_TEXT = """# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 7.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 3.0
+# TYPE vllm:num_requests_swapped gauge
+vllm:num_requests_swapped{model_name="m"} 1.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.42
+# TYPE vllm:cpu_cache_usage_perc gauge
+vllm:cpu_cache_usage_perc{model_name="m"} 0.05
+# TYPE vllm:gpu_prefix_cache_hit_rate gauge
+vllm:gpu_prefix_cache_hit_rate{model_name="m"} 0.25
+# TYPE vllm:num_preemptions_total counter
+vllm:num_preemptions_total{model_name="m"} 4.0
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{model_name="m"} 1000.0
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{model_name="m"} 500.0
+# TYPE vllm:time_per_output_token_seconds histogram
+vllm:time_per_output_token_seconds_bucket{le="0.01",model_name="m"} 10.0
+vllm:time_per_output_token_seconds_bucket{le="0.025",model_name="m"} 30.0
+vllm:time_per_output_token_seconds_bucket{le="+Inf",model_name="m"} 40.0
+vllm:time_per_output_token_seconds_count{model_name="m"} 40.0
+vllm:time_per_output_token_seconds_sum{model_name="m"} 0.8
+"""
+
+
+def test_real_vllm_0_32_metrics_map_to_the_schema():
+    s = parse_metrics(REAL)
+    assert s["running"] == 0 and s["waiting"] == 0 and s["kv_cache_usage"] == 0
+    assert s["prompt_tokens_total"] == 1788 and s["generation_tokens_total"] == 5424
+    assert s["prefix_cache_queries_total"] == 1788 and s["prefix_cache_hits_total"] == 0
+    assert s["preemptions_total"] == 0
+    assert s["request_success_total"]["length"] == 23
+    h = s["histograms"]
+    assert set(h) >= {"ttft", "itl", "e2e", "queue", "prefill", "decode", "tpot_request"}
+    assert h["ttft"]["count"] == 23 and h["itl"]["count"] == 5401
+    assert h["ttft"]["buckets"][-1] == [float("inf"), 23.0]
+    assert [b[0] for b in h["ttft"]["buckets"]][:4] == [0.001, 0.005, 0.01, 0.02]
+
+
+def test_v0_names_map_to_the_same_schema():
+    s = parse_metrics(V0_TEXT)
+    assert (s["running"], s["waiting"], s["swapped"]) == (7, 3, 1)
+    assert s["kv_cache_usage"] == 0.42 and s["cpu_cache_usage"] == 0.05
+    assert s["prefix_cache_hit_rate_gauge"] == 0.25 and s["preemptions_total"] == 4
+    assert s["histograms"]["itl"]["count"] == 40  # time_per_output_token -> itl
+
+
+def test_derive_rates_and_histogram_deltas():
+    a = parse_metrics(V0_TEXT)
+    a["t"] = 100.0
+    b = parse_metrics(V0_TEXT.replace("1000.0", "1600.0").replace("} 40.0", "} 50.0").replace("} 30.0", "} 36.0"))
+    b["t"] = 102.0
+    d = derive(b, a)
+    assert d["prompt_tokens_rate"] == 300.0 and d["generation_tokens_rate"] == 0.0
+    delta = d["histogram_deltas"]["itl"]
+    assert delta["count"] == 10 and [c for _, c in delta["buckets"]] == [0.0, 6.0, 10.0]
+
+
+@pytest.mark.parametrize("line, expect", [
+    ("INFO 11-22 10:00:01 [loggers.py:123] Engine 000: Avg prompt throughput: 512.3 tokens/s, Avg generation "
+     "throughput: 77.0 tokens/s, Running: 5 reqs, Waiting: 2 reqs, GPU KV cache usage: 12.5%, Prefix cache hit rate: 0.0%",
+     {"running": 5, "waiting": 2, "kv_cache_usage": 0.125, "prompt_tokens_rate": 512.3, "prefix_cache_hit_rate_gauge": 0.0}),
+    ("Engine 000: Avg prompt throughput: 0.0 tokens/s, Avg generation throughput: 10.0 tokens/s, Running: 1 reqs, "
+     "Waiting: 0 reqs, Preemptions: 3, GPU KV cache usage: 1.0%, Prefix cache hit rate: 50.0%",
+     {"preemptions_interval": 3, "prefix_cache_hit_rate_gauge": 0.5}),
+    ("INFO 05-01 metrics.py:341] Avg prompt throughput: 10.5 tokens/s, Avg generation throughput: 200.1 tokens/s, "
+     "Running: 8 reqs, Swapped: 1 reqs, Pending: 4 reqs, GPU KV cache usage: 93.2%, CPU KV cache usage: 2.0%.",
+     {"running": 8, "swapped": 1, "waiting": 4, "kv_cache_usage": 0.932, "cpu_cache_usage": 0.02}),
+])
+def test_log_lines_v0_and_v1(line, expect):
+    s = parse_log_line(line)
+    for k, v in expect.items():
+        assert s[k] == pytest.approx(v)
+    assert parse_log_line("INFO: 127.0.0.1 - POST /v1/completions 200") is None
+
+
+def get(url, token=""):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return r.read().decode()
+
+
+def test_sidecar_log_mode_and_token(tmp_path):
+    log = tmp_path / "vllm.log"
+    log.write_text("noise\nEngine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s, "
+                   "Running: 3 reqs, Waiting: 1 reqs, GPU KV cache usage: 5.0%, Prefix cache hit rate: 0.0%\n")
+    side = Proc(["-m", "server.sidecar", "--log-file", str(log), "--listen", "127.0.0.1:0", "--token", "t0ken",
+                 "--out", str(tmp_path / "series.jsonl")])
+    try:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            get(side.url + "/health")
+        assert err.value.code == 401
+        lines = []
+        for _ in range(50):  # the follower thread may not have read the file yet: wait for the condition
+            lines = get(side.url + "/series", "t0ken").splitlines()
+            if lines:
+                break
+            get(side.url + "/health", "t0ken")
+        assert len(lines) == 1 and json.loads(lines[0])["running"] == 3
+        assert json.loads((tmp_path / "series.jsonl").read_text().splitlines()[0])["source"] == "log-v1"
+    finally:
+        side.stop()
+
+
+def test_run_dir_holds_both_sides_on_one_clock(tmp_path, emulator_factory):
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.01")
+    side = Proc(["-m", "server.sidecar", "--vllm-url", emu.url, "--listen", "127.0.0.1:0", "--interval", "250ms",
+                 "--out", str(tmp_path / "series.jsonl")])
+    try:
+        run_dir = tmp_path / "run"
+        res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "6", "-r", "6", "-t", "4s",
+                          "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "40",
+                          "--slo", "server.prefix_cache_hit_rate<=0%", "--run-dir", str(run_dir)], cwd=tmp_path)
+    finally:
+        side.stop()
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    series = [json.loads(x) for x in (run_dir / "server.jsonl").read_text().splitlines()]
+    stats = json.loads((run_dir / "llm_stats.json").read_text())
+    assert series and all(stats["start"] - 3 <= s["t"] <= stats["end"] + 3 for s in series)
+    assert max(s["running"] for s in series) >= 1  # the emulator's gauges moved under load
+    assert max(s.get("generation_tokens_rate", 0) for s in series) > 0
+    assert max(s["kv_cache_usage"] for s in series) > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["server"]["prefix_cache_hit_rate"] == 0.0 and summary["verdict"] == "pass"
+    assert {"config.json", "llm_stats.json", "requests.jsonl", "server.jsonl", "report.html"} <= {p.name for p in run_dir.iterdir()}
+
+
+def test_shared_prefix_shows_up_as_prefix_cache_hits(tmp_path):
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "3s",
+                      "--shared-prefix-tokens", "64", "--slo", "server.prefix_cache_hit_rate<=0%",
+                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    assert res.returncode == 3, res.stdout[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["server"]["prefix_cache_hit_rate"] > 0.3
+
+
+def test_unreachable_sidecar_does_not_stop_the_run(tmp_path, emulator_factory):
+    emu = emulator_factory()
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+                      "--host", emu.url, "--sidecar-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "run")],
+                     cwd=tmp_path)
+    assert res.returncode == 0
+    assert "server side missing" in res.stderr
+    assert "id='server-missing'" in (tmp_path / "run" / "report.html").read_text()
