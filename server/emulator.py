@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import random
 import secrets
 import socket
 import sys
 import time
 from typing import Any, Callable, Iterable
 
+import gevent
 import orjson
 from gevent.pywsgi import WSGIServer
 
 from server.engine import EngineConfig, FixedScheduleEngine
+from server.faults import FaultPlan, parse_fault
 from server.prefix_cache import PrefixCache
 from server.vllm_metrics import VllmMetrics
 
@@ -42,13 +45,19 @@ class HttpError(Exception):
                                        "code": self.status}})
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+            429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+class DropConnection(Exception):
+    """Raised inside a streaming body: the server closes the connection without ending the stream."""
 
 
 class Emulator:
     def __init__(self, model: str, tokenizer: Any, max_model_len: int, engine: FixedScheduleEngine,
-                 api_key: str = "") -> None:
+                 api_key: str = "", faults: FaultPlan | None = None) -> None:
         self.model = model
+        self.faults = faults or FaultPlan()
         self.tok = tokenizer
         self.max_model_len = max_model_len
         self.engine = engine
@@ -79,7 +88,7 @@ class Emulator:
                 body = self._json_body(environ)
                 if path == "/tokenize":
                     return self._reply(start_response, 200, self._tokenize(body))
-                return self._generate(start_response, path == "/v1/chat/completions", body)
+                return self._generate(start_response, path == "/v1/chat/completions", body, self.faults.pick(environ))
             raise HttpError(404, f"Not Found: {path}", "NotFoundError")
         except HttpError as exc:
             return self._reply(start_response, exc.status, exc.body())
@@ -144,7 +153,7 @@ class Emulator:
         m.l(m.kv_usage).set(self.engine.kv_usage)
 
     # -- generation -----------------------------------------------------------------------------
-    def _generate(self, start_response: Start, chat: bool, body: dict) -> Iterable[bytes]:
+    def _generate(self, start_response: Start, chat: bool, body: dict, fault: str | None = None) -> Iterable[bytes]:
         model = body.get("model", self.model)
         if model != self.model:
             raise HttpError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
@@ -160,6 +169,8 @@ class Emulator:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
                 "completion). Please reduce the length of the messages or completion."), "BadRequestError")
+        if fault in ("500", "503", "429"):
+            raise HttpError(int(fault), f"injected fault: HTTP {fault}", "InternalServerError")
         self.metrics.l(self.metrics.prefix_queries).inc(prompt_tokens)
         self.metrics.l(self.metrics.prefix_hits).inc(self.prefix_cache.query(ids))
         if not body.get("stream"):
@@ -167,7 +178,7 @@ class Emulator:
         opts = body.get("stream_options") or {}
         start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
         return self._stream(chat, model, prompt_tokens, max_tokens, bool(opts.get("include_usage")),
-                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")))
+                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault)
 
     def _observe_finish(self, prompt_tokens: int, out: int, ttft: float, e2e: float) -> None:
         m = self.metrics
@@ -202,7 +213,7 @@ class Emulator:
         return self._reply(start_response, 200, orjson.dumps(body))
 
     def _stream(self, chat: bool, model: str, prompt_tokens: int, max_tokens: int, include_usage: bool,
-                continuous: bool) -> Iterable[bytes]:
+                continuous: bool, fault: str | None = None) -> Iterable[bytes]:
         m = self.metrics
         rid, created = secrets.token_hex(8), int(time.time())
         head = ({"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk"} if chat
@@ -217,7 +228,23 @@ class Emulator:
         def event(obj: dict) -> bytes:
             return b"data: " + orjson.dumps(obj) + b"\n\n"
 
+        if fault == "slow-headers":
+            gevent.sleep(self.faults.stall_seconds)
+        fault_at = max(1, max_tokens // 2)  # mid-stream faults strike after half the tokens
         for em in self.engine.generate(prompt_tokens, max_tokens):
+            if out >= fault_at and fault in ("drop", "malformed", "error", "stall"):
+                if fault == "drop":
+                    raise DropConnection()
+                if fault == "malformed":
+                    yield b'data: {"id": "broken\n\n'
+                elif fault == "error":
+                    yield event({"error": {"message": "injected fault: engine error", "type": "InternalServerError",
+                                           "param": None, "code": 500}})
+                    yield b"data: [DONE]\n\n"
+                    return
+                else:
+                    gevent.sleep(self.faults.stall_seconds)
+                fault = None
             text = "".join(next(words) for _ in range(em.tokens))
             m.l(m.generation_tokens).inc(em.tokens)
             if out == 0:
@@ -276,6 +303,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-per-token", type=float, default=0.0, help="extra TTFT seconds per prompt token")
     p.add_argument("--tokens-per-chunk", type=int, default=1, help="output tokens carried by each SSE chunk")
     p.add_argument("--api-key", default="", help="require this bearer token on /v1/*")
+    p.add_argument("--fault", action="append", default=[], metavar="KIND:RATE",
+                   help="inject a fault into this share of requests (500, 503, 429, drop, malformed, error, stall, "
+                        "slow-headers); a request can also ask for one with the X-Emulator-Fault header")
+    p.add_argument("--stall-seconds", type=float, default=30.0, help="length of stall and slow-headers faults")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fault draws")
     return p
 
 
@@ -283,6 +315,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.ttft < 0 or args.itl < 0 or args.tokens_per_chunk < 1 or args.max_model_len < 1:
         sys.stderr.write("emulator: error: --ttft/--itl must be >= 0, --tokens-per-chunk and --max-model-len >= 1\n")
+        return 2
+    try:
+        faults = FaultPlan(dict(parse_fault(f) for f in args.fault), args.stall_seconds, random.Random(args.seed))
+    except ValueError as exc:
+        sys.stderr.write(f"emulator: error: {exc}\n")
+        return 2
+    if sum(faults.rates.values()) > 1.0:
+        sys.stderr.write("emulator: error: the --fault rates add up to more than 1\n")
         return 2
     from vllm_load.errors import UsageError
     from vllm_load.tokenizer import load_tokenizer
@@ -294,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     engine = FixedScheduleEngine(EngineConfig(ttft=args.ttft, itl=args.itl, prefill_per_token=args.prefill_per_token,
                                               tokens_per_chunk=args.tokens_per_chunk))
-    app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key)
+    app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults)
     server = NoDelayWSGIServer((args.host, args.port), app, log=None, error_log=None)
     server.init_socket()
     host, port = server.socket.getsockname()[:2]

@@ -74,8 +74,7 @@ def stream_request(
             if not status:
                 error = f"connection failed: {resp.error!r}"[:240]
             elif status != 200:
-                text = raw.read() if raw is not None else b""
-                error = f"HTTP {status}: {error_message(text)}"
+                error = f"HTTP {status}: {error_message(resp.content or b'')}"
             else:
                 readline = raw.readline
                 feed = state.feed
@@ -99,8 +98,14 @@ def stream_request(
             cancelled = exc
             error = f"cancelled after {state.streamed_tokens} tokens: the test stopped mid-request"
         except Exception as exc:  # socket timeout, reset, closed connection...
-            kind = "timeout" if "timeout" in type(exc).__name__.lower() or "timed out" in str(exc) else "connection error"
-            error = f"{kind} after {state.streamed_tokens} tokens: {type(exc).__name__}: {exc}"[:240]
+            name = type(exc).__name__
+            if "timeout" in name.lower() or "timed out" in str(exc):
+                kind = "timeout"
+            elif name in ("HTTPParseError", "HTTPConnectionClosed", "ConnectionResetError", "BrokenPipeError"):
+                kind = "connection closed mid-stream"
+            else:
+                kind = "connection error"
+            error = f"{kind} after {state.streamed_tokens} tokens: {name}: {exc}"[:240]
         if error or not state.done:
             end = time.perf_counter()
         e2e = end - t0

@@ -11,6 +11,8 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+import gevent
 import time
 from typing import Any
 
@@ -36,6 +38,7 @@ class _State:
     target: Target | None = None
     slos: list = []
     report: str | None = None  # path of the last run's report.html
+    flushed: set = set()  # workers that sent their final report
     emulator: ChildServer | None = None
     sidecar: ChildServer | None = None
     runtime: Runtime | None = None
@@ -79,9 +82,54 @@ def _check_target(environment: Any) -> Target:
     return target
 
 
+FLUSH, FLUSHED = "vllm_load_flush", "vllm_load_flushed"
+
+
+def _worker_flush(environment: Any, msg: Any, **_kw: Any) -> None:
+    """Master asked for the end of the run: drain, then ship the final numbers before Locust quits."""
+    rt = STATE.runtime
+    if rt is not None:
+        if not rt.drain(float(environment.parsed_options.drain_timeout)):
+            log.warning("vllm-load: %d requests still in flight after the drain timeout", rt.in_flight)
+        environment.runner._send_stats()  # Locust's and our final report, before the master quits
+    environment.runner.send_message(FLUSHED, None)
+
+
+def _master_flushed(environment: Any, msg: Any, **_kw: Any) -> None:
+    STATE.flushed.add(msg.node_id)
+
+
+@events.test_stopping.add_listener
+def _on_test_stopping(environment: Any, **_kw: Any) -> None:
+    """Locust's quit() (-t, SIGTERM) stops without telling workers and waits 0.5 s for their last report,
+    which loses the requests finishing then. Drain first: every worker (or this process) finishes its
+    in-flight streams and reports them, bounded by --drain-timeout."""
+    runner, rt = environment.runner, STATE.runtime
+    timeout = float(environment.parsed_options.drain_timeout) if environment.parsed_options else 30.0
+    if isinstance(runner, MasterRunner):
+        clients = {c.id for c in runner.clients.all}
+        STATE.flushed = set()
+        for cid in clients:
+            runner.send_message(FLUSH, None, client_id=cid)
+        with gevent.Timeout(timeout + 10, False):
+            while not clients <= STATE.flushed:
+                gevent.sleep(0.05)  # the flushed messages arrive on the runner's own greenlet
+        missing = clients - STATE.flushed
+        if missing:
+            log.warning("vllm-load: no final report from %d worker(s): %s", len(missing), ", ".join(sorted(missing)))
+    elif rt is not None and rt.role == "local":
+        if not rt.drain(timeout):
+            log.warning("vllm-load: %d requests still in flight after the drain timeout", rt.in_flight)
+
+
 @events.init.add_listener
 def _on_init(environment: Any, **_kw: Any) -> None:
-    if _role(environment) == "worker" or environment.parsed_options is None:
+    if _role(environment) == "worker":
+        environment.runner.register_message(FLUSH, lambda msg, **kw: _worker_flush(environment, msg), concurrent=True)
+        return
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.register_message(FLUSHED, lambda msg, **kw: _master_flushed(environment, msg))
+    if environment.parsed_options is None:
         return
     opts = environment.parsed_options
     try:
@@ -111,9 +159,6 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         f"max_model_len {target.max_model_len} input {target.input_spec.text} output {target.output_spec.text} tokens",
         flush=True,
     )
-    if not environment.stop_timeout:
-        # let in-flight streams finish at the end of a run instead of killing them mid-request
-        environment.stop_timeout = float(opts.request_timeout)
     webui.install(environment, _live_summary, STATE.slos, lambda: STATE.report)
 
 

@@ -28,6 +28,8 @@ def add_arguments(parser: Any) -> None:
     add("--run-dir", "", "where the run's files go (default: reports/<run id>)")
     add("--shared-prefix-tokens", 0, "deliberately share this many leading prompt tokens across requests", type=int)
     add("--request-timeout", 600.0, "seconds without a byte from the server before a request fails", type=float)
+    add("--drain-timeout", 30.0, "at the end of a run, seconds to let in-flight streams finish before they are cancelled",
+        type=float)
     add("--no-ignore-eos", False, "do not send ignore_eos/min_tokens (output length is then up to the model)",
         action="store_true")
     add("--dataset", "", "take prompts from this file (ShareGPT .json, .jsonl, .csv) instead of synthetic text")

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import gevent.event
+
 from vllm_load.datasets import DatasetSource, read_records
 from vllm_load.errors import UsageError
 from vllm_load.lengths import LengthSpec, parse_length
@@ -142,6 +144,9 @@ class Runtime:
     workers_seen: set = field(default_factory=set)
     dataset: DatasetSource | None = None
     goodput_limits: dict = field(default_factory=dict)
+    draining: bool = False  # set at the end of a run: users start no new request
+    in_flight: int = 0
+    idle: Any = None  # gevent Event, set while no request is in flight
 
     @classmethod
     def create(cls, role: str, opts: Any, worker_id: str) -> Runtime:
@@ -159,6 +164,8 @@ class Runtime:
             worker_id=worker_id,
         )
         rt.run_dir.mkdir(parents=True, exist_ok=True)
+        rt.idle = gevent.event.Event()
+        rt.idle.set()
         if role == "master":
             rt.totals = LLMStats()
         if role == "local":
@@ -206,7 +213,20 @@ class Runtime:
             return prompt, max(1, len(self.tokenizer.encode(answer, add_special_tokens=False)))
         return prompt, self.output_spec.sample(self.rng)
 
+    def begin_request(self) -> None:
+        self.in_flight += 1
+        self.idle.clear()
+
+    def drain(self, timeout: float) -> bool:
+        """Start no new request and wait (at most ``timeout`` s) for the ones in flight to finish."""
+        self.draining = True
+        return bool(self.idle.wait(timeout))
+
     def on_record(self, rec: RequestRecord) -> None:
+        self.in_flight -= 1
+        if self.in_flight <= 0:
+            self.in_flight = 0
+            self.idle.set()
         if self.goodput_limits:
             rec.good = rec.ok and all(
                 (value := getattr(rec, metric)) is not None and value <= limit

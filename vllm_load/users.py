@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
+from locust.exception import StopUser
 
 from vllm_load import locust_plugin
 from vllm_load.client import build_body, stream_request
@@ -22,9 +23,12 @@ class LLMUser(FastHttpUser):
     @task
     def generate(self) -> None:
         rt = locust_plugin.runtime()
+        if rt.draining:  # the run is ending: let in-flight streams finish, start no new one
+            raise StopUser()
         prompt, max_tokens = rt.next_request(self.api)
         body = build_body(self.api, rt.opts.model, prompt, max_tokens, ignore_eos=not rt.opts.no_ignore_eos)
         tok = rt.tokenizer
+        rt.begin_request()
         stream_request(
             self.client,
             self.api,

