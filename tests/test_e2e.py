@@ -108,3 +108,22 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, needle):
     assert res.returncode == 2, (res.stdout[-1000:], res.stderr[-2000:])
     errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
     assert len(errors) == 1 and needle in errors[0], res.stderr[-2000:]
+
+
+def test_open_loop_rate_is_split_across_workers_and_timed_from_intended_start(emulator_factory, tmp_path):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "4", "-r", "4", "-t", "6s",
+                      "--processes", "2", "--host", emu.url, "--request-rate", "40", "--output-tokens", "8",
+                      "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    stats, logs = load_run(run_dir)
+    s = stats["summary"]
+    assert len({r["worker"] for r in logs}) == 2 and s["requests"] == len(logs)
+    # 4 users over 2 workers at 10 req/s each: the total is the asked 40 req/s (Poisson: within 25%)
+    assert s["target_request_rate"] == 40
+    assert 30 <= s["send_rate"] <= 50, s["send_rate"]
+    assert "achieved send rate" in res.stdout
+    # every request is timed from its intended send time, and the lag is measured
+    assert all(r["send_lag"] is not None and r["send_lag"] >= 0 for r in logs)
+    assert s["metrics"]["send_lag"]["count"] == len(logs) and s["metrics"]["send_lag"]["p50"] < 0.005

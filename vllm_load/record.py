@@ -34,7 +34,7 @@ class RequestRecord:
     tokens_from_usage: bool = False
     continuous_usage: bool = False
     finish_reason: str | None = None
-    send_lag: float = 0.0  # actual minus intended send time (open loop)
+    send_lag: float | None = None  # open loop: actual minus intended send time
     worker: str = ""
     good: bool | None = None  # met every per-request SLO (None when no such SLO was given)
 

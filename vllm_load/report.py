@@ -25,7 +25,7 @@ from vllm_load.console import table_rows, COLUMNS  # noqa: E402
 from vllm_load.errors import UsageError  # noqa: E402
 from vllm_load.histogram import Histogram  # noqa: E402
 from vllm_load.results import finish  # noqa: E402
-from vllm_load.slo import Check, parse_slo_option  # noqa: E402
+from vllm_load.slo import Check, evaluate, parse_slo_option  # noqa: E402
 from vllm_load.stats import LLMStats  # noqa: E402
 
 
@@ -234,13 +234,25 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     return code, out, checks
 
 
-def build_sweep(run_dirs: list[str | Path], out_dir: Path) -> Path:
-    """One table and plot of throughput and latency against concurrency, across runs."""
-    runs = sorted((load_run(d) for d in run_dirs), key=lambda r: (r.concurrency or 0, r.start))
-    head = ["run", "concurrency", "req/s", "output tok/s", "TTFT mean ms", "TTFT p99 ms", "ITL p99 ms",
-            "E2E mean ms", "E2E p99 ms", "KV usage max", "failed"]
-    rows = []
+def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[bool | None]:
+    """Per run: True/False when it has SLOs (its own, or ``slo_texts``), None when it has none."""
+    out: list[bool | None] = []
     for r in runs:
+        slos = parse_slo_option(slo_texts or r.config.get("options", {}).get("slo") or [])
+        checks = evaluate(slos, r.summary, server_summary(r.server))
+        out.append(all(c.passed for c in checks) if checks else None)
+    return out
+
+
+def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] | None = None) -> Path:
+    """One table and plot of throughput and latency against concurrency, across runs, and the largest
+    concurrency whose run met every SLO (how inference teams pick max_num_seqs / batch size)."""
+    runs = sorted((load_run(d) for d in run_dirs), key=lambda r: (r.concurrency or 0, r.start))
+    verdicts = sweep_verdicts(runs, slo_texts)
+    head = ["run", "concurrency", "req/s", "output tok/s", "TTFT mean ms", "TTFT p99 ms", "ITL p99 ms",
+            "E2E mean ms", "E2E p99 ms", "KV usage max", "failed", "SLO"]
+    rows = []
+    for r, verdict in zip(runs, verdicts):
         m = r.summary["metrics"]
         srv = server_summary(r.server) or {}
         kv = srv.get("kv_cache_usage.max")
@@ -249,7 +261,11 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path) -> Path:
             return f"{m[k][stat] * 1000:.1f}" if k in m else ""
         rows.append([html.escape(r.path.name), r.concurrency or "", f"{r.summary['request_rate']:.2f}",
                      f"{r.summary['output_token_rate']:.1f}", ms("ttft", "mean"), ms("ttft", "p99"), ms("itl", "p99"),
-                     ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%", r.summary["failed"]])
+                     ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%", r.summary["failed"],
+                     "" if verdict is None else ("PASS" if verdict else "FAIL")])
+    passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
+    best = (f"Largest concurrency meeting every SLO: {max(passing)}" if passing
+            else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.5))
     xs = [r.concurrency or i for i, r in enumerate(runs)]
     a1.plot(xs, [r.summary["output_token_rate"] for r in runs], "o-")
@@ -265,8 +281,9 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path) -> Path:
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load sweep</title><style>{_CSS}</style>"
             f"</head><body><h1>vllm-load sweep ({len(runs)} runs)</h1>"
             + ("<div class='banner'>Some runs targeted the built-in EMULATOR.</div>" if any(r.is_emulator for r in runs) else "")
+            + f"<h2 id='best'>{html.escape(best)}</h2>"
             + _table(head, rows) + f"<img alt='sweep' src='data:image/png;base64,{_png(fig)}'></body></html>")
     (out_dir / "sweep.html").write_text(page)
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    (out_dir / "sweep.md").write_text("\n".join(md) + "\n")
+    (out_dir / "sweep.md").write_text(f"**{best}**\n\n" + "\n".join(md) + "\n")
     return out_dir / "sweep.html"

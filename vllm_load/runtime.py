@@ -13,10 +13,12 @@ from typing import Any
 
 import gevent.event
 
+from vllm_load.arrivals import ArrivalProcess
 from vllm_load.datasets import DatasetSource, read_records
 from vllm_load.errors import UsageError
 from vllm_load.lengths import LengthSpec, parse_length
 from vllm_load.openai_api import discover_model
+from vllm_load.prompt_pool import PromptPool
 from vllm_load.prompts import Prompt, PromptFactory
 from vllm_load.record import RequestRecord
 from vllm_load.reqlog import RequestLog
@@ -47,6 +49,8 @@ def resolve_target(opts: Any, host: str, is_emulator: bool) -> Target:
     """Check host, model, tokenizer and lengths; raise UsageError with one line on bad input."""
     input_spec = parse_length(opts.input_tokens, "--input-tokens")
     output_spec = parse_length(opts.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
+    if opts.request_rate < 0 or opts.burstiness <= 0 or opts.max_concurrency < 1:
+        raise UsageError("--request-rate must be >= 0, --burstiness > 0 and --max-concurrency >= 1")
     if opts.shared_prefix_tokens < 0:
         raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
     if opts.dataset:
@@ -135,6 +139,7 @@ class Runtime:
     reqlog: RequestLog | None = None
     tokenizer: Tokenizer | None = None
     factories: dict[str, PromptFactory] = field(default_factory=dict)
+    pools: dict[str, PromptPool] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     input_spec: LengthSpec | None = None
     output_spec: LengthSpec | None = None
@@ -144,14 +149,16 @@ class Runtime:
     workers_seen: set = field(default_factory=set)
     dataset: DatasetSource | None = None
     goodput_limits: dict = field(default_factory=dict)
+    arrival_seq: int = 0
     draining: bool = False  # set at the end of a run: users start no new request
     in_flight: int = 0
     idle: Any = None  # gevent Event, set while no request is in flight
 
     @classmethod
-    def create(cls, role: str, opts: Any, worker_id: str) -> Runtime:
-        """On a master/local runner ``opts`` gains run id, salt and run dir, which travel to workers."""
+    def create(cls, role: str, opts: Any, worker_id: str, total_users: int = 0) -> Runtime:
+        """On a master/local runner ``opts`` gains run id, salt, run dir and user count, which travel to workers."""
         if role != "worker":
+            opts.vllm_load_total_users = int(total_users or getattr(opts, "num_users", 0) or 1)
             opts.vllm_load_run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
             opts.vllm_load_salt = secrets.token_hex(16)
             opts.vllm_load_run_dir = opts.run_dir or str(Path("reports") / opts.vllm_load_run_id)
@@ -200,7 +207,14 @@ class Runtime:
         return f
 
     def next_request(self, api: str) -> tuple[Prompt, int]:
-        """The next prompt (exact length, unique) and the output length to ask for."""
+        """The next prompt and output length, from the pool that a native thread keeps filled."""
+        pool = self.pools.get(api)
+        if pool is None:
+            pool = self.pools[api] = PromptPool(lambda: self.build_request(api), int(self.opts.prompt_pool))
+        return pool.get()
+
+    def build_request(self, api: str) -> tuple[Prompt, int]:
+        """A new prompt (exact length, unique) and the output length to ask for."""
         assert self.input_spec and self.output_spec
         if self.dataset is None:
             prompt = self.factory(api).make(self.input_spec.sample(self.rng))
@@ -212,6 +226,13 @@ class Runtime:
         if answer and self.tokenizer is not None and not self.opts.output_tokens:
             return prompt, max(1, len(self.tokenizer.encode(answer, add_special_tokens=False)))
         return prompt, self.output_spec.sample(self.rng)
+
+    def arrival_process(self) -> ArrivalProcess:
+        """This user's share of the run's open-loop rate (the total is split over all users)."""
+        users = max(1, int(getattr(self.opts, "vllm_load_total_users", 0) or 1))
+        self.arrival_seq += 1
+        return ArrivalProcess(self.opts.request_rate / users, self.opts.burstiness,
+                              random.Random(f"{self.salt}/{self.worker_id}/arrivals/{self.arrival_seq}"))
 
     def begin_request(self) -> None:
         self.in_flight += 1
@@ -257,6 +278,7 @@ class Runtime:
         end = self.end_wall or time.time()
         summary = self.totals.summary(duration=end - self.start_wall)
         summary["workers"] = sorted(self.workers_seen)
+        summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
         data = {"run_id": self.run_id, "start": self.start_wall, "end": end, "summary": summary,
                 "stats": self.totals.to_wire()}
         tmp = self.run_dir / "llm_stats.json.tmp"
@@ -265,6 +287,8 @@ class Runtime:
         return summary
 
     def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
         if self.reqlog:
             self.reqlog.close()
 

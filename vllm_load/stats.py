@@ -25,6 +25,7 @@ WINDOW_METRICS = ("ttft", "itl", "e2e")
 def _hists() -> dict[str, Histogram]:
     h = {m: Histogram() for m in LATENCY_METRICS}
     h["output_tps"] = Histogram(scale=1000.0)  # milli-tokens/s
+    h["send_lag"] = Histogram()  # open loop: how late the client sent each request
     h.update({m: Histogram(scale=1.0) for m in TOKEN_METRICS})
     return h
 
@@ -47,6 +48,7 @@ class LLMStats:
     done_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> finished requests
     windows: dict = field(default_factory=lambda: defaultdict(dict))  # window start -> metric -> Histogram
     first_start: float | None = None
+    last_start: float | None = None
     last_end: float | None = None
 
     def _window(self, start: float, metric: str) -> Histogram:
@@ -60,6 +62,9 @@ class LLMStats:
         self.requests += 1
         end = rec.start + rec.e2e
         self.first_start = rec.start if self.first_start is None else min(self.first_start, rec.start)
+        self.last_start = rec.start if self.last_start is None else max(self.last_start, rec.start)
+        if rec.send_lag is not None:
+            self.hists["send_lag"].record(rec.send_lag)
         self.last_end = end if self.last_end is None else max(self.last_end, end)
         self.done_per_second[int(end)] += 1
         if rec.good is not None:
@@ -116,6 +121,7 @@ class LLMStats:
             "done_per_second": {str(k): v for k, v in self.done_per_second.items()},
             "windows": {str(w): {m: h.to_wire() for m, h in ms.items()} for w, ms in self.windows.items()},
             "first_start": self.first_start,
+            "last_start": self.last_start,
             "last_end": self.last_end,
         }
 
@@ -133,6 +139,7 @@ class LLMStats:
         for w, ms in data["windows"].items():
             s.windows[int(w)] = {m: Histogram.from_wire(h) for m, h in ms.items()}
         s.first_start, s.last_end = data["first_start"], data["last_end"]
+        s.last_start = data.get("last_start")
         return s
 
     def merge(self, other: LLMStats) -> None:
@@ -151,7 +158,7 @@ class LLMStats:
                     mine[m].merge(h)
                 else:
                     mine[m] = h
-        for attr, pick in (("first_start", min), ("last_end", max)):
+        for attr, pick in (("first_start", min), ("last_start", max), ("last_end", max)):
             a, b = getattr(self, attr), getattr(other, attr)
             setattr(self, attr, b if a is None else a if b is None else pick(a, b))
 
@@ -178,6 +185,9 @@ class LLMStats:
             "error_rate": self.failures / self.requests if self.requests else 0.0,
             "duration_s": duration,
             "request_rate": ok / duration if duration else 0.0,
+            # arrivals per second between the first and the last request's (intended) start
+            "send_rate": (self.requests - 1) / (self.last_start - self.first_start)
+            if self.requests > 1 and self.last_start and self.first_start and self.last_start > self.first_start else 0.0,
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "output_token_rate": self.output_tokens / duration if duration else 0.0,

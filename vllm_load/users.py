@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+import gevent
+from gevent.pool import Pool
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.exception import StopUser
@@ -11,7 +16,9 @@ from vllm_load.client import build_body, stream_request
 
 
 class LLMUser(FastHttpUser):
-    """Closed loop: each user keeps one streaming request in flight."""
+    """Closed loop: each user keeps one streaming request in flight. Open loop (--request-rate):
+    each user sends at its share of the total rate, whatever the server does, timing each request
+    from its intended send time (no coordinated omission)."""
 
     abstract = True
     api = "chat"
@@ -25,6 +32,30 @@ class LLMUser(FastHttpUser):
         rt = locust_plugin.runtime()
         if rt.draining:  # the run is ending: let in-flight streams finish, start no new one
             raise StopUser()
+        if rt.opts.request_rate > 0:
+            self._open_loop(rt)
+        else:
+            self._one_request(rt, None)
+
+    def _open_loop(self, rt: Any) -> None:
+        arrivals = rt.arrival_process()
+        pool = Pool(max(1, int(rt.opts.max_concurrency)))
+        next_at = time.perf_counter()
+        try:
+            while not rt.draining:
+                next_at += arrivals.next_gap()
+                delay = next_at - time.perf_counter()
+                if delay > 0:
+                    gevent.sleep(delay)
+                if rt.draining:
+                    break
+                pool.wait_available()
+                pool.spawn(self._one_request, rt, next_at)
+        finally:
+            pool.join()
+        raise StopUser()
+
+    def _one_request(self, rt: Any, intended_start: float | None) -> None:
         prompt, max_tokens = rt.next_request(self.api)
         body = build_body(self.api, rt.opts.model, prompt, max_tokens, ignore_eos=not rt.opts.no_ignore_eos)
         tok = rt.tokenizer
@@ -37,6 +68,7 @@ class LLMUser(FastHttpUser):
             input_tokens_asked=prompt.tokens,
             output_tokens_asked=None if rt.opts.no_ignore_eos else max_tokens,
             worker=rt.worker_id,
+            intended_start=intended_start,
             count_output=(lambda text: len(tok.encode(text, add_special_tokens=False))) if tok else None,
             on_record=rt.on_record,
         )

@@ -1,0 +1,53 @@
+"""docker-compose.yml parses, and every service runs one of the project's real entry points."""
+
+import importlib
+import re
+import subprocess
+import sys
+
+import yaml
+
+from tests.conftest import ROOT
+
+
+def load():
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_services_and_scalable_workers():
+    compose = load()
+    assert set(compose["services"]) == {"vllm", "sidecar", "master", "worker"}
+    worker = compose["services"]["worker"]
+    assert "container_name" not in worker and "ports" not in worker  # --scale worker=N must work
+    assert compose["services"]["vllm"]["image"].startswith("vllm/vllm-openai")
+    assert any("./reports:" in v for v in compose["services"]["master"]["volumes"])
+
+
+def help_text(argv):
+    return subprocess.run([sys.executable, *argv, "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120).stdout
+
+
+def test_commands_are_real_entry_points_with_real_options():
+    services = load()["services"]
+    side = services["sidecar"]["command"]
+    assert side[:3] == ["python", "-m", "server.sidecar"]
+    importlib.import_module("server.sidecar")
+    side_help = help_text(["-m", "server.sidecar"])
+    for flag in (a for a in side if a.startswith("--")):
+        assert flag in side_help, flag
+    for name in ("master", "worker"):
+        cmd = services[name]["command"]
+        assert cmd[0] == "locust" and cmd[1] == "-f" and (ROOT / cmd[2]).is_file()
+    from locust.argument_parser import get_parser
+
+    from vllm_load import options
+
+    for name in ("master", "worker"):
+        parser = get_parser()
+        options.add_arguments(parser)
+        # Locust's own parser with vllm-load's options: an unknown flag exits with an error
+        parsed = parser.parse_args([re.sub(r"\$\{[A-Z_]+:-(.*)\}", r"\1", a) for a in services[name]["command"][1:]])
+        assert parsed.locustfile == "locustfiles/chat.py"
+    assert parsed.worker and parsed.master_host == "master"
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "COPY vllm_load" in dockerfile and "COPY server" in dockerfile and "pip install" in dockerfile

@@ -1,0 +1,31 @@
+"""Open-loop arrivals: when each request *should* be sent, independent of how the server keeps up.
+
+Inter-arrival times are gamma-distributed with shape ``burstiness`` and mean 1/rate, as in
+``vllm bench serve`` (burstiness 1 is a Poisson process; below 1 burstier, above 1 more regular).
+The total rate R is split over every user of the run (so over every worker): each of U users runs its
+own process at R/U, and independent processes add up to rate R.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from vllm_load.errors import UsageError
+
+
+@dataclass
+class ArrivalProcess:
+    rate: float  # requests/s of this process
+    burstiness: float = 1.0
+    rng: random.Random = random.Random(0)
+
+    def __post_init__(self) -> None:
+        if self.rate <= 0:
+            raise UsageError(f"--request-rate must be positive, got {self.rate}")
+        if self.burstiness <= 0:
+            raise UsageError(f"--burstiness must be positive, got {self.burstiness}")
+
+    def next_gap(self) -> float:
+        theta = 1.0 / (self.rate * self.burstiness)
+        return self.rng.gammavariate(self.burstiness, theta)
