@@ -1,6 +1,7 @@
 """docker-compose.yml parses, and every service runs one of the project's real entry points."""
 
 import importlib
+import json
 import re
 import subprocess
 import sys
@@ -38,16 +39,19 @@ def test_commands_are_real_entry_points_with_real_options():
     for name in ("master", "worker"):
         cmd = services[name]["command"]
         assert cmd[0] == "locust" and cmd[1] == "-f" and (ROOT / cmd[2]).is_file()
-    from locust.argument_parser import get_parser
-
-    from vllm_load import options
-
+    # Locust's own parser with vllm-load's options (in a child: importing locust monkey-patches the process);
+    # an unknown flag makes it exit with an error
+    check = ("import json, sys\nfrom locust.argument_parser import get_parser\nfrom vllm_load import options\n"
+             "p = get_parser(); options.add_arguments(p)\n"
+             "a = p.parse_args(json.loads(sys.argv[1]))\n"
+             "print(json.dumps({'locustfile': a.locustfile, 'worker': a.worker, 'master_host': a.master_host}))")
     for name in ("master", "worker"):
-        parser = get_parser()
-        options.add_arguments(parser)
-        # Locust's own parser with vllm-load's options: an unknown flag exits with an error
-        parsed = parser.parse_args([re.sub(r"\$\{[A-Z_]+:-(.*)\}", r"\1", a) for a in services[name]["command"][1:]])
-        assert parsed.locustfile == "locustfiles/chat.py"
-    assert parsed.worker and parsed.master_host == "master"
+        argv = [re.sub(r"\$\{[A-Z_]+:-(.*)\}", r"\1", a) for a in services[name]["command"][1:]]
+        res = subprocess.run([sys.executable, "-c", check, json.dumps(argv)], capture_output=True, text=True,
+                             cwd=ROOT, timeout=120)
+        assert res.returncode == 0, res.stderr[-2000:]
+        parsed = json.loads(res.stdout.strip().splitlines()[-1])
+        assert parsed["locustfile"] == "locustfiles/chat.py"
+        assert parsed["worker"] == (name == "worker") and (name == "master" or parsed["master_host"] == "master")
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "COPY vllm_load" in dockerfile and "COPY server" in dockerfile and "pip install" in dockerfile
