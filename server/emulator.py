@@ -22,6 +22,7 @@ import orjson
 from gevent.pywsgi import WSGIServer
 
 from server.engine import EngineConfig, FixedScheduleEngine
+from server.scheduler import PROFILES, BatchingEngine, SchedulerConfig
 from server.faults import FaultPlan, parse_fault
 from server.prefix_cache import PrefixCache
 from server.vllm_metrics import VllmMetrics
@@ -54,7 +55,7 @@ class DropConnection(Exception):
 
 
 class Emulator:
-    def __init__(self, model: str, tokenizer: Any, max_model_len: int, engine: FixedScheduleEngine,
+    def __init__(self, model: str, tokenizer: Any, max_model_len: int, engine: FixedScheduleEngine | BatchingEngine,
                  api_key: str = "", faults: FaultPlan | None = None) -> None:
         self.model = model
         self.faults = faults or FaultPlan()
@@ -64,6 +65,7 @@ class Emulator:
         self.api_key = api_key
         self.metrics = VllmMetrics(model)
         self.prefix_cache = PrefixCache(engine.cfg.block_size, engine.cfg.num_gpu_blocks)
+        self._preemptions_seen = 0
         self.created = int(time.time())
 
     # -- WSGI -----------------------------------------------------------------------------------
@@ -149,8 +151,12 @@ class Emulator:
     def _update_gauges(self) -> None:
         m = self.metrics
         m.l(m.running).set(self.engine.running)
-        m.l(m.waiting).set(0)
+        m.l(m.waiting).set(self.engine.waiting)
         m.l(m.kv_usage).set(self.engine.kv_usage)
+        new = self.engine.preemptions - self._preemptions_seen
+        if new > 0:
+            m.l(m.preemptions).inc(new)
+            self._preemptions_seen += new
 
     # -- generation -----------------------------------------------------------------------------
     def _generate(self, start_response: Start, chat: bool, body: dict, fault: str | None = None) -> Iterable[bytes]:
@@ -169,32 +175,37 @@ class Emulator:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
                 f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in the "
                 "completion). Please reduce the length of the messages or completion."), "BadRequestError")
+        if not self.engine.fits(prompt_tokens + max_tokens):
+            raise HttpError(400, f"{prompt_tokens + max_tokens} tokens do not fit the KV cache of "
+                                 f"{self.engine.cfg.num_gpu_blocks} blocks of {self.engine.cfg.block_size}", "BadRequestError")
         if fault in ("500", "503", "429"):
             raise HttpError(int(fault), f"injected fault: HTTP {fault}", "InternalServerError")
         self.metrics.l(self.metrics.prefix_queries).inc(prompt_tokens)
-        self.metrics.l(self.metrics.prefix_hits).inc(self.prefix_cache.query(ids))
+        cached = self.prefix_cache.query(ids)
+        self.metrics.l(self.metrics.prefix_hits).inc(cached)
         if not body.get("stream"):
-            return self._complete(start_response, chat, model, prompt_tokens, max_tokens)
+            return self._complete(start_response, chat, model, prompt_tokens, max_tokens, cached)
         opts = body.get("stream_options") or {}
         start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
         return self._stream(chat, model, prompt_tokens, max_tokens, bool(opts.get("include_usage")),
-                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault)
+                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault, cached)
 
-    def _observe_finish(self, prompt_tokens: int, out: int, ttft: float, e2e: float) -> None:
+    def _observe_finish(self, prompt_tokens: int, out: int, ttft: float, e2e: float, queue: float = 0.0) -> None:
         m = self.metrics
         m.l(m.prompt_tokens).inc(prompt_tokens)
         m.success.labels(finished_reason="length", **m.labels).inc()
         m.l(m.e2e).observe(e2e)
-        m.l(m.queue).observe(0.0)
-        m.l(m.prefill).observe(ttft)
+        m.l(m.queue).observe(queue)
+        m.l(m.prefill).observe(max(0.0, ttft - queue))
         m.l(m.decode).observe(max(0.0, e2e - ttft))
         m.l(m.req_prompt).observe(prompt_tokens)
         m.l(m.req_generation).observe(out)
 
-    def _complete(self, start_response: Start, chat: bool, model: str, prompt_tokens: int, max_tokens: int) -> list[bytes]:
+    def _complete(self, start_response: Start, chat: bool, model: str, prompt_tokens: int, max_tokens: int,
+                  cached: int = 0) -> list[bytes]:
         words = itertools.cycle(_WORDS)
         text, ttft, last = [], 0.0, 0.0
-        for em in self.engine.generate(prompt_tokens, max_tokens):
+        for em in self.engine.generate(prompt_tokens, max_tokens, cached):
             ttft = ttft or em.offset
             last = em.offset
             text.extend(next(words) for _ in range(em.tokens))
@@ -213,14 +224,14 @@ class Emulator:
         return self._reply(start_response, 200, orjson.dumps(body))
 
     def _stream(self, chat: bool, model: str, prompt_tokens: int, max_tokens: int, include_usage: bool,
-                continuous: bool, fault: str | None = None) -> Iterable[bytes]:
+                continuous: bool, fault: str | None = None, cached: int = 0) -> Iterable[bytes]:
         m = self.metrics
         rid, created = secrets.token_hex(8), int(time.time())
         head = ({"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk"} if chat
                 else {"id": f"cmpl-{rid}", "object": "text_completion"})
         head.update(created=created, model=model)
         words = itertools.cycle(_WORDS)
-        out, ttft, prev = 0, 0.0, 0.0
+        out, ttft, prev, queue = 0, 0.0, 0.0, 0.0
 
         def usage(n: int) -> dict:
             return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n}
@@ -231,7 +242,7 @@ class Emulator:
         if fault == "slow-headers":
             gevent.sleep(self.faults.stall_seconds)
         fault_at = max(1, max_tokens // 2)  # mid-stream faults strike after half the tokens
-        for em in self.engine.generate(prompt_tokens, max_tokens):
+        for em in self.engine.generate(prompt_tokens, max_tokens, cached):
             if out >= fault_at and fault in ("drop", "malformed", "error", "stall"):
                 if fault == "drop":
                     raise DropConnection()
@@ -248,7 +259,7 @@ class Emulator:
             text = "".join(next(words) for _ in range(em.tokens))
             m.l(m.generation_tokens).inc(em.tokens)
             if out == 0:
-                ttft = em.offset
+                ttft, queue = em.offset, em.queue_time
                 m.l(m.ttft).observe(ttft)
                 if chat:
                     role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -279,7 +290,7 @@ class Emulator:
             yield event(chunk)
         if include_usage:
             yield event({**head, "choices": [], "usage": usage(out), "system_fingerprint": FINGERPRINT})
-        self._observe_finish(prompt_tokens, out, ttft, prev)
+        self._observe_finish(prompt_tokens, out, ttft, prev, queue)
         yield b"data: [DONE]\n\n"
 
 
@@ -303,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill-per-token", type=float, default=0.0, help="extra TTFT seconds per prompt token")
     p.add_argument("--tokens-per-chunk", type=int, default=1, help="output tokens carried by each SSE chunk")
     p.add_argument("--api-key", default="", help="require this bearer token on /v1/*")
+    p.add_argument("--profile", default="", choices=["", *PROFILES],
+                   help="model vLLM's continuous batching with this cost profile (default: fixed --ttft/--itl schedule)")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--num-gpu-blocks", type=int, default=30000)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--time-scale", type=float, default=1.0, help="multiply every step time (e.g. 0.1: ten times faster)")
     p.add_argument("--fault", action="append", default=[], metavar="KIND:RATE",
                    help="inject a fault into this share of requests (500, 503, 429, drop, malformed, error, stall, "
                         "slow-headers); a request can also ask for one with the X-Emulator-Fault header")
@@ -332,8 +350,19 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         sys.stderr.write(f"emulator: error: {exc}\n")
         return 2
-    engine = FixedScheduleEngine(EngineConfig(ttft=args.ttft, itl=args.itl, prefill_per_token=args.prefill_per_token,
-                                              tokens_per_chunk=args.tokens_per_chunk))
+    if min(args.max_num_seqs, args.max_num_batched_tokens, args.num_gpu_blocks, args.block_size) < 1 or args.time_scale <= 0:
+        sys.stderr.write("emulator: error: scheduler sizes must be >= 1 and --time-scale > 0\n")
+        return 2
+    engine: FixedScheduleEngine | BatchingEngine
+    if args.profile:
+        engine = BatchingEngine(SchedulerConfig(cost=PROFILES[args.profile], max_num_seqs=args.max_num_seqs,
+                                                max_num_batched_tokens=args.max_num_batched_tokens,
+                                                num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
+                                                time_scale=args.time_scale))
+    else:
+        engine = FixedScheduleEngine(EngineConfig(ttft=args.ttft, itl=args.itl, prefill_per_token=args.prefill_per_token,
+                                                  tokens_per_chunk=args.tokens_per_chunk,
+                                                  num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size))
     app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults)
     server = NoDelayWSGIServer((args.host, args.port), app, log=None, error_log=None)
     server.init_socket()

@@ -30,12 +30,15 @@ class Emission:
 
     offset: float
     tokens: int
+    queue_time: float = 0.0  # seconds the request waited before it was first scheduled
 
 
 class FixedScheduleEngine:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
         self.running = 0
+        self.waiting = 0  # never queues: every request runs on its own schedule
+        self.preemptions = 0
         self.kv_tokens = 0
 
     @property
@@ -43,7 +46,10 @@ class FixedScheduleEngine:
         cap = self.cfg.num_gpu_blocks * self.cfg.block_size
         return min(1.0, self.kv_tokens / cap) if cap else 0.0
 
-    def generate(self, prompt_tokens: int, max_tokens: int) -> Iterator[Emission]:
+    def fits(self, tokens: int) -> bool:
+        return True
+
+    def generate(self, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0) -> Iterator[Emission]:
         """Yield each chunk when it is due (sleeping cooperatively until then)."""
         cfg = self.cfg
         arrival = time.perf_counter()

@@ -67,8 +67,9 @@ def _add_options(parser: Any, **_kw: Any) -> None:
 
 
 def _emulator_args(opts: Any) -> list[str]:
-    return ["--ttft", str(opts.emulator_ttft), "--itl", str(opts.emulator_itl),
+    args = ["--ttft", str(opts.emulator_ttft), "--itl", str(opts.emulator_itl),
             "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk)]
+    return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])
 
 
 def _check_target(environment: Any) -> Target:

@@ -49,6 +49,8 @@ def add_arguments(parser: Any) -> None:
     add("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)")
     add("--sidecar-url", "", "the server.sidecar beside vLLM; its series lands in the run dir (auto with the emulator)")
     add("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True)
+    add("--emulator-profile", "", "embedded emulator: model vLLM's continuous batching with this cost profile "
+        "(a100-llama8b, h100-llama8b, cpu-tiny) instead of the fixed TTFT/ITL schedule")
     add("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float)
     add("--emulator-itl", 0.01, "embedded emulator: inter-token delay, seconds", type=float)
     add("--emulator-tokens-per-chunk", 1, "embedded emulator: tokens per SSE chunk", type=int)
