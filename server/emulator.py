@@ -56,14 +56,14 @@ class DropConnection(Exception):
 
 class Emulator:
     def __init__(self, model: str, tokenizer: Any, max_model_len: int, engine: FixedScheduleEngine | BatchingEngine,
-                 api_key: str = "", faults: FaultPlan | None = None) -> None:
+                 api_key: str = "", faults: FaultPlan | None = None, naming: str = "v1") -> None:
         self.model = model
         self.faults = faults or FaultPlan()
         self.tok = tokenizer
         self.max_model_len = max_model_len
         self.engine = engine
         self.api_key = api_key
-        self.metrics = VllmMetrics(model)
+        self.metrics = VllmMetrics(model, naming)
         self.prefix_cache = PrefixCache(engine.cfg.block_size, engine.cfg.num_gpu_blocks)
         self._preemptions_seen = 0
         self.created = int(time.time())
@@ -153,6 +153,9 @@ class Emulator:
         m.l(m.running).set(self.engine.running)
         m.l(m.waiting).set(self.engine.waiting)
         m.l(m.kv_usage).set(self.engine.kv_usage)
+        if m.naming == "v0":
+            queries = m.l(m.prefix_queries)._value.get()
+            m.l(m.prefix_hit_rate).set(m.l(m.prefix_hits)._value.get() / queries if queries else 0.0)
         new = self.engine.preemptions - self._preemptions_seen
         if new > 0:
             m.l(m.preemptions).inc(new)
@@ -190,6 +193,28 @@ class Emulator:
         return self._stream(chat, model, prompt_tokens, max_tokens, bool(opts.get("include_usage")),
                             bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault, cached)
 
+    def stats_line(self, interval: float) -> str:
+        """vLLM's periodic stats log line (V1 or V0 format), over the last ``interval`` seconds."""
+        self._update_gauges()
+        m = self.metrics
+        prompt, gen = m.l(m.prompt_tokens)._value.get(), m.l(m.generation_tokens)._value.get()
+        queries, hits = m.l(m.prefix_queries)._value.get(), m.l(m.prefix_hits)._value.get()
+        last = getattr(self, "_last_stats", (prompt, gen, queries, hits))
+        self._last_stats = (prompt, gen, queries, hits)
+        p_rate, g_rate = (prompt - last[0]) / interval, (gen - last[1]) / interval
+        kv = 100.0 * self.engine.kv_usage
+        if m.naming == "v0":
+            return (f"INFO {time.strftime('%m-%d %H:%M:%S')} metrics.py:341] Avg prompt throughput: {p_rate:.1f} tokens/s, "
+                    f"Avg generation throughput: {g_rate:.1f} tokens/s, Running: {self.engine.running} reqs, "
+                    f"Swapped: 0 reqs, Pending: {self.engine.waiting} reqs, GPU KV cache usage: {kv:.1f}%, "
+                    "CPU KV cache usage: 0.0%.")
+        dq = queries - last[2]
+        hit = 100.0 * (hits - last[3]) / dq if dq else 0.0
+        return (f"INFO {time.strftime('%m-%d %H:%M:%S')} [loggers.py:123] Engine 000: Avg prompt throughput: {p_rate:.1f} "
+                f"tokens/s, Avg generation throughput: {g_rate:.1f} tokens/s, Running: {self.engine.running} reqs, "
+                f"Waiting: {self.engine.waiting} reqs, Preemptions: {self.engine.preemptions}, GPU KV cache usage: "
+                f"{kv:.1f}%, Prefix cache hit rate: {hit:.1f}%")
+
     def _observe_finish(self, prompt_tokens: int, out: int, ttft: float, e2e: float, queue: float = 0.0) -> None:
         m = self.metrics
         m.l(m.prompt_tokens).inc(prompt_tokens)
@@ -205,12 +230,18 @@ class Emulator:
                   cached: int = 0) -> list[bytes]:
         words = itertools.cycle(_WORDS)
         text, ttft, last = [], 0.0, 0.0
+        m, first, queue = self.metrics, True, 0.0
         for em in self.engine.generate(prompt_tokens, max_tokens, cached):
-            ttft = ttft or em.offset
+            if first:
+                ttft, queue, first = em.offset, em.queue_time, False
+                m.l(m.ttft).observe(ttft)
+            else:
+                for _ in range(em.tokens):
+                    m.l(m.itl).observe((em.offset - last) / em.tokens)
             last = em.offset
             text.extend(next(words) for _ in range(em.tokens))
-        self.metrics.l(self.metrics.generation_tokens).inc(max_tokens)
-        self._observe_finish(prompt_tokens, max_tokens, ttft, last)
+        m.l(m.generation_tokens).inc(max_tokens)
+        self._observe_finish(prompt_tokens, max_tokens, ttft, last, queue)
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + max_tokens, "completion_tokens": max_tokens}
         rid, created = secrets.token_hex(8), int(time.time())
         if chat:
@@ -321,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-gpu-blocks", type=int, default=30000)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply every step time (e.g. 0.1: ten times faster)")
+    p.add_argument("--metrics-naming", choices=["v1", "v0"], default="v1", help="vLLM metric names: V1 (0.32) or old V0")
+    p.add_argument("--log-stats-interval", type=float, default=10.0,
+                   help="seconds between vLLM's stats log lines on stderr (0: none)")
     p.add_argument("--fault", action="append", default=[], metavar="KIND:RATE",
                    help="inject a fault into this share of requests (500, 503, 429, drop, malformed, error, stall, "
                         "slow-headers); a request can also ask for one with the X-Emulator-Fault header")
@@ -363,7 +397,15 @@ def main(argv: list[str] | None = None) -> int:
         engine = FixedScheduleEngine(EngineConfig(ttft=args.ttft, itl=args.itl, prefill_per_token=args.prefill_per_token,
                                                   tokens_per_chunk=args.tokens_per_chunk,
                                                   num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size))
-    app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults)
+    app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults,
+                   naming=args.metrics_naming)
+    if args.log_stats_interval > 0:
+        def log_stats() -> None:
+            while True:
+                gevent.sleep(args.log_stats_interval)
+                sys.stderr.write(app.stats_line(args.log_stats_interval) + "\n")
+                sys.stderr.flush()
+        gevent.spawn(log_stats)
     server = NoDelayWSGIServer((args.host, args.port), app, log=None, error_log=None)
     server.init_socket()
     host, port = server.socket.getsockname()[:2]

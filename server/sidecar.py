@@ -85,10 +85,15 @@ def scrape_forever(url: str, interval: float, series: Series, stop: threading.Ev
         stop.wait(max(0.0, next_at - time.monotonic()))
 
 
-def follow_log(stream: IO[str], series: Series, stop: threading.Event) -> None:
-    for line in stream:
-        if stop.is_set():
-            return
+def follow_log(stream: IO[str], series: Series, stop: threading.Event, follow: bool = True) -> None:
+    """Parse stats lines as they are written (like ``tail -f`` for a file; stdin ends at EOF)."""
+    while not stop.is_set():
+        line = stream.readline()
+        if not line:
+            if not follow:
+                return
+            stop.wait(0.2)
+            continue
         sample = parse_log_line(line)
         if sample is not None:
             sample["t"] = time.time()
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     if args.log_file:
         stream = sys.stdin if args.log_file == "-" else open(args.log_file, encoding="utf-8", errors="replace")
-        worker = threading.Thread(target=follow_log, args=(stream, series, stop), daemon=True)
+        worker = threading.Thread(target=follow_log, args=(stream, series, stop, args.log_file != "-"), daemon=True)
     else:
         worker = threading.Thread(target=scrape_forever, args=(args.vllm_url, interval, series, stop), daemon=True)
     worker.start()

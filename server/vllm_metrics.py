@@ -11,12 +11,19 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20
 
 
 class VllmMetrics:
-    """Registry of the metrics a vLLM 0.32 server exposes that a load test reads."""
+    """Registry of the metrics a vLLM server exposes that a load test reads.
 
-    def __init__(self, model: str) -> None:
+    ``naming="v1"`` is vLLM 0.32's (labels model_name and engine); ``"v0"`` is the old engine's: KV usage as
+    gpu_cache_usage_perc, ITL as time_per_output_token_seconds, swapped requests and CPU cache, a prefix-cache
+    hit-rate gauge instead of the query/hit counters, and the model_name label only.
+    """
+
+    def __init__(self, model: str, naming: str = "v1") -> None:
         self.registry = r = CollectorRegistry()
-        labels = ["model_name", "engine"]
-        self.labels = {"model_name": model, "engine": "0"}
+        self.naming = naming
+        v0 = naming == "v0"
+        labels = ["model_name"] if v0 else ["model_name", "engine"]
+        self.labels = {"model_name": model} if v0 else {"model_name": model, "engine": "0"}
 
         def g(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, labels, registry=r)
@@ -29,15 +36,27 @@ class VllmMetrics:
 
         self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
         self.waiting = g("vllm:num_requests_waiting", "Number of requests waiting to be processed.")
-        self.kv_usage = g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
-        self.prefix_queries = c("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
-        self.prefix_hits = c("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.kv_usage = g("vllm:gpu_cache_usage_perc" if v0 else "vllm:kv_cache_usage_perc",
+                          "KV-cache usage. 1 means 100 percent usage.")
+        # V0 has no prefix counters (only a hit-rate gauge): keep ours out of its registry
+        reg = CollectorRegistry() if v0 else r
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                                      labels, registry=reg)
+        self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                                   labels, registry=reg)
+        if v0:
+            self.swapped = g("vllm:num_requests_swapped", "Number of requests swapped to CPU.")
+            self.cpu_cache = g("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.")
+            self.prefix_hit_rate = g("vllm:gpu_prefix_cache_hit_rate", "GPU prefix cache block hit rate.")
+            for m in (self.swapped, self.cpu_cache, self.prefix_hit_rate):
+                m.labels(**self.labels).set(0)
         self.preemptions = c("vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         self.prompt_tokens = c("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = c("vllm:generation_tokens", "Number of generation tokens processed.")
         self.success = c("vllm:request_success", "Count of successfully processed requests.", ("finished_reason",))
         self.ttft = h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS)
-        self.itl = h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.itl = h("vllm:time_per_output_token_seconds" if v0 else "vllm:inter_token_latency_seconds",
+                     "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
         self.e2e = h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", REQUEST_BUCKETS)
         self.queue = h("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", REQUEST_BUCKETS)
         self.prefill = h("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", REQUEST_BUCKETS)

@@ -85,12 +85,16 @@ def server_summary(series: list[dict]) -> dict | None:
         return last[key] - first[key]
 
     queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
+    gauge_rate = None
+    if queries is None:  # V0 servers only have a hit-rate gauge
+        rates = [s["prefix_cache_hit_rate_gauge"] for s in series if s.get("prefix_cache_hit_rate_gauge") is not None]
+        gauge_rate = max(rates) if rates else None
     return {
         "kv_cache_usage.max": mx("kv_cache_usage"),
         "waiting.max": mx("waiting"),
         "running.max": mx("running"),
         "preemptions": delta("preemptions_total"),
-        "prefix_cache_hit_rate": (hits / queries) if queries else (0.0 if queries == 0 else None),
+        "prefix_cache_hit_rate": (hits / queries) if queries else 0.0 if queries == 0 else gauge_rate,
     }
 
 
