@@ -101,6 +101,11 @@ def test_master_and_two_workers_merge_exactly(emulator_factory, tmp_path):
     (["--tokenizer", "/nonexistent/tokenizer"], "cannot load tokenizer"),
     (["--input-tokens", "0"], "--input-tokens"),
     (["--input-tokens", "30000", "--output-tokens", "5000"], "exceed the server's max_model_len"),
+    (["--dataset", "/nonexistent/prompts.jsonl"], "cannot be read"),
+    (["--slo", "/nonexistent/slo.yaml"], "cannot be read"),
+    (["--dataset-batch", "4"], "--dataset-batch needs --dataset"),
+    (["--request-rate", "-2"], "--request-rate must be >= 0"),
+    (["--shared-prefix-tokens", "-1"], "--shared-prefix-tokens must be >= 0"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, needle):
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
@@ -127,3 +132,23 @@ def test_open_loop_rate_is_split_across_workers_and_timed_from_intended_start(em
     # every request is timed from its intended send time, and the lag is measured
     assert all(r["send_lag"] is not None and r["send_lag"] >= 0 for r in logs)
     assert s["metrics"]["send_lag"]["count"] == len(logs) and s["metrics"]["send_lag"]["p50"] < 0.005
+
+
+def test_emulator_answers_with_vllms_error_json(emulator_factory):
+    import urllib.error
+    import urllib.request
+
+    emu = emulator_factory("--max-model-len", "64")
+
+    def post(body):
+        req = urllib.request.Request(emu.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        return err.value.code, json.loads(err.value.read())
+
+    code, body = post({"model": "other", "prompt": "hi", "max_tokens": 4})
+    assert code == 404 and body["error"]["message"] == "The model `other` does not exist." and body["error"]["code"] == 404
+    code, body = post({"model": "emulator/mistral-7b-v0.1", "prompt": "word " * 80, "max_tokens": 4})
+    assert code == 400 and "maximum context length is 64 tokens" in body["error"]["message"]
+    assert body["error"]["type"] == "BadRequestError"

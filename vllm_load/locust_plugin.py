@@ -108,16 +108,19 @@ def _on_test_stopping(environment: Any, **_kw: Any) -> None:
     runner, rt = environment.runner, STATE.runtime
     timeout = float(environment.parsed_options.drain_timeout) if environment.parsed_options else 30.0
     if isinstance(runner, MasterRunner):
-        clients = {c.id for c in runner.clients.all}
+        # a worker Locust marked missing (no heartbeat) cannot answer: do not wait for it
+        clients = {c.id for c in runner.clients.all if c.state != "missing"}
         STATE.flushed = set()
         for cid in clients:
             runner.send_message(FLUSH, None, client_id=cid)
         with gevent.Timeout(timeout + 10, False):
             while not clients <= STATE.flushed:
                 gevent.sleep(0.05)  # the flushed messages arrive on the runner's own greenlet
-        missing = clients - STATE.flushed
-        if missing:
-            log.warning("vllm-load: no final report from %d worker(s): %s", len(missing), ", ".join(sorted(missing)))
+        if rt is not None:
+            rt.workers_lost = sorted((rt.workers_seen | clients) - STATE.flushed)
+            if rt.workers_lost:
+                log.warning("vllm-load: no final report from %d worker(s): %s", len(rt.workers_lost),
+                            ", ".join(rt.workers_lost))
     elif rt is not None and rt.role == "local":
         if not rt.drain(timeout):
             log.warning("vllm-load: %d requests still in flight after the drain timeout", rt.in_flight)

@@ -210,6 +210,10 @@ def render_html(run: Run, checks: list[Check]) -> str:
     ]))
     rows = table_rows(s)
     parts.append(_table(["metric", "count", "mean", *COLUMNS], [[r["metric"], r["count"], r["mean"], *(r[c] for c in COLUMNS)] for r in rows]))
+    if s.get("workers_lost"):
+        parts.append("<div class='banner' id='workers-lost'><b>Worker(s) lost mid-run:</b> "
+                     f"{html.escape(', '.join(s['workers_lost']))}. Their requests after their last report (at most "
+                     "3 s) are missing from these numbers; their per-request logs have them.</div>")
     if s["errors"]:
         parts.append("<h2>Failures</h2>" + _table(["reason", "count"], [[html.escape(k), v] for k, v in s["errors"].items()]))
     parts.append("<h2>Client and server over time</h2>")

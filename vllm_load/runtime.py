@@ -150,6 +150,7 @@ class Runtime:
     dataset: DatasetSource | None = None
     goodput_limits: dict = field(default_factory=dict)
     arrival_seq: int = 0
+    workers_lost: list = field(default_factory=list)  # workers that never sent their final report
     draining: bool = False  # set at the end of a run: users start no new request
     in_flight: int = 0
     idle: Any = None  # gevent Event, set while no request is in flight
@@ -278,6 +279,7 @@ class Runtime:
         end = self.end_wall or time.time()
         summary = self.totals.summary(duration=end - self.start_wall)
         summary["workers"] = sorted(self.workers_seen)
+        summary["workers_lost"] = list(self.workers_lost)
         summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
         data = {"run_id": self.run_id, "start": self.start_wall, "end": end, "summary": summary,
                 "stats": self.totals.to_wire()}

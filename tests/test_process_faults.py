@@ -1,0 +1,135 @@
+"""Faults of whole processes: master stopped by a signal, server killed and restarted, worker killed.
+
+Each waits for conditions it can observe (lines in the per-request logs), with deadlines, never for time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, Proc
+from vllm_load.reqlog import read_log
+
+
+def locust(args: list[str], cwd: Path) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen([sys.executable, "-m", "locust", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(cond, timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def logs(run_dir: Path) -> list[dict]:
+    out = []
+    for f in run_dir.glob("requests*.jsonl"):
+        out += read_log(f)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_master_stopped_by_a_signal_leaves_a_complete_run_dir(tmp_path, emulator_factory, sig):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
+    run_dir = tmp_path / "run"
+    p = locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "3", "-r", "3", "-t", "120s",
+                "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], tmp_path)
+    try:
+        wait_for(lambda: len(logs(run_dir)) >= 10, what="10 finished requests")
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=90)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    assert summary["requests"] == len(logs(run_dir)) >= 10 and summary["failed"] == 0
+    assert (run_dir / "report.html").exists() and "vllm-load LLM metrics" in out
+
+
+def test_server_killed_and_restarted_mid_run(tmp_path):
+    port = free_port()
+    args = ["-m", "server.emulator", "--port", str(port), "--ttft", "0.01", "--itl", "0.01"]
+    server = Proc(args)
+    run_dir = tmp_path / "run"
+    p = locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "3", "-r", "3", "-t", "120s",
+                "--host", server.url, "--output-tokens", "30", "--csv", str(tmp_path / "locust"),
+                "--run-dir", str(run_dir)], tmp_path)
+    try:
+        wait_for(lambda: len(logs(run_dir)) >= 6, what="requests before the kill")
+        server.p.kill()
+        server.p.wait(timeout=10)
+        wait_for(lambda: sum(not r["ok"] for r in logs(run_dir)) >= 3, what="failures while the server is down")
+        server = Proc(args)  # the same port again
+        down = len(logs(run_dir))
+        wait_for(lambda: sum(r["ok"] for r in logs(run_dir)[down:]) >= 6, what="successes after the restart")
+        p.send_signal(signal.SIGTERM)
+        p.communicate(timeout=90)
+    finally:
+        server.stop()
+        if p.poll() is None:
+            p.kill()
+    all_logs = logs(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    with open(tmp_path / "locust_stats.csv") as fh:
+        agg = [r for r in csv.DictReader(fh) if r["Name"] == "Aggregated"][0]
+    assert summary["requests"] == len(all_logs) == int(agg["Request Count"])
+    assert summary["failed"] == sum(not r["ok"] for r in all_logs) == int(agg["Failure Count"]) >= 3
+    reasons = {r["error"] for r in all_logs if not r["ok"]}
+    assert all(x.startswith(("connection failed", "connection closed mid-stream", "connection error")) for x in reasons), reasons
+
+
+def test_worker_killed_mid_run_the_master_goes_on_and_says_so(tmp_path, emulator_factory):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
+    run_dir = tmp_path / "run"
+    mport = free_port()
+    master = locust(["-f", str(ROOT / "locustfiles/chat.py"), "--master", "--master-bind-host", "127.0.0.1",
+                     "--master-bind-port", str(mport), "--headless", "--expect-workers", "2", "-u", "4", "-r", "4",
+                     "-t", "120s", "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], tmp_path)
+    workers = [locust(["-f", str(ROOT / "locustfiles/chat.py"), "--worker", "--master-host", "127.0.0.1",
+                       "--master-port", str(mport)], tmp_path) for _ in range(2)]
+    try:
+        wait_for(lambda: len(list(run_dir.glob("requests-*.jsonl"))) == 2
+                 and all(read_log(f) for f in run_dir.glob("requests-*.jsonl")), what="both workers sending")
+        # a worker's client id does not name its process: kill one, and the log that stops growing is its
+        workers[0].kill()
+        workers[0].wait(timeout=10)
+        logs_before = {f: len(read_log(f)) for f in run_dir.glob("requests-*.jsonl")}
+        wait_for(lambda: any(len(read_log(f)) >= n + 10 for f, n in logs_before.items()), what="survivor goes on")
+        master.send_signal(signal.SIGTERM)
+        out, err = master.communicate(timeout=120)
+    finally:
+        for proc in [master, *workers]:
+            if proc.poll() is None:
+                proc.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    per_worker = {f: read_log(f) for f in run_dir.glob("requests-*.jsonl")}
+    stopped = [f for f, rows in per_worker.items() if len(rows) == logs_before[f]]
+    assert len(stopped) == 1, "exactly one worker stopped writing"
+    lost_id = per_worker[stopped[0]][0]["worker"]
+    assert summary["workers_lost"] == [lost_id]
+    assert "worker(s) lost mid-run" in out
+    assert "id='workers-lost'" in (run_dir / "report.html").read_text()
+    survivor = [rows for f, rows in per_worker.items() if f not in stopped][0]
+    # everything the survivor did is counted; the lost worker's unreported tail is not
+    assert len(survivor) <= summary["requests"] <= len(survivor) + len(per_worker[stopped[0]])
