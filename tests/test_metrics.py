@@ -100,3 +100,20 @@ def test_stats_delta_shipping_is_lossless():
         assert {k: v for k, v in ma[key].items() if k != "mean"} == {k: v for k, v in mb[key].items() if k != "mean"}
         assert ma[key]["mean"] == pytest.approx(mb[key]["mean"], rel=1e-12)
     assert master.tokens_per_second == everything.tokens_per_second
+
+
+def test_open_loop_arrivals_rate_burstiness_and_ramp():
+    import random as _random
+
+    from vllm_load.arrivals import ArrivalProcess
+
+    for burstiness in (1.0, 0.5, 4.0):
+        p = ArrivalProcess(20.0, burstiness, _random.Random(1))
+        gaps = [p.next_gap() for _ in range(20000)]
+        mean = sum(gaps) / len(gaps)
+        var = sum((g - mean) ** 2 for g in gaps) / len(gaps)
+        assert mean == pytest.approx(1 / 20, rel=0.03)
+        # gamma(k): coefficient of variation 1/sqrt(k): Poisson 1, burstier above, more regular below
+        assert (var ** 0.5) / mean == pytest.approx(1 / burstiness ** 0.5, rel=0.05)
+    ramp = ArrivalProcess(10.0, 1.0, _random.Random(2), ramp_up=10.0)
+    assert ramp.rate_at(0.0) == pytest.approx(0.1) and ramp.rate_at(5.0) == 5.0 and ramp.rate_at(20.0) == 10.0

@@ -19,6 +19,7 @@ class ArrivalProcess:
     rate: float  # requests/s of this process
     burstiness: float = 1.0
     rng: random.Random = random.Random(0)
+    ramp_up: float = 0.0  # seconds over which the rate grows linearly from 1 % to ``rate``
 
     def __post_init__(self) -> None:
         if self.rate <= 0:
@@ -26,6 +27,13 @@ class ArrivalProcess:
         if self.burstiness <= 0:
             raise UsageError(f"--burstiness must be positive, got {self.burstiness}")
 
-    def next_gap(self) -> float:
-        theta = 1.0 / (self.rate * self.burstiness)
+    def rate_at(self, elapsed: float) -> float:
+        if self.ramp_up <= 0 or elapsed >= self.ramp_up:
+            return self.rate
+        return self.rate * max(0.01, elapsed / self.ramp_up)
+
+    def next_gap(self, elapsed: float = float("inf")) -> float:
+        """The gap after an arrival at ``elapsed`` seconds into the run (the rate of that moment)."""
+        rate = self.rate_at(elapsed)
+        theta = 1.0 / (rate * self.burstiness)
         return self.rng.gammavariate(self.burstiness, theta)

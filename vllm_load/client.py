@@ -51,6 +51,7 @@ def stream_request(
     worker: str = "",
     count_output: Callable[[str], int] | None = None,
     on_record: Callable[[RequestRecord], None] = lambda rec: None,
+    step: int | None = None,
 ) -> RequestRecord:
     """Send ``body``, read its SSE stream to the end and hand the record to ``on_record``.
 
@@ -137,6 +138,7 @@ def stream_request(
         finish_reason=state.finish_reason,
         send_lag=None if intended_start is None else max(0.0, now_perf - t0),
         worker=worker,
+        step=step,
     )
     on_record(rec)
     if cancelled is not None:

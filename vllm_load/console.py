@@ -54,6 +54,9 @@ def render_table(summary: dict, title: str = "LLM metrics") -> str:
     )
     if s.get("target_request_rate"):
         lines.append(f"open loop: target {s['target_request_rate']:.2f} req/s, achieved send rate {s['send_rate']:.2f} req/s")
+    if s.get("client", {}).get("saturated"):
+        lines.append("WARNING: UNTRUSTWORTHY RUN: the load generator, not the server, was the bottleneck: "
+                     + "; ".join(s["client"]["reasons"]) + " (add workers: --processes N or more machines)")
     if s.get("workers_lost"):
         lines.append(f"WARNING: worker(s) lost mid-run, no final report: {', '.join(s['workers_lost'])} "
                      "(their requests after their last report, at most 3 s, are missing here but in their logs)")

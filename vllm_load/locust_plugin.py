@@ -39,6 +39,8 @@ class _State:
     slos: list = []
     report: str | None = None  # path of the last run's report.html
     flushed: set = set()  # workers that sent their final report
+    step_verdicts: dict = {}  # sweep step -> met every SLO
+    last_step: tuple | None = None  # the sweep step the shape announced last
     emulator: ChildServer | None = None
     sidecar: ChildServer | None = None
     runtime: Runtime | None = None
@@ -83,7 +85,66 @@ def _check_target(environment: Any) -> Target:
     return target
 
 
-FLUSH, FLUSHED = "vllm_load_flush", "vllm_load_flushed"
+FLUSH, FLUSHED, STEP = "vllm_load_flush", "vllm_load_flushed", "vllm_load_step"
+
+
+def begin_step(environment: Any, step: int, level: float) -> None:
+    """Called by the sweep shape on the master (or local runner) at every tick; acts on a new step."""
+    # the shape's first tick comes before test_start creates the run's runtime: test_start re-applies it
+    STATE.last_step = (environment, step, level)
+    rt = STATE.runtime
+    if rt is None or rt.step == step:
+        return
+    now = time.time()
+    if rt.step is not None and rt.step in rt.step_bounds:
+        rt.step_bounds[rt.step][2] = now
+    rt.step_bounds[step] = [level, now, None]
+    rt.step = step
+    rt.step_rate = float(level) if rt.opts.sweep_mode == "rate" else 0.0
+    print(f"vllm-load: sweep step {step}: {level:g} {'req/s' if rt.opts.sweep_mode == 'rate' else 'users'}", flush=True)
+    if isinstance(environment.runner, MasterRunner):
+        for client in environment.runner.clients.all:
+            environment.runner.send_message(STEP, {"step": step, "rate": rt.step_rate}, client_id=client.id)
+
+
+def _worker_step(msg: Any) -> None:
+    rt = STATE.runtime
+    if rt is not None:
+        rt.step, rt.step_rate = int(msg.data["step"]), float(msg.data["rate"])
+
+
+def judge_step(step: int) -> bool:
+    """Did a finished sweep step meet every SLO (client metrics)? Remembered once judged."""
+    rt = STATE.runtime
+    if rt is None:
+        return True
+    if step in STATE.step_verdicts:
+        return STATE.step_verdicts[step]
+    from vllm_load.slo import evaluate
+
+    level, start, end = rt.step_bounds.get(step, [0, 0.0, None])
+    stats = rt.step_stats.get(step, LLMStats())
+    checks = evaluate(STATE.slos, stats.summary(duration=max((end or time.time()) - start, 1e-9)))
+    ok = all(c.passed for c in checks)
+    STATE.step_verdicts[step] = ok
+    if not ok:
+        missed = ", ".join(c.slo for c in checks if not c.passed)
+        print(f"vllm-load: sweep step {step} ({level:g}) missed {missed}: stopping the sweep", flush=True)
+    return ok
+
+
+def _write_sweep(rt: Runtime) -> None:
+    if not rt.step_bounds:
+        return
+    from vllm_load.report import build, build_sweep
+    from vllm_load.sweep import write_step_dirs
+
+    dirs = write_step_dirs(rt.run_dir, rt.step_stats, rt.step_bounds, rt.opts.sweep_mode, rt.end_wall or time.time())
+    for d in dirs:
+        build(d)
+    page = build_sweep(dirs, rt.run_dir)
+    best = (rt.run_dir / "sweep.md").read_text().splitlines()[0].strip("*")
+    print(f"vllm-load: sweep of {len(dirs)} steps: {best} ({page})", flush=True)
 
 
 def _worker_flush(environment: Any, msg: Any, **_kw: Any) -> None:
@@ -100,12 +161,13 @@ def _master_flushed(environment: Any, msg: Any, **_kw: Any) -> None:
     STATE.flushed.add(msg.node_id)
 
 
-@events.test_stopping.add_listener
-def _on_test_stopping(environment: Any, **_kw: Any) -> None:
-    """Locust's quit() (-t, SIGTERM) stops without telling workers and waits 0.5 s for their last report,
-    which loses the requests finishing then. Drain first: every worker (or this process) finishes its
-    in-flight streams and reports them, bounded by --drain-timeout."""
+def _drain(environment: Any) -> None:
+    """End the run without losing a request: this process (local) or every worker (master) starts no
+    new request, lets in-flight streams finish (at most --drain-timeout) and reports them. Idempotent."""
     runner, rt = environment.runner, STATE.runtime
+    if rt is None or rt.drained:
+        return
+    rt.drained = True
     timeout = float(environment.parsed_options.drain_timeout) if environment.parsed_options else 30.0
     if isinstance(runner, MasterRunner):
         # a worker Locust marked missing (no heartbeat) cannot answer: do not wait for it
@@ -116,20 +178,26 @@ def _on_test_stopping(environment: Any, **_kw: Any) -> None:
         with gevent.Timeout(timeout + 10, False):
             while not clients <= STATE.flushed:
                 gevent.sleep(0.05)  # the flushed messages arrive on the runner's own greenlet
-        if rt is not None:
-            rt.workers_lost = sorted((rt.workers_seen | clients) - STATE.flushed)
-            if rt.workers_lost:
-                log.warning("vllm-load: no final report from %d worker(s): %s", len(rt.workers_lost),
-                            ", ".join(rt.workers_lost))
-    elif rt is not None and rt.role == "local":
+        rt.workers_lost = sorted((rt.workers_seen | clients) - STATE.flushed)
+        if rt.workers_lost:
+            log.warning("vllm-load: no final report from %d worker(s): %s", len(rt.workers_lost), ", ".join(rt.workers_lost))
+    elif rt.role == "local":
         if not rt.drain(timeout):
             log.warning("vllm-load: %d requests still in flight after the drain timeout", rt.in_flight)
+
+
+@events.test_stopping.add_listener
+def _on_test_stopping(environment: Any, **_kw: Any) -> None:
+    """Locust's quit() (-t) stops without telling workers and waits 0.5 s for their last report, which
+    loses the requests finishing then: drain first."""
+    _drain(environment)
 
 
 @events.init.add_listener
 def _on_init(environment: Any, **_kw: Any) -> None:
     if _role(environment) == "worker":
         environment.runner.register_message(FLUSH, lambda msg, **kw: _worker_flush(environment, msg), concurrent=True)
+        environment.runner.register_message(STEP, lambda msg, **kw: _worker_step(msg))
         return
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(FLUSHED, lambda msg, **kw: _master_flushed(environment, msg))
@@ -170,7 +238,7 @@ def _live_summary() -> dict | None:
     rt = STATE.runtime
     if rt is None or rt.totals is None:
         return None
-    return webui.live_summary(rt.totals, rt.start_wall)
+    return webui.live_summary(rt.totals, rt.start_wall, rt.health)
 
 
 @events.test_start.add_listener
@@ -186,6 +254,7 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
             return
     if STATE.runtime is not None:
         STATE.runtime.close()
+    STATE.step_verdicts = {}
     worker_id = getattr(environment.runner, "client_id", "local")
     total_users = getattr(environment.runner, "target_user_count", 0) or 0
     STATE.runtime = rt = Runtime.create(role, opts, worker_id, total_users)
@@ -193,6 +262,8 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         cls.network_timeout = float(opts.request_timeout)
         if opts.request_rate > 0:  # open loop: one user holds many streams, each on its own connection
             cls.concurrency = max(1, int(opts.max_concurrency))
+    if STATE.last_step is not None and environment.shape_class is not None and role != "worker":
+        begin_step(*STATE.last_step)
     if role != "worker":
         rt.write_config(STATE.target, environment.host)
         print(f"vllm-load: run {rt.run_id} writes to {rt.run_dir}", flush=True)
@@ -202,6 +273,11 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
 def _on_report_to_master(data: dict, **_kw: Any) -> None:
     if STATE.runtime is not None:
         data["vllm_load"] = STATE.runtime.stats.take_delta()
+        steps = {str(k): v.take_delta() for k, v in STATE.runtime.step_stats.items() if v.requests}
+        if steps:
+            data["vllm_load_steps"] = steps
+        if STATE.runtime.monitor is not None:
+            data["vllm_load_client"] = STATE.runtime.monitor.take()
 
 
 @events.worker_report.add_listener
@@ -212,6 +288,10 @@ def _on_worker_report(client_id: str, data: dict, **_kw: Any) -> None:
         if delta.requests or delta.tokens_per_second:
             rt.workers_seen.add(client_id)
         rt.totals.merge(delta)
+        for k, wire in data.get("vllm_load_steps", {}).items():
+            rt.step_stats.setdefault(int(k), LLMStats()).merge(LLMStats.from_wire(wire))
+        if "vllm_load_client" in data:
+            rt.health.add(client_id, data["vllm_load_client"])
 
 
 def _collect_server_side(rt: Runtime, opts: Any) -> None:
@@ -241,6 +321,8 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
     if rt is None:
         return
     if rt.role != "worker":
+        # SIGTERM/SIGINT fire quitting before Locust stops the users: drain here too (no-op after a stop)
+        _drain(environment)
         rt.end_wall = rt.end_wall or time.time()
         summary = rt.write_results()
         if not (rt.run_dir / "server.jsonl").exists():
@@ -248,6 +330,7 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
         from vllm_load.report import build  # matplotlib is loaded only at the end of a run
 
+        _write_sweep(rt)
         code, report, checks = build(rt.run_dir, junit=environment.parsed_options.junit)
         STATE.report = str(report)
         sys.stdout.write("\n" + render_table(summary, f"vllm-load LLM metrics, run {rt.run_id}{banner}") + "\n")

@@ -31,9 +31,17 @@ def add_arguments(parser: Any) -> None:
     add("--request-rate", 0.0, "open loop: total requests/s over all users and workers (0: closed loop, one "
         "request in flight per user)", type=float)
     add("--burstiness", 1.0, "open loop: gamma shape of inter-arrival times (1 = Poisson)", type=float)
+    add("--ramp-up", 0.0, "open loop: seconds over which the rate grows linearly to --request-rate "
+        "(closed loop ramps with Locust's own -r/--spawn-rate)", type=float)
     add("--max-concurrency", 1000, "open loop: most requests in flight per user (more arrivals are sent late)",
         type=int)
     add("--prompt-pool", 32, "prompts prepared ahead per process, off the event loop", type=int)
+    add("--sweep", "", "locustfiles/sweep.py: comma-separated levels (users, or req/s with --sweep-mode rate)")
+    add("--sweep-mode", "users", "sweep over 'users' (closed loop) or 'rate' (open loop, --sweep-users users)",
+        choices=["users", "rate"])
+    add("--sweep-users", 32, "users that carry an open-loop rate sweep", type=int)
+    add("--step-duration", 60.0, "seconds per sweep step", type=float)
+    add("--stop-on-slo-miss", False, "end the sweep at the first step that misses an SLO", action="store_true")
     add("--drain-timeout", 30.0, "at the end of a run, seconds to let in-flight streams finish before they are cancelled",
         type=float)
     add("--no-ignore-eos", False, "do not send ignore_eos/min_tokens (output length is then up to the model)",

@@ -37,6 +37,7 @@ class RequestRecord:
     send_lag: float | None = None  # open loop: actual minus intended send time
     worker: str = ""
     good: bool | None = None  # met every per-request SLO (None when no such SLO was given)
+    step: int | None = None  # sweep step the request started in
 
     def chunk_itls(self) -> list[float]:
         o = self.chunk_offsets

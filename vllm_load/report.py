@@ -45,8 +45,10 @@ class Run:
 
     @property
     def concurrency(self) -> Any:
+        """The run's level: its sweep step's users (or rate), else its user count."""
         o = self.config.get("options", {})
-        return o.get("vllm_load_step_users") or o.get("num_users") or o.get("users")
+        value = o.get("vllm_load_step_users") or o.get("num_users") or o.get("users")
+        return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def load_run(path: str | Path) -> Run:
@@ -210,6 +212,9 @@ def render_html(run: Run, checks: list[Check]) -> str:
     ]))
     rows = table_rows(s)
     parts.append(_table(["metric", "count", "mean", *COLUMNS], [[r["metric"], r["count"], r["mean"], *(r[c] for c in COLUMNS)] for r in rows]))
+    if s.get("client", {}).get("saturated"):
+        parts.append("<div class='banner' id='client-saturated'><b>Untrustworthy run: the load generator was the "
+                     f"bottleneck.</b> {html.escape('; '.join(s['client']['reasons']))}. Add workers.</div>")
     if s.get("workers_lost"):
         parts.append("<div class='banner' id='workers-lost'><b>Worker(s) lost mid-run:</b> "
                      f"{html.escape(', '.join(s['workers_lost']))}. Their requests after their last report (at most "

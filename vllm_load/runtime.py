@@ -14,6 +14,7 @@ from typing import Any
 import gevent.event
 
 from vllm_load.arrivals import ArrivalProcess
+from vllm_load.client_health import ClientHealth, ClientMonitor
 from vllm_load.datasets import DatasetSource, read_records
 from vllm_load.errors import UsageError
 from vllm_load.lengths import LengthSpec, parse_length
@@ -49,8 +50,8 @@ def resolve_target(opts: Any, host: str, is_emulator: bool) -> Target:
     """Check host, model, tokenizer and lengths; raise UsageError with one line on bad input."""
     input_spec = parse_length(opts.input_tokens, "--input-tokens")
     output_spec = parse_length(opts.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
-    if opts.request_rate < 0 or opts.burstiness <= 0 or opts.max_concurrency < 1:
-        raise UsageError("--request-rate must be >= 0, --burstiness > 0 and --max-concurrency >= 1")
+    if opts.request_rate < 0 or opts.burstiness <= 0 or opts.max_concurrency < 1 or opts.ramp_up < 0:
+        raise UsageError("--request-rate must be >= 0, --burstiness > 0, --max-concurrency >= 1 and --ramp-up >= 0")
     if opts.shared_prefix_tokens < 0:
         raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
     if opts.dataset:
@@ -151,7 +152,14 @@ class Runtime:
     goodput_limits: dict = field(default_factory=dict)
     arrival_seq: int = 0
     workers_lost: list = field(default_factory=list)  # workers that never sent their final report
+    step: int | None = None  # current sweep step
+    step_rate: float = 0.0  # open-loop rate of the current sweep step
+    step_stats: dict = field(default_factory=dict)  # step -> LLMStats (this process, or merged on the master)
+    step_bounds: dict = field(default_factory=dict)  # step -> [level, start wall, end wall]
+    monitor: ClientMonitor | None = None  # in load-generating processes
+    health: ClientHealth = field(default_factory=ClientHealth)  # on the master / local runner
     draining: bool = False  # set at the end of a run: users start no new request
+    drained: bool = False  # the end-of-run drain has been done
     in_flight: int = 0
     idle: Any = None  # gevent Event, set while no request is in flight
 
@@ -180,6 +188,9 @@ class Runtime:
             rt.totals = rt.stats
         if role != "master":
             rt._prepare_generation()
+            sink = (lambda report: rt.health.add("local", report)) if role == "local" else None
+            rt.monitor = ClientMonitor(lambda: rt.in_flight, sink)
+            rt.monitor.start()
         return rt
 
     def _prepare_generation(self) -> None:
@@ -228,16 +239,34 @@ class Runtime:
             return prompt, max(1, len(self.tokenizer.encode(answer, add_special_tokens=False)))
         return prompt, self.output_spec.sample(self.rng)
 
+    def current_rate(self) -> float:
+        """The open-loop rate now: the sweep step's in a rate sweep, else --request-rate (0: closed loop)."""
+        if self.step is not None and self.opts.sweep_mode == "rate":
+            return self.step_rate
+        return float(self.opts.request_rate)
+
+    def total_users(self) -> int:
+        if self.step is not None and self.opts.sweep_mode == "rate":
+            return max(1, int(self.opts.sweep_users))
+        return max(1, int(getattr(self.opts, "vllm_load_total_users", 0) or 1))
+
     def arrival_process(self) -> ArrivalProcess:
         """This user's share of the run's open-loop rate (the total is split over all users)."""
-        users = max(1, int(getattr(self.opts, "vllm_load_total_users", 0) or 1))
         self.arrival_seq += 1
-        return ArrivalProcess(self.opts.request_rate / users, self.opts.burstiness,
-                              random.Random(f"{self.salt}/{self.worker_id}/arrivals/{self.arrival_seq}"))
+        return ArrivalProcess(self.current_rate() / self.total_users(), self.opts.burstiness,
+                              random.Random(f"{self.salt}/{self.worker_id}/arrivals/{self.arrival_seq}"),
+                              float(self.opts.ramp_up))
 
     def begin_request(self) -> None:
         self.in_flight += 1
         self.idle.clear()
+
+    def abandon_request(self) -> None:
+        """A request counted by begin_request that was never sent (and so has no record)."""
+        self.in_flight -= 1
+        if self.in_flight <= 0:
+            self.in_flight = 0
+            self.idle.set()
 
     def drain(self, timeout: float) -> bool:
         """Start no new request and wait (at most ``timeout`` s) for the ones in flight to finish."""
@@ -255,6 +284,8 @@ class Runtime:
                 for metric, limit in self.goodput_limits.items()
             )
         self.stats.add(rec)
+        if rec.step is not None:
+            self.step_stats.setdefault(rec.step, LLMStats()).add(rec)
         if self.reqlog:
             self.reqlog.write(rec)
 
@@ -280,6 +311,12 @@ class Runtime:
         summary = self.totals.summary(duration=end - self.start_wall)
         summary["workers"] = sorted(self.workers_seen)
         summary["workers_lost"] = list(self.workers_lost)
+        if self.monitor is not None and self.role == "local":
+            last = self.monitor.take()  # what the monitor saw since its last 3 s report
+            if last["cpu"] or last["lag"] or last["streams"]:
+                self.health.add("local", last)
+        send_lag = summary["metrics"].get("send_lag", {})
+        summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None)
         summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
         data = {"run_id": self.run_id, "start": self.start_wall, "end": end, "summary": summary,
                 "stats": self.totals.to_wire()}
@@ -289,6 +326,8 @@ class Runtime:
         return summary
 
     def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
         for pool in self.pools.values():
             pool.close()
         if self.reqlog:

@@ -32,7 +32,7 @@ class LLMUser(FastHttpUser):
         rt = locust_plugin.runtime()
         if rt.draining:  # the run is ending: let in-flight streams finish, start no new one
             raise StopUser()
-        if rt.opts.request_rate > 0:
+        if rt.current_rate() > 0:
             self._open_loop(rt)
         else:
             self._one_request(rt, None)
@@ -41,9 +41,11 @@ class LLMUser(FastHttpUser):
         arrivals = rt.arrival_process()
         pool = Pool(max(1, int(rt.opts.max_concurrency)))
         next_at = time.perf_counter()
+        run_start = next_at - (time.time() - rt.start_wall)  # the run's start on this clock
         try:
             while not rt.draining:
-                next_at += arrivals.next_gap()
+                arrivals.rate = rt.current_rate() / rt.total_users()
+                next_at += arrivals.next_gap(next_at - run_start)
                 delay = next_at - time.perf_counter()
                 if delay > 0:
                     gevent.sleep(delay)
@@ -56,10 +58,18 @@ class LLMUser(FastHttpUser):
         raise StopUser()
 
     def _one_request(self, rt: Any, intended_start: float | None) -> None:
-        prompt, max_tokens = rt.next_request(self.api)
+        step = rt.step
+        rt.begin_request()  # counted from here: a drain waits for it even while it waits for a prompt
+        try:
+            prompt, max_tokens = rt.next_request(self.api)
+        except BaseException:
+            rt.abandon_request()
+            raise
+        if rt.draining:  # the run ended while this request waited for its prompt: it was never sent
+            rt.abandon_request()
+            return
         body = build_body(self.api, rt.opts.model, prompt, max_tokens, ignore_eos=not rt.opts.no_ignore_eos)
         tok = rt.tokenizer
-        rt.begin_request()
         stream_request(
             self.client,
             self.api,
@@ -71,6 +81,7 @@ class LLMUser(FastHttpUser):
             intended_start=intended_start,
             count_output=(lambda text: len(tok.encode(text, add_special_tokens=False))) if tok else None,
             on_record=rt.on_record,
+            step=step,
         )
 
 

@@ -42,6 +42,9 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
                          "mean": f"{summary['output_token_rate']:.1f}"})
             rows.append({"metric": "Requests ok / failed", "count": summary["requests"],
                          "mean": f"{summary['succeeded']} / {summary['failed']}"})
+            client = summary.get("client") or {}
+            if client.get("saturated"):
+                rows.append({"metric": "UNTRUSTWORTHY: client saturated", "count": "", "mean": "; ".join(client["reasons"])})
             if slos:
                 from vllm_load.slo import evaluate
 
@@ -58,7 +61,10 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
         return response
 
 
-def live_summary(totals: Any, start_wall: float) -> dict:
+def live_summary(totals: Any, start_wall: float, health: Any = None) -> dict:
     summary = totals.summary(duration=max(time.time() - start_wall, 1e-9))
     summary["live_output_tps"] = totals.recent_output_tps(time.time())
+    if health is not None:
+        lag = summary["metrics"].get("send_lag", {})
+        summary["client"] = health.verdict(lag.get("p99") if lag.get("count") else None)
     return summary

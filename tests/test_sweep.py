@@ -1,0 +1,53 @@
+"""Sweeps with a LoadTestShape: per-step exact metrics, the largest passing level, stop at the first miss."""
+
+import json
+
+from tests.conftest import ROOT, run_locust
+from vllm_load.reqlog import read_log
+
+
+def test_users_sweep_keeps_steps_apart_and_finds_the_largest_passing_level(tmp_path, emulator_factory):
+    # 2 batch slots: one user never queues, eight users queue for the slots
+    emu = emulator_factory("--profile", "cpu-tiny", "--max-num-seqs", "2")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", emu.url, "--sweep", "1,8",
+                      "--step-duration", "4", "--output-tokens", "20", "--slo", "ttft.p50<=60ms",
+                      "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
+    assert res.stdout.count("vllm-load: sweep step") == 2, res.stdout[-2000:]
+    steps = sorted((run_dir / "steps").iterdir())
+    assert [d.name for d in steps] == ["00-users-1", "01-users-8"]
+    logs = read_log(run_dir / "requests.jsonl")
+    per_step = [json.loads((d / "llm_stats.json").read_text())["summary"] for d in steps]
+    # every request counted in exactly the step it started in
+    assert [s["requests"] for s in per_step] == [sum(r["step"] == i for r in logs) for i in (0, 1)]
+    assert sum(s["requests"] for s in per_step) == len(logs)
+    assert per_step[1]["metrics"]["ttft"]["p50"] > 3 * per_step[0]["metrics"]["ttft"]["p50"]  # queueing at 8
+    md = (run_dir / "sweep.md").read_text()
+    assert md.startswith("**Largest concurrency meeting every SLO: 1**")
+    assert "Largest concurrency meeting every SLO: 1" in res.stdout
+    assert (run_dir / "sweep.html").exists() and (steps[0] / "report.html").exists()
+
+
+def test_stop_on_slo_miss_ends_the_sweep_early(tmp_path, emulator_factory):
+    emu = emulator_factory("--profile", "cpu-tiny", "--max-num-seqs", "2")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", emu.url,
+                      "--sweep", "1,8,16,32", "--step-duration", "4", "--output-tokens", "20",
+                      "--slo", "ttft.p50<=60ms", "--stop-on-slo-miss", "--run-dir", str(run_dir)], cwd=tmp_path,
+                     timeout=120)
+    assert "missed ttft.p50<=60ms: stopping the sweep" in res.stdout, res.stdout[-2000:]
+    names = [d.name for d in sorted((run_dir / "steps").iterdir())]
+    assert names[:2] == ["00-users-1", "01-users-8"] and "03-users-32" not in names
+
+
+def test_rate_sweep_changes_the_open_loop_rate_per_step(tmp_path, emulator_factory):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", emu.url,
+                      "--sweep-mode", "rate", "--sweep", "5,40", "--sweep-users", "4", "--step-duration", "4",
+                      "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    steps = sorted((run_dir / "steps").iterdir())
+    rates = [json.loads((d / "llm_stats.json").read_text())["summary"]["send_rate"] for d in steps]
+    assert [d.name for d in steps] == ["00-rate-5", "01-rate-40"]
+    assert 3 <= rates[0] <= 8 and 28 <= rates[1] <= 52, rates
