@@ -9,7 +9,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -62,7 +61,7 @@ def in_ns(ns: str, args: list[str], **kw) -> subprocess.Popen:
 
 
 def test_master_and_two_workers_on_separate_hosts(hosts, tmp_path):
-    (m_ns, m_ip), (a_ns, a_ip), (b_ns, b_ip) = hosts["m"], hosts["a"], hosts["b"]
+    (m_ns, m_ip), (a_ns, _), (b_ns, _) = hosts["m"], hosts["a"], hosts["b"]
     emu = in_ns(m_ns, ["-m", "server.emulator", "--host", m_ip, "--port", "0", "--ttft", "0.01", "--itl", "0.002"],
                 stdout=subprocess.PIPE)
     procs = [emu]

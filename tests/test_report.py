@@ -10,7 +10,7 @@ import pytest
 
 from vllm_load.cli import main as cli_main
 from vllm_load.record import RequestRecord
-from vllm_load.report import build, build_sweep
+from vllm_load.report import build
 from vllm_load.stats import LLMStats
 
 SECRET = "sk-fixture-secret-0123456789"

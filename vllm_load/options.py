@@ -9,15 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-OPTION_DEFAULTS: dict[str, Any] = {}
-
-
 def add_arguments(parser: Any) -> None:
     # Locust's own add_argument (not an argument group) understands is_secret/include_in_web_ui.
     def add(flag: str, default: Any, help: str, **kw: Any) -> None:
         env = "VLLM_LOAD_" + flag.lstrip("-").replace("-", "_").upper()
         parser.add_argument(flag, default=default, env_var=env, help=f"{help} [env {env}]", **kw)
-        OPTION_DEFAULTS[flag.lstrip("-").replace("-", "_")] = default
 
     add("--model", "", "model name to request (default: the server's first /v1/models id)")
     add("--tokenizer", "", "tokenizer: HF id, local folder or builtin:mistral-7b-v0.1 (default: the model name)")

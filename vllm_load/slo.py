@@ -199,7 +199,7 @@ def junit_xml(checks: list[Check], suite: str = "vllm-load SLOs") -> str:
     from xml.sax.saxutils import quoteattr
 
     failures = sum(not c.passed for c in checks)
-    out = [f'<?xml version="1.0" encoding="UTF-8"?>',
+    out = ['<?xml version="1.0" encoding="UTF-8"?>',
            f"<testsuite name={quoteattr(suite)} tests=\"{len(checks)}\" failures=\"{failures}\" errors=\"0\">"]
     for c in checks:
         out.append(f"  <testcase classname=\"vllm_load.slo\" name={quoteattr(c.slo)}>")
