@@ -261,6 +261,12 @@ class Runtime:
         self.in_flight += 1
         self.idle.clear()
 
+    @staticmethod
+    def park() -> None:
+        """Block until Locust stops this user (a user that stopped itself would leave Locust a dead
+        greenlet it logs as an error)."""
+        gevent.event.Event().wait()
+
     def abandon_request(self) -> None:
         """A request counted by begin_request that was never sent (and so has no record)."""
         self.in_flight -= 1

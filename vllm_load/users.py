@@ -9,7 +9,6 @@ import gevent
 from gevent.pool import Pool
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
-from locust.exception import StopUser
 
 from vllm_load import locust_plugin
 from vllm_load.client import build_body, stream_request
@@ -30,8 +29,8 @@ class LLMUser(FastHttpUser):
     @task
     def generate(self) -> None:
         rt = locust_plugin.runtime()
-        if rt.draining:  # the run is ending: let in-flight streams finish, start no new one
-            raise StopUser()
+        if rt.draining:  # the run is ending: start no new request, wait for Locust to stop this user
+            rt.park()
         if rt.current_rate() > 0:
             self._open_loop(rt)
         else:
@@ -55,7 +54,7 @@ class LLMUser(FastHttpUser):
                 pool.spawn(self._one_request, rt, next_at)
         finally:
             pool.join()
-        raise StopUser()
+        rt.park()
 
     def _one_request(self, rt: Any, intended_start: float | None) -> None:
         step = rt.step
