@@ -267,8 +267,8 @@ class Runtime:
         greenlet it logs as an error)."""
         gevent.event.Event().wait()
 
-    def abandon_request(self) -> None:
-        """A request counted by begin_request that was never sent (and so has no record)."""
+    def end_request(self) -> None:
+        """A request counted by begin_request is over (recorded, or never sent): a drain may be waiting."""
         self.in_flight -= 1
         if self.in_flight <= 0:
             self.in_flight = 0
@@ -280,10 +280,7 @@ class Runtime:
         return bool(self.idle.wait(timeout))
 
     def on_record(self, rec: RequestRecord) -> None:
-        self.in_flight -= 1
-        if self.in_flight <= 0:
-            self.in_flight = 0
-            self.idle.set()
+        self.end_request()
         if self.goodput_limits:
             rec.good = rec.ok and all(
                 (value := getattr(rec, metric)) is not None and value <= limit

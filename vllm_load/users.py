@@ -62,10 +62,10 @@ class LLMUser(FastHttpUser):
         try:
             prompt, max_tokens = rt.next_request(self.api)
         except BaseException:
-            rt.abandon_request()
+            rt.end_request()
             raise
         if rt.draining:  # the run ended while this request waited for its prompt: it was never sent
-            rt.abandon_request()
+            rt.end_request()
             return
         body = build_body(self.api, rt.opts.model, prompt, max_tokens, ignore_eos=not rt.opts.no_ignore_eos)
         tok = rt.tokenizer
