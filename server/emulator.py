@@ -15,7 +15,7 @@ import secrets
 import socket
 import sys
 import time
-from typing import Any, Callable, Iterable
+from typing import IO, Any, Callable, Iterable
 
 import gevent
 import orjson
@@ -56,7 +56,8 @@ class DropConnection(Exception):
 
 class Emulator:
     def __init__(self, model: str, tokenizer: Any, max_model_len: int, engine: FixedScheduleEngine | BatchingEngine,
-                 api_key: str = "", faults: FaultPlan | None = None, naming: str = "v1") -> None:
+                 api_key: str = "", faults: FaultPlan | None = None, naming: str = "v1",
+                 timing_log: IO[str] | None = None) -> None:
         self.model = model
         self.faults = faults or FaultPlan()
         self.tok = tokenizer
@@ -67,9 +68,11 @@ class Emulator:
         self.prefix_cache = PrefixCache(engine.cfg.block_size, engine.cfg.num_gpu_blocks)
         self._preemptions_seen = 0
         self.created = int(time.time())
+        self.timing_log = timing_log
 
     # -- WSGI -----------------------------------------------------------------------------------
     def __call__(self, environ: dict, start_response: Start) -> Iterable[bytes]:
+        environ["vllm_load.received"] = time.perf_counter()
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
         try:
             if path == "/health":
@@ -90,7 +93,8 @@ class Emulator:
                 body = self._json_body(environ)
                 if path == "/tokenize":
                     return self._reply(start_response, 200, self._tokenize(body))
-                return self._generate(start_response, path == "/v1/chat/completions", body, self.faults.pick(environ))
+                return self._generate(start_response, path == "/v1/chat/completions", body, self.faults.pick(environ),
+                                      environ["vllm_load.received"])
             raise HttpError(404, f"Not Found: {path}", "NotFoundError")
         except HttpError as exc:
             return self._reply(start_response, exc.status, exc.body())
@@ -162,7 +166,8 @@ class Emulator:
             self._preemptions_seen += new
 
     # -- generation -----------------------------------------------------------------------------
-    def _generate(self, start_response: Start, chat: bool, body: dict, fault: str | None = None) -> Iterable[bytes]:
+    def _generate(self, start_response: Start, chat: bool, body: dict, fault: str | None = None,
+                  received: float = 0.0) -> Iterable[bytes]:
         model = body.get("model", self.model)
         if model != self.model:
             raise HttpError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
@@ -191,7 +196,8 @@ class Emulator:
         opts = body.get("stream_options") or {}
         start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
         return self._stream(chat, model, prompt_tokens, max_tokens, bool(opts.get("include_usage")),
-                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault, cached)
+                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault, cached,
+                            received)
 
     def stats_line(self, interval: float) -> str:
         """vLLM's periodic stats log line (V1 or V0 format), over the last ``interval`` seconds."""
@@ -255,8 +261,13 @@ class Emulator:
         return self._reply(start_response, 200, orjson.dumps(body))
 
     def _stream(self, chat: bool, model: str, prompt_tokens: int, max_tokens: int, include_usage: bool,
-                continuous: bool, fault: str | None = None, cached: int = 0) -> Iterable[bytes]:
+                continuous: bool, fault: str | None = None, cached: int = 0, received: float = 0.0) -> Iterable[bytes]:
         m = self.metrics
+        log = self.timing_log
+        due: list[float] = []
+        sent: list[float] = []  # when each token-bearing chunk had been written to the socket
+        perf = time.perf_counter
+        arrival = 0.0  # when the engine took the request, seconds after it was received
         rid, created = secrets.token_hex(8), int(time.time())
         head = ({"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk"} if chat
                 else {"id": f"cmpl-{rid}", "object": "text_completion"})
@@ -291,6 +302,7 @@ class Emulator:
             m.l(m.generation_tokens).inc(em.tokens)
             if out == 0:
                 ttft, queue = em.offset, em.queue_time
+                arrival = perf() - received - em.offset
                 m.l(m.ttft).observe(ttft)
                 if chat:
                     role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
@@ -319,6 +331,13 @@ class Emulator:
             if continuous:
                 chunk["usage"] = usage(out)
             yield event(chunk)
+            if log is not None:  # resumed only once the server has written the chunk
+                sent.append(perf() - received)
+                due.append(em.offset if em.due is None else em.due)
+        if log is not None:
+            log.write(orjson.dumps({"id": head["id"], "arrival": round(arrival, 7),
+                                    "due": [round(arrival + d, 7) for d in due],
+                                    "sent": [round(x, 7) for x in sent]}).decode() + "\n")
         if include_usage:
             yield event({**head, "choices": [], "usage": usage(out), "system_fingerprint": FINGERPRINT})
         self._observe_finish(prompt_tokens, out, ttft, prev, queue)
@@ -344,6 +363,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--itl", type=float, default=0.01, help="seconds between tokens")
     p.add_argument("--prefill-per-token", type=float, default=0.0, help="extra TTFT seconds per prompt token")
     p.add_argument("--tokens-per-chunk", type=int, default=1, help="output tokens carried by each SSE chunk")
+    p.add_argument("--jitter", type=float, default=0.0,
+                   help="draw each TTFT and ITL uniformly from value*(1 +- JITTER), seeded by --seed (0..1)")
+    p.add_argument("--lockstep", action="store_true",
+                   help="emit every stream's tokens together on one global ITL grid, like a batched decode step")
+    p.add_argument("--timing-log", default="",
+                   help="write one JSON line per stream: arrival, scheduled (due) and actual write time of each "
+                        "token-bearing chunk, in seconds after the request was received (the timing benchmark's truth)")
     p.add_argument("--api-key", default="", help="require this bearer token on /v1/*")
     p.add_argument("--profile", default="", choices=["", *PROFILES],
                    help="model vLLM's continuous batching with this cost profile (default: fixed --ttft/--itl schedule)")
@@ -359,7 +385,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inject a fault into this share of requests (500, 503, 429, drop, malformed, error, stall, "
                         "slow-headers); a request can also ask for one with the X-Emulator-Fault header")
     p.add_argument("--stall-seconds", type=float, default=30.0, help="length of stall and slow-headers faults")
-    p.add_argument("--seed", type=int, default=0, help="seed of the fault draws")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fault and jitter draws")
     return p
 
 
@@ -367,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.ttft < 0 or args.itl < 0 or args.tokens_per_chunk < 1 or args.max_model_len < 1:
         sys.stderr.write("emulator: error: --ttft/--itl must be >= 0, --tokens-per-chunk and --max-model-len >= 1\n")
+        return 2
+    if not 0.0 <= args.jitter <= 1.0:
+        sys.stderr.write(f"emulator: error: --jitter {args.jitter} is not between 0 and 1 (a fraction of TTFT/ITL)\n")
         return 2
     try:
         faults = FaultPlan(dict(parse_fault(f) for f in args.fault), args.stall_seconds, random.Random(args.seed))
@@ -395,10 +424,12 @@ def main(argv: list[str] | None = None) -> int:
                                                 time_scale=args.time_scale))
     else:
         engine = FixedScheduleEngine(EngineConfig(ttft=args.ttft, itl=args.itl, prefill_per_token=args.prefill_per_token,
-                                                  tokens_per_chunk=args.tokens_per_chunk,
+                                                  tokens_per_chunk=args.tokens_per_chunk, jitter=args.jitter,
+                                                  lockstep=args.lockstep, seed=args.seed,
                                                   num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size))
+    timing_log = open(args.timing_log, "a", buffering=1) if args.timing_log else None  # noqa: SIM115 (lives as long as the server)
     app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults,
-                   naming=args.metrics_naming)
+                   naming=args.metrics_naming, timing_log=timing_log)
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

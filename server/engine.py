@@ -1,12 +1,17 @@
 """The emulator's timing model: when each output token of a request is produced.
 
 This first engine gives every request its own fixed schedule (TTFT, then one token every ITL,
-optionally several tokens per chunk), independent of load, so that tests can compare what the
-client measures with the truth. KV usage and running counts still move with the load.
+optionally several tokens per chunk), independent of load, so that tests and the timing benchmark
+can compare what the client measures with the truth. ``jitter`` draws each gap from a uniform
+spread around ITL (seeded per request, so the schedule is known); ``lockstep`` puts every due time
+on one global ITL grid, so that all running streams emit at once like one batched decode step of a
+real engine. KV usage and running counts still move with the load.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import time
 from dataclasses import dataclass
 from typing import Iterator
@@ -22,6 +27,9 @@ class EngineConfig:
     tokens_per_chunk: int = 1
     num_gpu_blocks: int = 8192
     block_size: int = 16
+    jitter: float = 0.0  # each TTFT/ITL drawn uniformly from value * (1 +- jitter)
+    lockstep: bool = False  # due times rounded up to a global grid of ITL: all streams emit together
+    seed: int = 0
 
 
 @dataclass
@@ -31,6 +39,7 @@ class Emission:
     offset: float
     tokens: int
     queue_time: float = 0.0  # seconds the request waited before it was first scheduled
+    due: float | None = None  # when the schedule wanted it (seconds after arrival), if there is one
 
 
 class FixedScheduleEngine:
@@ -40,6 +49,7 @@ class FixedScheduleEngine:
         self.waiting = 0  # never queues: every request runs on its own schedule
         self.preemptions = 0
         self.kv_tokens = 0
+        self._requests = 0
 
     @property
     def kv_usage(self) -> float:
@@ -53,22 +63,32 @@ class FixedScheduleEngine:
         """Yield each chunk when it is due (sleeping cooperatively until then)."""
         cfg = self.cfg
         arrival = time.perf_counter()
-        first = cfg.ttft + cfg.prefill_per_token * prompt_tokens
+        self._requests += 1
+        rng = random.Random(cfg.seed * 1_000_003 + self._requests) if cfg.jitter else None
+
+        def spread(value: float) -> float:
+            return value * (1.0 + cfg.jitter * (2.0 * rng.random() - 1.0)) if rng else value
+
+        first = spread(cfg.ttft + cfg.prefill_per_token * prompt_tokens)
         k = max(1, cfg.tokens_per_chunk)
         self.running += 1
         self.kv_tokens += prompt_tokens
         try:
             produced = 0
+            due = arrival + first
             while produced < max_tokens:
                 n = min(k, max_tokens - produced)
-                # chunk j (k tokens) is due at TTFT + j*k*ITL: true per-token ITL is ITL
-                due = arrival + first + produced * cfg.itl
-                delay = due - time.perf_counter()
+                if produced:
+                    due += sum(spread(cfg.itl) for _ in range(n))  # chunk of k tokens: k gaps of ITL
+                at = due
+                if cfg.lockstep and cfg.itl > 0:
+                    at = math.ceil(due / cfg.itl) * cfg.itl
+                delay = at - time.perf_counter()
                 if delay > 0:
                     gevent.sleep(delay)
                 produced += n
                 self.kv_tokens += n
-                yield Emission(time.perf_counter() - arrival, n)
+                yield Emission(time.perf_counter() - arrival, n, due=at - arrival)
         finally:
             self.running -= 1
             self.kv_tokens -= prompt_tokens + produced

@@ -49,6 +49,39 @@ def test_headless_run_measures_the_configured_schedule(emulator_factory, tmp_pat
     assert json.loads((run_dir / "config.json").read_text())["target_is_emulator"] is False
 
 
+def test_measured_timings_match_the_emulators_write_times(emulator_factory, tmp_path):
+    """Joined by the server's response id, each request's TTFT and chunk gaps equal the times the
+    emulator actually wrote its chunks (its --timing-log), under a jittered schedule."""
+    truth_file = tmp_path / "truth.jsonl"
+    emu = emulator_factory("--ttft", "0.03", "--itl", "0.006", "--jitter", "0.5", "--timing-log", str(truth_file))
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "4", "-r", "4", "-t", "3s",
+                      "--host", emu.url, "--input-tokens", "32", "--output-tokens", "24", "--run-dir", str(run_dir)],
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    _, logs = load_run(run_dir)
+    truth = {t["id"]: t for t in map(json.loads, truth_file.read_text().splitlines())}
+    ok = [r for r in logs if r["ok"]]
+    assert len(ok) >= 4 and all(r["response_id"] in truth for r in ok), res.stdout[-3000:]
+    ttft_err, gap_err, true_gaps, lateness = [], [], [], []
+    for r in ok:
+        t = truth[r["response_id"]]
+        assert len(t["sent"]) == len(r["chunk_offsets"]) == 24
+        ttft_err.append(r["ttft"] - t["sent"][0])
+        for i in range(1, 24):
+            true_gap = t["sent"][i] - t["sent"][i - 1]
+            true_gaps.append(true_gap)
+            gap_err.append((r["chunk_offsets"][i] - r["chunk_offsets"][i - 1]) - true_gap)
+        lateness.extend(s - d for s, d in zip(t["sent"], t["due"]))
+    # the emulator kept its schedule: chunks went out at, or just after, the time they were due
+    assert min(lateness) > -0.0001 and statistics.median(lateness) < 0.002, sorted(lateness)[::20]
+    # the jitter is real: gaps spread over most of 6 ms * (1 +- 0.5)
+    assert min(true_gaps) < 0.0045 and max(true_gaps) > 0.0075
+    # the client adds its own send/read time to TTFT (never less), and reads gaps within 1 ms at p50
+    assert min(ttft_err) > -0.0005 and statistics.median(ttft_err) < 0.005
+    assert statistics.median(abs(e) for e in gap_err) < 0.001
+
+
 def test_no_host_starts_the_embedded_emulator_and_says_so(tmp_path):
     res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
                       "--input-tokens", "50", "--output-tokens", "8", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)

@@ -1,6 +1,8 @@
 """Metric arithmetic, exact histogram merging and wire round-trips."""
 
+import json
 import random
+from collections import Counter
 
 import pytest
 
@@ -117,3 +119,82 @@ def test_open_loop_arrivals_rate_burstiness_and_ramp():
         assert (var ** 0.5) / mean == pytest.approx(1 / burstiness ** 0.5, rel=0.05)
     ramp = ArrivalProcess(10.0, 1.0, _random.Random(2), ramp_up=10.0)
     assert ramp.rate_at(0.0) == pytest.approx(0.1) and ramp.rate_at(5.0) == 5.0 and ramp.rate_at(20.0) == 10.0
+
+
+def test_batched_fold_equals_recording_each_value():
+    """LLMStats defers per-token work and folds it vectorised; the result must equal recording
+    every value one by one with Histogram.record (same buckets, counts, sums, min, max)."""
+    rng = random.Random(5)
+    recs = []
+    for i in range(700):  # more than one FOLD_BATCH
+        n = rng.randint(0, 40)
+        offs = sorted(rng.uniform(0.01, 3.0) for _ in range(n))
+        toks = [rng.choice([1, 1, 1, 2, 5]) for _ in range(n)]
+        recs.append(rec(offs, toks, e2e=(offs[-1] if offs else 0.5) + 0.01, start=1000.0 + i * 0.05,
+                        ok=rng.random() > 0.1, send_lag=rng.random() * 0.01 if i % 3 else None,
+                        error=None))
+    stats = LLMStats()
+    for r in recs:
+        stats.add(r)
+    want = {k: Histogram(scale=h.scale) for k, h in LLMStats().hists.items()}
+    win_itl = {}
+    tps = Counter()
+    for r in recs:
+        if r.send_lag is not None:
+            want["send_lag"].record(r.send_lag)
+        for o, n in zip(r.chunk_offsets, r.chunk_tokens):
+            tps[int(r.start + o)] += n
+        if not r.ok:
+            continue
+        want["e2e"].record(r.e2e)
+        if r.ttft is not None:
+            want["ttft"].record(r.ttft)
+        for g in r.chunk_itls():
+            want["itl_chunk"].record(g)
+        w = win_itl.setdefault(int(r.start // 10) * 10, Histogram())
+        for g, times in r.token_itls():
+            want["itl"].record(g, times)
+            w.record(g, times)
+        if r.tpot is not None:
+            want["tpot"].record(r.tpot)
+        if r.output_tps is not None:
+            want["output_tps"].record(r.output_tps)
+        want["input_tokens"].record(r.input_tokens)
+        want["output_tokens"].record(r.output_tokens)
+    for k, h in want.items():
+        got = stats.hists[k]
+        assert got.count == h.count and list(got.hdr.counts) == list(h.hdr.counts), k
+        assert got.total == pytest.approx(h.total) and (not h.count or (got.min, got.max) == (h.min, h.max)), k
+    assert stats.tokens_per_second == tps
+    assert set(stats.windows) == set(win_itl)
+    for w, h in win_itl.items():
+        assert list(stats.windows[w]["itl"].hdr.counts) == list(h.hdr.counts)
+    assert stats.requests == 700 and stats.failures == sum(not r.ok for r in recs)
+
+
+def test_old_windows_are_packed_and_read_the_same():
+    """A long run's per-window histograms must not hold 265 KB of counters each: windows a minute
+    older than the newest are packed, and read (percentiles, wire, merge) exactly as before."""
+    stats = LLMStats()
+    for i in range(200):  # 200 requests over 200 s: 20 windows
+        stats.add(rec([0.1 + i * 1e-4, 0.2, 0.35], [1, 1, 1], e2e=0.4, start=1000.0 + i))
+    wins = stats.windows
+    old = [w for w in wins if w < max(wins) - 60]
+    assert len(old) >= 10 and all(h.hdr is None and len(h.packed) < 2000 for w in old for h in wins[w].values())
+    assert all(h.hdr is not None for h in wins[max(wins)].values())
+    ref = LLMStats()
+    for i in range(200):
+        if int((1000.0 + i) // 10) * 10 == old[0]:
+            ref.add(rec([0.1 + i * 1e-4, 0.2, 0.35], [1, 1, 1], e2e=0.4, start=1000.0 + i))
+    for m in ("ttft", "itl", "e2e"):
+        assert wins[old[0]][m].summary() == ref.windows[old[0]][m].summary()
+    # the wire keeps the packed encoding; a merge of two such runs equals the sum
+    back = LLMStats.from_wire(json.loads(json.dumps(stats.to_wire())))
+    both = LLMStats()
+    both.merge(back)
+    both.merge(LLMStats.from_wire(stats.to_wire()))
+    assert both.windows[old[0]]["ttft"].count == 2 * ref.windows[old[0]]["ttft"].count
+    assert both.windows[old[0]]["ttft"].percentile(50) == ref.windows[old[0]]["ttft"].percentile(50)
+    # a late request for a packed window unpacks it and counts
+    stats.add(rec([0.5], [1], e2e=0.6, start=float(old[0]) + 1))
+    assert stats.windows[old[0]]["ttft"].count == ref.windows[old[0]]["ttft"].count + 1

@@ -92,3 +92,28 @@ def test_emulator_under_load_queues_like_vllm_and_the_sidecar_sees_it(tmp_path, 
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     # 6 users share 2 slots: TTFT includes queueing, far above one step
     assert summary["metrics"]["ttft"]["p50"] > 0.01
+
+
+def test_fixed_schedule_jitter_is_seeded_and_lockstep_shares_one_grid():
+    """--jitter draws each gap within ITL*(1 +- j), the same for the same seed; --lockstep puts
+    every stream's due times on one global ITL grid (like one batched decode step)."""
+    import time
+
+    from server.engine import EngineConfig, FixedScheduleEngine
+
+    cfg = EngineConfig(ttft=0.002, itl=0.002, jitter=0.5, seed=7)
+    dues = [[em.due for em in FixedScheduleEngine(cfg).generate(10, 20)] for _ in range(2)]
+    assert dues[0] == pytest.approx(dues[1], abs=0.0)  # same seed, same request number: same schedule
+    gaps = [b - a for a, b in zip(dues[0], dues[0][1:])]
+    assert all(0.001 - 1e-9 <= g <= 0.003 + 1e-9 for g in gaps) and max(gaps) - min(gaps) > 0.001
+    other = [em.due for em in FixedScheduleEngine(EngineConfig(ttft=0.002, itl=0.002, jitter=0.5, seed=8)).generate(10, 20)]
+    assert other != dues[0]
+
+    lock = FixedScheduleEngine(EngineConfig(ttft=0.003, itl=0.004, lockstep=True))
+    on_grid = []
+    for _ in range(2):
+        gen = lock.generate(10, 5)
+        for em in gen:
+            arrival = time.perf_counter() - em.offset
+            on_grid.append(((arrival + em.due) / 0.004) % 1.0)
+    assert all(min(f, 1.0 - f) < 0.05 for f in on_grid)

@@ -36,6 +36,7 @@ def test_real_vllm_chat_stream_without_continuous_usage():
     assert s.finish_reason == "length"
     assert s.text == "\ufffdinstance pla"
     assert not s.continuous_usage
+    assert s.response_id == "chatcmpl-b2"  # kept to join the request with the server's logs
 
 
 def test_continuous_usage_counts_multi_token_and_empty_chunks():

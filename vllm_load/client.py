@@ -139,6 +139,7 @@ def stream_request(
         send_lag=None if intended_start is None else max(0.0, now_perf - t0),
         worker=worker,
         step=step,
+        response_id=state.response_id,
     )
     on_record(rec)
     if cancelled is not None:

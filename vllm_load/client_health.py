@@ -16,6 +16,8 @@ from typing import Callable
 import gevent
 import psutil
 
+from vllm_load import gc_control
+
 CPU_LIMIT = 90.0
 LAG_LIMIT = 0.050
 SEND_LAG_LIMIT = 0.050
@@ -44,6 +46,7 @@ class ClientMonitor:
                 self.lag_max = max(self.lag_max, time.perf_counter() - t - 1.0)
                 self.cpu_max = max(self.cpu_max, proc.cpu_percent(None))
                 self.streams_max = max(self.streams_max, int(self.in_flight()))
+                gc_control.collect_if_due(force=True)  # a loop too busy to idle still collects
                 ticks += 1
                 if self.sink is not None and ticks % 3 == 0:  # the same cadence as Locust's worker reports
                     self.sink(self.take())

@@ -10,16 +10,27 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
+import numpy as np
 from hdrh.histogram import HdrHistogram
 
 #: Range of a latency histogram, in nanoseconds: 1 ns .. 1 hour.
 _LOWEST, _HIGHEST, _DIGITS = 1, 3_600_000_000_000, 3
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+_SMALL = 12
 
 
 def _new_hdr() -> HdrHistogram:
     return HdrHistogram(_LOWEST, _HIGHEST, _DIGITS)
+
+
+def _release(hdr: HdrHistogram | None) -> None:
+    """hdrh's histogram and its encoder point at each other: dropped, 265 KB of counters would wait
+    for a full cyclic GC (the master decodes one per worker report and histogram: hundreds of MB of
+    garbage between collections). Breaking the cycle frees them on the spot."""
+    if hdr is not None:
+        hdr.encoder = None
 
 
 @dataclass
@@ -27,15 +38,39 @@ class Histogram:
     """Values in seconds (or any unit: ``scale`` maps one unit to integer ticks)."""
 
     scale: float = 1e9
-    hdr: HdrHistogram = field(default_factory=_new_hdr)
+    hdr: HdrHistogram | None = field(default_factory=_new_hdr)  # None while packed
     count: int = 0
     total: float = 0.0
     min: float = math.inf
     max: float = -math.inf
+    packed: bytes | None = field(default=None, repr=False)  # HdrHistogram's compressed encoding
+
+    def pack(self) -> None:
+        """Keep only the compressed encoding (~1 KB instead of 265 KB of counters) of a histogram that
+        is done filling, like the per-window ones of a long run; it unpacks itself if written again."""
+        if self.hdr is not None and self.count:
+            self.packed = self.hdr.encode()
+            _release(self.hdr)
+            self.hdr = None
+
+    def _live(self) -> HdrHistogram:
+        if self.hdr is None:
+            self.hdr = self.counters()
+            self.packed = None
+        return self.hdr
+
+    def counters(self) -> HdrHistogram:
+        """The counters, decoded for reading when packed (without keeping them)."""
+        if self.hdr is not None:
+            return self.hdr
+        return HdrHistogram.decode(self.packed) if self.packed else _new_hdr()
+
+    def __del__(self) -> None:
+        _release(self.hdr)
 
     def record(self, value: float, times: int = 1) -> None:
         ticks = int(round(value * self.scale))
-        self.hdr.record_value(min(max(ticks, _LOWEST), _HIGHEST), times)
+        (self.hdr or self._live()).record_value(min(max(ticks, _LOWEST), _HIGHEST), times)
         self.count += times
         self.total += value * times
         if value < self.min:
@@ -43,21 +78,64 @@ class Histogram:
         if value > self.max:
             self.max = value
 
+    def record_many(self, values: Sequence[float] | np.ndarray, times: Sequence[int] | np.ndarray | None = None) -> None:
+        """``record`` for a whole request's values in one vectorised step (a 512-token stream's gaps
+        in ~20 us instead of ~1 ms of per-value Python on the event loop). Same buckets as ``record``."""
+        if len(values) <= _SMALL:  # numpy's fixed cost is larger than a few Python records
+            if times is None:
+                for x in values:
+                    self.record(float(x))
+            else:
+                for x, k in zip(values, times):
+                    self.record(float(x), int(k))
+            return
+        v = np.asarray(values, dtype=np.float64)
+        w = np.ones(v.size, dtype=np.uint64) if times is None else np.asarray(times, dtype=np.uint64)
+        ticks = np.minimum(np.maximum(np.rint(v * self.scale), _LOWEST), _HIGHEST).astype(np.int64)
+        hdr = self._live()
+        # HdrHistogram's counts index, as hdrh computes it per value (exact: ticks < 2**53)
+        pow2ceiling = np.frexp((ticks | hdr.sub_bucket_mask).astype(np.float64))[1]
+        bucket = pow2ceiling - hdr.unit_magnitude - (hdr.sub_bucket_half_count_magnitude + 1)
+        sub_bucket = ticks >> (bucket + hdr.unit_magnitude)
+        index = ((bucket + 1) << hdr.sub_bucket_half_count_magnitude) + sub_bucket - hdr.sub_bucket_half_count
+        counts = np.ctypeslib.as_array(hdr.counts)
+        if v.size < 2048:
+            np.add.at(counts, index, w)
+        else:  # one pass over the counts beats add.at's per-value cost for big batches
+            counts += np.bincount(index, weights=w, minlength=counts.size).astype(np.uint64)
+        n = int(w.sum())
+        hdr.total_count += n
+        hdr.min_value = min(hdr.min_value, int(ticks.min()))
+        hdr.max_value = max(hdr.max_value, int(ticks.max()))
+        self.count += n
+        self.total += float(np.dot(v, w.astype(np.float64)))
+        lo, hi = float(v.min()), float(v.max())
+        if lo < self.min:
+            self.min = lo
+        if hi > self.max:
+            self.max = hi
+
     def merge(self, other: Histogram) -> None:
         if other.count:
-            self.hdr.add(other.hdr)
+            counters = other.counters()
+            self._live().add(counters)
+            if counters is not other.hdr:
+                _release(counters)  # a decoded temporary
             self.count += other.count
             self.total += other.total
             self.min = min(self.min, other.min)
             self.max = max(self.max, other.max)
 
-    def percentile(self, p: float) -> float:
+    def percentile(self, p: float, _hdr: HdrHistogram | None = None) -> float:
         """Value at percentile ``p`` (0..100); 0.0 for an empty histogram. p100 is the exact max."""
         if not self.count:
             return 0.0
         if p >= 100.0:
             return self.max
-        value = self.hdr.get_value_at_percentile(p) / self.scale
+        hdr = _hdr or self.counters()
+        value = hdr.get_value_at_percentile(p) / self.scale
+        if hdr is not self.hdr and hdr is not _hdr:
+            _release(hdr)
         return min(max(value, self.min), self.max)
 
     @property
@@ -66,8 +144,9 @@ class Histogram:
 
     def summary(self) -> dict[str, float]:
         out = {"count": self.count, "mean": self.mean, "min": self.min if self.count else 0.0}
+        hdr = self.counters() if self.count else None
         for p in PERCENTILES:
-            out[f"p{p:g}"] = self.percentile(p)
+            out[f"p{p:g}"] = self.percentile(p, hdr)
         out["max"] = self.max if self.count else 0.0
         return out
 
@@ -75,7 +154,7 @@ class Histogram:
         """A msgpack/JSON-safe form (HdrHistogram's compressed base64 encoding)."""
         return {
             "scale": self.scale,
-            "hdr": self.hdr.encode().decode("ascii") if self.count else "",
+            "hdr": (self.packed or self.counters().encode()).decode("ascii") if self.count else "",
             "count": self.count,
             "total": self.total,
             "min": self.min if self.count else None,
@@ -84,9 +163,11 @@ class Histogram:
 
     @classmethod
     def from_wire(cls, data: dict) -> Histogram:
+        """Stays packed (no 265 KB decode) until something writes into it or merges it."""
         h = cls(scale=float(data["scale"]))
         if data["count"]:
-            h.hdr.add(HdrHistogram.decode(data["hdr"].encode("ascii")))
+            h.hdr = None
+            h.packed = data["hdr"].encode("ascii")
             h.count = int(data["count"])
             h.total = float(data["total"])
             h.min = float(data["min"])

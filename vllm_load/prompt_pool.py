@@ -23,18 +23,24 @@ class PromptPool:
         self.make = make
         self.queue: Queue = Queue(maxsize=max(1, size))
         self.threads = ThreadPool(1)  # one thread: the factory's sequence numbers stay ordered
+        # several prompts per hand-off: each thread round trip costs the loop a wake-up and a lock
+        self.batch = max(1, min(8, size // 4))
         self.error: BaseException | None = None
         self.producer = gevent.spawn(self._produce)
 
     def _produce(self) -> None:
         while True:
             try:
-                item = self.threads.spawn(self.make).get()
+                items = self.threads.spawn(self._make_batch).get()
             except Exception as exc:  # a bad dataset record, say: surface it to the users
                 self.error = exc
                 self.queue.put(exc)
                 return
-            self.queue.put(item)
+            for item in items:
+                self.queue.put(item)
+
+    def _make_batch(self) -> list[Any]:
+        return [self.make() for _ in range(self.batch)]
 
     def get(self) -> Any:
         item = self.queue.get()

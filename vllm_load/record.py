@@ -12,8 +12,10 @@ Definitions (all times in seconds, from the request's start, which in open-loop 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+import numpy as np
 
 
 @dataclass
@@ -38,6 +40,7 @@ class RequestRecord:
     worker: str = ""
     good: bool | None = None  # met every per-request SLO (None when no such SLO was given)
     step: int | None = None  # sweep step the request started in
+    response_id: str | None = None  # the server's id for the request (joins with vLLM's own logs)
 
     def chunk_itls(self) -> list[float]:
         o = self.chunk_offsets
@@ -76,7 +79,11 @@ class RequestRecord:
         return self.input_tokens - self.input_tokens_asked
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["chunk_offsets"] = [round(x, 7) for x in self.chunk_offsets]
+        # a shallow dict: dataclasses.asdict deep-copies every list (1 ms for a 512-token request)
+        data = {name: getattr(self, name) for name in _FIELDS}
+        data["chunk_offsets"] = np.round(np.asarray(self.chunk_offsets, dtype=np.float64), 7).tolist()
         data["tpot"] = self.tpot
         return data
+
+
+_FIELDS = tuple(f.name for f in fields(RequestRecord))

@@ -152,10 +152,11 @@ def timeline_png(run: Run) -> str:
 
 def _cdf(h: Histogram) -> tuple[list[float], list[float]]:
     xs, ys, seen = [], [], 0
-    for item in h.hdr.get_recorded_iterator():
+    hdr = h.counters()
+    for item in hdr.get_recorded_iterator():
         seen += item.count_added_in_this_iter_step
         xs.append(item.value_iterated_to / h.scale * 1000)
-        ys.append(seen / h.hdr.get_total_count())
+        ys.append(seen / hdr.get_total_count())
     return xs, ys
 
 

@@ -30,6 +30,7 @@ class StreamState:
     continuous_usage: bool = False
     done: bool = False
     bytes_read: int = 0
+    response_id: str | None = None  # the server's id ("chatcmpl-..."), to join with server logs
 
     def feed(self, line: bytes, now: float) -> None:
         self.bytes_read += len(line)
@@ -52,6 +53,8 @@ class StreamState:
             raise StreamError(f"malformed SSE JSON: {payload[:80]!r}") from None
         if not isinstance(data, dict):
             raise StreamError(f"malformed SSE JSON: {payload[:80]!r}")
+        if self.response_id is None:
+            self.response_id = data.get("id")
         error = data.get("error")
         if error is not None:
             message = error.get("message", error) if isinstance(error, dict) else error

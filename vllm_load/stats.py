@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
 
 from vllm_load.histogram import Histogram
 from vllm_load.record import RequestRecord
@@ -19,10 +22,12 @@ TOKEN_METRICS = ("input_tokens", "output_tokens")
 ALL_METRICS = LATENCY_METRICS + ("output_tps",) + TOKEN_METRICS
 #: Width of the time windows whose TTFT/ITL/E2E histograms the report plots over time.
 WINDOW_S = 10
+#: Windows this much older than the newest are packed (a late request still unpacks its window).
+PACK_AFTER_S = 60
 WINDOW_METRICS = ("ttft", "itl", "e2e")
 
 
-def _hists() -> dict[str, Histogram]:
+def _new_hists() -> dict[str, Histogram]:
     h = {m: Histogram() for m in LATENCY_METRICS}
     h["output_tps"] = Histogram(scale=1000.0)  # milli-tokens/s
     h["send_lag"] = Histogram()  # open loop: how late the client sent each request
@@ -30,9 +35,49 @@ def _hists() -> dict[str, Histogram]:
     return h
 
 
+def _per_second(out: Counter, recs: list[RequestRecord]) -> None:
+    """Add each chunk's tokens to the wall-clock second it arrived in."""
+    starts = np.array([r.start for r in recs])
+    lens = np.array([len(r.chunk_offsets) for r in recs])
+    if not lens.sum():
+        return
+    offs = np.fromiter(chain.from_iterable(r.chunk_offsets for r in recs), np.float64, int(lens.sum()))
+    toks = np.fromiter(chain.from_iterable(r.chunk_tokens for r in recs), np.int64, int(lens.sum()))
+    secs = np.floor(np.repeat(starts, lens) + offs).astype(np.int64)
+    uniq, inv = np.unique(secs, return_inverse=True)
+    for sec, n in zip(uniq.tolist(), np.bincount(inv, weights=toks).tolist()):
+        out[sec] += int(n)
+
+
+def _gaps(recs: list[RequestRecord]) -> tuple[np.ndarray, ...]:
+    """Chunk gaps, and per-token gaps with their token counts (``RequestRecord.token_itls``), of
+    all ``recs`` at once; each per-token gap also says which record it came from."""
+    lens = np.array([len(r.chunk_offsets) for r in recs], dtype=np.int64)
+    total = int(lens.sum())
+    offs = np.fromiter(chain.from_iterable(r.chunk_offsets for r in recs), np.float64, total)
+    toks = np.fromiter(chain.from_iterable(r.chunk_tokens for r in recs), np.int64, total)
+    rec_of = np.repeat(np.arange(len(recs)), lens)
+    first = np.zeros(total, dtype=bool)
+    first[(np.cumsum(lens) - lens)[lens > 0]] = True
+    j = np.nonzero(~first)[0]  # chunks after the first of their request
+    gaps = offs[j] - offs[j - 1]
+    n = toks[j]
+    keep = n > 0
+    # a first chunk with k tokens brings k-1 tokens with a zero gap
+    f = np.nonzero(first & (toks > 1))[0]
+    itl = np.concatenate([np.zeros(f.size), gaps[keep] / n[keep]])
+    itl_n = np.concatenate([toks[f] - 1, n[keep]])
+    itl_rec = np.concatenate([rec_of[f], rec_of[j][keep]])
+    return gaps, itl, itl_n, itl_rec
+
+
 @dataclass
 class LLMStats:
-    hists: dict[str, Histogram] = field(default_factory=_hists)
+    """Totals of finished requests. ``add`` is O(1) on the event loop: counters are updated at once
+    and the per-token work (histograms, per-second tokens, windows) is folded in vectorised batches
+    the first time anything reads it, so a request finishing never stalls the streams still reading."""
+
+    _hists: dict[str, Histogram] = field(default_factory=_new_hists)
     requests: int = 0
     failures: int = 0
     input_tokens: int = 0
@@ -44,60 +89,53 @@ class LLMStats:
     good: int = 0  # requests that met every per-request SLO
     judged: int = 0  # requests judged for goodput (all requests, when per-request SLOs exist)
     errors: Counter = field(default_factory=Counter)
-    tokens_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> output tokens
+    _tokens_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> output tokens
     done_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> finished requests
-    windows: dict = field(default_factory=lambda: defaultdict(dict))  # window start -> metric -> Histogram
+    _windows: dict = field(default_factory=lambda: defaultdict(dict))  # window start -> metric -> Histogram
     first_start: float | None = None
     last_start: float | None = None
     last_end: float | None = None
+    _pending: list = field(default_factory=list, repr=False, compare=False)
 
-    def _window(self, start: float, metric: str) -> Histogram:
-        win = self.windows[int(start // WINDOW_S) * WINDOW_S]
-        h = win.get(metric)
-        if h is None:
-            h = win[metric] = Histogram()
-        return h
+    #: pending requests beyond which ``add`` folds by itself (bounds memory when nothing reads)
+    MAX_PENDING = 20_000
+
+    @property
+    def hists(self) -> dict[str, Histogram]:
+        self.fold()
+        return self._hists
+
+    @property
+    def windows(self) -> dict:
+        self.fold()
+        return self._windows
+
+    @property
+    def tokens_per_second(self) -> Counter:
+        self.fold()
+        return self._tokens_per_second
 
     def add(self, rec: RequestRecord) -> None:
         self.requests += 1
         end = rec.start + rec.e2e
         self.first_start = rec.start if self.first_start is None else min(self.first_start, rec.start)
         self.last_start = rec.start if self.last_start is None else max(self.last_start, rec.start)
-        if rec.send_lag is not None:
-            self.hists["send_lag"].record(rec.send_lag)
         self.last_end = end if self.last_end is None else max(self.last_end, end)
         self.done_per_second[int(end)] += 1
         if rec.good is not None:
             self.judged += 1
             self.good += rec.good
-        for offset, n in zip(rec.chunk_offsets, rec.chunk_tokens):
-            self.tokens_per_second[int(rec.start + offset)] += n
+        self._pending.append(rec)
+        if len(self._pending) >= self.MAX_PENDING:
+            self.fold()
         if not rec.ok:
             self.failures += 1
             self.errors[rec.error or "unknown error"] += 1
             return
-        h = self.hists
-        h["e2e"].record(rec.e2e)
-        self._window(rec.start, "e2e").record(rec.e2e)
-        if rec.ttft is not None:
-            h["ttft"].record(rec.ttft)
-            self._window(rec.start, "ttft").record(rec.ttft)
-        for gap in rec.chunk_itls():
-            h["itl_chunk"].record(gap)
-        win_itl = self._window(rec.start, "itl")
-        for gap, times in rec.token_itls():
-            h["itl"].record(gap, times)
-            win_itl.record(gap, times)
-        if rec.tpot is not None:
-            h["tpot"].record(rec.tpot)
-        if rec.output_tps is not None:
-            h["output_tps"].record(rec.output_tps)
         if rec.input_tokens is not None:
             self.input_tokens += rec.input_tokens
-            h["input_tokens"].record(rec.input_tokens)
         if rec.output_tokens is not None:
             self.output_tokens += rec.output_tokens
-            h["output_tokens"].record(rec.output_tokens)
         if not rec.tokens_from_usage:
             self.usage_missing += 1
         drift = rec.input_drift
@@ -106,6 +144,69 @@ class LLMStats:
             self.drift_max_abs = max(self.drift_max_abs, abs(drift))
         if rec.output_tokens_asked is not None and rec.output_tokens not in (None, rec.output_tokens_asked):
             self.output_mismatch += 1
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def fold(self, max_values: int | None = None) -> None:
+        """Record the pending requests' per-request and per-token values, vectorised over all of them
+        (or over the oldest ones holding about ``max_values`` chunks: a slice of bounded time)."""
+        recs = self._pending
+        if not recs:
+            return
+        if max_values is None:
+            self._pending = []
+        else:
+            k, n = 0, 0
+            while k < len(recs) and (k == 0 or n < max_values):
+                n += len(recs[k].chunk_offsets) + 1
+                k += 1
+            recs, self._pending = recs[:k], recs[k:]
+        h = self._hists
+        h["send_lag"].record_many([r.send_lag for r in recs if r.send_lag is not None])
+        _per_second(self._tokens_per_second, recs)
+        ok = [r for r in recs if r.ok]
+        if not ok:
+            return
+        h["e2e"].record_many([r.e2e for r in ok])
+        h["ttft"].record_many([r.ttft for r in ok if r.ttft is not None])
+        h["tpot"].record_many([t for r in ok if (t := r.tpot) is not None])
+        h["output_tps"].record_many([t for r in ok if (t := r.output_tps) is not None])
+        h["input_tokens"].record_many([r.input_tokens for r in ok if r.input_tokens is not None])
+        h["output_tokens"].record_many([r.output_tokens for r in ok if r.output_tokens is not None])
+        gaps, itl, itl_n, itl_rec = _gaps(ok)
+        h["itl_chunk"].record_many(gaps)
+        h["itl"].record_many(itl, itl_n)
+        win_of = np.array([int(r.start // WINDOW_S) * WINDOW_S for r in ok], dtype=np.int64)
+        for w in np.unique(win_of).tolist():
+            mine = win_of == w
+            win = self._windows[w]
+            for metric, values, weights in (
+                ("e2e", np.array([r.e2e for r in ok])[mine], None),
+                ("ttft", np.array([np.nan if r.ttft is None else r.ttft for r in ok])[mine], None),
+                ("itl", itl[mine[itl_rec]], itl_n[mine[itl_rec]]),
+            ):
+                if metric == "ttft":
+                    values = values[~np.isnan(values)]
+                if not values.size:
+                    continue
+                hist = win.get(metric)
+                if hist is None:
+                    hist = win[metric] = Histogram()
+                hist.record_many(values, weights)
+        self._pack_old_windows()
+
+    def _pack_old_windows(self) -> None:
+        """A run's memory must not grow with its length: each window's three histograms hold 265 KB
+        of counters each (286 MB per hour of 10 s windows); packed they take ~1 KB."""
+        if len(self._windows) < 2:
+            return
+        horizon = max(self._windows) - PACK_AFTER_S
+        for w, ms in self._windows.items():
+            if w < horizon:
+                for h in ms.values():
+                    h.pack()
 
     # -- shipping between processes -------------------------------------------------------------
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
@@ -134,7 +235,7 @@ class LLMStats:
             setattr(s, k, int(data.get(k, 0)))  # older run dirs lack newer counters
         s.drift_max_abs = int(data["drift_max_abs"])
         s.errors = Counter(data["errors"])
-        s.tokens_per_second = Counter({int(k): v for k, v in data["tokens_per_second"].items()})
+        s._tokens_per_second = Counter({int(k): v for k, v in data["tokens_per_second"].items()})
         s.done_per_second = Counter({int(k): v for k, v in data["done_per_second"].items()})
         for w, ms in data["windows"].items():
             s.windows[int(w)] = {m: Histogram.from_wire(h) for m, h in ms.items()}
@@ -161,6 +262,7 @@ class LLMStats:
         for attr, pick in (("first_start", min), ("last_start", max), ("last_end", max)):
             a, b = getattr(self, attr), getattr(other, attr)
             setattr(self, attr, b if a is None else a if b is None else pick(a, b))
+        self._pack_old_windows()
 
     def take_delta(self) -> dict:
         """Everything recorded since the last call, as wire data; the local stats start over."""

@@ -1,0 +1,231 @@
+"""Timing accuracy and efficiency of one client process, scored against the emulator's own clock.
+
+    python benchmarks/timing_accuracy.py [--streams 1,64,256,512] [--schedules fixed,jitter,lockstep]
+                                         [--clients vllm-load,aiohttp] [--window 10]
+
+For each schedule, stream count and client, the emulator (core 1) serves a known schedule
+(TTFT, then one token every ITL; ``jitter``: each drawn from value*(1 +- 0.5), seeded; ``lockstep``:
+every stream emits on one global ITL grid, like a batched decode step) and writes, per stream, the
+moment each token-bearing chunk had been written to its socket (``--timing-log``). The client
+(core 0) is either one vllm-load Locust process (``locust -f locustfiles/completions.py``,
+headless, which runs the same user code as one worker) or the asyncio/aiohttp client written like
+vLLM's serving benchmark (``aiohttp_client.py``). Requests are joined to the truth by the server's
+response id, and per request:
+
+    TTFT error = client TTFT - (first chunk written - request received by the server)
+    ITL error  = client gap between two chunks - the gap between their two writes
+
+reported as |error| at p50 and p99 over every request and gap of the steady state: requests sent
+after every stream was open and finished before the window closed (the spawn burst and Locust's own
+stop, which inspects the stack for a log line while streams still run, are not the steady state).
+The client's CPU time is sampled over that window and divided into the chunks received in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from vllm_load.reqlog import read_log  # noqa: E402
+
+SCHEDULES = {"fixed": [], "jitter": ["--jitter", "0.5"], "lockstep": ["--lockstep"]}
+
+
+def pinned(core: int, cmd: list[str]) -> list[str]:
+    if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
+        return ["taskset", "-c", str(core)] + cmd
+    return cmd
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(p / 100.0 * (len(s) - 1))))]
+
+
+def running(url: str) -> float:
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def cpu_s(proc: psutil.Process) -> float:
+    t = proc.cpu_times()
+    return t.user + t.system
+
+
+@dataclass
+class Result:
+    schedule: str
+    client: str
+    streams: int
+    requests: int = 0
+    failed: int = 0
+    chunks_per_s: float = 0.0
+    client_cpu: float = 0.0  # share of one core over the window
+    emulator_cpu: float = 0.0
+    chunks_per_cpu_s: float = 0.0
+    ttft_p50: float = 0.0
+    ttft_p99: float = 0.0
+    itl_p50: float = 0.0
+    itl_p99: float = 0.0
+    late_p99: float = 0.0  # emulator: written minus due
+    ttft_n: int = 0
+    gap_n: int = 0
+
+
+def client_cmd(client: str, url: str, streams: int, seconds: int, args: argparse.Namespace, out: Path) -> list[str]:
+    if client == "aiohttp":
+        return [sys.executable, str(ROOT / "benchmarks/aiohttp_client.py"), url, "--concurrency", str(streams),
+                "--seconds", str(seconds), "--output-tokens", str(args.output_tokens), "--out", str(out / "requests.jsonl")]
+    return [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/completions.py"), "--headless",
+            "-u", str(streams), "-r", str(streams), "-t", f"{seconds}s", "--host", url,
+            "--input-tokens", "24", "--output-tokens", str(args.output_tokens), "--only-summary", "--run-dir", str(out)]
+
+
+def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) -> Result:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    work = Path(tempfile.mkdtemp(prefix="vllm-load-timing-"))
+    truth_file = work / "truth.jsonl"
+    emu = subprocess.Popen(pinned(1, [sys.executable, "-m", "server.emulator", "--port", "0", "--ttft", str(args.ttft),
+                                      "--itl", str(args.itl), *SCHEDULES[schedule], "--timing-log", str(truth_file),
+                                      "--log-stats-interval", "0", "--max-model-len", "100000"]),
+                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    res = Result(schedule, client, streams)
+    try:
+        url = emu.stdout.readline().decode().split("listening on ", 1)[1].split()[0]
+        emu_proc = psutil.Process(emu.pid)
+        out = work / "client"
+        out.mkdir()
+        seconds = int(args.window + 8)
+        cli = subprocess.Popen(pinned(0, client_cmd(client, url, streams, seconds, args, out)),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+        cli_proc = psutil.Process(cli.pid)
+        deadline = time.monotonic() + 60
+        while running(url) < 0.95 * streams:  # wait for every stream to be open (startup, spawn)
+            if cli.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{client} did not open {streams} streams")
+            time.sleep(0.05)
+        t_open = time.time()
+        time.sleep(1.0)  # let the streams' phases settle before the measured window
+        w0, c0, e0 = time.time(), cpu_s(cli_proc), cpu_s(emu_proc)
+        time.sleep(args.window)
+        w1, c1, e1 = time.time(), cpu_s(cli_proc), cpu_s(emu_proc)
+        cli.wait(timeout=seconds + 60)
+    finally:
+        emu.terminate()
+        emu.wait(timeout=10)
+    records = []
+    for f in sorted(out.glob("requests*.jsonl")):
+        records.extend(read_log(f))
+    truth = {}
+    for line in truth_file.read_text().splitlines():
+        t = json.loads(line)
+        truth[t["id"]] = t
+    ttft_err: list[float] = []
+    gap_err: list[float] = []
+    late: list[float] = []
+    window_chunks = 0
+    for r in records:
+        res.requests += 1
+        if not r["ok"]:
+            res.failed += 1
+            continue
+        offs = r["chunk_offsets"]
+        window_chunks += sum(1 for o in offs if w0 <= r["start"] + o < w1)
+        if not offs or r["start"] < t_open or r["start"] + offs[-1] > w1:
+            continue  # timing is scored in the steady state: not the spawn burst, not Locust's stop
+        t = truth.get(r["response_id"])
+        if t is None or len(t["sent"]) != len(offs):
+            res.failed += 1
+            continue
+        sent = t["sent"]
+        ttft_err.append(abs(offs[0] - sent[0]))
+        gap_err.extend(abs((offs[i] - offs[i - 1]) - (sent[i] - sent[i - 1])) for i in range(1, len(offs)))
+        late.extend(s - d for s, d in zip(sent, t["due"]))
+    wall = w1 - w0
+    res.chunks_per_s = window_chunks / wall
+    res.client_cpu = (c1 - c0) / wall
+    res.emulator_cpu = (e1 - e0) / wall
+    res.chunks_per_cpu_s = window_chunks / max(c1 - c0, 1e-9)
+    res.ttft_p50, res.ttft_p99 = pct(ttft_err, 50), pct(ttft_err, 99)
+    res.itl_p50, res.itl_p99 = pct(gap_err, 50), pct(gap_err, 99)
+    res.late_p99 = pct(late, 99)
+    res.ttft_n, res.gap_n = len(ttft_err), len(gap_err)
+    shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def print_header(args: argparse.Namespace) -> None:
+    print(f"emulator on core 1: TTFT {args.ttft * 1e3:g} ms, ITL {args.itl * 1e3:g} ms, {args.output_tokens} tokens "
+          f"per request; client on core 0; |measured - true| in ms; CPU over a {args.window:g} s steady window")
+    print(f"{'schedule':<9}{'client':<10}{'streams':>7}{'chunks/s':>9}{'cli CPU':>8}{'emu CPU':>8}{'chunks/CPU-s':>13}"
+          f"{'TTFT p50':>9}{'TTFT p99':>9}{'ITL p50':>8}{'ITL p99':>8}{'emu late p99':>13}{'TTFTs':>7}{'gaps':>8}"
+          f"{'failed':>7}")
+
+
+def print_row(r: Result) -> None:
+    print(f"{r.schedule:<9}{r.client:<10}{r.streams:>7}{r.chunks_per_s:>9.0f}{100 * r.client_cpu:>7.0f}%"
+          f"{100 * r.emulator_cpu:>7.0f}%{r.chunks_per_cpu_s:>13.0f}{r.ttft_p50 * 1e3:>9.3f}{r.ttft_p99 * 1e3:>9.3f}"
+          f"{r.itl_p50 * 1e3:>8.3f}{r.itl_p99 * 1e3:>8.3f}{r.late_p99 * 1e3:>13.3f}{r.ttft_n:>7}{r.gap_n:>8}"
+          f"{r.failed:>7}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--streams", default="1,64,256,512")
+    ap.add_argument("--schedules", default="fixed,jitter,lockstep")
+    ap.add_argument("--clients", default="vllm-load,aiohttp")
+    ap.add_argument("--ttft", type=float, default=0.1)
+    ap.add_argument("--itl", type=float, default=0.05, help="50 ms: a loaded server; 256 streams = 5k chunks/s")
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--window", type=float, default=8.0, help="seconds of the steady window whose CPU is measured")
+    args = ap.parse_args()
+    bad = [s for s in args.schedules.split(",") if s not in SCHEDULES]
+    if bad:
+        sys.exit(f"timing_accuracy: unknown schedule {bad[0]!r}: use fixed, jitter or lockstep")
+    results = []
+    print_header(args)
+    for schedule in args.schedules.split(","):
+        for streams in (int(s) for s in args.streams.split(",")):
+            for client in args.clients.split(","):
+                r = run_one(schedule, client, streams, args)
+                results.append(r)
+                print_row(r)
+    pairs = {(r.schedule, r.streams): {} for r in results}
+    for r in results:
+        pairs[(r.schedule, r.streams)][r.client] = r
+    both = [(k, v) for k, v in pairs.items() if len(v) == 2]
+    if both:
+        print("\nvllm-load / aiohttp, same server and schedule (chunks per CPU-second: higher is better for vllm-load "
+              "above 1; timing error: lower is better for vllm-load below 1)")
+        print(f"{'schedule':<9}{'streams':>7}{'chunks/CPU-s':>13}{'TTFT err p99':>13}{'ITL err p99':>12}")
+        ratios = []
+        for (schedule, streams), v in both:
+            a, b = v["vllm-load"], v["aiohttp"]
+            ratio = a.chunks_per_cpu_s / b.chunks_per_cpu_s
+            ratios.append(ratio)
+            print(f"{schedule:<9}{streams:>7}{ratio:>13.2f}{a.ttft_p99 / b.ttft_p99:>13.2f}{a.itl_p99 / b.itl_p99:>12.2f}")
+        print(f"median chunks/CPU-s ratio: {statistics.median(ratios):.2f}")
+
+
+if __name__ == "__main__":
+    main()
