@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -19,21 +17,12 @@ import time
 from pathlib import Path
 
 import psutil
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def pinned(core: int, cmd: list[str]) -> list[str]:
-    return (["taskset", "-c", str(core)] + cmd) if shutil.which("taskset") and os.cpu_count() and os.cpu_count() >= 2 else cmd
+from _harness import ENV, ROOT, pinned, start_emulator
 
 
 def run_level(users: int, seconds: float, output_tokens: int) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    emu = subprocess.Popen(pinned(1, [sys.executable, "-m", "server.emulator", "--port", "0", "--ttft", "0", "--itl", "0",
-                                      "--log-stats-interval", "0", "--max-model-len", "100000"]),
-                           stdout=subprocess.PIPE, env=env, cwd=ROOT)
+    emu, url = start_emulator("--ttft", "0", "--itl", "0", core=1)
     try:
-        url = emu.stdout.readline().decode().split("listening on ", 1)[1].split()[0]
         emu_proc = psutil.Process(emu.pid)
         run_dir = Path(tempfile.mkdtemp(prefix="vllm-load-cap-"))
         cpu0 = emu_proc.cpu_times()
@@ -42,7 +31,7 @@ def run_level(users: int, seconds: float, output_tokens: int) -> dict:
                                           "-u", str(users), "-r", str(users), "-t", f"{int(seconds)}s", "--host", url,
                                           "--input-tokens", "16", "--output-tokens", str(output_tokens),
                                           "--only-summary", "--run-dir", str(run_dir)]),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=ROOT)
         loc_proc = psutil.Process(loc.pid)
         loc_cpu = 0.0
         while loc.poll() is None:

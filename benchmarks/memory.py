@@ -16,44 +16,27 @@ process.
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from pathlib import Path
 
 import psutil
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-
-def running(url: str) -> float:
-    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+from _harness import ENV, ROOT, running, start_emulator
 
 
 def worker_rss(streams: int) -> tuple[float, float]:
     """(RSS MB with ``streams`` open, seconds it took to open them)."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    emu = subprocess.Popen([sys.executable, "-m", "server.emulator", "--port", "0", "--ttft", "0.1", "--itl", "0.5",
-                            "--log-stats-interval", "0", "--max-model-len", "100000"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    emu, url = start_emulator("--ttft", "0.1", "--itl", "0.5")
     try:
-        url = emu.stdout.readline().decode().split("listening on ", 1)[1].split()[0]
         run_dir = tempfile.mkdtemp(prefix="vllm-load-mem-")
         rate = max(1, streams // 4)
         loc = subprocess.Popen([sys.executable, "-m", "locust", "-f", "locustfiles/completions.py", "--headless",
                                 "-u", str(streams), "-r", str(rate), "-t", "300s", "--host", url,
                                 "--input-tokens", "64", "--output-tokens", "200", "--only-summary",
                                 "--run-dir", run_dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               env=env, cwd=ROOT)
+                               env=ENV, cwd=ROOT)
         try:
             t0 = time.monotonic()
             while running(url) < streams:

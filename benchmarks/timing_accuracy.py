@@ -25,31 +25,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+from _harness import ENV, ROOT, cpu_s, pinned, running, start_emulator
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from vllm_load.reqlog import read_log  # noqa: E402
+from vllm_load.reqlog import read_log
 
 SCHEDULES = {"fixed": [], "jitter": ["--jitter", "0.5"], "lockstep": ["--lockstep"]}
-
-
-def pinned(core: int, cmd: list[str]) -> list[str]:
-    if shutil.which("taskset") and (os.cpu_count() or 1) >= 2:
-        return ["taskset", "-c", str(core)] + cmd
-    return cmd
 
 
 def pct(values: list[float], p: float) -> float:
@@ -57,19 +47,6 @@ def pct(values: list[float], p: float) -> float:
         return float("nan")
     s = sorted(values)
     return s[min(len(s) - 1, int(round(p / 100.0 * (len(s) - 1))))]
-
-
-def running(url: str) -> float:
-    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
-
-
-def cpu_s(proc: psutil.Process) -> float:
-    t = proc.cpu_times()
-    return t.user + t.system
 
 
 @dataclass
@@ -102,22 +79,18 @@ def client_cmd(client: str, url: str, streams: int, seconds: int, args: argparse
 
 
 def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) -> Result:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     work = Path(tempfile.mkdtemp(prefix="vllm-load-timing-"))
     truth_file = work / "truth.jsonl"
-    emu = subprocess.Popen(pinned(1, [sys.executable, "-m", "server.emulator", "--port", "0", "--ttft", str(args.ttft),
-                                      "--itl", str(args.itl), *SCHEDULES[schedule], "--timing-log", str(truth_file),
-                                      "--log-stats-interval", "0", "--max-model-len", "100000"]),
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+    emu, url = start_emulator("--ttft", str(args.ttft), "--itl", str(args.itl), *SCHEDULES[schedule],
+                              "--timing-log", str(truth_file), core=1)
     res = Result(schedule, client, streams)
     try:
-        url = emu.stdout.readline().decode().split("listening on ", 1)[1].split()[0]
         emu_proc = psutil.Process(emu.pid)
         out = work / "client"
         out.mkdir()
         seconds = int(args.window + 8)
         cli = subprocess.Popen(pinned(0, client_cmd(client, url, streams, seconds, args, out)),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=ROOT)
         cli_proc = psutil.Process(cli.pid)
         deadline = time.monotonic() + 60
         while running(url) < 0.95 * streams:  # wait for every stream to be open (startup, spawn)
