@@ -70,7 +70,7 @@ class Histogram:
 
     def record(self, value: float, times: int = 1) -> None:
         ticks = int(round(value * self.scale))
-        (self.hdr or self._live()).record_value(min(max(ticks, _LOWEST), _HIGHEST), times)
+        self._live().record_value(min(max(ticks, _LOWEST), _HIGHEST), times)
         self.count += times
         self.total += value * times
         if value < self.min:

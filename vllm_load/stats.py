@@ -35,39 +35,49 @@ def _new_hists() -> dict[str, Histogram]:
     return h
 
 
-def _per_second(out: Counter, recs: list[RequestRecord]) -> None:
+@dataclass
+class _Chunks:
+    """The chunks of a batch of requests, flattened once for every vectorised step of ``fold``."""
+
+    lens: np.ndarray  # chunks per request
+    offs: np.ndarray  # each chunk's offset from its request's start
+    toks: np.ndarray  # tokens each chunk carried
+    rec_of: np.ndarray  # the request each chunk belongs to
+
+    @classmethod
+    def of(cls, recs: list[RequestRecord]) -> _Chunks:
+        lens = np.array([len(r.chunk_offsets) for r in recs], dtype=np.int64)
+        total = int(lens.sum())
+        return cls(lens, np.fromiter(chain.from_iterable(r.chunk_offsets for r in recs), np.float64, total),
+                   np.fromiter(chain.from_iterable(r.chunk_tokens for r in recs), np.int64, total),
+                   np.repeat(np.arange(len(recs)), lens))
+
+
+def _per_second(out: Counter, starts: np.ndarray, c: _Chunks) -> None:
     """Add each chunk's tokens to the wall-clock second it arrived in."""
-    starts = np.array([r.start for r in recs])
-    lens = np.array([len(r.chunk_offsets) for r in recs])
-    if not lens.sum():
+    if not c.offs.size:
         return
-    offs = np.fromiter(chain.from_iterable(r.chunk_offsets for r in recs), np.float64, int(lens.sum()))
-    toks = np.fromiter(chain.from_iterable(r.chunk_tokens for r in recs), np.int64, int(lens.sum()))
-    secs = np.floor(np.repeat(starts, lens) + offs).astype(np.int64)
+    secs = np.floor(starts[c.rec_of] + c.offs).astype(np.int64)
     uniq, inv = np.unique(secs, return_inverse=True)
-    for sec, n in zip(uniq.tolist(), np.bincount(inv, weights=toks).tolist()):
+    for sec, n in zip(uniq.tolist(), np.bincount(inv, weights=c.toks).tolist()):
         out[sec] += int(n)
 
 
-def _gaps(recs: list[RequestRecord]) -> tuple[np.ndarray, ...]:
-    """Chunk gaps, and per-token gaps with their token counts (``RequestRecord.token_itls``), of
-    all ``recs`` at once; each per-token gap also says which record it came from."""
-    lens = np.array([len(r.chunk_offsets) for r in recs], dtype=np.int64)
-    total = int(lens.sum())
-    offs = np.fromiter(chain.from_iterable(r.chunk_offsets for r in recs), np.float64, total)
-    toks = np.fromiter(chain.from_iterable(r.chunk_tokens for r in recs), np.int64, total)
-    rec_of = np.repeat(np.arange(len(recs)), lens)
-    first = np.zeros(total, dtype=bool)
-    first[(np.cumsum(lens) - lens)[lens > 0]] = True
-    j = np.nonzero(~first)[0]  # chunks after the first of their request
-    gaps = offs[j] - offs[j - 1]
-    n = toks[j]
+def _gaps(c: _Chunks, ok: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Chunk gaps, and per-token gaps with their token counts (``RequestRecord.token_itls``), of the
+    requests flagged ``ok``; each per-token gap also says which request it came from."""
+    first = np.zeros(c.offs.size, dtype=bool)
+    first[(np.cumsum(c.lens) - c.lens)[c.lens > 0]] = True
+    mine = ok[c.rec_of]
+    j = np.nonzero(~first & mine)[0]  # chunks after the first of their request
+    gaps = c.offs[j] - c.offs[j - 1]
+    n = c.toks[j]
     keep = n > 0
     # a first chunk with k tokens brings k-1 tokens with a zero gap
-    f = np.nonzero(first & (toks > 1))[0]
+    f = np.nonzero(first & mine & (c.toks > 1))[0]
     itl = np.concatenate([np.zeros(f.size), gaps[keep] / n[keep]])
-    itl_n = np.concatenate([toks[f] - 1, n[keep]])
-    itl_rec = np.concatenate([rec_of[f], rec_of[j][keep]])
+    itl_n = np.concatenate([c.toks[f] - 1, n[keep]])
+    itl_rec = np.concatenate([c.rec_of[f], c.rec_of[j][keep]])
     return gaps, itl, itl_n, itl_rec
 
 
@@ -165,7 +175,10 @@ class LLMStats:
             recs, self._pending = recs[:k], recs[k:]
         h = self._hists
         h["send_lag"].record_many([r.send_lag for r in recs if r.send_lag is not None])
-        _per_second(self._tokens_per_second, recs)
+        chunks = _Chunks.of(recs)
+        starts = np.array([r.start for r in recs])
+        _per_second(self._tokens_per_second, starts, chunks)
+        ok_mask = np.array([r.ok for r in recs], dtype=bool)
         ok = [r for r in recs if r.ok]
         if not ok:
             return
@@ -175,22 +188,24 @@ class LLMStats:
         h["output_tps"].record_many([t for r in ok if (t := r.output_tps) is not None])
         h["input_tokens"].record_many([r.input_tokens for r in ok if r.input_tokens is not None])
         h["output_tokens"].record_many([r.output_tokens for r in ok if r.output_tokens is not None])
-        gaps, itl, itl_n, itl_rec = _gaps(ok)
+        gaps, itl, itl_n, itl_rec = _gaps(chunks, ok_mask)
         h["itl_chunk"].record_many(gaps)
         h["itl"].record_many(itl, itl_n)
-        win_of = np.array([int(r.start // WINDOW_S) * WINDOW_S for r in ok], dtype=np.int64)
-        for w in np.unique(win_of).tolist():
-            mine = win_of == w
-            win = self._windows[w]
+        # per window (by request start): e2e and ttft of each ok request, itl of each of its tokens
+        e2e = np.array([r.e2e for r in recs])
+        ttft = np.array([np.nan if r.ttft is None else r.ttft for r in recs])
+        win_of = (starts // WINDOW_S).astype(np.int64) * WINDOW_S
+        for w in np.unique(win_of[ok_mask]).tolist():
+            mine = ok_mask & (win_of == w)
+            in_win = mine[itl_rec]
             for metric, values, weights in (
-                ("e2e", np.array([r.e2e for r in ok])[mine], None),
-                ("ttft", np.array([np.nan if r.ttft is None else r.ttft for r in ok])[mine], None),
-                ("itl", itl[mine[itl_rec]], itl_n[mine[itl_rec]]),
+                ("e2e", e2e[mine], None),
+                ("ttft", ttft[mine & ~np.isnan(ttft)], None),
+                ("itl", itl[in_win], itl_n[in_win]),
             ):
-                if metric == "ttft":
-                    values = values[~np.isnan(values)]
                 if not values.size:
                     continue
+                win = self._windows[w]
                 hist = win.get(metric)
                 if hist is None:
                     hist = win[metric] = Histogram()
