@@ -92,6 +92,8 @@ def test_no_host_starts_the_embedded_emulator_and_says_so(tmp_path):
     stats, logs = load_run(tmp_path / "run")
     assert stats["summary"]["requests"] == len(logs) > 0
     assert all(r["api"] == "completions" and r["input_tokens"] == 50 for r in logs)
+    # -t 3s means 3 s of load even after seconds of blocking start-up (a stale loop clock once made it 0.1 s)
+    assert stats["summary"]["duration_s"] >= 2.0, stats["summary"]["duration_s"]
 
 
 def test_master_and_two_workers_merge_exactly(emulator_factory, tmp_path):

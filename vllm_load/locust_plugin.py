@@ -232,6 +232,10 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         flush=True,
     )
     webui.install(environment, _live_summary, STATE.slos, lambda: STATE.report)
+    # The blocking start-up above (tokenizer, embedded emulator: seconds) left libev's cached clock
+    # behind; Locust arms its --run-time timer next, relative to that stale "now", and a 3 s run
+    # ended 0.1 s after it began. Refresh the clock so the run lasts what was asked.
+    gevent.get_hub().loop.update_now()
 
 
 def _live_summary() -> dict | None:
