@@ -117,3 +117,16 @@ def test_fixed_schedule_jitter_is_seeded_and_lockstep_shares_one_grid():
             arrival = time.perf_counter() - em.offset
             on_grid.append(((arrival + em.due) / 0.004) % 1.0)
     assert all(min(f, 1.0 - f) < 0.05 for f in on_grid)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--jitter", "1.5"], "--jitter 1.5 is not between 0 and 1"),
+    (["--jitter", "-0.1"], "--jitter -0.1 is not between 0 and 1"),
+    (["--itl", "-1"], "--ttft/--itl must be >= 0"),
+])
+def test_emulator_bad_schedule_options_are_one_line_and_exit_2(capsys, args, needle):
+    from server.emulator import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("emulator: error:") and needle in err[0]
