@@ -19,13 +19,14 @@ from typing import IO, Any, Callable, Iterable
 
 import gevent
 import orjson
-from gevent.pywsgi import WSGIServer
+from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from server.engine import EngineConfig, FixedScheduleEngine
 from server.scheduler import PROFILES, BatchingEngine, SchedulerConfig
 from server.faults import FaultPlan, parse_fault
 from server.prefix_cache import PrefixCache
 from server.vllm_metrics import VllmMetrics
+from vllm_load import rxstamp
 
 VERSION = "0.32.0"
 FINGERPRINT = f"vllm-{VERSION}-emulator"
@@ -72,7 +73,10 @@ class Emulator:
 
     # -- WSGI -----------------------------------------------------------------------------------
     def __call__(self, environ: dict, start_response: Start) -> Iterable[bytes]:
-        received = time.perf_counter()  # the timing log's zero for this request
+        received = time.perf_counter()  # the timing log's zero for this request: when it reached the server
+        rx_wall = environ.get("emulator.rx_wall")
+        if rx_wall:  # the kernel stamped its arrival: count the time it waited for this loop too
+            received -= max(0.0, time.time() - rx_wall)
         path, method = environ.get("PATH_INFO", ""), environ.get("REQUEST_METHOD", "GET")
         try:
             if path == "/health":
@@ -344,6 +348,28 @@ class Emulator:
         yield b"data: [DONE]\n\n"
 
 
+class ArrivalStampingHandler(WSGIHandler):
+    """Peeks at each request's first packet for the kernel's receive stamp (``emulator.rx_wall`` in
+    the environ): the timing log's truth starts when a request reached the server, not when the
+    server's loop got round to it. One extra syscall per request, so only with ``--timing-log``.
+    Assumes no pipelining (a client sends its next request after the response), as HTTP clients do."""
+
+    rx_wall: float | None = None
+
+    def read_requestline(self) -> str:
+        try:
+            _byte, ancdata, _flags, _addr = self.socket.recvmsg(1, rxstamp.ANCBUF, socket.MSG_PEEK)
+            self.rx_wall = rxstamp.stamp_of(ancdata)
+        except OSError:
+            self.rx_wall = None
+        return super().read_requestline()
+
+    def get_environ(self) -> dict:
+        environ = super().get_environ()
+        environ["emulator.rx_wall"] = self.rx_wall
+        return environ
+
+
 class NoDelayWSGIServer(WSGIServer):
     """Streams small SSE chunks without Nagle's delay (uvicorn, vLLM's server, sets TCP_NODELAY too)."""
 
@@ -369,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="emit every stream's tokens together on one global ITL grid, like a batched decode step")
     p.add_argument("--timing-log", default="",
                    help="write one JSON line per stream: arrival, scheduled (due) and actual write time of each "
-                        "token-bearing chunk, in seconds after the request was received (the timing benchmark's truth)")
+                        "token-bearing chunk, in seconds after the request reached the server (its kernel receive "
+                        "stamp): the timing benchmark's truth")
     p.add_argument("--api-key", default="", help="require this bearer token on /v1/*")
     p.add_argument("--profile", default="", choices=["", *PROFILES],
                    help="model vLLM's continuous batching with this cost profile (default: fixed --ttft/--itl schedule)")
@@ -437,8 +464,11 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.write(app.stats_line(args.log_stats_interval) + "\n")
                 sys.stderr.flush()
         gevent.spawn(log_stats)
-    server = NoDelayWSGIServer((args.host, args.port), app, log=None, error_log=None)
+    handler = ArrivalStampingHandler if timing_log is not None else WSGIHandler
+    server = NoDelayWSGIServer((args.host, args.port), app, log=None, error_log=None, handler_class=handler)
     server.init_socket()
+    if timing_log is not None:
+        rxstamp.enable(server.socket)  # accepted connections inherit it
     host, port = server.socket.getsockname()[:2]
     print(f"vllm-load emulator listening on http://{host}:{port} model {args.model}", flush=True)
     try:
