@@ -1,8 +1,9 @@
 """One streaming OpenAI request over Locust's FastHttpSession, timed chunk by chunk.
 
 Lines are read with the raw geventhttpclient response's ``readline`` (Locust's ``iter_lines``
-buffers 1 KB and inflates TTFT). The Locust request row gets the real end-to-end time and the
-failure reason; the LLM metrics go into a ``RequestRecord``.
+buffers 1 KB and inflates TTFT). Each line is timed by the kernel's receive stamp of the read that
+completed it (``rxstamp``), or by the clock at read time where there is none. The Locust request row
+gets the real end-to-end time and the failure reason; the LLM metrics go into a ``RequestRecord``.
 """
 
 from __future__ import annotations
@@ -80,11 +81,23 @@ def stream_request(
                 readline = raw.readline
                 feed = state.feed
                 perf = time.perf_counter
+                sock = raw._sock
+                tx = getattr(sock, "tx", None)
+                if tx is not None:
+                    sock.tx = None  # the next request on this connection stamps its own send
+                    if intended_start is None and tx >= now_wall:  # closed loop: count from the send itself,
+                        t0, start_wall = now_perf + (tx - now_wall), tx  # not from building the request
+                if getattr(sock, "stamped", False):  # when the line's bytes reached this host
+                    def arrival() -> float:
+                        return sock.rx - start_wall
+                else:  # when this greenlet got to read them
+                    def arrival() -> float:
+                        return perf() - t0
                 while True:
                     line = readline(b"\n")
                     if not line:
                         break
-                    feed(line, perf() - t0)
+                    feed(line, arrival())
                     if state.done:
                         end = perf()
                         # drain the terminating chunk so the connection can be reused

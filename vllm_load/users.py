@@ -10,7 +10,7 @@ from gevent.pool import Pool
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 
-from vllm_load import locust_plugin
+from vllm_load import locust_plugin, rxstamp
 from vllm_load.client import build_body, stream_request
 
 
@@ -25,6 +25,10 @@ class LLMUser(FastHttpUser):
     concurrency = 1
     network_timeout = 600.0
     connection_timeout = 30.0
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        rxstamp.install(self.client)  # chunks timed by the kernel's receive stamps, not the loop's wake-ups
 
     @task
     def generate(self) -> None:
