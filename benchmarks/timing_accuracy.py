@@ -1,7 +1,7 @@
 """Timing accuracy and efficiency of one client process, scored against the emulator's own clock.
 
     python benchmarks/timing_accuracy.py [--streams 1,64,256,512] [--schedules fixed,jitter,lockstep]
-                                         [--clients vllm-load,aiohttp] [--window 10]
+                                         [--clients vllm-load,aiohttp] [--window 10] [--keep]
 
 For each schedule, stream count and client, the emulator (core 1) serves a known schedule
 (TTFT, then one token every ITL; ``jitter``: each drawn from value*(1 +- 0.5), seeded; ``lockstep``:
@@ -12,7 +12,7 @@ headless, which runs the same user code as one worker) or the asyncio/aiohttp cl
 vLLM's serving benchmark (``aiohttp_client.py``). Requests are joined to the truth by the server's
 response id, and per request:
 
-    TTFT error = client TTFT - (first chunk written - request received by the server)
+    TTFT error = client TTFT - (first chunk written - request reached the server's kernel)
     ITL error  = client gap between two chunks - the gap between their two writes
 
 reported as |error| at p50 and p99 over every request and gap of the steady state: requests sent
@@ -143,7 +143,10 @@ def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) 
     res.itl_p50, res.itl_p99 = pct(gap_err, 50), pct(gap_err, 99)
     res.late_p99 = pct(late, 99)
     res.ttft_n, res.gap_n = len(ttft_err), len(gap_err)
-    shutil.rmtree(work, ignore_errors=True)
+    if args.keep:
+        print(f"kept {work}: client/ (run dir, request log) and truth.jsonl", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
     return res
 
 
@@ -171,6 +174,7 @@ def main() -> None:
     ap.add_argument("--itl", type=float, default=0.05, help="50 ms: a loaded server; 256 streams = 5k chunks/s")
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--window", type=float, default=8.0, help="seconds of the steady window whose CPU is measured")
+    ap.add_argument("--keep", action="store_true", help="keep each run's request log and truth for a closer look")
     args = ap.parse_args()
     bad = [s for s in args.schedules.split(",") if s not in SCHEDULES]
     if bad:
