@@ -28,7 +28,8 @@ class LLMUser(FastHttpUser):
 
     def __init__(self, environment: Any) -> None:
         super().__init__(environment)
-        rxstamp.install(self.client)  # chunks timed by the kernel's receive stamps, not the loop's wake-ups
+        if self.client_pool is None:  # a pool the user shares between users stays as given
+            rxstamp.install(self.client)  # chunks timed by the kernel's receive stamps, not the loop's wake-ups
 
     @task
     def generate(self) -> None:
