@@ -77,8 +77,9 @@ def test_measured_timings_match_the_emulators_write_times(emulator_factory, tmp_
     assert min(lateness) > -0.0001 and statistics.median(lateness) < 0.002, sorted(lateness)[::20]
     # the jitter is real: gaps spread over most of 6 ms * (1 +- 0.5)
     assert min(true_gaps) < 0.0045 and max(true_gaps) > 0.0075
-    # the client adds its own send/read time to TTFT (never less), and reads gaps within 1 ms at p50
-    assert min(ttft_err) > -0.0005 and statistics.median(ttft_err) < 0.015  # first requests of a cold run included
+    # both sides are stamped at the socket: TTFT and gaps agree within 1 ms at the median (the truth is taken
+    # in user space just after each write, so a server descheduled there reads late: errors of both signs)
+    assert statistics.median(abs(e) for e in ttft_err) < 0.001, sorted(ttft_err)
     assert statistics.median(abs(e) for e in gap_err) < 0.001
 
 
