@@ -53,7 +53,7 @@ class RxSocket(gevent.socket.socket):
     """A gevent socket whose reads keep the kernel's stamp of the data they return in ``rx``.
 
     ``rx`` is the stamp of the last packet the latest ``recv`` consumed (``time.time()`` at the read
-    if the kernel gave none), so a line taken from bytes a read returned belongs to that read.
+    if the kernel gave none; unused when ``stamped`` is False), so a line taken from bytes a read returned belongs to that read.
     ``tx`` is the clock just before a request's first send: building the request (Locust, headers,
     the connection pool) can wait on the GIL or other greenlets, and is the client's time, not the server's.
     """
@@ -72,10 +72,8 @@ class RxSocket(gevent.socket.socket):
         super().sendall(data, flags)
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        if not self.stamped:
-            data = super().recv(bufsize, flags)
-            self.rx = time.time()
-            return data
+        if not self.stamped:  # readers time these lines themselves (``stamped`` tells them)
+            return super().recv(bufsize, flags)
         data, ancdata, _flags, _addr = self.recvmsg(bufsize, ANCBUF, flags)
         stamp = stamp_of(ancdata) if ancdata else None
         self.rx = time.time() if stamp is None else stamp
@@ -106,11 +104,13 @@ class StampedClientPool(HTTPClientPool):
     whose requests go out without yielding to other greenlets first."""
 
     def get_client(self, url: Any) -> HTTPClient:
-        client = super().get_client(url)
-        pool = client._connection_pool
-        pool._is_socket_alive = _socket_alive
-        if not client.ssl:  # TLS decrypts in user space: the kernel's stamp is of ciphertext we cannot split
-            pool._create_tcp_socket = _stamped_socket  # the pool's documented socket-factory hook
+        known = len(self.clients)
+        client = super().get_client(url)  # called for every request: only a new client is set up
+        if len(self.clients) != known:
+            pool = client._connection_pool
+            pool._is_socket_alive = _socket_alive
+            if not client.ssl:  # TLS decrypts in user space: the kernel's stamp is of ciphertext we cannot split
+                pool._create_tcp_socket = _stamped_socket  # the pool's documented socket-factory hook
         return client
 
 
