@@ -43,11 +43,19 @@ def test_stop_on_slo_miss_ends_the_sweep_early(tmp_path, emulator_factory):
 def test_rate_sweep_changes_the_open_loop_rate_per_step(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"
+    # near-regular arrivals (gamma shape 20): the counts below are not at the mercy of Poisson noise
     res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", emu.url,
                       "--sweep-mode", "rate", "--sweep", "5,40", "--sweep-users", "4", "--step-duration", "4",
-                      "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
+                      "--burstiness", "20", "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path,
+                     timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     steps = sorted((run_dir / "steps").iterdir())
-    rates = [json.loads((d / "llm_stats.json").read_text())["summary"]["send_rate"] for d in steps]
     assert [d.name for d in steps] == ["00-rate-5", "01-rate-40"]
-    assert 3 <= rates[0] <= 8 and 28 <= rates[1] <= 52, rates
+    stats = [json.loads((d / "llm_stats.json").read_text()) for d in steps]
+    rates = [s["summary"]["send_rate"] for s in stats]
+    assert 3.5 <= rates[0] <= 7 and 34 <= rates[1] <= 46, rates
+    # the new rate holds from the step's start: users waiting out a gap drawn at 5 req/s (0.8 s) redraw
+    # at once, so the step's first second sends ~40 requests (~24 if they waited the old gaps out)
+    logs = read_log(run_dir / "requests.jsonl")
+    first_second = sum(r["step"] == 1 and r["start"] < stats[1]["start"] + 1.0 for r in logs)
+    assert 32 <= first_second <= 48, first_second

@@ -99,8 +99,7 @@ def begin_step(environment: Any, step: int, level: float) -> None:
     if rt.step is not None and rt.step in rt.step_bounds:
         rt.step_bounds[rt.step][2] = now
     rt.step_bounds[step] = [level, now, None]
-    rt.step = step
-    rt.step_rate = float(level) if rt.opts.sweep_mode == "rate" else 0.0
+    rt.set_step(step, float(level) if rt.opts.sweep_mode == "rate" else 0.0)
     print(f"vllm-load: sweep step {step}: {level:g} {'req/s' if rt.opts.sweep_mode == 'rate' else 'users'}", flush=True)
     if isinstance(environment.runner, MasterRunner):
         for client in environment.runner.clients.all:
@@ -110,7 +109,7 @@ def begin_step(environment: Any, step: int, level: float) -> None:
 def _worker_step(msg: Any) -> None:
     rt = STATE.runtime
     if rt is not None:
-        rt.step, rt.step_rate = int(msg.data["step"]), float(msg.data["rate"])
+        rt.set_step(int(msg.data["step"]), float(msg.data["rate"]))
 
 
 def judge_step(step: int) -> bool:

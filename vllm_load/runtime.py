@@ -160,6 +160,7 @@ class Runtime:
     workers_lost: list = field(default_factory=list)  # workers that never sent their final report
     step: int | None = None  # current sweep step
     step_rate: float = 0.0  # open-loop rate of the current sweep step
+    rate_changed: Any = None  # gevent Event, set (and replaced) when a sweep step changes the open-loop rate
     step_stats: dict = field(default_factory=dict)  # step -> LLMStats (this process, or merged on the master)
     step_bounds: dict = field(default_factory=dict)  # step -> [level, start wall, end wall]
     monitor: ClientMonitor | None = None  # in load-generating processes
@@ -189,6 +190,7 @@ class Runtime:
         rt.run_dir.mkdir(parents=True, exist_ok=True)
         rt.idle = gevent.event.Event()
         rt.idle.set()
+        rt.rate_changed = gevent.event.Event()
         if role == "master":
             rt.totals = LLMStats()
         if role == "local":
@@ -251,6 +253,14 @@ class Runtime:
         if answer and self.tokenizer is not None and not self.opts.output_tokens:
             return prompt, max(1, len(self.tokenizer.encode(answer, add_special_tokens=False)))
         return prompt, self.output_spec.sample(self.rng)
+
+    def set_step(self, step: int, rate: float) -> None:
+        """Enter a sweep step; open-loop users waiting on a gap drawn at the old rate wake and redraw."""
+        changed = rate != self.step_rate
+        self.step, self.step_rate = step, rate
+        if changed:
+            self.rate_changed, old = gevent.event.Event(), self.rate_changed
+            old.set()
 
     def current_rate(self) -> float:
         """The open-loop rate now: the sweep step's in a rate sweep, else --request-rate (0: closed loop)."""

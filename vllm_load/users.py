@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import gevent
 from gevent.pool import Pool
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
@@ -50,9 +49,12 @@ class LLMUser(FastHttpUser):
             while not rt.draining:
                 arrivals.rate = rt.current_rate() / rt.total_users()
                 next_at += arrivals.next_gap(next_at - run_start)
+                rate_changed = rt.rate_changed
                 delay = next_at - time.perf_counter()
-                if delay > 0:
-                    gevent.sleep(delay)
+                if delay > 0 and rate_changed.wait(delay):
+                    # a sweep step changed the rate during a gap drawn at the old one: redraw from now
+                    next_at = time.perf_counter()
+                    continue
                 if rt.draining:
                     break
                 pool.wait_available()
