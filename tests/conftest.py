@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -16,13 +18,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 class Proc:
     """A child process that announces its URL on its first stdout line."""
 
-    def __init__(self, args: list[str], timeout: float = 60.0) -> None:
+    def __init__(self, args: list[str], stderr: Any = subprocess.PIPE) -> None:
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.p = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+        self.p = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=ROOT)
         line = self.p.stdout.readline().decode()
         if "listening on " not in line:
             self.stop()
-            raise RuntimeError(f"{args} did not start: {line!r} {self.p.stderr.read().decode()[-2000:]}")
+            detail = self.p.stderr.read().decode()[-2000:] if self.p.stderr else ""
+            raise RuntimeError(f"{args} did not start: {line!r} {detail}")
         self.url = line.split("listening on ", 1)[1].split()[0]
 
     def stop(self) -> None:
@@ -34,15 +37,29 @@ class Proc:
                 self.p.kill()
 
 
-@pytest.fixture
-def emulator_factory():
+def _factory(*module_args: str):
+    """Start processes of one kind (``start(*extra, stderr=...)``); all stopped when the test ends."""
     procs: list[Proc] = []
 
-    def start(*extra: str) -> Proc:
-        proc = Proc(["-m", "server.emulator", "--port", "0", *extra])
+    def start(*extra: str, stderr: Any = subprocess.PIPE) -> Proc:
+        proc = Proc([*module_args, *extra], stderr=stderr)
         procs.append(proc)
         return proc
 
+    return start, procs
+
+
+@pytest.fixture
+def emulator_factory():
+    start, procs = _factory("-m", "server.emulator", "--port", "0")
+    yield start
+    for p in procs:
+        p.stop()
+
+
+@pytest.fixture
+def sidecar_factory():
+    start, procs = _factory("-m", "server.sidecar", "--listen", "127.0.0.1:0")
     yield start
     for p in procs:
         p.stop()
@@ -53,3 +70,16 @@ def run_locust(args: list[str], cwd: Path, timeout: float = 120.0) -> subprocess
     env.pop("VLLM_LOAD_API_KEY", None)
     return subprocess.run([sys.executable, "-m", "locust", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "", poll: float = 0.1) -> Any:
+    """Poll an observable condition until it holds (its value is returned) or the deadline passes.
+
+    The poll interval only spaces the checks; nothing is assumed to have happened after a time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")

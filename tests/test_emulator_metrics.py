@@ -1,13 +1,12 @@
 """The emulator's /metrics in V1 and V0 naming, and its stats log line, read back by the sidecar."""
 
 import json
-import time
 import urllib.request
 
 import pytest
 
 from server.vllm_schema import parse_log_line, parse_metrics
-from tests.conftest import Proc
+from tests.conftest import wait_for
 
 
 def get(url):
@@ -43,33 +42,20 @@ def test_metrics_naming_maps_to_the_same_schema(emulator_factory, naming):
 
 
 @pytest.mark.parametrize("naming", ["v1", "v0"])
-def test_stats_log_line_is_vllms_and_the_sidecar_reads_it(tmp_path, naming):
+def test_stats_log_line_is_vllms_and_the_sidecar_reads_it(tmp_path, naming, emulator_factory, sidecar_factory):
     log = tmp_path / "emulator.log"
     with open(log, "w") as err:
-        import subprocess
-        import sys
+        emu = emulator_factory("--metrics-naming", naming, "--log-stats-interval", "0.2", stderr=err)
+        post(emu.url + "/v1/completions", {"model": "emulator/mistral-7b-v0.1", "prompt": "hello", "max_tokens": 3})
+        side = sidecar_factory("--log-file", str(log), "--out", "")
 
-        from tests.conftest import ROOT
+        def two_samples() -> list[str] | None:
+            lines = get(side.url + "/series").splitlines()
+            return lines if len(lines) >= 2 else None
 
-        p = subprocess.Popen([sys.executable, "-m", "server.emulator", "--port", "0", "--metrics-naming", naming,
-                              "--log-stats-interval", "0.2"], stdout=subprocess.PIPE, stderr=err, cwd=ROOT)
-        try:
-            url = p.stdout.readline().decode().split("listening on ", 1)[1].split()[0]
-            post(url + "/v1/completions", {"model": "emulator/mistral-7b-v0.1", "prompt": "hello", "max_tokens": 3})
-            side = Proc(["-m", "server.sidecar", "--log-file", str(log), "--listen", "127.0.0.1:0", "--out", ""])
-            try:
-                lines = []
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline and len(lines) < 2:  # new stats lines every 0.2 s
-                    lines = get(side.url + "/series").splitlines()
-                    time.sleep(0.1)
-                assert len(lines) >= 2
-                sample = json.loads(lines[-1])
-                assert sample["source"] == f"log-{naming}" and "kv_cache_usage" in sample and "running" in sample
-            finally:
-                side.stop()
-        finally:
-            p.terminate()
-            p.wait(timeout=10)
+        lines = wait_for(two_samples, 20, "two samples from the emulator's stats lines (one every 0.2 s)")
+        sample = json.loads(lines[-1])
+        assert sample["source"] == f"log-{naming}" and "kv_cache_usage" in sample and "running" in sample
+        emu.stop()
     parsed = [parse_log_line(x) for x in log.read_text().splitlines()]
     assert sum(x is not None for x in parsed) >= 2

@@ -12,12 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Proc
+from tests.conftest import ROOT, Proc, wait_for
 from vllm_load.reqlog import read_log
 
 
@@ -25,15 +24,6 @@ def locust(args: list[str], cwd: Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen([sys.executable, "-m", "locust", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(cond, timeout: float = 60.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def logs(run_dir: Path) -> list[dict]:

@@ -68,21 +68,17 @@ def test_throughput_saturates_and_latency_grows_like_the_a100_measurement(small,
     assert slower > 5, slower  # while each request takes several times longer
 
 
-def test_emulator_under_load_queues_like_vllm_and_the_sidecar_sees_it(tmp_path, emulator_factory):
+def test_emulator_under_load_queues_like_vllm_and_the_sidecar_sees_it(tmp_path, emulator_factory, sidecar_factory):
     import json
 
-    from tests.conftest import ROOT, Proc, run_locust
+    from tests.conftest import ROOT, run_locust
 
     emu = emulator_factory("--profile", "cpu-tiny", "--max-num-seqs", "2", "--time-scale", "1")
-    side = Proc(["-m", "server.sidecar", "--vllm-url", emu.url, "--listen", "127.0.0.1:0", "--interval", "200ms",
-                 "--out", str(tmp_path / "series.jsonl")])
-    try:
-        run_dir = tmp_path / "run"
-        res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "6", "-r", "6", "-t", "4s",
-                          "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "30",
-                          "--run-dir", str(run_dir)], cwd=tmp_path)
-    finally:
-        side.stop()
+    side = sidecar_factory("--vllm-url", emu.url, "--interval", "200ms", "--out", str(tmp_path / "series.jsonl"))
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "6", "-r", "6", "-t", "4s",
+                      "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "30",
+                      "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     series = [json.loads(x) for x in (run_dir / "server.jsonl").read_text().splitlines()]
     assert max(s["running"] for s in series) == 2  # never more than max_num_seqs

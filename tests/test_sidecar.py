@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from server.vllm_schema import derive, parse_log_line, parse_metrics
-from tests.conftest import ROOT, Proc, run_locust
+from tests.conftest import ROOT, run_locust
 
 REAL = (Path(__file__).parent / "data" / "vllm-0.32-cpu-metrics.txt").read_text()
 
@@ -96,39 +96,31 @@ def get(url, token=""):
         return r.read().decode()
 
 
-def test_sidecar_log_mode_and_token(tmp_path):
+def test_sidecar_log_mode_and_token(tmp_path, sidecar_factory):
     log = tmp_path / "vllm.log"
     log.write_text("noise\nEngine 000: Avg prompt throughput: 1.0 tokens/s, Avg generation throughput: 2.0 tokens/s, "
                    "Running: 3 reqs, Waiting: 1 reqs, GPU KV cache usage: 5.0%, Prefix cache hit rate: 0.0%\n")
-    side = Proc(["-m", "server.sidecar", "--log-file", str(log), "--listen", "127.0.0.1:0", "--token", "t0ken",
-                 "--out", str(tmp_path / "series.jsonl")])
-    try:
-        with pytest.raises(urllib.error.HTTPError) as err:
-            get(side.url + "/health")
-        assert err.value.code == 401
-        lines = []
-        for _ in range(50):  # the follower thread may not have read the file yet: wait for the condition
-            lines = get(side.url + "/series", "t0ken").splitlines()
-            if lines:
-                break
-            get(side.url + "/health", "t0ken")
-        assert len(lines) == 1 and json.loads(lines[0])["running"] == 3
-        assert json.loads((tmp_path / "series.jsonl").read_text().splitlines()[0])["source"] == "log-v1"
-    finally:
-        side.stop()
+    side = sidecar_factory("--log-file", str(log), "--token", "t0ken", "--out", str(tmp_path / "series.jsonl"))
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get(side.url + "/health")
+    assert err.value.code == 401
+    lines = []
+    for _ in range(50):  # the follower thread may not have read the file yet: wait for the condition
+        lines = get(side.url + "/series", "t0ken").splitlines()
+        if lines:
+            break
+        get(side.url + "/health", "t0ken")
+    assert len(lines) == 1 and json.loads(lines[0])["running"] == 3
+    assert json.loads((tmp_path / "series.jsonl").read_text().splitlines()[0])["source"] == "log-v1"
 
 
-def test_run_dir_holds_both_sides_on_one_clock(tmp_path, emulator_factory):
+def test_run_dir_holds_both_sides_on_one_clock(tmp_path, emulator_factory, sidecar_factory):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.01")
-    side = Proc(["-m", "server.sidecar", "--vllm-url", emu.url, "--listen", "127.0.0.1:0", "--interval", "250ms",
-                 "--out", str(tmp_path / "series.jsonl")])
-    try:
-        run_dir = tmp_path / "run"
-        res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "6", "-r", "6", "-t", "4s",
-                          "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "40",
-                          "--slo", "server.prefix_cache_hit_rate<=0%", "--run-dir", str(run_dir)], cwd=tmp_path)
-    finally:
-        side.stop()
+    side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", str(tmp_path / "series.jsonl"))
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "6", "-r", "6", "-t", "4s",
+                      "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "40",
+                      "--slo", "server.prefix_cache_hit_rate<=0%", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     series = [json.loads(x) for x in (run_dir / "server.jsonl").read_text().splitlines()]
     stats = json.loads((run_dir / "llm_stats.json").read_text())
