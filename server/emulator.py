@@ -306,7 +306,7 @@ class Emulator:
             m.l(m.generation_tokens).inc(em.tokens)
             if out == 0:
                 ttft, queue = em.offset, em.queue_time
-                arrival = perf() - received - em.offset
+                arrival = em.at - em.offset - received  # the engine's own arrival, not one re-read later
                 m.l(m.ttft).observe(ttft)
                 if chat:
                     role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},

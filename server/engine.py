@@ -40,6 +40,7 @@ class Emission:
     tokens: int
     queue_time: float = 0.0  # seconds the request waited before it was first scheduled
     due: float | None = None  # when the schedule wanted it (seconds after arrival), if there is one
+    at: float = 0.0  # perf_counter() when it was produced, so arrival = at - offset holds exactly
 
 
 class FixedScheduleEngine:
@@ -83,12 +84,12 @@ class FixedScheduleEngine:
                 at = due
                 if cfg.lockstep and cfg.itl > 0:
                     at = math.ceil(due / cfg.itl) * cfg.itl
-                delay = at - time.perf_counter()
-                if delay > 0:
-                    gevent.sleep(delay)
+                # never before it is due by this clock, whatever the loop timer's resolution
+                while (now := time.perf_counter()) < at:
+                    gevent.sleep(at - now)
                 produced += n
                 self.kv_tokens += n
-                yield Emission(time.perf_counter() - arrival, n, due=at - arrival)
+                yield Emission(now - arrival, n, due=at - arrival, at=now)
         finally:
             self.running -= 1
             self.kv_tokens -= prompt_tokens + produced

@@ -73,8 +73,9 @@ def test_measured_timings_match_the_emulators_write_times(emulator_factory, tmp_
             true_gaps.append(true_gap)
             gap_err.append((r["chunk_offsets"][i] - r["chunk_offsets"][i - 1]) - true_gap)
         lateness.extend(s - d for s, d in zip(t["sent"], t["due"]))
-    # the emulator kept its schedule: chunks went out at, or just after, the time they were due
-    assert min(lateness) > -0.0001 and statistics.median(lateness) < 0.002, sorted(lateness)[::20]
+    # the emulator kept its schedule: no chunk went out before it was due (both are on the engine's clock; the
+    # log rounds to 0.1 us), and the median one just after
+    assert min(lateness) >= -2e-7 and statistics.median(lateness) < 0.002, sorted(lateness)[::20]
     # the jitter is real: gaps spread over most of 6 ms * (1 +- 0.5)
     assert min(true_gaps) < 0.0045 and max(true_gaps) > 0.0075
     # both sides are stamped at the socket: TTFT and gaps agree within 1 ms at the median (the truth is taken
