@@ -95,7 +95,8 @@ def test_worker_killed_mid_run_the_master_goes_on_and_says_so(tmp_path, emulator
     mport = free_port()
     master = locust(["-f", str(ROOT / "locustfiles/chat.py"), "--master", "--master-bind-host", "127.0.0.1",
                      "--master-bind-port", str(mport), "--headless", "--expect-workers", "2", "-u", "4", "-r", "4",
-                     "-t", "120s", "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], tmp_path)
+                     "-t", "120s", "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir),
+                     "--drain-timeout", "60"], tmp_path)
     workers = [locust(["-f", str(ROOT / "locustfiles/chat.py"), "--worker", "--master-host", "127.0.0.1",
                        "--master-port", str(mport)], tmp_path) for _ in range(2)]
     try:
@@ -107,7 +108,9 @@ def test_worker_killed_mid_run_the_master_goes_on_and_says_so(tmp_path, emulator
         logs_before = {f: len(read_log(f)) for f in run_dir.glob("requests-*.jsonl")}
         wait_for(lambda: any(len(read_log(f)) >= n + 10 for f, n in logs_before.items()), what="survivor goes on")
         master.send_signal(signal.SIGTERM)
-        out, err = master.communicate(timeout=120)
+        # the dead worker is marked missing by Locust's heartbeat within seconds: the master must not
+        # wait the drain timeout (60 s) for its answer
+        out, err = master.communicate(timeout=40)
     finally:
         for proc in [master, *workers]:
             if proc.poll() is None:

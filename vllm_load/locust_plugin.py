@@ -160,6 +160,11 @@ def _master_flushed(environment: Any, msg: Any, **_kw: Any) -> None:
     STATE.flushed.add(msg.node_id)
 
 
+def _live_workers(runner: MasterRunner) -> set[str]:
+    """Workers still heartbeating: Locust's heartbeat greenlet marks a silent one missing, then drops it."""
+    return {c.id for c in runner.clients.all if c.state != "missing"}
+
+
 def _drain(environment: Any) -> None:
     """End the run without losing a request: this process (local) or every worker (master) starts no
     new request, lets in-flight streams finish (at most --drain-timeout) and reports them. Idempotent."""
@@ -169,13 +174,14 @@ def _drain(environment: Any) -> None:
     rt.drained = True
     timeout = float(environment.parsed_options.drain_timeout) if environment.parsed_options else 30.0
     if isinstance(runner, MasterRunner):
-        # a worker Locust marked missing (no heartbeat) cannot answer: do not wait for it
-        clients = {c.id for c in runner.clients.all if c.state != "missing"}
+        # a worker Locust marked missing (no heartbeat) cannot answer: do not wait for it, nor for one
+        # Locust marks missing while we wait (a worker killed just before the stop; ~4 s, not the timeout)
+        clients = _live_workers(runner)
         STATE.flushed = set()
         for cid in clients:
             runner.send_message(FLUSH, None, client_id=cid)
         with gevent.Timeout(timeout + 10, False):
-            while not clients <= STATE.flushed:
+            while (clients & _live_workers(runner)) - STATE.flushed:
                 gevent.sleep(0.05)  # the flushed messages arrive on the runner's own greenlet
         rt.workers_lost = sorted((rt.workers_seen | clients) - STATE.flushed)
         if rt.workers_lost:
