@@ -82,6 +82,10 @@ def test_measured_timings_match_the_emulators_write_times(emulator_factory, tmp_
     # in user space just after each write, so a server descheduled there reads late: errors of both signs)
     assert statistics.median(abs(e) for e in ttft_err) < 0.001, sorted(ttft_err)
     assert statistics.median(abs(e) for e in gap_err) < 0.001
+    # and no gap is far off: a read the loop comes to late returns all the chunks queued meanwhile with one
+    # stamp, so a stall with streams open (once: Locust's stop logging its caller with a cold inspect.stack(),
+    # 44-71 ms errors; a lazy numpy import in the first fold, 10 ms) becomes a long gap. Measured now: 1.6-3.5 ms
+    assert max(abs(e) for e in gap_err) < 0.025, sorted(gap_err)[-5:]
 
 
 def test_no_host_starts_the_embedded_emulator_and_says_so(tmp_path):

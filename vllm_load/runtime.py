@@ -27,6 +27,7 @@ from vllm_load.record import RequestRecord
 from vllm_load.reqlog import RequestLog
 from vllm_load.slo import goodput_thresholds, parse_slo_option
 from vllm_load.stats import LLMStats
+from vllm_load.warmup import warm_up
 from vllm_load.tokenizer import Tokenizer, load_tokenizer
 
 #: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
@@ -200,6 +201,7 @@ class Runtime:
             # every stream read waiting behind it is late by as much: keep the turns short.
             sys.setswitchinterval(SWITCH_INTERVAL)
             rt._prepare_generation()
+            warm_up()  # before the heap is frozen: what it loads is start-up heap too
             # before the loop-lag monitor starts: the one full collection here takes ~0.1 s
             gc_control.freeze_startup_heap()  # collections run from _fold_when_idle instead
             sink = (lambda report: rt.health.add("local", report)) if role == "local" else None
