@@ -38,7 +38,7 @@ class Proc:
 
 
 def _factory(*module_args: str):
-    """Start processes of one kind (``start(*extra, stderr=...)``); all stopped when the test ends."""
+    """Fixture body: yields ``start(*extra, stderr=...)`` for processes of one kind, stops them all after."""
     procs: list[Proc] = []
 
     def start(*extra: str, stderr: Any = subprocess.PIPE) -> Proc:
@@ -46,23 +46,19 @@ def _factory(*module_args: str):
         procs.append(proc)
         return proc
 
-    return start, procs
+    yield start
+    for p in procs:
+        p.stop()
 
 
 @pytest.fixture
 def emulator_factory():
-    start, procs = _factory("-m", "server.emulator", "--port", "0")
-    yield start
-    for p in procs:
-        p.stop()
+    yield from _factory("-m", "server.emulator", "--port", "0")
 
 
 @pytest.fixture
 def sidecar_factory():
-    start, procs = _factory("-m", "server.sidecar", "--listen", "127.0.0.1:0")
-    yield start
-    for p in procs:
-        p.stop()
+    yield from _factory("-m", "server.sidecar", "--listen", "127.0.0.1:0")
 
 
 def run_locust(args: list[str], cwd: Path, timeout: float = 120.0) -> subprocess.CompletedProcess:
