@@ -9,14 +9,13 @@ import csv
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Proc, wait_for
+from tests.conftest import ROOT, Proc, free_port, wait_for
 from vllm_load.reqlog import read_log
 
 
@@ -32,11 +31,6 @@ def logs(run_dir: Path) -> list[dict]:
         out += read_log(f)
     return out
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -2,19 +2,11 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
-from tests.conftest import ROOT
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import ROOT, free_port, wait_for
 
 
 def get(url):
@@ -32,22 +24,20 @@ def test_llm_tab_live_rows_slo_status_and_report_link(tmp_path, emulator_factory
                              "--run-dir", str(tmp_path / "run")],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
+
+    def report_listed() -> tuple[str, list[dict]] | None:
+        try:
+            _, page = get(base + "/")
+            _, body = get(base + "/stats/requests")
+        except OSError:
+            return None  # the UI is not up yet
+        llm = [t for t in json.loads(body).get("extended_stats", []) if t["key"] == "llm"]
+        rows = llm[0]["data"] if llm else []
+        return (page, rows) if any(r["metric"] == "Report of the last run" for r in rows) else None
+
     try:
-        deadline = time.monotonic() + 60
-        rows, page, report = [], "", ""
-        while time.monotonic() < deadline and not report:
-            try:
-                _, page = get(base + "/")
-                _, body = get(base + "/stats/requests")
-            except OSError:
-                time.sleep(0.2)  # polling for the UI to come up; the condition is checked, not assumed
-                continue
-            llm = [t for t in json.loads(body).get("extended_stats", []) if t["key"] == "llm"]
-            rows = llm[0]["data"] if llm else []
-            if any(r["metric"] == "Report of the last run" for r in rows):
-                report = get(base + "/vllm-load/report")[1]
-            else:
-                time.sleep(0.2)
+        page, rows = wait_for(report_listed, timeout=60, what="the LLM tab to list the run's report", poll=0.2)
+        report = get(base + "/vllm-load/report")[1]
         assert '"extended_tabs"' in page and '"LLM"' in page
         names = [r["metric"] for r in rows]
         assert "TTFT (ms)" in names and "Output tok/s (live, last 10 s)" in names
