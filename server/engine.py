@@ -38,9 +38,9 @@ class Emission:
 
     offset: float
     tokens: int
+    at: float  # perf_counter() when it was produced, so arrival = at - offset holds exactly
     queue_time: float = 0.0  # seconds the request waited before it was first scheduled
     due: float | None = None  # when the schedule wanted it (seconds after arrival), if there is one
-    at: float = 0.0  # perf_counter() when it was produced, so arrival = at - offset holds exactly
 
 
 class FixedScheduleEngine:
@@ -89,7 +89,7 @@ class FixedScheduleEngine:
                     gevent.sleep(at - now)
                 produced += n
                 self.kv_tokens += n
-                yield Emission(now - arrival, n, due=at - arrival, at=now)
+                yield Emission(now - arrival, n, now, due=at - arrival)
         finally:
             self.running -= 1
             self.kv_tokens -= prompt_tokens + produced

@@ -203,7 +203,7 @@ class BatchingEngine:
                 if seq.computed >= seq.target:  # fully computed: this step produced one more token
                     seq.generated += 1
                     self.tokens_out += 1
-                    seq.out.put(Emission(now - seq.arrival, 1, seq.queue_time or 0.0, at=now))
+                    seq.out.put(Emission(now - seq.arrival, 1, now, seq.queue_time or 0.0))
                     if seq.generated >= seq.max_tokens:
                         self.running_seqs.remove(seq)
                         self._free(seq)
