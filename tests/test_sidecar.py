@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from server.vllm_schema import derive, parse_log_line, parse_metrics
-from tests.conftest import ROOT, run_locust
+from tests.conftest import ROOT, run_locust, wait_for
 
 REAL = (Path(__file__).parent / "data" / "vllm-0.32-cpu-metrics.txt").read_text()
 
@@ -104,12 +104,8 @@ def test_sidecar_log_mode_and_token(tmp_path, sidecar_factory):
     with pytest.raises(urllib.error.HTTPError) as err:
         get(side.url + "/health")
     assert err.value.code == 401
-    lines = []
-    for _ in range(50):  # the follower thread may not have read the file yet: wait for the condition
-        lines = get(side.url + "/series", "t0ken").splitlines()
-        if lines:
-            break
-        get(side.url + "/health", "t0ken")
+    # the follower thread may not have read the file yet: wait for the condition
+    lines = wait_for(lambda: get(side.url + "/series", "t0ken").splitlines(), 20, "the sidecar to read the log line")
     assert len(lines) == 1 and json.loads(lines[0])["running"] == 3
     assert json.loads((tmp_path / "series.jsonl").read_text().splitlines()[0])["source"] == "log-v1"
 
