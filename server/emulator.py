@@ -9,6 +9,7 @@ the fixture of the tests; every report says when the target was this emulator.
 from __future__ import annotations
 
 import argparse
+import hmac
 import itertools
 import random
 import secrets
@@ -58,7 +59,7 @@ class DropConnection(Exception):
 class Emulator:
     def __init__(self, model: str, tokenizer: Any, max_model_len: int, engine: FixedScheduleEngine | BatchingEngine,
                  api_key: str = "", faults: FaultPlan | None = None, naming: str = "v1",
-                 timing_log: IO[str] | None = None) -> None:
+                 timing_log: IO[str] | None = None, request_log: IO[str] | None = None) -> None:
         self.model = model
         self.faults = faults or FaultPlan()
         self.tok = tokenizer
@@ -70,6 +71,7 @@ class Emulator:
         self._preemptions_seen = 0
         self.created = int(time.time())
         self.timing_log = timing_log
+        self.request_log = request_log  # every generation request's path and body, for tests
 
     # -- WSGI -----------------------------------------------------------------------------------
     def __call__(self, environ: dict, start_response: Start) -> Iterable[bytes]:
@@ -85,7 +87,7 @@ class Emulator:
                 self._update_gauges()
                 return self._reply(start_response, 200, self.metrics.exposition(), "text/plain; version=0.0.4")
             if path.startswith("/v1/") and self.api_key:
-                if environ.get("HTTP_AUTHORIZATION", "") != f"Bearer {self.api_key}":
+                if not hmac.compare_digest(environ.get("HTTP_AUTHORIZATION", "").encode(), f"Bearer {self.api_key}".encode()):
                     raise HttpError(401, "Unauthorized", "Unauthorized")
             if path == "/version":
                 return self._reply(start_response, 200, orjson.dumps({"version": VERSION}))
@@ -97,6 +99,8 @@ class Emulator:
                 body = self._json_body(environ)
                 if path == "/tokenize":
                     return self._reply(start_response, 200, self._tokenize(body))
+                if self.request_log is not None:
+                    self.request_log.write(orjson.dumps({"path": path, "body": body}).decode() + "\n")
                 return self._generate(start_response, path == "/v1/chat/completions", body, self.faults.pick(environ),
                                       received)
             raise HttpError(404, f"Not Found: {path}", "NotFoundError")
@@ -413,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "slow-headers); a request can also ask for one with the X-Emulator-Fault header")
     p.add_argument("--stall-seconds", type=float, default=30.0, help="length of stall and slow-headers faults")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault and jitter draws")
+    p.add_argument("--request-log", default="",
+                   help="append every generation request's path and JSON body to this file (for tests: what a "
+                        "client really sent; API keys travel in headers and are not written)")
     return p
 
 
@@ -455,8 +462,9 @@ def main(argv: list[str] | None = None) -> int:
                                                   lockstep=args.lockstep, seed=args.seed,
                                                   num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size))
     timing_log = open(args.timing_log, "a", buffering=1) if args.timing_log else None  # noqa: SIM115 (lives as long as the server)
+    request_log = open(args.request_log, "a", buffering=1) if args.request_log else None  # noqa: SIM115
     app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults,
-                   naming=args.metrics_naming, timing_log=timing_log)
+                   naming=args.metrics_naming, timing_log=timing_log, request_log=request_log)
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

@@ -10,6 +10,7 @@ sidecar's clock, so a Locust master on another machine can put both sides on one
 from __future__ import annotations
 
 import argparse
+import hmac
 import ipaddress
 import json
 import sys
@@ -113,7 +114,8 @@ def make_handler(series: Series, token: str) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(body)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            if token and self.headers.get("Authorization") != f"Bearer {token}":
+            if token and not hmac.compare_digest((self.headers.get("Authorization") or "").encode(),
+                                                 f"Bearer {token}".encode()):
                 return self._send(401, b'{"error": "missing or wrong bearer token"}')
             url = urlparse(self.path)
             if url.path == "/health":
@@ -148,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="server-series.jsonl", help="JSON-lines file the samples are appended to ('' for none)")
     ap.add_argument("--log-file", default="", help="parse vLLM stats log lines from this file ('-' for stdin) instead of /metrics")
     ap.add_argument("--token", default="", help="require this bearer token on the HTTP API")
+    ap.add_argument("--wait-for-server", default="0",
+                    help="wait this long (30s, 15m, …) for vLLM's /health before serving, with a progress line every 10 s")
     args = ap.parse_args(argv)
     try:
         interval = parse_interval(args.interval)
@@ -155,6 +159,17 @@ def main(argv: list[str] | None = None) -> int:
         port = int(port_text)
     except ValueError as exc:
         sys.stderr.write(f"sidecar: error: {exc if 'interval' in str(exc) else '--listen must be HOST:PORT'}\n")
+        return 2
+    from vllm_load.errors import UsageError
+    from vllm_load.server_wait import parse_duration, wait_for_server
+
+    try:
+        wait = parse_duration(args.wait_for_server, "--wait-for-server")
+        if wait > 0 and not args.log_file:
+            wait_for_server(args.vllm_url, wait, models=False, prefix="sidecar",
+                            say=lambda line: print(line, file=sys.stderr, flush=True))
+    except UsageError as exc:
+        sys.stderr.write(f"sidecar: error: {exc}\n")
         return 2
     host = host.strip("[]") or "127.0.0.1"
     if not _is_loopback(host) and not args.token:

@@ -44,3 +44,38 @@ def test_a_comfortable_run_is_not_flagged(tmp_path, emulator_factory):
     assert res.returncode == 0
     client = json.loads((run_dir / "summary.json").read_text())["summary"]["client"]
     assert client["saturated"] is False and client["streams_max"] >= 1
+
+
+def test_the_verdict_names_its_cause_from_the_evidence():
+    def verdict(**report):
+        h = ClientHealth()
+        h.add("w", {"cpu": 20.0, "lag": 0.0, "streams": 4, **report})
+        return h.verdict()
+
+    # the loop lagged while the kernel kept it waiting for a CPU: another process's doing
+    v = verdict(lag=0.2, cpu_at_lag=20.0, wait_at_lag=0.15)
+    assert v["cause"] == "contention" and "more processes here make it worse" in v["advice"]
+    assert verdict(lag=0.2, cpu_at_lag=20.0, wait_at_lag=0.0, steal=25.0)["cause"] == "contention"
+    # lagging at its own CPU limit: more workers help
+    assert verdict(lag=0.2, cpu_at_lag=97.0, wait_at_lag=0.15)["cause"] == "client"
+    # neither waiting nor busy: the client blocked its own loop
+    v = verdict(lag=0.2, cpu_at_lag=20.0, wait_at_lag=0.01)
+    assert v["cause"] == "blocked" and "blocking call" in v["advice"]
+    assert verdict(lag=0.001)["cause"] is None and not verdict(lag=0.001)["saturated"]
+
+
+def test_a_light_open_loop_run_is_on_time_from_its_first_second_and_trusted(tmp_path):
+    """2 processes at 20 req/s against the embedded emulator: the schedule starts once the users' prompt
+    pools hold their first prompts, so even the first requests leave on time (they left ~300 ms late)."""
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "8", "-r", "8",
+                      "-t", "8s", "--request-rate", "20", "--output-tokens", "16", "--run-dir", str(run_dir)],
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    m = summary["metrics"]
+    assert m["send_lag_startup"]["count"] > 0 and m["send_lag"]["count"] > 0
+    # including the first seconds, every request left within 10 ms of its intended time at p99
+    assert m["send_lag_startup"]["p99"] < 0.010 and m["send_lag"]["p99"] < 0.010, (m["send_lag_startup"], m["send_lag"])
+    assert summary["client"]["saturated"] is False, summary["client"]
+    assert "UNTRUSTWORTHY" not in res.stdout

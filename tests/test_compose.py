@@ -55,3 +55,17 @@ def test_commands_are_real_entry_points_with_real_options():
         assert parsed["worker"] == (name == "worker") and (name == "master" or parsed["master_host"] == "master")
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "COPY vllm_load" in dockerfile and "COPY server" in dockerfile and "pip install" in dockerfile
+
+
+def test_the_stack_waits_for_vllm_to_be_healthy():
+    services = load()["services"]
+    check = services["vllm"]["healthcheck"]
+    assert "/health" in " ".join(check["test"]) and check["test"][0] == "CMD"
+    # failures while the model loads do not count: a first start downloads and loads the weights for minutes
+    start_period = check["start_period"]
+    assert start_period.endswith("m") and int(start_period[:-1]) >= 15
+    for name in ("sidecar", "master"):
+        assert services[name]["depends_on"]["vllm"]["condition"] == "service_healthy", name
+        cmd = services[name]["command"]
+        assert cmd[cmd.index("--wait-for-server") + 1] == "30m", name  # a second guard, e.g. outside compose
+    assert services["worker"]["depends_on"] == ["master"]

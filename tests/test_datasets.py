@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.conftest import ROOT, run_locust
-from vllm_load.datasets import DatasetSource, read_records
+from vllm_load.datasets import BATCH_INSTRUCTION, DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.errors import UsageError
 from vllm_load.prompts import PromptFactory
 from vllm_load.reqlog import read_log
@@ -52,13 +52,26 @@ def test_bad_datasets_are_one_line_errors(tmp_path, make, match):
         read_records(path, fmt, field)
 
 
-def test_batch_mode_joins_k_records_under_an_instruction(files):
+def test_batch_mode_joins_k_records_under_one_instruction_whatever_k(files):
     _, _, cs = files
     src = DatasetSource(read_records(cs, field="review"), seed="s", batch=3)
     content, answer = src.next_content()
     assert answer is None
-    assert content.startswith("Classify each of the following 3 texts")
-    assert content.count("\n") == 3 and "1. " in content and "3. " in content
+    assert content.startswith(BATCH_INSTRUCTION + "\n")
+    assert content.count("\n") == 3 and "\n1. " in content and "\n3. " in content
+    one, _ = DatasetSource(read_records(cs, field="review"), seed="s", batch=1).next_content()
+    assert one.split("\n")[0] == content.split("\n")[0] == BATCH_INSTRUCTION and one.count("\n") == 1
+    # no batching: the record as it is
+    plain, _ = DatasetSource(read_records(cs, field="review"), seed="s").next_content()
+    assert plain in ("Great phone, fast", "Broke after a day")
+
+
+def test_the_answer_budget_covers_every_answer_line_the_instruction_asks_for():
+    tok = load_tokenizer(BUILTIN_MISTRAL)
+    for k in (1, 8, 12):
+        per = answer_tokens_per_record(tok, k)
+        lines = "".join(f"{i}. {label}\n" for i in range(1, k + 1) for label in ("negative",))
+        assert per * k >= len(tok.encode(lines, add_special_tokens=False)), k
 
 
 def test_dataset_prompts_are_unique_even_when_records_repeat(files):
@@ -70,6 +83,8 @@ def test_dataset_prompts_are_unique_even_when_records_repeat(files):
     contents = [p.messages[0]["content"] for p in prompts]
     assert len(set(contents)) == 6
     assert len({c.split()[0] for c in contents}) == 6  # differ from the very first word
+    # the digest words stand on a line of their own, apart from the record
+    assert all(c.split("\n", 1)[1] in ("What is a KV cache?", "Explain batching.") for c in contents)
     assert all(p.tokens == tok.count_chat(p.messages) for p in prompts)
 
 
@@ -80,8 +95,10 @@ def test_csv_batch_run_end_to_end(files, tmp_path):
                       "--dataset", str(cs), "--dataset-field", "review", "--dataset-batch", "2",
                       "--align-with-server", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
+    assert "--align-with-server: a 100-token chat prompt by tokenizer" in res.stdout and "prompt lengths match" in res.stdout
     logs = read_log(run_dir / "requests.jsonl")
-    assert logs and all(r["output_tokens"] == 2 and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+    per = answer_tokens_per_record(load_tokenizer(BUILTIN_MISTRAL), 2)
+    assert logs and all(r["output_tokens"] == 2 * per and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
 
 
 def test_align_with_server_catches_a_wrong_tokenizer(tmp_path, emulator_factory):

@@ -1,11 +1,12 @@
 """The prompt pool hands out prepared items in order and surfaces a producer failure to every user."""
 
 import itertools
+import traceback
 
 import pytest
 
 from vllm_load.errors import UsageError
-from vllm_load.prompt_pool import PromptPool
+from vllm_load.prompt_pool import PromptError, PromptPool
 
 
 def test_items_come_in_order_from_the_producer_thread():
@@ -17,14 +18,21 @@ def test_items_come_in_order_from_the_producer_thread():
         pool.close()
 
 
-def test_a_failure_reaches_every_user():
+def test_a_failure_reaches_every_user_once_told_and_without_a_growing_traceback():
     def make():
         raise UsageError("dataset record too long")
 
-    pool = PromptPool(make, size=2)
+    told = []
+    pool = PromptPool(make, size=2, on_error=told.append)
     try:
-        for _ in range(3):
-            with pytest.raises(UsageError, match="too long"):
+        depths = []
+        for _ in range(5):
+            with pytest.raises(PromptError, match="too long") as err:
                 pool.get()
+            depths.append(len(traceback.format_exception(err.value)))
+        # the plugin is told once (it stops the run); every user gets the one-line reason
+        assert len(told) == 1 and isinstance(told[0], UsageError)
+        # a fresh exception per raise: re-raising one stored object grew its traceback every time
+        assert len(set(depths)) == 1, depths
     finally:
         pool.close()

@@ -42,7 +42,7 @@ def make_run_dir(path, users=4, emulator=True, with_server=True, slo=("ttft.p99<
 
 def test_report_files_and_content(tmp_path):
     run = make_run_dir(tmp_path / "run-a")
-    code, html_path, checks = build(run, ["ttft.p99<=500ms", "server.prefix_cache_hit_rate<=0%", "server.kv_cache_usage.max<=10%"])
+    code, html_path, checks = build(run, ["ttft.p99<=500ms", "server.prefix_cache_hit_rate<=0%", "server.kv_cache_usage.max<=10%"])[:3]
     assert code == 3  # KV usage reached 29%
     assert [c.passed for c in checks] == [True, True, False]
     page = html_path.read_text()
@@ -52,12 +52,14 @@ def test_report_files_and_content(tmp_path):
     summary = json.loads((run / "summary.json").read_text())
     assert summary["server"]["prefix_cache_hit_rate"] == 0.0 and summary["verdict"] == "fail"
     assert "| `ttft.p99<=500ms` | PASS |" in (run / "summary.md").read_text()
+    assert "server side (sidecar): KV-cache usage max 29.0%" in (run / "summary.md").read_text()
+    assert "id='server-side'" in page and "<td>KV-cache usage max</td><td>29.0%</td>" in page
     assert SECRET not in page
 
 
 def test_report_says_when_the_server_side_is_missing(tmp_path):
     run = make_run_dir(tmp_path / "run-b", emulator=False, with_server=False)
-    code, html_path, checks = build(run)  # the run's own SLOs, from config.json
+    code, html_path, checks = build(run)[:3]  # the run's own SLOs, from config.json
     assert code == 0 and [c.slo for c in checks] == ["ttft.p99<=500ms"]
     page = html_path.read_text()
     assert "server-missing" in page and "emulator-banner" not in page
@@ -91,7 +93,7 @@ def test_report_renders_with_images_in_headless_chromium(tmp_path):
             pytest.fail("CI must install chromium (.ci/run does)")
         pytest.skip("chromium is not installed (CI installs it)")
     run = make_run_dir(tmp_path / "run-c")
-    _, html_path, _ = build(run)
+    html_path = build(run).report
     probe = tmp_path / "probe.html"
     script = ("<script>window.addEventListener('load',()=>{document.body.setAttribute('data-images',"
               "[...document.images].filter(i=>i.complete&&i.naturalWidth>200).length)})</script></body>")

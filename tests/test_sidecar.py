@@ -126,6 +126,12 @@ def test_run_dir_holds_both_sides_on_one_clock(tmp_path, emulator_factory, sidec
     assert max(s["kv_cache_usage"] for s in series) > 0
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["server"]["prefix_cache_hit_rate"] == 0.0 and summary["verdict"] == "pass"
+    # the server side is shown wherever the client side is: console, summary.md, the report's tables
+    line = next(x for x in res.stdout.splitlines() if x.startswith("server side (sidecar): "))
+    assert f"running max {summary['server']['running.max']:g}" in line and "prefix-cache hit rate 0.0%" in line
+    assert line in (run_dir / "summary.md").read_text()
+    page = (run_dir / "report.html").read_text()
+    assert "id='server-side'" in page and "<td>preemptions</td>" in page and "server-missing" not in page
     assert {"config.json", "llm_stats.json", "requests.jsonl", "server.jsonl", "report.html"} <= {p.name for p in run_dir.iterdir()}
 
 
@@ -146,3 +152,4 @@ def test_unreachable_sidecar_does_not_stop_the_run(tmp_path, emulator_factory):
     assert res.returncode == 0
     assert "server side missing" in res.stderr
     assert "id='server-missing'" in (tmp_path / "run" / "report.html").read_text()
+    assert "server side: missing" in res.stdout and "server side: missing" in (tmp_path / "run" / "summary.md").read_text()

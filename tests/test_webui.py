@@ -14,13 +14,14 @@ def get(url):
         return r.status, r.read().decode()
 
 
-def test_llm_tab_live_rows_slo_status_and_report_link(tmp_path, emulator_factory):
+def test_llm_tab_live_rows_slo_status_server_side_and_report_link(tmp_path, emulator_factory, sidecar_factory):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
+    side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", str(tmp_path / "series.jsonl"))
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/chat.py"), "--host", emu.url,
                              "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart", "-u", "2", "-r", "2",
-                             "-t", "4s", "--autoquit", "30", "--output-tokens", "16", "--slo", "ttft.p99<=2s",
+                             "-t", "4s", "--autoquit", "30", "--output-tokens", "16", "--slo", "ttft.p99<=2s", "--sidecar-url", side.url,
                              "--run-dir", str(tmp_path / "run")],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -33,7 +34,10 @@ def test_llm_tab_live_rows_slo_status_and_report_link(tmp_path, emulator_factory
             return None  # the UI is not up yet
         llm = [t for t in json.loads(body).get("extended_stats", []) if t["key"] == "llm"]
         rows = llm[0]["data"] if llm else []
-        return (page, rows) if any(r["metric"] == "Report of the last run" for r in rows) else None
+        done = any(r["metric"] == "Report of the last run" for r in rows)
+        # the sidecar is polled every 5 s: its running gauge shows the run's requests once a poll saw them
+        server = any(r["metric"] == "Server: running max" and float(r["mean"]) >= 1 for r in rows)
+        return (page, rows) if done and server else None
 
     try:
         page, rows = wait_for(report_listed, timeout=60, what="the LLM tab to list the run's report", poll=0.2)
@@ -42,6 +46,7 @@ def test_llm_tab_live_rows_slo_status_and_report_link(tmp_path, emulator_factory
         names = [r["metric"] for r in rows]
         assert "TTFT (ms)" in names and "Output tok/s (live, last 10 s)" in names
         assert any(r["metric"] == "SLO ttft.p99<=2s" and r["count"] == "PASS" for r in rows)
+        assert any(r["metric"] == "Server: prefix-cache hit rate" and r["mean"] == "0.0%" for r in rows)
         assert "SLO verdict" in report and "data:image/png;base64," in report
     finally:
         proc.terminate()

@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         codes = []
         for d in args.run_dirs:
-            code, path, _ = build(d, args.slo, args.junit if len(args.run_dirs) == 1 else "")
-            print(f"{path}  (exit code {code})")
-            codes.append(code)
+            built = build(d, args.slo, args.junit if len(args.run_dirs) == 1 else "")
+            print(f"{built.report}  (exit code {built.code})")
+            codes.append(built.code)
         if len(args.run_dirs) > 1:
             out = Path(args.out or Path("reports") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}")
             print(build_sweep(args.run_dirs, out, args.slo))

@@ -53,6 +53,7 @@ def stream_request(
     count_output: Callable[[str], int] | None = None,
     on_record: Callable[[RequestRecord], None] = lambda rec: None,
     step: int | None = None,
+    startup: bool = False,
 ) -> RequestRecord:
     """Send ``body``, read its SSE stream to the end and hand the record to ``on_record``.
 
@@ -152,6 +153,7 @@ def stream_request(
         send_lag=None if intended_start is None else max(0.0, now_perf - t0),
         worker=worker,
         step=step,
+        startup=startup,
         response_id=state.response_id,
     )
     on_record(rec)

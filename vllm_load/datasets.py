@@ -1,7 +1,8 @@
 """Prompts taken from dataset files: ShareGPT JSON, JSON-lines with a text field, CSV with a column.
 
-Each record becomes the content of one prompt (or, with ``batch``, K records are joined under an
-instruction into one prompt, the shape users compare with one-record-per-request). Records are
+Each record becomes the content of one prompt (or, with ``batch`` K, K records are numbered under one
+classification instruction, the same for every K, 1 included: the shape users compare to learn what
+batching records into one request buys). Records are
 replayed in a shuffled cycle; every prompt starts with the factory's unique digest words, so a
 replayed record never shares a prefix with an earlier request (sharing stays opt-in).
 """
@@ -13,6 +14,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from vllm_load.errors import UsageError
 
@@ -78,10 +80,11 @@ def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Recor
 
 
 class DatasetSource:
-    """Cycles through records in a seeded shuffle; ``batch`` > 1 joins that many per prompt."""
+    """Cycles through records in a seeded shuffle; ``batch`` >= 1 puts that many under one instruction
+    (0: each record is a prompt as it is)."""
 
-    def __init__(self, records: list[Record], seed: str, batch: int = 1) -> None:
-        if batch < 1:
+    def __init__(self, records: list[Record], seed: str, batch: int = 0) -> None:
+        if batch < 0:
             raise UsageError(f"--dataset-batch must be >= 1, got {batch}")
         self.records = list(records)
         self.batch = batch
@@ -96,11 +99,30 @@ class DatasetSource:
 
     def next_content(self) -> tuple[str, str | None]:
         """(content, dataset answer or None)."""
-        if self.batch == 1:
+        if self.batch == 0:
             rec = self._next()
             return rec.text, rec.answer
         items = [self._next().text.replace("\n", " ") for _ in range(self.batch)]
-        lines = "\n".join(f"{i}. {t}" for i, t in enumerate(items, 1))
-        instruction = (f"Classify each of the following {self.batch} texts as positive or negative. "
-                       f"Answer with exactly one word per text, one per line.\n")
-        return instruction + lines, None
+        return batch_prompt(items), None
+
+
+#: The one instruction of batched runs, the same for every K (1 included), so that K=1 and K=8 differ only
+#: in how many records share a request. Its answer is one line "N. label" per record.
+BATCH_INSTRUCTION = ("Classify each numbered text below as positive or negative. Answer with one line per text, "
+                     "in order, written as its number, a period and the label, e.g. \"1. positive\".")
+BATCH_LABELS = ("positive", "negative")
+
+
+def batch_prompt(items: list[str]) -> str:
+    return BATCH_INSTRUCTION + "\n" + "\n".join(f"{i}. {t}" for i, t in enumerate(items, 1))
+
+
+def answer_tokens_per_record(tok: Any, batch: int) -> int:
+    """Tokens of the longest answer line the instruction asks for ("K. negative" and its newline): the
+    per-record answer budget, so that a batch of K is asked for K whole answer lines."""
+    return max(len(tok.encode(f"{batch}. {label}\n", add_special_tokens=False)) for label in BATCH_LABELS)
+
+
+def records_per_request(dataset: str, batch: int) -> int:
+    """Dataset records one request carries: K with --dataset-batch K, 1 with a plain dataset, 0 without."""
+    return int(batch) if batch else (1 if dataset else 0)

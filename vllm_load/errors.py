@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 
-#: Exit codes, documented in the README: 0 pass, 1 requests failed, 2 bad input, 3 SLO missed.
+#: Exit codes, documented in the README: 0 pass, 1 requests failed, 2 bad input, 3 SLO missed,
+#: 4 the run is invalid (it measured nothing, or prompts of other lengths than asked).
 EXIT_OK = 0
 EXIT_ERRORS = 1
 EXIT_BAD_INPUT = 2
 EXIT_SLO_MISS = 3
+EXIT_INVALID = 4
 
 
 class UsageError(Exception):

@@ -2,7 +2,8 @@
 
   128             fixed
   100-200         uniform integers in [100, 200] (also ``uniform:100-200``)
-  normal:512,64   normal(mean, std) rounded and clipped to >= 1
+  normal:512,64   normal(mean, std) rounded and clipped to mean +- 4 std (and >= 1), the range the
+                  start-up checks validate, so no sample can fall below a template's minimum
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ class LengthSpec:
             return int(self.a)
         if self.kind == "uniform":
             return rng.randint(int(self.a), int(self.b))
-        return max(1, int(round(rng.gauss(self.a, self.b))))
+        return min(self.high, max(self.low, int(round(rng.gauss(self.a, self.b)))))
 
     @property
     def low(self) -> int:

@@ -19,11 +19,13 @@ from typing import Any
 from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
-from vllm_load import options, webui
+from vllm_load import log_repeats, options, webui
 from vllm_load.console import render_table
 from vllm_load.embedded import ChildServer, start_emulator, start_sidecar
-from vllm_load.server_side import fetch_series
-from vllm_load.errors import UsageError, die
+from vllm_load.server_side import LiveServer, fetch_series
+from vllm_load.server_wait import parse_duration, wait_for_server
+from vllm_load.errors import EXIT_BAD_INPUT, EXIT_ERRORS, EXIT_OK, UsageError, die
+from vllm_load.results import render_validity
 from vllm_load.slo import render_checks
 from vllm_load.runtime import Runtime, Target, resolve_target
 from vllm_load.slo import parse_slo_option
@@ -44,15 +46,12 @@ class _State:
     emulator: ChildServer | None = None
     sidecar: ChildServer | None = None
     runtime: Runtime | None = None
+    fatal: str | None = None  # a failure every request would repeat: the run was stopped with it
+    target_error: str | None = None  # the web UI's target failed its check: shown there until fixed
+    live_server: LiveServer | None = None  # the sidecar's samples while the web UI shows a run
 
 
 STATE = _State()
-
-
-def runtime() -> Runtime:
-    if STATE.runtime is None:
-        raise RuntimeError("vllm-load runtime used before test_start")
-    return STATE.runtime
 
 
 def _role(environment: Any) -> str:
@@ -74,10 +73,16 @@ def _emulator_args(opts: Any) -> list[str]:
     return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])
 
 
+def _apis(environment: Any) -> frozenset[str]:
+    """The APIs the run's user classes send ("chat", "completions")."""
+    return frozenset(a for a in (getattr(c, "api", None) for c in environment.user_classes) if a)
+
+
 def _check_target(environment: Any) -> Target:
     opts = environment.parsed_options
     is_emulator = STATE.emulator is not None and environment.host == STATE.emulator.url
-    target = resolve_target(opts, environment.host, is_emulator)
+    # check what this locustfile's users will send (a chat run against the chat template's minimum)
+    target = resolve_target(opts, environment.host, is_emulator, _apis(environment) or frozenset({"chat", "completions"}))
     # resolved values travel to the workers with the spawn message
     opts.model = target.model
     opts.tokenizer = target.tokenizer
@@ -85,7 +90,24 @@ def _check_target(environment: Any) -> Target:
     return target
 
 
-FLUSH, FLUSHED, STEP = "vllm_load_flush", "vllm_load_flushed", "vllm_load_step"
+FLUSH, FLUSHED, STEP, FATAL = "vllm_load_flush", "vllm_load_flushed", "vllm_load_step", "vllm_load_fatal"
+
+
+def fatal(environment: Any, message: str) -> None:
+    """A failure every request would repeat (prompts that cannot be built): stop the whole run with one
+    line and exit code 2, instead of failing every request until -t runs out. Workers tell the master."""
+    if isinstance(environment.runner, WorkerRunner):
+        environment.runner.send_message(FATAL, message)
+        return
+    if STATE.fatal is not None:
+        return
+    STATE.fatal = message
+    sys.stderr.write(f"vllm-load: error: {message}\n")
+    sys.stderr.flush()
+    if environment.web_ui is not None:  # the UI stays up and shows the error; the user fixes the options
+        gevent.spawn(environment.runner.stop)
+    else:
+        gevent.spawn(environment.runner.quit)
 
 
 def begin_step(environment: Any, step: int, level: float) -> None:
@@ -200,12 +222,14 @@ def _on_test_stopping(environment: Any, **_kw: Any) -> None:
 
 @events.init.add_listener
 def _on_init(environment: Any, **_kw: Any) -> None:
+    log_repeats.install()
     if _role(environment) == "worker":
         environment.runner.register_message(FLUSH, lambda msg, **kw: _worker_flush(environment, msg), concurrent=True)
         environment.runner.register_message(STEP, lambda msg, **kw: _worker_step(msg))
         return
     if isinstance(environment.runner, MasterRunner):
         environment.runner.register_message(FLUSHED, lambda msg, **kw: _master_flushed(environment, msg))
+        environment.runner.register_message(FATAL, lambda msg, **kw: fatal(environment, str(msg.data)))
     if environment.parsed_options is None:
         return
     opts = environment.parsed_options
@@ -225,29 +249,47 @@ def _on_init(environment: Any, **_kw: Any) -> None:
                 series = Path(tempfile.gettempdir()) / f"vllm-load-sidecar-{os.getpid()}.jsonl"
                 STATE.sidecar = start_sidecar(STATE.emulator.url, series)
                 opts.sidecar_url = STATE.sidecar.url
-        target = _check_target(environment)
+        wait = parse_duration(opts.wait_for_server, "--wait-for-server")
     except UsageError as exc:
-        for child in (STATE.sidecar, STATE.emulator):
-            if child:
-                child.stop()
+        _stop_children()
         die(str(exc))
-    print(
-        f"vllm-load: target {target.host} model {target.model} tokenizer {target.tokenizer} "
-        f"max_model_len {target.max_model_len} input {target.input_spec.text} output {target.output_spec.text} tokens",
-        flush=True,
-    )
-    webui.install(environment, _live_summary, STATE.slos, lambda: STATE.report)
+    try:
+        if wait > 0 and STATE.emulator is None:
+            wait_for_server(environment.host, wait, opts.api_key, say=lambda line: print(line, flush=True))
+        target = _check_target(environment)
+        print(
+            f"vllm-load: target {target.host} model {target.model} tokenizer {target.tokenizer} max_model_len "
+            f"{target.max_model_len} input {target.input_spec.text} output {target.output_spec.text} tokens",
+            flush=True,
+        )
+    except UsageError as exc:
+        if environment.web_ui is None or opts.headless:
+            _stop_children()
+            die(str(exc))
+        # the web UI stays up with the error shown: the user fixes the host or the options there
+        STATE.target_error = str(exc)
+        log.error("vllm-load: %s (fix it in the web UI and start again)", exc)
+    webui.install(environment, _live_summary, STATE.slos, lambda: STATE.report,
+                  lambda: STATE.fatal or STATE.target_error)
     # The blocking start-up above (tokenizer, embedded emulator: seconds) left libev's cached clock
     # behind; Locust arms its --run-time timer next, relative to that stale "now", and a 3 s run
     # ended 0.1 s after it began. Refresh the clock so the run lasts what was asked.
     gevent.get_hub().loop.update_now()
 
 
+def _stop_children() -> None:
+    for child in (STATE.sidecar, STATE.emulator):
+        if child:
+            child.stop()
+
+
 def _live_summary() -> dict | None:
     rt = STATE.runtime
     if rt is None or rt.totals is None:
         return None
-    return webui.live_summary(rt.totals, rt.start_wall, rt.health)
+    summary = webui.live_summary(rt.totals, rt.start_wall, rt.health)
+    summary["server"] = STATE.live_server.summary() if STATE.live_server is not None else None
+    return summary
 
 
 @events.test_start.add_listener
@@ -257,16 +299,29 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     if role != "worker" and (STATE.target is None or STATE.target.host != environment.host):
         try:  # the web UI may have changed the host since start-up
             _check_target(environment)
+            STATE.target_error = None
         except UsageError as exc:
-            log.error("vllm-load: %s", exc)
-            environment.runner.quit()
+            # keep the process (and its web UI) up: show the error, stop this start, let the user fix the host
+            STATE.target_error = str(exc)
+            log.error("vllm-load: %s (fix it in the web UI and start again)", exc)
+            if STATE.runtime is not None:
+                STATE.runtime.close()
+                STATE.runtime = None
+            gevent.spawn(environment.runner.stop)
             return
     if STATE.runtime is not None:
         STATE.runtime.close()
     STATE.step_verdicts = {}
+    if role != "worker":
+        STATE.fatal = None
     worker_id = getattr(environment.runner, "client_id", "local")
     total_users = getattr(environment.runner, "target_user_count", 0) or 0
-    STATE.runtime = rt = Runtime.create(role, opts, worker_id, total_users)
+    STATE.runtime = rt = Runtime.create(role, opts, worker_id, total_users, _apis(environment),
+                                        on_fatal=lambda message: fatal(environment, message))
+    if role != "worker" and environment.web_ui is not None and opts.sidecar_url:
+        if STATE.live_server is not None:
+            STATE.live_server.stop()
+        STATE.live_server = LiveServer(opts.sidecar_url, rt.start_wall, opts.sidecar_token)
     for cls in environment.user_classes:
         cls.network_timeout = float(opts.request_timeout)
         if opts.request_rate > 0:  # open loop: one user holds many streams, each on its own connection
@@ -321,7 +376,7 @@ def _on_test_stop(environment: Any, **_kw: Any) -> None:
         if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
             from vllm_load.report import build
 
-            STATE.report = str(build(rt.run_dir)[1])
+            STATE.report = str(build(rt.run_dir).report)
 
 
 @events.quitting.add_listener
@@ -340,12 +395,24 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         from vllm_load.report import build  # matplotlib is loaded only at the end of a run
 
         _write_sweep(rt)
-        code, report, checks = build(rt.run_dir, junit=environment.parsed_options.junit)
-        STATE.report = str(report)
-        sys.stdout.write("\n" + render_table(summary, f"vllm-load LLM metrics, run {rt.run_id}{banner}") + "\n")
-        if checks:
-            sys.stdout.write(render_checks(checks) + "\n")
-        sys.stdout.write(f"vllm-load: report {report} (exit code {code})\n")
+        built = build(rt.run_dir, junit=environment.parsed_options.junit)
+        code = EXIT_BAD_INPUT if STATE.fatal else built.code
+        exceptions = sum(row["count"] for row in environment.runner.exceptions.values())
+        if code == EXIT_OK and exceptions:  # Locust's own rule, which our exit code would otherwise mask
+            code = EXIT_ERRORS
+        STATE.report = str(built.report)
+        sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {rt.run_id}{banner}",
+                                              server=built.server) + "\n")
+        if STATE.fatal:
+            sys.stdout.write(f"vllm-load: the run was stopped: {STATE.fatal}\n")
+        elif render_validity(built.validity):
+            sys.stdout.write(render_validity(built.validity) + "\n")
+        if exceptions:
+            sys.stdout.write(f"vllm-load: user tasks raised {exceptions} exceptions (Locust's error report lists "
+                             "them; the log shows each kind once)\n")
+        if built.checks:
+            sys.stdout.write(render_checks(built.checks) + "\n")
+        sys.stdout.write(f"vllm-load: report {built.report} (exit code {code})\n")
         sys.stdout.flush()
         environment.process_exit_code = code
     rt.close()

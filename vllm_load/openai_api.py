@@ -17,7 +17,8 @@ class ServedModel:
     all_ids: list[str]
 
 
-def _headers(api_key: str) -> dict[str, str]:
+def auth_header(api_key: str) -> dict[str, str]:
+    """The bearer header for a server or sidecar (empty without a token): built here only."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
@@ -25,7 +26,7 @@ def discover_model(host: str, model: str, api_key: str = "", timeout: float = 10
     """Read /v1/models; pick ``model`` (or the first id) and its max_model_len. Bad input -> UsageError."""
     url = host.rstrip("/") + "/v1/models"
     try:
-        req = urllib.request.Request(url, headers=_headers(api_key))
+        req = urllib.request.Request(url, headers=auth_header(api_key))
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             data = json.loads(resp.read())
     except urllib.error.HTTPError as exc:

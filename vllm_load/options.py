@@ -16,10 +16,13 @@ def add_arguments(parser: Any) -> None:
         parser.add_argument(flag, default=default, env_var=env, help=f"{help} [env {env}]", **kw)
 
     add("--model", "", "model name to request (default: the server's first /v1/models id)")
-    add("--tokenizer", "", "tokenizer: HF id, local folder or builtin:mistral-7b-v0.1 (default: the model name)")
+    add("--tokenizer", "", "tokenizer: HF id, local folder, or a built-in one: builtin:mistral-7b-v0.1 (SentencePiece, "
+        "the emulator's), builtin:mistral-tekken (Tekken, for vLLM's --tokenizer-mode mistral) (default: the model name)")
     add("--input-tokens", "128", "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD")
     add("--output-tokens", "", "output length in tokens (forced with ignore_eos/min_tokens): N, LOW-HIGH, "
         "normal:MEAN,STD (default 64; with --dataset, the dataset's answer length, or one token per batched record)")
+    add("--wait-for-server", "0", "wait this long (30s, 15m, …) for the server's /health and /v1/models before the "
+        "run, with a progress line every 10 s (a vLLM loading its model takes minutes)")
     add("--api-key", "", "bearer token for the server (never logged or written)", is_secret=True)
     add("--run-dir", "", "where the run's files go (default: reports/<run id>)")
     add("--shared-prefix-tokens", 0, "deliberately share this many leading prompt tokens across requests", type=int)
@@ -45,11 +48,16 @@ def add_arguments(parser: Any) -> None:
     add("--dataset", "", "take prompts from this file (ShareGPT .json, .jsonl, .csv) instead of synthetic text")
     add("--dataset-format", "", "sharegpt, jsonl or csv (default: from the file extension)")
     add("--dataset-field", "", "JSONL field or CSV column holding the text (default: text / first column)")
-    add("--dataset-batch", 1, "join this many dataset records into one prompt (answer: one word each)", type=int)
+    add("--dataset-batch", 0, "classify this many dataset records per prompt under one instruction (1 = the same "
+        "instruction with one record, to compare with K); 0: each record is a prompt as it is", type=int)
+    add("--dataset-answer-tokens", 0, "with --dataset-batch: answer tokens per record (default: the tokens of the "
+        "longest answer line the instruction asks for)", type=int)
     add("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
         action="store_true")
     add("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",
         action="append", include_in_web_ui=False)
+    add("--min-requests", 1, "fewer successful requests than this make the run fail (exit 4): a gate must not pass "
+        "on a run that measured nothing", type=int)
     add("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)")
     add("--sidecar-url", "", "the server.sidecar beside vLLM; its series lands in the run dir (auto with the emulator)")
     add("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True)

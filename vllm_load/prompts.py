@@ -88,8 +88,8 @@ class PromptFactory:
         self.start_words = self._start_words()
         self.min_tokens = self.overhead + shared_prefix_tokens + 1
 
-    def _render(self, words: list[str]) -> Prompt:
-        text = " ".join(words)
+    def _render(self, words: list[str], content: str | None = None) -> Prompt:
+        text = " ".join(words) if content is None else " ".join(words) + "\n" + content
         if self.api == "completions":
             return Prompt(tokens=0, text=text)
         messages = [{"role": "user", "content": text}]
@@ -128,11 +128,12 @@ class PromptFactory:
         return head + [rng.choice(self.words) for _ in range(n - len(head))]
 
     def wrap(self, content: str) -> Prompt:
-        """A prompt around given content (a dataset record), behind this prompt's unique digest words."""
+        """A prompt around given content (a dataset record), behind this prompt's unique digest words on a
+        line of their own (glued to the content, they would change how its first word tokenizes)."""
         seq = self.seq
         self.seq += 1
         words = self._shared + self._unique_words(seq, DIGEST_WORDS)
-        prompt = self._render(words + [content])
+        prompt = self._render(words, content)
         prompt.tokens = self.count(prompt)
         return prompt
 

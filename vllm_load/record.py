@@ -37,6 +37,7 @@ class RequestRecord:
     continuous_usage: bool = False
     finish_reason: str | None = None
     send_lag: float | None = None  # open loop: actual minus intended send time
+    startup: bool = False  # open loop: sent in the first seconds of its schedule (a run's or a sweep step's)
     worker: str = ""
     good: bool | None = None  # met every per-request SLO (None when no such SLO was given)
     step: int | None = None  # sweep step the request started in

@@ -14,17 +14,18 @@ import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from vllm_load.console import table_rows, COLUMNS  # noqa: E402
+from vllm_load.console import COLUMNS, server_cells, table_rows  # noqa: E402
 from vllm_load.errors import UsageError  # noqa: E402
 from vllm_load.histogram import Histogram  # noqa: E402
 from vllm_load.results import finish  # noqa: E402
+from vllm_load.server_side import load_series, server_summary  # noqa: E402
 from vllm_load.slo import Check, evaluate, parse_slo_option  # noqa: E402
 from vllm_load.stats import LLMStats  # noqa: E402
 
@@ -59,45 +60,8 @@ def load_run(path: str | Path) -> Run:
     except (OSError, ValueError) as exc:
         raise UsageError(f"{p} is not a complete run directory ({exc.__class__.__name__}): "
                          "it needs config.json and llm_stats.json") from None
-    server: list[dict] = []
-    series = p / "server.jsonl"
-    if series.exists():
-        for line in series.read_text().splitlines():
-            try:
-                server.append(json.loads(line))
-            except ValueError:
-                continue
+    server = load_series(p / "server.jsonl")
     return Run(p, config, data["start"], data["end"], LLMStats.from_wire(data["stats"]), data["summary"], server)
-
-
-def server_summary(series: list[dict]) -> dict | None:
-    """What server-side SLOs read: maxima and totals over the run's window."""
-    if not series:
-        return None
-
-    def mx(key: str) -> float | None:
-        vals = [s[key] for s in series if s.get(key) is not None]
-        return max(vals) if vals else None
-
-    first, last = series[0], series[-1]
-
-    def delta(key: str) -> float | None:
-        if last.get(key) is None or first.get(key) is None:
-            return None
-        return last[key] - first[key]
-
-    queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
-    gauge_rate = None
-    if queries is None:  # V0 servers only have a hit-rate gauge
-        rates = [s["prefix_cache_hit_rate_gauge"] for s in series if s.get("prefix_cache_hit_rate_gauge") is not None]
-        gauge_rate = max(rates) if rates else None
-    return {
-        "kv_cache_usage.max": mx("kv_cache_usage"),
-        "waiting.max": mx("waiting"),
-        "running.max": mx("running"),
-        "preemptions": delta("preemptions_total"),
-        "prefix_cache_hit_rate": (hits / queries) if queries else 0.0 if queries == 0 else gauge_rate,
-    }
 
 
 # -- plots -----------------------------------------------------------------------------------------
@@ -111,7 +75,7 @@ def _png(fig: Any) -> str:
 def timeline_png(run: Run) -> str:
     s = run.stats
     has_server = bool(run.server)
-    n = 5 if has_server else 2
+    n = 6 if has_server else 2
     fig, axes = plt.subplots(n, 1, figsize=(10, 2.2 * n), sharex=True)
     ax = axes[0]
     wins = sorted(s.windows)
@@ -144,10 +108,24 @@ def timeline_png(run: Run) -> str:
         axes[4].plot(t, [x.get("prompt_tokens_rate") for x in run.server], label="prompt tok/s (server)")
         axes[4].plot(t, [x.get("generation_tokens_rate") for x in run.server], label="generation tok/s (server)")
         axes[4].set_ylabel("tok/s")
+        hits = _prefix_hit_rates(run.server)
+        axes[5].plot([x - run.start for x, _ in hits], [100 * r for _, r in hits], label="prefix-cache hit rate %")
+        axes[5].set_ylabel("%")
         for a in axes[2:]:
             a.legend(fontsize=7)
     axes[-1].set_xlabel("seconds since the run started")
     return _png(fig)
+
+
+def _prefix_hit_rates(series: list[dict]) -> list[tuple[float, float]]:
+    """(time, share of the prompt tokens looked up in the interval that hit the prefix cache)."""
+    out = []
+    for a, b in zip(series, series[1:]):
+        q0, q1 = a.get("prefix_cache_queries_total"), b.get("prefix_cache_queries_total")
+        h0, h1 = a.get("prefix_cache_hits_total"), b.get("prefix_cache_hits_total")
+        if None not in (q0, q1, h0, h1) and q1 > q0:
+            out.append((b["t"], (h1 - h0) / (q1 - q0)))
+    return out
 
 
 def _cdf(h: Histogram) -> tuple[list[float], list[float]]:
@@ -189,13 +167,18 @@ def _table(head: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{th}</tr>{body}</table>"
 
 
-def render_html(run: Run, checks: list[Check]) -> str:
+def render_html(run: Run, checks: list[Check], validity: list[Check] | None = None) -> str:
     s = run.summary
+    server = server_summary(run.server)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load {html.escape(run.path.name)}</title>"
              f"<style>{_CSS}</style></head><body><h1>vllm-load run {html.escape(str(run.config.get('run_id')))}</h1>"]
     if run.is_emulator:
         parts.append("<div class='banner' id='emulator-banner'><b>Target: the built-in vLLM EMULATOR</b>, "
                      "not a real vLLM server. These numbers describe the emulator's configured schedule.</div>")
+    bad = [c for c in validity or [] if not c.passed]
+    if bad:
+        parts.append("<div class='banner' id='run-invalid'><b>Run invalid:</b> "
+                     + "<br>".join(html.escape(c.detail) for c in bad) + "</div>")
     if checks:
         ok = all(c.passed for c in checks)
         parts.append(f"<h2>SLO verdict: <span class='{'pass' if ok else 'fail'}' id='verdict'>{'PASS' if ok else 'FAIL'}</span></h2>")
@@ -210,12 +193,22 @@ def render_html(run: Run, checks: list[Check]) -> str:
         ["output tokens/s", f"{s['output_token_rate']:.1f}"],
         ["goodput", "n/a" if s.get("goodput") is None else f"{s['goodput'] * 100:.1f}%"],
         ["prompt-length drift", f"{s['input_drift_requests']} requests (max {s['input_drift_max_abs']} tokens)"],
+        *([["records/s", f"{s['record_rate']:.2f} ({s['records']} records, {s['records_per_request']} per request)"]]
+          if s.get("records_per_request") else []),
     ]))
+    parts.append("<h2>Server side</h2>")
+    if server:
+        parts.append("<div id='server-side'>" + _table(["server (sidecar)", "value"], [[t, v] for t, v in server_cells(server)])
+                     + "</div>")
+    else:
+        parts.append("<p id='server-missing'><b>Server side missing:</b> no sidecar series in this run directory "
+                     "(start <code>python -m server.sidecar</code> beside vLLM and pass --sidecar-url).</p>")
     rows = table_rows(s)
     parts.append(_table(["metric", "count", "mean", *COLUMNS], [[r["metric"], r["count"], r["mean"], *(r[c] for c in COLUMNS)] for r in rows]))
     if s.get("client", {}).get("saturated"):
-        parts.append("<div class='banner' id='client-saturated'><b>Untrustworthy run: the load generator was the "
-                     f"bottleneck.</b> {html.escape('; '.join(s['client']['reasons']))}. Add workers.</div>")
+        parts.append("<div class='banner' id='client-saturated'><b>Untrustworthy run: the load generator could not "
+                     f"keep time (cause: {html.escape(str(s['client'].get('cause') or 'client'))}).</b> {html.escape('; '.join(s['client']['reasons']))}. "
+                     f"{html.escape(s['client'].get('advice') or 'add workers')}.</div>")
     if s.get("workers_lost"):
         parts.append("<div class='banner' id='workers-lost'><b>Worker(s) lost mid-run:</b> "
                      f"{html.escape(', '.join(s['workers_lost']))}. Their requests after their last report (at most "
@@ -223,9 +216,6 @@ def render_html(run: Run, checks: list[Check]) -> str:
     if s["errors"]:
         parts.append("<h2>Failures</h2>" + _table(["reason", "count"], [[html.escape(k), v] for k, v in s["errors"].items()]))
     parts.append("<h2>Client and server over time</h2>")
-    if not run.server:
-        parts.append("<p id='server-missing'><b>Server side missing:</b> no sidecar series in this run directory "
-                     "(start <code>python -m server.sidecar</code> beside vLLM and pass --sidecar-url).</p>")
     parts.append(f"<img alt='timeline' src='data:image/png;base64,{timeline_png(run)}'>")
     parts.append("<h2>Distributions</h2>")
     parts.append(f"<img alt='cdf' src='data:image/png;base64,{cdf_png(run)}'>")
@@ -236,16 +226,30 @@ def render_html(run: Run, checks: list[Check]) -> str:
     return "".join(parts)
 
 
-def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = "") -> tuple[int, Path, list[Check]]:
+class Built(NamedTuple):
+    """What ``build`` decided: the exit code, where the report is, and the checks behind the code."""
+
+    code: int
+    report: Path
+    checks: list[Check]
+    validity: list[Check]
+    summary: dict
+    server: dict | None
+
+
+def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = "") -> Built:
     """Regenerate summary.json, summary.md, junit.xml and report.html of one run directory."""
     run = load_run(run_dir)
-    texts = slo_texts if slo_texts else run.config.get("options", {}).get("slo") or []
+    opts = run.config.get("options", {})
+    texts = slo_texts if slo_texts else opts.get("slo") or []
     slos = parse_slo_option(texts)
     title = f"vllm-load run {run.config.get('run_id')}" + (" (target: built-in EMULATOR)" if run.is_emulator else "")
-    code, checks = finish(run.path, run.summary, slos, server_summary(run.server), title, junit)
+    server = server_summary(run.server)
+    min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
+    code, checks, validity = finish(run.path, run.summary, slos, server, title, junit, min_requests)
     out = run.path / "report.html"
-    out.write_text(render_html(run, checks))
-    return code, out, checks
+    out.write_text(render_html(run, checks, validity))
+    return Built(code, out, checks, validity, run.summary, server)
 
 
 def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[bool | None]:
@@ -263,19 +267,23 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
     concurrency whose run met every SLO (how inference teams pick max_num_seqs / batch size)."""
     runs = sorted((load_run(d) for d in run_dirs), key=lambda r: (r.concurrency or 0, r.start))
     verdicts = sweep_verdicts(runs, slo_texts)
-    head = ["run", "concurrency", "req/s", "output tok/s", "TTFT mean ms", "TTFT p99 ms", "ITL p99 ms",
-            "E2E mean ms", "E2E p99 ms", "KV usage max", "failed", "SLO"]
+    with_records = any(r.summary.get("records_per_request") for r in runs)
+    head = ["run", "concurrency", "req/s", *(["records/s"] if with_records else []), "output tok/s", "TTFT mean ms",
+            "TTFT p99 ms", "ITL p99 ms", "E2E mean ms", "E2E p99 ms", "KV usage max", "preemptions",
+            "prefix-cache hits", "failed", "SLO"]
     rows = []
     for r, verdict in zip(runs, verdicts):
         m = r.summary["metrics"]
         srv = server_summary(r.server) or {}
-        kv = srv.get("kv_cache_usage.max")
+        kv, hit, pre = srv.get("kv_cache_usage.max"), srv.get("prefix_cache_hit_rate"), srv.get("preemptions")
 
         def ms(k: str, stat: str) -> str:
             return f"{m[k][stat] * 1000:.1f}" if k in m else ""
         rows.append([html.escape(r.path.name), r.concurrency or "", f"{r.summary['request_rate']:.2f}",
+                     *([f"{r.summary.get('record_rate', 0.0):.2f}"] if with_records else []),
                      f"{r.summary['output_token_rate']:.1f}", ms("ttft", "mean"), ms("ttft", "p99"), ms("itl", "p99"),
-                     ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%", r.summary["failed"],
+                     ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%",
+                     "" if pre is None else f"{pre:g}", "" if hit is None else f"{hit * 100:.1f}%", r.summary["failed"],
                      "" if verdict is None else ("PASS" if verdict else "FAIL")])
     passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
     best = (f"Largest concurrency meeting every SLO: {max(passing)}" if passing

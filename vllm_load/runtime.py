@@ -17,10 +17,10 @@ import gevent.event
 from vllm_load import gc_control
 from vllm_load.arrivals import ArrivalProcess
 from vllm_load.client_health import ClientHealth, ClientMonitor
-from vllm_load.datasets import DatasetSource, read_records
+from vllm_load.datasets import DatasetSource, answer_tokens_per_record, read_records, records_per_request
 from vllm_load.errors import UsageError
 from vllm_load.lengths import LengthSpec, parse_length
-from vllm_load.openai_api import discover_model
+from vllm_load.openai_api import auth_header, discover_model
 from vllm_load.prompt_pool import PromptPool
 from vllm_load.prompts import Prompt, PromptFactory
 from vllm_load.record import RequestRecord
@@ -49,19 +49,25 @@ class Target:
     output_spec: LengthSpec
 
 
-def resolve_target(opts: Any, host: str, is_emulator: bool) -> Target:
-    """Check host, model, tokenizer and lengths; raise UsageError with one line on bad input."""
+def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str] = frozenset({"chat", "completions"})
+                   ) -> Target:
+    """Check host, model, tokenizer and lengths for the APIs the run's users send (``apis``); raise
+    UsageError with one line on bad input."""
     input_spec = parse_length(opts.input_tokens, "--input-tokens")
     output_spec = parse_length(opts.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
     if opts.request_rate < 0 or opts.burstiness <= 0 or opts.max_concurrency < 1 or opts.ramp_up < 0:
         raise UsageError("--request-rate must be >= 0, --burstiness > 0, --max-concurrency >= 1 and --ramp-up >= 0")
     if opts.shared_prefix_tokens < 0:
         raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
+    if opts.min_requests < 0:
+        raise UsageError(f"--min-requests must be >= 0, got {opts.min_requests}")
     if opts.dataset:
         read_records(opts.dataset, opts.dataset_format, opts.dataset_field)
-        if opts.dataset_batch < 1:
+        if opts.dataset_batch < 0:
             raise UsageError(f"--dataset-batch must be >= 1, got {opts.dataset_batch}")
-    elif opts.dataset_batch != 1:
+        if opts.dataset_answer_tokens < 0:
+            raise UsageError(f"--dataset-answer-tokens must be >= 1, got {opts.dataset_answer_tokens}")
+    elif opts.dataset_batch:
         raise UsageError("--dataset-batch needs --dataset: name the file whose records are batched")
     served = discover_model(host, opts.model, opts.api_key)
     tok_name = opts.tokenizer or served.id
@@ -72,31 +78,33 @@ def resolve_target(opts: Any, host: str, is_emulator: bool) -> Target:
             f"input {input_spec.high} + output {output_spec.high} tokens exceed the server's max_model_len {limit}: "
             "lower --input-tokens or --output-tokens"
         )
-    for api in ("chat", "completions"):
-        try:
-            factory = PromptFactory(tok, api, salt="probe", shared_prefix_tokens=opts.shared_prefix_tokens)
-        except UsageError:
-            if api == "chat":
-                continue  # no chat template: only the completions locustfile can run
-            raise
-        if input_spec.low < factory.min_tokens and api == "completions":
+    for api in sorted(apis):
+        # raises the one-line reason when this tokenizer cannot build prompts for the API (no chat template)
+        factory = PromptFactory(tok, api, salt="probe", shared_prefix_tokens=opts.shared_prefix_tokens)  # type: ignore[arg-type]
+        if not opts.dataset and input_spec.low < factory.min_tokens:
+            parts = f"template {factory.overhead}" + (
+                f" + shared prefix {factory.shared_prefix_tokens}" if factory.shared_prefix_tokens else "")
             raise UsageError(
-                f"--input-tokens {input_spec.text} goes below the {factory.min_tokens}-token minimum of a prompt "
-                "with this tokenizer: raise it"
+                f"--input-tokens {input_spec.text} goes below the {factory.min_tokens}-token minimum of a {api} prompt "
+                f"with tokenizer {tok_name!r} ({parts} + 1 word): raise it to at least {factory.min_tokens}"
             )
     if opts.align_with_server:
-        align_with_server(host, served.id, tok, opts.api_key)
+        checked = align_with_server(host, served.id, tok, opts.api_key, apis)
+        print(f"vllm-load: --align-with-server: {checked}", flush=True)
     return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec)
 
 
-def align_with_server(host: str, model: str, tok: Tokenizer, api_key: str = "") -> None:
-    """Compare our counts with vLLM's POST /tokenize for both APIs; a mismatch stops the run."""
+def align_with_server(host: str, model: str, tok: Tokenizer, api_key: str = "",
+                      apis: frozenset[str] = frozenset({"chat", "completions"})) -> str:
+    """Compare our counts with vLLM's POST /tokenize for the run's APIs; a mismatch stops the run.
+    Returns what was checked, for the console."""
     import urllib.error
     import urllib.request
 
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    headers = {"Content-Type": "application/json", **auth_header(api_key)}
+    checked = []
     for api in ("completions", "chat"):
-        if api == "chat" and not tok.has_chat_template:
+        if api not in apis or (api == "chat" and not tok.has_chat_template):
             continue
         prompt = PromptFactory(tok, api, salt=secrets.token_hex(4)).make(100)  # type: ignore[arg-type]
         body: dict = {"model": model}
@@ -115,6 +123,11 @@ def align_with_server(host: str, model: str, tok: Tokenizer, api_key: str = "") 
                 f"--align-with-server: a {api} prompt of {prompt.tokens} tokens by tokenizer {tok.name!r} is "
                 f"{count} tokens on the server: pass --tokenizer with the server's own tokenizer"
             )
+        checked.append(f"a {prompt.tokens}-token {api} prompt")
+    if not checked:
+        return "nothing to check (no API of this run)"
+    return (f"{' and '.join(checked)} by tokenizer {tok.name!r} counted the same on the server's /tokenize: "
+            "prompt lengths match")
 
 
 def public_options(opts: Any) -> dict:
@@ -171,10 +184,16 @@ class Runtime:
     in_flight: int = 0
     idle: Any = None  # gevent Event, set while no request is in flight
     folder: Any = None  # greenlet folding finished requests into the stats while the loop is idle
+    answer_tokens_per_record: int = 0
+    #: a failure every request would repeat (prompts cannot be built): the plugin stops the run with it
+    on_fatal: Any = field(default=lambda message: None)  # --dataset-batch: output budget per batched record
 
     @classmethod
-    def create(cls, role: str, opts: Any, worker_id: str, total_users: int = 0) -> Runtime:
-        """On a master/local runner ``opts`` gains run id, salt, run dir and user count, which travel to workers."""
+    def create(cls, role: str, opts: Any, worker_id: str, total_users: int = 0,
+               apis: frozenset[str] = frozenset(), on_fatal: Any = None) -> Runtime:
+        """On a master/local runner ``opts`` gains run id, salt, run dir and user count, which travel to workers.
+        A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
+        that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
         if role != "worker":
             opts.vllm_load_total_users = int(total_users or getattr(opts, "num_users", 0) or 1)
             opts.vllm_load_run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
@@ -188,6 +207,8 @@ class Runtime:
             run_dir=Path(opts.vllm_load_run_dir),
             worker_id=worker_id,
         )
+        if on_fatal is not None:  # before the pools start: their first prompts may already fail
+            rt.on_fatal = on_fatal
         rt.run_dir.mkdir(parents=True, exist_ok=True)
         rt.idle = gevent.event.Event()
         rt.idle.set()
@@ -201,6 +222,8 @@ class Runtime:
             # every stream read waiting behind it is late by as much: keep the turns short.
             sys.setswitchinterval(SWITCH_INTERVAL)
             rt._prepare_generation()
+            rt._fill_pools(apis)
+            rt.start_wall = time.time()  # this process's load starts now, not before its pools were ready
             warm_up()  # before the heap is frozen: what it loads is start-up heap too
             # before the loop-lag monitor starts: the one full collection here takes ~0.1 s
             gc_control.freeze_startup_heap()  # collections run from _fold_when_idle instead
@@ -217,14 +240,35 @@ class Runtime:
         self.tokenizer = load_tokenizer(o.tokenizer or o.model)
         self.rng = random.Random(f"{self.salt}/{self.worker_id}/lengths")
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
-        if o.api_key:
-            self.headers["Authorization"] = f"Bearer {o.api_key}"
+        self.headers.update(auth_header(o.api_key))
         self.goodput_limits = goodput_thresholds(parse_slo_option(o.slo))
         if o.dataset:
             records = read_records(o.dataset, o.dataset_format, o.dataset_field)
             self.dataset = DatasetSource(records, f"{self.salt}/{self.worker_id}", o.dataset_batch)
+            if o.dataset_batch:
+                self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
+                    self.tokenizer, o.dataset_batch)
         name = "requests.jsonl" if self.role == "local" else f"requests-{_safe(self.worker_id)}.jsonl"
         self.reqlog = RequestLog(self.run_dir / name)
+
+    #: longest wait for the first prompts of the run (a 32k-token prompt takes ~0.2 s to build)
+    FIRST_PROMPT_TIMEOUT = 120.0
+
+    def _fill_pools(self, apis: frozenset[str]) -> None:
+        """Start each API's pool and wait for its first prompts: the first one of a process pays for the
+        tokenizer's word list and the template probes (0.3-0.5 s), which once made the first open-loop
+        requests of a run leave 300 ms late and the run look untrustworthy."""
+        for api in sorted(apis):
+            self.pool(api)
+        for api in sorted(apis):
+            self.pools[api].ready.wait(self.FIRST_PROMPT_TIMEOUT)
+
+    def pool(self, api: str) -> PromptPool:
+        pool = self.pools.get(api)
+        if pool is None:
+            pool = self.pools[api] = PromptPool(lambda: self.build_request(api), int(self.opts.prompt_pool),
+                                                on_error=lambda exc: self.on_fatal(str(exc)))
+        return pool
 
     def factory(self, api: str) -> PromptFactory:
         f = self.factories.get(api)
@@ -237,10 +281,7 @@ class Runtime:
 
     def next_request(self, api: str) -> tuple[Prompt, int]:
         """The next prompt and output length, from the pool that a native thread keeps filled."""
-        pool = self.pools.get(api)
-        if pool is None:
-            pool = self.pools[api] = PromptPool(lambda: self.build_request(api), int(self.opts.prompt_pool))
-        return pool.get()
+        return self.pool(api).get()
 
     def build_request(self, api: str) -> tuple[Prompt, int]:
         """A new prompt (exact length, unique) and the output length to ask for."""
@@ -250,9 +291,11 @@ class Runtime:
             return prompt, self.output_spec.sample(self.rng)
         content, answer = self.dataset.next_content()
         prompt = self.factory(api).wrap(content)
-        if self.opts.dataset_batch > 1 and not self.opts.output_tokens:
-            return prompt, self.opts.dataset_batch  # one word per batched record, unless asked otherwise
-        if answer and self.tokenizer is not None and not self.opts.output_tokens:
+        if self.opts.output_tokens:
+            return prompt, self.output_spec.sample(self.rng)
+        if self.opts.dataset_batch:  # every answer line the instruction asks for, whatever K
+            return prompt, self.answer_tokens_per_record * self.opts.dataset_batch
+        if answer and self.tokenizer is not None:
             return prompt, max(1, len(self.tokenizer.encode(answer, add_special_tokens=False)))
         return prompt, self.output_spec.sample(self.rng)
 
@@ -336,7 +379,8 @@ class Runtime:
         """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
         assert self.totals is not None
         end = self.end_wall or time.time()
-        summary = self.totals.summary(duration=end - self.start_wall)
+        summary = self.totals.summary(duration=end - self.start_wall, records_per_request=records_per_request(
+            self.opts.dataset, self.opts.dataset_batch))
         summary["workers"] = sorted(self.workers_seen)
         summary["workers_lost"] = list(self.workers_lost)
         if self.monitor is not None and self.role == "local":

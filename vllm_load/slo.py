@@ -73,6 +73,8 @@ def parse_slo(text: str) -> SLO:
             raise UsageError(f"SLO {text!r}: {metric} is a percentage, e.g. {metric}{op}1%")
         if expected == "%" and unit == "":
             unit = "%" if value > 1 else ""
+        if metric == "input_drift" and unit == "%":  # the share of requests that drifted, not tokens
+            stat = "share"
     else:
         known = ", ".join(list(LATENCY) + list(RUN_METRICS) + list(SERVER_METRICS))
         raise UsageError(f"SLO {text!r} names an unknown metric {metric!r}: use one of {known}")
@@ -154,6 +156,8 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
             return None, "no per-request SLO (ttft, tpot, e2e) to judge goodput by"
         return summary["goodput"], ""
     if slo.metric == "input_drift":
+        if slo.stat == "share":
+            return float(summary.get("input_drift_fraction", 0.0)), ""
         return float(summary["input_drift_max_abs"]), ""
     if slo.metric in ("output_token_rate", "request_rate", "output_tps"):
         return float(summary[slo.metric if slo.metric != "output_tps" else "output_token_rate"]), ""
@@ -168,7 +172,7 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
 def _show(slo: SLO, value: float) -> str:
     if slo.metric in LATENCY:
         return f"{value * 1000:.2f} ms"
-    if slo.metric in ("error_rate", "goodput") or (SERVER_METRICS.get(slo.metric) == "%"):
+    if slo.metric in ("error_rate", "goodput") or SERVER_METRICS.get(slo.metric) == "%" or slo.stat == "share":
         return f"{value * 100:.2f}%"
     return f"{value:.2f}"
 
@@ -195,14 +199,16 @@ def render_checks(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def junit_xml(checks: list[Check], suite: str = "vllm-load SLOs") -> str:
+def junit_xml(checks: list[Check], suite: str = "vllm-load SLOs", validity: list[Check] | None = None) -> str:
+    """One test case per SLO (class vllm_load.slo) and per validity check (class vllm_load.run)."""
     from xml.sax.saxutils import quoteattr
 
-    failures = sum(not c.passed for c in checks)
+    cases = [("vllm_load.run", c) for c in validity or []] + [("vllm_load.slo", c) for c in checks]
+    failures = sum(not c.passed for _, c in cases)
     out = ['<?xml version="1.0" encoding="UTF-8"?>',
-           f"<testsuite name={quoteattr(suite)} tests=\"{len(checks)}\" failures=\"{failures}\" errors=\"0\">"]
-    for c in checks:
-        out.append(f"  <testcase classname=\"vllm_load.slo\" name={quoteattr(c.slo)}>")
+           f"<testsuite name={quoteattr(suite)} tests=\"{len(cases)}\" failures=\"{failures}\" errors=\"0\">"]
+    for cls, c in cases:
+        out.append(f"  <testcase classname=\"{cls}\" name={quoteattr(c.slo)}>")
         if not c.passed:
             out.append(f"    <failure message={quoteattr(c.detail)}/>")
         out.append("  </testcase>")

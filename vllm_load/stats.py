@@ -30,7 +30,8 @@ WINDOW_METRICS = ("ttft", "itl", "e2e")
 def _new_hists() -> dict[str, Histogram]:
     h = {m: Histogram() for m in LATENCY_METRICS}
     h["output_tps"] = Histogram(scale=1000.0)  # milli-tokens/s
-    h["send_lag"] = Histogram()  # open loop: how late the client sent each request
+    h["send_lag"] = Histogram()  # open loop: how late the client sent each request, in steady state
+    h["send_lag_startup"] = Histogram()  # the same in the first seconds of a schedule, judged apart
     h.update({m: Histogram(scale=1.0) for m in TOKEN_METRICS})
     return h
 
@@ -174,7 +175,8 @@ class LLMStats:
                 k += 1
             recs, self._pending = recs[:k], recs[k:]
         h = self._hists
-        h["send_lag"].record_many([r.send_lag for r in recs if r.send_lag is not None])
+        h["send_lag"].record_many([r.send_lag for r in recs if r.send_lag is not None and not r.startup])
+        h["send_lag_startup"].record_many([r.send_lag for r in recs if r.send_lag is not None and r.startup])
         chunks = _Chunks.of(recs)
         starts = np.array([r.start for r in recs])
         _per_second(self._tokens_per_second, starts, chunks)
@@ -291,11 +293,14 @@ class LLMStats:
         end = int(now) - lag
         return sum(self.tokens_per_second.get(s, 0) for s in range(end - window, end)) / window
 
-    def summary(self, duration: float | None = None) -> dict:
+    def summary(self, duration: float | None = None, records_per_request: int = 0) -> dict:
+        """``records_per_request``: dataset records each request carries (``--dataset-batch``), for the
+        records/s that a batching comparison is about; 0 when prompts are not dataset records."""
         if duration is None:
             duration = (self.last_end - self.first_start) if self.first_start is not None else 0.0
         ok = self.requests - self.failures
-        return {
+        with_usage = ok - self.usage_missing
+        out = {
             "requests": self.requests,
             "succeeded": ok,
             "failed": self.failures,
@@ -311,9 +316,15 @@ class LLMStats:
             "usage_missing": self.usage_missing,
             "input_drift_requests": self.drift_requests,
             "input_drift_max_abs": self.drift_max_abs,
+            "input_drift_fraction": self.drift_requests / with_usage if with_usage > 0 else 0.0,
             "output_mismatch": self.output_mismatch,
             "goodput": self.good / self.judged if self.judged else None,
             "good_requests": self.good,
             "errors": dict(self.errors.most_common()),
             "metrics": {k: h.summary() for k, h in self.hists.items()},
         }
+        if records_per_request:
+            out["records_per_request"] = records_per_request
+            out["records"] = ok * records_per_request
+            out["record_rate"] = ok * records_per_request / duration if duration else 0.0
+        return out

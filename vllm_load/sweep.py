@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_load.datasets import records_per_request
 from vllm_load.stats import LLMStats
 
 
@@ -26,7 +27,9 @@ def write_step_dirs(run_dir: Path, step_stats: dict[int, LLMStats], bounds: dict
         cfg: dict[str, Any] = {**config, "run_id": f"{config['run_id']}/step{step:02d}", "sweep_step": step}
         cfg["options"] = {**config.get("options", {}), "vllm_load_step_users": level, "sweep_level_kind": mode}
         (d / "config.json").write_text(json.dumps(cfg, indent=2))
-        summary = stats.summary(duration=max(end - start, 1e-9))
+        opts = config.get("options", {})
+        summary = stats.summary(duration=max(end - start, 1e-9), records_per_request=records_per_request(
+            opts.get("dataset") or "", opts.get("dataset_batch") or 0))
         (d / "llm_stats.json").write_text(json.dumps({"run_id": cfg["run_id"], "start": start, "end": end,
                                                       "summary": summary, "stats": stats.to_wire()}))
         window = [s for s in series if start <= s["t"] <= end]

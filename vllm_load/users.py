@@ -11,6 +11,13 @@ from locust.contrib.fasthttp import FastHttpUser
 
 from vllm_load import locust_plugin, rxstamp
 from vllm_load.client import build_body, stream_request
+from vllm_load.prompt_pool import PromptError
+from vllm_load.runtime import Runtime
+
+
+#: Open loop: requests sent within this many seconds of a schedule's start (a run's, or a sweep step's
+#: new rate) have their send lag judged apart from the steady state (connections opening, users spawning).
+STARTUP_S = 2.0
 
 
 class LLMUser(FastHttpUser):
@@ -32,9 +39,9 @@ class LLMUser(FastHttpUser):
 
     @task
     def generate(self) -> None:
-        rt = locust_plugin.runtime()
-        if rt.draining:  # the run is ending: start no new request, wait for Locust to stop this user
-            rt.park()
+        rt = locust_plugin.STATE.runtime
+        if rt is None or rt.draining:  # no run (the target failed its check), or the run is ending:
+            Runtime.park()  # start no new request, wait for Locust to stop this user
         if rt.current_rate() > 0:
             self._open_loop(rt)
         else:
@@ -43,7 +50,7 @@ class LLMUser(FastHttpUser):
     def _open_loop(self, rt: Any) -> None:
         arrivals = rt.arrival_process()
         pool = Pool(max(1, int(rt.opts.max_concurrency)))
-        next_at = time.perf_counter()
+        next_at = begun = time.perf_counter()
         run_start = next_at - (time.time() - rt.start_wall)  # the run's start on this clock
         try:
             while not rt.draining:
@@ -53,21 +60,24 @@ class LLMUser(FastHttpUser):
                 delay = next_at - time.perf_counter()
                 if delay > 0 and rate_changed.wait(delay):
                     # a sweep step changed the rate during a gap drawn at the old one: redraw from now
-                    next_at = time.perf_counter()
+                    next_at = begun = time.perf_counter()
                     continue
                 if rt.draining:
                     break
                 pool.wait_available()
-                pool.spawn(self._one_request, rt, next_at)
+                pool.spawn(self._one_request, rt, next_at, begun)
         finally:
             pool.join()
         rt.park()
 
-    def _one_request(self, rt: Any, intended_start: float | None) -> None:
+    def _one_request(self, rt: Any, intended_start: float | None, schedule_start: float | None = None) -> None:
         step = rt.step
         rt.begin_request()  # counted from here: a drain waits for it even while it waits for a prompt
         try:
             prompt, max_tokens = rt.next_request(self.api)
+        except PromptError:  # the pool told the plugin once, which stops the run: no error storm here
+            rt.end_request()
+            rt.park()
         except BaseException:
             rt.end_request()
             raise
@@ -88,6 +98,9 @@ class LLMUser(FastHttpUser):
             count_output=(lambda text: len(tok.encode(text, add_special_tokens=False))) if tok else None,
             on_record=rt.on_record,
             step=step,
+            # sent (not due) in the schedule's first seconds: a client that fell behind for good sends its
+            # early-due requests late, and those count as steady state
+            startup=schedule_start is not None and time.perf_counter() - schedule_start < STARTUP_S,
         )
 
 

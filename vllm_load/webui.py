@@ -6,11 +6,12 @@ import json
 import time
 from typing import Any, Callable
 
-from vllm_load.console import COLUMNS, table_rows
+from vllm_load.console import COLUMNS, server_cells, table_rows
 
 
 def install(environment: Any, summary_source: Callable[[], dict | None], slos: list | None = None,
-            report_source: Callable[[], str | None] = lambda: None) -> None:
+            report_source: Callable[[], str | None] = lambda: None,
+            error_source: Callable[[], str | None] = lambda: None) -> None:
     web_ui = environment.web_ui
     if web_ui is None:
         return
@@ -44,17 +45,25 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
                          "mean": f"{summary['succeeded']} / {summary['failed']}"})
             client = summary.get("client") or {}
             if client.get("saturated"):
-                rows.append({"metric": "UNTRUSTWORTHY: client saturated", "count": "", "mean": "; ".join(client["reasons"])})
+                rows.append({"metric": f"UNTRUSTWORTHY: client could not keep time ({client.get('cause')})",
+                             "count": "", "mean": "; ".join(client["reasons"]) + ": " + (client.get("advice") or "")})
+            if summary.get("server"):
+                rows += [{"metric": f"Server: {t}", "count": "", "mean": v} for t, v in server_cells(summary["server"])]
+            elif "server" in summary:
+                rows.append({"metric": "Server side", "count": "", "mean": "missing (no sidecar data yet)"})
             if slos:
                 from vllm_load.slo import evaluate
 
-                for c in evaluate(slos, summary):
+                for c in evaluate(slos, summary, summary.get("server")):
                     rows.append({"metric": f"SLO {c.slo}", "count": "PASS" if c.passed else "FAIL", "mean": c.detail})
             if report_source():
                 rows.append({"metric": "Report of the last run", "count": "", "mean": "/vllm-load/report"})
             if summary["input_drift_requests"]:
                 rows.append({"metric": "PROMPT LENGTH DRIFT (requests, max)", "count": summary["input_drift_requests"],
                              "mean": summary["input_drift_max_abs"]})
+        error = error_source()
+        if error:  # a target that failed its check, or a run stopped by a failure every request would repeat
+            rows.insert(0, {"metric": "ERROR", "count": "", "mean": error})
         data = response.get_json(silent=True) or {}
         data["extended_stats"] = [{"key": "llm", "data": rows}]
         response.set_data(json.dumps(data))

@@ -1,0 +1,250 @@
+"""Verdicts a CI can trust: no green run that measured nothing, bounded error storms, honest causes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, run_locust
+from vllm_load.log_repeats import RepeatFilter
+from vllm_load.results import validity_checks
+from vllm_load.slo import parse_slo
+
+CHAT = str(ROOT / "locustfiles/chat.py")
+
+
+def summary_of(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_a_chat_run_below_the_chat_templates_minimum_is_refused_before_it_starts(tmp_path):
+    res = run_locust(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "20s", "--input-tokens", "2-40",
+                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=90)
+    assert res.returncode == 2, res.stdout[-2000:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
+    # the chat minimum (template 8 + 1 word with Mistral's template), not the completions one (2)
+    assert len(errors) == 1 and "9-token minimum of a chat prompt" in errors[0], res.stderr[-2000:]
+    assert "PyTorch was not found" not in res.stderr  # transformers' import notice is silenced
+    assert not (tmp_path / "run" / "llm_stats.json").exists()  # refused before any load
+
+
+def test_completions_keep_their_own_smaller_minimum(tmp_path):
+    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+                      "--input-tokens", "2-12", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
+                     cwd=tmp_path, timeout=90)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert min(r["input_tokens"] for r in map(json.loads, (tmp_path / "run" / "requests.jsonl").open())) >= 2
+
+
+def test_a_run_whose_every_request_fails_exits_non_zero_even_when_an_slo_allows_errors(tmp_path, emulator_factory):
+    emu = emulator_factory("--fault", "500:1")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host", emu.url,
+                      "--slo", "error_rate<=100%", "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 4, res.stdout[-2000:]
+    assert "RUN INVALID: only 0 of" in res.stdout and "the run measured nothing" in res.stdout
+    data = summary_of(run_dir)
+    assert data["valid"] is False and data["exit_code"] == 4
+    junit = (run_dir / "junit.xml").read_text()
+    assert 'classname="vllm_load.run" name="requests succeeded &gt;= 1"' in junit and "the run measured nothing" in junit
+    # the same error on every request is one counted line on the console and a bounded log
+    assert len([line for line in res.stdout.splitlines() if line.startswith("failed x")]) == 1
+    assert data["summary"]["failed"] > 100 and len(res.stderr) < 20_000, len(res.stderr)
+    # --min-requests 0 opts out: the error_rate SLO then governs alone
+    res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "2s", "--host", emu.url,
+                      "--slo", "error_rate<=100%", "--min-requests", "0", "--run-dir", str(tmp_path / "r2")],
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:]
+
+
+def test_a_task_that_raises_the_same_error_every_time_writes_a_bounded_log(tmp_path, emulator_factory):
+    emu = emulator_factory()
+    lf = tmp_path / "raising.py"
+    lf.write_text(
+        "from locust import User, constant, task\n"
+        "import vllm_load.users  # noqa: F401  (the plugin)\n\n"
+        "class Broken(User):\n"
+        "    wait_time = constant(0)\n\n"
+        "    @task\n"
+        "    def generate(self):\n"
+        "        raise ValueError('the same mistake')\n")
+    res = run_locust(["-f", str(lf), "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", emu.url,
+                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    # tens of thousands of raises in 3 s: one traceback, then one line per power of ten
+    assert res.stderr.count("Traceback") == 1, res.stderr[-3000:]
+    counted = [line for line in res.stderr.splitlines() if "the same error" in line and "times so far" in line]
+    assert counted and len(counted) <= 8 and len(res.stderr) < 30_000, len(res.stderr)
+    # Locust counts every one; the run measured nothing, and says both
+    assert res.returncode == 4 and "user tasks raised" in res.stdout, res.stdout[-2000:]
+    assert "RUN INVALID: no request completed: the run measured nothing" in res.stdout
+
+
+def test_a_prompt_failure_that_every_request_would_repeat_stops_the_swarm_at_once(tmp_path, emulator_factory):
+    emu = emulator_factory()
+    lf = tmp_path / "badprompts.py"
+    lf.write_text(
+        "from vllm_load.errors import UsageError\n"
+        "from vllm_load.runtime import Runtime\n"
+        "from vllm_load.users import ChatUser  # noqa: F401\n\n"
+        "def build_request(self, api):\n"
+        "    raise UsageError('record 7 is longer than max_model_len: drop it')\n\n"
+        "Runtime.build_request = build_request\n")
+    res = run_locust(["-f", str(lf), "--headless", "--processes", "2", "-u", "4", "-r", "4", "-t", "60s",
+                      "--host", emu.url, "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
+    assert res.returncode == 2, (res.stdout[-2000:], res.stderr[-2000:])
+    errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
+    assert errors == ["vllm-load: error: record 7 is longer than max_model_len: drop it"], res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and len(res.stderr) < 20_000
+    assert "the run was stopped: record 7" in res.stdout
+
+
+def test_a_wrong_tokenizer_fails_the_run_unless_an_input_drift_slo_accepts_it(tmp_path, emulator_factory):
+    # the server counts with Tekken, the client builds prompts with Mistral's SentencePiece
+    emu = emulator_factory("--tokenizer", "builtin:mistral-tekken", "--ttft", "0.01", "--itl", "0.002")
+    args = ["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", emu.url, "--output-tokens", "8"]
+    res = run_locust([*args, "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
+    assert res.returncode == 4, res.stdout[-2000:]
+    assert "the tokenizer does not match the server's: pass --tokenizer" in res.stdout
+    assert summary_of(tmp_path / "a")["summary"]["input_drift_fraction"] > 0.5
+    res = run_locust([*args, "--slo", "input_drift<=100%", "--run-dir", str(tmp_path / "b")], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:]
+    res = run_locust([*args, "--slo", "input_drift<=1%", "--run-dir", str(tmp_path / "c")], cwd=tmp_path)
+    assert res.returncode == 3, res.stdout[-2000:]
+
+
+def test_validity_rules():
+    base = {"requests": 100, "succeeded": 100, "usage_missing": 0, "input_drift_requests": 1,
+            "input_drift_max_abs": 3}
+    assert all(c.passed for c in validity_checks(base, []))
+    drifted = {**base, "input_drift_requests": 2}
+    assert [c.passed for c in validity_checks(drifted, [])] == [True, False]
+    assert len(validity_checks(drifted, [parse_slo("input_drift<=5%")])) == 1  # the SLO governs drift
+    empty = {**base, "requests": 3, "succeeded": 0, "input_drift_requests": 0}
+    assert not validity_checks(empty, [])[0].passed
+    assert validity_checks({**base, "succeeded": 4}, [], min_requests=5)[0].passed is False
+    assert parse_slo("input_drift<=100%").stat == "share" and parse_slo("input_drift<=3").stat == ""
+
+
+def test_repeat_filter_logs_the_first_and_then_each_power_of_ten():
+    f = RepeatFilter()
+    passed = []
+    for i in range(1, 1001):
+        rec = logging.LogRecord("locust.user.task", logging.ERROR, __file__, 1, "%s\n%s",
+                                (ValueError("boom"), f"Traceback … frame {i}"), None)
+        if f.filter(rec):
+            passed.append((i, rec.getMessage()))
+    assert [i for i, _ in passed] == [1, 10, 100, 1000]
+    assert passed[0][1].startswith("boom\nTraceback")
+    assert passed[-1][1] == "ValueError: boom (the same error 1000 times so far; logged at every power of ten)"
+    other = logging.LogRecord("locust.user.task", logging.ERROR, __file__, 1, "%s\n%s", (KeyError("x"), ""), None)
+    assert f.filter(other)  # another error is logged in full
+
+
+def _pinned(core: int):
+    def pin() -> None:
+        os.sched_setaffinity(0, {core})
+    return pin
+
+
+needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin to")
+
+
+@needs_two_cores
+def test_a_cpu_hog_on_the_clients_core_is_named_as_contention_not_add_workers(tmp_path, emulator_factory):
+    cores = sorted(os.sched_getaffinity(0))
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
+    os.sched_setaffinity(emu.p.pid, {cores[1]})
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def client() -> None:  # the client on the hogs' core, at a lower priority: the kernel keeps it waiting
+        os.sched_setaffinity(0, {cores[0]})
+        os.nice(19)
+
+    proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", CHAT, "--headless", "-u", "4", "-r", "4",
+                             "-t", "8s", "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=client)
+    hogs: list[subprocess.Popen] = []
+    try:
+        # the hogs spin only while the load runs (at start-up they would slow the imports thirtyfold)
+        for line in proc.stderr:
+            if "All users spawned" in line and not hogs:
+                hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_pinned(cores[0]))
+                        for _ in range(3)]
+            if "--run-time limit reached" in line:
+                break
+    finally:
+        for h in hogs:
+            h.kill()
+    stdout, _ = proc.communicate(timeout=120)
+    assert hogs, "the run never spawned its users"
+    client_verdict = summary_of(run_dir)["summary"]["client"]
+    assert client_verdict["saturated"] and client_verdict["cause"] == "contention", client_verdict
+    assert client_verdict["loop_lag_max"] >= 0.05 and client_verdict["cpu_wait_max"] >= 0.025
+    assert "another process (e.g. a server on this host) competes for these cores" in stdout
+    assert "add workers" not in stdout
+
+
+@needs_two_cores
+def test_a_client_at_its_own_cpu_limit_is_told_to_add_workers(tmp_path, emulator_factory):
+    cores = sorted(os.sched_getaffinity(0))
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
+    os.sched_setaffinity(emu.p.pid, {cores[1]})
+    lf = tmp_path / "busy.py"
+    lf.write_text(  # a user task that computes between requests: the client's own CPU is the limit
+        "import time\n"
+        "from locust import task\n"
+        "from vllm_load.users import ChatUser\n\n"
+        "class Busy(ChatUser):\n"
+        "    @task\n"
+        "    def generate(self):\n"
+        "        end = time.perf_counter() + 0.2\n"
+        "        while time.perf_counter() < end:\n"
+        "            pass\n"
+        "        super().generate()\n")
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "locust", "-f", str(lf), "--headless", "-u", "4", "-r", "4",
+                          "-t", "9s", "--host", emu.url, "--output-tokens", "4", "--run-dir", str(run_dir)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+                         preexec_fn=_pinned(cores[0]))
+    client_verdict = summary_of(run_dir)["summary"]["client"]
+    print(client_verdict)
+    assert client_verdict["saturated"] and client_verdict["cause"] == "client", client_verdict
+    assert "add workers" in res.stdout
+
+
+def test_batch_1_and_batch_8_send_the_same_instruction_and_report_records_per_second(tmp_path, emulator_factory):
+    from vllm_load.datasets import BATCH_INSTRUCTION
+
+    received = tmp_path / "received.jsonl"
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(received))
+    reviews = tmp_path / "reviews.csv"
+    reviews.write_text("review\n" + "".join(f"\"review number {i}, fine phone\"\n" for i in range(40)))
+    rates = {}
+    for k in (1, 8):
+        run_dir = tmp_path / f"k{k}"
+        res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--host", emu.url,
+                          "--dataset", str(reviews), "--dataset-batch", str(k), "--run-dir", str(run_dir)],
+                         cwd=tmp_path)
+        assert res.returncode == 0, res.stdout[-2000:]
+        s = summary_of(run_dir)["summary"]
+        assert s["records_per_request"] == k and s["records"] == k * s["succeeded"]
+        assert s["record_rate"] == pytest.approx(k * s["request_rate"])
+        assert f"records {s['records']} ({k} per request)" in res.stdout
+        assert "records/s" in (run_dir / "report.html").read_text()
+        rates[k] = s["record_rate"]
+    bodies = [json.loads(line)["body"] for line in received.read_text().splitlines()]
+    contents = [b["messages"][0]["content"] for b in bodies]
+    # every request: a digest line, then the one instruction, then 1 or 8 numbered records
+    assert all(c.split("\n")[1] == BATCH_INSTRUCTION for c in contents)
+    assert {c.count("\n") - 1 for c in contents} == {1, 8}
+    # the answer budget is per record: 8 records ask for 8 answer lines' worth of tokens
+    budgets = {c.count("\n") - 1: b["max_tokens"] for c, b in zip(contents, bodies)}
+    assert budgets[8] == 8 * budgets[1] and budgets[1] >= 4
