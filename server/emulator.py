@@ -38,9 +38,11 @@ Start = Callable[[str, list], Any]
 
 
 class HttpError(Exception):
-    def __init__(self, status: int, message: str, err_type: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, err_type: str, param: str | None = None,
+                 retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.err_type, self.param = status, message, err_type, param
+        self.retry_after = retry_after  # seconds, sent as Retry-After (429/503 overload faults)
 
     def body(self) -> bytes:
         # vLLM >= 0.10.1 error shape
@@ -105,12 +107,14 @@ class Emulator:
                                       received)
             raise HttpError(404, f"Not Found: {path}", "NotFoundError")
         except HttpError as exc:
-            return self._reply(start_response, exc.status, exc.body())
+            extra = [("Retry-After", f"{exc.retry_after:g}")] if exc.retry_after is not None else []
+            return self._reply(start_response, exc.status, exc.body(), extra=extra)
 
     @staticmethod
-    def _reply(start_response: Start, status: int, body: bytes, ctype: str = "application/json") -> list[bytes]:
+    def _reply(start_response: Start, status: int, body: bytes, ctype: str = "application/json",
+               extra: list[tuple[str, str]] | None = None) -> list[bytes]:
         start_response(f"{status} {_REASONS.get(status, 'Error')}",
-                       [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+                       [("Content-Type", ctype), ("Content-Length", str(len(body))), *(extra or [])])
         return [body]
 
     @staticmethod
@@ -195,7 +199,9 @@ class Emulator:
             raise HttpError(400, f"{prompt_tokens + max_tokens} tokens do not fit the KV cache of "
                                  f"{self.engine.cfg.num_gpu_blocks} blocks of {self.engine.cfg.block_size}", "BadRequestError")
         if fault in ("500", "503", "429"):
-            raise HttpError(int(fault), f"injected fault: HTTP {fault}", "InternalServerError")
+            # an overloaded server tells clients when to come back (--retry-after; 0: no header)
+            retry = self.faults.retry_after if fault in ("503", "429") and self.faults.retry_after > 0 else None
+            raise HttpError(int(fault), f"injected fault: HTTP {fault}", "InternalServerError", retry_after=retry)
         self.metrics.l(self.metrics.prefix_queries).inc(prompt_tokens)
         cached = self.prefix_cache.query(ids)
         self.metrics.l(self.metrics.prefix_hits).inc(cached)
@@ -416,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="inject a fault into this share of requests (500, 503, 429, drop, malformed, error, stall, "
                         "slow-headers); a request can also ask for one with the X-Emulator-Fault header")
     p.add_argument("--stall-seconds", type=float, default=30.0, help="length of stall and slow-headers faults")
+    p.add_argument("--retry-after", type=float, default=0.0,
+                   help="503/429 faults carry this Retry-After header, in seconds (0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault and jitter draws")
     p.add_argument("--request-log", default="",
                    help="append every generation request's path and JSON body to this file (for tests: what a "
@@ -432,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"emulator: error: --jitter {args.jitter} is not between 0 and 1 (a fraction of TTFT/ITL)\n")
         return 2
     try:
-        faults = FaultPlan(dict(parse_fault(f) for f in args.fault), args.stall_seconds, random.Random(args.seed))
+        faults = FaultPlan(dict(parse_fault(f) for f in args.fault), args.stall_seconds, random.Random(args.seed),
+                           retry_after=args.retry_after)
     except ValueError as exc:
         sys.stderr.write(f"emulator: error: {exc}\n")
         return 2

@@ -33,6 +33,7 @@ class FaultPlan:
     rates: dict[str, float] = field(default_factory=dict)
     stall_seconds: float = 30.0
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    retry_after: float = 0.0  # Retry-After seconds on 503/429 faults (0: no header)
 
     def pick(self, environ: dict) -> str | None:
         """The fault for this request: the header's, else one drawn at the configured rates."""

@@ -65,3 +65,45 @@ def test_locustfile_and_sidecar_against_real_vllm(tmp_path, real_vllm, sidecar, 
     assert {"config.json", "llm_stats.json", "requests.jsonl", "server.jsonl", "summary.json", "summary.md",
             "report.html"} <= {p.name for p in run_dir.iterdir()}
     assert "EMULATOR" not in (run_dir / "report.html").read_text()
+
+
+def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
+    """Last in this module: it stops the module's server and serves it again (~50 s on these CPUs)."""
+    import signal
+    import time
+
+    from tests.conftest import wait_for
+    from tests.test_process_faults import locust, logs
+
+    URL, TOKENIZER = real_vllm
+    port = URL.rsplit(":", 1)[1]
+    env = dict(os.environ, R=REAL_DIR, PORT=port)
+    run_dir = tmp_path / "run"
+    p = locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "300s",
+                "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "32", "--output-tokens", "8",
+                "--retry-backoff-max", "0.5s", "--run-dir", str(run_dir)], tmp_path)
+    try:
+        wait_for(lambda: sum(r["ok"] for r in logs(run_dir)) >= 4, timeout=120, what="successes before the stop")
+        stopping = time.time()
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+        stopped = time.time()
+        wait_for(lambda: any(r["error"].startswith("connection failed") for r in logs(run_dir) if not r["ok"]),
+                 timeout=60, what="refused connections")
+        served = subprocess.run(["bash", str(SCRIPT), "serve"], env=env, capture_output=True, text=True, timeout=400)
+        assert served.returncode == 0, served.stdout[-2000:]
+        back = time.time()  # /health answers from here on
+        wait_for(lambda: sum(r["ok"] and r["start"] > back for r in logs(run_dir)) >= 4, timeout=120,
+                 what="successes after the restart")
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    outages = [w for w in summary["outages"] if w["outage"]]
+    assert len(outages) == 1, summary["outages"]
+    w = outages[0]
+    # from the stop (a graceful one: in flight requests may still finish) to the server answering again
+    assert stopping - 1.0 <= w["start"] <= stopped + 1.0 and abs(w["end"] - back) < 1.5, (w, stopping, stopped, back)
+    assert w["attempts"] <= 2 * (w["seconds"] / 0.25 + 5), w  # the backoff bound at a 0.5 s cap
+    assert "OUTAGE: server unreachable from" in out and summary["client"]["saturated"] is False, out[-2000:]

@@ -70,6 +70,7 @@ def stream_request(
     error: str | None = None
     status: int | None = None
     cancelled: BaseException | None = None
+    retry_after: float | None = None
     with session.request("POST", path, data=body, headers=headers, stream=True, catch_response=True, name=path) as resp:
         try:
             status = resp.status_code
@@ -78,6 +79,7 @@ def stream_request(
                 error = f"connection failed: {resp.error!r}"[:240]
             elif status != 200:
                 error = f"HTTP {status}: {error_message(resp.content or b'')}"
+                retry_after = _retry_after(resp.headers.get("Retry-After")) if status in (429, 503) else None
             else:
                 readline = raw.readline
                 feed = state.feed
@@ -155,8 +157,17 @@ def stream_request(
         step=step,
         startup=startup,
         response_id=state.response_id,
+        retry_after=retry_after,
     )
     on_record(rec)
     if cancelled is not None:
         raise cancelled
     return rec
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (its HTTP-date form is rare from inference servers and is ignored)."""
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None

@@ -98,7 +98,7 @@ class ClientMonitor:
         self._greenlet = gevent.spawn(loop)
 
     def take(self) -> dict:
-        out = {"cpu": self.cpu_max, "lag": self.lag_max, "streams": self.streams_max, "wait": self.wait_max,
+        out = {"t": time.time(), "cpu": self.cpu_max, "lag": self.lag_max, "streams": self.streams_max, "wait": self.wait_max,
                "steal": self.steal_max, "cpu_at_lag": self.cpu_at_lag, "wait_at_lag": self.wait_at_lag}
         self.cpu_max = self.lag_max = self.wait_max = self.steal_max = self.cpu_at_lag = self.wait_at_lag = 0.0
         self.streams_max = 0
@@ -128,10 +128,13 @@ class ClientHealth:
     def add(self, worker: str, report: dict) -> None:
         self.reports.setdefault(worker, []).append(report)
 
-    def verdict(self, send_lag_p99: float | None = None) -> dict:
+    def verdict(self, send_lag_p99: float | None = None, quiet: list[tuple[float, float]] | None = None) -> dict:
+        """``quiet``: spans (wall clock) of outages and failure storms, whose reports are not judged."""
         reasons: list[str] = []
         causes: list[str] = []
-        for worker, rows in sorted(self.reports.items()):
+        for worker, all_rows in sorted(self.reports.items()):
+            # a report covers the 3 s before its stamp; reports without one (older) always count
+            rows = [r for r in all_rows if not any(a <= r.get("t", -1e18) <= b + 3.0 for a, b in quiet or [])]
             hot = [r["cpu"] >= CPU_LIMIT for r in rows]
             if any(a and b for a, b in zip(hot, hot[1:])):
                 reasons.append(f"{worker}: CPU at or above {CPU_LIMIT:.0f}% for two reports in a row")

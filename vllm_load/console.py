@@ -102,6 +102,8 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         lines.append("WARNING: UNTRUSTWORTHY RUN: the load generator could not keep time, so these numbers describe "
                      f"the client, not the server: {'; '.join(c['reasons'])}. Cause: {c.get('cause') or 'client'}: "
                      f"{c.get('advice') or 'add workers: --processes N or more machines'}")
+    for w in s.get("outages", []):
+        lines.append(("OUTAGE: " if w["outage"] else "FAILURE STORM: ") + w["text"])
     if s.get("workers_lost"):
         lines.append(f"WARNING: worker(s) lost mid-run, no final report: {', '.join(s['workers_lost'])} "
                      "(their requests after their last report, at most 3 s, are missing here but in their logs)")

@@ -22,6 +22,7 @@ from locust.runners import MasterRunner, WorkerRunner
 from vllm_load import log_repeats, options, webui
 from vllm_load.console import render_table
 from vllm_load.embedded import ChildServer, start_emulator, start_sidecar
+from vllm_load.outages import describe
 from vllm_load.server_side import LiveServer, fetch_series
 from vllm_load.server_wait import parse_duration, wait_for_server
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_ERRORS, EXIT_OK, UsageError, die
@@ -48,6 +49,9 @@ class _State:
     runtime: Runtime | None = None
     fatal: str | None = None  # a failure every request would repeat: the run was stopped with it
     target_error: str | None = None  # the web UI's target failed its check: shown there until fixed
+    outage_now: str | None = None  # an outage going on right now, as the console said it
+    outage_stop: str | None = None  # --stop-on-outage ended the run with this reason
+    watcher: Any = None  # greenlet watching for outages (master / local)
     live_server: LiveServer | None = None  # the sidecar's samples while the web UI shows a run
 
 
@@ -270,11 +274,36 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         STATE.target_error = str(exc)
         log.error("vllm-load: %s (fix it in the web UI and start again)", exc)
     webui.install(environment, _live_summary, STATE.slos, lambda: STATE.report,
-                  lambda: STATE.fatal or STATE.target_error)
+                  lambda: STATE.fatal or STATE.target_error or (STATE.outage_now and f"OUTAGE: {STATE.outage_now}"))
     # The blocking start-up above (tokenizer, embedded emulator: seconds) left libev's cached clock
     # behind; Locust arms its --run-time timer next, relative to that stale "now", and a 3 s run
     # ended 0.1 s after it began. Refresh the clock so the run lasts what was asked.
     gevent.get_hub().loop.update_now()
+
+
+def _watch_outages(environment: Any, rt: Runtime) -> None:
+    """Say on the console (and the web UI) when the server becomes unreachable and when it is back, from the
+    merged counts (on a master: as of the workers' last reports, every 3 s); --stop-on-outage ends the run."""
+    stop_after = parse_duration(environment.parsed_options.stop_on_outage, "--stop-on-outage")
+    while True:
+        gevent.sleep(1.0)
+        if rt.totals is None:
+            return
+        wins = rt.totals.outage_windows(rt.outage_after, time.time())
+        cur = wins[-1] if wins and wins[-1].ongoing and wins[-1].is_outage else None
+        if cur is not None:
+            text = describe(cur, rt.start_wall, rt.totals.conn_error[1], live=True)
+            if STATE.outage_now is None:
+                print(f"vllm-load: OUTAGE: {text}", flush=True)
+            STATE.outage_now = text
+            if stop_after and cur.seconds >= stop_after and STATE.outage_stop is None:
+                STATE.outage_stop = f"{text}: stopping the run (--stop-on-outage {environment.parsed_options.stop_on_outage})"
+                sys.stderr.write(f"vllm-load: error: {STATE.outage_stop}\n")
+                sys.stderr.flush()
+                gevent.spawn(environment.runner.quit if environment.web_ui is None else environment.runner.stop)
+        elif STATE.outage_now is not None:
+            print("vllm-load: the server answers again", flush=True)
+            STATE.outage_now = None
 
 
 def _stop_children() -> None:
@@ -318,6 +347,11 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     total_users = getattr(environment.runner, "target_user_count", 0) or 0
     STATE.runtime = rt = Runtime.create(role, opts, worker_id, total_users, _apis(environment),
                                         on_fatal=lambda message: fatal(environment, message))
+    if role != "worker":
+        if STATE.watcher is not None:
+            STATE.watcher.kill(block=False)
+        STATE.outage_now = STATE.outage_stop = None
+        STATE.watcher = gevent.spawn(_watch_outages, environment, rt)
     if role != "worker" and environment.web_ui is not None and opts.sidecar_url:
         if STATE.live_server is not None:
             STATE.live_server.stop()
@@ -400,11 +434,15 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         exceptions = sum(row["count"] for row in environment.runner.exceptions.values())
         if code == EXIT_OK and exceptions:  # Locust's own rule, which our exit code would otherwise mask
             code = EXIT_ERRORS
+        if STATE.outage_stop:
+            code = EXIT_ERRORS
         STATE.report = str(built.report)
         sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {rt.run_id}{banner}",
                                               server=built.server) + "\n")
         if STATE.fatal:
             sys.stdout.write(f"vllm-load: the run was stopped: {STATE.fatal}\n")
+        if STATE.outage_stop:
+            sys.stdout.write(f"vllm-load: the run was stopped: {STATE.outage_stop}\n")
         elif render_validity(built.validity):
             sys.stdout.write(render_validity(built.validity) + "\n")
         if exceptions:
@@ -415,4 +453,6 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         sys.stdout.write(f"vllm-load: report {built.report} (exit code {code})\n")
         sys.stdout.flush()
         environment.process_exit_code = code
+    if STATE.watcher is not None:
+        STATE.watcher.kill(block=False)
     rt.close()

@@ -41,6 +41,10 @@ def add_arguments(parser: Any) -> None:
     add("--sweep-users", 32, "users that carry an open-loop rate sweep", type=int)
     add("--step-duration", 60.0, "seconds per sweep step", type=float)
     add("--stop-on-slo-miss", False, "end the sweep at the first step that misses an SLO", action="store_true")
+    add("--retry-backoff-max", "2s", "closed loop: after a connection failure (refused, reset, connect timeout) a "
+        "user waits 50 ms, doubling up to this, with jitter (also the cap on a server's Retry-After)")
+    add("--outage-after", "2s", "connection failures with no success for this long are reported as a server outage")
+    add("--stop-on-outage", "0", "end the run (exit 1) once an outage has lasted this long (0: never)")
     add("--drain-timeout", 30.0, "at the end of a run, seconds to let in-flight streams finish before they are cancelled",
         type=float)
     add("--no-ignore-eos", False, "do not send ignore_eos/min_tokens (output length is then up to the model)",

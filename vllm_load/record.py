@@ -42,6 +42,12 @@ class RequestRecord:
     good: bool | None = None  # met every per-request SLO (None when no such SLO was given)
     step: int | None = None  # sweep step the request started in
     response_id: str | None = None  # the server's id for the request (joins with vLLM's own logs)
+    retry_after: float | None = None  # seconds the server asked us to wait (Retry-After on 429/503)
+
+    @property
+    def connection_failed(self) -> bool:
+        """Failed without any HTTP response: refused, reset before the headers, connect timeout."""
+        return not self.ok and not self.status
 
     def chunk_itls(self) -> list[float]:
         o = self.chunk_offsets

@@ -113,6 +113,10 @@ def timeline_png(run: Run) -> str:
         axes[5].set_ylabel("%")
         for a in axes[2:]:
             a.legend(fontsize=7)
+    for w in run.summary.get("outages", []):  # the sidecar's missing samples show beside them
+        for a in axes:
+            a.axvspan(w["start"] - run.start, w["end"] - run.start, color="#d62728" if w["outage"] else "#ff7f0e",
+                      alpha=0.15, label=None)
     axes[-1].set_xlabel("seconds since the run started")
     return _png(fig)
 
@@ -209,6 +213,9 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
         parts.append("<div class='banner' id='client-saturated'><b>Untrustworthy run: the load generator could not "
                      f"keep time (cause: {html.escape(str(s['client'].get('cause') or 'client'))}).</b> {html.escape('; '.join(s['client']['reasons']))}. "
                      f"{html.escape(s['client'].get('advice') or 'add workers')}.</div>")
+    if s.get("outages"):
+        parts.append("<div class='banner' id='outages'><b>Outages and failure storms</b> (shaded on the timeline):<br>"
+                     + "<br>".join(html.escape(w["text"]) for w in s["outages"]) + "</div>")
     if s.get("workers_lost"):
         parts.append("<div class='banner' id='workers-lost'><b>Worker(s) lost mid-run:</b> "
                      f"{html.escape(', '.join(s['workers_lost']))}. Their requests after their last report (at most "

@@ -25,6 +25,7 @@ from vllm_load.prompt_pool import PromptPool
 from vllm_load.prompts import Prompt, PromptFactory
 from vllm_load.record import RequestRecord
 from vllm_load.reqlog import RequestLog
+from vllm_load.server_wait import parse_duration
 from vllm_load.slo import goodput_thresholds, parse_slo_option
 from vllm_load.stats import LLMStats
 from vllm_load.warmup import warm_up
@@ -59,6 +60,8 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
         raise UsageError("--request-rate must be >= 0, --burstiness > 0, --max-concurrency >= 1 and --ramp-up >= 0")
     if opts.shared_prefix_tokens < 0:
         raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
+    for flag in ("--retry-backoff-max", "--outage-after", "--stop-on-outage"):
+        parse_duration(getattr(opts, flag[2:].replace("-", "_")), flag)
     if opts.min_requests < 0:
         raise UsageError(f"--min-requests must be >= 0, got {opts.min_requests}")
     if opts.dataset:
@@ -207,6 +210,8 @@ class Runtime:
             run_dir=Path(opts.vllm_load_run_dir),
             worker_id=worker_id,
         )
+        rt.outage_after = parse_duration(opts.outage_after, "--outage-after")
+        rt.backoff_max = parse_duration(opts.retry_backoff_max, "--retry-backoff-max")
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
         rt.run_dir.mkdir(parents=True, exist_ok=True)
@@ -380,7 +385,7 @@ class Runtime:
         assert self.totals is not None
         end = self.end_wall or time.time()
         summary = self.totals.summary(duration=end - self.start_wall, records_per_request=records_per_request(
-            self.opts.dataset, self.opts.dataset_batch))
+            self.opts.dataset, self.opts.dataset_batch), outage_after=self.outage_after, now=end)
         summary["workers"] = sorted(self.workers_seen)
         summary["workers_lost"] = list(self.workers_lost)
         if self.monitor is not None and self.role == "local":
@@ -388,7 +393,9 @@ class Runtime:
             if last["cpu"] or last["lag"] or last["streams"]:
                 self.health.add("local", last)
         send_lag = summary["metrics"].get("send_lag", {})
-        summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None)
+        # CPU and lag while the server was unreachable or failing every request are the failures' doing
+        quiet = [(w["start"], w["end"]) for w in summary["outages"]]
+        summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet)
         summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
         data = {"run_id": self.run_id, "start": self.start_wall, "end": end, "summary": summary,
                 "stats": self.totals.to_wire()}

@@ -25,7 +25,7 @@ PER_REQUEST = ("ttft", "tpot", "e2e")  # goodput criteria, as in vllm bench serv
 STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean", "min")
 RUN_METRICS = {
     "error_rate": "%", "goodput": "%", "output_token_rate": "tok/s", "request_rate": "req/s",
-    "input_drift": "tok", "output_tps": "tok/s",
+    "input_drift": "tok", "output_tps": "tok/s", "outage.seconds": "s",
 }
 SERVER_METRICS = {
     "server.kv_cache_usage.max": "%", "server.preemptions": "count", "server.waiting.max": "count",
@@ -159,6 +159,8 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
         if slo.stat == "share":
             return float(summary.get("input_drift_fraction", 0.0)), ""
         return float(summary["input_drift_max_abs"]), ""
+    if slo.metric == "outage.seconds":
+        return float(summary.get("outage_seconds", 0.0)), ""
     if slo.metric in ("output_token_rate", "request_rate", "output_tps"):
         return float(summary[slo.metric if slo.metric != "output_tps" else "output_token_rate"]), ""
     if not server:
@@ -170,6 +172,8 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
 
 
 def _show(slo: SLO, value: float) -> str:
+    if slo.metric == "outage.seconds":
+        return f"{value:.1f} s"
     if slo.metric in LATENCY:
         return f"{value * 1000:.2f} ms"
     if slo.metric in ("error_rate", "goodput") or SERVER_METRICS.get(slo.metric) == "%" or slo.stat == "share":

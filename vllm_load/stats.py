@@ -13,6 +13,7 @@ from itertools import chain
 
 import numpy as np
 
+from vllm_load import outages
 from vllm_load.histogram import Histogram
 from vllm_load.record import RequestRecord
 
@@ -106,6 +107,11 @@ class LLMStats:
     first_start: float | None = None
     last_start: float | None = None
     last_end: float | None = None
+    # 100 ms buckets (outages.bucket) of request starts: successes, connection-level and other failures
+    ok_buckets: Counter = field(default_factory=Counter)
+    conn_buckets: Counter = field(default_factory=Counter)
+    fail_buckets: Counter = field(default_factory=Counter)
+    conn_error: tuple = (0.0, "")  # the latest connection-level failure: (start, reason)
     _pending: list = field(default_factory=list, repr=False, compare=False)
 
     #: pending requests beyond which ``add`` folds by itself (bounds memory when nothing reads)
@@ -139,10 +145,18 @@ class LLMStats:
         self._pending.append(rec)
         if len(self._pending) >= self.MAX_PENDING:
             self.fold()
+        b = outages.bucket(rec.start)
         if not rec.ok:
             self.failures += 1
             self.errors[rec.error or "unknown error"] += 1
+            if rec.connection_failed:
+                self.conn_buckets[b] += 1
+                if rec.start >= self.conn_error[0]:
+                    self.conn_error = (rec.start, rec.error or "")
+            else:
+                self.fail_buckets[b] += 1
             return
+        self.ok_buckets[b] += 1
         if rec.input_tokens is not None:
             self.input_tokens += rec.input_tokens
         if rec.output_tokens is not None:
@@ -226,6 +240,7 @@ class LLMStats:
                     h.pack()
 
     # -- shipping between processes -------------------------------------------------------------
+    _BUCKETS = ("ok_buckets", "conn_buckets", "fail_buckets")
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
                  "drift_requests", "output_mismatch", "good", "judged")
 
@@ -241,6 +256,8 @@ class LLMStats:
             "first_start": self.first_start,
             "last_start": self.last_start,
             "last_end": self.last_end,
+            **{k: {str(b): n for b, n in getattr(self, k).items()} for k in self._BUCKETS},
+            "conn_error": list(self.conn_error),
         }
 
     @classmethod
@@ -258,6 +275,9 @@ class LLMStats:
             s.windows[int(w)] = {m: Histogram.from_wire(h) for m, h in ms.items()}
         s.first_start, s.last_end = data["first_start"], data["last_end"]
         s.last_start = data.get("last_start")
+        for k in cls._BUCKETS:  # older run dirs have none
+            setattr(s, k, Counter({int(b): n for b, n in data.get(k, {}).items()}))
+        s.conn_error = tuple(data.get("conn_error", (0.0, "")))
         return s
 
     def merge(self, other: LLMStats) -> None:
@@ -269,6 +289,9 @@ class LLMStats:
         self.errors.update(other.errors)
         self.tokens_per_second.update(other.tokens_per_second)
         self.done_per_second.update(other.done_per_second)
+        for k in self._BUCKETS:
+            getattr(self, k).update(getattr(other, k))
+        self.conn_error = max(self.conn_error, other.conn_error, key=lambda e: e[0])
         for w, ms in other.windows.items():
             mine = self.windows[w]
             for m, h in ms.items():
@@ -293,7 +316,12 @@ class LLMStats:
         end = int(now) - lag
         return sum(self.tokens_per_second.get(s, 0) for s in range(end - window, end)) / window
 
-    def summary(self, duration: float | None = None, records_per_request: int = 0) -> dict:
+    def outage_windows(self, min_seconds: float, now: float | None = None) -> list[outages.Window]:
+        """Spans with failures and no success (``outages``); O(buckets), no fold: cheap to poll live."""
+        return outages.find_windows(self.ok_buckets, self.conn_buckets, self.fail_buckets, min_seconds, now)
+
+    def summary(self, duration: float | None = None, records_per_request: int = 0,
+                outage_after: float = 2.0, now: float | None = None) -> dict:
         """``records_per_request``: dataset records each request carries (``--dataset-batch``), for the
         records/s that a batching comparison is about; 0 when prompts are not dataset records."""
         if duration is None:
@@ -323,6 +351,11 @@ class LLMStats:
             "errors": dict(self.errors.most_common()),
             "metrics": {k: h.summary() for k, h in self.hists.items()},
         }
+        windows = self.outage_windows(outage_after, now)
+        start = self.first_start or 0.0
+        out["outages"] = [{**w.to_json(), "text": outages.describe(w, start, self.conn_error[1] if w.is_outage else "")}
+                          for w in windows]
+        out["outage_seconds"] = sum(w.seconds for w in windows if w.is_outage)
         if records_per_request:
             out["records_per_request"] = records_per_request
             out["records"] = ok * records_per_request

@@ -1,0 +1,122 @@
+"""A server outage is reported as an outage: bounded retries, a window on the run's clock, no blame on the client."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+
+from tests.conftest import ROOT, Proc, free_port, run_locust, wait_for
+from tests.test_process_faults import locust, logs
+from vllm_load.outages import bucket, find_windows
+
+CHAT = str(ROOT / "locustfiles/chat.py")
+
+
+def test_windows_from_buckets():
+    ok, conn, other = Counter(), Counter(), Counter()
+    for t in (1.0, 1.5, 2.0):
+        ok[bucket(t)] += 1
+    for t in (3.0, 3.2, 4.0, 6.0):  # refused for 3 s and more
+        conn[bucket(t)] += 1
+    ok[bucket(6.5)] += 1
+    other[bucket(8.0)] += 1  # one HTTP error: too short to be a storm
+    ok[bucket(8.5)] += 1
+    wins = find_windows(ok, conn, other, min_seconds=2.0)
+    assert len(wins) == 1 and abs(wins[0].start - 3.0) < 1e-9 and abs(wins[0].end - 6.5) < 1e-9
+    assert wins[0].attempts == 4 and wins[0].is_outage and not wins[0].ongoing
+    conn[bucket(9.0)] += 1  # down again, and still down at the end
+    wins = find_windows(ok, conn, other, min_seconds=2.0, now=12.0)
+    assert wins[-1].ongoing and abs(wins[-1].seconds - 3.0) < 1e-9
+    assert len(find_windows(ok, conn, other, min_seconds=2.0, now=10.0)) == 1  # 1 s: not yet an outage
+
+
+def test_a_server_killed_and_restarted_is_one_outage_with_bounded_retries(tmp_path):
+    port = free_port()
+    args = ["-m", "server.emulator", "--port", str(port), "--ttft", "0.01", "--itl", "0.01"]
+    server = Proc(args)
+    run_dir = tmp_path / "run"
+    users, cap = 4, 0.5
+    p = locust(["-f", CHAT, "--headless", "-u", str(users), "-r", str(users), "-t", "120s", "--host", server.url,
+                "--output-tokens", "20", "--retry-backoff-max", f"{cap}s", "--slo", "outage.seconds<=0",
+                "--run-dir", str(run_dir)], tmp_path)
+    try:
+        wait_for(lambda: sum(r["ok"] for r in logs(run_dir)) >= 8, what="successes before the kill")
+        server.p.kill()
+        server.p.wait(timeout=10)
+        killed = time.time()
+        wait_for(lambda: time.time() - killed >= 5 and any(r["error"].startswith("connection failed")
+                                                          for r in logs(run_dir) if not r["ok"]),
+                 what="5 s of outage with refused connections", poll=0.2)
+        server = Proc(args)  # the same port again; it listens once Proc returns
+        back = time.time()
+        # successes after it, and time for the live watcher (1 s polls) to have said so
+        wait_for(lambda: sum(r["ok"] and r["start"] > back for r in logs(run_dir)) >= 8 and time.time() - back > 3,
+                 what="successes after the restart", poll=0.2)
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=90)
+    finally:
+        server.stop()
+        if p.poll() is None:
+            p.kill()
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    outages = [w for w in summary["outages"] if w["outage"]]
+    assert len(outages) == 1, summary["outages"]
+    w = outages[0]
+    # the window is where the server was gone: from the kill to its restart, to the backoff's precision
+    assert abs(w["start"] - killed) < 1.0 and abs(w["end"] - back) < 1.0, (w, killed, back)
+    # attempts stay within the backoff bound: each user waits >= cap/2 once its doublings reach the cap
+    doublings = 4  # 50, 100, 200, 400 ms before the 0.5 s cap
+    assert w["attempts"] <= users * (w["seconds"] / (cap / 2) + doublings + 1), w
+    refused = [r for r in logs(run_dir) if not r["ok"] and r["error"].startswith("connection failed")]
+    assert len(refused) <= w["attempts"]
+    # the run says what happened, live and at the end, and the SLO on it fails
+    assert "vllm-load: OUTAGE: server unreachable since" in out and "the server answers again" in out, out[-3000:] + err[-3000:]
+    assert "OUTAGE: server unreachable from" in out and "connection refused" in w["text"]
+    assert summary["client"]["saturated"] is False, summary["client"]
+    assert p.returncode == 3 and "FAIL  outage.seconds<=0" in out
+    assert "id='outages'" in (run_dir / "report.html").read_text()
+    assert "server unreachable from" in (run_dir / "summary.md").read_text()
+
+
+def test_stop_on_outage_ends_the_run_with_the_reason(tmp_path):
+    port = free_port()
+    server = Proc(["-m", "server.emulator", "--port", str(port), "--ttft", "0.01", "--itl", "0.005"])
+    run_dir = tmp_path / "run"
+    p = locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "120s", "--host", server.url,
+                "--output-tokens", "8", "--stop-on-outage", "3s", "--run-dir", str(run_dir)], tmp_path)
+    try:
+        wait_for(lambda: sum(r["ok"] for r in logs(run_dir)) >= 4, what="successes before the kill")
+        server.stop()
+        killed = time.time()
+        out, err = p.communicate(timeout=60)
+        took = time.time() - killed
+    finally:
+        server.stop()
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 1, out[-2000:]
+    assert "stopping the run (--stop-on-outage 3s)" in err and "the run was stopped: server unreachable" in out
+    assert took < 20  # stopped 3 s into the outage (+ reports every 3 s, drain, report), not at -t 120 s
+
+
+def test_a_503_with_retry_after_makes_the_user_wait(tmp_path, emulator_factory):
+    emu = emulator_factory("--fault", "503:1", "--retry-after", "1")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "4s", "--host", emu.url,
+                      "--min-requests", "0", "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 1, res.stdout[-2000:]
+    starts = sorted(r["start"] for r in logs(run_dir))
+    assert 3 <= len(starts) <= 6, starts  # ~one a second, not hundreds
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert min(gaps) >= 0.95, gaps
+    assert all(r["retry_after"] == 1.0 and r["status"] == 503 for r in logs(run_dir))
+
+
+def test_without_retry_after_http_errors_are_not_backed_off(tmp_path, emulator_factory):
+    emu = emulator_factory("--fault", "500:1")
+    res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", emu.url,
+                      "--min-requests", "0", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    assert res.returncode == 1
+    assert len(logs(tmp_path / "run")) > 50  # the server answered: its answers are what is measured
