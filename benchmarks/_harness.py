@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from server.vllm_schema import parse_metrics  # noqa: E402
+from server.sidecar.vllm_schema import parse_metrics  # noqa: E402
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 

@@ -14,7 +14,7 @@ import time
 
 import gevent
 
-from server.scheduler import PROFILES, BatchingEngine, SchedulerConfig
+from server.emulator.scheduler import PROFILES, BatchingEngine, SchedulerConfig
 
 
 def level(batch: int, scale: float, rounds: int = 2) -> tuple[float, float, int]:

@@ -58,9 +58,9 @@ def master_hour(hours: float, tokens_per_s: float, pack: bool) -> None:
     """Runs in a child process: prints 'minute RSS-MB live-histograms' lines."""
     import msgpack
 
-    from vllm_load import stats as stats_mod
-    from vllm_load.record import RequestRecord
-    from vllm_load.stats import LLMStats
+    from vllm_load.metrics import stats as stats_mod
+    from vllm_load.client.record import RequestRecord
+    from vllm_load.metrics.stats import LLMStats
 
     if not pack:
         stats_mod.PACK_AFTER_S = 10**12

@@ -19,9 +19,9 @@ import statistics
 import sys
 import time
 
-from vllm_load.prompts import PromptFactory
-from vllm_load.runtime import SWITCH_INTERVAL
-from vllm_load.tokenizer import BUILTIN_MISTRAL, load_tokenizer
+from vllm_load.workload.prompts import PromptFactory
+from vllm_load.plugin.runtime import SWITCH_INTERVAL
+from vllm_load.workload.tokenizer import BUILTIN_MISTRAL, load_tokenizer
 
 
 def bench(factory: PromptFactory, n: int, seconds: float) -> tuple[float, float, int]:

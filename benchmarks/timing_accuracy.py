@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 from _harness import ENV, ROOT, cpu_s, pinned, running, start_emulator
 
-from vllm_load.reqlog import read_log
+from vllm_load.rundir.reqlog import read_log
 
 SCHEDULES = {"fixed": [], "jitter": ["--jitter", "0.5"], "lockstep": ["--lockstep"]}
 

@@ -1,7 +1,8 @@
-"""A sweep over concurrency (or request rate) levels, one step per level: see vllm_load/shapes.py.
+"""A sweep over concurrency (or request rate) levels, one step per level: see vllm_load/plugin/shapes.py.
 
     locust -f locustfiles/sweep.py --headless --sweep 8,16,32,64 --step-duration 30 --slo 'ttft.p99<=1s'
+
+The same file ships in the package (vllm_load/locustfiles/sweep.py): `locust -f "$(vllm-load locustfile sweep)"`.
 """
 
-from vllm_load.shapes import SweepShape  # noqa: F401  (Locust uses the shape class of this module)
-from vllm_load.users import ChatUser  # noqa: F401
+from vllm_load.locustfiles.sweep import *  # noqa: F401,F403  (Locust collects the classes of this module)

@@ -3,7 +3,7 @@
 import json
 
 from tests.conftest import ROOT, run_locust
-from vllm_load.client_health import ClientHealth
+from vllm_load.metrics.client_health import ClientHealth
 
 
 def test_verdict_rules():

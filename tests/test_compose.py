@@ -32,7 +32,7 @@ def test_commands_are_real_entry_points_with_real_options():
     services = load()["services"]
     side = services["sidecar"]["command"]
     assert side[:3] == ["python", "-m", "server.sidecar"]
-    importlib.import_module("server.sidecar")
+    importlib.import_module("server.sidecar.app")
     side_help = help_text(["-m", "server.sidecar"])
     for flag in (a for a in side if a.startswith("--")):
         assert flag in side_help, flag

@@ -5,11 +5,11 @@ import json
 import pytest
 
 from tests.conftest import ROOT, run_locust
-from vllm_load.datasets import BATCH_INSTRUCTION, DatasetSource, answer_tokens_per_record, read_records
+from vllm_load.workload.datasets import BATCH_INSTRUCTION, DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.errors import UsageError
-from vllm_load.prompts import PromptFactory
-from vllm_load.reqlog import read_log
-from vllm_load.tokenizer import BUILTIN_MISTRAL, load_tokenizer
+from vllm_load.workload.prompts import PromptFactory
+from vllm_load.rundir.reqlog import read_log
+from vllm_load.workload.tokenizer import BUILTIN_MISTRAL, load_tokenizer
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import statistics
 import pytest
 
 from tests.conftest import ROOT, run_locust
-from vllm_load.histogram import Histogram
-from vllm_load.reqlog import read_log
+from vllm_load.metrics.histogram import Histogram
+from vllm_load.rundir.reqlog import read_log
 
 TTFT, ITL = 0.080, 0.010
 

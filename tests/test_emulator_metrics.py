@@ -5,7 +5,7 @@ import urllib.request
 
 import pytest
 
-from server.vllm_schema import parse_log_line, parse_metrics
+from server.sidecar.vllm_schema import parse_log_line, parse_metrics
 from tests.conftest import wait_for
 
 

@@ -4,7 +4,7 @@ import csv
 import json
 
 from tests.conftest import ROOT, run_locust
-from vllm_load.reqlog import read_log
+from vllm_load.rundir.reqlog import read_log
 
 FAULTS = ["500:0.08", "503:0.04", "429:0.04", "drop:0.08", "malformed:0.06", "error:0.06", "stall:0.04"]
 REASONS = {"500": "HTTP 500: injected fault", "503": "HTTP 503: injected", "429": "HTTP 429: injected", "drop": "connection closed mid-stream after",

@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from vllm_load.histogram import Histogram
-from vllm_load.record import RequestRecord
-from vllm_load.stats import LLMStats
+from vllm_load.metrics.histogram import Histogram
+from vllm_load.client.record import RequestRecord
+from vllm_load.metrics.stats import LLMStats
 
 
 def rec(offsets, tokens, e2e, start=1000.0, out=None, ok=True, **kw):
@@ -107,7 +107,7 @@ def test_stats_delta_shipping_is_lossless():
 def test_open_loop_arrivals_rate_burstiness_and_ramp():
     import random as _random
 
-    from vllm_load.arrivals import ArrivalProcess
+    from vllm_load.workload.arrivals import ArrivalProcess
 
     for burstiness in (1.0, 0.5, 4.0):
         p = ArrivalProcess(20.0, burstiness, _random.Random(1))

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import ROOT
-from vllm_load.reqlog import read_log
+from vllm_load.rundir.reqlog import read_log
 
 
 def sh(*cmd: str) -> None:

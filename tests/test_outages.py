@@ -9,7 +9,7 @@ from collections import Counter
 
 from tests.conftest import ROOT, Proc, free_port, run_locust, wait_for
 from tests.test_process_faults import locust, logs
-from vllm_load.outages import bucket, find_windows
+from vllm_load.metrics.outages import bucket, find_windows
 
 CHAT = str(ROOT / "locustfiles/chat.py")
 

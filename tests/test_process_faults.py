@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, Proc, free_port, wait_for
-from vllm_load.reqlog import read_log
+from vllm_load.rundir.reqlog import read_log
 
 
 def locust(args: list[str], cwd: Path) -> subprocess.Popen:

@@ -6,7 +6,7 @@ import traceback
 import pytest
 
 from vllm_load.errors import UsageError
-from vllm_load.prompt_pool import PromptError, PromptPool
+from vllm_load.workload.prompt_pool import PromptError, PromptPool
 
 
 def test_items_come_in_order_from_the_producer_thread():

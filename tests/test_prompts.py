@@ -6,9 +6,9 @@ import pytest
 
 from tests.tokenizers_fixture import build_byte_level_bpe
 from vllm_load.errors import UsageError
-from vllm_load.lengths import parse_length
-from vllm_load.prompts import DIGEST_WORDS, PromptFactory
-from vllm_load.tokenizer import BUILTIN_MISTRAL, BUILTIN_TEKKEN, load_tokenizer
+from vllm_load.workload.lengths import parse_length
+from vllm_load.workload.prompts import DIGEST_WORDS, PromptFactory
+from vllm_load.workload.tokenizer import BUILTIN_MISTRAL, BUILTIN_TEKKEN, load_tokenizer
 
 
 @pytest.fixture(scope="module")

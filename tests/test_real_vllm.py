@@ -13,7 +13,7 @@ import subprocess
 import pytest
 
 from tests.conftest import ROOT, Proc, run_locust
-from vllm_load.reqlog import read_log
+from vllm_load.rundir.reqlog import read_log
 
 REAL_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
 SCRIPT = ROOT / "tests" / "real_vllm" / "real-vllm-cpu.sh"

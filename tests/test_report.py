@@ -9,9 +9,9 @@ import subprocess
 import pytest
 
 from vllm_load.cli import main as cli_main
-from vllm_load.record import RequestRecord
-from vllm_load.report import build
-from vllm_load.stats import LLMStats
+from vllm_load.client.record import RequestRecord
+from vllm_load.report.html import build
+from vllm_load.metrics.stats import LLMStats
 
 SECRET = "sk-fixture-secret-0123456789"
 

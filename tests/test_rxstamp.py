@@ -7,7 +7,7 @@ import statistics
 import textwrap
 
 from tests.conftest import run_locust
-from vllm_load.reqlog import read_log
+from vllm_load.rundir.reqlog import read_log
 
 # A client whose loop is blocked 6 ms out of every 8 ms: stamped at read time, a chunk that arrives
 # during a block is read at its end, up to 6 ms late. The blocks are shorter than the token gaps
@@ -17,7 +17,7 @@ LOCUSTFILE = textwrap.dedent("""
     import time
     import gevent
     from locust.contrib.fasthttp import FastHttpUser
-    from vllm_load.users import ChatUser, CompletionsUser
+    from vllm_load.plugin.users import ChatUser, CompletionsUser
 
     class Stamped(ChatUser):
         pass

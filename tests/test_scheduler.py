@@ -3,7 +3,7 @@
 import gevent
 import pytest
 
-from server.scheduler import PROFILES, BatchingEngine, CostModel, SchedulerConfig
+from server.emulator.scheduler import PROFILES, BatchingEngine, CostModel, SchedulerConfig
 
 
 def drive(engine, n_requests, prompt, out, watch=None):
@@ -95,7 +95,7 @@ def test_fixed_schedule_jitter_is_seeded_and_lockstep_shares_one_grid():
     every stream's due times on one global ITL grid (like one batched decode step)."""
     import time
 
-    from server.engine import EngineConfig, FixedScheduleEngine
+    from server.emulator.engine import EngineConfig, FixedScheduleEngine
 
     cfg = EngineConfig(ttft=0.002, itl=0.002, jitter=0.5, seed=7)
     dues = [[em.due for em in FixedScheduleEngine(cfg).generate(10, 20)] for _ in range(2)]
@@ -121,7 +121,7 @@ def test_fixed_schedule_jitter_is_seeded_and_lockstep_shares_one_grid():
     (["--itl", "-1"], "--ttft/--itl must be >= 0"),
 ])
 def test_emulator_bad_schedule_options_are_one_line_and_exit_2(capsys, args, needle):
-    from server.emulator import main
+    from server.emulator.app import main
 
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -7,10 +7,10 @@ import pytest
 
 from tests.conftest import ROOT, run_locust
 from vllm_load.errors import UsageError
-from vllm_load.record import RequestRecord
-from vllm_load.results import exit_code
-from vllm_load.slo import evaluate, goodput_thresholds, junit_xml, parse_slo, parse_slo_option
-from vllm_load.stats import LLMStats
+from vllm_load.client.record import RequestRecord
+from vllm_load.report.results import exit_code
+from vllm_load.metrics.slo import evaluate, goodput_thresholds, junit_xml, parse_slo, parse_slo_option
+from vllm_load.metrics.stats import LLMStats
 
 
 @pytest.mark.parametrize("text, metric, stat, op, value", [

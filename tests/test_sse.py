@@ -3,7 +3,7 @@
 import orjson
 import pytest
 
-from vllm_load.sse import StreamError, StreamState
+from vllm_load.client.sse import StreamError, StreamState
 
 ROLE = b'data: {"id":"chatcmpl-b2","object":"chat.completion.chunk","created":1,"model":"tiny","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null,"prompt_text":null}\n'
 EMPTY = b'data: {"id":"chatcmpl-b2","object":"chat.completion.chunk","created":1,"model":"tiny","choices":[{"index":0,"delta":{"content":""},"logprobs":null,"finish_reason":null,"token_ids":null}]}\n'

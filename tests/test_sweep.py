@@ -3,7 +3,7 @@
 import json
 
 from tests.conftest import ROOT, run_locust
-from vllm_load.reqlog import read_log
+from vllm_load.rundir.reqlog import read_log
 
 
 def test_users_sweep_keeps_steps_apart_and_finds_the_largest_passing_level(tmp_path, emulator_factory):

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from tests.conftest import ROOT, run_locust
-from vllm_load.log_repeats import RepeatFilter
-from vllm_load.results import validity_checks
-from vllm_load.slo import parse_slo
+from vllm_load.plugin.log_repeats import RepeatFilter
+from vllm_load.report.results import validity_checks
+from vllm_load.metrics.slo import parse_slo
 
 CHAT = str(ROOT / "locustfiles/chat.py")
 
@@ -67,7 +67,7 @@ def test_a_task_that_raises_the_same_error_every_time_writes_a_bounded_log(tmp_p
     lf = tmp_path / "raising.py"
     lf.write_text(
         "from locust import User, constant, task\n"
-        "import vllm_load.users  # noqa: F401  (the plugin)\n\n"
+        "import vllm_load.plugin.users  # noqa: F401  (the plugin)\n\n"
         "class Broken(User):\n"
         "    wait_time = constant(0)\n\n"
         "    @task\n"
@@ -89,8 +89,8 @@ def test_a_prompt_failure_that_every_request_would_repeat_stops_the_swarm_at_onc
     lf = tmp_path / "badprompts.py"
     lf.write_text(
         "from vllm_load.errors import UsageError\n"
-        "from vllm_load.runtime import Runtime\n"
-        "from vllm_load.users import ChatUser  # noqa: F401\n\n"
+        "from vllm_load.plugin.runtime import Runtime\n"
+        "from vllm_load.plugin.users import ChatUser  # noqa: F401\n\n"
         "def build_request(self, api):\n"
         "    raise UsageError('record 7 is longer than max_model_len: drop it')\n\n"
         "Runtime.build_request = build_request\n")
@@ -200,7 +200,7 @@ def test_a_client_at_its_own_cpu_limit_is_told_to_add_workers(tmp_path, emulator
     lf.write_text(  # a user task that computes between requests: the client's own CPU is the limit
         "import time\n"
         "from locust import task\n"
-        "from vllm_load.users import ChatUser\n\n"
+        "from vllm_load.plugin.users import ChatUser\n\n"
         "class Busy(ChatUser):\n"
         "    @task\n"
         "    def generate(self):\n"
@@ -221,7 +221,7 @@ def test_a_client_at_its_own_cpu_limit_is_told_to_add_workers(tmp_path, emulator
 
 
 def test_batch_1_and_batch_8_send_the_same_instruction_and_report_records_per_second(tmp_path, emulator_factory):
-    from vllm_load.datasets import BATCH_INSTRUCTION
+    from vllm_load.workload.datasets import BATCH_INSTRUCTION
 
     received = tmp_path / "received.jsonl"
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(received))

@@ -1,8 +1,24 @@
-"""vllm-load: distributed, exact load testing for vLLM and OpenAI-compatible servers, on Locust."""
+"""vllm-load: distributed, exact load testing for vLLM and OpenAI-compatible servers, on Locust.
+
+Packages, from a request outwards: ``client`` (one streaming request), ``workload`` (what is sent),
+``metrics`` (the numbers and their judgement), ``rundir`` (the run's files), ``report`` (rendering) and
+``plugin`` (the only one that imports Locust). The user classes are exported lazily, so that importing
+vllm_load (the report CLI does) does not import Locust and its monkey-patching.
+"""
 
 import os
+from typing import Any
 
 # transformers prints "PyTorch was not found …" on import; vllm-load only needs its tokenizers
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 __version__ = "0.1.0"
+_USERS = ("LLMUser", "ChatUser", "CompletionsUser")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _USERS:
+        from vllm_load.plugin import users
+
+        return getattr(users, name)
+    raise AttributeError(f"module 'vllm_load' has no attribute {name!r}")

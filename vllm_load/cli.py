@@ -1,4 +1,5 @@
-"""`vllm-load report RUN_DIR...`: rebuild reports (and an SLO verdict) from saved run directories."""
+"""`vllm-load report RUN_DIR...`: rebuild reports (and an SLO verdict) from saved run directories;
+`vllm-load locustfile NAME`: where a shipped locustfile is (for installs without a checkout)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 
 
+LOCUSTFILES = ("chat", "completions", "sweep")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="vllm-load", description="vllm-load reports and verdicts")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -18,8 +22,13 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--slo", action="append", default=[], help="SLOs to judge by (default: the run's own)")
     rp.add_argument("--junit", default="", help="also write the JUnit XML here")
     rp.add_argument("--out", default="", help="with several runs: where the sweep report goes")
+    lp = sub.add_parser("locustfile", help="print the path of a shipped locustfile: locust -f \"$(vllm-load locustfile chat)\"")
+    lp.add_argument("name", choices=LOCUSTFILES)
     args = ap.parse_args(argv)
-    from vllm_load.report import build, build_sweep
+    if args.cmd == "locustfile":
+        print(Path(__file__).resolve().parent / "locustfiles" / f"{args.name}.py")
+        return 0
+    from vllm_load.report.html import build, build_sweep
 
     try:
         codes = []

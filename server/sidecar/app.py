@@ -1,0 +1,203 @@
+"""Sidecar beside vLLM: scrape /metrics into a time series, write it as JSON-lines, serve it over HTTP.
+
+    python -m server.sidecar --vllm-url http://127.0.0.1:8000 [--interval 1s] [--listen 127.0.0.1:9101]
+    python -m server.sidecar --log-file vllm.log     # or --log-file - : parse vLLM's stats log lines
+
+GET /series?start=T0&end=T1 returns the samples of a window as JSON-lines; GET /health tells the
+sidecar's clock, so a Locust master on another machine can put both sides on one clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import ipaddress
+import json
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import parse_qs, urlparse
+
+from .vllm_schema import derive, parse_log_line, parse_metrics
+
+MAX_SAMPLES = 200_000  # ~2 days at 1 s: the in-memory window; the JSON-lines file keeps everything
+
+
+def parse_interval(text: str) -> float:
+    t = text.strip().lower()
+    try:
+        value = float(t[:-2]) / 1000 if t.endswith("ms") else float(t[:-1]) if t.endswith("s") else float(t)
+    except ValueError:
+        raise ValueError(f"--interval {text!r} is not a duration: use e.g. 1s, 500ms or 2") from None
+    if value <= 0:
+        raise ValueError(f"--interval must be positive, got {text!r}")
+    return value
+
+
+class Series:
+    """Thread-safe list of samples, appended to a JSON-lines file as they arrive."""
+
+    def __init__(self, out: Path | None) -> None:
+        self.samples: list[dict] = []
+        self.lock = threading.Lock()
+        self.fh: IO[str] | None = open(out, "a", buffering=1, encoding="utf-8") if out else None
+        self.last_error: str | None = None
+
+    def add(self, sample: dict) -> None:
+        with self.lock:
+            prev = self.samples[-1] if self.samples else None
+            sample = derive(sample, prev)
+            self.samples.append(sample)
+            if len(self.samples) > MAX_SAMPLES:
+                del self.samples[: len(self.samples) - MAX_SAMPLES]
+            if self.fh:
+                self.fh.write(json.dumps(sample) + "\n")
+
+    def window(self, start: float, end: float) -> list[dict]:
+        with self.lock:
+            return [s for s in self.samples if start <= s["t"] <= end]
+
+
+def scrape_forever(url: str, interval: float, series: Series, stop: threading.Event) -> None:
+    target = url.rstrip("/") + "/metrics"
+    next_at = time.monotonic()
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(target, timeout=max(1.0, 2 * interval)) as resp:
+                text = resp.read().decode("utf-8", "replace")
+            sample = parse_metrics(text)
+            sample["t"] = time.time()
+            sample["source"] = "metrics"
+            series.add(sample)
+            if series.last_error:
+                sys.stderr.write(f"sidecar: {target} is back\n")
+            series.last_error = None
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            msg = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+            if msg != series.last_error:
+                sys.stderr.write(f"sidecar: cannot scrape {target} ({msg})\n")
+            series.last_error = msg
+        next_at += interval
+        stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+def follow_log(stream: IO[str], series: Series, stop: threading.Event, follow: bool = True) -> None:
+    """Parse stats lines as they are written (like ``tail -f`` for a file; stdin ends at EOF)."""
+    while not stop.is_set():
+        line = stream.readline()
+        if not line:
+            if not follow:
+                return
+            stop.wait(0.2)
+            continue
+        sample = parse_log_line(line)
+        if sample is not None:
+            sample["t"] = time.time()
+            series.add(sample)
+
+
+def make_handler(series: Series, token: str) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # quiet: the sidecar's output is its data
+            pass
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if token and not hmac.compare_digest((self.headers.get("Authorization") or "").encode(),
+                                                 f"Bearer {token}".encode()):
+                return self._send(401, b'{"error": "missing or wrong bearer token"}')
+            url = urlparse(self.path)
+            if url.path == "/health":
+                body = {"ok": True, "now": time.time(), "samples": len(series.samples), "last_error": series.last_error}
+                return self._send(200, json.dumps(body).encode())
+            if url.path == "/series":
+                q = parse_qs(url.query)
+                try:
+                    start = float(q.get("start", ["0"])[0])
+                    end = float(q.get("end", ["inf"])[0])
+                except ValueError:
+                    return self._send(400, b'{"error": "start and end are unix times in seconds"}')
+                lines = "".join(json.dumps(s) + "\n" for s in series.window(start, end))
+                return self._send(200, lines.encode(), "application/x-ndjson")
+            return self._send(404, b'{"error": "not found"}')
+
+    return Handler
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m server.sidecar", description=__doc__.splitlines()[0])
+    ap.add_argument("--vllm-url", default="http://127.0.0.1:8000", help="vLLM server to scrape")
+    ap.add_argument("--interval", default="1s", help="scrape interval (1s, 500ms, …)")
+    ap.add_argument("--listen", default="127.0.0.1:9101", help="HOST:PORT to serve the series on (port 0: free port)")
+    ap.add_argument("--out", default="server-series.jsonl", help="JSON-lines file the samples are appended to ('' for none)")
+    ap.add_argument("--log-file", default="", help="parse vLLM stats log lines from this file ('-' for stdin) instead of /metrics")
+    ap.add_argument("--token", default="", help="require this bearer token on the HTTP API")
+    ap.add_argument("--wait-for-server", default="0",
+                    help="wait this long (30s, 15m, …) for vLLM's /health before serving, with a progress line every 10 s")
+    args = ap.parse_args(argv)
+    try:
+        interval = parse_interval(args.interval)
+        host, _, port_text = args.listen.rpartition(":")
+        port = int(port_text)
+    except ValueError as exc:
+        sys.stderr.write(f"sidecar: error: {exc if 'interval' in str(exc) else '--listen must be HOST:PORT'}\n")
+        return 2
+    from vllm_load.errors import UsageError
+    from vllm_load.plugin.server_wait import parse_duration, wait_for_server
+
+    try:
+        wait = parse_duration(args.wait_for_server, "--wait-for-server")
+        if wait > 0 and not args.log_file:
+            wait_for_server(args.vllm_url, wait, models=False, prefix="sidecar",
+                            say=lambda line: print(line, file=sys.stderr, flush=True))
+    except UsageError as exc:
+        sys.stderr.write(f"sidecar: error: {exc}\n")
+        return 2
+    host = host.strip("[]") or "127.0.0.1"
+    if not _is_loopback(host) and not args.token:
+        sys.stderr.write(f"sidecar: warning: serving on {host} without --token: anyone who reaches it can read the series\n")
+    try:
+        series = Series(Path(args.out) if args.out else None)
+        server = ThreadingHTTPServer((host, port), make_handler(series, args.token))
+    except OSError as exc:
+        sys.stderr.write(f"sidecar: error: {exc}: check --out and --listen\n")
+        return 2
+    stop = threading.Event()
+    if args.log_file:
+        stream = sys.stdin if args.log_file == "-" else open(args.log_file, encoding="utf-8", errors="replace")
+        worker = threading.Thread(target=follow_log, args=(stream, series, stop, args.log_file != "-"), daemon=True)
+    else:
+        worker = threading.Thread(target=scrape_forever, args=(args.vllm_url, interval, series, stop), daemon=True)
+    worker.start()
+    bound_host, bound_port = server.server_address[:2]
+    print(f"vllm-load sidecar listening on http://{bound_host}:{bound_port} scraping "
+          f"{args.log_file or args.vllm_url}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

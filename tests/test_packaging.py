@@ -1,0 +1,45 @@
+"""The wheel alone runs the chat locustfile: no checkout, no top-level `server` module installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def run(cmd: list[str], cwd, env=None, timeout=300) -> subprocess.CompletedProcess:
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, (cmd, res.stdout[-3000:], res.stderr[-3000:])
+    return res
+
+
+def test_a_wheel_installed_outside_the_checkout_runs_the_chat_locustfile(tmp_path):
+    dist = tmp_path / "dist"
+    run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(dist)],
+        cwd=tmp_path)
+    wheel = next(dist.glob("vllm_load-*.whl"))
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
+    py = venv / "bin" / "python"
+    run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], cwd=tmp_path)
+    # The dependencies (Locust, transformers, …: ~1 GB) come from this test's own environment through a path
+    # entry; a path entry does not run that environment's .pth files, so its editable vllm-load stays out.
+    fresh_site = next((venv / "lib").glob("python3*/site-packages"))
+    (fresh_site / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_LOAD_API_KEY")}
+    where = run([str(py), "-c", "import vllm_load, vllm_load_server; print(vllm_load.__file__); "
+                 "print(vllm_load_server.__file__)"], cwd=tmp_path, env=env).stdout.split()
+    assert all(path.startswith(str(venv)) for path in where), where  # the wheel's copies, not the checkout's
+    gone = subprocess.run([str(py), "-c", "import server"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert gone.returncode != 0 and "No module named 'server'" in gone.stderr
+    locustfile = run([str(venv / "bin" / "vllm-load"), "locustfile", "chat"], cwd=tmp_path, env=env).stdout.strip()
+    assert locustfile.startswith(str(venv)) and locustfile.endswith("chat.py")
+    res = run([str(py), "-m", "locust", "-f", locustfile, "--headless", "-u", "2", "-r", "2", "-t", "3s",
+               "--output-tokens", "8", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=env)
+    assert "EMULATOR" in res.stdout and "(exit code 0)" in res.stdout
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["summary"]
+    assert summary["succeeded"] > 0 and summary["failed"] == 0

@@ -1,0 +1,173 @@
+"""One streaming OpenAI request over Locust's FastHttpSession, timed chunk by chunk.
+
+Lines are read with the raw geventhttpclient response's ``readline`` (Locust's ``iter_lines``
+buffers 1 KB and inflates TTFT). Each line is timed by the kernel's receive stamp of the read that
+completed it (``rxstamp``), or by the clock at read time where there is none. The Locust request row
+gets the real end-to-end time and the failure reason; the LLM metrics go into a ``RequestRecord``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import orjson
+from gevent import GreenletExit
+
+from vllm_load.client.openai_api import error_message
+from vllm_load.workload.prompts import Prompt
+from vllm_load.client.record import RequestRecord
+from vllm_load.client.sse import StreamError, StreamState
+
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def build_body(api: str, model: str, prompt: Prompt, max_tokens: int, ignore_eos: bool = True) -> bytes:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "temperature": 0.0,
+    }
+    if api == "chat":
+        body["messages"] = prompt.messages
+    else:
+        body["prompt"] = prompt.text
+    if ignore_eos:
+        body["ignore_eos"] = True
+        body["min_tokens"] = max_tokens
+    return orjson.dumps(body)
+
+
+def stream_request(
+    session: Any,
+    api: str,
+    body: bytes,
+    headers: dict[str, str],
+    *,
+    input_tokens_asked: int | None = None,
+    output_tokens_asked: int | None = None,
+    intended_start: float | None = None,
+    worker: str = "",
+    count_output: Callable[[str], int] | None = None,
+    on_record: Callable[[RequestRecord], None] = lambda rec: None,
+    step: int | None = None,
+    startup: bool = False,
+) -> RequestRecord:
+    """Send ``body``, read its SSE stream to the end and hand the record to ``on_record``.
+
+    Server faults never raise: they become a failed record with a reason. A user stopped
+    mid-request is recorded as failed too, before the stop goes on (nothing is lost from the counts).
+    """
+    path = PATHS[api]
+    now_perf = time.perf_counter()
+    now_wall = time.time()
+    # In open-loop mode latency counts from when the request *should* have gone out.
+    t0 = now_perf if intended_start is None else intended_start
+    start_wall = now_wall - (now_perf - t0)
+    state = StreamState()
+    error: str | None = None
+    status: int | None = None
+    cancelled: BaseException | None = None
+    retry_after: float | None = None
+    with session.request("POST", path, data=body, headers=headers, stream=True, catch_response=True, name=path) as resp:
+        try:
+            status = resp.status_code
+            raw = resp._response
+            if not status:
+                error = f"connection failed: {resp.error!r}"[:240]
+            elif status != 200:
+                error = f"HTTP {status}: {error_message(resp.content or b'')}"
+                retry_after = _retry_after(resp.headers.get("Retry-After")) if status in (429, 503) else None
+            else:
+                readline = raw.readline
+                feed = state.feed
+                perf = time.perf_counter
+                sock = raw._sock
+                tx = getattr(sock, "tx", None)
+                if tx is not None:
+                    sock.tx = None  # the next request on this connection stamps its own send
+                    if intended_start is None and tx >= now_wall:  # closed loop: count from the send itself,
+                        t0, start_wall = now_perf + (tx - now_wall), tx  # not from building the request
+                if getattr(sock, "stamped", False):  # when the line's bytes reached this host
+                    def arrival() -> float:
+                        return sock.rx - start_wall
+                else:  # when this greenlet got to read them
+                    def arrival() -> float:
+                        return perf() - t0
+                while True:
+                    line = readline(b"\n")
+                    if not line:
+                        break
+                    feed(line, arrival())
+                    if state.done:
+                        end = perf()
+                        # drain the terminating chunk so the connection can be reused
+                        while readline(b"\n"):
+                            pass
+                        break
+                if not state.done:
+                    error = f"stream ended before [DONE] after {state.streamed_tokens} tokens"
+        except StreamError as exc:
+            error = str(exc)
+        except GreenletExit as exc:  # the user was stopped mid-stream: count it, then let it stop
+            cancelled = exc
+            error = f"cancelled after {state.streamed_tokens} tokens: the test stopped mid-request"
+        except Exception as exc:  # socket timeout, reset, closed connection...
+            name = type(exc).__name__
+            if "timeout" in name.lower() or "timed out" in str(exc):
+                kind = "timeout"
+            elif name in ("HTTPParseError", "HTTPConnectionClosed", "ConnectionResetError", "BrokenPipeError"):
+                kind = "connection closed mid-stream"
+            else:
+                kind = "connection error"
+            error = f"{kind} after {state.streamed_tokens} tokens: {name}: {exc}"[:240]
+        if error or not state.done:
+            end = time.perf_counter()
+        e2e = end - t0
+        resp.request_meta["response_time"] = e2e * 1000.0
+        resp.request_meta["response_length"] = state.bytes_read
+        if error:
+            resp.failure(error)
+        else:
+            resp.success()
+    offsets = state.chunk_times
+    tokens_from_usage = state.completion_tokens is not None and state.prompt_tokens is not None
+    rec = RequestRecord(
+        api=api,
+        start=start_wall,
+        e2e=e2e,
+        ok=error is None,
+        error=error,
+        status=status,
+        ttft=offsets[0] if offsets else None,
+        chunk_offsets=offsets,
+        chunk_tokens=state.chunk_tokens,
+        input_tokens_asked=input_tokens_asked,
+        output_tokens_asked=output_tokens_asked,
+        input_tokens=state.prompt_tokens if tokens_from_usage else input_tokens_asked,
+        output_tokens=state.completion_tokens if tokens_from_usage
+        else count_output(state.text) if count_output and state.text_parts else state.streamed_tokens,
+        tokens_from_usage=tokens_from_usage,
+        continuous_usage=state.continuous_usage,
+        finish_reason=state.finish_reason,
+        send_lag=None if intended_start is None else max(0.0, now_perf - t0),
+        worker=worker,
+        step=step,
+        startup=startup,
+        response_id=state.response_id,
+        retry_after=retry_after,
+    )
+    on_record(rec)
+    if cancelled is not None:
+        raise cancelled
+    return rec
+
+
+def _retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (its HTTP-date form is rare from inference servers and is ignored)."""
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None

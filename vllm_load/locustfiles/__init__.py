@@ -1,0 +1,1 @@
+"""The shipped locustfiles, installed with the package: `locust -f "$(vllm-load locustfile chat)"`."""

@@ -1,0 +1,7 @@
+"""A sweep over concurrency (or request rate) levels, one step per level: see vllm_load/plugin/shapes.py.
+
+    locust -f locustfiles/sweep.py --headless --sweep 8,16,32,64 --step-duration 30 --slo 'ttft.p99<=1s'
+"""
+
+from vllm_load.plugin.shapes import SweepShape  # noqa: F401  (Locust uses the shape class of this module)
+from vllm_load.plugin.users import ChatUser  # noqa: F401

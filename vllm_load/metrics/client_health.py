@@ -1,0 +1,167 @@
+"""Is the load generator itself the bottleneck, and if so why? Each worker measures, the master judges.
+
+Every second a load-generating process notes its CPU use (psutil), how late a 1 s gevent timer fires
+(event-loop lag: what every stream's timing suffers), the streams it holds, and the evidence that tells
+the causes of a lag apart: how long its event-loop thread sat runnable but waiting for a CPU (the
+kernel's run delay, ``/proc/self/schedstat``) and the host's steal time. With each Locust report it
+ships the maxima since the last one.
+
+A run is marked untrustworthy when a worker sat at >= 90 % CPU for two reports in a row, its loop
+lagged by 50 ms or more, or (open loop) requests left 50 ms or more later than planned at p99. The
+advice follows the evidence: a client at its CPU limit needs more workers; a loop that lagged while its
+own CPU was low and the kernel kept it waiting for a CPU (or the hypervisor stole it) was crowded out by
+another process on the same cores (a server on the load host, say: more processes there make it worse);
+a lag with neither is the client blocking its own loop (a blocking call in a user's task).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import gevent
+import psutil
+
+from vllm_load.plugin import gc_control
+
+CPU_LIMIT = 90.0
+LAG_LIMIT = 0.050
+SEND_LAG_LIMIT = 0.050
+#: A lag is another process's doing when, in the second it happened, the loop thread spent at least this
+#: share of the lag runnable but waiting for a CPU. (A quiet run on 2 cores shared with the emulator and the
+#: prompt thread waits up to 60-80 ms in its busiest second with < 1 ms of lag, so the wait alone says
+#: nothing; a blocked loop waits ~0 while it lags.)
+CONTENTION_SHARE = 0.5
+STEAL_LIMIT = 10.0
+
+#: causes, and what to do about each
+ADVICE = {
+    "client": "add workers: --processes N or more machines",
+    "contention": "another process (e.g. a server on this host) competes for these cores: run the load "
+                  "elsewhere or on other cores (more processes here make it worse)",
+    "blocked": "the client's own loop was blocked (a blocking call in a user task, or a pause): see the log",
+    "schedule": "add workers, or raise --max-concurrency",
+}
+
+
+def _run_delay() -> float:
+    """Seconds the main (event-loop) thread has spent runnable but waiting for a CPU, since it began."""
+    try:
+        with open("/proc/self/schedstat", "rb") as fh:
+            return int(fh.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):  # not Linux, or no schedstat
+        return 0.0
+
+
+@dataclass
+class ClientMonitor:
+    """Runs in each load-generating process."""
+
+    in_flight: Callable[[], int]
+    sink: Callable[[dict], None] | None = None  # local runner: hand a report over every 3 s
+    cpu_max: float = 0.0
+    lag_max: float = 0.0
+    streams_max: int = 0
+    wait_max: float = 0.0  # largest run-queue wait of the loop thread in one second
+    steal_max: float = 0.0
+    cpu_at_lag: float = 0.0  # own CPU in the second of the largest lag
+    wait_at_lag: float = 0.0  # the loop thread's wait for a CPU in that second
+    _greenlet: gevent.Greenlet | None = None
+
+    def start(self) -> None:
+        proc = psutil.Process()
+        proc.cpu_percent(None)
+        psutil.cpu_times_percent(None)
+
+        def loop() -> None:
+            ticks = 0
+            waited = _run_delay()
+            while True:
+                t = time.perf_counter()
+                gevent.sleep(1.0)
+                lag = time.perf_counter() - t - 1.0
+                cpu = proc.cpu_percent(None)
+                now_waited = _run_delay()
+                wait, waited = now_waited - waited, now_waited
+                if lag >= self.lag_max:
+                    self.lag_max, self.cpu_at_lag, self.wait_at_lag = lag, cpu, wait
+                self.cpu_max = max(self.cpu_max, cpu)
+                self.wait_max = max(self.wait_max, wait)
+                self.steal_max = max(self.steal_max, float(getattr(psutil.cpu_times_percent(None), "steal", 0.0)))
+                self.streams_max = max(self.streams_max, int(self.in_flight()))
+                gc_control.collect_if_due(force=True)  # a loop too busy to idle still collects
+                ticks += 1
+                if self.sink is not None and ticks % 3 == 0:  # the same cadence as Locust's worker reports
+                    self.sink(self.take())
+
+        self._greenlet = gevent.spawn(loop)
+
+    def take(self) -> dict:
+        out = {"t": time.time(), "cpu": self.cpu_max, "lag": self.lag_max, "streams": self.streams_max, "wait": self.wait_max,
+               "steal": self.steal_max, "cpu_at_lag": self.cpu_at_lag, "wait_at_lag": self.wait_at_lag}
+        self.cpu_max = self.lag_max = self.wait_max = self.steal_max = self.cpu_at_lag = self.wait_at_lag = 0.0
+        self.streams_max = 0
+        return out
+
+    def stop(self) -> None:
+        if self._greenlet is not None:
+            self._greenlet.kill(block=False)
+
+
+def lag_cause(report: dict) -> str:
+    """Why one report's loop lagged: 'client', 'contention' or 'blocked' (see the module's docstring)."""
+    own = float(report.get("cpu_at_lag", report.get("cpu", 0.0)))
+    if own >= CPU_LIMIT:
+        return "client"
+    if report.get("wait_at_lag", 0.0) >= CONTENTION_SHARE * report["lag"] or report.get("steal", 0.0) >= STEAL_LIMIT:
+        return "contention"
+    return "blocked"
+
+
+@dataclass
+class ClientHealth:
+    """Kept by the master (or the local runner): every worker's reports, and the verdict."""
+
+    reports: dict = field(default_factory=dict)  # worker -> list of monitor reports
+
+    def add(self, worker: str, report: dict) -> None:
+        self.reports.setdefault(worker, []).append(report)
+
+    def verdict(self, send_lag_p99: float | None = None, quiet: list[tuple[float, float]] | None = None) -> dict:
+        """``quiet``: spans (wall clock) of outages and failure storms, whose reports are not judged."""
+        reasons: list[str] = []
+        causes: list[str] = []
+        for worker, all_rows in sorted(self.reports.items()):
+            # a report covers the 3 s before its stamp; reports without one (older) always count
+            rows = [r for r in all_rows if not any(a <= r.get("t", -1e18) <= b + 3.0 for a, b in quiet or [])]
+            hot = [r["cpu"] >= CPU_LIMIT for r in rows]
+            if any(a and b for a, b in zip(hot, hot[1:])):
+                reasons.append(f"{worker}: CPU at or above {CPU_LIMIT:.0f}% for two reports in a row")
+                causes.append("client")
+            worst = max(rows, key=lambda r: r["lag"], default=None)
+            if worst is not None and worst["lag"] >= LAG_LIMIT:
+                cause = lag_cause(worst)
+                reasons.append(
+                    f"{worker}: event loop lagged {worst['lag'] * 1000:.0f} ms (own CPU "
+                    f"{worst.get('cpu_at_lag', worst['cpu']):.0f}%, waited {worst.get('wait_at_lag', 0.0) * 1000:.0f} "
+                    f"ms for a CPU in that second, steal {worst.get('steal', 0.0):.0f}%)")
+                causes.append(cause)
+        if send_lag_p99 is not None and send_lag_p99 >= SEND_LAG_LIMIT:
+            reasons.append(f"open loop: requests left {send_lag_p99 * 1000:.0f} ms late at p99")
+            causes.append("schedule")
+        all_rows = [r for rows in self.reports.values() for r in rows]
+        # the most specific cause decides the advice: contention explains a lagging schedule too
+        order = ("contention", "client", "blocked", "schedule")
+        cause = next((c for c in order if c in causes), None)
+        return {
+            "saturated": bool(reasons),
+            "reasons": reasons,
+            "cause": cause,
+            "advice": ADVICE[cause] if cause else "",
+            "cpu_max": max((r["cpu"] for r in all_rows), default=0.0),
+            "loop_lag_max": max((r["lag"] for r in all_rows), default=0.0),
+            "cpu_wait_max": max((r.get("wait", 0.0) for r in all_rows), default=0.0),
+            "steal_max": max((r.get("steal", 0.0) for r in all_rows), default=0.0),
+            "streams_max": max((r["streams"] for r in all_rows), default=0),
+        }

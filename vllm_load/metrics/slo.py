@@ -1,0 +1,224 @@
+"""Service-level objectives: parsing, per-request goodput, and the pass/fail verdict of a run.
+
+An SLO is ``METRIC[.STAT] OP VALUE[UNIT]``, e.g. ``ttft.p99<=500ms``, ``itl.p95<40ms``,
+``error_rate<=1%``, ``output_token_rate>=2000``, ``goodput>=95%``, ``server.preemptions<=0``.
+They come from repeated ``--slo`` options or a YAML/TOML file (safe-loaded) holding either a list of
+such strings under ``slo:`` or a mapping ``{"ttft.p99": "<=500ms"}``.
+
+Goodput follows ``vllm bench serve``: a request is good when it meets every per-request SLO
+(the thresholds given for ttft, tpot and e2e); goodput is the share (%) of requests that are good.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from vllm_load.errors import UsageError
+
+LATENCY = ("ttft", "itl", "itl_chunk", "tpot", "e2e")
+PER_REQUEST = ("ttft", "tpot", "e2e")  # goodput criteria, as in vllm bench serve
+STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean", "min")
+RUN_METRICS = {
+    "error_rate": "%", "goodput": "%", "output_token_rate": "tok/s", "request_rate": "req/s",
+    "input_drift": "tok", "output_tps": "tok/s", "outage.seconds": "s",
+}
+SERVER_METRICS = {
+    "server.kv_cache_usage.max": "%", "server.preemptions": "count", "server.waiting.max": "count",
+    "server.running.max": "count", "server.prefix_cache_hit_rate": "%",
+}
+_OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq,
+}
+_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, "%": 0.01, "": 1.0, "tok/s": 1.0, "req/s": 1.0, "tok": 1.0}
+_SPEC = re.compile(r"^\s*([a-z_][a-z0-9_.]*?)(?:\.(p50|p90|p95|p99|p99\.9|max|mean|min))?\s*(<=|>=|==|<|>)\s*"
+                   r"([0-9]*\.?[0-9]+)\s*(ms|us|s|%|tok/s|req/s|tok)?\s*$")
+
+
+@dataclass(frozen=True)
+class SLO:
+    text: str
+    metric: str
+    stat: str
+    op: str
+    threshold: float  # in base units: seconds, fractions, tokens/s, counts
+
+    def ok(self, value: float) -> bool:
+        return _OPS[self.op](value, self.threshold)
+
+
+def parse_slo(text: str) -> SLO:
+    m = _SPEC.match(text)
+    if not m:
+        raise UsageError(f"SLO {text!r} is malformed: write METRIC[.pXX] OP VALUE[UNIT], e.g. ttft.p99<=500ms")
+    metric, stat, op, value, unit = m.group(1), m.group(2) or "", m.group(3), float(m.group(4)), m.group(5) or ""
+    if stat and f"{metric}.{stat}" in SERVER_METRICS:  # server.kv_cache_usage.max is one name
+        metric, stat = f"{metric}.{stat}", ""
+    if metric in LATENCY:
+        if not stat:
+            raise UsageError(f"SLO {text!r} needs a statistic: {metric}.p99, {metric}.p50, {metric}.max …")
+        if unit not in ("ms", "s", "us"):
+            raise UsageError(f"SLO {text!r} needs a time unit (ms, s or us), e.g. {metric}.{stat}<=500ms")
+    elif metric == "output_tps" and stat:
+        pass
+    elif metric in RUN_METRICS or metric in SERVER_METRICS:
+        if stat:
+            raise UsageError(f"SLO {text!r}: {metric} takes no .{stat}")
+        expected = RUN_METRICS.get(metric) or SERVER_METRICS[metric]
+        if expected == "%" and unit not in ("%", ""):
+            raise UsageError(f"SLO {text!r}: {metric} is a percentage, e.g. {metric}{op}1%")
+        if expected == "%" and unit == "":
+            unit = "%" if value > 1 else ""
+        if metric == "input_drift" and unit == "%":  # the share of requests that drifted, not tokens
+            stat = "share"
+    else:
+        known = ", ".join(list(LATENCY) + list(RUN_METRICS) + list(SERVER_METRICS))
+        raise UsageError(f"SLO {text!r} names an unknown metric {metric!r}: use one of {known}")
+    return SLO(text.strip(), metric, stat, op, value * _UNITS[unit])
+
+
+def load_slo_file(path: str) -> list[str]:
+    p = Path(path)
+    try:
+        raw = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"SLO file {path} cannot be read ({exc.strerror}): check --slo") from None
+    try:
+        if p.suffix.lower() == ".toml":
+            import tomllib
+
+            data: Any = tomllib.loads(raw)
+        else:
+            import yaml
+
+            data = yaml.safe_load(raw)
+    except Exception as exc:  # yaml.YAMLError / tomllib.TOMLDecodeError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UsageError(f"SLO file {path} does not parse ({first}): fix its syntax") from None
+    if isinstance(data, dict) and "slo" in data:
+        data = data["slo"]
+    if isinstance(data, list) and all(isinstance(x, str) for x in data):
+        return data
+    if isinstance(data, dict):
+        return [f"{k}{v}" if str(v)[:1] in "<>=" else f"{k}<={v}" for k, v in data.items()]
+    raise UsageError(f"SLO file {path} must hold a list of 'metric<=value' strings or a mapping under 'slo'")
+
+
+def parse_slo_option(values: list[str] | str | None) -> list[SLO]:
+    """``--slo`` values: each a file path (YAML/TOML) or one inline SLO (commas separate several)."""
+    if not values:
+        return []
+    if isinstance(values, str):
+        values = [values]
+    texts: list[str] = []
+    for v in values:
+        if re.search(r"\.(ya?ml|toml)$", v.strip(), re.I) or Path(v).is_file():
+            texts.extend(load_slo_file(v.strip()))
+        else:
+            texts.extend(t for t in v.split(",") if t.strip())
+    return [parse_slo(t) for t in texts]
+
+
+def goodput_thresholds(slos: list[SLO]) -> dict[str, float]:
+    """Per-request limits for goodput: the strictest upper bound given per ttft/tpot/e2e."""
+    out: dict[str, float] = {}
+    for s in slos:
+        if s.metric in PER_REQUEST and s.op in ("<=", "<"):
+            out[s.metric] = min(out.get(s.metric, float("inf")), s.threshold)
+    return out
+
+
+@dataclass
+class Check:
+    slo: str
+    value: float | None
+    passed: bool
+    detail: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, str]:
+    if slo.metric in LATENCY or (slo.metric == "output_tps" and slo.stat):
+        m = summary["metrics"].get(slo.metric)
+        if not m or not m["count"]:
+            return None, "no successful request measured it"
+        return float(m[slo.stat]), ""
+    if slo.metric == "error_rate":
+        return summary["error_rate"], ""
+    if slo.metric == "goodput":
+        if summary.get("goodput") is None:
+            return None, "no per-request SLO (ttft, tpot, e2e) to judge goodput by"
+        return summary["goodput"], ""
+    if slo.metric == "input_drift":
+        if slo.stat == "share":
+            return float(summary.get("input_drift_fraction", 0.0)), ""
+        return float(summary["input_drift_max_abs"]), ""
+    if slo.metric == "outage.seconds":
+        return float(summary.get("outage_seconds", 0.0)), ""
+    if slo.metric in ("output_token_rate", "request_rate", "output_tps"):
+        return float(summary[slo.metric if slo.metric != "output_tps" else "output_token_rate"]), ""
+    if not server:
+        return None, "no server-side data (run the sidecar: --sidecar-url)"
+    key = slo.metric[len("server."):]
+    if key not in server or server[key] is None:
+        return None, f"the server did not report {key}"
+    return float(server[key]), ""
+
+
+def _show(slo: SLO, value: float) -> str:
+    if slo.metric == "outage.seconds":
+        return f"{value:.1f} s"
+    if slo.metric in LATENCY:
+        return f"{value * 1000:.2f} ms"
+    if slo.metric in ("error_rate", "goodput") or SERVER_METRICS.get(slo.metric) == "%" or slo.stat == "share":
+        return f"{value * 100:.2f}%"
+    return f"{value:.2f}"
+
+
+def evaluate(slos: list[SLO], summary: dict, server: dict | None = None) -> list[Check]:
+    checks = []
+    for s in slos:
+        value, why = _value(s, summary, server)
+        if value is None:
+            checks.append(Check(s.text, None, False, f"cannot judge: {why}"))
+        else:
+            passed = s.ok(value)
+            checks.append(Check(s.text, value, passed, f"measured {_show(s, value)}"))
+    return checks
+
+
+def render_checks(checks: list[Check]) -> str:
+    if not checks:
+        return ""
+    width = max(len(c.slo) for c in checks)
+    lines = ["SLO verdict: " + ("PASS" if all(c.passed for c in checks) else "FAIL")]
+    for c in checks:
+        lines.append(f"  {'PASS' if c.passed else 'FAIL'}  {c.slo.ljust(width)}  {c.detail}")
+    return "\n".join(lines)
+
+
+def junit_xml(checks: list[Check], suite: str = "vllm-load SLOs", validity: list[Check] | None = None) -> str:
+    """One test case per SLO (class vllm_load.metrics.slo) and per validity check (class vllm_load.run)."""
+    from xml.sax.saxutils import quoteattr
+
+    cases = [("vllm_load.run", c) for c in validity or []] + [("vllm_load.metrics.slo", c) for c in checks]
+    failures = sum(not c.passed for _, c in cases)
+    out = ['<?xml version="1.0" encoding="UTF-8"?>',
+           f"<testsuite name={quoteattr(suite)} tests=\"{len(cases)}\" failures=\"{failures}\" errors=\"0\">"]
+    for cls, c in cases:
+        out.append(f"  <testcase classname=\"{cls}\" name={quoteattr(c.slo)}>")
+        if not c.passed:
+            out.append(f"    <failure message={quoteattr(c.detail)}/>")
+        out.append("  </testcase>")
+    out.append("</testsuite>")
+    return "\n".join(out) + "\n"
+
+
+def checks_json(checks: list[Check]) -> str:
+    return json.dumps([c.to_json() for c in checks], indent=2)

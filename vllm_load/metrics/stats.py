@@ -1,0 +1,363 @@
+"""LLM metrics of a run: exact histograms, counters and a per-second timeline.
+
+A worker records into its own ``LLMStats`` and ships ``take_delta()`` to the master with every
+Locust stats report; the master ``merge``s each delta. Everything is additive (histogram buckets,
+counters, per-second counts), so the master's totals equal the union of all workers' exactly.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from vllm_load.metrics import outages
+from vllm_load.metrics.histogram import Histogram
+from vllm_load.client.record import RequestRecord
+
+#: Latency-like histograms (seconds) and per-request output tokens/s.
+LATENCY_METRICS = ("ttft", "itl", "itl_chunk", "tpot", "e2e")
+TOKEN_METRICS = ("input_tokens", "output_tokens")
+ALL_METRICS = LATENCY_METRICS + ("output_tps",) + TOKEN_METRICS
+#: Width of the time windows whose TTFT/ITL/E2E histograms the report plots over time.
+WINDOW_S = 10
+#: Windows this much older than the newest are packed (a late request still unpacks its window).
+PACK_AFTER_S = 60
+WINDOW_METRICS = ("ttft", "itl", "e2e")
+
+
+def _new_hists() -> dict[str, Histogram]:
+    h = {m: Histogram() for m in LATENCY_METRICS}
+    h["output_tps"] = Histogram(scale=1000.0)  # milli-tokens/s
+    h["send_lag"] = Histogram()  # open loop: how late the client sent each request, in steady state
+    h["send_lag_startup"] = Histogram()  # the same in the first seconds of a schedule, judged apart
+    h.update({m: Histogram(scale=1.0) for m in TOKEN_METRICS})
+    return h
+
+
+@dataclass
+class _Chunks:
+    """The chunks of a batch of requests, flattened once for every vectorised step of ``fold``."""
+
+    lens: np.ndarray  # chunks per request
+    offs: np.ndarray  # each chunk's offset from its request's start
+    toks: np.ndarray  # tokens each chunk carried
+    rec_of: np.ndarray  # the request each chunk belongs to
+
+    @classmethod
+    def of(cls, recs: list[RequestRecord]) -> _Chunks:
+        lens = np.array([len(r.chunk_offsets) for r in recs], dtype=np.int64)
+        total = int(lens.sum())
+        return cls(lens, np.fromiter(chain.from_iterable(r.chunk_offsets for r in recs), np.float64, total),
+                   np.fromiter(chain.from_iterable(r.chunk_tokens for r in recs), np.int64, total),
+                   np.repeat(np.arange(len(recs)), lens))
+
+
+def _per_second(out: Counter, starts: np.ndarray, c: _Chunks) -> None:
+    """Add each chunk's tokens to the wall-clock second it arrived in."""
+    if not c.offs.size:
+        return
+    secs = np.floor(starts[c.rec_of] + c.offs).astype(np.int64)
+    uniq, inv = np.unique(secs, return_inverse=True)
+    for sec, n in zip(uniq.tolist(), np.bincount(inv, weights=c.toks).tolist()):
+        out[sec] += int(n)
+
+
+def _gaps(c: _Chunks, ok: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Chunk gaps, and per-token gaps with their token counts (``RequestRecord.token_itls``), of the
+    requests flagged ``ok``; each per-token gap also says which request it came from."""
+    first = np.zeros(c.offs.size, dtype=bool)
+    first[(np.cumsum(c.lens) - c.lens)[c.lens > 0]] = True
+    mine = ok[c.rec_of]
+    j = np.nonzero(~first & mine)[0]  # chunks after the first of their request
+    gaps = c.offs[j] - c.offs[j - 1]
+    n = c.toks[j]
+    keep = n > 0
+    # a first chunk with k tokens brings k-1 tokens with a zero gap
+    f = np.nonzero(first & mine & (c.toks > 1))[0]
+    itl = np.concatenate([np.zeros(f.size), gaps[keep] / n[keep]])
+    itl_n = np.concatenate([c.toks[f] - 1, n[keep]])
+    itl_rec = np.concatenate([c.rec_of[f], c.rec_of[j][keep]])
+    return gaps, itl, itl_n, itl_rec
+
+
+@dataclass
+class LLMStats:
+    """Totals of finished requests. ``add`` is O(1) on the event loop: counters are updated at once
+    and the per-token work (histograms, per-second tokens, windows) is folded in vectorised batches
+    the first time anything reads it, so a request finishing never stalls the streams still reading."""
+
+    _hists: dict[str, Histogram] = field(default_factory=_new_hists)
+    requests: int = 0
+    failures: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    usage_missing: int = 0
+    drift_requests: int = 0
+    drift_max_abs: int = 0
+    output_mismatch: int = 0
+    good: int = 0  # requests that met every per-request SLO
+    judged: int = 0  # requests judged for goodput (all requests, when per-request SLOs exist)
+    errors: Counter = field(default_factory=Counter)
+    _tokens_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> output tokens
+    done_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> finished requests
+    _windows: dict = field(default_factory=lambda: defaultdict(dict))  # window start -> metric -> Histogram
+    first_start: float | None = None
+    last_start: float | None = None
+    last_end: float | None = None
+    # 100 ms buckets (outages.bucket) of request starts: successes, connection-level and other failures
+    ok_buckets: Counter = field(default_factory=Counter)
+    conn_buckets: Counter = field(default_factory=Counter)
+    fail_buckets: Counter = field(default_factory=Counter)
+    conn_error: tuple = (0.0, "")  # the latest connection-level failure: (start, reason)
+    _pending: list = field(default_factory=list, repr=False, compare=False)
+
+    #: pending requests beyond which ``add`` folds by itself (bounds memory when nothing reads)
+    MAX_PENDING = 20_000
+
+    @property
+    def hists(self) -> dict[str, Histogram]:
+        self.fold()
+        return self._hists
+
+    @property
+    def windows(self) -> dict:
+        self.fold()
+        return self._windows
+
+    @property
+    def tokens_per_second(self) -> Counter:
+        self.fold()
+        return self._tokens_per_second
+
+    def add(self, rec: RequestRecord) -> None:
+        self.requests += 1
+        end = rec.start + rec.e2e
+        self.first_start = rec.start if self.first_start is None else min(self.first_start, rec.start)
+        self.last_start = rec.start if self.last_start is None else max(self.last_start, rec.start)
+        self.last_end = end if self.last_end is None else max(self.last_end, end)
+        self.done_per_second[int(end)] += 1
+        if rec.good is not None:
+            self.judged += 1
+            self.good += rec.good
+        self._pending.append(rec)
+        if len(self._pending) >= self.MAX_PENDING:
+            self.fold()
+        b = outages.bucket(rec.start)
+        if not rec.ok:
+            self.failures += 1
+            self.errors[rec.error or "unknown error"] += 1
+            if rec.connection_failed:
+                self.conn_buckets[b] += 1
+                if rec.start >= self.conn_error[0]:
+                    self.conn_error = (rec.start, rec.error or "")
+            else:
+                self.fail_buckets[b] += 1
+            return
+        self.ok_buckets[b] += 1
+        if rec.input_tokens is not None:
+            self.input_tokens += rec.input_tokens
+        if rec.output_tokens is not None:
+            self.output_tokens += rec.output_tokens
+        if not rec.tokens_from_usage:
+            self.usage_missing += 1
+        drift = rec.input_drift
+        if drift:
+            self.drift_requests += 1
+            self.drift_max_abs = max(self.drift_max_abs, abs(drift))
+        if rec.output_tokens_asked is not None and rec.output_tokens not in (None, rec.output_tokens_asked):
+            self.output_mismatch += 1
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def fold(self, max_values: int | None = None) -> None:
+        """Record the pending requests' per-request and per-token values, vectorised over all of them
+        (or over the oldest ones holding about ``max_values`` chunks: a slice of bounded time)."""
+        recs = self._pending
+        if not recs:
+            return
+        if max_values is None:
+            self._pending = []
+        else:
+            k, n = 0, 0
+            while k < len(recs) and (k == 0 or n < max_values):
+                n += len(recs[k].chunk_offsets) + 1
+                k += 1
+            recs, self._pending = recs[:k], recs[k:]
+        h = self._hists
+        h["send_lag"].record_many([r.send_lag for r in recs if r.send_lag is not None and not r.startup])
+        h["send_lag_startup"].record_many([r.send_lag for r in recs if r.send_lag is not None and r.startup])
+        chunks = _Chunks.of(recs)
+        starts = np.array([r.start for r in recs])
+        _per_second(self._tokens_per_second, starts, chunks)
+        ok_mask = np.array([r.ok for r in recs], dtype=bool)
+        ok = [r for r in recs if r.ok]
+        if not ok:
+            return
+        h["e2e"].record_many([r.e2e for r in ok])
+        h["ttft"].record_many([r.ttft for r in ok if r.ttft is not None])
+        h["tpot"].record_many([t for r in ok if (t := r.tpot) is not None])
+        h["output_tps"].record_many([t for r in ok if (t := r.output_tps) is not None])
+        h["input_tokens"].record_many([r.input_tokens for r in ok if r.input_tokens is not None])
+        h["output_tokens"].record_many([r.output_tokens for r in ok if r.output_tokens is not None])
+        gaps, itl, itl_n, itl_rec = _gaps(chunks, ok_mask)
+        h["itl_chunk"].record_many(gaps)
+        h["itl"].record_many(itl, itl_n)
+        # per window (by request start): e2e and ttft of each ok request, itl of each of its tokens
+        e2e = np.array([r.e2e for r in recs])
+        ttft = np.array([np.nan if r.ttft is None else r.ttft for r in recs])
+        win_of = (starts // WINDOW_S).astype(np.int64) * WINDOW_S
+        for w in np.unique(win_of[ok_mask]).tolist():
+            mine = ok_mask & (win_of == w)
+            in_win = mine[itl_rec]
+            for metric, values, weights in (
+                ("e2e", e2e[mine], None),
+                ("ttft", ttft[mine & ~np.isnan(ttft)], None),
+                ("itl", itl[in_win], itl_n[in_win]),
+            ):
+                if not values.size:
+                    continue
+                win = self._windows[w]
+                hist = win.get(metric)
+                if hist is None:
+                    hist = win[metric] = Histogram()
+                hist.record_many(values, weights)
+        self._pack_old_windows()
+
+    def _pack_old_windows(self) -> None:
+        """A run's memory must not grow with its length: each window's three histograms hold 265 KB
+        of counters each (286 MB per hour of 10 s windows); packed they take ~1 KB."""
+        if len(self._windows) < 2:
+            return
+        horizon = max(self._windows) - PACK_AFTER_S
+        for w, ms in self._windows.items():
+            if w < horizon:
+                for h in ms.values():
+                    h.pack()
+
+    # -- shipping between processes -------------------------------------------------------------
+    _BUCKETS = ("ok_buckets", "conn_buckets", "fail_buckets")
+    _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
+                 "drift_requests", "output_mismatch", "good", "judged")
+
+    def to_wire(self) -> dict:
+        return {
+            "hists": {k: v.to_wire() for k, v in self.hists.items() if v.count},
+            **{k: getattr(self, k) for k in self._COUNTERS},
+            "drift_max_abs": self.drift_max_abs,
+            "errors": dict(self.errors),
+            "tokens_per_second": {str(k): v for k, v in self.tokens_per_second.items()},
+            "done_per_second": {str(k): v for k, v in self.done_per_second.items()},
+            "windows": {str(w): {m: h.to_wire() for m, h in ms.items()} for w, ms in self.windows.items()},
+            "first_start": self.first_start,
+            "last_start": self.last_start,
+            "last_end": self.last_end,
+            **{k: {str(b): n for b, n in getattr(self, k).items()} for k in self._BUCKETS},
+            "conn_error": list(self.conn_error),
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict) -> LLMStats:
+        s = cls()
+        for k, v in data["hists"].items():
+            s.hists[k] = Histogram.from_wire(v)
+        for k in cls._COUNTERS:
+            setattr(s, k, int(data.get(k, 0)))  # older run dirs lack newer counters
+        s.drift_max_abs = int(data["drift_max_abs"])
+        s.errors = Counter(data["errors"])
+        s._tokens_per_second = Counter({int(k): v for k, v in data["tokens_per_second"].items()})
+        s.done_per_second = Counter({int(k): v for k, v in data["done_per_second"].items()})
+        for w, ms in data["windows"].items():
+            s.windows[int(w)] = {m: Histogram.from_wire(h) for m, h in ms.items()}
+        s.first_start, s.last_end = data["first_start"], data["last_end"]
+        s.last_start = data.get("last_start")
+        for k in cls._BUCKETS:  # older run dirs have none
+            setattr(s, k, Counter({int(b): n for b, n in data.get(k, {}).items()}))
+        s.conn_error = tuple(data.get("conn_error", (0.0, "")))
+        return s
+
+    def merge(self, other: LLMStats) -> None:
+        for k, h in other.hists.items():
+            self.hists[k].merge(h)
+        for k in self._COUNTERS:
+            setattr(self, k, getattr(self, k) + getattr(other, k))
+        self.drift_max_abs = max(self.drift_max_abs, other.drift_max_abs)
+        self.errors.update(other.errors)
+        self.tokens_per_second.update(other.tokens_per_second)
+        self.done_per_second.update(other.done_per_second)
+        for k in self._BUCKETS:
+            getattr(self, k).update(getattr(other, k))
+        self.conn_error = max(self.conn_error, other.conn_error, key=lambda e: e[0])
+        for w, ms in other.windows.items():
+            mine = self.windows[w]
+            for m, h in ms.items():
+                if m in mine:
+                    mine[m].merge(h)
+                else:
+                    mine[m] = h
+        for attr, pick in (("first_start", min), ("last_start", max), ("last_end", max)):
+            a, b = getattr(self, attr), getattr(other, attr)
+            setattr(self, attr, b if a is None else a if b is None else pick(a, b))
+        self._pack_old_windows()
+
+    def take_delta(self) -> dict:
+        """Everything recorded since the last call, as wire data; the local stats start over."""
+        wire = self.to_wire()
+        self.__init__()  # type: ignore[misc]
+        return wire
+
+    # -- reading ----------------------------------------------------------------------------------
+    def recent_output_tps(self, now: float, window: int = 10, lag: int = 3) -> float:
+        """Output tokens/s over the ``window`` whole seconds ending ``lag`` s ago (workers report every 3 s)."""
+        end = int(now) - lag
+        return sum(self.tokens_per_second.get(s, 0) for s in range(end - window, end)) / window
+
+    def outage_windows(self, min_seconds: float, now: float | None = None) -> list[outages.Window]:
+        """Spans with failures and no success (``outages``); O(buckets), no fold: cheap to poll live."""
+        return outages.find_windows(self.ok_buckets, self.conn_buckets, self.fail_buckets, min_seconds, now)
+
+    def summary(self, duration: float | None = None, records_per_request: int = 0,
+                outage_after: float = 2.0, now: float | None = None) -> dict:
+        """``records_per_request``: dataset records each request carries (``--dataset-batch``), for the
+        records/s that a batching comparison is about; 0 when prompts are not dataset records."""
+        if duration is None:
+            duration = (self.last_end - self.first_start) if self.first_start is not None else 0.0
+        ok = self.requests - self.failures
+        with_usage = ok - self.usage_missing
+        out = {
+            "requests": self.requests,
+            "succeeded": ok,
+            "failed": self.failures,
+            "error_rate": self.failures / self.requests if self.requests else 0.0,
+            "duration_s": duration,
+            "request_rate": ok / duration if duration else 0.0,
+            # arrivals per second between the first and the last request's (intended) start
+            "send_rate": (self.requests - 1) / (self.last_start - self.first_start)
+            if self.requests > 1 and self.last_start and self.first_start and self.last_start > self.first_start else 0.0,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "output_token_rate": self.output_tokens / duration if duration else 0.0,
+            "usage_missing": self.usage_missing,
+            "input_drift_requests": self.drift_requests,
+            "input_drift_max_abs": self.drift_max_abs,
+            "input_drift_fraction": self.drift_requests / with_usage if with_usage > 0 else 0.0,
+            "output_mismatch": self.output_mismatch,
+            "goodput": self.good / self.judged if self.judged else None,
+            "good_requests": self.good,
+            "errors": dict(self.errors.most_common()),
+            "metrics": {k: h.summary() for k, h in self.hists.items()},
+        }
+        windows = self.outage_windows(outage_after, now)
+        start = self.first_start or 0.0
+        out["outages"] = [{**w.to_json(), "text": outages.describe(w, start, self.conn_error[1] if w.is_outage else "")}
+                          for w in windows]
+        out["outage_seconds"] = sum(w.seconds for w in windows if w.is_outage)
+        if records_per_request:
+            out["records_per_request"] = records_per_request
+            out["records"] = ok * records_per_request
+            out["record_rate"] = ok * records_per_request / duration if duration else 0.0
+        return out

@@ -1,0 +1,73 @@
+"""Child processes the locustfile starts itself: the vLLM emulator (no --host) and its sidecar."""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import gevent
+
+from vllm_load.errors import UsageError
+
+
+@dataclass
+class ChildServer:
+    url: str
+    process: subprocess.Popen
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def server_package() -> str:
+    """Where the emulator and sidecar live: ``vllm_load_server`` once installed (the repo's server/ folder
+    under a name of its own), ``server`` in a checkout used without installing."""
+    try:
+        import vllm_load_server  # noqa: F401
+
+        return "vllm_load_server"
+    except ImportError:
+        return "server"
+
+
+def start_child(module: str, args: list[str], timeout: float = 60.0) -> ChildServer:
+    """Run ``python -m PACKAGE.MODULE ARGS`` (it binds 127.0.0.1) and wait for its "listening on URL" line."""
+    package = importlib.import_module(server_package())
+    root = str(Path(package.__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    module = f"{package.__name__}.{module}"
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, env=env)
+    emu = ChildServer(url="", process=proc)
+    atexit.register(emu.stop)
+    line = b""
+    try:
+        with gevent.Timeout(timeout):
+            line = proc.stdout.readline() if proc.stdout else b""
+    except gevent.Timeout:
+        pass
+    text = line.decode(errors="replace").strip()
+    if "listening on " not in text:
+        emu.stop()
+        raise UsageError(f"{module} did not start ({text or 'no output'}): run python -m {module} to see why")
+    emu.url = text.split("listening on ", 1)[1].split()[0]
+    return emu
+
+
+def start_emulator(extra_args: list[str]) -> ChildServer:
+    return start_child("emulator", ["--host", "127.0.0.1", "--port", "0", *extra_args])
+
+
+def start_sidecar(vllm_url: str, out: Path) -> ChildServer:
+    return start_child("sidecar", ["--vllm-url", vllm_url, "--listen", "127.0.0.1:0", "--interval", "1s",
+                                          "--out", str(out)])

@@ -1,0 +1,449 @@
+"""Per-process state of a run: resolved target, prompt factories, stats and the request log."""
+
+from __future__ import annotations
+
+import json
+import random
+import secrets
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gevent.event
+
+from vllm_load.plugin import gc_control
+from vllm_load.workload.arrivals import ArrivalProcess
+from vllm_load.metrics.client_health import ClientHealth, ClientMonitor
+from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records, records_per_request
+from vllm_load.errors import UsageError
+from vllm_load.workload.lengths import LengthSpec, parse_length
+from vllm_load.client.openai_api import auth_header, discover_model
+from vllm_load.workload.prompt_pool import PromptPool
+from vllm_load.workload.prompts import Prompt, PromptFactory
+from vllm_load.client.record import RequestRecord
+from vllm_load.rundir.reqlog import RequestLog
+from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
+from vllm_load.metrics.stats import LLMStats
+from vllm_load.plugin.warmup import warm_up
+from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
+
+#: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
+DEFAULT_OUTPUT_TOKENS = "64"
+#: Option names never written to disk or logs.
+SECRET_OPTIONS = ("api_key", "sidecar_token")
+
+
+@dataclass
+class Target:
+    """The server under test, validated before any load is sent."""
+
+    host: str
+    model: str
+    tokenizer: str
+    max_model_len: int | None
+    is_emulator: bool
+    input_spec: LengthSpec
+    output_spec: LengthSpec
+
+
+def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str] = frozenset({"chat", "completions"})
+                   ) -> Target:
+    """Check host, model, tokenizer and lengths for the APIs the run's users send (``apis``); raise
+    UsageError with one line on bad input."""
+    input_spec = parse_length(opts.input_tokens, "--input-tokens")
+    output_spec = parse_length(opts.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
+    if opts.request_rate < 0 or opts.burstiness <= 0 or opts.max_concurrency < 1 or opts.ramp_up < 0:
+        raise UsageError("--request-rate must be >= 0, --burstiness > 0, --max-concurrency >= 1 and --ramp-up >= 0")
+    if opts.shared_prefix_tokens < 0:
+        raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
+    for flag in ("--retry-backoff-max", "--outage-after", "--stop-on-outage"):
+        parse_duration(getattr(opts, flag[2:].replace("-", "_")), flag)
+    if opts.min_requests < 0:
+        raise UsageError(f"--min-requests must be >= 0, got {opts.min_requests}")
+    if opts.dataset:
+        read_records(opts.dataset, opts.dataset_format, opts.dataset_field)
+        if opts.dataset_batch < 0:
+            raise UsageError(f"--dataset-batch must be >= 1, got {opts.dataset_batch}")
+        if opts.dataset_answer_tokens < 0:
+            raise UsageError(f"--dataset-answer-tokens must be >= 1, got {opts.dataset_answer_tokens}")
+    elif opts.dataset_batch:
+        raise UsageError("--dataset-batch needs --dataset: name the file whose records are batched")
+    served = discover_model(host, opts.model, opts.api_key)
+    tok_name = opts.tokenizer or served.id
+    tok = load_tokenizer(tok_name)
+    limit = served.max_model_len
+    if limit and input_spec.high + output_spec.high > limit:
+        raise UsageError(
+            f"input {input_spec.high} + output {output_spec.high} tokens exceed the server's max_model_len {limit}: "
+            "lower --input-tokens or --output-tokens"
+        )
+    for api in sorted(apis):
+        # raises the one-line reason when this tokenizer cannot build prompts for the API (no chat template)
+        factory = PromptFactory(tok, api, salt="probe", shared_prefix_tokens=opts.shared_prefix_tokens)  # type: ignore[arg-type]
+        if not opts.dataset and input_spec.low < factory.min_tokens:
+            parts = f"template {factory.overhead}" + (
+                f" + shared prefix {factory.shared_prefix_tokens}" if factory.shared_prefix_tokens else "")
+            raise UsageError(
+                f"--input-tokens {input_spec.text} goes below the {factory.min_tokens}-token minimum of a {api} prompt "
+                f"with tokenizer {tok_name!r} ({parts} + 1 word): raise it to at least {factory.min_tokens}"
+            )
+    if opts.align_with_server:
+        checked = align_with_server(host, served.id, tok, opts.api_key, apis)
+        print(f"vllm-load: --align-with-server: {checked}", flush=True)
+    return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec)
+
+
+def align_with_server(host: str, model: str, tok: Tokenizer, api_key: str = "",
+                      apis: frozenset[str] = frozenset({"chat", "completions"})) -> str:
+    """Compare our counts with vLLM's POST /tokenize for the run's APIs; a mismatch stops the run.
+    Returns what was checked, for the console."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json", **auth_header(api_key)}
+    checked = []
+    for api in ("completions", "chat"):
+        if api not in apis or (api == "chat" and not tok.has_chat_template):
+            continue
+        prompt = PromptFactory(tok, api, salt=secrets.token_hex(4)).make(100)  # type: ignore[arg-type]
+        body: dict = {"model": model}
+        if api == "chat":
+            body.update(messages=prompt.messages, add_generation_prompt=True)
+        else:
+            body.update(prompt=prompt.text, add_special_tokens=True)
+        req = urllib.request.Request(host.rstrip("/") + "/tokenize", data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                count = int(json.loads(resp.read())["count"])
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            raise UsageError(f"--align-with-server: {host}/tokenize failed ({exc}): drop the flag for servers without it") from None
+        if count != prompt.tokens:
+            raise UsageError(
+                f"--align-with-server: a {api} prompt of {prompt.tokens} tokens by tokenizer {tok.name!r} is "
+                f"{count} tokens on the server: pass --tokenizer with the server's own tokenizer"
+            )
+        checked.append(f"a {prompt.tokens}-token {api} prompt")
+    if not checked:
+        return "nothing to check (no API of this run)"
+    return (f"{' and '.join(checked)} by tokenizer {tok.name!r} counted the same on the server's /tokenize: "
+            "prompt lengths match")
+
+
+def public_options(opts: Any) -> dict:
+    """The run's options as written to disk: msgpack/JSON-safe, secrets removed."""
+    out = {}
+    for k, v in sorted(vars(opts).items()):
+        if k in SECRET_OPTIONS:
+            out[k] = "***" if v else ""
+        elif isinstance(v, (str, int, float, bool)) or v is None:
+            out[k] = v
+        elif isinstance(v, (list, tuple)) and all(isinstance(x, (str, int, float, bool)) for x in v):
+            out[k] = list(v)
+    return out
+
+
+#: GIL switch interval in load-generating processes (seconds)
+SWITCH_INTERVAL = 0.0005
+
+
+@dataclass
+class Runtime:
+    role: str  # "local", "master" or "worker"
+    opts: Any
+    run_id: str
+    salt: str
+    run_dir: Path
+    worker_id: str
+    stats: LLMStats = field(default_factory=LLMStats)
+    totals: LLMStats | None = None  # master: merge of worker deltas; local: same as stats
+    reqlog: RequestLog | None = None
+    tokenizer: Tokenizer | None = None
+    factories: dict[str, PromptFactory] = field(default_factory=dict)
+    pools: dict[str, PromptPool] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=random.Random)
+    input_spec: LengthSpec | None = None
+    output_spec: LengthSpec | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    start_wall: float = field(default_factory=time.time)
+    end_wall: float | None = None
+    workers_seen: set = field(default_factory=set)
+    dataset: DatasetSource | None = None
+    goodput_limits: dict = field(default_factory=dict)
+    arrival_seq: int = 0
+    workers_lost: list = field(default_factory=list)  # workers that never sent their final report
+    step: int | None = None  # current sweep step
+    step_rate: float = 0.0  # open-loop rate of the current sweep step
+    rate_changed: Any = None  # gevent Event, set (and replaced) when a sweep step changes the open-loop rate
+    step_stats: dict = field(default_factory=dict)  # step -> LLMStats (this process, or merged on the master)
+    step_bounds: dict = field(default_factory=dict)  # step -> [level, start wall, end wall]
+    monitor: ClientMonitor | None = None  # in load-generating processes
+    health: ClientHealth = field(default_factory=ClientHealth)  # on the master / local runner
+    draining: bool = False  # set at the end of a run: users start no new request
+    drained: bool = False  # the end-of-run drain has been done
+    in_flight: int = 0
+    idle: Any = None  # gevent Event, set while no request is in flight
+    folder: Any = None  # greenlet folding finished requests into the stats while the loop is idle
+    answer_tokens_per_record: int = 0
+    #: a failure every request would repeat (prompts cannot be built): the plugin stops the run with it
+    on_fatal: Any = field(default=lambda message: None)  # --dataset-batch: output budget per batched record
+
+    @classmethod
+    def create(cls, role: str, opts: Any, worker_id: str, total_users: int = 0,
+               apis: frozenset[str] = frozenset(), on_fatal: Any = None) -> Runtime:
+        """On a master/local runner ``opts`` gains run id, salt, run dir and user count, which travel to workers.
+        A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
+        that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
+        if role != "worker":
+            opts.vllm_load_total_users = int(total_users or getattr(opts, "num_users", 0) or 1)
+            opts.vllm_load_run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+            opts.vllm_load_salt = secrets.token_hex(16)
+            opts.vllm_load_run_dir = opts.run_dir or str(Path("reports") / opts.vllm_load_run_id)
+        rt = cls(
+            role=role,
+            opts=opts,
+            run_id=opts.vllm_load_run_id,
+            salt=opts.vllm_load_salt,
+            run_dir=Path(opts.vllm_load_run_dir),
+            worker_id=worker_id,
+        )
+        rt.outage_after = parse_duration(opts.outage_after, "--outage-after")
+        rt.backoff_max = parse_duration(opts.retry_backoff_max, "--retry-backoff-max")
+        if on_fatal is not None:  # before the pools start: their first prompts may already fail
+            rt.on_fatal = on_fatal
+        rt.run_dir.mkdir(parents=True, exist_ok=True)
+        rt.idle = gevent.event.Event()
+        rt.idle.set()
+        rt.rate_changed = gevent.event.Event()
+        if role == "master":
+            rt.totals = LLMStats()
+        if role == "local":
+            rt.totals = rt.stats
+        if role != "master":
+            # The prompt thread holds the GIL in turns of the switch interval (5 ms by default), and
+            # every stream read waiting behind it is late by as much: keep the turns short.
+            sys.setswitchinterval(SWITCH_INTERVAL)
+            rt._prepare_generation()
+            rt._fill_pools(apis)
+            rt.start_wall = time.time()  # this process's load starts now, not before its pools were ready
+            warm_up()  # before the heap is frozen: what it loads is start-up heap too
+            # before the loop-lag monitor starts: the one full collection here takes ~0.1 s
+            gc_control.freeze_startup_heap()  # collections run from _fold_when_idle instead
+            sink = (lambda report: rt.health.add("local", report)) if role == "local" else None
+            rt.monitor = ClientMonitor(lambda: rt.in_flight, sink)
+            rt.monitor.start()
+            rt.folder = gevent.spawn(rt._fold_when_idle)
+        return rt
+
+    def _prepare_generation(self) -> None:
+        o = self.opts
+        self.input_spec = parse_length(o.input_tokens, "--input-tokens")
+        self.output_spec = parse_length(o.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
+        self.tokenizer = load_tokenizer(o.tokenizer or o.model)
+        self.rng = random.Random(f"{self.salt}/{self.worker_id}/lengths")
+        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        self.headers.update(auth_header(o.api_key))
+        self.goodput_limits = goodput_thresholds(parse_slo_option(o.slo))
+        if o.dataset:
+            records = read_records(o.dataset, o.dataset_format, o.dataset_field)
+            self.dataset = DatasetSource(records, f"{self.salt}/{self.worker_id}", o.dataset_batch)
+            if o.dataset_batch:
+                self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
+                    self.tokenizer, o.dataset_batch)
+        name = "requests.jsonl" if self.role == "local" else f"requests-{_safe(self.worker_id)}.jsonl"
+        self.reqlog = RequestLog(self.run_dir / name)
+
+    #: longest wait for the first prompts of the run (a 32k-token prompt takes ~0.2 s to build)
+    FIRST_PROMPT_TIMEOUT = 120.0
+
+    def _fill_pools(self, apis: frozenset[str]) -> None:
+        """Start each API's pool and wait for its first prompts: the first one of a process pays for the
+        tokenizer's word list and the template probes (0.3-0.5 s), which once made the first open-loop
+        requests of a run leave 300 ms late and the run look untrustworthy."""
+        for api in sorted(apis):
+            self.pool(api)
+        for api in sorted(apis):
+            self.pools[api].ready.wait(self.FIRST_PROMPT_TIMEOUT)
+
+    def pool(self, api: str) -> PromptPool:
+        pool = self.pools.get(api)
+        if pool is None:
+            pool = self.pools[api] = PromptPool(lambda: self.build_request(api), int(self.opts.prompt_pool),
+                                                on_error=lambda exc: self.on_fatal(str(exc)))
+        return pool
+
+    def factory(self, api: str) -> PromptFactory:
+        f = self.factories.get(api)
+        if f is None:
+            assert self.tokenizer is not None
+            f = self.factories[api] = PromptFactory(
+                self.tokenizer, api, self.salt, self.worker_id, self.opts.shared_prefix_tokens  # type: ignore[arg-type]
+            )
+        return f
+
+    def next_request(self, api: str) -> tuple[Prompt, int]:
+        """The next prompt and output length, from the pool that a native thread keeps filled."""
+        return self.pool(api).get()
+
+    def build_request(self, api: str) -> tuple[Prompt, int]:
+        """A new prompt (exact length, unique) and the output length to ask for."""
+        assert self.input_spec and self.output_spec
+        if self.dataset is None:
+            prompt = self.factory(api).make(self.input_spec.sample(self.rng))
+            return prompt, self.output_spec.sample(self.rng)
+        content, answer = self.dataset.next_content()
+        prompt = self.factory(api).wrap(content)
+        if self.opts.output_tokens:
+            return prompt, self.output_spec.sample(self.rng)
+        if self.opts.dataset_batch:  # every answer line the instruction asks for, whatever K
+            return prompt, self.answer_tokens_per_record * self.opts.dataset_batch
+        if answer and self.tokenizer is not None:
+            return prompt, max(1, len(self.tokenizer.encode(answer, add_special_tokens=False)))
+        return prompt, self.output_spec.sample(self.rng)
+
+    def set_step(self, step: int, rate: float) -> None:
+        """Enter a sweep step; open-loop users waiting on a gap drawn at the old rate wake and redraw."""
+        changed = rate != self.step_rate
+        self.step, self.step_rate = step, rate
+        if changed:
+            self.rate_changed, old = gevent.event.Event(), self.rate_changed
+            old.set()
+
+    def current_rate(self) -> float:
+        """The open-loop rate now: the sweep step's in a rate sweep, else --request-rate (0: closed loop)."""
+        if self.step is not None and self.opts.sweep_mode == "rate":
+            return self.step_rate
+        return float(self.opts.request_rate)
+
+    def total_users(self) -> int:
+        if self.step is not None and self.opts.sweep_mode == "rate":
+            return max(1, int(self.opts.sweep_users))
+        return max(1, int(getattr(self.opts, "vllm_load_total_users", 0) or 1))
+
+    def arrival_process(self) -> ArrivalProcess:
+        """This user's share of the run's open-loop rate (the total is split over all users)."""
+        self.arrival_seq += 1
+        return ArrivalProcess(self.current_rate() / self.total_users(), self.opts.burstiness,
+                              random.Random(f"{self.salt}/{self.worker_id}/arrivals/{self.arrival_seq}"),
+                              float(self.opts.ramp_up))
+
+    def begin_request(self) -> None:
+        self.in_flight += 1
+        self.idle.clear()
+
+    @staticmethod
+    def park() -> None:
+        """Block until Locust stops this user (a user that stopped itself would leave Locust a dead
+        greenlet it logs as an error)."""
+        gevent.event.Event().wait()
+
+    def end_request(self) -> None:
+        """A request counted by begin_request is over (recorded, or never sent): a drain may be waiting."""
+        self.in_flight -= 1
+        if self.in_flight <= 0:
+            self.in_flight = 0
+            self.idle.set()
+
+    def drain(self, timeout: float) -> bool:
+        """Start no new request and wait (at most ``timeout`` s) for the ones in flight to finish."""
+        self.draining = True
+        return bool(self.idle.wait(timeout))
+
+    def on_record(self, rec: RequestRecord) -> None:
+        self.end_request()
+        if self.goodput_limits:
+            rec.good = rec.ok and all(
+                (value := getattr(rec, metric)) is not None and value <= limit
+                for metric, limit in self.goodput_limits.items()
+            )
+        self.stats.add(rec)
+        if rec.step is not None:
+            self.step_stats.setdefault(rec.step, LLMStats()).add(rec)
+        if self.reqlog:
+            self.reqlog.write(rec)
+
+    def write_config(self, target: Target | None, host: str) -> None:
+        info = {
+            "run_id": self.run_id,
+            "salt": self.salt,
+            "host": host,
+            "target_is_emulator": bool(target and target.is_emulator),
+            "model": self.opts.model,
+            "tokenizer": self.opts.tokenizer or self.opts.model,
+            "max_model_len": target.max_model_len if target else None,
+            "started": self.start_wall,
+            "client_host": socket.gethostname(),
+            "options": public_options(self.opts),
+        }
+        (self.run_dir / "config.json").write_text(json.dumps(info, indent=2))
+
+    def write_results(self) -> dict:
+        """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
+        assert self.totals is not None
+        end = self.end_wall or time.time()
+        summary = self.totals.summary(duration=end - self.start_wall, records_per_request=records_per_request(
+            self.opts.dataset, self.opts.dataset_batch), outage_after=self.outage_after, now=end)
+        summary["workers"] = sorted(self.workers_seen)
+        summary["workers_lost"] = list(self.workers_lost)
+        if self.monitor is not None and self.role == "local":
+            last = self.monitor.take()  # what the monitor saw since its last 3 s report
+            if last["cpu"] or last["lag"] or last["streams"]:
+                self.health.add("local", last)
+        send_lag = summary["metrics"].get("send_lag", {})
+        # CPU and lag while the server was unreachable or failing every request are the failures' doing
+        quiet = [(w["start"], w["end"]) for w in summary["outages"]]
+        summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet)
+        summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
+        data = {"run_id": self.run_id, "start": self.start_wall, "end": end, "summary": summary,
+                "stats": self.totals.to_wire()}
+        tmp = self.run_dir / "llm_stats.json.tmp"
+        tmp.write_text(json.dumps(data))
+        tmp.replace(self.run_dir / "llm_stats.json")
+        return summary
+
+    #: chunks folded per slice (~0.5 ms): the longest a slice can delay a chunk that arrives meanwhile
+    FOLD_SLICE = 256
+
+    def _fold_when_idle(self) -> None:
+        """Fold finished requests into the stats in short slices, only when the event loop has nothing
+        else to run: the reading greenlets (and their timestamps) always go first. Whatever is still
+        pending when the stats are read (every report) is folded then."""
+        while True:
+            gevent.idle()
+            if gc_control.collect_if_due() >= 0:
+                continue
+            busy = [s for s in (self.stats, *self.step_stats.values()) if s.pending]
+            if not busy:
+                gevent.sleep(0.05)
+                continue
+            busy[0].fold(self.FOLD_SLICE)
+
+    def reset_metrics(self) -> None:
+        """Locust's --reset-stats / the web UI's Reset: start this process's LLM metrics over, in place (the
+        folder and the listeners hold these objects), at the same instant Locust resets its own table."""
+        self.stats.__init__()  # type: ignore[misc]
+        if self.totals is not None and self.totals is not self.stats:
+            self.totals.__init__()  # type: ignore[misc]
+        for s in self.step_stats.values():
+            s.__init__()  # type: ignore[misc]
+        self.health = ClientHealth()
+        self.workers_seen = set()
+        self.start_wall = time.time()
+
+    def close(self) -> None:
+        if self.folder is not None:
+            self.folder.kill(block=False)
+            gc_control.restore()
+        if self.monitor is not None:
+            self.monitor.stop()
+        for pool in self.pools.values():
+            pool.close()
+        if self.reqlog:
+            self.reqlog.close()
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)

@@ -1,0 +1,133 @@
+"""Fetch the sidecar's series for a run's window into the run directory, on the client's clock."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from vllm_load.client.openai_api import auth_header
+
+
+def _get(url: str, token: str, timeout: float) -> bytes:
+    req = urllib.request.Request(url, headers=auth_header(token))
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return resp.read()
+
+
+def fetch_samples(sidecar_url: str, start: float, end: float, token: str = "", timeout: float = 15.0
+                  ) -> tuple[list[dict], str | None]:
+    """The sidecar's samples from ``start`` to ``end`` (our clock), shifted onto our clock, and why there
+    are none when there are none.
+
+    Sample times are shifted by the clock offset measured against the sidecar's /health (midpoint of
+    the round trip), so client and server share the Locust master's clock.
+    """
+    base = sidecar_url.rstrip("/")
+    try:
+        t0 = time.time()
+        health = json.loads(_get(base + "/health", token, timeout))
+        t1 = time.time()
+        offset = float(health["now"]) - (t0 + t1) / 2  # sidecar clock minus ours
+        body = _get(f"{base}/series?start={start + offset}&end={end + offset}", token, timeout)
+    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+        return [], f"sidecar {sidecar_url} unreachable ({getattr(exc, 'reason', exc)})"
+    samples = []
+    for raw in body.decode().splitlines():
+        sample = json.loads(raw)
+        sample["t_server"] = sample["t"]
+        sample["t"] = sample["t"] - offset
+        samples.append(sample)
+    if not samples:
+        return [], f"sidecar {sidecar_url} had no samples for the run's window (last error: {health.get('last_error')})"
+    return samples, None
+
+
+def fetch_series(sidecar_url: str, start: float, end: float, out: Path, token: str = "", timeout: float = 15.0) -> str | None:
+    """Write the run's window (2 s either side) to ``out`` (server.jsonl) and return None, or return why
+    the server side is missing."""
+    samples, why = fetch_samples(sidecar_url, start - 2, end + 2, token, timeout)
+    if why:
+        return why
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    tmp.replace(out)
+    return None
+
+
+def server_summary(series: list[dict]) -> dict | None:
+    """What server-side SLOs read: maxima and totals over the run's window."""
+    if not series:
+        return None
+
+    def mx(key: str) -> float | None:
+        vals = [s[key] for s in series if s.get(key) is not None]
+        return max(vals) if vals else None
+
+    first, last = series[0], series[-1]
+
+    def delta(key: str) -> float | None:
+        if last.get(key) is None or first.get(key) is None:
+            return None
+        return last[key] - first[key]
+
+    queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
+    gauge_rate = None
+    if queries is None:  # V0 servers only have a hit-rate gauge
+        rates = [s["prefix_cache_hit_rate_gauge"] for s in series if s.get("prefix_cache_hit_rate_gauge") is not None]
+        gauge_rate = max(rates) if rates else None
+    return {
+        "kv_cache_usage.max": mx("kv_cache_usage"),
+        "waiting.max": mx("waiting"),
+        "running.max": mx("running"),
+        "preemptions": delta("preemptions_total"),
+        "prefix_cache_hit_rate": (hits / queries) if queries else 0.0 if queries == 0 else gauge_rate,
+    }
+
+
+def load_series(path: Path) -> list[dict]:
+    """The samples of a run directory's server.jsonl (none when it is missing); torn lines are skipped."""
+    out: list[dict] = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+class LiveServer:
+    """The server side while a run goes on, for the web UI: new samples fetched every ``interval``
+    seconds (only what arrived since the last poll), summarised like the end-of-run report."""
+
+    def __init__(self, sidecar_url: str, start: float, token: str = "", interval: float = 5.0) -> None:
+        import gevent
+
+        self.url, self.token, self.interval = sidecar_url, token, interval
+        self.samples: list[dict] = []
+        self.since = start
+        self.why: str | None = "no sample yet"
+        self._greenlet = gevent.spawn(self._poll)
+
+    def _poll(self) -> None:
+        import gevent
+
+        while True:
+            new, why = fetch_samples(self.url, self.since, time.time() + 1, self.token, timeout=5.0)
+            new = [s for s in new if s["t"] > self.since]
+            if new:
+                self.samples.extend(new)
+                self.since = new[-1]["t"]
+                self.why = None
+            elif not self.samples:
+                self.why = why
+            gevent.sleep(self.interval)
+
+    def summary(self) -> dict | None:
+        return server_summary(self.samples)
+
+    def stop(self) -> None:
+        self._greenlet.kill(block=False)

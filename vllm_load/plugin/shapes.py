@@ -1,0 +1,58 @@
+"""Sweeps: steps of concurrency (closed loop) or request rate (open loop), one Locust LoadTestShape.
+
+    locust -f locustfiles/sweep.py --headless --sweep 64,128,256,512 --step-duration 60 [--stop-on-slo-miss]
+    locust -f locustfiles/sweep.py --headless --sweep-mode rate --sweep 5,10,20 --sweep-users 32 ...
+
+Every request is tagged with the step it started in; each step's metrics are kept apart (shipped from
+workers like the run's totals) and written as a run directory of its own under ``<run dir>/steps/``, so
+the report's sweep table and "largest level meeting every SLO" come from exact per-step histograms.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from locust import LoadTestShape
+
+from vllm_load.errors import UsageError
+
+#: Seconds after a step ends before it is judged: workers report every 3 s.
+JUDGE_DELAY = 3.5
+
+
+def parse_levels(text: str) -> list[float]:
+    try:
+        levels = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        levels = []
+    if not levels or any(v <= 0 for v in levels):
+        raise UsageError(f"--sweep {text!r} must list positive levels, e.g. --sweep 64,128,256")
+    return levels
+
+
+class SweepShape(LoadTestShape):
+    """Ticks through the levels of --sweep; the plugin tags, collects and judges each step."""
+
+    def tick(self) -> tuple[int, float] | None:
+        from vllm_load.plugin import listeners
+
+        opts: Any = self.runner.environment.parsed_options
+        if not opts.sweep:
+            raise UsageError("locustfiles/sweep.py needs --sweep LEVELS, e.g. --sweep 8,16,32")
+        levels = parse_levels(opts.sweep)
+        duration = float(opts.step_duration)
+        t = self.get_run_time()
+        step = int(t // duration)
+        if opts.stop_on_slo_miss:
+            # judge every finished step whose workers' reports are in (judge_step remembers verdicts)
+            for done in range(min(step, len(levels))):
+                if t >= (done + 1) * duration + JUDGE_DELAY and not listeners.judge_step(done):
+                    return None
+        if step >= len(levels):
+            if opts.stop_on_slo_miss and t - len(levels) * duration < JUDGE_DELAY:
+                return (0, 100.0)  # let the last step's reports arrive before its verdict
+            return None
+        level = levels[step]
+        listeners.begin_step(self.runner.environment, step, level)
+        users = int(level) if opts.sweep_mode == "users" else int(opts.sweep_users)
+        return users, float(max(users, 1))

@@ -1,0 +1,79 @@
+"""The "LLM" tab of Locust's web UI: exact LLM percentiles and live output tokens/s."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable
+
+from vllm_load.report.console import COLUMNS, server_cells, table_rows
+
+
+def install(environment: Any, summary_source: Callable[[], dict | None], slos: list | None = None,
+            report_source: Callable[[], str | None] = lambda: None,
+            error_source: Callable[[], str | None] = lambda: None) -> None:
+    web_ui = environment.web_ui
+    if web_ui is None:
+        return
+    structure = [{"key": "metric", "title": "Metric"}, {"key": "count", "title": "Count"},
+                 {"key": "mean", "title": "Mean"}] + [{"key": c, "title": c} for c in COLUMNS]
+    web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": "llm"}]
+    web_ui.template_args["extended_tables"] = [{"key": "llm", "structure": structure}]
+
+    from flask import Response, request
+
+    @web_ui.app.route("/vllm-load/report")
+    def _report() -> Any:
+        path = report_source()
+        if not path:
+            return Response("no report yet: it is written when a run stops", status=404, mimetype="text/plain")
+        with open(path, encoding="utf-8") as fh:
+            return Response(fh.read(), mimetype="text/html")
+
+    @web_ui.app.after_request
+    def _add_llm_stats(response: Any) -> Any:
+        if request.path != "/stats/requests" or response.status_code != 200:
+            return response
+        summary = summary_source()
+        rows: list[dict] = []
+        if summary:
+            rows = table_rows(summary)
+            rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "", "mean": f"{summary['live_output_tps']:.1f}"})
+            rows.append({"metric": "Output tok/s (run)", "count": summary["output_tokens"],
+                         "mean": f"{summary['output_token_rate']:.1f}"})
+            rows.append({"metric": "Requests ok / failed", "count": summary["requests"],
+                         "mean": f"{summary['succeeded']} / {summary['failed']}"})
+            client = summary.get("client") or {}
+            if client.get("saturated"):
+                rows.append({"metric": f"UNTRUSTWORTHY: client could not keep time ({client.get('cause')})",
+                             "count": "", "mean": "; ".join(client["reasons"]) + ": " + (client.get("advice") or "")})
+            if summary.get("server"):
+                rows += [{"metric": f"Server: {t}", "count": "", "mean": v} for t, v in server_cells(summary["server"])]
+            elif "server" in summary:
+                rows.append({"metric": "Server side", "count": "", "mean": "missing (no sidecar data yet)"})
+            if slos:
+                from vllm_load.metrics.slo import evaluate
+
+                for c in evaluate(slos, summary, summary.get("server")):
+                    rows.append({"metric": f"SLO {c.slo}", "count": "PASS" if c.passed else "FAIL", "mean": c.detail})
+            if report_source():
+                rows.append({"metric": "Report of the last run", "count": "", "mean": "/vllm-load/report"})
+            if summary["input_drift_requests"]:
+                rows.append({"metric": "PROMPT LENGTH DRIFT (requests, max)", "count": summary["input_drift_requests"],
+                             "mean": summary["input_drift_max_abs"]})
+        error = error_source()
+        if error:  # a target that failed its check, or a run stopped by a failure every request would repeat
+            rows.insert(0, {"metric": "ERROR", "count": "", "mean": error})
+        data = response.get_json(silent=True) or {}
+        data["extended_stats"] = [{"key": "llm", "data": rows}]
+        response.set_data(json.dumps(data))
+        return response
+
+
+def live_summary(totals: Any, start_wall: float, health: Any = None) -> dict:
+    summary = totals.summary(duration=max(time.time() - start_wall, 1e-9))
+    summary["live_output_tps"] = totals.recent_output_tps(time.time())
+    if health is not None:
+        lag = summary["metrics"].get("send_lag", {})
+        summary["client"] = health.verdict(lag.get("p99") if lag.get("count") else None)
+    return summary

@@ -1,0 +1,318 @@
+"""Rebuild a run's report from its run directory alone: HTML (plots embedded), summary.json/.md.
+
+The HTML puts client and server on one time axis (seconds since the run started): client TTFT/ITL
+percentiles per window and output tokens/s above, the server's running/waiting requests, KV-cache
+usage, preemptions and token rates beneath (from the sidecar's ``server.jsonl``, when present).
+Several run directories also give a sweep table: throughput and latency against concurrency.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from vllm_load.report.console import COLUMNS, server_cells, table_rows  # noqa: E402
+from vllm_load.errors import UsageError  # noqa: E402
+from vllm_load.metrics.histogram import Histogram  # noqa: E402
+from vllm_load.report.results import finish  # noqa: E402
+from vllm_load.plugin.server_side import load_series, server_summary  # noqa: E402
+from vllm_load.metrics.slo import Check, evaluate, parse_slo_option  # noqa: E402
+from vllm_load.metrics.stats import LLMStats  # noqa: E402
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    start: float
+    end: float
+    stats: LLMStats
+    summary: dict
+    server: list[dict]
+
+    @property
+    def is_emulator(self) -> bool:
+        return bool(self.config.get("target_is_emulator"))
+
+    @property
+    def concurrency(self) -> Any:
+        """The run's level: its sweep step's users (or rate), else its user count."""
+        o = self.config.get("options", {})
+        value = o.get("vllm_load_step_users") or o.get("num_users") or o.get("users")
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def load_run(path: str | Path) -> Run:
+    p = Path(path)
+    try:
+        config = json.loads((p / "config.json").read_text())
+        data = json.loads((p / "llm_stats.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{p} is not a complete run directory ({exc.__class__.__name__}): "
+                         "it needs config.json and llm_stats.json") from None
+    server = load_series(p / "server.jsonl")
+    return Run(p, config, data["start"], data["end"], LLMStats.from_wire(data["stats"]), data["summary"], server)
+
+
+# -- plots -----------------------------------------------------------------------------------------
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def timeline_png(run: Run) -> str:
+    s = run.stats
+    has_server = bool(run.server)
+    n = 6 if has_server else 2
+    fig, axes = plt.subplots(n, 1, figsize=(10, 2.2 * n), sharex=True)
+    ax = axes[0]
+    wins = sorted(s.windows)
+    for metric, style in (("ttft", "-"), ("itl", "--")):
+        xs, p50, p99 = [], [], []
+        for w in wins:
+            h = s.windows[w].get(metric)
+            if h and h.count:
+                xs.append(w + 5 - run.start)
+                p50.append(h.percentile(50) * 1000)
+                p99.append(h.percentile(99) * 1000)
+        ax.plot(xs, p50, style, marker="o", label=f"{metric.upper()} p50")
+        ax.plot(xs, p99, style, marker="o", label=f"{metric.upper()} p99")
+    ax.set_ylabel("ms")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7, ncol=4)
+    ax.set_title("client latency per 10 s window")
+    ax = axes[1]
+    secs = sorted(s.tokens_per_second)
+    ax.plot([t - run.start for t in secs], [s.tokens_per_second[t] for t in secs], label="output tok/s")
+    ax.set_ylabel("tok/s")
+    ax.legend(fontsize=7)
+    if has_server:
+        t = [x["t"] - run.start for x in run.server]
+        axes[2].plot(t, [x.get("running") for x in run.server], label="running")
+        axes[2].plot(t, [x.get("waiting") for x in run.server], label="waiting")
+        axes[2].set_ylabel("requests")
+        axes[3].plot(t, [100 * (x.get("kv_cache_usage") or 0) for x in run.server], label="KV-cache usage %")
+        axes[3].plot(t, [x.get("preemptions_rate") for x in run.server], label="preemptions/s")
+        axes[4].plot(t, [x.get("prompt_tokens_rate") for x in run.server], label="prompt tok/s (server)")
+        axes[4].plot(t, [x.get("generation_tokens_rate") for x in run.server], label="generation tok/s (server)")
+        axes[4].set_ylabel("tok/s")
+        hits = _prefix_hit_rates(run.server)
+        axes[5].plot([x - run.start for x, _ in hits], [100 * r for _, r in hits], label="prefix-cache hit rate %")
+        axes[5].set_ylabel("%")
+        for a in axes[2:]:
+            a.legend(fontsize=7)
+    for w in run.summary.get("outages", []):  # the sidecar's missing samples show beside them
+        for a in axes:
+            a.axvspan(w["start"] - run.start, w["end"] - run.start, color="#d62728" if w["outage"] else "#ff7f0e",
+                      alpha=0.15, label=None)
+    axes[-1].set_xlabel("seconds since the run started")
+    return _png(fig)
+
+
+def _prefix_hit_rates(series: list[dict]) -> list[tuple[float, float]]:
+    """(time, share of the prompt tokens looked up in the interval that hit the prefix cache)."""
+    out = []
+    for a, b in zip(series, series[1:]):
+        q0, q1 = a.get("prefix_cache_queries_total"), b.get("prefix_cache_queries_total")
+        h0, h1 = a.get("prefix_cache_hits_total"), b.get("prefix_cache_hits_total")
+        if None not in (q0, q1, h0, h1) and q1 > q0:
+            out.append((b["t"], (h1 - h0) / (q1 - q0)))
+    return out
+
+
+def _cdf(h: Histogram) -> tuple[list[float], list[float]]:
+    xs, ys, seen = [], [], 0
+    hdr = h.counters()
+    for item in hdr.get_recorded_iterator():
+        seen += item.count_added_in_this_iter_step
+        xs.append(item.value_iterated_to / h.scale * 1000)
+        ys.append(seen / hdr.get_total_count())
+    return xs, ys
+
+
+def cdf_png(run: Run) -> str:
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3))
+    panels = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
+    for ax, (key, title) in zip(axes, panels):
+        h = run.stats.hists[key]
+        if h.count:
+            ax.plot(*_cdf(h), label="per token" if key == "itl" else title)
+            if key == "itl" and run.stats.hists["itl_chunk"].count:
+                ax.plot(*_cdf(run.stats.hists["itl_chunk"]), "--", label="per chunk")
+                ax.legend(fontsize=7)
+        ax.set_title(f"CDF of {title}")
+        ax.set_xlabel("ms")
+        ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+# -- HTML ------------------------------------------------------------------------------------------
+_CSS = ("body{font-family:sans-serif;margin:24px;max-width:1200px}table{border-collapse:collapse;margin:8px 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
+        ".pass{color:#080;font-weight:bold}.fail{color:#c00;font-weight:bold}"
+        ".banner{background:#ffe9a8;border:1px solid #d9a400;padding:8px;margin:8px 0}img{max-width:100%}")
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> str:
+    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
+def render_html(run: Run, checks: list[Check], validity: list[Check] | None = None) -> str:
+    s = run.summary
+    server = server_summary(run.server)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load {html.escape(run.path.name)}</title>"
+             f"<style>{_CSS}</style></head><body><h1>vllm-load run {html.escape(str(run.config.get('run_id')))}</h1>"]
+    if run.is_emulator:
+        parts.append("<div class='banner' id='emulator-banner'><b>Target: the built-in vLLM EMULATOR</b>, "
+                     "not a real vLLM server. These numbers describe the emulator's configured schedule.</div>")
+    bad = [c for c in validity or [] if not c.passed]
+    if bad:
+        parts.append("<div class='banner' id='run-invalid'><b>Run invalid:</b> "
+                     + "<br>".join(html.escape(c.detail) for c in bad) + "</div>")
+    if checks:
+        ok = all(c.passed for c in checks)
+        parts.append(f"<h2>SLO verdict: <span class='{'pass' if ok else 'fail'}' id='verdict'>{'PASS' if ok else 'FAIL'}</span></h2>")
+        parts.append(_table(["SLO", "result", "detail"], [[html.escape(c.slo),
+                     f"<span class='{'pass' if c.passed else 'fail'}'>{'PASS' if c.passed else 'FAIL'}</span>",
+                     html.escape(c.detail)] for c in checks]))
+    parts.append("<h2>Summary</h2>")
+    parts.append(_table(["", ""], [
+        ["target", html.escape(str(run.config.get("host")))], ["model", html.escape(str(run.config.get("model")))],
+        ["requests (ok / failed)", f"{s['requests']} ({s['succeeded']} / {s['failed']})"],
+        ["duration", f"{s['duration_s']:.1f} s"], ["request rate", f"{s['request_rate']:.2f} /s"],
+        ["output tokens/s", f"{s['output_token_rate']:.1f}"],
+        ["goodput", "n/a" if s.get("goodput") is None else f"{s['goodput'] * 100:.1f}%"],
+        ["prompt-length drift", f"{s['input_drift_requests']} requests (max {s['input_drift_max_abs']} tokens)"],
+        *([["records/s", f"{s['record_rate']:.2f} ({s['records']} records, {s['records_per_request']} per request)"]]
+          if s.get("records_per_request") else []),
+    ]))
+    parts.append("<h2>Server side</h2>")
+    if server:
+        parts.append("<div id='server-side'>" + _table(["server (sidecar)", "value"], [[t, v] for t, v in server_cells(server)])
+                     + "</div>")
+    else:
+        parts.append("<p id='server-missing'><b>Server side missing:</b> no sidecar series in this run directory "
+                     "(start <code>python -m server.sidecar</code> beside vLLM and pass --sidecar-url).</p>")
+    rows = table_rows(s)
+    parts.append(_table(["metric", "count", "mean", *COLUMNS], [[r["metric"], r["count"], r["mean"], *(r[c] for c in COLUMNS)] for r in rows]))
+    if s.get("client", {}).get("saturated"):
+        parts.append("<div class='banner' id='client-saturated'><b>Untrustworthy run: the load generator could not "
+                     f"keep time (cause: {html.escape(str(s['client'].get('cause') or 'client'))}).</b> {html.escape('; '.join(s['client']['reasons']))}. "
+                     f"{html.escape(s['client'].get('advice') or 'add workers')}.</div>")
+    if s.get("outages"):
+        parts.append("<div class='banner' id='outages'><b>Outages and failure storms</b> (shaded on the timeline):<br>"
+                     + "<br>".join(html.escape(w["text"]) for w in s["outages"]) + "</div>")
+    if s.get("workers_lost"):
+        parts.append("<div class='banner' id='workers-lost'><b>Worker(s) lost mid-run:</b> "
+                     f"{html.escape(', '.join(s['workers_lost']))}. Their requests after their last report (at most "
+                     "3 s) are missing from these numbers; their per-request logs have them.</div>")
+    if s["errors"]:
+        parts.append("<h2>Failures</h2>" + _table(["reason", "count"], [[html.escape(k), v] for k, v in s["errors"].items()]))
+    parts.append("<h2>Client and server over time</h2>")
+    parts.append(f"<img alt='timeline' src='data:image/png;base64,{timeline_png(run)}'>")
+    parts.append("<h2>Distributions</h2>")
+    parts.append(f"<img alt='cdf' src='data:image/png;base64,{cdf_png(run)}'>")
+    opts = run.config.get("options", {})
+    parts.append("<h2>Configuration</h2>")
+    parts.append(_table(["option", "value"], [[html.escape(k), html.escape(json.dumps(v))] for k, v in sorted(opts.items())]))
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+class Built(NamedTuple):
+    """What ``build`` decided: the exit code, where the report is, and the checks behind the code."""
+
+    code: int
+    report: Path
+    checks: list[Check]
+    validity: list[Check]
+    summary: dict
+    server: dict | None
+
+
+def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = "") -> Built:
+    """Regenerate summary.json, summary.md, junit.xml and report.html of one run directory."""
+    run = load_run(run_dir)
+    opts = run.config.get("options", {})
+    texts = slo_texts if slo_texts else opts.get("slo") or []
+    slos = parse_slo_option(texts)
+    title = f"vllm-load run {run.config.get('run_id')}" + (" (target: built-in EMULATOR)" if run.is_emulator else "")
+    server = server_summary(run.server)
+    min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
+    code, checks, validity = finish(run.path, run.summary, slos, server, title, junit, min_requests)
+    out = run.path / "report.html"
+    out.write_text(render_html(run, checks, validity))
+    return Built(code, out, checks, validity, run.summary, server)
+
+
+def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[bool | None]:
+    """Per run: True/False when it has SLOs (its own, or ``slo_texts``), None when it has none."""
+    out: list[bool | None] = []
+    for r in runs:
+        slos = parse_slo_option(slo_texts or r.config.get("options", {}).get("slo") or [])
+        checks = evaluate(slos, r.summary, server_summary(r.server))
+        out.append(all(c.passed for c in checks) if checks else None)
+    return out
+
+
+def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] | None = None) -> Path:
+    """One table and plot of throughput and latency against concurrency, across runs, and the largest
+    concurrency whose run met every SLO (how inference teams pick max_num_seqs / batch size)."""
+    runs = sorted((load_run(d) for d in run_dirs), key=lambda r: (r.concurrency or 0, r.start))
+    verdicts = sweep_verdicts(runs, slo_texts)
+    with_records = any(r.summary.get("records_per_request") for r in runs)
+    head = ["run", "concurrency", "req/s", *(["records/s"] if with_records else []), "output tok/s", "TTFT mean ms",
+            "TTFT p99 ms", "ITL p99 ms", "E2E mean ms", "E2E p99 ms", "KV usage max", "preemptions",
+            "prefix-cache hits", "failed", "SLO"]
+    rows = []
+    for r, verdict in zip(runs, verdicts):
+        m = r.summary["metrics"]
+        srv = server_summary(r.server) or {}
+        kv, hit, pre = srv.get("kv_cache_usage.max"), srv.get("prefix_cache_hit_rate"), srv.get("preemptions")
+
+        def ms(k: str, stat: str) -> str:
+            return f"{m[k][stat] * 1000:.1f}" if k in m else ""
+        rows.append([html.escape(r.path.name), r.concurrency or "", f"{r.summary['request_rate']:.2f}",
+                     *([f"{r.summary.get('record_rate', 0.0):.2f}"] if with_records else []),
+                     f"{r.summary['output_token_rate']:.1f}", ms("ttft", "mean"), ms("ttft", "p99"), ms("itl", "p99"),
+                     ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%",
+                     "" if pre is None else f"{pre:g}", "" if hit is None else f"{hit * 100:.1f}%", r.summary["failed"],
+                     "" if verdict is None else ("PASS" if verdict else "FAIL")])
+    passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
+    best = (f"Largest concurrency meeting every SLO: {max(passing)}" if passing
+            else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.5))
+    xs = [r.concurrency or i for i, r in enumerate(runs)]
+    a1.plot(xs, [r.summary["output_token_rate"] for r in runs], "o-")
+    a1.set_xlabel("concurrency")
+    a1.set_ylabel("output tok/s")
+    for key in ("ttft", "e2e"):
+        a2.plot(xs, [r.summary["metrics"].get(key, {}).get("mean", 0) * 1000 for r in runs], "o-", label=f"{key} mean")
+        a2.plot(xs, [r.summary["metrics"].get(key, {}).get("p99", 0) * 1000 for r in runs], "o--", label=f"{key} p99")
+    a2.set_xlabel("concurrency")
+    a2.set_ylabel("ms")
+    a2.legend(fontsize=7)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load sweep</title><style>{_CSS}</style>"
+            f"</head><body><h1>vllm-load sweep ({len(runs)} runs)</h1>"
+            + ("<div class='banner'>Some runs targeted the built-in EMULATOR.</div>" if any(r.is_emulator for r in runs) else "")
+            + f"<h2 id='best'>{html.escape(best)}</h2>"
+            + _table(head, rows) + f"<img alt='sweep' src='data:image/png;base64,{_png(fig)}'></body></html>")
+    (out_dir / "sweep.html").write_text(page)
+    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    (out_dir / "sweep.md").write_text(f"**{best}**\n\n" + "\n".join(md) + "\n")
+    return out_dir / "sweep.html"

@@ -1,0 +1,100 @@
+"""The end of a run: SLO verdict, run validity, summary files, JUnit XML, and the process exit code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vllm_load.report.console import render_table
+from vllm_load.errors import EXIT_ERRORS, EXIT_INVALID, EXIT_OK, EXIT_SLO_MISS
+from vllm_load.metrics.slo import SLO, Check, evaluate, junit_xml, render_checks
+
+#: Share of requests whose prompt length may differ from what was asked before the run is invalid
+#: (a wrong tokenizer drifts on nearly every request; a right one on none: 0 of 17,856 measured).
+DRIFT_LIMIT = 0.01
+
+
+def validity_checks(summary: dict, slos: list[SLO], min_requests: int = 1) -> list[Check]:
+    """What must hold for the numbers to mean anything, SLOs or not: the run measured something, and
+    it measured the prompts it meant to send. An ``input_drift`` SLO replaces the default drift check."""
+    out: list[Check] = []
+    if min_requests > 0:
+        ok = summary["succeeded"]
+        if ok >= min_requests:
+            detail = f"{ok} requests succeeded"
+        elif not summary["requests"]:
+            detail = f"no request completed: the run measured nothing (--min-requests {min_requests})"
+        else:
+            detail = (f"only {ok} of {summary['requests']} requests succeeded: the run measured "
+                      f"{'nothing' if not ok else 'too little'} (--min-requests {min_requests})")
+        out.append(Check(f"requests succeeded >= {min_requests}", float(ok), ok >= min_requests, detail))
+    if not any(s.metric == "input_drift" for s in slos):
+        measured = summary["succeeded"] - summary["usage_missing"]
+        drifted = summary["input_drift_requests"]
+        share = drifted / measured if measured else 0.0
+        passed = share <= DRIFT_LIMIT
+        detail = f"{drifted} of {measured} requests with server usage drifted"
+        if not passed:
+            detail = (f"{drifted} of {measured} requests ({share:.1%}) had a prompt length other than asked (max "
+                      f"{summary['input_drift_max_abs']} tokens): the tokenizer does not match the server's: pass "
+                      "--tokenizer with the server's own (or --slo 'input_drift<=100%' to accept drift)")
+        out.append(Check(f"prompt-length drift <= {DRIFT_LIMIT:.0%} of requests", share, passed, detail))
+    return out
+
+
+def exit_code(summary: dict, checks: list[Check], slos: list[SLO], validity: list[Check] | None = None) -> int:
+    """4 when the run is invalid (measured nothing, or the wrong prompts); 3 when an SLO is missed; else 1
+    when a request failed (unless an error_rate SLO governs); else 0."""
+    if validity and any(not c.passed for c in validity):
+        return EXIT_INVALID
+    if any(not c.passed for c in checks):
+        return EXIT_SLO_MISS
+    if summary["failed"] and not any(s.metric in ("error_rate", "goodput", "good_request_fraction") for s in slos):
+        return EXIT_ERRORS
+    return EXIT_OK
+
+
+def render_validity(validity: list[Check]) -> str:
+    """Console lines for the checks that failed (nothing when the run is valid)."""
+    failed = [c for c in validity if not c.passed]
+    return "\n".join(f"RUN INVALID: {c.detail}" for c in failed)
+
+
+def summary_markdown(summary: dict, checks: list[Check], title: str, server: dict | None = None,
+                     validity: list[Check] | None = None) -> str:
+    lines = [f"# {title}", ""]
+    bad = [c for c in validity or [] if not c.passed]
+    if bad:
+        lines += ["**RUN INVALID**", ""] + [f"- {c.detail}" for c in bad] + [""]
+    if checks:
+        verdict = "PASS" if all(c.passed for c in checks) else "FAIL"
+        lines += [f"**SLO verdict: {verdict}**", "", "| SLO | result | detail |", "|---|---|---|"]
+        lines += [f"| `{c.slo}` | {'PASS' if c.passed else 'FAIL'} | {c.detail} |" for c in checks]
+        lines.append("")
+    lines += ["```", render_table(summary, "LLM metrics", server=server), "```", ""]
+    return "\n".join(lines)
+
+
+def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, title: str,
+           junit_path: str = "", min_requests: int = 1) -> tuple[int, list[Check], list[Check]]:
+    """Write summary.json / summary.md / junit files into ``run_dir``; return (exit code, SLO checks,
+    validity checks)."""
+    checks = evaluate(slos, summary, server)
+    validity = validity_checks(summary, slos, min_requests)
+    code = exit_code(summary, checks, slos, validity)
+    data = {"title": title, "exit_code": code, "summary": summary, "server": server,
+            "slo": [c.to_json() for c in checks], "validity": [c.to_json() for c in validity],
+            "valid": all(c.passed for c in validity),
+            "verdict": None if not checks else ("pass" if all(c.passed for c in checks) else "fail")}
+    (run_dir / "summary.json").write_text(json.dumps(data, indent=2))
+    (run_dir / "summary.md").write_text(summary_markdown(summary, checks, title, server, validity))
+    if checks or junit_path or any(not c.passed for c in validity):
+        xml = junit_xml(checks, validity=validity)
+        (run_dir / "junit.xml").write_text(xml)
+        if junit_path:
+            Path(junit_path).parent.mkdir(parents=True, exist_ok=True)
+            Path(junit_path).write_text(xml)
+    return code, checks, validity
+
+
+__all__ = ["finish", "exit_code", "render_checks", "render_validity", "validity_checks"]

@@ -1,0 +1,1 @@
+"""What is sent: the tokenizer, exact-length unique prompts, the prompt pool, datasets, lengths, arrivals."""

@@ -1,0 +1,162 @@
+"""Prompts of an exact token length under the target's tokenizer, with unique content.
+
+How exactness is reached without decode/re-encode drift: we pick a vocabulary of *words* that are
+each one token when they stand between spaces (checked against the tokenizer itself), build the
+text from whole words, and count the finished text the way the server will (chat template
+included). A word boundary never merges, so N - overhead words give N tokens; the final count is
+still verified for every prompt and corrected, never assumed.
+
+How uniqueness is reached: the first words of every prompt spell a 64-bit digest of
+(run salt, source id, sequence number), so no two prompts of a run, and no two runs, share a
+prefix beyond the template's own fixed tokens. ``shared_prefix_tokens`` deliberately puts a
+run-wide common block in front, for users who want to measure prefix caching.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vllm_load.errors import UsageError
+from vllm_load.workload.tokenizer import Tokenizer
+
+Api = Literal["chat", "completions"]
+_WORD = re.compile(r"^[a-z]{3,10}$")
+#: Words that carry the uniqueness digest; 4 words of a >=4096-word vocabulary give >= 48 bits.
+DIGEST_WORDS = 4
+
+
+@dataclass
+class Prompt:
+    """A prompt ready to send, with the token count that the server must report."""
+
+    tokens: int
+    text: str = ""
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+
+@functools.lru_cache(maxsize=8)
+def _safe_words(tok: Tokenizer) -> tuple[str, ...]:
+    """Lower-case words that are exactly one token between spaces, in this tokenizer."""
+    hf = tok.hf
+    candidates: list[str] = []
+    for piece in hf.get_vocab():
+        # SentencePiece marks a leading space with U+2581, GPT-2 byte-level BPE with U+0120,
+        # Tekken keeps the space itself
+        if piece[:1] in ("\u2581", "\u0120", " ") and _WORD.match(piece[1:]):
+            candidates.append(piece[1:])
+    candidates = sorted(set(candidates))
+    base = len(tok.encode("of the of", add_special_tokens=False))
+    probes = [f"of {w} of" for w in candidates]
+    counts = tok.count_batch(probes, add_special_tokens=False) if probes else []
+    words = tuple(w for w, n in zip(candidates, counts) if n == base)
+    if len(words) < 256:
+        raise UsageError(
+            f"tokenizer {tok.name!r} has only {len(words)} one-token words: it cannot build exact prompts; "
+            "pass --tokenizer with the model's real tokenizer"
+        )
+    return words
+
+
+class PromptFactory:
+    """Builds prompts of exactly N tokens for one API, unique per (salt, source, sequence)."""
+
+    def __init__(
+        self,
+        tok: Tokenizer,
+        api: Api,
+        salt: str,
+        source_id: str = "",
+        shared_prefix_tokens: int = 0,
+        system_prompt: str | None = None,
+    ) -> None:
+        self.tok = tok
+        self.api = api
+        self.salt = salt
+        self.source_id = source_id
+        self.words = _safe_words(tok)
+        self.shared_prefix_tokens = shared_prefix_tokens
+        self.system_prompt = system_prompt
+        self.seq = 0
+        shared_rng = random.Random(f"{salt}/shared-prefix")
+        self._shared = [shared_rng.choice(self.words) for _ in range(shared_prefix_tokens)]
+        self.overhead = self._count(["word"]) - 1
+        self.start_words = self._start_words()
+        self.min_tokens = self.overhead + shared_prefix_tokens + 1
+
+    def _render(self, words: list[str], content: str | None = None) -> Prompt:
+        text = " ".join(words) if content is None else " ".join(words) + "\n" + content
+        if self.api == "completions":
+            return Prompt(tokens=0, text=text)
+        messages = [{"role": "user", "content": text}]
+        if self.system_prompt:
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return Prompt(tokens=0, messages=messages)
+
+    def count(self, prompt: Prompt) -> int:
+        if self.api == "completions":
+            return self.tok.count_completion(prompt.text)
+        return self.tok.count_chat(prompt.messages)
+
+    def _count(self, words: list[str]) -> int:
+        return self.count(self._render(words))
+
+    def _start_words(self) -> tuple[str, ...]:
+        """Words that stay one token as the content's first word (byte-level BPE has no space there),
+        so the very first content token already differs between prompts."""
+        pool = self.words[:3000]
+        if self.api == "completions":
+            counts = self.tok.count_batch(list(pool), add_special_tokens=True)
+        else:
+            counts = self.tok.count_chat_batch([self._render([w]).messages for w in pool])
+        start = tuple(w for w, n in zip(pool, counts) if n == self.overhead + 1)
+        return start if len(start) >= 64 else self.words
+
+    def _unique_words(self, seq: int, n: int) -> list[str]:
+        digest = hashlib.blake2b(f"{self.salt}/{self.source_id}/{seq}".encode(), digest_size=16).digest()
+        value = int.from_bytes(digest, "big")
+        head: list[str] = []
+        for i in range(min(DIGEST_WORDS, n)):
+            vocab = self.start_words if i == 0 and not self.shared_prefix_tokens else self.words
+            value, idx = divmod(value, len(vocab))
+            head.append(vocab[idx])
+        rng = random.Random(digest)
+        return head + [rng.choice(self.words) for _ in range(n - len(head))]
+
+    def wrap(self, content: str) -> Prompt:
+        """A prompt around given content (a dataset record), behind this prompt's unique digest words on a
+        line of their own (glued to the content, they would change how its first word tokenizes)."""
+        seq = self.seq
+        self.seq += 1
+        words = self._shared + self._unique_words(seq, DIGEST_WORDS)
+        prompt = self._render(words, content)
+        prompt.tokens = self.count(prompt)
+        return prompt
+
+    def make(self, n_tokens: int) -> Prompt:
+        """A fresh prompt of exactly ``n_tokens`` tokens as the server counts them."""
+        if n_tokens < self.min_tokens:
+            raise UsageError(
+                f"a {self.api} prompt needs at least {self.min_tokens} tokens with this tokenizer "
+                f"(template {self.overhead} + shared prefix {self.shared_prefix_tokens} + 1); asked {n_tokens}"
+            )
+        seq = self.seq
+        self.seq += 1
+        want = n_tokens - self.overhead - self.shared_prefix_tokens
+        body = self._unique_words(seq, want + 8)
+        k = want
+        for _ in range(8):
+            words = self._shared + body[:k]
+            prompt = self._render(words)
+            got = self.count(prompt)
+            if got == n_tokens:
+                prompt.tokens = got
+                return prompt
+            k += n_tokens - got
+            if k < 1 or k > len(body):
+                break
+        raise UsageError(f"could not build an exact {n_tokens}-token prompt with tokenizer {self.tok.name!r}")
