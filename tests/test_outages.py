@@ -14,6 +14,14 @@ from vllm_load.metrics.outages import bucket, find_windows
 CHAT = str(ROOT / "locustfiles/chat.py")
 
 
+def the_one_outage(run_dir) -> tuple[dict, dict]:
+    """(the run's summary, its single outage window): a stopped and restarted server is one outage."""
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    outages = [w for w in summary["outages"] if w["outage"]]
+    assert len(outages) == 1, summary["outages"]
+    return summary, outages[0]
+
+
 def test_windows_from_buckets():
     ok, conn, other = Counter(), Counter(), Counter()
     for t in (1.0, 1.5, 2.0):
@@ -60,10 +68,7 @@ def test_a_server_killed_and_restarted_is_one_outage_with_bounded_retries(tmp_pa
         server.stop()
         if p.poll() is None:
             p.kill()
-    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
-    outages = [w for w in summary["outages"] if w["outage"]]
-    assert len(outages) == 1, summary["outages"]
-    w = outages[0]
+    summary, w = the_one_outage(run_dir)
     # the window is where the server was gone: from the kill to its restart, to the backoff's precision
     assert abs(w["start"] - killed) < 1.0 and abs(w["end"] - back) < 1.0, (w, killed, back)
     # attempts stay within the backoff bound: each user waits >= cap/2 once its doublings reach the cap

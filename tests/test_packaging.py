@@ -7,6 +7,7 @@ import os
 import site
 import subprocess
 import sys
+import zipfile
 
 from tests.conftest import ROOT
 
@@ -22,6 +23,11 @@ def test_a_wheel_installed_outside_the_checkout_runs_the_chat_locustfile(tmp_pat
     run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(dist)],
         cwd=tmp_path)
     wheel = next(dist.glob("vllm_load-*.whl"))
+    with zipfile.ZipFile(wheel) as zf:  # a plain `pip install` of it brings what it needs
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+        assert not any(n.startswith("server/") for n in zf.namelist())
+    for dep in ("locust", "gevent", "orjson", "transformers", "hdrhistogram", "prometheus_client"):
+        assert f"Requires-Dist: {dep}" in meta, dep
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
     py = venv / "bin" / "python"

@@ -73,6 +73,7 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
     import time
 
     from tests.conftest import wait_for
+    from tests.test_outages import the_one_outage
     from tests.test_process_faults import locust, logs
 
     URL, TOKENIZER = real_vllm
@@ -99,10 +100,7 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
     finally:
         if p.poll() is None:
             p.kill()
-    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
-    outages = [w for w in summary["outages"] if w["outage"]]
-    assert len(outages) == 1, summary["outages"]
-    w = outages[0]
+    summary, w = the_one_outage(run_dir)
     # from the stop (a graceful one: in flight requests may still finish) to the server answering again
     assert stopping - 1.0 <= w["start"] <= stopped + 1.0 and abs(w["end"] - back) < 1.5, (w, stopping, stopped, back)
     assert w["attempts"] <= 2 * (w["seconds"] / 0.25 + 5), w  # the backoff bound at a 0.5 s cap
