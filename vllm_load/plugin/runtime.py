@@ -1,10 +1,9 @@
-"""Per-process state of a run: resolved target, prompt factories, stats and the request log."""
+"""Per-process state of a run: the plan it follows, prompt pools, stats, the request log, the drain."""
 
 from __future__ import annotations
 
 import json
 import random
-import secrets
 import socket
 import sys
 import time
@@ -14,137 +13,23 @@ from typing import Any
 
 import gevent.event
 
-from vllm_load.plugin import gc_control
-from vllm_load.workload.arrivals import ArrivalProcess
-from vllm_load.metrics.client_health import ClientHealth, ClientMonitor
-from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records, records_per_request
-from vllm_load.errors import UsageError
-from vllm_load.workload.lengths import LengthSpec, parse_length
-from vllm_load.client.openai_api import auth_header, discover_model
-from vllm_load.workload.prompt_pool import PromptPool
-from vllm_load.workload.prompts import Prompt, PromptFactory
+from vllm_load.client.openai_api import auth_header
 from vllm_load.client.record import RequestRecord
-from vllm_load.rundir.reqlog import RequestLog
-from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.metrics.client_health import ClientHealth, ClientMonitor
 from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
+from vllm_load.plugin import gc_control
+from vllm_load.plugin.plan import RunPlan
+from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS, Target, public_options
 from vllm_load.plugin.warmup import warm_up
+from vllm_load.rundir.reqlog import RequestLog
+from vllm_load.workload.arrivals import ArrivalProcess
+from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records, records_per_request
+from vllm_load.workload.lengths import LengthSpec, parse_length
+from vllm_load.workload.prompt_pool import PromptPool
+from vllm_load.workload.prompts import Prompt, PromptFactory
 from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
-
-#: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
-DEFAULT_OUTPUT_TOKENS = "64"
-#: Option names never written to disk or logs.
-SECRET_OPTIONS = ("api_key", "sidecar_token")
-
-
-@dataclass
-class Target:
-    """The server under test, validated before any load is sent."""
-
-    host: str
-    model: str
-    tokenizer: str
-    max_model_len: int | None
-    is_emulator: bool
-    input_spec: LengthSpec
-    output_spec: LengthSpec
-
-
-def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str] = frozenset({"chat", "completions"})
-                   ) -> Target:
-    """Check host, model, tokenizer and lengths for the APIs the run's users send (``apis``); raise
-    UsageError with one line on bad input."""
-    input_spec = parse_length(opts.input_tokens, "--input-tokens")
-    output_spec = parse_length(opts.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
-    if opts.request_rate < 0 or opts.burstiness <= 0 or opts.max_concurrency < 1 or opts.ramp_up < 0:
-        raise UsageError("--request-rate must be >= 0, --burstiness > 0, --max-concurrency >= 1 and --ramp-up >= 0")
-    if opts.shared_prefix_tokens < 0:
-        raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
-    for flag in ("--retry-backoff-max", "--outage-after", "--stop-on-outage"):
-        parse_duration(getattr(opts, flag[2:].replace("-", "_")), flag)
-    if opts.min_requests < 0:
-        raise UsageError(f"--min-requests must be >= 0, got {opts.min_requests}")
-    if opts.dataset:
-        read_records(opts.dataset, opts.dataset_format, opts.dataset_field)
-        if opts.dataset_batch < 0:
-            raise UsageError(f"--dataset-batch must be >= 1, got {opts.dataset_batch}")
-        if opts.dataset_answer_tokens < 0:
-            raise UsageError(f"--dataset-answer-tokens must be >= 1, got {opts.dataset_answer_tokens}")
-    elif opts.dataset_batch:
-        raise UsageError("--dataset-batch needs --dataset: name the file whose records are batched")
-    served = discover_model(host, opts.model, opts.api_key)
-    tok_name = opts.tokenizer or served.id
-    tok = load_tokenizer(tok_name)
-    limit = served.max_model_len
-    if limit and input_spec.high + output_spec.high > limit:
-        raise UsageError(
-            f"input {input_spec.high} + output {output_spec.high} tokens exceed the server's max_model_len {limit}: "
-            "lower --input-tokens or --output-tokens"
-        )
-    for api in sorted(apis):
-        # raises the one-line reason when this tokenizer cannot build prompts for the API (no chat template)
-        factory = PromptFactory(tok, api, salt="probe", shared_prefix_tokens=opts.shared_prefix_tokens)  # type: ignore[arg-type]
-        if not opts.dataset and input_spec.low < factory.min_tokens:
-            parts = f"template {factory.overhead}" + (
-                f" + shared prefix {factory.shared_prefix_tokens}" if factory.shared_prefix_tokens else "")
-            raise UsageError(
-                f"--input-tokens {input_spec.text} goes below the {factory.min_tokens}-token minimum of a {api} prompt "
-                f"with tokenizer {tok_name!r} ({parts} + 1 word): raise it to at least {factory.min_tokens}"
-            )
-    if opts.align_with_server:
-        checked = align_with_server(host, served.id, tok, opts.api_key, apis)
-        print(f"vllm-load: --align-with-server: {checked}", flush=True)
-    return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec)
-
-
-def align_with_server(host: str, model: str, tok: Tokenizer, api_key: str = "",
-                      apis: frozenset[str] = frozenset({"chat", "completions"})) -> str:
-    """Compare our counts with vLLM's POST /tokenize for the run's APIs; a mismatch stops the run.
-    Returns what was checked, for the console."""
-    import urllib.error
-    import urllib.request
-
-    headers = {"Content-Type": "application/json", **auth_header(api_key)}
-    checked = []
-    for api in ("completions", "chat"):
-        if api not in apis or (api == "chat" and not tok.has_chat_template):
-            continue
-        prompt = PromptFactory(tok, api, salt=secrets.token_hex(4)).make(100)  # type: ignore[arg-type]
-        body: dict = {"model": model}
-        if api == "chat":
-            body.update(messages=prompt.messages, add_generation_prompt=True)
-        else:
-            body.update(prompt=prompt.text, add_special_tokens=True)
-        req = urllib.request.Request(host.rstrip("/") + "/tokenize", data=json.dumps(body).encode(), headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                count = int(json.loads(resp.read())["count"])
-        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-            raise UsageError(f"--align-with-server: {host}/tokenize failed ({exc}): drop the flag for servers without it") from None
-        if count != prompt.tokens:
-            raise UsageError(
-                f"--align-with-server: a {api} prompt of {prompt.tokens} tokens by tokenizer {tok.name!r} is "
-                f"{count} tokens on the server: pass --tokenizer with the server's own tokenizer"
-            )
-        checked.append(f"a {prompt.tokens}-token {api} prompt")
-    if not checked:
-        return "nothing to check (no API of this run)"
-    return (f"{' and '.join(checked)} by tokenizer {tok.name!r} counted the same on the server's /tokenize: "
-            "prompt lengths match")
-
-
-def public_options(opts: Any) -> dict:
-    """The run's options as written to disk: msgpack/JSON-safe, secrets removed."""
-    out = {}
-    for k, v in sorted(vars(opts).items()):
-        if k in SECRET_OPTIONS:
-            out[k] = "***" if v else ""
-        elif isinstance(v, (str, int, float, bool)) or v is None:
-            out[k] = v
-        elif isinstance(v, (list, tuple)) and all(isinstance(x, (str, int, float, bool)) for x in v):
-            out[k] = list(v)
-    return out
-
 
 #: GIL switch interval in load-generating processes (seconds)
 SWITCH_INTERVAL = 0.0005
@@ -153,10 +38,8 @@ SWITCH_INTERVAL = 0.0005
 @dataclass
 class Runtime:
     role: str  # "local", "master" or "worker"
-    opts: Any
-    run_id: str
-    salt: str
-    run_dir: Path
+    opts: Any  # Locust's parsed options, read only
+    plan: RunPlan
     worker_id: str
     stats: LLMStats = field(default_factory=LLMStats)
     totals: LLMStats | None = None  # master: merge of worker deltas; local: same as stats
@@ -187,29 +70,16 @@ class Runtime:
     in_flight: int = 0
     idle: Any = None  # gevent Event, set while no request is in flight
     folder: Any = None  # greenlet folding finished requests into the stats while the loop is idle
-    answer_tokens_per_record: int = 0
+    answer_tokens_per_record: int = 0  # --dataset-batch: output budget per batched record
     #: a failure every request would repeat (prompts cannot be built): the plugin stops the run with it
-    on_fatal: Any = field(default=lambda message: None)  # --dataset-batch: output budget per batched record
+    on_fatal: Any = field(default=lambda message: None)
 
     @classmethod
-    def create(cls, role: str, opts: Any, worker_id: str, total_users: int = 0,
-               apis: frozenset[str] = frozenset(), on_fatal: Any = None) -> Runtime:
-        """On a master/local runner ``opts`` gains run id, salt, run dir and user count, which travel to workers.
-        A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
+    def create(cls, role: str, opts: Any, plan: RunPlan, worker_id: str, apis: frozenset[str] = frozenset(),
+               on_fatal: Any = None) -> Runtime:
+        """A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
         that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
-        if role != "worker":
-            opts.vllm_load_total_users = int(total_users or getattr(opts, "num_users", 0) or 1)
-            opts.vllm_load_run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-            opts.vllm_load_salt = secrets.token_hex(16)
-            opts.vllm_load_run_dir = opts.run_dir or str(Path("reports") / opts.vllm_load_run_id)
-        rt = cls(
-            role=role,
-            opts=opts,
-            run_id=opts.vllm_load_run_id,
-            salt=opts.vllm_load_salt,
-            run_dir=Path(opts.vllm_load_run_dir),
-            worker_id=worker_id,
-        )
+        rt = cls(role=role, opts=opts, plan=plan, worker_id=worker_id)
         rt.outage_after = parse_duration(opts.outage_after, "--outage-after")
         rt.backoff_max = parse_duration(opts.retry_backoff_max, "--retry-backoff-max")
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
@@ -238,15 +108,27 @@ class Runtime:
             rt.folder = gevent.spawn(rt._fold_when_idle)
         return rt
 
+    @property
+    def run_id(self) -> str:
+        return self.plan.run_id
+
+    @property
+    def salt(self) -> str:
+        return self.plan.salt
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.plan.run_dir)
+
     def _prepare_generation(self) -> None:
         o = self.opts
         self.input_spec = parse_length(o.input_tokens, "--input-tokens")
         self.output_spec = parse_length(o.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
-        self.tokenizer = load_tokenizer(o.tokenizer or o.model)
+        self.tokenizer = load_tokenizer(self.plan.tokenizer)
         self.rng = random.Random(f"{self.salt}/{self.worker_id}/lengths")
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
         self.headers.update(auth_header(o.api_key))
-        self.goodput_limits = goodput_thresholds(parse_slo_option(o.slo))
+        self.goodput_limits = goodput_thresholds(parse_slo_option(list(self.plan.slos)))
         if o.dataset:
             records = read_records(o.dataset, o.dataset_format, o.dataset_field)
             self.dataset = DatasetSource(records, f"{self.salt}/{self.worker_id}", o.dataset_batch)
@@ -321,7 +203,7 @@ class Runtime:
     def total_users(self) -> int:
         if self.step is not None and self.opts.sweep_mode == "rate":
             return max(1, int(self.opts.sweep_users))
-        return max(1, int(getattr(self.opts, "vllm_load_total_users", 0) or 1))
+        return self.plan.total_users
 
     def arrival_process(self) -> ArrivalProcess:
         """This user's share of the run's open-loop rate (the total is split over all users)."""
@@ -365,17 +247,18 @@ class Runtime:
         if self.reqlog:
             self.reqlog.write(rec)
 
-    def write_config(self, target: Target | None, host: str) -> None:
+    def write_config(self, target: Target | None) -> None:
         info = {
             "run_id": self.run_id,
             "salt": self.salt,
-            "host": host,
-            "target_is_emulator": bool(target and target.is_emulator),
-            "model": self.opts.model,
-            "tokenizer": self.opts.tokenizer or self.opts.model,
+            "host": self.plan.host,
+            "target_is_emulator": self.plan.is_emulator,
+            "model": self.plan.model,
+            "tokenizer": self.plan.tokenizer,
             "max_model_len": target.max_model_len if target else None,
             "started": self.start_wall,
             "client_host": socket.gethostname(),
+            "plan": self.plan.to_wire(),
             "options": public_options(self.opts),
         }
         (self.run_dir / "config.json").write_text(json.dumps(info, indent=2))

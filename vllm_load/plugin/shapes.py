@@ -34,7 +34,7 @@ class SweepShape(LoadTestShape):
     """Ticks through the levels of --sweep; the plugin tags, collects and judges each step."""
 
     def tick(self) -> tuple[int, float] | None:
-        from vllm_load.plugin import listeners
+        from vllm_load.plugin import end_of_run, wire
 
         opts: Any = self.runner.environment.parsed_options
         if not opts.sweep:
@@ -46,13 +46,13 @@ class SweepShape(LoadTestShape):
         if opts.stop_on_slo_miss:
             # judge every finished step whose workers' reports are in (judge_step remembers verdicts)
             for done in range(min(step, len(levels))):
-                if t >= (done + 1) * duration + JUDGE_DELAY and not listeners.judge_step(done):
+                if t >= (done + 1) * duration + JUDGE_DELAY and not end_of_run.judge_step(done):
                     return None
         if step >= len(levels):
             if opts.stop_on_slo_miss and t - len(levels) * duration < JUDGE_DELAY:
                 return (0, 100.0)  # let the last step's reports arrive before its verdict
             return None
         level = levels[step]
-        listeners.begin_step(self.runner.environment, step, level)
+        wire.begin_step(self.runner.environment, step, level)
         users = int(level) if opts.sweep_mode == "users" else int(opts.sweep_users)
         return users, float(max(users, 1))

@@ -11,7 +11,8 @@ from gevent.pool import Pool
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
 
-from vllm_load.plugin import listeners
+from vllm_load.plugin import listeners  # noqa: F401  (importing it registers the plugin's listeners)
+from vllm_load.plugin.state import STATE
 from vllm_load.client import rxstamp
 from vllm_load.client.stream import build_body, stream_request
 from vllm_load.workload.prompt_pool import PromptError
@@ -46,7 +47,7 @@ class LLMUser(FastHttpUser):
 
     @task
     def generate(self) -> None:
-        rt = listeners.STATE.runtime
+        rt = STATE.runtime
         if rt is None or rt.draining:  # no run (the target failed its check), or the run is ending:
             Runtime.park()  # start no new request, wait for Locust to stop this user
         if rt.current_rate() > 0:
@@ -106,7 +107,7 @@ class LLMUser(FastHttpUser):
         if rt.draining:  # the run ended while this request waited for its prompt: it was never sent
             rt.end_request()
             return None
-        body = build_body(self.api, rt.opts.model, prompt, max_tokens, ignore_eos=not rt.opts.no_ignore_eos)
+        body = build_body(self.api, rt.plan.model, prompt, max_tokens, ignore_eos=not rt.opts.no_ignore_eos)
         tok = rt.tokenizer
         return stream_request(
             self.client,

@@ -45,6 +45,12 @@ class Run:
         return bool(self.config.get("target_is_emulator"))
 
     @property
+    def slo_texts(self) -> list[str]:
+        """The run's SLOs as parsed on its master (the plan), or, in older run dirs, its --slo options."""
+        plan = self.config.get("plan") or {}
+        return list(plan.get("slos") or self.config.get("options", {}).get("slo") or [])
+
+    @property
     def concurrency(self) -> Any:
         """The run's level: its sweep step's users (or rate), else its user count."""
         o = self.config.get("options", {})
@@ -248,7 +254,7 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     """Regenerate summary.json, summary.md, junit.xml and report.html of one run directory."""
     run = load_run(run_dir)
     opts = run.config.get("options", {})
-    texts = slo_texts if slo_texts else opts.get("slo") or []
+    texts = slo_texts if slo_texts else run.slo_texts
     slos = parse_slo_option(texts)
     title = f"vllm-load run {run.config.get('run_id')}" + (" (target: built-in EMULATOR)" if run.is_emulator else "")
     server = server_summary(run.server)
@@ -263,7 +269,7 @@ def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[
     """Per run: True/False when it has SLOs (its own, or ``slo_texts``), None when it has none."""
     out: list[bool | None] = []
     for r in runs:
-        slos = parse_slo_option(slo_texts or r.config.get("options", {}).get("slo") or [])
+        slos = parse_slo_option(slo_texts or r.slo_texts)
         checks = evaluate(slos, r.summary, server_summary(r.server))
         out.append(all(c.passed for c in checks) if checks else None)
     return out

@@ -1,0 +1,49 @@
+"""The run plan: what a run is, decided once on the master (or local runner) when the run starts, and
+shipped to every worker as one message, so that Locust's parsed options stay as the user gave them.
+
+Before it existed, nine values travelled by being written into the parsed options (model, tokenizer,
+SLOs, host, sidecar, run id, salt, run dir, user count) and workers re-derived the rest.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+#: master -> worker: the plan, before the run's (or a joining worker's) first spawn message
+PLAN = "vllm_load_plan"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    run_id: str
+    salt: str  # every prompt's digest words derive from it: a new salt, new content, no prefix-cache hit
+    run_dir: str
+    host: str
+    model: str  # the served model, resolved against /v1/models
+    tokenizer: str  # what counts the prompts' tokens
+    is_emulator: bool
+    slos: tuple[str, ...]  # the SLO texts, parsed (files read) on the master
+    sidecar_url: str  # given, or the embedded emulator's sidecar
+    total_users: int  # the open-loop rate is split over this many users
+
+    @classmethod
+    def decide(cls, opts: Any, host: str, model: str, tokenizer: str, is_emulator: bool, slos: list[str],
+               sidecar_url: str, total_users: int) -> RunPlan:
+        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        return cls(run_id=run_id, salt=secrets.token_hex(16), run_dir=opts.run_dir or str(Path("reports") / run_id),
+                   host=host, model=model, tokenizer=tokenizer, is_emulator=is_emulator, slos=tuple(slos),
+                   sidecar_url=sidecar_url, total_users=max(1, int(total_users or 1)))
+
+    def to_wire(self) -> dict:
+        """msgpack/JSON-safe: what the workers receive and config.json keeps."""
+        data = asdict(self)
+        data["slos"] = list(self.slos)
+        return data
+
+    @classmethod
+    def from_wire(cls, data: dict) -> RunPlan:
+        return cls(**{**data, "slos": tuple(data.get("slos") or ())})

@@ -1,0 +1,47 @@
+"""Process-wide plugin state: one Locust environment per process, so one of these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from locust.runners import MasterRunner, WorkerRunner
+
+from vllm_load.plugin.embedded import ChildServer
+from vllm_load.plugin.plan import RunPlan
+from vllm_load.plugin.runtime import Runtime
+from vllm_load.plugin.server_side import LiveServer
+from vllm_load.plugin.target import Target
+
+
+class _State:
+    """Process-wide plugin state (one Locust environment per process)."""
+
+    target: Target | None = None
+    slos: list = []
+    report: str | None = None  # path of the last run's report.html
+    flushed: set = set()  # workers that sent their final report
+    step_verdicts: dict = {}  # sweep step -> met every SLO
+    last_step: tuple | None = None  # the sweep step the shape announced last
+    emulator: ChildServer | None = None
+    sidecar: ChildServer | None = None
+    runtime: Runtime | None = None
+    fatal: str | None = None  # a failure every request would repeat: the run was stopped with it
+    target_error: str | None = None  # the web UI's target failed its check: shown there until fixed
+    outage_now: str | None = None  # an outage going on right now, as the console said it
+    outage_stop: str | None = None  # --stop-on-outage ended the run with this reason
+    watcher: Any = None  # greenlet watching for outages (master / local)
+    live_server: LiveServer | None = None  # the sidecar's samples while the web UI shows a run
+    environment: Any = None  # this process's Locust environment (some events do not pass it)
+    plan: RunPlan | None = None  # the run's plan: decided here (master/local) or received (worker)
+    sidecar_url: str = ""  # --sidecar-url, or the embedded emulator's sidecar
+
+
+STATE = _State()
+
+
+def role(environment: Any) -> str:
+    if isinstance(environment.runner, WorkerRunner):
+        return "worker"
+    if isinstance(environment.runner, MasterRunner):
+        return "master"
+    return "local"

@@ -1,0 +1,220 @@
+"""Both ends of the worker <-> master wire: vllm-load's messages (plan, step, drain, reset, fatal stop) and
+the LLM stats riding in Locust's own reports, with what each end does on receipt."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+import gevent
+from locust import events
+from locust.runners import MasterRunner, WorkerRunner
+
+from vllm_load.metrics.stats import LLMStats
+from vllm_load.plugin.plan import PLAN, RunPlan
+from vllm_load.plugin.state import STATE
+
+log = logging.getLogger("vllm_load")
+
+
+FLUSH, FLUSHED, STEP, FATAL, RESET = ("vllm_load_flush", "vllm_load_flushed", "vllm_load_step", "vllm_load_fatal",
+                                      "vllm_load_reset")
+
+
+def _reset(environment: Any) -> None:
+    """Reset the LLM metrics with Locust's table: here, and (from a master) in every worker, whose pending
+    deltas go at the same instant as Locust's own pending worker stats, so both tables keep agreeing."""
+    rt = STATE.runtime
+    if rt is not None:
+        rt.reset_metrics()
+    if isinstance(environment.runner, MasterRunner):
+        for client in environment.runner.clients.all:
+            environment.runner.send_message(RESET, None, client_id=client.id)
+
+
+def _worker_reset(environment: Any) -> None:
+    environment.runner.stats.reset_all()  # Locust's pending worker stats, in the same greenlet step as ours
+    if STATE.runtime is not None:
+        STATE.runtime.reset_metrics()
+
+
+@events.reset_stats.add_listener
+def _on_reset_stats(**_kw: Any) -> None:
+    """The web UI's Reset button (fired on the master or the local runner)."""
+    if STATE.environment is not None:
+        _reset(STATE.environment)
+
+
+@events.spawning_complete.add_listener
+def _on_spawning_complete(user_count: int = 0, **_kw: Any) -> None:
+    """--reset-stats: Locust resets every runner's table when its spawning completes; ours go with it."""
+    env = STATE.environment
+    if env is not None and env.reset_stats and STATE.runtime is not None:
+        STATE.runtime.reset_metrics()
+
+
+def fatal(environment: Any, message: str) -> None:
+    """A failure every request would repeat (prompts that cannot be built): stop the whole run with one
+    line and exit code 2, instead of failing every request until -t runs out. Workers tell the master."""
+    if isinstance(environment.runner, WorkerRunner):
+        environment.runner.send_message(FATAL, message)
+        return
+    if STATE.fatal is not None:
+        return
+    STATE.fatal = message
+    sys.stderr.write(f"vllm-load: error: {message}\n")
+    sys.stderr.flush()
+    if environment.web_ui is not None:  # the UI stays up and shows the error; the user fixes the options
+        gevent.spawn(environment.runner.stop)
+    else:
+        gevent.spawn(environment.runner.quit)
+
+
+def begin_step(environment: Any, step: int, level: float) -> None:
+    """Called by the sweep shape on the master (or local runner) at every tick; acts on a new step."""
+    # the shape's first tick comes before test_start creates the run's runtime: test_start re-applies it
+    STATE.last_step = (environment, step, level)
+    rt = STATE.runtime
+    if rt is None or rt.step == step:
+        return
+    now = time.time()
+    if rt.step is not None and rt.step in rt.step_bounds:
+        rt.step_bounds[rt.step][2] = now
+    rt.step_bounds[step] = [level, now, None]
+    rt.set_step(step, float(level) if rt.opts.sweep_mode == "rate" else 0.0)
+    print(f"vllm-load: sweep step {step}: {level:g} {'req/s' if rt.opts.sweep_mode == 'rate' else 'users'}", flush=True)
+    if isinstance(environment.runner, MasterRunner):
+        for client in environment.runner.clients.all:
+            environment.runner.send_message(STEP, {"step": step, "rate": rt.step_rate}, client_id=client.id)
+
+
+def _worker_step(msg: Any) -> None:
+    rt = STATE.runtime
+    if rt is not None:
+        rt.set_step(int(msg.data["step"]), float(msg.data["rate"]))
+
+
+def _worker_flush(environment: Any, msg: Any, **_kw: Any) -> None:
+    """Master asked for the end of the run: drain, then ship the final numbers before Locust quits."""
+    rt = STATE.runtime
+    if rt is not None:
+        if not rt.drain(float(environment.parsed_options.drain_timeout)):
+            log.warning("vllm-load: %d requests still in flight after the drain timeout", rt.in_flight)
+        environment.runner._send_stats()  # Locust's and our final report, before the master quits
+    environment.runner.send_message(FLUSHED, None)
+
+
+def _master_flushed(environment: Any, msg: Any, **_kw: Any) -> None:
+    STATE.flushed.add(msg.node_id)
+
+
+def _live_workers(runner: MasterRunner) -> set[str]:
+    """Workers still heartbeating: Locust's heartbeat greenlet marks a silent one missing, then drops it."""
+    return {c.id for c in runner.clients.all if c.state != "missing"}
+
+
+def drain(environment: Any) -> None:
+    """End the run without losing a request: this process (local) or every worker (master) starts no
+    new request, lets in-flight streams finish (at most --drain-timeout) and reports them. Idempotent."""
+    runner, rt = environment.runner, STATE.runtime
+    if rt is None or rt.drained:
+        return
+    rt.drained = True
+    timeout = float(environment.parsed_options.drain_timeout) if environment.parsed_options else 30.0
+    if isinstance(runner, MasterRunner):
+        # a worker Locust marked missing (no heartbeat) cannot answer: do not wait for it, nor for one
+        # Locust marks missing while we wait (a worker killed just before the stop; ~4 s, not the timeout)
+        clients = _live_workers(runner)
+        STATE.flushed = set()
+        for cid in clients:
+            runner.send_message(FLUSH, None, client_id=cid)
+        with gevent.Timeout(timeout + 10, False):
+            while (clients & _live_workers(runner)) - STATE.flushed:
+                gevent.sleep(0.05)  # the flushed messages arrive on the runner's own greenlet
+        rt.workers_lost = sorted((rt.workers_seen | clients) - STATE.flushed)
+        if rt.workers_lost:
+            log.warning("vllm-load: no final report from %d worker(s): %s", len(rt.workers_lost), ", ".join(rt.workers_lost))
+    elif rt.role == "local":
+        if not rt.drain(timeout):
+            log.warning("vllm-load: %d requests still in flight after the drain timeout", rt.in_flight)
+
+
+@events.test_stopping.add_listener
+def _on_test_stopping(environment: Any, **_kw: Any) -> None:
+    """Locust's quit() (-t) stops without telling workers and waits 0.5 s for their last report, which
+    loses the requests finishing then: drain first."""
+    drain(environment)
+
+
+def decide_plan(environment: Any) -> RunPlan:
+    """The master's (or local runner's) plan for the run that starts; workers get it before their spawn
+    message (the same ordered channel), so their test_start has it."""
+    opts, target = environment.parsed_options, STATE.target
+    assert target is not None
+    users = getattr(environment.runner, "target_user_count", 0) or getattr(opts, "num_users", 0) or 1
+    plan = RunPlan.decide(opts, environment.host, target.model, target.tokenizer, target.is_emulator,
+                          [s.text for s in STATE.slos], STATE.sidecar_url, users)
+    STATE.plan = plan
+    if isinstance(environment.runner, MasterRunner):
+        for client in environment.runner.clients.all:
+            environment.runner.send_message(PLAN, plan.to_wire(), client_id=client.id)
+    return plan
+
+
+def worker_plan() -> RunPlan:
+    """The plan the master sent before its spawn message (at the run's start, or when this worker joined)."""
+    if STATE.plan is None:
+        raise RuntimeError("vllm-load: a spawn came before the master's run plan (master and worker versions differ?)")
+    return STATE.plan
+
+
+def _receive_plan(msg: Any) -> None:
+    STATE.plan = RunPlan.from_wire(msg.data)
+
+
+@events.worker_connect.add_listener
+def _on_worker_connect(client_id: str, **_kw: Any) -> None:
+    """A worker joining a running swarm gets the plan before Locust sends it its users."""
+    env = STATE.environment
+    if env is not None and STATE.plan is not None and isinstance(env.runner, MasterRunner):
+        env.runner.send_message(PLAN, STATE.plan.to_wire(), client_id=client_id)
+
+
+@events.report_to_master.add_listener
+def _on_report_to_master(data: dict, **_kw: Any) -> None:
+    if STATE.runtime is not None:
+        data["vllm_load"] = STATE.runtime.stats.take_delta()
+        steps = {str(k): v.take_delta() for k, v in STATE.runtime.step_stats.items() if v.requests}
+        if steps:
+            data["vllm_load_steps"] = steps
+        if STATE.runtime.monitor is not None:
+            data["vllm_load_client"] = STATE.runtime.monitor.take()
+
+
+@events.worker_report.add_listener
+def _on_worker_report(client_id: str, data: dict, **_kw: Any) -> None:
+    rt = STATE.runtime
+    if rt is not None and rt.totals is not None and "vllm_load" in data:
+        delta = LLMStats.from_wire(data["vllm_load"])
+        if delta.requests or delta.tokens_per_second:
+            rt.workers_seen.add(client_id)
+        rt.totals.merge(delta)
+        for k, wire in data.get("vllm_load_steps", {}).items():
+            rt.step_stats.setdefault(int(k), LLMStats()).merge(LLMStats.from_wire(wire))
+        if "vllm_load_client" in data:
+            rt.health.add(client_id, data["vllm_load_client"])
+
+
+def register(environment: Any, role: str) -> None:
+    """Register this process's end of the wire (at init)."""
+    runner = environment.runner
+    if role == "worker":
+        runner.register_message(FLUSH, lambda msg, **kw: _worker_flush(environment, msg), concurrent=True)
+        runner.register_message(STEP, lambda msg, **kw: _worker_step(msg))
+        runner.register_message(RESET, lambda msg, **kw: _worker_reset(environment))
+        runner.register_message(PLAN, lambda msg, **kw: _receive_plan(msg))
+    elif role == "master":
+        runner.register_message(FLUSHED, lambda msg, **kw: _master_flushed(environment, msg))
+        runner.register_message(FATAL, lambda msg, **kw: fatal(environment, str(msg.data)))
