@@ -1,41 +1,13 @@
-"""Shared fixtures: real processes on 127.0.0.1 with bounded lifetimes."""
+"""Shared fixtures: the emulator and the sidecar as real processes on 127.0.0.1 (helpers in tests/helpers.py)."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
-import sys
-import time
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-class Proc:
-    """A child process that announces its URL on its first stdout line."""
-
-    def __init__(self, args: list[str], stderr: Any = subprocess.PIPE) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT))
-        self.p = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=stderr, env=env, cwd=ROOT)
-        line = self.p.stdout.readline().decode()
-        if "listening on " not in line:
-            self.stop()
-            detail = self.p.stderr.read().decode()[-2000:] if self.p.stderr else ""
-            raise RuntimeError(f"{args} did not start: {line!r} {detail}")
-        self.url = line.split("listening on ", 1)[1].split()[0]
-
-    def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.terminate()
-            try:
-                self.p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
+from tests.helpers import Proc
 
 
 def _factory(*module_args: str):
@@ -60,30 +32,3 @@ def emulator_factory():
 @pytest.fixture
 def sidecar_factory():
     yield from _factory("-m", "server.sidecar", "--listen", "127.0.0.1:0")
-
-
-def run_locust(args: list[str], cwd: Path, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("VLLM_LOAD_API_KEY", None)
-    return subprocess.run([sys.executable, "-m", "locust", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def free_port() -> int:
-    """A port nothing on 127.0.0.1 listens on now (for processes that take a port number, not 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "", poll: float = 0.1) -> Any:
-    """Poll an observable condition until it holds (its value is returned) or the deadline passes.
-
-    The poll interval only spaces the checks; nothing is assumed to have happened after a time."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = cond()
-        if value:
-            return value
-        time.sleep(poll)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")

@@ -8,7 +8,7 @@ import sys
 
 import yaml
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def load():

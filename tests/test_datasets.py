@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.conftest import ROOT, run_locust
+from tests.helpers import ROOT, run_locust
 from vllm_load.workload.datasets import BATCH_INSTRUCTION, DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.errors import UsageError
 from vllm_load.workload.prompts import PromptFactory

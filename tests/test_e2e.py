@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from tests.conftest import ROOT, run_locust
+from tests.helpers import ROOT, run_locust
 from vllm_load.metrics.histogram import Histogram
 from vllm_load.rundir.reqlog import read_log
 

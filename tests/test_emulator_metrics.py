@@ -6,7 +6,7 @@ import urllib.request
 import pytest
 
 from server.sidecar.vllm_schema import parse_log_line, parse_metrics
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 
 def get(url):

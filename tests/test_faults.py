@@ -3,7 +3,7 @@
 import csv
 import json
 
-from tests.conftest import ROOT, run_locust
+from tests.helpers import ROOT, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 FAULTS = ["500:0.08", "503:0.04", "429:0.04", "drop:0.08", "malformed:0.06", "error:0.06", "stall:0.04"]

@@ -7,7 +7,7 @@ import signal
 import time
 from collections import Counter
 
-from tests.conftest import ROOT, Proc, free_port, run_locust, wait_for
+from tests.helpers import ROOT, Proc, free_port, run_locust, wait_for
 from tests.test_process_faults import locust, logs
 from vllm_load.metrics.outages import bucket, find_windows
 

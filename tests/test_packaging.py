@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
 import zipfile
 
-from tests.conftest import ROOT
+from tests.helpers import ROOT
 
 
 def run(cmd: list[str], cwd, env=None, timeout=300) -> subprocess.CompletedProcess:
@@ -19,8 +20,12 @@ def run(cmd: list[str], cwd, env=None, timeout=300) -> subprocess.CompletedProce
 
 
 def test_a_wheel_installed_outside_the_checkout_runs_the_chat_locustfile(tmp_path):
+    # built from a copy of the sources: setuptools writes build/ and *.egg-info beside them
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "reports", "*.egg-info",
+                                                             "__pycache__", ".pytest_cache"))
     dist = tmp_path / "dist"
-    run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q", "-w", str(dist)],
+    run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(dist)],
         cwd=tmp_path)
     wheel = next(dist.glob("vllm_load-*.whl"))
     with zipfile.ZipFile(wheel) as zf:  # a plain `pip install` of it brings what it needs

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, Proc, free_port, wait_for
+from tests.helpers import ROOT, Proc, free_port, wait_for
 from vllm_load.rundir.reqlog import read_log
 
 

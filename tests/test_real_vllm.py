@@ -12,7 +12,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import ROOT, Proc, run_locust
+from tests.helpers import ROOT, Proc, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 REAL_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
@@ -72,7 +72,7 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
     import signal
     import time
 
-    from tests.conftest import wait_for
+    from tests.helpers import wait_for
     from tests.test_outages import the_one_outage
     from tests.test_process_faults import locust, logs
 

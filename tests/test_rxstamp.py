@@ -6,7 +6,7 @@ import json
 import statistics
 import textwrap
 
-from tests.conftest import run_locust
+from tests.helpers import run_locust
 from vllm_load.rundir.reqlog import read_log
 
 # A client whose loop is blocked 6 ms out of every 8 ms: stamped at read time, a chunk that arrives

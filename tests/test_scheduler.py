@@ -71,7 +71,7 @@ def test_throughput_saturates_and_latency_grows_like_the_a100_measurement(small,
 def test_emulator_under_load_queues_like_vllm_and_the_sidecar_sees_it(tmp_path, emulator_factory, sidecar_factory):
     import json
 
-    from tests.conftest import ROOT, run_locust
+    from tests.helpers import ROOT, run_locust
 
     emu = emulator_factory("--profile", "cpu-tiny", "--max-num-seqs", "2", "--time-scale", "1")
     side = sidecar_factory("--vllm-url", emu.url, "--interval", "200ms", "--out", str(tmp_path / "series.jsonl"))

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import ROOT, Proc, free_port, run_locust, wait_for
+from tests.helpers import ROOT, Proc, free_port, run_locust, wait_for
 from vllm_load.errors import UsageError
 from vllm_load.plugin.server_wait import parse_duration
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from server.sidecar.vllm_schema import derive, parse_log_line, parse_metrics
-from tests.conftest import ROOT, run_locust, wait_for
+from tests.helpers import ROOT, run_locust, wait_for
 
 REAL = (Path(__file__).parent / "data" / "vllm-0.32-cpu-metrics.txt").read_text()
 

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.conftest import ROOT, run_locust
+from tests.helpers import ROOT, run_locust
 from vllm_load.errors import UsageError
 from vllm_load.client.record import RequestRecord
 from vllm_load.report.results import exit_code

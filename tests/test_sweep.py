@@ -2,7 +2,7 @@
 
 import json
 
-from tests.conftest import ROOT, run_locust
+from tests.helpers import ROOT, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 

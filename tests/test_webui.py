@@ -6,7 +6,7 @@ import subprocess
 import sys
 import urllib.request
 
-from tests.conftest import ROOT, free_port, wait_for
+from tests.helpers import ROOT, free_port, wait_for
 
 
 def get(url):

@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "locustfile":
         print(Path(__file__).resolve().parent / "locustfiles" / f"{args.name}.py")
         return 0
-    from vllm_load.report.html import build, build_sweep
+    from vllm_load.report.html import build
+    from vllm_load.report.sweep import build_sweep
 
     try:
         codes = []
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             codes.append(built.code)
         if len(args.run_dirs) > 1:
             out = Path(args.out or Path("reports") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}")
-            print(build_sweep(args.run_dirs, out, args.slo))
+            print(build_sweep(args.run_dirs, out, args.slo)[0])
     except UsageError as exc:
         sys.stderr.write(f"vllm-load: error: {exc}\n")
         return EXIT_BAD_INPUT

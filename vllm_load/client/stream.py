@@ -9,6 +9,7 @@ gets the real end-to-end time and the failure reason; the LLM metrics go into a 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
@@ -20,6 +21,35 @@ from vllm_load.client.record import RequestRecord
 from vllm_load.client.sse import StreamError, StreamState
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+@dataclass(frozen=True)
+class ReadyRequest:
+    """A request ready to send, built off the event loop by the prompt thread (vLLM's RequestFuncInput):
+    the exact bytes and the lengths asked, against which the server's usage is checked."""
+
+    api: str  # "chat" or "completions"
+    body: bytes
+    input_tokens: int  # the prompt's length as the server counts it (chat template included)
+    output_tokens: int | None  # forced with ignore_eos/min_tokens; None: the model stops on its own
+
+    @property
+    def path(self) -> str:
+        return PATHS[self.api]
+
+
+class StreamCancelled(GreenletExit):
+    """The user was stopped mid-stream: the request is recorded as failed (nothing is lost from the counts)
+    before the stop goes on; ``record`` is it."""
+
+    def __init__(self, record: RequestRecord) -> None:
+        super().__init__()
+        self.record = record
+
+
+def ready_request(api: str, model: str, prompt: Prompt, max_tokens: int, ignore_eos: bool = True) -> ReadyRequest:
+    return ReadyRequest(api, build_body(api, model, prompt, max_tokens, ignore_eos), prompt.tokens,
+                        max_tokens if ignore_eos else None)
 
 
 def build_body(api: str, model: str, prompt: Prompt, max_tokens: int, ignore_eos: bool = True) -> bytes:
@@ -42,25 +72,22 @@ def build_body(api: str, model: str, prompt: Prompt, max_tokens: int, ignore_eos
 
 def stream_request(
     session: Any,
-    api: str,
-    body: bytes,
+    req: ReadyRequest,
     headers: dict[str, str],
     *,
-    input_tokens_asked: int | None = None,
-    output_tokens_asked: int | None = None,
     intended_start: float | None = None,
     worker: str = "",
     count_output: Callable[[str], int] | None = None,
-    on_record: Callable[[RequestRecord], None] = lambda rec: None,
     step: int | None = None,
     startup: bool = False,
 ) -> RequestRecord:
-    """Send ``body``, read its SSE stream to the end and hand the record to ``on_record``.
+    """Send ``req``, read its SSE stream to the end and return its record (the caller records it).
 
-    Server faults never raise: they become a failed record with a reason. A user stopped
-    mid-request is recorded as failed too, before the stop goes on (nothing is lost from the counts).
+    Server faults never raise: they become a failed record with a reason. A user stopped mid-request
+    raises ``StreamCancelled`` carrying the failed record, for the caller to record before the stop goes on.
     """
-    path = PATHS[api]
+    api, body, path = req.api, req.body, req.path
+    input_tokens_asked, output_tokens_asked = req.input_tokens, req.output_tokens
     now_perf = time.perf_counter()
     now_wall = time.time()
     # In open-loop mode latency counts from when the request *should* have gone out.
@@ -159,9 +186,8 @@ def stream_request(
         response_id=state.response_id,
         retry_after=retry_after,
     )
-    on_record(rec)
     if cancelled is not None:
-        raise cancelled
+        raise StreamCancelled(rec) from cancelled
     return rec
 
 

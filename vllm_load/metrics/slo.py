@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_load.errors import UsageError
+from vllm_load.metrics import table
 
-LATENCY = ("ttft", "itl", "itl_chunk", "tpot", "e2e")
+LATENCY = table.LATENCY
 PER_REQUEST = ("ttft", "tpot", "e2e")  # goodput criteria, as in vllm bench serve
 STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean", "min")
 RUN_METRICS = {

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from itertools import chain
 
 import numpy as np
 
 from vllm_load.metrics import outages
 from vllm_load.metrics.histogram import Histogram
+from vllm_load.metrics import fold as folding
+from vllm_load.metrics.summary import RunSummary
+from vllm_load.metrics.table import METRICS
 from vllm_load.client.record import RequestRecord
 
 #: Latency-like histograms (seconds) and per-request output tokens/s.
-LATENCY_METRICS = ("ttft", "itl", "itl_chunk", "tpot", "e2e")
-TOKEN_METRICS = ("input_tokens", "output_tokens")
-ALL_METRICS = LATENCY_METRICS + ("output_tps",) + TOKEN_METRICS
 #: Width of the time windows whose TTFT/ITL/E2E histograms the report plots over time.
 WINDOW_S = 10
 #: Windows this much older than the newest are packed (a late request still unpacks its window).
@@ -29,58 +28,7 @@ WINDOW_METRICS = ("ttft", "itl", "e2e")
 
 
 def _new_hists() -> dict[str, Histogram]:
-    h = {m: Histogram() for m in LATENCY_METRICS}
-    h["output_tps"] = Histogram(scale=1000.0)  # milli-tokens/s
-    h["send_lag"] = Histogram()  # open loop: how late the client sent each request, in steady state
-    h["send_lag_startup"] = Histogram()  # the same in the first seconds of a schedule, judged apart
-    h.update({m: Histogram(scale=1.0) for m in TOKEN_METRICS})
-    return h
-
-
-@dataclass
-class _Chunks:
-    """The chunks of a batch of requests, flattened once for every vectorised step of ``fold``."""
-
-    lens: np.ndarray  # chunks per request
-    offs: np.ndarray  # each chunk's offset from its request's start
-    toks: np.ndarray  # tokens each chunk carried
-    rec_of: np.ndarray  # the request each chunk belongs to
-
-    @classmethod
-    def of(cls, recs: list[RequestRecord]) -> _Chunks:
-        lens = np.array([len(r.chunk_offsets) for r in recs], dtype=np.int64)
-        total = int(lens.sum())
-        return cls(lens, np.fromiter(chain.from_iterable(r.chunk_offsets for r in recs), np.float64, total),
-                   np.fromiter(chain.from_iterable(r.chunk_tokens for r in recs), np.int64, total),
-                   np.repeat(np.arange(len(recs)), lens))
-
-
-def _per_second(out: Counter, starts: np.ndarray, c: _Chunks) -> None:
-    """Add each chunk's tokens to the wall-clock second it arrived in."""
-    if not c.offs.size:
-        return
-    secs = np.floor(starts[c.rec_of] + c.offs).astype(np.int64)
-    uniq, inv = np.unique(secs, return_inverse=True)
-    for sec, n in zip(uniq.tolist(), np.bincount(inv, weights=c.toks).tolist()):
-        out[sec] += int(n)
-
-
-def _gaps(c: _Chunks, ok: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Chunk gaps, and per-token gaps with their token counts (``RequestRecord.token_itls``), of the
-    requests flagged ``ok``; each per-token gap also says which request it came from."""
-    first = np.zeros(c.offs.size, dtype=bool)
-    first[(np.cumsum(c.lens) - c.lens)[c.lens > 0]] = True
-    mine = ok[c.rec_of]
-    j = np.nonzero(~first & mine)[0]  # chunks after the first of their request
-    gaps = c.offs[j] - c.offs[j - 1]
-    n = c.toks[j]
-    keep = n > 0
-    # a first chunk with k tokens brings k-1 tokens with a zero gap
-    f = np.nonzero(first & mine & (c.toks > 1))[0]
-    itl = np.concatenate([np.zeros(f.size), gaps[keep] / n[keep]])
-    itl_n = np.concatenate([c.toks[f] - 1, n[keep]])
-    itl_rec = np.concatenate([c.rec_of[f], c.rec_of[j][keep]])
-    return gaps, itl, itl_n, itl_rec
+    return {m.key: Histogram(scale=m.hist_scale) for m in METRICS}
 
 
 @dataclass
@@ -191,9 +139,9 @@ class LLMStats:
         h = self._hists
         h["send_lag"].record_many([r.send_lag for r in recs if r.send_lag is not None and not r.startup])
         h["send_lag_startup"].record_many([r.send_lag for r in recs if r.send_lag is not None and r.startup])
-        chunks = _Chunks.of(recs)
+        chunks = folding.Chunks.of(recs)
         starts = np.array([r.start for r in recs])
-        _per_second(self._tokens_per_second, starts, chunks)
+        folding.per_second(self._tokens_per_second, starts, chunks)
         ok_mask = np.array([r.ok for r in recs], dtype=bool)
         ok = [r for r in recs if r.ok]
         if not ok:
@@ -204,7 +152,7 @@ class LLMStats:
         h["output_tps"].record_many([t for r in ok if (t := r.output_tps) is not None])
         h["input_tokens"].record_many([r.input_tokens for r in ok if r.input_tokens is not None])
         h["output_tokens"].record_many([r.output_tokens for r in ok if r.output_tokens is not None])
-        gaps, itl, itl_n, itl_rec = _gaps(chunks, ok_mask)
+        gaps, itl, itl_n, itl_rec = folding.gaps(chunks, ok_mask)
         h["itl_chunk"].record_many(gaps)
         h["itl"].record_many(itl, itl_n)
         # per window (by request start): e2e and ttft of each ok request, itl of each of its tokens
@@ -321,14 +269,14 @@ class LLMStats:
         return outages.find_windows(self.ok_buckets, self.conn_buckets, self.fail_buckets, min_seconds, now)
 
     def summary(self, duration: float | None = None, records_per_request: int = 0,
-                outage_after: float = 2.0, now: float | None = None) -> dict:
+                outage_after: float = 2.0, now: float | None = None) -> RunSummary:
         """``records_per_request``: dataset records each request carries (``--dataset-batch``), for the
         records/s that a batching comparison is about; 0 when prompts are not dataset records."""
         if duration is None:
             duration = (self.last_end - self.first_start) if self.first_start is not None else 0.0
         ok = self.requests - self.failures
         with_usage = ok - self.usage_missing
-        out = {
+        out: RunSummary = {
             "requests": self.requests,
             "succeeded": ok,
             "failed": self.failures,

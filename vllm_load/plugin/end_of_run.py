@@ -15,12 +15,13 @@ from vllm_load.errors import EXIT_BAD_INPUT, EXIT_ERRORS, EXIT_OK
 from vllm_load.metrics.outages import describe
 from vllm_load.metrics.slo import render_checks
 from vllm_load.metrics.stats import LLMStats
-from vllm_load.plugin.runtime import Runtime
+from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.server_side import fetch_series
 from vllm_load.plugin.server_wait import parse_duration
 from vllm_load.plugin.state import STATE
 from vllm_load.plugin.wire import drain
 from vllm_load.report.console import render_table
+from vllm_load.rundir.files import RunDir
 from vllm_load.report.results import render_validity
 
 log = logging.getLogger("vllm_load")
@@ -28,15 +29,15 @@ log = logging.getLogger("vllm_load")
 
 def judge_step(step: int) -> bool:
     """Did a finished sweep step meet every SLO (client metrics)? Remembered once judged."""
-    rt = STATE.runtime
-    if rt is None:
+    col = STATE.collector
+    if col is None:
         return True
     if step in STATE.step_verdicts:
         return STATE.step_verdicts[step]
     from vllm_load.metrics.slo import evaluate
 
-    level, start, end = rt.step_bounds.get(step, [0, 0.0, None])
-    stats = rt.step_stats.get(step, LLMStats())
+    level, start, end = col.step_bounds.get(step, [0, 0.0, None])
+    stats = col.step_stats.get(step, LLMStats())
     checks = evaluate(STATE.slos, stats.summary(duration=max((end or time.time()) - start, 1e-9)))
     ok = all(c.passed for c in checks)
     STATE.step_verdicts[step] = ok
@@ -46,32 +47,31 @@ def judge_step(step: int) -> bool:
     return ok
 
 
-def _write_sweep(rt: Runtime) -> None:
-    if not rt.step_bounds:
+def _write_sweep(col: Collector) -> None:
+    if not col.step_bounds:
         return
-    from vllm_load.report.html import build, build_sweep
+    from vllm_load.report.html import build
+    from vllm_load.report.sweep import build_sweep
     from vllm_load.rundir.steps import write_step_dirs
 
-    dirs = write_step_dirs(rt.run_dir, rt.step_stats, rt.step_bounds, rt.opts.sweep_mode, rt.end_wall or time.time())
+    dirs = write_step_dirs(col.run_dir, col.step_stats, col.step_bounds, col.opts.sweep_mode,
+                           col.end_wall or time.time())
     for d in dirs:
         build(d)
-    page = build_sweep(dirs, rt.run_dir)
-    best = (rt.run_dir / "sweep.md").read_text().splitlines()[0].strip("*")
+    page, best = build_sweep(dirs, col.run_dir)
     print(f"vllm-load: sweep of {len(dirs)} steps: {best} ({page})", flush=True)
 
 
-def watch_outages(environment: Any, rt: Runtime) -> None:
+def watch_outages(environment: Any, col: Collector) -> None:
     """Say on the console (and the web UI) when the server becomes unreachable and when it is back, from the
     merged counts (on a master: as of the workers' last reports, every 3 s); --stop-on-outage ends the run."""
     stop_after = parse_duration(environment.parsed_options.stop_on_outage, "--stop-on-outage")
     while True:
         gevent.sleep(1.0)
-        if rt.totals is None:
-            return
-        wins = rt.totals.outage_windows(rt.outage_after, time.time())
+        wins = col.totals.outage_windows(col.outage_after, time.time())
         cur = wins[-1] if wins and wins[-1].ongoing and wins[-1].is_outage else None
         if cur is not None:
-            text = describe(cur, rt.start_wall, rt.totals.conn_error[1], live=True)
+            text = describe(cur, col.start_wall, col.totals.conn_error[1], live=True)
             if STATE.outage_now is None:
                 print(f"vllm-load: OUTAGE: {text}", flush=True)
             STATE.outage_now = text
@@ -85,44 +85,48 @@ def watch_outages(environment: Any, rt: Runtime) -> None:
             STATE.outage_now = None
 
 
-def _collect_server_side(rt: Runtime, opts: Any) -> None:
-    if not rt.plan.sidecar_url or rt.end_wall is None:
+def _collect_server_side(col: Collector, opts: Any) -> None:
+    if not col.plan.sidecar_url or col.end_wall is None:
         return
-    why = fetch_series(rt.plan.sidecar_url, rt.start_wall, rt.end_wall, rt.run_dir / "server.jsonl", opts.sidecar_token)
+    why = fetch_series(col.plan.sidecar_url, col.start_wall, col.end_wall, RunDir(col.run_dir).server,
+                       opts.sidecar_token)
     if why:
         log.warning("vllm-load: server side missing from the report: %s", why)
 
 
 @events.test_stop.add_listener
 def _on_test_stop(environment: Any, **_kw: Any) -> None:
-    rt = STATE.runtime
-    if rt is not None and rt.role != "worker":
-        rt.end_wall = time.time()
-        rt.write_results()
-        _collect_server_side(rt, environment.parsed_options)
+    col = STATE.collector
+    if col is not None:
+        col.end_wall = time.time()
+        col.write_results(_local_monitor())
+        _collect_server_side(col, environment.parsed_options)
         if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
             from vllm_load.report.html import build
 
-            STATE.report = str(build(rt.run_dir).report)
+            STATE.report = str(build(col.run_dir).report)
+
+
+def _local_monitor() -> Any:
+    """A local run's client monitor (its last, partial report joins the verdict); None on a master."""
+    return STATE.generator.monitor if STATE.generator is not None and STATE.collector is not None else None
 
 
 @events.quitting.add_listener
 def _on_quitting(environment: Any, **_kw: Any) -> None:
-    rt = STATE.runtime
-    if rt is None:
-        return
-    if rt.role != "worker":
+    col = STATE.collector
+    if col is not None:
         # SIGTERM/SIGINT fire quitting before Locust stops the users: drain here too (no-op after a stop)
         drain(environment)
-        rt.end_wall = rt.end_wall or time.time()
-        rt.write_results()
-        if not (rt.run_dir / "server.jsonl").exists():
-            _collect_server_side(rt, environment.parsed_options)
+        col.end_wall = col.end_wall or time.time()
+        col.write_results(_local_monitor())
+        if not RunDir(col.run_dir).server.exists():
+            _collect_server_side(col, environment.parsed_options)
         banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
         from vllm_load.report.html import build  # matplotlib is loaded only at the end of a run
 
-        _write_sweep(rt)
-        built = build(rt.run_dir, junit=environment.parsed_options.junit)
+        _write_sweep(col)
+        built = build(col.run_dir, junit=environment.parsed_options.junit)
         code = EXIT_BAD_INPUT if STATE.fatal else built.code
         exceptions = sum(row["count"] for row in environment.runner.exceptions.values())
         if code == EXIT_OK and exceptions:  # Locust's own rule, which our exit code would otherwise mask
@@ -130,12 +134,11 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         if STATE.outage_stop:
             code = EXIT_ERRORS
         STATE.report = str(built.report)
-        sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {rt.run_id}{banner}",
+        sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {col.run_id}{banner}",
                                               server=built.server) + "\n")
-        if STATE.fatal:
-            sys.stdout.write(f"vllm-load: the run was stopped: {STATE.fatal}\n")
-        if STATE.outage_stop:
-            sys.stdout.write(f"vllm-load: the run was stopped: {STATE.outage_stop}\n")
+        stopped = STATE.fatal or STATE.outage_stop
+        if stopped:
+            sys.stdout.write(f"vllm-load: the run was stopped: {stopped}\n")
         elif render_validity(built.validity):
             sys.stdout.write(render_validity(built.validity) + "\n")
         if exceptions:
@@ -148,4 +151,5 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         environment.process_exit_code = code
     if STATE.watcher is not None:
         STATE.watcher.kill(block=False)
-    rt.close()
+    if STATE.generator is not None:
+        STATE.generator.close()

@@ -19,7 +19,8 @@ from vllm_load.errors import UsageError, die
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.plugin import end_of_run, log_repeats, options, webui, wire
 from vllm_load.plugin.embedded import start_emulator, start_sidecar
-from vllm_load.plugin.runtime import Runtime
+from vllm_load.plugin.collector import Collector
+from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.server_side import LiveServer
 from vllm_load.plugin.server_wait import parse_duration, wait_for_server
 from vllm_load.plugin.state import STATE, role as role_of
@@ -113,11 +114,18 @@ def _stop_children() -> None:
             child.stop()
 
 
+def _close_run() -> None:
+    """The previous run's generator (threads, monitor, request log) goes before a new one starts."""
+    if STATE.generator is not None:
+        STATE.generator.close()
+    STATE.generator = STATE.collector = None
+
+
 def _live_summary() -> dict | None:
-    rt = STATE.runtime
-    if rt is None or rt.totals is None:
+    col = STATE.collector
+    if col is None:
         return None
-    summary = webui.live_summary(rt.totals, rt.start_wall, rt.health)
+    summary = webui.live_summary(col.totals, col.start_wall, col.health)
     summary["server"] = STATE.live_server.summary() if STATE.live_server is not None else None
     return summary
 
@@ -134,29 +142,33 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
             # keep the process (and its web UI) up: show the error, stop this start, let the user fix the host
             STATE.target_error = str(exc)
             log.error("vllm-load: %s (fix it in the web UI and start again)", exc)
-            if STATE.runtime is not None:
-                STATE.runtime.close()
-                STATE.runtime = None
+            _close_run()
             gevent.spawn(environment.runner.stop)
             return
-    if STATE.runtime is not None:
-        STATE.runtime.close()
+    _close_run()
     STATE.step_verdicts = {}
     if role != "worker":
         STATE.fatal = None
     worker_id = getattr(environment.runner, "client_id", "local")
     plan = wire.worker_plan() if role == "worker" else wire.decide_plan(environment)
-    STATE.runtime = rt = Runtime.create(role, opts, plan, worker_id, _apis(environment),
-                                        on_fatal=lambda message: wire.fatal(environment, message))
+    if role != "worker":
+        STATE.collector = col = Collector.create(opts, plan)
+    if role != "master":
+        sink = (lambda report: col.health.add("local", report)) if role == "local" else None
+        STATE.generator = gen = Generator.create(role, opts, plan, worker_id, _apis(environment),
+                                                 on_fatal=lambda message: wire.fatal(environment, message),
+                                                 health_sink=sink)
+        if role == "local":  # one process: the collector's totals are the generator's own stats
+            col.totals, col.step_stats, col.start_wall = gen.stats, gen.step_stats, gen.start_wall
     if role != "worker":
         if STATE.watcher is not None:
             STATE.watcher.kill(block=False)
         STATE.outage_now = STATE.outage_stop = None
-        STATE.watcher = gevent.spawn(end_of_run.watch_outages, environment, rt)
+        STATE.watcher = gevent.spawn(end_of_run.watch_outages, environment, col)
     if role != "worker" and environment.web_ui is not None and plan.sidecar_url:
         if STATE.live_server is not None:
             STATE.live_server.stop()
-        STATE.live_server = LiveServer(plan.sidecar_url, rt.start_wall, opts.sidecar_token)
+        STATE.live_server = LiveServer(plan.sidecar_url, col.start_wall, opts.sidecar_token)
     for cls in environment.user_classes:
         cls.network_timeout = float(opts.request_timeout)
         if opts.request_rate > 0:  # open loop: one user holds many streams, each on its own connection
@@ -164,5 +176,5 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     if STATE.last_step is not None and environment.shape_class is not None and role != "worker":
         wire.begin_step(*STATE.last_step)
     if role != "worker":
-        rt.write_config(STATE.target)
-        print(f"vllm-load: run {rt.run_id} writes to {rt.run_dir}", flush=True)
+        col.write_config(STATE.target)
+        print(f"vllm-load: run {col.run_id} writes to {col.run_dir}", flush=True)

@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 from vllm_load.client.openai_api import auth_header
+from vllm_load.metrics.server import server_summary
 
 
 def _get(url: str, token: str, timeout: float) -> bytes:
@@ -55,48 +56,6 @@ def fetch_series(sidecar_url: str, start: float, end: float, out: Path, token: s
     tmp.write_text("".join(json.dumps(s) + "\n" for s in samples))
     tmp.replace(out)
     return None
-
-
-def server_summary(series: list[dict]) -> dict | None:
-    """What server-side SLOs read: maxima and totals over the run's window."""
-    if not series:
-        return None
-
-    def mx(key: str) -> float | None:
-        vals = [s[key] for s in series if s.get(key) is not None]
-        return max(vals) if vals else None
-
-    first, last = series[0], series[-1]
-
-    def delta(key: str) -> float | None:
-        if last.get(key) is None or first.get(key) is None:
-            return None
-        return last[key] - first[key]
-
-    queries, hits = delta("prefix_cache_queries_total"), delta("prefix_cache_hits_total")
-    gauge_rate = None
-    if queries is None:  # V0 servers only have a hit-rate gauge
-        rates = [s["prefix_cache_hit_rate_gauge"] for s in series if s.get("prefix_cache_hit_rate_gauge") is not None]
-        gauge_rate = max(rates) if rates else None
-    return {
-        "kv_cache_usage.max": mx("kv_cache_usage"),
-        "waiting.max": mx("waiting"),
-        "running.max": mx("running"),
-        "preemptions": delta("preemptions_total"),
-        "prefix_cache_hit_rate": (hits / queries) if queries else 0.0 if queries == 0 else gauge_rate,
-    }
-
-
-def load_series(path: Path) -> list[dict]:
-    """The samples of a run directory's server.jsonl (none when it is missing); torn lines are skipped."""
-    out: list[dict] = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-    return out
 
 
 class LiveServer:

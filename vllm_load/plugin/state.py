@@ -8,7 +8,8 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from vllm_load.plugin.embedded import ChildServer
 from vllm_load.plugin.plan import RunPlan
-from vllm_load.plugin.runtime import Runtime
+from vllm_load.plugin.collector import Collector
+from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.server_side import LiveServer
 from vllm_load.plugin.target import Target
 
@@ -24,7 +25,8 @@ class _State:
     last_step: tuple | None = None  # the sweep step the shape announced last
     emulator: ChildServer | None = None
     sidecar: ChildServer | None = None
-    runtime: Runtime | None = None
+    generator: Generator | None = None  # local runner and workers: what generates load
+    collector: Collector | None = None  # local runner and master: what collects and judges
     fatal: str | None = None  # a failure every request would repeat: the run was stopped with it
     target_error: str | None = None  # the web UI's target failed its check: shown there until fixed
     outage_now: str | None = None  # an outage going on right now, as the console said it

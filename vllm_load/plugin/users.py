@@ -14,10 +14,10 @@ from locust.contrib.fasthttp import FastHttpUser
 from vllm_load.plugin import listeners  # noqa: F401  (importing it registers the plugin's listeners)
 from vllm_load.plugin.state import STATE
 from vllm_load.client import rxstamp
-from vllm_load.client.stream import build_body, stream_request
+from vllm_load.client.stream import StreamCancelled, stream_request
 from vllm_load.workload.prompt_pool import PromptError
 from vllm_load.client.record import RequestRecord
-from vllm_load.plugin.runtime import Runtime
+from vllm_load.plugin.generator import Generator
 
 
 #: Open loop: requests sent within this many seconds of a schedule's start (a run's, or a sweep step's
@@ -47,9 +47,9 @@ class LLMUser(FastHttpUser):
 
     @task
     def generate(self) -> None:
-        rt = STATE.runtime
+        rt = STATE.generator
         if rt is None or rt.draining:  # no run (the target failed its check), or the run is ending:
-            Runtime.park()  # start no new request, wait for Locust to stop this user
+            Generator.park()  # start no new request, wait for Locust to stop this user
         if rt.current_rate() > 0:
             self._open_loop(rt)
         else:
@@ -97,7 +97,7 @@ class LLMUser(FastHttpUser):
         step = rt.step
         rt.begin_request()  # counted from here: a drain waits for it even while it waits for a prompt
         try:
-            prompt, max_tokens = rt.next_request(self.api)
+            ready = rt.next_request(self.api)  # built in the prompt thread: body bytes and asked lengths
         except PromptError:  # the pool told the plugin once, which stops the run: no error storm here
             rt.end_request()
             rt.park()
@@ -107,24 +107,25 @@ class LLMUser(FastHttpUser):
         if rt.draining:  # the run ended while this request waited for its prompt: it was never sent
             rt.end_request()
             return None
-        body = build_body(self.api, rt.plan.model, prompt, max_tokens, ignore_eos=not rt.opts.no_ignore_eos)
         tok = rt.tokenizer
-        return stream_request(
-            self.client,
-            self.api,
-            body,
-            rt.headers,
-            input_tokens_asked=prompt.tokens,
-            output_tokens_asked=None if rt.opts.no_ignore_eos else max_tokens,
-            worker=rt.worker_id,
-            intended_start=intended_start,
-            count_output=(lambda text: len(tok.encode(text, add_special_tokens=False))) if tok else None,
-            on_record=rt.on_record,
-            step=step,
-            # sent (not due) in the schedule's first seconds: a client that fell behind for good sends its
-            # early-due requests late, and those count as steady state
-            startup=schedule_start is not None and time.perf_counter() - schedule_start < STARTUP_S,
-        )
+        try:
+            rec = stream_request(
+                self.client,
+                ready,
+                rt.headers,
+                worker=rt.worker_id,
+                intended_start=intended_start,
+                count_output=(lambda text: len(tok.encode(text, add_special_tokens=False))) if tok else None,
+                step=step,
+                # sent (not due) in the schedule's first seconds: a client that fell behind for good sends its
+                # early-due requests late, and those count as steady state
+                startup=schedule_start is not None and time.perf_counter() - schedule_start < STARTUP_S,
+            )
+        except StreamCancelled as stop:  # stopped mid-stream: counted as failed, then the stop goes on
+            rt.on_record(stop.record)
+            raise
+        rt.on_record(rec)
+        return rec
 
 
 class ChatUser(LLMUser):

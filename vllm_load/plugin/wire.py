@@ -26,9 +26,9 @@ FLUSH, FLUSHED, STEP, FATAL, RESET = ("vllm_load_flush", "vllm_load_flushed", "v
 def _reset(environment: Any) -> None:
     """Reset the LLM metrics with Locust's table: here, and (from a master) in every worker, whose pending
     deltas go at the same instant as Locust's own pending worker stats, so both tables keep agreeing."""
-    rt = STATE.runtime
-    if rt is not None:
-        rt.reset_metrics()
+    for part in (STATE.generator, STATE.collector):
+        if part is not None:
+            part.reset_metrics()
     if isinstance(environment.runner, MasterRunner):
         for client in environment.runner.clients.all:
             environment.runner.send_message(RESET, None, client_id=client.id)
@@ -36,8 +36,8 @@ def _reset(environment: Any) -> None:
 
 def _worker_reset(environment: Any) -> None:
     environment.runner.stats.reset_all()  # Locust's pending worker stats, in the same greenlet step as ours
-    if STATE.runtime is not None:
-        STATE.runtime.reset_metrics()
+    if STATE.generator is not None:
+        STATE.generator.reset_metrics()
 
 
 @events.reset_stats.add_listener
@@ -51,8 +51,10 @@ def _on_reset_stats(**_kw: Any) -> None:
 def _on_spawning_complete(user_count: int = 0, **_kw: Any) -> None:
     """--reset-stats: Locust resets every runner's table when its spawning completes; ours go with it."""
     env = STATE.environment
-    if env is not None and env.reset_stats and STATE.runtime is not None:
-        STATE.runtime.reset_metrics()
+    if env is not None and env.reset_stats:
+        for part in (STATE.generator, STATE.collector):
+            if part is not None:
+                part.reset_metrics()
 
 
 def fatal(environment: Any, message: str) -> None:
@@ -74,34 +76,37 @@ def fatal(environment: Any, message: str) -> None:
 
 def begin_step(environment: Any, step: int, level: float) -> None:
     """Called by the sweep shape on the master (or local runner) at every tick; acts on a new step."""
-    # the shape's first tick comes before test_start creates the run's runtime: test_start re-applies it
+    # the shape's first tick comes before test_start creates the run's collector: test_start re-applies it
     STATE.last_step = (environment, step, level)
-    rt = STATE.runtime
-    if rt is None or rt.step == step:
+    col = STATE.collector
+    if col is None or col.step == step:
         return
     now = time.time()
-    if rt.step is not None and rt.step in rt.step_bounds:
-        rt.step_bounds[rt.step][2] = now
-    rt.step_bounds[step] = [level, now, None]
-    rt.set_step(step, float(level) if rt.opts.sweep_mode == "rate" else 0.0)
-    print(f"vllm-load: sweep step {step}: {level:g} {'req/s' if rt.opts.sweep_mode == 'rate' else 'users'}", flush=True)
+    if col.step is not None and col.step in col.step_bounds:
+        col.step_bounds[col.step][2] = now
+    col.step_bounds[step] = [level, now, None]
+    col.step = step
+    rate_sweep = environment.parsed_options.sweep_mode == "rate"
+    rate = float(level) if rate_sweep else 0.0
+    if STATE.generator is not None:
+        STATE.generator.set_step(step, rate)
+    print(f"vllm-load: sweep step {step}: {level:g} {'req/s' if rate_sweep else 'users'}", flush=True)
     if isinstance(environment.runner, MasterRunner):
         for client in environment.runner.clients.all:
-            environment.runner.send_message(STEP, {"step": step, "rate": rt.step_rate}, client_id=client.id)
+            environment.runner.send_message(STEP, {"step": step, "rate": rate}, client_id=client.id)
 
 
 def _worker_step(msg: Any) -> None:
-    rt = STATE.runtime
-    if rt is not None:
-        rt.set_step(int(msg.data["step"]), float(msg.data["rate"]))
+    if STATE.generator is not None:
+        STATE.generator.set_step(int(msg.data["step"]), float(msg.data["rate"]))
 
 
 def _worker_flush(environment: Any, msg: Any, **_kw: Any) -> None:
     """Master asked for the end of the run: drain, then ship the final numbers before Locust quits."""
-    rt = STATE.runtime
-    if rt is not None:
-        if not rt.drain(float(environment.parsed_options.drain_timeout)):
-            log.warning("vllm-load: %d requests still in flight after the drain timeout", rt.in_flight)
+    gen = STATE.generator
+    if gen is not None:
+        if not gen.drain(float(environment.parsed_options.drain_timeout)):
+            log.warning("vllm-load: %d requests still in flight after the drain timeout", gen.in_flight)
         environment.runner._send_stats()  # Locust's and our final report, before the master quits
     environment.runner.send_message(FLUSHED, None)
 
@@ -118,10 +123,10 @@ def _live_workers(runner: MasterRunner) -> set[str]:
 def drain(environment: Any) -> None:
     """End the run without losing a request: this process (local) or every worker (master) starts no
     new request, lets in-flight streams finish (at most --drain-timeout) and reports them. Idempotent."""
-    runner, rt = environment.runner, STATE.runtime
-    if rt is None or rt.drained:
+    runner, col = environment.runner, STATE.collector
+    if col is None or col.drained:
         return
-    rt.drained = True
+    col.drained = True
     timeout = float(environment.parsed_options.drain_timeout) if environment.parsed_options else 30.0
     if isinstance(runner, MasterRunner):
         # a worker Locust marked missing (no heartbeat) cannot answer: do not wait for it, nor for one
@@ -133,12 +138,12 @@ def drain(environment: Any) -> None:
         with gevent.Timeout(timeout + 10, False):
             while (clients & _live_workers(runner)) - STATE.flushed:
                 gevent.sleep(0.05)  # the flushed messages arrive on the runner's own greenlet
-        rt.workers_lost = sorted((rt.workers_seen | clients) - STATE.flushed)
-        if rt.workers_lost:
-            log.warning("vllm-load: no final report from %d worker(s): %s", len(rt.workers_lost), ", ".join(rt.workers_lost))
-    elif rt.role == "local":
-        if not rt.drain(timeout):
-            log.warning("vllm-load: %d requests still in flight after the drain timeout", rt.in_flight)
+        col.workers_lost = sorted((col.workers_seen | clients) - STATE.flushed)
+        if col.workers_lost:
+            log.warning("vllm-load: no final report from %d worker(s): %s", len(col.workers_lost), ", ".join(col.workers_lost))
+    elif STATE.generator is not None:  # local
+        if not STATE.generator.drain(timeout):
+            log.warning("vllm-load: %d requests still in flight after the drain timeout", STATE.generator.in_flight)
 
 
 @events.test_stopping.add_listener
@@ -184,27 +189,28 @@ def _on_worker_connect(client_id: str, **_kw: Any) -> None:
 
 @events.report_to_master.add_listener
 def _on_report_to_master(data: dict, **_kw: Any) -> None:
-    if STATE.runtime is not None:
-        data["vllm_load"] = STATE.runtime.stats.take_delta()
-        steps = {str(k): v.take_delta() for k, v in STATE.runtime.step_stats.items() if v.requests}
+    gen = STATE.generator
+    if gen is not None:
+        data["vllm_load"] = gen.stats.take_delta()
+        steps = {str(k): v.take_delta() for k, v in gen.step_stats.items() if v.requests}
         if steps:
             data["vllm_load_steps"] = steps
-        if STATE.runtime.monitor is not None:
-            data["vllm_load_client"] = STATE.runtime.monitor.take()
+        if gen.monitor is not None:
+            data["vllm_load_client"] = gen.monitor.take()
 
 
 @events.worker_report.add_listener
 def _on_worker_report(client_id: str, data: dict, **_kw: Any) -> None:
-    rt = STATE.runtime
-    if rt is not None and rt.totals is not None and "vllm_load" in data:
+    col = STATE.collector
+    if col is not None and "vllm_load" in data:
         delta = LLMStats.from_wire(data["vllm_load"])
         if delta.requests or delta.tokens_per_second:
-            rt.workers_seen.add(client_id)
-        rt.totals.merge(delta)
+            col.workers_seen.add(client_id)
+        col.totals.merge(delta)
         for k, wire in data.get("vllm_load_steps", {}).items():
-            rt.step_stats.setdefault(int(k), LLMStats()).merge(LLMStats.from_wire(wire))
+            col.step_stats.setdefault(int(k), LLMStats()).merge(LLMStats.from_wire(wire))
         if "vllm_load_client" in data:
-            rt.health.add(client_id, data["vllm_load_client"])
+            col.health.add(client_id, data["vllm_load_client"])
 
 
 def register(environment: Any, role: str) -> None:

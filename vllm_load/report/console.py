@@ -3,19 +3,8 @@
 from __future__ import annotations
 
 from vllm_load.metrics.histogram import PERCENTILES
+from vllm_load.metrics.table import METRICS
 
-ROWS = (
-    ("ttft", "TTFT", "ms", 1000.0),
-    ("itl", "ITL per token", "ms", 1000.0),
-    ("itl_chunk", "ITL per chunk", "ms", 1000.0),
-    ("tpot", "TPOT", "ms", 1000.0),
-    ("e2e", "E2E latency", "ms", 1000.0),
-    ("output_tps", "Output tok/s per request", "tok/s", 1.0),
-    ("send_lag", "Send lag (open loop)", "ms", 1000.0),
-    ("send_lag_startup", "Send lag, first 2 s (open loop)", "ms", 1000.0),
-    ("input_tokens", "Input tokens", "tok", 1.0),
-    ("output_tokens", "Output tokens", "tok", 1.0),
-)
 COLUMNS = [f"p{p:g}" for p in PERCENTILES] + ["max"]
 
 
@@ -29,7 +18,8 @@ def _fmt(value: float) -> str:
 
 def table_rows(summary: dict) -> list[dict]:
     rows = []
-    for key, title, unit, factor in ROWS:
+    for metric in METRICS:
+        key, title, unit, factor = metric.key, metric.title, metric.unit, metric.scale
         m = summary["metrics"].get(key)
         if not m or not m["count"]:
             continue

@@ -12,7 +12,6 @@ import base64
 import html
 import io
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,52 +21,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from vllm_load.report.console import COLUMNS, server_cells, table_rows  # noqa: E402
-from vllm_load.errors import UsageError  # noqa: E402
 from vllm_load.metrics.histogram import Histogram  # noqa: E402
 from vllm_load.report.results import finish  # noqa: E402
-from vllm_load.plugin.server_side import load_series, server_summary  # noqa: E402
-from vllm_load.metrics.slo import Check, evaluate, parse_slo_option  # noqa: E402
-from vllm_load.metrics.stats import LLMStats  # noqa: E402
-
-
-@dataclass
-class Run:
-    path: Path
-    config: dict
-    start: float
-    end: float
-    stats: LLMStats
-    summary: dict
-    server: list[dict]
-
-    @property
-    def is_emulator(self) -> bool:
-        return bool(self.config.get("target_is_emulator"))
-
-    @property
-    def slo_texts(self) -> list[str]:
-        """The run's SLOs as parsed on its master (the plan), or, in older run dirs, its --slo options."""
-        plan = self.config.get("plan") or {}
-        return list(plan.get("slos") or self.config.get("options", {}).get("slo") or [])
-
-    @property
-    def concurrency(self) -> Any:
-        """The run's level: its sweep step's users (or rate), else its user count."""
-        o = self.config.get("options", {})
-        value = o.get("vllm_load_step_users") or o.get("num_users") or o.get("users")
-        return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def load_run(path: str | Path) -> Run:
-    p = Path(path)
-    try:
-        config = json.loads((p / "config.json").read_text())
-        data = json.loads((p / "llm_stats.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{p} is not a complete run directory ({exc.__class__.__name__}): "
-                         "it needs config.json and llm_stats.json") from None
-    server = load_series(p / "server.jsonl")
-    return Run(p, config, data["start"], data["end"], LLMStats.from_wire(data["stats"]), data["summary"], server)
+from vllm_load.metrics.server import server_summary  # noqa: E402
+from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
+from vllm_load.metrics.slo import Check, parse_slo_option  # noqa: E402
 
 
 # -- plots -----------------------------------------------------------------------------------------
@@ -260,65 +218,7 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     server = server_summary(run.server)
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
     code, checks, validity = finish(run.path, run.summary, slos, server, title, junit, min_requests)
-    out = run.path / "report.html"
+    out = RunDir(run.path).report
     out.write_text(render_html(run, checks, validity))
     return Built(code, out, checks, validity, run.summary, server)
 
-
-def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[bool | None]:
-    """Per run: True/False when it has SLOs (its own, or ``slo_texts``), None when it has none."""
-    out: list[bool | None] = []
-    for r in runs:
-        slos = parse_slo_option(slo_texts or r.slo_texts)
-        checks = evaluate(slos, r.summary, server_summary(r.server))
-        out.append(all(c.passed for c in checks) if checks else None)
-    return out
-
-
-def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] | None = None) -> Path:
-    """One table and plot of throughput and latency against concurrency, across runs, and the largest
-    concurrency whose run met every SLO (how inference teams pick max_num_seqs / batch size)."""
-    runs = sorted((load_run(d) for d in run_dirs), key=lambda r: (r.concurrency or 0, r.start))
-    verdicts = sweep_verdicts(runs, slo_texts)
-    with_records = any(r.summary.get("records_per_request") for r in runs)
-    head = ["run", "concurrency", "req/s", *(["records/s"] if with_records else []), "output tok/s", "TTFT mean ms",
-            "TTFT p99 ms", "ITL p99 ms", "E2E mean ms", "E2E p99 ms", "KV usage max", "preemptions",
-            "prefix-cache hits", "failed", "SLO"]
-    rows = []
-    for r, verdict in zip(runs, verdicts):
-        m = r.summary["metrics"]
-        srv = server_summary(r.server) or {}
-        kv, hit, pre = srv.get("kv_cache_usage.max"), srv.get("prefix_cache_hit_rate"), srv.get("preemptions")
-
-        def ms(k: str, stat: str) -> str:
-            return f"{m[k][stat] * 1000:.1f}" if k in m else ""
-        rows.append([html.escape(r.path.name), r.concurrency or "", f"{r.summary['request_rate']:.2f}",
-                     *([f"{r.summary.get('record_rate', 0.0):.2f}"] if with_records else []),
-                     f"{r.summary['output_token_rate']:.1f}", ms("ttft", "mean"), ms("ttft", "p99"), ms("itl", "p99"),
-                     ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%",
-                     "" if pre is None else f"{pre:g}", "" if hit is None else f"{hit * 100:.1f}%", r.summary["failed"],
-                     "" if verdict is None else ("PASS" if verdict else "FAIL")])
-    passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
-    best = (f"Largest concurrency meeting every SLO: {max(passing)}" if passing
-            else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.5))
-    xs = [r.concurrency or i for i, r in enumerate(runs)]
-    a1.plot(xs, [r.summary["output_token_rate"] for r in runs], "o-")
-    a1.set_xlabel("concurrency")
-    a1.set_ylabel("output tok/s")
-    for key in ("ttft", "e2e"):
-        a2.plot(xs, [r.summary["metrics"].get(key, {}).get("mean", 0) * 1000 for r in runs], "o-", label=f"{key} mean")
-        a2.plot(xs, [r.summary["metrics"].get(key, {}).get("p99", 0) * 1000 for r in runs], "o--", label=f"{key} p99")
-    a2.set_xlabel("concurrency")
-    a2.set_ylabel("ms")
-    a2.legend(fontsize=7)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load sweep</title><style>{_CSS}</style>"
-            f"</head><body><h1>vllm-load sweep ({len(runs)} runs)</h1>"
-            + ("<div class='banner'>Some runs targeted the built-in EMULATOR.</div>" if any(r.is_emulator for r in runs) else "")
-            + f"<h2 id='best'>{html.escape(best)}</h2>"
-            + _table(head, rows) + f"<img alt='sweep' src='data:image/png;base64,{_png(fig)}'></body></html>")
-    (out_dir / "sweep.html").write_text(page)
-    md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    (out_dir / "sweep.md").write_text(f"**{best}**\n\n" + "\n".join(md) + "\n")
-    return out_dir / "sweep.html"

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import render_table
+from vllm_load.rundir.files import RunDir, write_json
 from vllm_load.errors import EXIT_ERRORS, EXIT_INVALID, EXIT_OK, EXIT_SLO_MISS
 from vllm_load.metrics.slo import SLO, Check, evaluate, junit_xml, render_checks
 
@@ -14,7 +15,7 @@ from vllm_load.metrics.slo import SLO, Check, evaluate, junit_xml, render_checks
 DRIFT_LIMIT = 0.01
 
 
-def validity_checks(summary: dict, slos: list[SLO], min_requests: int = 1) -> list[Check]:
+def validity_checks(summary: RunSummary, slos: list[SLO], min_requests: int = 1) -> list[Check]:
     """What must hold for the numbers to mean anything, SLOs or not: the run measured something, and
     it measured the prompts it meant to send. An ``input_drift`` SLO replaces the default drift check."""
     out: list[Check] = []
@@ -86,11 +87,12 @@ def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, t
             "slo": [c.to_json() for c in checks], "validity": [c.to_json() for c in validity],
             "valid": all(c.passed for c in validity),
             "verdict": None if not checks else ("pass" if all(c.passed for c in checks) else "fail")}
-    (run_dir / "summary.json").write_text(json.dumps(data, indent=2))
-    (run_dir / "summary.md").write_text(summary_markdown(summary, checks, title, server, validity))
+    rd = RunDir(run_dir)
+    write_json(rd.summary_json, data, indent=2)
+    rd.summary_md.write_text(summary_markdown(summary, checks, title, server, validity))
     if checks or junit_path or any(not c.passed for c in validity):
         xml = junit_xml(checks, validity=validity)
-        (run_dir / "junit.xml").write_text(xml)
+        rd.junit.write_text(xml)
         if junit_path:
             Path(junit_path).parent.mkdir(parents=True, exist_ok=True)
             Path(junit_path).write_text(xml)

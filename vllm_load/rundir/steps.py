@@ -8,32 +8,33 @@ from typing import Any
 
 from vllm_load.workload.datasets import records_per_request
 from vllm_load.metrics.stats import LLMStats
+from vllm_load.rundir.files import RunDir, load_series, write_json
 
 
 def write_step_dirs(run_dir: Path, step_stats: dict[int, LLMStats], bounds: dict[int, list], mode: str,
                     end_wall: float) -> list[Path]:
     """One run directory per step (config, exact stats, the step's server window) under run_dir/steps/."""
-    config = json.loads((run_dir / "config.json").read_text())
-    series = []
-    if (run_dir / "server.jsonl").exists():
-        series = [json.loads(x) for x in (run_dir / "server.jsonl").read_text().splitlines() if x.strip()]
+    rd = RunDir(run_dir)
+    config = json.loads(rd.config.read_text())
+    series = load_series(rd.server)
     dirs = []
     for step in sorted(bounds):
         level, start, end = bounds[step]
         end = end or end_wall
         stats = step_stats.get(step, LLMStats())
-        d = run_dir / "steps" / f"{step:02d}-{mode}-{level:g}"
+        sd = rd.step(step, mode, level)
+        d = sd.path
         d.mkdir(parents=True, exist_ok=True)
         cfg: dict[str, Any] = {**config, "run_id": f"{config['run_id']}/step{step:02d}", "sweep_step": step}
         cfg["options"] = {**config.get("options", {}), "vllm_load_step_users": level, "sweep_level_kind": mode}
-        (d / "config.json").write_text(json.dumps(cfg, indent=2))
+        write_json(sd.config, cfg, indent=2)
         opts = config.get("options", {})
         summary = stats.summary(duration=max(end - start, 1e-9), records_per_request=records_per_request(
             opts.get("dataset") or "", opts.get("dataset_batch") or 0))
-        (d / "llm_stats.json").write_text(json.dumps({"run_id": cfg["run_id"], "start": start, "end": end,
-                                                      "summary": summary, "stats": stats.to_wire()}))
+        write_json(sd.stats, {"run_id": cfg["run_id"], "start": start, "end": end, "summary": summary,
+                              "stats": stats.to_wire()})
         window = [s for s in series if start <= s["t"] <= end]
         if window:
-            (d / "server.jsonl").write_text("".join(json.dumps(s) + "\n" for s in window))
+            sd.server.write_text("".join(json.dumps(s) + "\n" for s in window))
         dirs.append(d)
     return dirs

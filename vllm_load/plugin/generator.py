@@ -1,10 +1,9 @@
-"""Per-process state of a run: the plan it follows, prompt pools, stats, the request log, the drain."""
+"""What generates load, in a local runner or a worker: prompt pools, requests in flight and their drain, this
+process's stats and request log, the open-loop schedule, the client's own health monitor. A master has none."""
 
 from __future__ import annotations
 
-import json
 import random
-import socket
 import sys
 import time
 from dataclasses import dataclass, field
@@ -15,17 +14,19 @@ import gevent.event
 
 from vllm_load.client.openai_api import auth_header
 from vllm_load.client.record import RequestRecord
-from vllm_load.metrics.client_health import ClientHealth, ClientMonitor
+from vllm_load.client.stream import ReadyRequest, ready_request
+from vllm_load.metrics.client_health import ClientMonitor
 from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin import gc_control
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.server_wait import parse_duration
-from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS, Target, public_options
+from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS
 from vllm_load.plugin.warmup import warm_up
+from vllm_load.rundir.files import RunDir
 from vllm_load.rundir.reqlog import RequestLog
 from vllm_load.workload.arrivals import ArrivalProcess
-from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records, records_per_request
+from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
 from vllm_load.workload.prompt_pool import PromptPool
 from vllm_load.workload.prompts import Prompt, PromptFactory
@@ -36,13 +37,12 @@ SWITCH_INTERVAL = 0.0005
 
 
 @dataclass
-class Runtime:
-    role: str  # "local", "master" or "worker"
+class Generator:
+    role: str  # "local" or "worker"
     opts: Any  # Locust's parsed options, read only
     plan: RunPlan
     worker_id: str
     stats: LLMStats = field(default_factory=LLMStats)
-    totals: LLMStats | None = None  # master: merge of worker deltas; local: same as stats
     reqlog: RequestLog | None = None
     tokenizer: Tokenizer | None = None
     factories: dict[str, PromptFactory] = field(default_factory=dict)
@@ -52,21 +52,16 @@ class Runtime:
     output_spec: LengthSpec | None = None
     headers: dict[str, str] = field(default_factory=dict)
     start_wall: float = field(default_factory=time.time)
-    end_wall: float | None = None
-    workers_seen: set = field(default_factory=set)
     dataset: DatasetSource | None = None
     goodput_limits: dict = field(default_factory=dict)
     arrival_seq: int = 0
-    workers_lost: list = field(default_factory=list)  # workers that never sent their final report
     step: int | None = None  # current sweep step
     step_rate: float = 0.0  # open-loop rate of the current sweep step
     rate_changed: Any = None  # gevent Event, set (and replaced) when a sweep step changes the open-loop rate
-    step_stats: dict = field(default_factory=dict)  # step -> LLMStats (this process, or merged on the master)
-    step_bounds: dict = field(default_factory=dict)  # step -> [level, start wall, end wall]
-    monitor: ClientMonitor | None = None  # in load-generating processes
-    health: ClientHealth = field(default_factory=ClientHealth)  # on the master / local runner
+    step_stats: dict = field(default_factory=dict)  # step -> LLMStats of this process's requests
+    monitor: ClientMonitor | None = None  # this process's CPU, loop lag and CPU wait
+    backoff_max: float = 2.0  # --retry-backoff-max
     draining: bool = False  # set at the end of a run: users start no new request
-    drained: bool = False  # the end-of-run drain has been done
     in_flight: int = 0
     idle: Any = None  # gevent Event, set while no request is in flight
     folder: Any = None  # greenlet folding finished requests into the stats while the loop is idle
@@ -76,11 +71,10 @@ class Runtime:
 
     @classmethod
     def create(cls, role: str, opts: Any, plan: RunPlan, worker_id: str, apis: frozenset[str] = frozenset(),
-               on_fatal: Any = None) -> Runtime:
+               on_fatal: Any = None, health_sink: Any = None) -> Generator:
         """A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
         that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
         rt = cls(role=role, opts=opts, plan=plan, worker_id=worker_id)
-        rt.outage_after = parse_duration(opts.outage_after, "--outage-after")
         rt.backoff_max = parse_duration(opts.retry_backoff_max, "--retry-backoff-max")
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
@@ -88,24 +82,18 @@ class Runtime:
         rt.idle = gevent.event.Event()
         rt.idle.set()
         rt.rate_changed = gevent.event.Event()
-        if role == "master":
-            rt.totals = LLMStats()
-        if role == "local":
-            rt.totals = rt.stats
-        if role != "master":
-            # The prompt thread holds the GIL in turns of the switch interval (5 ms by default), and
-            # every stream read waiting behind it is late by as much: keep the turns short.
-            sys.setswitchinterval(SWITCH_INTERVAL)
-            rt._prepare_generation()
-            rt._fill_pools(apis)
-            rt.start_wall = time.time()  # this process's load starts now, not before its pools were ready
-            warm_up()  # before the heap is frozen: what it loads is start-up heap too
-            # before the loop-lag monitor starts: the one full collection here takes ~0.1 s
-            gc_control.freeze_startup_heap()  # collections run from _fold_when_idle instead
-            sink = (lambda report: rt.health.add("local", report)) if role == "local" else None
-            rt.monitor = ClientMonitor(lambda: rt.in_flight, sink)
-            rt.monitor.start()
-            rt.folder = gevent.spawn(rt._fold_when_idle)
+        # The prompt thread holds the GIL in turns of the switch interval (5 ms by default), and
+        # every stream read waiting behind it is late by as much: keep the turns short.
+        sys.setswitchinterval(SWITCH_INTERVAL)
+        rt._prepare_generation()
+        rt._fill_pools(apis)
+        rt.start_wall = time.time()  # this process's load starts now, not before its pools were ready
+        warm_up()  # before the heap is frozen: what it loads is start-up heap too
+        # before the loop-lag monitor starts: the one full collection here takes ~0.1 s
+        gc_control.freeze_startup_heap()  # collections run from _fold_when_idle instead
+        rt.monitor = ClientMonitor(lambda: rt.in_flight, health_sink)  # local: reports go straight to the collector
+        rt.monitor.start()
+        rt.folder = gevent.spawn(rt._fold_when_idle)
         return rt
 
     @property
@@ -135,8 +123,7 @@ class Runtime:
             if o.dataset_batch:
                 self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
                     self.tokenizer, o.dataset_batch)
-        name = "requests.jsonl" if self.role == "local" else f"requests-{_safe(self.worker_id)}.jsonl"
-        self.reqlog = RequestLog(self.run_dir / name)
+        self.reqlog = RequestLog(RunDir(self.run_dir).requests(None if self.role == "local" else self.worker_id))
 
     #: longest wait for the first prompts of the run (a 32k-token prompt takes ~0.2 s to build)
     FIRST_PROMPT_TIMEOUT = 120.0
@@ -166,11 +153,16 @@ class Runtime:
             )
         return f
 
-    def next_request(self, api: str) -> tuple[Prompt, int]:
-        """The next prompt and output length, from the pool that a native thread keeps filled."""
+    def next_request(self, api: str) -> ReadyRequest:
+        """The next ready request, from the pool that a native thread keeps filled."""
         return self.pool(api).get()
 
-    def build_request(self, api: str) -> tuple[Prompt, int]:
+    def build_request(self, api: str) -> ReadyRequest:
+        """A new request, in the prompt thread: its prompt (exact length, unique), its body's bytes."""
+        prompt, max_tokens = self.new_prompt(api)
+        return ready_request(api, self.plan.model, prompt, max_tokens, ignore_eos=not self.opts.no_ignore_eos)
+
+    def new_prompt(self, api: str) -> tuple[Prompt, int]:
         """A new prompt (exact length, unique) and the output length to ask for."""
         assert self.input_spec and self.output_spec
         if self.dataset is None:
@@ -247,46 +239,6 @@ class Runtime:
         if self.reqlog:
             self.reqlog.write(rec)
 
-    def write_config(self, target: Target | None) -> None:
-        info = {
-            "run_id": self.run_id,
-            "salt": self.salt,
-            "host": self.plan.host,
-            "target_is_emulator": self.plan.is_emulator,
-            "model": self.plan.model,
-            "tokenizer": self.plan.tokenizer,
-            "max_model_len": target.max_model_len if target else None,
-            "started": self.start_wall,
-            "client_host": socket.gethostname(),
-            "plan": self.plan.to_wire(),
-            "options": public_options(self.opts),
-        }
-        (self.run_dir / "config.json").write_text(json.dumps(info, indent=2))
-
-    def write_results(self) -> dict:
-        """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
-        assert self.totals is not None
-        end = self.end_wall or time.time()
-        summary = self.totals.summary(duration=end - self.start_wall, records_per_request=records_per_request(
-            self.opts.dataset, self.opts.dataset_batch), outage_after=self.outage_after, now=end)
-        summary["workers"] = sorted(self.workers_seen)
-        summary["workers_lost"] = list(self.workers_lost)
-        if self.monitor is not None and self.role == "local":
-            last = self.monitor.take()  # what the monitor saw since its last 3 s report
-            if last["cpu"] or last["lag"] or last["streams"]:
-                self.health.add("local", last)
-        send_lag = summary["metrics"].get("send_lag", {})
-        # CPU and lag while the server was unreachable or failing every request are the failures' doing
-        quiet = [(w["start"], w["end"]) for w in summary["outages"]]
-        summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet)
-        summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
-        data = {"run_id": self.run_id, "start": self.start_wall, "end": end, "summary": summary,
-                "stats": self.totals.to_wire()}
-        tmp = self.run_dir / "llm_stats.json.tmp"
-        tmp.write_text(json.dumps(data))
-        tmp.replace(self.run_dir / "llm_stats.json")
-        return summary
-
     #: chunks folded per slice (~0.5 ms): the longest a slice can delay a chunk that arrives meanwhile
     FOLD_SLICE = 256
 
@@ -305,16 +257,13 @@ class Runtime:
             busy[0].fold(self.FOLD_SLICE)
 
     def reset_metrics(self) -> None:
-        """Locust's --reset-stats / the web UI's Reset: start this process's LLM metrics over, in place (the
-        folder and the listeners hold these objects), at the same instant Locust resets its own table."""
+        """Locust's --reset-stats / the web UI's Reset: this process's LLM metrics start over, in place (the
+        folder and the collector of a local run hold these objects), the instant Locust resets its table."""
         self.stats.__init__()  # type: ignore[misc]
-        if self.totals is not None and self.totals is not self.stats:
-            self.totals.__init__()  # type: ignore[misc]
         for s in self.step_stats.values():
             s.__init__()  # type: ignore[misc]
-        self.health = ClientHealth()
-        self.workers_seen = set()
-        self.start_wall = time.time()
+        if self.monitor is not None:
+            self.monitor.take()
 
     def close(self) -> None:
         if self.folder is not None:
@@ -327,6 +276,3 @@ class Runtime:
         if self.reqlog:
             self.reqlog.close()
 
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)

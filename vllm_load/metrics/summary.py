@@ -1,0 +1,39 @@
+"""The run summary's shape: what ``LLMStats.summary`` computes and the collector completes, as written to
+llm_stats.json and summary.json and read by the verdict, the console, the web UI and the report."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class RunSummary(TypedDict, total=False):
+    # counts and rates, from LLMStats.summary
+    requests: int
+    succeeded: int
+    failed: int
+    error_rate: float  # fraction of requests that failed
+    duration_s: float
+    request_rate: float  # successful requests per second
+    send_rate: float  # arrivals per second between the first and last (intended) start
+    input_tokens: int
+    output_tokens: int
+    output_token_rate: float
+    usage_missing: int  # successful requests without server usage (tokens counted locally)
+    input_drift_requests: int  # requests whose prompt length differed from what was asked
+    input_drift_max_abs: int
+    input_drift_fraction: float  # of the requests with server usage
+    output_mismatch: int
+    goodput: float | None  # share of requests meeting every per-request SLO (None without one)
+    good_requests: int
+    errors: dict[str, int]  # reason -> count, most common first
+    metrics: dict[str, dict[str, float]]  # metrics.table key -> count, mean, min, percentiles, max
+    outages: list[dict]  # outages.Window.to_json() plus "text"
+    outage_seconds: float
+    records_per_request: int  # only with a dataset
+    records: int
+    record_rate: float
+    # completed by the collector at the end of a run
+    workers: list[str]
+    workers_lost: list[str]
+    client: dict  # ClientHealth.verdict()
+    target_request_rate: float

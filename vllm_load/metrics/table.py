@@ -1,0 +1,33 @@
+"""The one table of the per-request metrics: key, title, display unit and scale, histogram resolution, and
+whether an SLO can bound it. Stats, SLO parsing, the console, the web UI and the report all read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    title: str
+    unit: str  # as displayed
+    scale: float  # seconds (or tokens/s, tokens) times this is the displayed value
+    hist_scale: float = 1e9  # histogram counts per unit (ns for times; 1 per token; milli-tokens/s)
+    latency: bool = False  # a time an SLO can bound with a statistic (ttft.p99<=500ms)
+
+
+METRICS: tuple[Metric, ...] = (
+    Metric("ttft", "TTFT", "ms", 1000.0, latency=True),
+    Metric("itl", "ITL per token", "ms", 1000.0, latency=True),
+    Metric("itl_chunk", "ITL per chunk", "ms", 1000.0, latency=True),
+    Metric("tpot", "TPOT", "ms", 1000.0, latency=True),
+    Metric("e2e", "E2E latency", "ms", 1000.0, latency=True),
+    Metric("output_tps", "Output tok/s per request", "tok/s", 1.0, hist_scale=1000.0),
+    Metric("send_lag", "Send lag (open loop)", "ms", 1000.0),
+    Metric("send_lag_startup", "Send lag, first 2 s (open loop)", "ms", 1000.0),
+    Metric("input_tokens", "Input tokens", "tok", 1.0, hist_scale=1.0),
+    Metric("output_tokens", "Output tokens", "tok", 1.0, hist_scale=1.0),
+)
+BY_KEY = {m.key: m for m in METRICS}
+#: the latency metrics, in the table's order (SLO names, stats' per-request times)
+LATENCY = tuple(m.key for m in METRICS if m.latency)

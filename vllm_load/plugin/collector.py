@@ -1,0 +1,102 @@
+"""What collects, on a master or a local runner: the merged totals and per-step stats, the workers seen and
+lost, the client-health verdict, the run's window, and the results written into the run directory.
+A worker has none; in a local run the totals are the generator's own stats (the same objects)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_load.metrics.client_health import ClientHealth, ClientMonitor
+from vllm_load.metrics.stats import LLMStats
+from vllm_load.metrics.summary import RunSummary
+from vllm_load.plugin.plan import RunPlan
+from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.plugin.target import Target, public_options
+from vllm_load.rundir.files import FORMAT_VERSION, RunDir, write_json
+from vllm_load.workload.datasets import records_per_request
+
+
+@dataclass
+class Collector:
+    opts: Any  # Locust's parsed options, read only
+    plan: RunPlan
+    totals: LLMStats = field(default_factory=LLMStats)  # master: merge of worker deltas; local: the generator's
+    step_stats: dict = field(default_factory=dict)  # step -> LLMStats, merged likewise
+    step_bounds: dict = field(default_factory=dict)  # step -> [level, start wall, end wall]
+    step: int | None = None  # the sweep step announced last
+    health: ClientHealth = field(default_factory=ClientHealth)
+    workers_seen: set = field(default_factory=set)
+    workers_lost: list = field(default_factory=list)  # workers that never sent their final report
+    start_wall: float = field(default_factory=time.time)
+    end_wall: float | None = None
+    drained: bool = False  # the end-of-run drain has been done
+    outage_after: float = 2.0  # --outage-after, parsed once
+
+    @classmethod
+    def create(cls, opts: Any, plan: RunPlan, totals: LLMStats | None = None, step_stats: dict | None = None
+               ) -> Collector:
+        col = cls(opts=opts, plan=plan, totals=totals if totals is not None else LLMStats(),
+                  step_stats=step_stats if step_stats is not None else {})
+        col.outage_after = parse_duration(opts.outage_after, "--outage-after")
+        col.run_dir.mkdir(parents=True, exist_ok=True)
+        return col
+
+    @property
+    def run_id(self) -> str:
+        return self.plan.run_id
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.plan.run_dir)
+
+    def write_config(self, target: Target | None) -> None:
+        info = {
+            "format": FORMAT_VERSION,
+            "run_id": self.run_id,
+            "salt": self.plan.salt,
+            "host": self.plan.host,
+            "target_is_emulator": self.plan.is_emulator,
+            "model": self.plan.model,
+            "tokenizer": self.plan.tokenizer,
+            "max_model_len": target.max_model_len if target else None,
+            "started": self.start_wall,
+            "client_host": socket.gethostname(),
+            "plan": self.plan.to_wire(),
+            "options": public_options(self.opts),
+        }
+        write_json(RunDir(self.run_dir).config, info, indent=2)
+
+    def write_results(self, monitor: ClientMonitor | None = None) -> RunSummary:
+        """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
+        assert self.totals is not None
+        end = self.end_wall or time.time()
+        summary = self.totals.summary(duration=end - self.start_wall, records_per_request=records_per_request(
+            self.opts.dataset, self.opts.dataset_batch), outage_after=self.outage_after, now=end)
+        summary["workers"] = sorted(self.workers_seen)
+        summary["workers_lost"] = list(self.workers_lost)
+        if monitor is not None:  # local: what the monitor saw since its last 3 s report
+            last = monitor.take()
+            if last["cpu"] or last["lag"] or last["streams"]:
+                self.health.add("local", last)
+        send_lag = summary["metrics"].get("send_lag", {})
+        # CPU and lag while the server was unreachable or failing every request are the failures' doing
+        quiet = [(w["start"], w["end"]) for w in summary["outages"]]
+        summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet)
+        summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
+        data = {"run_id": self.run_id, "start": self.start_wall, "end": end, "summary": summary,
+                "stats": self.totals.to_wire()}
+        write_json(RunDir(self.run_dir).stats, data)
+        return summary
+
+    def reset_metrics(self) -> None:
+        """Locust's --reset-stats / the web UI's Reset: the merged metrics start over with Locust's table."""
+        self.totals.__init__()  # type: ignore[misc]
+        for s in self.step_stats.values():
+            s.__init__()  # type: ignore[misc]
+        self.health = ClientHealth()
+        self.workers_seen = set()
+        self.start_wall = time.time()

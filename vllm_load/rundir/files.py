@@ -1,0 +1,103 @@
+"""The run directory: the one place that knows its file names (``RunDir``), writes its JSON atomically, and
+reads a run back (config, exact stats and summary, the sidecar's series) for reports and comparisons."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_load.errors import UsageError
+from vllm_load.metrics.stats import LLMStats
+
+#: written into config.json; a reader of a newer format says so instead of misreading it
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """The files of one run directory (or of one sweep step's, under ``steps/``)."""
+
+    path: Path
+
+    config = property(lambda self: self.path / "config.json")  # target, plan, options (no secrets)
+    stats = property(lambda self: self.path / "llm_stats.json")  # exact summary and raw histograms
+    server = property(lambda self: self.path / "server.jsonl")  # the sidecar's samples, on our clock
+    summary_json = property(lambda self: self.path / "summary.json")
+    summary_md = property(lambda self: self.path / "summary.md")
+    junit = property(lambda self: self.path / "junit.xml")
+    report = property(lambda self: self.path / "report.html")
+    steps = property(lambda self: self.path / "steps")
+    sweep_html = property(lambda self: self.path / "sweep.html")
+    sweep_md = property(lambda self: self.path / "sweep.md")
+
+    def requests(self, worker: str | None) -> Path:
+        """The per-request log: one file for a local run, one per worker in a swarm."""
+        if worker is None:
+            return self.path / "requests.jsonl"
+        return self.path / ("requests-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in worker) + ".jsonl")
+
+    def step(self, step: int, mode: str, level: float) -> RunDir:
+        return RunDir(self.steps / f"{step:02d}-{mode}-{level:g}")
+
+
+def write_json(path: Path, data: Any, indent: int | None = None) -> None:
+    """Written whole or not at all: a reader (a report rebuilt mid-run) never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=indent))
+    tmp.replace(path)
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    start: float
+    end: float
+    stats: LLMStats
+    summary: dict
+    server: list[dict]
+
+    @property
+    def is_emulator(self) -> bool:
+        return bool(self.config.get("target_is_emulator"))
+
+    @property
+    def slo_texts(self) -> list[str]:
+        """The run's SLOs as parsed on its master (the plan), or, in older run dirs, its --slo options."""
+        plan = self.config.get("plan") or {}
+        return list(plan.get("slos") or self.config.get("options", {}).get("slo") or [])
+
+    @property
+    def concurrency(self) -> Any:
+        """The run's level: its sweep step's users (or rate), else its user count."""
+        o = self.config.get("options", {})
+        value = o.get("vllm_load_step_users") or o.get("num_users") or o.get("users")
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def load_run(path: str | Path) -> Run:
+    p = Path(path)
+    try:
+        config = json.loads(RunDir(p).config.read_text())
+        data = json.loads(RunDir(p).stats.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{p} is not a complete run directory ({exc.__class__.__name__}): "
+                         "it needs config.json and llm_stats.json") from None
+    if int(config.get("format", 1)) > FORMAT_VERSION:
+        raise UsageError(f"{p} was written by a newer vllm-load (run-dir format {config['format']}): upgrade to read it")
+    server = load_series(RunDir(p).server)
+    return Run(p, config, data["start"], data["end"], LLMStats.from_wire(data["stats"]), data["summary"], server)
+
+
+def load_series(path: Path) -> list[dict]:
+    """The samples of a run directory's server.jsonl (none when it is missing); torn lines are skipped."""
+    out: list[dict] = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
