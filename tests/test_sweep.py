@@ -59,3 +59,5 @@ def test_rate_sweep_changes_the_open_loop_rate_per_step(tmp_path, emulator_facto
     logs = read_log(run_dir / "requests.jsonl")
     first_second = sum(r["step"] == 1 and r["start"] < stats[1]["start"] + 1.0 for r in logs)
     assert 32 <= first_second <= 48, first_second
+    # the levels are request rates, and the sweep table says so (they were once called a concurrency)
+    assert "| request rate |" in (run_dir / "sweep.md").read_text().splitlines()[2]

@@ -24,6 +24,7 @@ from vllm_load.report.console import COLUMNS, server_cells, table_rows  # noqa: 
 from vllm_load.metrics.histogram import Histogram  # noqa: E402
 from vllm_load.report.results import finish  # noqa: E402
 from vllm_load.metrics.server import server_summary  # noqa: E402
+from vllm_load.metrics.table import BY_KEY  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
 from vllm_load.metrics.slo import Check, parse_slo_option  # noqa: E402
 
@@ -108,7 +109,7 @@ def _cdf(h: Histogram) -> tuple[list[float], list[float]]:
 
 def cdf_png(run: Run) -> str:
     fig, axes = plt.subplots(1, 4, figsize=(14, 3))
-    panels = (("ttft", "TTFT"), ("itl", "ITL"), ("tpot", "TPOT"), ("e2e", "E2E"))
+    panels = tuple((key, BY_KEY[key].title) for key in ("ttft", "itl", "tpot", "e2e"))
     for ax, (key, title) in zip(axes, panels):
         h = run.stats.hists[key]
         if h.count:

@@ -33,7 +33,10 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
     runs = sorted((load_run(d) for d in run_dirs), key=lambda r: (r.concurrency or 0, r.start))
     verdicts = sweep_verdicts(runs, slo_texts)
     with_records = any(r.summary.get("records_per_request") for r in runs)
-    head = ["run", "concurrency", "req/s", *(["records/s"] if with_records else []), "output tok/s", "TTFT mean ms",
+    # a rate sweep's levels are request rates, not user counts: name them so
+    level = "request rate" if runs and all(r.config.get("options", {}).get("sweep_level_kind") == "rate"
+                                           for r in runs) else "concurrency"
+    head = ["run", level, "req/s", *(["records/s"] if with_records else []), "output tok/s", "TTFT mean ms",
             "TTFT p99 ms", "ITL p99 ms", "E2E mean ms", "E2E p99 ms", "KV usage max", "preemptions",
             "prefix-cache hits", "failed", "SLO"]
     rows = []
@@ -51,17 +54,17 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
                      "" if pre is None else f"{pre:g}", "" if hit is None else f"{hit * 100:.1f}%", r.summary["failed"],
                      "" if verdict is None else ("PASS" if verdict else "FAIL")])
     passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
-    best = (f"Largest concurrency meeting every SLO: {max(passing)}" if passing
+    best = (f"Largest {level} meeting every SLO: {max(passing)}" if passing
             else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.5))
     xs = [r.concurrency or i for i, r in enumerate(runs)]
     a1.plot(xs, [r.summary["output_token_rate"] for r in runs], "o-")
-    a1.set_xlabel("concurrency")
+    a1.set_xlabel(level)
     a1.set_ylabel("output tok/s")
     for key in ("ttft", "e2e"):
         a2.plot(xs, [r.summary["metrics"].get(key, {}).get("mean", 0) * 1000 for r in runs], "o-", label=f"{key} mean")
         a2.plot(xs, [r.summary["metrics"].get(key, {}).get("p99", 0) * 1000 for r in runs], "o--", label=f"{key} p99")
-    a2.set_xlabel("concurrency")
+    a2.set_xlabel(level)
     a2.set_ylabel("ms")
     a2.legend(fontsize=7)
     out_dir.mkdir(parents=True, exist_ok=True)
