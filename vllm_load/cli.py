@@ -24,7 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--out", default="", help="with several runs: where the sweep report goes")
     lp = sub.add_parser("locustfile", help="print the path of a shipped locustfile: locust -f \"$(vllm-load locustfile chat)\"")
     lp.add_argument("name", choices=LOCUSTFILES)
+    sub.add_parser("options", help="every option of the locustfiles: default, environment variable, meaning "
+                   "(Locust's --help cannot show them: it prints before the locustfile is imported)")
     args = ap.parse_args(argv)
+    if args.cmd == "options":
+        from vllm_load.plugin.options import describe
+
+        print(describe())
+        return 0
     if args.cmd == "locustfile":
         print(Path(__file__).resolve().parent / "locustfiles" / f"{args.name}.py")
         return 0

@@ -1,0 +1,33 @@
+"""One registry of options: the parser, `vllm-load options` and the README's table agree."""
+
+from __future__ import annotations
+
+import re
+
+from tests.helpers import ROOT
+from vllm_load.cli import main as cli_main
+from vllm_load.plugin.options import OPTIONS
+
+
+def readme_option_flags() -> set[str]:
+    text = (ROOT / "README.md").read_text()
+    table = text[text.index("## Options"):]
+    table = table[:table.index("\n## ", 1)]
+    rows = [line for line in table.splitlines() if line.startswith("| `--")]
+    return {flag for row in rows for flag in re.findall(r"`(--[a-z0-9-]+)`", row.split("|")[1])}
+
+
+def test_the_readme_table_lists_every_option_and_no_other():
+    registry = {o.flag for o in OPTIONS}
+    documented = readme_option_flags()
+    assert registry - documented == set(), "options missing from the README's table"
+    assert documented - registry == set(), "the README's table names options that do not exist"
+
+
+def test_vllm_load_options_prints_every_option_with_its_env_and_default(capsys):
+    assert cli_main(["options"]) == 0
+    out = capsys.readouterr().out
+    for o in OPTIONS:
+        assert f"{o.flag}  (default: " in out and o.env in out, o.flag
+    assert "--input-tokens  (default: 128; env VLLM_LOAD_INPUT_TOKENS)" in out
+    assert "--align-with-server  (default: off;" in out
