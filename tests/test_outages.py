@@ -9,7 +9,7 @@ from collections import Counter
 
 from tests.helpers import ROOT, Proc, free_port, run_locust, wait_for
 from tests.test_process_faults import locust, logs
-from vllm_load.metrics.outages import bucket, find_windows
+from vllm_load.metrics.outages import LiveOutage, bucket, find_windows
 
 CHAT = str(ROOT / "locustfiles/chat.py")
 
@@ -38,6 +38,52 @@ def test_windows_from_buckets():
     wins = find_windows(ok, conn, other, min_seconds=2.0, now=12.0)
     assert wins[-1].ongoing and abs(wins[-1].seconds - 3.0) < 1e-9
     assert len(find_windows(ok, conn, other, min_seconds=2.0, now=10.0)) == 1  # 1 s: not yet an outage
+
+
+def test_the_live_check_follows_the_span_the_whole_run_scan_finds_at_a_fixed_cost():
+    """Checked every second through a 70 s outage (longer than its 30 s horizon) and a recovery, the live
+    span has the start, length and attempts the whole-run scan gives, and reads at most ~300 buckets a check."""
+    ok, conn, other = Counter(), Counter(), Counter()
+    # requests by start time: 10 s up (every 0.1 s), then refused every 0.2 s; each is counted once its second comes
+    starts = [(t / 10, ok) for t in range(100)] + [(t / 10, conn) for t in range(100, 800, 2)]
+    pending = iter(starts)
+    upcoming = next(pending)
+
+    def happen(until: float) -> None:
+        nonlocal upcoming
+        while upcoming is not None and upcoming[0] < until:
+            upcoming[1][bucket(upcoming[0])] += 1
+            upcoming = next(pending, None)
+
+    live = LiveOutage(min_seconds=2.0, horizon=30.0)
+    for now in range(11, 81):
+        happen(float(now))
+        if now == 50:
+            other[bucket(49.5)] += 1  # an HTTP error inside the outage
+        span = live.check(ok, conn, other, float(now))
+        full = [w for w in find_windows(ok, conn, other, 2.0, float(now)) if w.ongoing]
+        if now < 12:
+            assert span is None and not full, now
+            continue
+        assert span is not None and full, now
+        assert abs(span.start - full[0].start) < 1e-9 and span.attempts == full[0].attempts, (now, span, full[0])
+        assert span.connection == full[0].connection and span.is_outage
+    ok[bucket(81.0)] += 1  # back
+    assert live.check(ok, conn, other, 82.0) is None
+    conn[bucket(83.0)] += 1  # one refusal after the recovery: a new span, too short to report yet
+    assert live.check(ok, conn, other, 84.0) is None
+
+    class Reads(Counter):
+        reads = 0
+
+        def get(self, *args):  # type: ignore[override]
+            Reads.reads += 1
+            return super().get(*args)
+
+    hour = Reads({bucket(t / 10): 1 for t in range(36_000)})  # an hour of successes
+    Reads.reads = 0
+    assert LiveOutage(2.0, horizon=30.0).check(hour, Reads(), Reads(), 3600.0) is None
+    assert Reads.reads <= 4 * (300 + 1), Reads.reads  # the horizon's buckets, not the hour's 36,000
 
 
 def test_a_server_killed_and_restarted_is_one_outage_with_bounded_retries(tmp_path):

@@ -269,7 +269,7 @@ class LLMStats:
         return outages.find_windows(self.ok_buckets, self.conn_buckets, self.fail_buckets, min_seconds, now)
 
     def summary(self, duration: float | None = None, records_per_request: int = 0,
-                outage_after: float = 2.0, now: float | None = None) -> RunSummary:
+                outage_after: float | None = 2.0, now: float | None = None) -> RunSummary:
         """``records_per_request``: dataset records each request carries (``--dataset-batch``), for the
         records/s that a batching comparison is about; 0 when prompts are not dataset records."""
         if duration is None:
@@ -299,7 +299,8 @@ class LLMStats:
             "errors": dict(self.errors.most_common()),
             "metrics": {k: h.summary() for k, h in self.hists.items()},
         }
-        windows = self.outage_windows(outage_after, now)
+        # outage_after None: no outage windows (the web UI's live table polls this and shows none)
+        windows = self.outage_windows(outage_after, now) if outage_after is not None else []
         start = self.first_start or 0.0
         out["outages"] = [{**w.to_json(), "text": outages.describe(w, start, self.conn_error[1] if w.is_outage else "")}
                           for w in windows]

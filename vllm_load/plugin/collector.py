@@ -7,16 +7,14 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from vllm_load.metrics.client_health import ClientHealth, ClientMonitor
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.plugin.plan import RunPlan
-from vllm_load.plugin.server_wait import parse_duration
 from vllm_load.plugin.target import Target, public_options
-from vllm_load.rundir.files import FORMAT_VERSION, RunDir, write_json
+from vllm_load.rundir.files import FORMAT_VERSION, write_json
 from vllm_load.workload.datasets import records_per_request
 
 
@@ -34,29 +32,17 @@ class Collector:
     start_wall: float = field(default_factory=time.time)
     end_wall: float | None = None
     drained: bool = False  # the end-of-run drain has been done
-    outage_after: float = 2.0  # --outage-after, parsed once
+    results: RunSummary | None = None  # what write_results wrote (the run's end writes them once)
 
     @classmethod
-    def create(cls, opts: Any, plan: RunPlan, totals: LLMStats | None = None, step_stats: dict | None = None
-               ) -> Collector:
-        col = cls(opts=opts, plan=plan, totals=totals if totals is not None else LLMStats(),
-                  step_stats=step_stats if step_stats is not None else {})
-        col.outage_after = parse_duration(opts.outage_after, "--outage-after")
-        col.run_dir.mkdir(parents=True, exist_ok=True)
-        return col
-
-    @property
-    def run_id(self) -> str:
-        return self.plan.run_id
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.plan.run_dir)
+    def create(cls, opts: Any, plan: RunPlan) -> Collector:
+        plan.files.path.mkdir(parents=True, exist_ok=True)
+        return cls(opts=opts, plan=plan)
 
     def write_config(self, target: Target | None) -> None:
         info = {
             "format": FORMAT_VERSION,
-            "run_id": self.run_id,
+            "run_id": self.plan.run_id,
             "salt": self.plan.salt,
             "host": self.plan.host,
             "target_is_emulator": self.plan.is_emulator,
@@ -68,14 +54,13 @@ class Collector:
             "plan": self.plan.to_wire(),
             "options": public_options(self.opts),
         }
-        write_json(RunDir(self.run_dir).config, info, indent=2)
+        write_json(self.plan.files.config, info, indent=2)
 
     def write_results(self, monitor: ClientMonitor | None = None) -> RunSummary:
         """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
-        assert self.totals is not None
         end = self.end_wall or time.time()
         summary = self.totals.summary(duration=end - self.start_wall, records_per_request=records_per_request(
-            self.opts.dataset, self.opts.dataset_batch), outage_after=self.outage_after, now=end)
+            self.opts.dataset, self.opts.dataset_batch), outage_after=self.plan.outage_after, now=end)
         summary["workers"] = sorted(self.workers_seen)
         summary["workers_lost"] = list(self.workers_lost)
         if monitor is not None:  # local: what the monitor saw since its last 3 s report
@@ -87,9 +72,10 @@ class Collector:
         quiet = [(w["start"], w["end"]) for w in summary["outages"]]
         summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet)
         summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
-        data = {"run_id": self.run_id, "start": self.start_wall, "end": end, "summary": summary,
+        data = {"run_id": self.plan.run_id, "start": self.start_wall, "end": end, "summary": summary,
                 "stats": self.totals.to_wire()}
-        write_json(RunDir(self.run_dir).stats, data)
+        write_json(self.plan.files.stats, data)
+        self.results = summary
         return summary
 
     def reset_metrics(self) -> None:

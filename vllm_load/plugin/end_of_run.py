@@ -12,16 +12,14 @@ import gevent
 from locust import events
 
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_ERRORS, EXIT_OK
-from vllm_load.metrics.outages import describe
+from vllm_load.metrics.outages import LiveOutage, describe
 from vllm_load.metrics.slo import render_checks
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.server_side import fetch_series
-from vllm_load.plugin.server_wait import parse_duration
 from vllm_load.plugin.state import STATE
 from vllm_load.plugin.wire import drain
 from vllm_load.report.console import render_table
-from vllm_load.rundir.files import RunDir
 from vllm_load.report.results import render_validity
 
 log = logging.getLogger("vllm_load")
@@ -54,22 +52,23 @@ def _write_sweep(col: Collector) -> None:
     from vllm_load.report.sweep import build_sweep
     from vllm_load.rundir.steps import write_step_dirs
 
-    dirs = write_step_dirs(col.run_dir, col.step_stats, col.step_bounds, col.opts.sweep_mode,
+    dirs = write_step_dirs(col.plan.files.path, col.step_stats, col.step_bounds, col.opts.sweep_mode,
                            col.end_wall or time.time())
     for d in dirs:
         build(d)
-    page, best = build_sweep(dirs, col.run_dir)
+    page, best = build_sweep(dirs, col.plan.files.path)
     print(f"vllm-load: sweep of {len(dirs)} steps: {best} ({page})", flush=True)
 
 
 def watch_outages(environment: Any, col: Collector) -> None:
     """Say on the console (and the web UI) when the server becomes unreachable and when it is back, from the
     merged counts (on a master: as of the workers' last reports, every 3 s); --stop-on-outage ends the run."""
-    stop_after = parse_duration(environment.parsed_options.stop_on_outage, "--stop-on-outage")
+    stop_after, live = col.plan.stop_on_outage, LiveOutage(col.plan.outage_after)
     while True:
         gevent.sleep(1.0)
-        wins = col.totals.outage_windows(col.outage_after, time.time())
-        cur = wins[-1] if wins and wins[-1].ongoing and wins[-1].is_outage else None
+        t = col.totals
+        span = live.check(t.ok_buckets, t.conn_buckets, t.fail_buckets, time.time())
+        cur = span if span is not None and span.is_outage else None
         if cur is not None:
             text = describe(cur, col.start_wall, col.totals.conn_error[1], live=True)
             if STATE.outage_now is None:
@@ -88,7 +87,7 @@ def watch_outages(environment: Any, col: Collector) -> None:
 def _collect_server_side(col: Collector, opts: Any) -> None:
     if not col.plan.sidecar_url or col.end_wall is None:
         return
-    why = fetch_series(col.plan.sidecar_url, col.start_wall, col.end_wall, RunDir(col.run_dir).server,
+    why = fetch_series(col.plan.sidecar_url, col.start_wall, col.end_wall, col.plan.files.server,
                        opts.sidecar_token)
     if why:
         log.warning("vllm-load: server side missing from the report: %s", why)
@@ -104,7 +103,7 @@ def _on_test_stop(environment: Any, **_kw: Any) -> None:
         if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
             from vllm_load.report.html import build
 
-            STATE.report = str(build(col.run_dir).report)
+            STATE.report = str(build(col.plan.files.path).report)
 
 
 def _local_monitor() -> Any:
@@ -119,14 +118,15 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         # SIGTERM/SIGINT fire quitting before Locust stops the users: drain here too (no-op after a stop)
         drain(environment)
         col.end_wall = col.end_wall or time.time()
-        col.write_results(_local_monitor())
-        if not RunDir(col.run_dir).server.exists():
+        if col.results is None:  # test_stop wrote them already, after the drain (a signal skips test_stop)
+            col.write_results(_local_monitor())
+        if not col.plan.files.server.exists():
             _collect_server_side(col, environment.parsed_options)
         banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
         from vllm_load.report.html import build  # matplotlib is loaded only at the end of a run
 
         _write_sweep(col)
-        built = build(col.run_dir, junit=environment.parsed_options.junit)
+        built = build(col.plan.files.path, junit=environment.parsed_options.junit)
         code = EXIT_BAD_INPUT if STATE.fatal else built.code
         exceptions = sum(row["count"] for row in environment.runner.exceptions.values())
         if code == EXIT_OK and exceptions:  # Locust's own rule, which our exit code would otherwise mask
@@ -134,7 +134,7 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         if STATE.outage_stop:
             code = EXIT_ERRORS
         STATE.report = str(built.report)
-        sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {col.run_id}{banner}",
+        sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {col.plan.run_id}{banner}",
                                               server=built.server) + "\n")
         stopped = STATE.fatal or STATE.outage_stop
         if stopped:

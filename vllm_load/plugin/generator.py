@@ -7,7 +7,6 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import gevent.event
@@ -20,10 +19,8 @@ from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin import gc_control
 from vllm_load.plugin.plan import RunPlan
-from vllm_load.plugin.server_wait import parse_duration
 from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS
 from vllm_load.plugin.warmup import warm_up
-from vllm_load.rundir.files import RunDir
 from vllm_load.rundir.reqlog import RequestLog
 from vllm_load.workload.arrivals import ArrivalProcess
 from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
@@ -60,7 +57,6 @@ class Generator:
     rate_changed: Any = None  # gevent Event, set (and replaced) when a sweep step changes the open-loop rate
     step_stats: dict = field(default_factory=dict)  # step -> LLMStats of this process's requests
     monitor: ClientMonitor | None = None  # this process's CPU, loop lag and CPU wait
-    backoff_max: float = 2.0  # --retry-backoff-max
     draining: bool = False  # set at the end of a run: users start no new request
     in_flight: int = 0
     idle: Any = None  # gevent Event, set while no request is in flight
@@ -75,10 +71,9 @@ class Generator:
         """A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
         that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
         rt = cls(role=role, opts=opts, plan=plan, worker_id=worker_id)
-        rt.backoff_max = parse_duration(opts.retry_backoff_max, "--retry-backoff-max")
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
-        rt.run_dir.mkdir(parents=True, exist_ok=True)
+        plan.files.path.mkdir(parents=True, exist_ok=True)
         rt.idle = gevent.event.Event()
         rt.idle.set()
         rt.rate_changed = gevent.event.Event()
@@ -96,34 +91,22 @@ class Generator:
         rt.folder = gevent.spawn(rt._fold_when_idle)
         return rt
 
-    @property
-    def run_id(self) -> str:
-        return self.plan.run_id
-
-    @property
-    def salt(self) -> str:
-        return self.plan.salt
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.plan.run_dir)
-
     def _prepare_generation(self) -> None:
         o = self.opts
         self.input_spec = parse_length(o.input_tokens, "--input-tokens")
         self.output_spec = parse_length(o.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
         self.tokenizer = load_tokenizer(self.plan.tokenizer)
-        self.rng = random.Random(f"{self.salt}/{self.worker_id}/lengths")
+        self.rng = random.Random(f"{self.plan.salt}/{self.worker_id}/lengths")
         self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
         self.headers.update(auth_header(o.api_key))
         self.goodput_limits = goodput_thresholds(parse_slo_option(list(self.plan.slos)))
         if o.dataset:
             records = read_records(o.dataset, o.dataset_format, o.dataset_field)
-            self.dataset = DatasetSource(records, f"{self.salt}/{self.worker_id}", o.dataset_batch)
+            self.dataset = DatasetSource(records, f"{self.plan.salt}/{self.worker_id}", o.dataset_batch)
             if o.dataset_batch:
                 self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
                     self.tokenizer, o.dataset_batch)
-        self.reqlog = RequestLog(RunDir(self.run_dir).requests(None if self.role == "local" else self.worker_id))
+        self.reqlog = RequestLog(self.plan.files.requests(None if self.role == "local" else self.worker_id))
 
     #: longest wait for the first prompts of the run (a 32k-token prompt takes ~0.2 s to build)
     FIRST_PROMPT_TIMEOUT = 120.0
@@ -149,7 +132,7 @@ class Generator:
         if f is None:
             assert self.tokenizer is not None
             f = self.factories[api] = PromptFactory(
-                self.tokenizer, api, self.salt, self.worker_id, self.opts.shared_prefix_tokens  # type: ignore[arg-type]
+                self.tokenizer, api, self.plan.salt, self.worker_id, self.opts.shared_prefix_tokens  # type: ignore[arg-type]
             )
         return f
 
@@ -201,7 +184,7 @@ class Generator:
         """This user's share of the run's open-loop rate (the total is split over all users)."""
         self.arrival_seq += 1
         return ArrivalProcess(self.current_rate() / self.total_users(), self.opts.burstiness,
-                              random.Random(f"{self.salt}/{self.worker_id}/arrivals/{self.arrival_seq}"),
+                              random.Random(f"{self.plan.salt}/{self.worker_id}/arrivals/{self.arrival_seq}"),
                               float(self.opts.ramp_up))
 
     def begin_request(self) -> None:

@@ -62,7 +62,6 @@ def _on_init(environment: Any, **_kw: Any) -> None:
     wire.register(environment, role)
     if role == "worker" or environment.parsed_options is None:
         return
-        return
     opts = environment.parsed_options
     try:
         # parsed here: workers get the texts in the run plan, not file paths their machines may not have
@@ -177,4 +176,4 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         wire.begin_step(*STATE.last_step)
     if role != "worker":
         col.write_config(STATE.target)
-        print(f"vllm-load: run {col.run_id} writes to {col.run_dir}", flush=True)
+        print(f"vllm-load: run {plan.run_id} writes to {plan.files.path}", flush=True)

@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_load.plugin.target import Target
+from vllm_load.rundir.files import RunDir
+
 #: master -> worker: the plan, before the run's (or a joining worker's) first spawn message
 PLAN = "vllm_load_plan"
 
@@ -29,14 +32,23 @@ class RunPlan:
     slos: tuple[str, ...]  # the SLO texts, parsed (files read) on the master
     sidecar_url: str  # given, or the embedded emulator's sidecar
     total_users: int  # the open-loop rate is split over this many users
+    backoff_max: float  # seconds: --retry-backoff-max, --outage-after, --stop-on-outage as the target check parsed them
+    outage_after: float
+    stop_on_outage: float
 
     @classmethod
-    def decide(cls, opts: Any, host: str, model: str, tokenizer: str, is_emulator: bool, slos: list[str],
-               sidecar_url: str, total_users: int) -> RunPlan:
+    def decide(cls, opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int) -> RunPlan:
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
         return cls(run_id=run_id, salt=secrets.token_hex(16), run_dir=opts.run_dir or str(Path("reports") / run_id),
-                   host=host, model=model, tokenizer=tokenizer, is_emulator=is_emulator, slos=tuple(slos),
-                   sidecar_url=sidecar_url, total_users=max(1, int(total_users or 1)))
+                   host=target.host, model=target.model, tokenizer=target.tokenizer, is_emulator=target.is_emulator,
+                   slos=tuple(slos), sidecar_url=sidecar_url, total_users=max(1, int(total_users or 1)),
+                   backoff_max=target.backoff_max, outage_after=target.outage_after,
+                   stop_on_outage=target.stop_on_outage)
+
+    @property
+    def files(self) -> RunDir:
+        """The run directory's files."""
+        return RunDir(Path(self.run_dir))
 
     def to_wire(self) -> dict:
         """msgpack/JSON-safe: what the workers receive and config.json keeps."""

@@ -33,6 +33,10 @@ class Target:
     is_emulator: bool
     input_spec: LengthSpec
     output_spec: LengthSpec
+    # run options in seconds, parsed once here (a bad one is refused before the run) for the run plan
+    backoff_max: float = 2.0  # --retry-backoff-max
+    outage_after: float = 2.0  # --outage-after
+    stop_on_outage: float = 0.0  # --stop-on-outage (0: never)
 
 
 def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str] = frozenset({"chat", "completions"})
@@ -45,8 +49,9 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
         raise UsageError("--request-rate must be >= 0, --burstiness > 0, --max-concurrency >= 1 and --ramp-up >= 0")
     if opts.shared_prefix_tokens < 0:
         raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
-    for flag in ("--retry-backoff-max", "--outage-after", "--stop-on-outage"):
-        parse_duration(getattr(opts, flag[2:].replace("-", "_")), flag)
+    backoff_max = parse_duration(opts.retry_backoff_max, "--retry-backoff-max")
+    outage_after = parse_duration(opts.outage_after, "--outage-after")
+    stop_on_outage = parse_duration(opts.stop_on_outage, "--stop-on-outage")
     if opts.min_requests < 0:
         raise UsageError(f"--min-requests must be >= 0, got {opts.min_requests}")
     if opts.dataset:
@@ -79,7 +84,8 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
     if opts.align_with_server:
         checked = align_with_server(host, served.id, tok, opts.api_key, apis)
         print(f"vllm-load: --align-with-server: {checked}", flush=True)
-    return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec)
+    return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec, backoff_max, outage_after,
+                  stop_on_outage)
 
 
 def align_with_server(host: str, model: str, tok: Tokenizer, api_key: str = "",

@@ -54,7 +54,7 @@ class LLMUser(FastHttpUser):
             self._open_loop(rt)
         else:
             rec = self._one_request(rt, None)
-            delay = self._backoff(rec, rt.backoff_max) if rec is not None else 0.0
+            delay = self._backoff(rec, rt.plan.backoff_max) if rec is not None else 0.0
             if delay > 0:
                 gevent.sleep(delay)
 

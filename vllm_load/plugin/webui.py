@@ -71,7 +71,7 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
 
 
 def live_summary(totals: Any, start_wall: float, health: Any = None) -> dict:
-    summary = totals.summary(duration=max(time.time() - start_wall, 1e-9))
+    summary = totals.summary(duration=max(time.time() - start_wall, 1e-9), outage_after=None)
     summary["live_output_tps"] = totals.recent_output_tps(time.time())
     if health is not None:
         lag = summary["metrics"].get("send_lag", {})

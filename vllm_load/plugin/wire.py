@@ -159,8 +159,7 @@ def decide_plan(environment: Any) -> RunPlan:
     opts, target = environment.parsed_options, STATE.target
     assert target is not None
     users = getattr(environment.runner, "target_user_count", 0) or getattr(opts, "num_users", 0) or 1
-    plan = RunPlan.decide(opts, environment.host, target.model, target.tokenizer, target.is_emulator,
-                          [s.text for s in STATE.slos], STATE.sidecar_url, users)
+    plan = RunPlan.decide(opts, target, [s.text for s in STATE.slos], STATE.sidecar_url, users)
     STATE.plan = plan
     if isinstance(environment.runner, MasterRunner):
         for client in environment.runner.clients.all:
