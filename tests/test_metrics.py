@@ -198,3 +198,37 @@ def test_old_windows_are_packed_and_read_the_same():
     # a late request for a packed window unpacks it and counts
     stats.add(rec([0.5], [1], e2e=0.6, start=float(old[0]) + 1))
     assert stats.windows[old[0]]["ttft"].count == ref.windows[old[0]]["ttft"].count + 1
+
+
+def test_names_are_grouped_shipped_and_merged_exactly_and_bounded():
+    from vllm_load.metrics.stats import MAX_NAMES, OTHER_NAMES
+
+    rng = random.Random(7)
+    workers = [LLMStats(), LLMStats()]
+    by_name: dict = {}
+    for i in range(400):
+        name = rng.choice(["turn 1", "turn 2", "turn 10", None])
+        ttft = rng.uniform(0.01, 0.5)
+        r = rec([ttft, ttft + 0.01], [1, 1], e2e=ttft + 0.02, start=1000.0 + i * 0.01, name=name, cached_tokens=16)
+        workers[i % 2].add(r)
+        if name:
+            by_name.setdefault(name, []).append(ttft)
+    master = LLMStats()
+    for w in workers:
+        master.merge(LLMStats.from_wire(json.loads(json.dumps(w.take_delta()))))
+    s = master.summary()
+    assert list(s["names"]) == ["turn 1", "turn 2", "turn 10"]  # digits compare as numbers
+    for name, values in by_name.items():
+        h = Histogram()
+        for v in values:
+            h.record(v)
+        named = s["names"][name]
+        assert named["requests"] == len(values) and named["metrics"]["ttft"]["count"] == len(values)
+        assert named["metrics"]["ttft"]["p99"] == pytest.approx(h.percentile(99), rel=1e-3)
+        assert named["cached_fraction"] == pytest.approx(16 / 100)
+    assert s["requests"] == 400 and "names" not in s["names"]["turn 1"]
+    # a locustfile naming every request apart: the groups stop growing, the rest share one
+    many = LLMStats()
+    for i in range(MAX_NAMES + 50):
+        many.add(rec([0.1], [1], e2e=0.2, name=f"request {i}"))
+    assert len(many.names) == MAX_NAMES + 1 and many.names[OTHER_NAMES].requests == 50

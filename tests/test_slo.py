@@ -123,3 +123,22 @@ def test_malformed_slo_is_refused_before_the_run(tmp_path):
     assert [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")] == [
         "vllm-load: error: SLO 'ttft<=5' needs a statistic: ttft.p99, ttft.p50, ttft.max …"]
     assert not (tmp_path / "run").exists()
+
+
+def test_an_slo_can_judge_the_requests_of_one_name():
+    s = LLMStats()
+    for i in range(50):
+        s.add(RequestRecord(api="chat", start=1000.0 + i, e2e=1.0, ok=True, ttft=0.1, chunk_offsets=[0.1],
+                            chunk_tokens=[1], output_tokens=1, name="turn 1"))
+        s.add(RequestRecord(api="chat", start=1000.0 + i, e2e=1.0, ok=True, ttft=0.9, chunk_offsets=[0.9],
+                            chunk_tokens=[1], output_tokens=1, name="turn 3"))
+    summary = s.summary()
+    slos = [parse_slo("ttft[turn 1].p99<=200ms"), parse_slo("ttft[turn 3].p99<=200ms"), parse_slo("ttft[turn 9].p50<=1s")]
+    assert slos[0].name == "turn 1" and slos[0].metric == "ttft" and slos[0].stat == "p99"
+    checks = evaluate(slos, summary)
+    assert [c.passed for c in checks] == [True, False, False]
+    assert "no request was named 'turn 9'" in checks[2].detail and "'turn 1'" in checks[2].detail
+    # a named SLO does not decide goodput for every request
+    assert goodput_thresholds(slos) == {}
+    with pytest.raises(UsageError, match="belongs to the whole run"):
+        parse_slo("server.preemptions[turn 1]<=0")

@@ -81,3 +81,44 @@ def test_data_after_done_is_a_protocol_error():
     s = feed_all([b"data: [DONE]\n"])
     with pytest.raises(StreamError):
         s.feed(chat_chunk("late"), 2.0)
+
+
+def test_tool_call_deltas_are_assembled_by_index_in_vllms_shape():
+    s = StreamState()
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk"}
+    deltas = [
+        {"role": "assistant", "content": ""},
+        {"tool_calls": [{"id": "abcDEF123", "type": "function", "index": 0,
+                         "function": {"name": "search", "arguments": "{\"q\": "}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": "\"kv cache\"}"}}]},
+        {"tool_calls": [{"id": "zzzYYY999", "type": "function", "index": 1,
+                         "function": {"name": "fetch", "arguments": "{}"}}]},
+    ]
+    for i, d in enumerate(deltas):
+        s.feed(b"data: " + orjson.dumps({**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]}),
+               0.1 * (i + 1))
+    s.feed(b"data: [DONE]", 1.0)
+    assert s.calls == [
+        {"id": "abcDEF123", "type": "function", "function": {"name": "search", "arguments": "{\"q\": \"kv cache\"}"}},
+        {"id": "zzzYYY999", "type": "function", "function": {"name": "fetch", "arguments": "{}"}},
+    ]
+    assert s.chunk_times == pytest.approx([0.2, 0.3, 0.4]) and s.content == ""  # each call delta is a timed chunk
+
+
+def test_the_body_merges_a_users_keys_and_forces_the_length_only_when_asked():
+    from vllm_load.client.stream import build_request
+
+    msgs = [{"role": "user", "content": "hi"}]
+    forced = build_request("chat", "m", msgs, 10, 32)
+    body = orjson.loads(forced.body)
+    assert body["ignore_eos"] is True and body["min_tokens"] == 32 and forced.output_tokens == 32
+    free = orjson.loads(build_request("chat", "m", msgs, 10, None).body)
+    assert "max_tokens" not in free and "ignore_eos" not in free and "min_tokens" not in free
+    capped = build_request("chat", "m", msgs, 10, 32, extra={"ignore_eos": False, "temperature": 0.7,
+                                                              "tools": [{"type": "function"}], "stream": False,
+                                                              "stream_options": {"include_usage": False}})
+    body = orjson.loads(capped.body)
+    assert body["ignore_eos"] is False and "min_tokens" not in body and capped.output_tokens is None
+    assert body["temperature"] == 0.7 and body["tools"] == [{"type": "function"}] and body["max_tokens"] == 32
+    # what the measurement reads stays on
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}

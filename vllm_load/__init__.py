@@ -21,4 +21,12 @@ def __getattr__(name: str) -> Any:
         from vllm_load.plugin import users
 
         return getattr(users, name)
+    if name == "Reply":
+        from vllm_load.client.reply import Reply
+
+        return Reply
+    if name == "UsageError":
+        from vllm_load.errors import UsageError
+
+        return UsageError
     raise AttributeError(f"module 'vllm_load' has no attribute {name!r}")

@@ -16,7 +16,8 @@ import secrets
 import socket
 import sys
 import time
-from typing import IO, Any, Callable, Iterable
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterable, Iterator
 
 import gevent
 import orjson
@@ -35,6 +36,55 @@ _WORDS = (" the", " model", " answers", " with", " tokens", " that", " stream", 
           " client", " under", " load", " while", " batches", " grow", " and", " caches", " fill", " up")
 
 Start = Callable[[str, list], Any]
+#: tokens of a tool call's arguments (the emulator's calls are short, like a real model's)
+TOOL_CALL_TOKENS = 16
+
+
+@dataclass
+class Output:
+    """What one generation request will produce, decided before it is scheduled."""
+
+    ids: list[int]  # the prompt's token ids
+    max_tokens: int
+    finish: str  # "length", "stop" (stopped on its own) or "tool_calls"
+    tool: str | None  # the function the answer calls
+    cached: int  # prompt tokens found in the prefix cache
+
+
+def _tool_to_call(body: dict) -> str | None:
+    """Deterministic tool use: a named tool_choice calls that function, "required" the first tool, "auto" (the
+    default) the first tool when the conversation ends with a user turn and answers in text after a tool's
+    result; "none" never calls."""
+    tools = body.get("tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    choice = body.get("tool_choice", "auto")
+    if isinstance(choice, dict):
+        return str((choice.get("function") or {}).get("name") or "") or None
+    first = (tools[0].get("function") or {}).get("name") if isinstance(tools[0], dict) else None
+    if choice == "required":
+        return first
+    if choice == "auto":
+        messages = body.get("messages") or [{}]
+        return first if isinstance(messages[-1], dict) and messages[-1].get("role") == "user" else None
+    return None
+
+
+def _tool_pieces(name: str, n: int) -> Iterator[str]:
+    """The arguments of a call, in ``n`` pieces (one per token) that concatenate to valid JSON."""
+    words = [w.strip() for w in itertools.islice(itertools.cycle(_WORDS), max(0, n - 2))]
+    if n <= 1:
+        yield orjson.dumps({"query": name}).decode()
+        return
+    yield '{"query": "'
+    for w in words:
+        yield w + " "
+    yield '"}'
+
+
+def _tool_call_id() -> str:
+    """Nine letters and digits: the id shape Mistral's tokenizer accepts back in the history (vLLM's too)."""
+    return "".join(secrets.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") for _ in range(9))
 
 
 class HttpError(Exception):
@@ -61,8 +111,11 @@ class DropConnection(Exception):
 class Emulator:
     def __init__(self, model: str, tokenizer: Any, max_model_len: int, engine: FixedScheduleEngine | BatchingEngine,
                  api_key: str = "", faults: FaultPlan | None = None, naming: str = "v1",
-                 timing_log: IO[str] | None = None, request_log: IO[str] | None = None) -> None:
+                 timing_log: IO[str] | None = None, request_log: IO[str] | None = None, eos_after: int = 64,
+                 prompt_tokens_details: bool = False) -> None:
         self.model = model
+        self.eos_after = eos_after  # a request without max_tokens ends "on its own" after this many tokens
+        self.prompt_tokens_details = prompt_tokens_details  # usage.prompt_tokens_details.cached_tokens, as vLLM's flag
         self.faults = faults or FaultPlan()
         self.tok = tokenizer
         self.max_model_len = max_model_len
@@ -146,7 +199,11 @@ class Emulator:
                 raise HttpError(400, "messages must be a non-empty list", "BadRequestError", "messages")
             if self.tok is None:
                 return [hash(w) & 0xFFFF for m in messages for w in str(m.get("content", "")).split()]
-            return self.tok.encode_chat(messages)
+            try:
+                return self.tok.encode_chat(messages, body.get("tools"))
+            except Exception as exc:  # a template that rejects the messages: vLLM answers 400 too
+                raise HttpError(400, f"cannot apply the chat template: {str(exc)[:200]}", "BadRequestError",
+                                "messages") from None
         prompt = body.get("prompt")
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return prompt
@@ -186,8 +243,14 @@ class Emulator:
         ids = self._prompt_ids(chat, body)
         prompt_tokens = len(ids)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        finish = "length"
+        tool = _tool_to_call(body) if chat else None
         if max_tokens is None:
             max_tokens = 16 if not chat else max(1, self.max_model_len - prompt_tokens)
+            if self.eos_after and max_tokens > self.eos_after:  # the "model" stops on its own
+                max_tokens, finish = self.eos_after, "stop"
+        if tool is not None:  # a call's arguments are short, whatever the length asked
+            max_tokens, finish = min(max_tokens, TOOL_CALL_TOKENS), "tool_calls"
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise HttpError(400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError", "max_tokens")
         if prompt_tokens + max_tokens > self.max_model_len:
@@ -205,13 +268,26 @@ class Emulator:
         self.metrics.l(self.metrics.prefix_queries).inc(prompt_tokens)
         cached = self.prefix_cache.query(ids)
         self.metrics.l(self.metrics.prefix_hits).inc(cached)
+        out = Output(ids, max_tokens, finish, tool, cached)
         if not body.get("stream"):
-            return self._complete(start_response, chat, model, prompt_tokens, max_tokens, cached)
+            return self._complete(start_response, chat, model, out)
         opts = body.get("stream_options") or {}
         start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
-        return self._stream(chat, model, prompt_tokens, max_tokens, bool(opts.get("include_usage")),
-                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault, cached,
-                            received)
+        return self._stream(chat, model, out, bool(opts.get("include_usage")),
+                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault, received)
+
+    def _usage(self, out: Output, n: int) -> dict:
+        prompt_tokens = len(out.ids)
+        usage: dict = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n}
+        if self.prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": out.cached}
+        return usage
+
+    def _cache_answer(self, out: Output, text: str) -> None:
+        """vLLM keeps the blocks a request filled while decoding too: the next turn of a conversation, whose
+        history holds this answer, hits them (as far as re-tokenizing the answer gives the same ids)."""
+        if self.tok is not None and text:
+            self.prefix_cache.query(out.ids + self.tok.encode(text, add_special_tokens=False))
 
     def stats_line(self, interval: float) -> str:
         """vLLM's periodic stats log line (V1 or V0 format), over the last ``interval`` seconds."""
@@ -235,10 +311,11 @@ class Emulator:
                 f"Waiting: {self.engine.waiting} reqs, Preemptions: {self.engine.preemptions}, GPU KV cache usage: "
                 f"{kv:.1f}%, Prefix cache hit rate: {hit:.1f}%")
 
-    def _observe_finish(self, prompt_tokens: int, out: int, ttft: float, e2e: float, queue: float = 0.0) -> None:
+    def _observe_finish(self, prompt_tokens: int, out: int, ttft: float, e2e: float, queue: float = 0.0,
+                        finish: str = "length") -> None:
         m = self.metrics
         m.l(m.prompt_tokens).inc(prompt_tokens)
-        m.success.labels(finished_reason="length", **m.labels).inc()
+        m.success.labels(finished_reason="stop" if finish == "tool_calls" else finish, **m.labels).inc()
         m.l(m.e2e).observe(e2e)
         m.l(m.queue).observe(queue)
         m.l(m.prefill).observe(max(0.0, ttft - queue))
@@ -246,12 +323,13 @@ class Emulator:
         m.l(m.req_prompt).observe(prompt_tokens)
         m.l(m.req_generation).observe(out)
 
-    def _complete(self, start_response: Start, chat: bool, model: str, prompt_tokens: int, max_tokens: int,
-                  cached: int = 0) -> list[bytes]:
+    def _complete(self, start_response: Start, chat: bool, model: str, out: Output) -> list[bytes]:
         words = itertools.cycle(_WORDS)
+        prompt_tokens, max_tokens = len(out.ids), out.max_tokens
         text, ttft, last = [], 0.0, 0.0
         m, first, queue = self.metrics, True, 0.0
-        for em in self.engine.generate(prompt_tokens, max_tokens, cached):
+        pieces = _tool_pieces(out.tool, max_tokens) if out.tool else None
+        for em in self.engine.generate(prompt_tokens, max_tokens, out.cached):
             if first:
                 ttft, queue, first = em.offset, em.queue_time, False
                 m.l(m.ttft).observe(ttft)
@@ -259,23 +337,29 @@ class Emulator:
                 for _ in range(em.tokens):
                     m.l(m.itl).observe((em.offset - last) / em.tokens)
             last = em.offset
-            text.extend(next(words) for _ in range(em.tokens))
+            text.extend(next(pieces) if pieces else next(words) for _ in range(em.tokens))
         m.l(m.generation_tokens).inc(max_tokens)
-        self._observe_finish(prompt_tokens, max_tokens, ttft, last, queue)
-        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + max_tokens, "completion_tokens": max_tokens}
+        self._observe_finish(prompt_tokens, max_tokens, ttft, last, queue, out.finish)
+        usage = self._usage(out, max_tokens)
         rid, created = secrets.token_hex(8), int(time.time())
+        answer = "".join(text)
+        self._cache_answer(out, answer)
         if chat:
+            message: dict = {"role": "assistant", "content": answer}
+            if out.tool:
+                message = {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": _tool_call_id(), "type": "function", "function": {"name": out.tool, "arguments": answer}}]}
             body = {"id": f"chatcmpl-{rid}", "object": "chat.completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(text)},
-                                 "logprobs": None, "finish_reason": "length", "stop_reason": None}], "usage": usage}
+                    "choices": [{"index": 0, "message": message,
+                                 "logprobs": None, "finish_reason": out.finish, "stop_reason": None}], "usage": usage}
         else:
             body = {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
-                    "choices": [{"index": 0, "text": "".join(text), "logprobs": None, "finish_reason": "length",
+                    "choices": [{"index": 0, "text": answer, "logprobs": None, "finish_reason": out.finish,
                                  "stop_reason": None}], "usage": usage}
         return self._reply(start_response, 200, orjson.dumps(body))
 
-    def _stream(self, chat: bool, model: str, prompt_tokens: int, max_tokens: int, include_usage: bool,
-                continuous: bool, fault: str | None = None, cached: int = 0, received: float = 0.0) -> Iterable[bytes]:
+    def _stream(self, chat: bool, model: str, out_spec: Output, include_usage: bool,
+                continuous: bool, fault: str | None = None, received: float = 0.0) -> Iterable[bytes]:
         m = self.metrics
         log = self.timing_log
         due: list[float] = []
@@ -287,10 +371,14 @@ class Emulator:
                 else {"id": f"cmpl-{rid}", "object": "text_completion"})
         head.update(created=created, model=model)
         words = itertools.cycle(_WORDS)
+        prompt_tokens, max_tokens, cached = len(out_spec.ids), out_spec.max_tokens, out_spec.cached
+        tool = out_spec.tool
+        pieces = _tool_pieces(tool, max_tokens) if tool else None
+        answer: list[str] = []
         out, ttft, prev, queue = 0, 0.0, 0.0, 0.0
 
         def usage(n: int) -> dict:
-            return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n}
+            return self._usage(out_spec, n)
 
         def event(obj: dict) -> bytes:
             return b"data: " + orjson.dumps(obj) + b"\n\n"
@@ -312,7 +400,8 @@ class Emulator:
                 else:
                     gevent.sleep(self.faults.stall_seconds)
                 fault = None
-            text = "".join(next(words) for _ in range(em.tokens))
+            text = "".join(next(pieces) if pieces else next(words) for _ in range(em.tokens))
+            answer.append(text)
             m.l(m.generation_tokens).inc(em.tokens)
             if out == 0:
                 ttft, queue = em.offset, em.queue_time
@@ -332,11 +421,17 @@ class Emulator:
             prev = em.offset
             out += em.tokens
             last = out >= max_tokens
-            if chat:
-                choice: dict = {"index": 0, "delta": {"content": text}, "logprobs": None,
-                                "finish_reason": "length" if last else None}
+            finish = out_spec.finish if last else None
+            if tool:  # vLLM's shape: the first delta names the call (id, type, name), the next ones add arguments
+                call: dict = {"index": 0, "function": {"arguments": text}}
+                if out == em.tokens:
+                    call = {"id": _tool_call_id(), "type": "function", "index": 0,
+                            "function": {"name": tool, "arguments": text}}
+                choice: dict = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": finish}
+            elif chat:
+                choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length" if last else None}
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
             choice["stop_reason"] = None
             if not chat:
                 choice["prompt_token_ids"] = None
@@ -354,8 +449,9 @@ class Emulator:
                                     "sent": [round(x, 7) for x in sent]}).decode() + "\n")
         if include_usage:
             yield event({**head, "choices": [], "usage": usage(out), "system_fingerprint": FINGERPRINT})
-        self._observe_finish(prompt_tokens, out, ttft, prev, queue)
+        self._observe_finish(prompt_tokens, out, ttft, prev, queue, out_spec.finish)
         yield b"data: [DONE]\n\n"
+        self._cache_answer(out_spec, "".join(answer))
 
 
 class ArrivalStampingHandler(WSGIHandler):
@@ -425,6 +521,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-after", type=float, default=0.0,
                    help="503/429 faults carry this Retry-After header, in seconds (0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of the fault and jitter draws")
+    p.add_argument("--eos-after", type=int, default=64,
+                   help="a request without max_tokens stops on its own (finish_reason stop) after this many tokens "
+                        "(0: it runs to the context's end)")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="usage carries prompt_tokens_details.cached_tokens (the prefix-cache hit), as vLLM's flag")
     p.add_argument("--request-log", default="",
                    help="append every generation request's path and JSON body to this file (for tests: what a "
                         "client really sent; API keys travel in headers and are not written)")
@@ -473,7 +574,8 @@ def main(argv: list[str] | None = None) -> int:
     timing_log = open(args.timing_log, "a", buffering=1) if args.timing_log else None  # noqa: SIM115 (lives as long as the server)
     request_log = open(args.request_log, "a", buffering=1) if args.request_log else None  # noqa: SIM115
     app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults,
-                   naming=args.metrics_naming, timing_log=timing_log, request_log=request_log)
+                   naming=args.metrics_naming, timing_log=timing_log, request_log=request_log,
+                   eos_after=max(0, args.eos_after), prompt_tokens_details=args.enable_prompt_tokens_details)
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

@@ -26,11 +26,17 @@ class StreamState:
     text_parts: list[str] = field(default_factory=list)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens (vLLM --enable-prompt-tokens-details)
     finish_reason: str | None = None
     continuous_usage: bool = False
     done: bool = False
     bytes_read: int = 0
     response_id: str | None = None  # the server's id ("chatcmpl-..."), to join with server logs
+    content_parts: list[str] = field(default_factory=list)  # the answer's text (not its reasoning)
+    reasoning_parts: list[str] = field(default_factory=list)
+    #: tool calls assembled from the streamed deltas, by index: id, type and name arrive once, the
+    #: arguments in pieces that are concatenated
+    tool_calls: dict[int, dict] = field(default_factory=dict)
 
     def feed(self, line: bytes, now: float) -> None:
         self.bytes_read += len(line)
@@ -65,25 +71,70 @@ class StreamState:
             before = self.completion_tokens or 0
             self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
             self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and details.get("cached_tokens") is not None:
+                self.cached_tokens = int(details["cached_tokens"])
             if data.get("choices"):
                 self.continuous_usage = True
                 new_tokens = (self.completion_tokens or 0) - before
         for choice in data.get("choices") or ():
             delta = choice.get("delta")
-            text = (delta.get("content") or delta.get("reasoning_content") or "") if delta else choice.get("text") or ""
+            calls = None
+            if delta:
+                content = delta.get("content") or ""
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                if content:
+                    self.content_parts.append(content)
+                if reasoning:
+                    self.reasoning_parts.append(reasoning)
+                text = content or reasoning
+                calls = delta.get("tool_calls")
+                if calls:
+                    self._add_tool_calls(calls)
+            else:
+                text = choice.get("text") or ""
+                if text:
+                    self.content_parts.append(text)
             if text:
                 self.text_parts.append(text)
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
             if new_tokens is None:
-                new_tokens = 1 if text else 0
+                new_tokens = 1 if text or calls else 0
         if new_tokens:
             self.chunk_times.append(now)
             self.chunk_tokens.append(new_tokens)
 
+    def _add_tool_calls(self, calls: list) -> None:
+        for call in calls:
+            if not isinstance(call, dict):
+                raise StreamError(f"malformed tool call delta: {str(call)[:80]}")
+            index = int(call.get("index", len(self.tool_calls)))
+            have = self.tool_calls.get(index)
+            if have is None:
+                have = self.tool_calls[index] = {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+            if call.get("id"):
+                have["id"] = call["id"]
+            if call.get("type"):
+                have["type"] = call["type"]
+            fn = call.get("function") or {}
+            if fn.get("name"):
+                have["function"]["name"] = fn["name"]
+            if fn.get("arguments"):
+                have["function"]["arguments"] += fn["arguments"]
+
     @property
     def text(self) -> str:
+        """Everything generated as text (answer or reasoning): what a local token count counts."""
         return "".join(self.text_parts)
+
+    @property
+    def content(self) -> str:
+        return "".join(self.content_parts)
+
+    @property
+    def calls(self) -> list[dict]:
+        return [self.tool_calls[i] for i in sorted(self.tool_calls)]
 
     @property
     def streamed_tokens(self) -> int:

@@ -48,26 +48,35 @@ class StreamCancelled(GreenletExit):
 
 
 def ready_request(api: str, model: str, prompt: Prompt, max_tokens: int, ignore_eos: bool = True) -> ReadyRequest:
-    return ReadyRequest(api, build_body(api, model, prompt, max_tokens, ignore_eos), prompt.tokens,
-                        max_tokens if ignore_eos else None)
+    """The run's workload request (built-in users): the prompt as built, the length asked."""
+    return build_request(api, model, prompt.messages if api == "chat" else prompt.text, prompt.tokens, max_tokens,
+                         ignore_eos=ignore_eos)
 
 
-def build_body(api: str, model: str, prompt: Prompt, max_tokens: int, ignore_eos: bool = True) -> bytes:
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": max_tokens,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        "temperature": 0.0,
-    }
-    if api == "chat":
-        body["messages"] = prompt.messages
-    else:
-        body["prompt"] = prompt.text
-    if ignore_eos:
+def build_request(api: str, model: str, content: Any, input_tokens: int, max_tokens: int | None, *,
+                  ignore_eos: bool = True, extra: dict[str, Any] | None = None) -> ReadyRequest:
+    """The one body builder. ``content``: the messages (chat) or the prompt (completions), counted as
+    ``input_tokens`` by the caller. With ``max_tokens`` and ``ignore_eos`` the answer's length is forced
+    (``min_tokens`` too, so the server's usage can be checked against it); ``max_tokens=None`` lets the
+    model stop on its own. ``extra`` keys are merged last (``tools``, ``temperature``, ``model``, vLLM's
+    own fields); ``ignore_eos: False`` among them turns the forced length into a cap. The stream and its
+    usage stay on whatever ``extra`` says: they are what the measurement reads."""
+    body: dict[str, Any] = {"model": model, "stream": True, "temperature": 0.0}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    body["messages" if api == "chat" else "prompt"] = content
+    forced = ignore_eos and max_tokens is not None
+    if extra:
+        forced = forced and extra.get("ignore_eos", True) is not False
+        body.update(extra)
+    if forced:
         body["ignore_eos"] = True
         body["min_tokens"] = max_tokens
-    return orjson.dumps(body)
+    body["stream"] = True
+    options = body.get("stream_options")
+    body["stream_options"] = {**(options if isinstance(options, dict) else {}),
+                              "include_usage": True, "continuous_usage_stats": True}
+    return ReadyRequest(api, orjson.dumps(body), input_tokens, max_tokens if forced else None)
 
 
 def stream_request(
@@ -80,11 +89,15 @@ def stream_request(
     count_output: Callable[[str], int] | None = None,
     step: int | None = None,
     startup: bool = False,
+    name: str | None = None,
+    state: StreamState | None = None,
 ) -> RequestRecord:
     """Send ``req``, read its SSE stream to the end and return its record (the caller records it).
 
     Server faults never raise: they become a failed record with a reason. A user stopped mid-request
     raises ``StreamCancelled`` carrying the failed record, for the caller to record before the stop goes on.
+    ``name`` groups the request (Locust's row and the LLM metrics; default: the API's path); ``state``, when
+    given, is the parser to fill (the caller reads the answer's text and tool calls from it).
     """
     api, body, path = req.api, req.body, req.path
     input_tokens_asked, output_tokens_asked = req.input_tokens, req.output_tokens
@@ -93,12 +106,13 @@ def stream_request(
     # In open-loop mode latency counts from when the request *should* have gone out.
     t0 = now_perf if intended_start is None else intended_start
     start_wall = now_wall - (now_perf - t0)
-    state = StreamState()
+    state = StreamState() if state is None else state
     error: str | None = None
     status: int | None = None
     cancelled: BaseException | None = None
     retry_after: float | None = None
-    with session.request("POST", path, data=body, headers=headers, stream=True, catch_response=True, name=path) as resp:
+    with session.request("POST", path, data=body, headers=headers, stream=True, catch_response=True,
+                         name=name or path) as resp:
         try:
             status = resp.status_code
             raw = resp._response
@@ -185,6 +199,8 @@ def stream_request(
         startup=startup,
         response_id=state.response_id,
         retry_after=retry_after,
+        cached_tokens=state.cached_tokens,
+        name=name,
     )
     if cancelled is not None:
         raise StreamCancelled(rec) from cancelled

@@ -36,8 +36,8 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq,
 }
 _UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, "%": 0.01, "": 1.0, "tok/s": 1.0, "req/s": 1.0, "tok": 1.0}
-_SPEC = re.compile(r"^\s*([a-z_][a-z0-9_.]*?)(?:\.(p50|p90|p95|p99|p99\.9|max|mean|min))?\s*(<=|>=|==|<|>)\s*"
-                   r"([0-9]*\.?[0-9]+)\s*(ms|us|s|%|tok/s|req/s|tok)?\s*$")
+_SPEC = re.compile(r"^\s*([a-z_][a-z0-9_.]*?)(?:\[([^\]]+)\])?(?:\.(p50|p90|p95|p99|p99\.9|max|mean|min))?\s*"
+                   r"(<=|>=|==|<|>)\s*([0-9]*\.?[0-9]+)\s*(ms|us|s|%|tok/s|req/s|tok)?\s*$")
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,7 @@ class SLO:
     stat: str
     op: str
     threshold: float  # in base units: seconds, fractions, tokens/s, counts
+    name: str | None = None  # ttft[turn 3].p99: judged on the requests of that name= only
 
     def ok(self, value: float) -> bool:
         return _OPS[self.op](value, self.threshold)
@@ -55,8 +56,12 @@ class SLO:
 def parse_slo(text: str) -> SLO:
     m = _SPEC.match(text)
     if not m:
-        raise UsageError(f"SLO {text!r} is malformed: write METRIC[.pXX] OP VALUE[UNIT], e.g. ttft.p99<=500ms")
-    metric, stat, op, value, unit = m.group(1), m.group(2) or "", m.group(3), float(m.group(4)), m.group(5) or ""
+        raise UsageError(f"SLO {text!r} is malformed: write METRIC[NAME][.pXX] OP VALUE[UNIT], e.g. ttft.p99<=500ms "
+                         "or ttft[turn 3].p99<=300ms")
+    metric, name, stat, op = m.group(1), m.group(2), m.group(3) or "", m.group(4)
+    value, unit = float(m.group(5)), m.group(6) or ""
+    if name is not None and (metric.startswith("server.") or metric == "outage.seconds"):
+        raise UsageError(f"SLO {text!r}: {metric} belongs to the whole run, not to requests named {name!r}")
     if stat and f"{metric}.{stat}" in SERVER_METRICS:  # server.kv_cache_usage.max is one name
         metric, stat = f"{metric}.{stat}", ""
     if metric in LATENCY:
@@ -79,7 +84,7 @@ def parse_slo(text: str) -> SLO:
     else:
         known = ", ".join(list(LATENCY) + list(RUN_METRICS) + list(SERVER_METRICS))
         raise UsageError(f"SLO {text!r} names an unknown metric {metric!r}: use one of {known}")
-    return SLO(text.strip(), metric, stat, op, value * _UNITS[unit])
+    return SLO(text.strip(), metric, stat, op, value * _UNITS[unit], name.strip() if name else None)
 
 
 def load_slo_file(path: str) -> list[str]:
@@ -128,7 +133,7 @@ def goodput_thresholds(slos: list[SLO]) -> dict[str, float]:
     """Per-request limits for goodput: the strictest upper bound given per ttft/tpot/e2e."""
     out: dict[str, float] = {}
     for s in slos:
-        if s.metric in PER_REQUEST and s.op in ("<=", "<"):
+        if s.metric in PER_REQUEST and s.op in ("<=", "<") and s.name is None:
             out[s.metric] = min(out.get(s.metric, float("inf")), s.threshold)
     return out
 
@@ -145,6 +150,12 @@ class Check:
 
 
 def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, str]:
+    if slo.name is not None:
+        named = summary.get("names", {}).get(slo.name)
+        if named is None:
+            seen = ", ".join(repr(n) for n in summary.get("names", {})) or "none"
+            return None, f"no request was named {slo.name!r} (names measured: {seen})"
+        summary = named
     if slo.metric in LATENCY or (slo.metric == "output_tps" and slo.stat):
         m = summary["metrics"].get(slo.metric)
         if not m or not m["count"]:

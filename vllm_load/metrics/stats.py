@@ -7,6 +7,7 @@ counters, per-second counts), so the master's totals equal the union of all work
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -25,6 +26,15 @@ WINDOW_S = 10
 #: Windows this much older than the newest are packed (a late request still unpacks its window).
 PACK_AFTER_S = 60
 WINDOW_METRICS = ("ttft", "itl", "e2e")
+#: distinct name= groups kept apart (each holds ~10 histograms); further names share one group, as a
+#: locustfile naming every request uniquely would otherwise grow memory without bound
+MAX_NAMES = 100
+OTHER_NAMES = "(other names)"
+
+
+def name_order(name: str) -> list:
+    """'turn 2' before 'turn 10': digits compare as numbers."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
 
 
 def _new_hists() -> dict[str, Histogram]:
@@ -47,6 +57,8 @@ class LLMStats:
     drift_max_abs: int = 0
     output_mismatch: int = 0
     good: int = 0  # requests that met every per-request SLO
+    cached_tokens: int = 0  # prompt tokens served from the server's prefix cache (requests whose usage says)
+    cached_of: int = 0  # prompt tokens of those requests
     judged: int = 0  # requests judged for goodput (all requests, when per-request SLOs exist)
     errors: Counter = field(default_factory=Counter)
     _tokens_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> output tokens
@@ -60,6 +72,9 @@ class LLMStats:
     conn_buckets: Counter = field(default_factory=Counter)
     fail_buckets: Counter = field(default_factory=Counter)
     conn_error: tuple = (0.0, "")  # the latest connection-level failure: (start, reason)
+    #: the same metrics per request name (name=): totals of their own, merged exactly like the run's
+    names: dict = field(default_factory=dict)
+    timeline: bool = True  # per-second and per-window series (a name's group keeps none: the run's has them)
     _pending: list = field(default_factory=list, repr=False, compare=False)
 
     #: pending requests beyond which ``add`` folds by itself (bounds memory when nothing reads)
@@ -80,7 +95,17 @@ class LLMStats:
         self.fold()
         return self._tokens_per_second
 
+    def named(self, name: str) -> LLMStats:
+        sub = self.names.get(name)
+        if sub is None:
+            if len(self.names) >= MAX_NAMES and name != OTHER_NAMES:
+                return self.named(OTHER_NAMES)
+            sub = self.names[name] = LLMStats(timeline=False)
+        return sub
+
     def add(self, rec: RequestRecord) -> None:
+        if rec.name is not None and self.timeline:
+            self.named(rec.name).add(rec)
         self.requests += 1
         end = rec.start + rec.e2e
         self.first_start = rec.start if self.first_start is None else min(self.first_start, rec.start)
@@ -109,6 +134,9 @@ class LLMStats:
             self.input_tokens += rec.input_tokens
         if rec.output_tokens is not None:
             self.output_tokens += rec.output_tokens
+        if rec.cached_tokens is not None and rec.input_tokens is not None:
+            self.cached_tokens += rec.cached_tokens
+            self.cached_of += rec.input_tokens
         if not rec.tokens_from_usage:
             self.usage_missing += 1
         drift = rec.input_drift
@@ -120,11 +148,13 @@ class LLMStats:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + sum(len(n._pending) for n in self.names.values())
 
     def fold(self, max_values: int | None = None) -> None:
         """Record the pending requests' per-request and per-token values, vectorised over all of them
         (or over the oldest ones holding about ``max_values`` chunks: a slice of bounded time)."""
+        for sub in self.names.values():
+            sub.fold(max_values)
         recs = self._pending
         if not recs:
             return
@@ -141,7 +171,8 @@ class LLMStats:
         h["send_lag_startup"].record_many([r.send_lag for r in recs if r.send_lag is not None and r.startup])
         chunks = folding.Chunks.of(recs)
         starts = np.array([r.start for r in recs])
-        folding.per_second(self._tokens_per_second, starts, chunks)
+        if self.timeline:
+            folding.per_second(self._tokens_per_second, starts, chunks)
         ok_mask = np.array([r.ok for r in recs], dtype=bool)
         ok = [r for r in recs if r.ok]
         if not ok:
@@ -155,6 +186,8 @@ class LLMStats:
         gaps, itl, itl_n, itl_rec = folding.gaps(chunks, ok_mask)
         h["itl_chunk"].record_many(gaps)
         h["itl"].record_many(itl, itl_n)
+        if not self.timeline:
+            return
         # per window (by request start): e2e and ttft of each ok request, itl of each of its tokens
         e2e = np.array([r.e2e for r in recs])
         ttft = np.array([np.nan if r.ttft is None else r.ttft for r in recs])
@@ -190,7 +223,7 @@ class LLMStats:
     # -- shipping between processes -------------------------------------------------------------
     _BUCKETS = ("ok_buckets", "conn_buckets", "fail_buckets")
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
-                 "drift_requests", "output_mismatch", "good", "judged")
+                 "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of")
 
     def to_wire(self) -> dict:
         return {
@@ -206,6 +239,7 @@ class LLMStats:
             "last_end": self.last_end,
             **{k: {str(b): n for b, n in getattr(self, k).items()} for k in self._BUCKETS},
             "conn_error": list(self.conn_error),
+            "names": {n: sub.to_wire() for n, sub in self.names.items()},
         }
 
     @classmethod
@@ -226,9 +260,15 @@ class LLMStats:
         for k in cls._BUCKETS:  # older run dirs have none
             setattr(s, k, Counter({int(b): n for b, n in data.get(k, {}).items()}))
         s.conn_error = tuple(data.get("conn_error", (0.0, "")))
+        for n, wire in data.get("names", {}).items():
+            sub = cls.from_wire(wire)
+            sub.timeline = False
+            s.names[n] = sub
         return s
 
     def merge(self, other: LLMStats) -> None:
+        for n, sub in other.names.items():
+            self.named(n).merge(sub)
         for k, h in other.hists.items():
             self.hists[k].merge(h)
         for k in self._COUNTERS:
@@ -255,7 +295,7 @@ class LLMStats:
     def take_delta(self) -> dict:
         """Everything recorded since the last call, as wire data; the local stats start over."""
         wire = self.to_wire()
-        self.__init__()  # type: ignore[misc]
+        self.__init__(timeline=self.timeline)  # type: ignore[misc]
         return wire
 
     # -- reading ----------------------------------------------------------------------------------
@@ -294,6 +334,9 @@ class LLMStats:
             "input_drift_max_abs": self.drift_max_abs,
             "input_drift_fraction": self.drift_requests / with_usage if with_usage > 0 else 0.0,
             "output_mismatch": self.output_mismatch,
+            # the server's prefix-cache hits as its usage reported them per request (None: it reported none)
+            "cached_tokens": self.cached_tokens if self.cached_of else None,
+            "cached_fraction": self.cached_tokens / self.cached_of if self.cached_of else None,
             "goodput": self.good / self.judged if self.judged else None,
             "good_requests": self.good,
             "errors": dict(self.errors.most_common()),
@@ -309,4 +352,7 @@ class LLMStats:
             out["records_per_request"] = records_per_request
             out["records"] = ok * records_per_request
             out["record_rate"] = ok * records_per_request / duration if duration else 0.0
+        if self.names:
+            out["names"] = {n: self.names[n].summary(duration, records_per_request, None, now)
+                            for n in sorted(self.names, key=name_order)}
         return out

@@ -32,6 +32,9 @@ class RunSummary(TypedDict, total=False):
     records_per_request: int  # only with a dataset
     records: int
     record_rate: float
+    cached_tokens: int | None  # prompt tokens the server's usage reported as prefix-cache hits
+    cached_fraction: float | None  # their share of those requests' prompt tokens
+    names: dict[str, dict]  # name= -> the same summary for that group's requests (only when names were used)
     # completed by the collector at the end of a run
     workers: list[str]
     workers_lost: list[str]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gevent.event
+from gevent.threadpool import ThreadPool
 
 from vllm_load.client.openai_api import auth_header
 from vllm_load.client.record import RequestRecord
@@ -64,6 +65,10 @@ class Generator:
     answer_tokens_per_record: int = 0  # --dataset-batch: output budget per batched record
     #: a failure every request would repeat (prompts cannot be built): the plugin stops the run with it
     on_fatal: Any = field(default=lambda message: None)
+    #: one native thread for the users' own token work (self.llm.text, counting a history): off the event
+    #: loop like the prompt pool's, and one thread so that the text factory's sequence stays ordered
+    helper: Any = None
+    text_factory: PromptFactory | None = None
 
     @classmethod
     def create(cls, role: str, opts: Any, plan: RunPlan, worker_id: str, apis: frozenset[str] = frozenset(),
@@ -135,6 +140,45 @@ class Generator:
                 self.tokenizer, api, self.plan.salt, self.worker_id, self.opts.shared_prefix_tokens  # type: ignore[arg-type]
             )
         return f
+
+    def offload(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` in the helper thread; this greenlet waits, the other streams go on being read."""
+        if self.helper is None:
+            self.helper = ThreadPool(1)
+        result = self.helper.spawn(_capture, fn, args).get()
+        if isinstance(result, _Raised):
+            raise result.exc
+        return result
+
+    def text(self, tokens: int) -> str:
+        """Unique text of exactly ``tokens`` tokens as one chat message's content (as a completion prompt's
+        body when the tokenizer has no chat template); built in the helper thread."""
+        return self.offload(self._make_text, tokens)
+
+    def _make_text(self, tokens: int) -> str:
+        assert self.tokenizer is not None
+        if self.text_factory is None:
+            api = "chat" if self.tokenizer.has_chat_template else "completions"
+            self.text_factory = PromptFactory(self.tokenizer, api, self.plan.salt, f"{self.worker_id}/text")  # type: ignore[arg-type]
+        f = self.text_factory
+        prompt = f.make(tokens + f.overhead)
+        return prompt.messages[-1]["content"] if f.api == "chat" else prompt.text
+
+    def conversation(self) -> list[str]:
+        """The next --dataset conversation's user turns; the first behind this run's unique digest words, so
+        that no two conversations share a prefix (their later turns follow a unique history already)."""
+        if self.dataset is None:
+            raise ValueError("no --dataset: self.llm.conversation() replays a dataset's conversations")
+        turns = self.dataset.next_conversation()
+        api = "chat" if self.tokenizer is not None and self.tokenizer.has_chat_template else "completions"
+        first = self.offload(self.factory(api).wrap, turns[0])  # type: ignore[arg-type]
+        turns[0] = first.messages[-1]["content"] if api == "chat" else first.text
+        return turns
+
+    def count_output(self, text: str) -> int:
+        """Output tokens counted here when the server sent no usage."""
+        assert self.tokenizer is not None
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     def next_request(self, api: str) -> ReadyRequest:
         """The next ready request, from the pool that a native thread keeps filled."""
@@ -256,6 +300,21 @@ class Generator:
             self.monitor.stop()
         for pool in self.pools.values():
             pool.close()
+        if self.helper is not None:
+            self.helper.kill()
         if self.reqlog:
             self.reqlog.close()
 
+
+
+@dataclass
+class _Raised:
+    exc: BaseException
+
+
+def _capture(fn: Any, args: tuple) -> Any:
+    """Return the exception instead of raising it in the thread: gevent's threadpool would print it."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return _Raised(exc)

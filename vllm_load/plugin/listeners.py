@@ -36,7 +36,7 @@ def _add_options(parser: Any, **_kw: Any) -> None:
 
 def _emulator_args(opts: Any) -> list[str]:
     args = ["--ttft", str(opts.emulator_ttft), "--itl", str(opts.emulator_itl),
-            "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk)]
+            "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk), "--enable-prompt-tokens-details"]
     return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])
 
 
@@ -50,6 +50,10 @@ def _check_target(environment: Any) -> Target:
     is_emulator = STATE.emulator is not None and environment.host == STATE.emulator.url
     # check what this locustfile's users will send (a chat run against the chat template's minimum)
     target = resolve_target(opts, environment.host, is_emulator, _apis(environment) or frozenset({"chat", "completions"}))
+    for cls in environment.user_classes:  # a locustfile's own options: bad input stops here, one line, exit 2
+        check = getattr(cls, "check_options", None)
+        if check is not None:
+            check(opts)
     STATE.target = target  # what it resolved (model, tokenizer) goes into the run plan
     return target
 

@@ -66,6 +66,12 @@ OPTIONS: tuple[Option, ...] = (
         "instruction with one record, to compare with K); 0: each record is a prompt as it is", type=int),
     Option("--dataset-answer-tokens", 0, "with --dataset-batch: answer tokens per record (default: the tokens of the "
         "longest answer line the instruction asks for)", type=int),
+    Option("--turns", 3, "multiturn.py: turns per conversation (with --dataset: at most this many of each "
+        "conversation's user turns)", type=int),
+    Option("--turn-input-tokens", "50", "multiturn.py: tokens of each later user message: N, LOW-HIGH, normal:MEAN,STD"),
+    Option("--think-time", "0", "multiturn.py, agent.py: seconds between a reply and the next turn: S or LOW-HIGH"),
+    Option("--tool-rounds", 2, "agent.py: tool calls per task before the model's final answer", type=int),
+    Option("--tool-result-tokens", "200", "agent.py: tokens of each tool result: N, LOW-HIGH, normal:MEAN,STD"),
     Option("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
         action="store_true"),
     Option("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",

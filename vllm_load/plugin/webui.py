@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any, Callable
 
-from vllm_load.report.console import COLUMNS, server_cells, table_rows
+from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
 
 
 def install(environment: Any, summary_source: Callable[[], dict | None], slos: list | None = None,
@@ -17,8 +17,10 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
         return
     structure = [{"key": "metric", "title": "Metric"}, {"key": "count", "title": "Count"},
                  {"key": "mean", "title": "Mean"}] + [{"key": c, "title": c} for c in COLUMNS]
-    web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": "llm"}]
-    web_ui.template_args["extended_tables"] = [{"key": "llm", "structure": structure}]
+    by_name = [{"key": f"c{i}", "title": t} for i, t in enumerate(NAME_HEAD)]
+    web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": "llm"}, {"title": "LLM by name", "key": "llm_names"}]
+    web_ui.template_args["extended_tables"] = [{"key": "llm", "structure": structure},
+                                               {"key": "llm_names", "structure": by_name}]
 
     from flask import Response, request
 
@@ -65,7 +67,8 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
         if error:  # a target that failed its check, or a run stopped by a failure every request would repeat
             rows.insert(0, {"metric": "ERROR", "count": "", "mean": error})
         data = response.get_json(silent=True) or {}
-        data["extended_stats"] = [{"key": "llm", "data": rows}]
+        named = [{f"c{i}": c for i, c in enumerate(r)} for r in name_rows(summary)] if summary else []
+        data["extended_stats"] = [{"key": "llm", "data": rows}, {"key": "llm_names", "data": named}]
         response.set_data(json.dumps(data))
         return response
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllm_load.metrics.histogram import PERCENTILES
-from vllm_load.metrics.table import METRICS
+from vllm_load.metrics.table import BY_KEY, METRICS
 
 COLUMNS = [f"p{p:g}" for p in PERCENTILES] + ["max"]
 
@@ -27,6 +27,44 @@ def table_rows(summary: dict) -> list[dict]:
         row.update({c: _fmt(m[c] * factor) for c in COLUMNS})
         rows.append(row)
     return rows
+
+
+#: the by-name table's columns: (metric key, statistic, title); times in ms, tokens as means
+NAME_COLUMNS = (("ttft", "p50", "TTFT p50 ms"), ("ttft", "p99", "TTFT p99 ms"), ("itl", "p50", "ITL p50 ms"),
+                ("itl", "p99", "ITL p99 ms"), ("e2e", "p50", "E2E p50 ms"), ("e2e", "p99", "E2E p99 ms"),
+                ("input_tokens", "mean", "input tok"), ("output_tokens", "mean", "output tok"))
+NAME_HEAD = ["name", "requests", "failed", *(t for _, _, t in NAME_COLUMNS), "cached"]
+
+
+def name_rows(summary: dict) -> list[list[str]]:
+    """One row per request name (name=) and the total, for every medium; empty when no name was used."""
+    names = summary.get("names") or {}
+    if not names:
+        return []
+
+    def row(label: str, s: dict) -> list[str]:
+        cells = [label, str(s["requests"]), str(s["failed"])]
+        for key, stat, _ in NAME_COLUMNS:
+            m = s["metrics"].get(key) or {}
+            factor = BY_KEY[key].scale if key in BY_KEY else 1.0
+            cells.append(_fmt(m[stat] * factor) if m.get("count") else "-")
+        frac = s.get("cached_fraction")
+        cells.append("-" if frac is None else f"{frac * 100:.1f}%")
+        return cells
+
+    return [row(n, s) for n, s in names.items()] + [row("total", summary)]
+
+
+def render_names(summary: dict) -> str:
+    rows = name_rows(summary)
+    if not rows:
+        return ""
+    widths = [max(len(NAME_HEAD[i]), *(len(r[i]) for r in rows)) for i in range(len(NAME_HEAD))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join(["by name (name=)", line(NAME_HEAD), *(line(r) for r in rows)])
 
 
 #: the server's numbers shown beside the client's: (key of server_summary, title, kind)
@@ -75,6 +113,8 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
     for r in rows:
         lines.append("  ".join(str(r[h]).ljust(widths[h]) if h == "metric" else str(r[h]).rjust(widths[h]) for h in head))
     s = summary
+    if s.get("names"):
+        lines.append(render_names(s))
     lines.append(
         f"requests {s['requests']}  succeeded {s['succeeded']}  failed {s['failed']}  "
         f"duration {s['duration_s']:.1f} s  request rate {s['request_rate']:.2f}/s  "
@@ -85,6 +125,9 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
                      f"record rate {s['record_rate']:.2f}/s")
     if server is not False:
         lines.append(render_server(server))  # type: ignore[arg-type]
+    if s.get("cached_fraction") is not None:
+        lines.append(f"prefix cache (the server's usage per request): {s['cached_tokens']} of the prompt tokens "
+                     f"cached ({s['cached_fraction'] * 100:.1f}%)")
     if s.get("target_request_rate"):
         lines.append(f"open loop: target {s['target_request_rate']:.2f} req/s, achieved send rate {s['send_rate']:.2f} req/s")
     if s.get("client", {}).get("saturated"):

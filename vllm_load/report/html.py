@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from vllm_load.report.console import COLUMNS, server_cells, table_rows  # noqa: E402
+from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows  # noqa: E402
 from vllm_load.metrics.histogram import Histogram  # noqa: E402
 from vllm_load.report.results import finish  # noqa: E402
 from vllm_load.metrics.server import server_summary  # noqa: E402
@@ -162,6 +162,8 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
         ["output tokens/s", f"{s['output_token_rate']:.1f}"],
         ["goodput", "n/a" if s.get("goodput") is None else f"{s['goodput'] * 100:.1f}%"],
         ["prompt-length drift", f"{s['input_drift_requests']} requests (max {s['input_drift_max_abs']} tokens)"],
+        *([["prompt tokens cached (server usage)", f"{s['cached_fraction'] * 100:.1f}% ({s['cached_tokens']} tokens)"]]
+          if s.get("cached_fraction") is not None else []),
         *([["records/s", f"{s['record_rate']:.2f} ({s['records']} records, {s['records_per_request']} per request)"]]
           if s.get("records_per_request") else []),
     ]))
@@ -174,6 +176,10 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
                      "(start <code>python -m server.sidecar</code> beside vLLM and pass --sidecar-url).</p>")
     rows = table_rows(s)
     parts.append(_table(["metric", "count", "mean", *COLUMNS], [[r["metric"], r["count"], r["mean"], *(r[c] for c in COLUMNS)] for r in rows]))
+    named = name_rows(s)
+    if named:
+        parts.append("<h2>By name</h2><div id='by-name'>"
+                     + _table(NAME_HEAD, [[html.escape(c) for c in r] for r in named]) + "</div>")
     if s.get("client", {}).get("saturated"):
         parts.append("<div class='banner' id='client-saturated'><b>Untrustworthy run: the load generator could not "
                      f"keep time (cause: {html.escape(str(s['client'].get('cause') or 'client'))}).</b> {html.escape('; '.join(s['client']['reasons']))}. "

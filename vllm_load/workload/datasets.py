@@ -25,6 +25,7 @@ FORMATS = ("sharegpt", "jsonl", "csv")
 class Record:
     text: str
     answer: str | None = None  # ShareGPT's reply, when the output length should follow the dataset
+    user_turns: tuple[str, ...] = ()  # ShareGPT: every user turn of the conversation, the first included
 
 
 def _fail(path: Path, what: str) -> UsageError:
@@ -55,7 +56,10 @@ def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Recor
         for conv in data if isinstance(data, list) else []:
             turns = conv.get("conversations") or conv.get("conversation") or [] if isinstance(conv, dict) else []
             if len(turns) >= 2 and isinstance(turns[0], dict) and turns[0].get("value"):
-                records.append(Record(text=str(turns[0]["value"]), answer=str(turns[1].get("value", ""))))
+                users = tuple(str(t["value"]) for t in turns if isinstance(t, dict) and t.get("value")
+                              and t.get("from", "human") in ("human", "user"))
+                records.append(Record(text=str(turns[0]["value"]), answer=str(turns[1].get("value", "")),
+                                      user_turns=users or (str(turns[0]["value"]),)))
     elif fmt == "jsonl":
         key = field or "text"
         for n, line in enumerate(raw.splitlines(), 1):
@@ -96,6 +100,11 @@ class DatasetSource:
         rec = self.records[self.pos % len(self.records)]
         self.pos += 1
         return rec
+
+    def next_conversation(self) -> list[str]:
+        """The user turns of the next record (one turn for a record that is not a conversation)."""
+        rec = self._next()
+        return list(rec.user_turns or (rec.text,))
 
     def next_content(self) -> tuple[str, str | None]:
         """(content, dataset answer or None)."""

@@ -67,3 +67,25 @@ def parse_length(spec: str | int, option: str) -> LengthSpec:
         raise UsageError(
             f"{option} {text!r} is not a length: use N, LOW-HIGH or normal:MEAN,STD with positive integers"
         ) from None
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """A pause drawn uniformly from [low, high] seconds (``--think-time 2`` or ``1-3``)."""
+
+    low: float
+    high: float
+
+    def sample(self, rng: random.Random) -> float:
+        return self.low if self.high <= self.low else rng.uniform(self.low, self.high)
+
+
+def parse_seconds(text: str, option: str) -> Seconds:
+    parts = str(text).strip().split("-")
+    try:
+        values = [float(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or any(v < 0 for v in values) or values[0] > values[-1]:
+        raise UsageError(f"{option} {text!r} is not seconds: write S or LOW-HIGH, e.g. {option} 1-3")
+    return Seconds(values[0], values[-1])

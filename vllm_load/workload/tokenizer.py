@@ -27,11 +27,17 @@ BUILTIN_MISTRAL = "builtin:mistral-7b-v0.1"
 #: MistralCommonBackend, which counts chat tokens the way vLLM's ``--tokenizer-mode mistral`` does.
 BUILTIN_TEKKEN = "builtin:mistral-tekken"
 EMULATOR_MODEL = "emulator/mistral-7b-v0.1"
+#: Mistral's instruct template, with the v3 tokenizer's tool markers spelled as text (v0.1's vocabulary has
+#: no control tokens for them): the tools offered, an assistant's tool calls and the tool results all count.
 MISTRAL_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% for message in messages %}"
+    "{{ bos_token }}{% if tools %}{{ '[AVAILABLE_TOOLS] ' + (tools | tojson) + ' [/AVAILABLE_TOOLS]' }}{% endif %}"
+    "{% for message in messages %}"
     "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
-    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% endif %}"
-    "{% endfor %}"
+    "{% elif message['role'] == 'assistant' %}"
+    "{% if message.get('tool_calls') %}{{ '[TOOL_CALLS] ' + (message['tool_calls'] | tojson) + eos_token }}"
+    "{% else %}{{ (message['content'] or '') + eos_token }}{% endif %}"
+    "{% elif message['role'] == 'tool' %}{{ '[TOOL_RESULTS] ' + message['content'] + ' [/TOOL_RESULTS]' }}"
+    "{% endif %}{% endfor %}"
 )
 _ALIASES = {EMULATOR_MODEL: BUILTIN_MISTRAL, "mistral-7b": BUILTIN_MISTRAL}
 
@@ -58,7 +64,7 @@ def _builtin_mistral_dir() -> Path:
     except ImportError as exc:  # pragma: no cover - dependency of the package
         raise UsageError("the built-in tokenizer needs mistral-common: pip install mistral-common") from exc
     src = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
-    digest = hashlib.sha1(src.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha1(src.read_bytes() + MISTRAL_CHAT_TEMPLATE.encode()).hexdigest()[:12]
     target = Path(tempfile.gettempdir()) / f"vllm-load-tokenizer-{digest}"
     if not (target / "tokenizer_config.json").exists():
         tmp = Path(tempfile.mkdtemp(prefix="vllm-load-tok-"))
@@ -102,26 +108,29 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.hf(text, add_special_tokens=add_special_tokens)["input_ids"]
 
-    def render_chat(self, messages: list[dict[str, str]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> str:
+        """The chat template's text, as vLLM renders it (generation prompt; ``tools`` passed to the template)."""
         if not self.has_chat_template:
             raise UsageError(
                 f"tokenizer {self.name!r} has no chat template: use locustfiles/completions.py "
                 "or a tokenizer folder whose tokenizer_config.json has chat_template"
             )
-        return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        extra = {"tools": tools} if tools else {}
+        return self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **extra)
 
     def count_completion(self, prompt: str) -> int:
         return len(self.encode(prompt, add_special_tokens=True))
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> list[int]:
         if self.mistral_common:
             if not self.has_chat_template:
                 self.render_chat(messages)
-            return list(self.hf.apply_chat_template(messages, tokenize=True)["input_ids"])
-        return self.encode(self.render_chat(messages), add_special_tokens=False)
+            extra = {"tools": tools} if tools else {}
+            return list(self.hf.apply_chat_template(messages, tokenize=True, **extra)["input_ids"])
+        return self.encode(self.render_chat(messages, tools), add_special_tokens=False)
 
-    def count_chat(self, messages: list[dict[str, str]]) -> int:
-        return len(self.encode_chat(messages))
+    def count_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> int:
+        return len(self.encode_chat(messages, tools))
 
     def count_chat_batch(self, conversations: list[list[dict[str, str]]]) -> list[int]:
         if self.mistral_common:

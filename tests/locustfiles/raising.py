@@ -1,0 +1,18 @@
+"""A test locustfile whose task raises its own exception after every second request (public API only)."""
+
+from locust import task
+
+from vllm_load import LLMUser
+
+
+class Raising(LLMUser):
+    def on_start(self) -> None:
+        self.n = 0
+
+    @task
+    def work(self) -> None:
+        self.n += 1
+        reply = self.llm.chat([{"role": "user", "content": self.llm.text(tokens=40)}], max_tokens=8, name="asked")
+        assert reply.ok, reply.error
+        if self.n % 2 == 0:
+            raise RuntimeError("boom in the user's own task")

@@ -1,0 +1,143 @@
+"""Programmable LLM users: locustfiles written against the public API (``LLMUser``, ``self.llm``), per-name
+metrics merged exactly across workers, conversations that the prefix cache sees, tool calls, user errors."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from urllib.parse import urlparse
+
+import orjson
+import pytest
+
+from tests.helpers import ROOT, run_locust
+from tests.test_e2e import load_run
+from vllm_load.client.sse import StreamState
+from vllm_load.metrics.histogram import Histogram
+
+HERE = ROOT / "tests" / "locustfiles"
+BLOCK = 16  # the emulator's --block-size
+
+
+def _by_name(logs: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in logs:
+        out.setdefault(r["name"], []).append(r)
+    return out
+
+
+def test_conversations_from_the_public_api_per_turn_across_two_workers(emulator_factory, tmp_path):
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.004", "--enable-prompt-tokens-details")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(HERE / "conversation.py"), "--headless", "-u", "6", "-r", "6", "-t", "6s",
+                      "--processes", "2", "--host", emu.url, "--turns", "3", "--run-dir", str(run_dir),
+                      "--slo", "ttft[turn 3].p99<=5s", "--slo", "error_rate[turn 1]<=0%"], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    stats, logs = load_run(run_dir)
+    s = stats["summary"]
+    assert len({r["worker"] for r in logs}) == 2
+    groups = _by_name(logs)
+    assert set(groups) == set(s["names"]) == {"turn 1", "turn 2", "turn 3"}
+    # one row per name, merged exactly: counts and histograms equal what the per-request logs hold
+    assert s["requests"] == len(logs) == sum(n["requests"] for n in s["names"].values())
+    for name, recs in groups.items():
+        named = s["names"][name]
+        assert named["requests"] == len(recs) and named["failed"] == 0
+        ttft = Histogram()
+        for r in recs:
+            ttft.record(r["ttft"])
+        assert named["metrics"]["ttft"]["count"] == ttft.count
+        for p in ("p50", "p99"):
+            assert named["metrics"]["ttft"][p] == pytest.approx(ttft.percentile(float(p[1:])), rel=1e-3)
+        assert named["input_tokens"] == sum(r["input_tokens"] for r in recs)
+    # every turn's input tokens were counted before sending, the whole history under the chat template
+    assert all(r["tokens_from_usage"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+    inputs = {name: {r["input_tokens"] for r in recs} for name, recs in groups.items()}
+    assert all(len(v) == 1 for v in inputs.values()), inputs  # fixed lengths: one prompt size per turn
+    n1, n2, n3 = (inputs[f"turn {k}"].pop() for k in (1, 2, 3))
+    assert n1 < n2 < n3
+    # the emulator's prefix cache: nothing on the first turn (unique text), the history on the later ones
+    assert all(r["cached_tokens"] == 0 for r in groups["turn 1"])
+    for prev, name, n in ((n1, "turn 2", n2), (n2, "turn 3", n3)):
+        history = prev + 12  # the previous prompt and its answer
+        for r in groups[name]:
+            assert history // BLOCK * BLOCK - BLOCK <= r["cached_tokens"] < n, (name, r["cached_tokens"], history, n)
+    verdict = json.loads((run_dir / "summary.json").read_text())
+    assert [c["passed"] for c in verdict["slo"]] == [True, True]
+    assert "turn 3" in (run_dir / "summary.md").read_text()
+    report = (run_dir / "report.html").read_text()
+    assert "id='by-name'" in report and "turn 2" in report
+
+
+def test_open_loop_conversations_count_the_first_turn_from_its_arrival(emulator_factory, tmp_path):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(HERE / "conversation.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
+                      "--host", emu.url, "--turns", "2", "--request-rate", "4", "--run-dir", str(run_dir)],
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    _, logs = load_run(run_dir)
+    groups = _by_name(logs)
+    assert len(groups["turn 1"]) >= 8
+    assert all(r["send_lag"] is not None for r in groups["turn 1"])  # timed from the arrival's intended start
+    assert all(r["send_lag"] is None for r in groups["turn 2"])  # a later turn: from its own send
+
+
+def test_the_emulator_streams_tool_calls_in_vllm_chunks_and_the_parser_assembles_them(emulator_factory):
+    emu = emulator_factory()
+    tools = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    body = {"model": "emulator/mistral-7b-v0.1", "stream": True, "tools": tools, "tool_choice": "required",
+            "messages": [{"role": "user", "content": "find the weather"}],
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    url = urlparse(emu.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", orjson.dumps(body), {"Content-Type": "application/json"})
+    raw = conn.getresponse().read()
+    state = StreamState()
+    for i, line in enumerate(raw.split(b"\n")):
+        state.feed(line + b"\n", float(i))
+    assert state.done and state.finish_reason == "tool_calls"
+    (call,) = state.calls
+    assert call["function"]["name"] == "lookup" and len(call["id"]) == 9 and call["id"].isalnum()
+    assert isinstance(json.loads(call["function"]["arguments"]), dict)
+    assert sum(state.chunk_tokens) == state.completion_tokens == 16  # each argument piece is a timed token
+
+
+def test_a_tool_call_loop_completes_its_rounds(emulator_factory, tmp_path):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles" / "agent.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
+                      "--host", emu.url, "--tool-rounds", "2", "--tool-result-tokens", "40", "--output-tokens", "8",
+                      "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    stats, logs = load_run(run_dir)
+    groups = _by_name(logs)
+    assert set(groups) == {"tool call 1", "tool call 2", "answer"}
+    assert all(r["finish_reason"] == "tool_calls" for n in ("tool call 1", "tool call 2") for r in groups[n])
+    assert all(r["finish_reason"] == "length" and r["output_tokens"] == 8 for r in groups["answer"])
+    # the history with the calls and their results was counted exactly before each request
+    assert all(r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+    assert len(groups["answer"]) >= 2 and stats["summary"]["failed"] == 0
+
+
+@pytest.mark.parametrize("rate", ["0", "6"])
+def test_a_task_that_raises_is_reported_by_locust_and_leaves_the_llm_stats_whole(emulator_factory, tmp_path, rate):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(HERE / "raising.py"), "--headless", "-u", "3", "-r", "3", "-t", "3s",
+                      "--host", emu.url, "--request-rate", rate, "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-3000:]  # Locust's rule: user errors fail the run
+    assert "boom in the user's own task" in res.stderr
+    stats, logs = load_run(run_dir)
+    s = stats["summary"]
+    assert len(logs) >= 6 and s["requests"] == len(logs) and s["failed"] == 0
+    assert s["names"]["asked"]["requests"] == len(logs)
+    assert all(r["ok"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+
+
+def test_a_locustfile_refuses_its_own_bad_options_with_one_line(tmp_path):
+    res = run_locust(["-f", str(ROOT / "locustfiles" / "multiturn.py"), "--headless", "-u", "1", "-t", "2s",
+                      "--turns", "0", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=90)
+    assert res.returncode == 2, res.stderr[-2000:]
+    errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
+    assert len(errors) == 1 and "--turns 0" in errors[0], res.stderr[-2000:]

@@ -1,0 +1,53 @@
+"""What a user's task gets back from ``self.llm.chat`` / ``complete``: the answer and how it was timed.
+
+The ``RequestRecord`` is what the metrics keep (timings, token counts); the ``Reply`` adds what a task needs
+to go on (the text, the assistant message to append to the history, the tool calls assembled from the
+streamed deltas) and never raises: a failed request is a ``Reply`` with ``ok`` False and its ``error``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_load.client.record import RequestRecord
+from vllm_load.client.sse import StreamState
+
+
+@dataclass
+class Reply:
+    ok: bool
+    error: str | None
+    text: str  # the answer's content (reasoning apart)
+    reasoning: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's shape: id, type, function{name, arguments}
+    finish_reason: str | None = None
+    ttft: float | None = None  # seconds, from the (intended) send
+    e2e: float = 0.0
+    input_tokens: int | None = None  # the server's usage when it sent one, else the count made before sending
+    output_tokens: int | None = None
+    name: str | None = None
+    record: RequestRecord | None = field(default=None, repr=False)
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """The assistant message to append to the history (``tool_calls`` when the model called tools; the
+        content then is "" rather than null, which chat templates concatenate without failing)."""
+        msg: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            msg["tool_calls"] = [dict(c, function=dict(c["function"])) for c in self.tool_calls]
+        return msg
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    @classmethod
+    def of(cls, rec: RequestRecord, state: StreamState) -> Reply:
+        return cls(ok=rec.ok, error=rec.error, text=state.content, reasoning="".join(state.reasoning_parts),
+                   tool_calls=state.calls, finish_reason=rec.finish_reason, ttft=rec.ttft, e2e=rec.e2e,
+                   input_tokens=rec.input_tokens, output_tokens=rec.output_tokens, name=rec.name, record=rec)
+
+    @classmethod
+    def not_sent(cls, error: str, name: str | None = None) -> Reply:
+        """A request that could not be built (e.g. a history longer than the model's context)."""
+        return cls(ok=False, error=error, text="", reasoning="", name=name)

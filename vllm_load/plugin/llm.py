@@ -1,0 +1,184 @@
+"""``self.llm``: what a user's task calls to send LLM requests, measured exactly like the built-in users'.
+
+Every request of a run goes through ``LLM.send``: the built-in users send the run's workload
+(``prepared``: the prompt pool's exact-length prompts), a user's own task sends its own messages
+(``chat`` / ``complete``, counted first under the run's tokenizer). Either way the request is timed by the
+kernel's receive stamps from its send (or, in an open loop, from its intended start), recorded into the
+process's stats (per ``name=`` too), the per-request log and Locust's own table, and drained at the stop.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+from gevent import getcurrent
+
+from vllm_load.client.reply import Reply
+from vllm_load.client.sse import StreamState
+from vllm_load.client.stream import ReadyRequest, StreamCancelled, build_request, stream_request
+from vllm_load.plugin.generator import Generator
+from vllm_load.plugin.state import STATE
+from vllm_load.workload.prompt_pool import PromptError
+
+#: Open loop: requests sent within this many seconds of a schedule's start (a run's, or a sweep step's
+#: new rate) have their send lag judged apart from the steady state (connections opening, users spawning).
+STARTUP_S = 2.0
+#: first wait after a connection failure (closed loop), doubled per further failure up to --retry-backoff-max
+BACKOFF_START = 0.05
+
+
+@dataclass(frozen=True)
+class Due:
+    """Open loop: when the task started by one arrival should have sent its first request."""
+
+    intended: float  # perf_counter time
+    schedule_start: float  # when the schedule (the run's, or a sweep step's rate) began
+
+
+class LLM:
+    """The LLM client of one Locust user (``self.llm``)."""
+
+    def __init__(self, user: Any) -> None:
+        self._user = user
+        self._due: dict[Any, Due] = {}  # greenlet -> its task's intended start (open loop)
+        self._failures = 0  # connection failures in a row (closed-loop backoff)
+
+    # -- what a task reads ------------------------------------------------------------------------------
+    @property
+    def options(self) -> Any:
+        """Locust's parsed options, vllm-load's and a locustfile's own (``@events.init_command_line_parser``)."""
+        return self._user.environment.parsed_options
+
+    @property
+    def model(self) -> str:
+        return self._generator().plan.model
+
+    def text(self, tokens: int) -> str:
+        """Text of exactly ``tokens`` tokens under the run's tokenizer when it stands as one message's content,
+        unique per call (digest words of the run's salt, this process and a sequence number): no two texts
+        share a prefix the server could cache."""
+        if int(tokens) < 1:
+            raise ValueError(f"self.llm.text(tokens={tokens}): ask for at least 1 token")
+        return self._generator().text(int(tokens))
+
+    def input_tokens(self) -> int:
+        """A length drawn from --input-tokens (N, LOW-HIGH, normal:MEAN,STD), seeded per process."""
+        gen = self._generator()
+        assert gen.input_spec is not None
+        return gen.input_spec.sample(gen.rng)
+
+    def output_tokens(self) -> int:
+        """A length drawn from --output-tokens (default 64)."""
+        gen = self._generator()
+        assert gen.output_spec is not None
+        return gen.output_spec.sample(gen.rng)
+
+    def conversation(self) -> list[str]:
+        """The user turns of the next conversation of --dataset (a ShareGPT file: every human turn), the
+        first made unique to this run; the assistant turns come from the live replies."""
+        return self._generator().conversation()
+
+    def count_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> int:
+        """The prompt tokens of these messages as the server counts them (chat template, generation prompt)."""
+        gen = self._generator()
+        assert gen.tokenizer is not None
+        return gen.offload(gen.tokenizer.count_chat, messages, tools)
+
+    def count_prompt(self, prompt: str) -> int:
+        """The prompt tokens of a completion prompt as the server counts them (special tokens included)."""
+        gen = self._generator()
+        assert gen.tokenizer is not None
+        return gen.offload(gen.tokenizer.count_completion, prompt)
+
+    # -- what a task sends -------------------------------------------------------------------------------
+    def chat(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None, name: str | None = None,
+             **body: Any) -> Reply:
+        """One streaming chat completion. ``max_tokens=N`` asks for exactly N tokens (``ignore_eos``, as the
+        built-in users; pass ``ignore_eos=False`` to make it a cap); ``None`` lets the model stop on its own.
+        ``body`` keys are merged into the request (``tools``, ``tool_choice``, ``temperature`` …)."""
+        gen = self._generator()
+        tokens = self.count_chat(messages, body.get("tools"))
+        ready = build_request("chat", gen.plan.model, messages, tokens, max_tokens,
+                              ignore_eos=not gen.opts.no_ignore_eos, extra=body)
+        return self.send(ready, name=name)
+
+    def complete(self, prompt: str, *, max_tokens: int | None = None, name: str | None = None,
+                 **body: Any) -> Reply:
+        """One streaming completion of ``prompt``; ``max_tokens`` and ``body`` as in ``chat``."""
+        gen = self._generator()
+        ready = build_request("completions", gen.plan.model, prompt, self.count_prompt(prompt), max_tokens,
+                              ignore_eos=not gen.opts.no_ignore_eos, extra=body)
+        return self.send(ready, name=name)
+
+    def prepared(self, api: str = "chat") -> ReadyRequest:
+        """The next request of the run's own workload (--input-tokens, --output-tokens, --dataset, …), built
+        ahead by the prompt thread: what the built-in users send."""
+        gen = self._generator()
+        try:
+            return gen.next_request(api)
+        except PromptError:  # the pool told the plugin once, which stops the run: no error storm here
+            Generator.park()
+            raise  # not reached
+
+    def send(self, ready: ReadyRequest, *, name: str | None = None) -> Reply:
+        """Send one ready request and record it: the one request path of every user."""
+        gen = self._generator()
+        due = self._due.pop(getcurrent(), None)
+        gen.begin_request()  # counted from here: a drain waits for it
+        state = StreamState()
+        try:
+            rec = stream_request(
+                self._user.client, ready, gen.headers,
+                worker=gen.worker_id,
+                intended_start=due.intended if due else None,
+                count_output=gen.count_output if gen.tokenizer else None,
+                step=gen.step,
+                # sent (not due) in the schedule's first seconds: a client that fell behind for good sends its
+                # early-due requests late, and those count as steady state
+                startup=due is not None and time.perf_counter() - due.schedule_start < STARTUP_S,
+                name=name,
+                state=state,
+            )
+        except StreamCancelled as stop:  # stopped mid-stream: counted as failed, then the stop goes on
+            gen.on_record(stop.record)
+            raise
+        except BaseException:
+            gen.end_request()
+            raise
+        gen.on_record(rec)
+        if due is None:  # closed loop: back off from a server that is gone or asked us to wait
+            delay = self._backoff(rec, gen.plan.backoff_max)
+            if delay > 0:
+                gevent.sleep(delay)
+        return Reply.of(rec, state)
+
+    # -- internals --------------------------------------------------------------------------------------
+    def _generator(self) -> Generator:
+        """This process's generator; none (the target failed its check) or draining: wait for the stop."""
+        gen = STATE.generator
+        if gen is None or gen.draining:
+            Generator.park()
+        assert gen is not None
+        return gen
+
+    def _backoff(self, rec: Any, cap: float) -> float:
+        """How long a closed-loop user waits before its next request. Against a server that is gone, users
+        retrying at once made ~900 failed requests/s and a 7 MB log in 16 s; now each user backs off
+        from 50 ms, doubling up to ``cap``, with jitter, and starts over at the next success. A 429/503's
+        Retry-After is honoured up to ``cap``; other HTTP errors are the server's answers: no wait."""
+        if rec.connection_failed:
+            self._failures += 1
+            return min(cap, BACKOFF_START * 2 ** min(self._failures - 1, 30)) * random.uniform(0.5, 1.0)
+        self._failures = 0
+        return min(cap, rec.retry_after) if rec.retry_after else 0.0
+
+    def start_due(self, due: Due) -> None:
+        """Open loop: the calling greenlet's first request counts from ``due``."""
+        self._due[getcurrent()] = due
+
+    def end_due(self) -> None:
+        self._due.pop(getcurrent(), None)
