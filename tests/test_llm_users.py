@@ -30,7 +30,8 @@ def test_conversations_from_the_public_api_per_turn_across_two_workers(emulator_
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.004", "--enable-prompt-tokens-details")
     run_dir = tmp_path / "run"
     res = run_locust(["-f", str(HERE / "conversation.py"), "--headless", "-u", "6", "-r", "6", "-t", "6s",
-                      "--processes", "2", "--host", emu.url, "--turns", "3", "--run-dir", str(run_dir),
+                      "--processes", "2", "--host", emu.url, "--turns", "3", "--input-tokens", "100",
+                      "--turn-input-tokens", "30", "--run-dir", str(run_dir),
                       "--slo", "ttft[turn 3].p99<=5s", "--slo", "error_rate[turn 1]<=0%"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     stats, logs = load_run(run_dir)
@@ -141,3 +142,34 @@ def test_a_locustfile_refuses_its_own_bad_options_with_one_line(tmp_path):
     assert res.returncode == 2, res.stderr[-2000:]
     errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
     assert len(errors) == 1 and "--turns 0" in errors[0], res.stderr[-2000:]
+
+
+def test_multiturn_replays_every_user_turn_of_a_sharegpt_conversation(emulator_factory, tmp_path):
+    convs = [{"conversations": [
+        {"from": "human", "value": f"first question of conversation {c} about caching"},
+        {"from": "gpt", "value": "an answer from the file that is not sent"},
+        {"from": "human", "value": f"second question of conversation {c}"},
+        {"from": "gpt", "value": "another answer"},
+        {"from": "human", "value": f"third question of conversation {c}"},
+    ]} for c in ("alpha", "beta")]
+    data = tmp_path / "sharegpt.json"
+    data.write_text(json.dumps(convs))
+    sent = tmp_path / "sent.jsonl"
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(sent))
+    res = run_locust(["-f", str(ROOT / "locustfiles" / "multiturn.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+                      "--host", emu.url, "--dataset", str(data), "--turns", "3", "--output-tokens", "6",
+                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    bodies = [json.loads(line)["body"] for line in sent.read_text().splitlines()]
+    third = [b["messages"] for b in bodies if len(b["messages"]) == 5]
+    assert third
+    for msgs in third:
+        users = [m["content"] for m in msgs if m["role"] == "user"]
+        conv = "alpha" if "alpha" in users[0] else "beta"
+        # the first turn behind the run's unique digest words, the later ones as the file has them
+        assert users[0].endswith(f"\nfirst question of conversation {conv} about caching")
+        assert users[1:] == [f"second question of conversation {conv}", f"third question of conversation {conv}"]
+        assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "user"]
+        assert "from the file" not in json.dumps(msgs)  # assistant turns are the live replies
+    _, logs = load_run(tmp_path / "run")
+    assert {r["name"] for r in logs} == {"turn 1", "turn 2", "turn 3"}

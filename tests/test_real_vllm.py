@@ -67,6 +67,43 @@ def test_locustfile_and_sidecar_against_real_vllm(tmp_path, real_vllm, sidecar, 
     assert "EMULATOR" not in (run_dir / "report.html").read_text()
 
 
+def _prefix_cache_hits(url: str) -> float:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "vllm:prefix_cache_hits":
+            return sum(s.value for s in fam.samples if s.name.endswith("_total"))
+    raise AssertionError("vLLM exposes no vllm:prefix_cache_hits")
+
+
+def test_conversations_reach_real_vllms_prefix_cache_and_single_turns_do_not(tmp_path, real_vllm):
+    """A user's own locustfile (tests/locustfiles/conversation.py, public API only): 2-turn conversations make
+    vLLM's prefix cache hit (the second turn re-sends the first turn and its answer); 1-turn runs do not."""
+    URL, TOKENIZER = real_vllm
+    hits = {}
+    for turns in ("1", "2"):
+        before = _prefix_cache_hits(URL)
+        run_dir = tmp_path / f"run{turns}"
+        res = run_locust(["-f", str(ROOT / "tests" / "locustfiles" / "conversation.py"), "--headless", "-u", "2",
+                          "-r", "2", "-t", "6s", "--host", URL, "--tokenizer", TOKENIZER, "--turns", turns,
+                          "--input-tokens", "600", "--turn-input-tokens", "40",
+                          "--run-dir", str(run_dir)], tmp_path, timeout=240)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        logs = read_log(run_dir / "requests.jsonl")
+        assert logs and all(r["ok"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+        hits[turns] = (_prefix_cache_hits(URL) - before, logs)
+    single, _ = hits["1"]
+    double, logs = hits["2"]
+    second_turns = [r for r in logs if r["name"] == "turn 2"]
+    assert second_turns
+    assert single == 0, single
+    # the first turn's full blocks hit on every second turn (600 tokens: 4 blocks of vLLM's CPU block size, 128)
+    assert double >= 512 * len(second_turns), (double, len(second_turns))
+
+
 def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
     """Last in this module: it stops the module's server and serves it again (~50 s on these CPUs)."""
     import signal

@@ -51,3 +51,33 @@ def test_llm_tab_live_rows_slo_status_server_side_and_report_link(tmp_path, emul
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_llm_by_name_tab_shows_one_row_per_name_and_the_total(tmp_path, emulator_factory):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/multiturn.py"), "--host",
+                             emu.url, "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart", "-u", "2",
+                             "-r", "2", "-t", "20s", "--autoquit", "30", "--output-tokens", "8", "--turns", "2",
+                             "--run-dir", str(tmp_path / "run")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def by_name() -> list[dict] | None:
+        try:
+            _, page = get(f"http://127.0.0.1:{port}/")
+            _, body = get(f"http://127.0.0.1:{port}/stats/requests")
+        except OSError:
+            return None
+        tab = [t for t in json.loads(body).get("extended_stats", []) if t["key"] == "llm_names"]
+        rows = tab[0]["data"] if tab else []
+        return rows if '"LLM by name"' in page and [r["c0"] for r in rows] == ["turn 1", "turn 2", "total"] else None
+
+    try:
+        rows = wait_for(by_name, timeout=60, what="the LLM by name tab to list both turns", poll=0.2)
+        turn1, turn2, total = rows
+        assert int(total["c1"]) >= int(turn1["c1"]) + int(turn2["c1"]) - 0 and int(turn1["c1"]) >= 1
+        assert float(turn2["c9"]) > float(turn1["c9"])  # the second turn re-sends the first: more input tokens
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -84,8 +84,8 @@ class LLMUser(FastHttpUser):
 
     def _open_loop(self, gen: Generator) -> None:
         """This user's arrivals, each starting one task in its own greenlet (at most --max-concurrency at once),
-        until the run drains (then the user waits for Locust's stop). A sweep step that changes the rate
-        wakes a gap drawn at the old rate and redraws."""
+        until the run drains (then the user waits for Locust's stop, which ends the arrivals too). A sweep
+        step that changes the rate wakes a gap drawn at the old rate and redraws."""
         arrivals = gen.arrival_process()
         pool = Pool(max(1, int(gen.opts.max_concurrency)))
         tasks = [getattr(t, "_vllm_load_inner", t) for t in self.tasks]
@@ -104,9 +104,11 @@ class LLMUser(FastHttpUser):
                     break
                 pool.wait_available()
                 pool.spawn(self._arrival, random.choice(tasks), Due(next_at, begun))
+            gen.park()  # the drain waits for the requests in flight; the arrivals' next requests park
         finally:
-            pool.join()
-        gen.park()
+            # Locust's stop kills this greenlet once: the arrivals go with it (a join here would wait for ever
+            # on an arrival parked at the drain, and Locust's stop with it)
+            pool.kill()
 
     def _arrival(self, task_: Any, due: Due) -> None:
         """One open-loop arrival: its task, with an error reported as Locust reports a task's."""
