@@ -147,6 +147,12 @@ def test_master_and_two_workers_merge_exactly(emulator_factory, tmp_path):
     (["--dataset-batch", "4"], "--dataset-batch needs --dataset"),
     (["--request-rate", "-2"], "--request-rate must be >= 0"),
     (["--shared-prefix-tokens", "-1"], "--shared-prefix-tokens must be >= 0"),
+    (["--extra-body", "[1]"], "--extra-body must be a JSON object"),
+    (["--extra-body", "{\"stream\": false}"], "--extra-body sets stream"),
+    (["--header", "Authorization sekrit"], "is not 'Name: value'"),
+    (["--warmup", "soon"], "--warmup"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--model", "emulator/mistral-7b-v0.1,no-such-adapter"], "'no-such-adapter' is not served by"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, needle):
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",

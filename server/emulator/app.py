@@ -82,6 +82,17 @@ def _tool_pieces(name: str, n: int) -> Iterator[str]:
     yield '"}'
 
 
+def _loggable_headers(environ: dict) -> dict[str, str]:
+    """The request's headers for the request log: credential-like values are never written (the name is)."""
+    out = {}
+    for key, value in environ.items():
+        if key.startswith("HTTP_"):
+            name = key[5:].replace("_", "-").title()
+            secret = any(w in name.lower() for w in ("auth", "token", "key", "secret", "cookie", "password"))
+            out[name] = "***" if secret else str(value)
+    return out
+
+
 def _tool_call_id() -> str:
     """Nine letters and digits: the id shape Mistral's tokenizer accepts back in the history (vLLM's too)."""
     return "".join(secrets.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") for _ in range(9))
@@ -112,8 +123,12 @@ class Emulator:
     def __init__(self, model: str, tokenizer: Any, max_model_len: int, engine: FixedScheduleEngine | BatchingEngine,
                  api_key: str = "", faults: FaultPlan | None = None, naming: str = "v1",
                  timing_log: IO[str] | None = None, request_log: IO[str] | None = None, eos_after: int = 64,
-                 prompt_tokens_details: bool = False) -> None:
+                 prompt_tokens_details: bool = False, served_names: list[str] | None = None,
+                 lora_modules: list[str] | None = None) -> None:
         self.model = model
+        self.served = list(served_names or [model])  # vLLM's --served-model-name: the ids clients use
+        self.loras = list(lora_modules or [])
+        self.reject: list[str] = []  # body fields answered with 400, like a strict gateway (--reject)  # adapters served beside the base model (vLLM's --lora-modules)
         self.eos_after = eos_after  # a request without max_tokens ends "on its own" after this many tokens
         self.prompt_tokens_details = prompt_tokens_details  # usage.prompt_tokens_details.cached_tokens, as vLLM's flag
         self.faults = faults or FaultPlan()
@@ -155,7 +170,12 @@ class Emulator:
                 if path == "/tokenize":
                     return self._reply(start_response, 200, self._tokenize(body))
                 if self.request_log is not None:
-                    self.request_log.write(orjson.dumps({"path": path, "body": body}).decode() + "\n")
+                    self.request_log.write(orjson.dumps({"path": path, "body": body,
+                                                         "headers": _loggable_headers(environ)}).decode() + "\n")
+                refused = [f for f in self.reject if f in body or f in (body.get("stream_options") or {})]
+                if refused:  # a strict OpenAI-compatible gateway: unknown fields are an error
+                    raise HttpError(400, f"Unrecognized request argument supplied: {refused[0]}", "BadRequestError",
+                                    refused[0])
                 return self._generate(start_response, path == "/v1/chat/completions", body, self.faults.pick(environ),
                                       received)
             raise HttpError(404, f"Not Found: {path}", "NotFoundError")
@@ -182,14 +202,17 @@ class Emulator:
         return data
 
     def _models(self) -> bytes:
-        return orjson.dumps({"object": "list", "data": [{
-            "id": self.model, "object": "model", "created": self.created, "owned_by": "vllm",
-            "root": self.model, "parent": None, "max_model_len": self.max_model_len,
-            "permission": [{"id": "modelperm-emulator", "object": "model_permission", "created": self.created,
-                            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
-                            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
-                            "organization": "*", "group": None, "is_blocking": False}],
-        }]})
+        def entry(mid: str, root: str, parent: str | None) -> dict:
+            return {"id": mid, "object": "model", "created": self.created, "owned_by": "vllm",
+                    "root": root, "parent": parent, "max_model_len": self.max_model_len,
+                    "permission": [{"id": "modelperm-emulator", "object": "model_permission", "created": self.created,
+                                    "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                                    "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                                    "organization": "*", "group": None, "is_blocking": False}]}
+
+        data = [entry(name, self.model, None) for name in self.served]
+        data += [entry(name, f"/adapters/{name}", self.served[0]) for name in self.loras]
+        return orjson.dumps({"object": "list", "data": data})
 
     def _prompt_ids(self, chat: bool, body: dict) -> list[int]:
         """The prompt's token ids, as vLLM would tokenize it (chat template included)."""
@@ -237,8 +260,8 @@ class Emulator:
     # -- generation -----------------------------------------------------------------------------
     def _generate(self, start_response: Start, chat: bool, body: dict, fault: str | None = None,
                   received: float = 0.0) -> Iterable[bytes]:
-        model = body.get("model", self.model)
-        if model != self.model:
+        model = body.get("model", self.served[0])
+        if model not in self.served and model not in self.loras:
             raise HttpError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         ids = self._prompt_ids(chat, body)
         prompt_tokens = len(ids)
@@ -489,6 +512,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; the URL is printed)")
     p.add_argument("--model", default="emulator/mistral-7b-v0.1", help="served model name")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="the model ids clients use (default: --model), as vLLM's flag; /v1/models gives --model as root")
+    p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME",
+                   help="LoRA adapters served beside the base model: listed in /v1/models, accepted as model")
     p.add_argument("--tokenizer", default="", help="tokenizer used to count prompt tokens (default: the model's)")
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
@@ -526,9 +553,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "(0: it runs to the context's end)")
     p.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage carries prompt_tokens_details.cached_tokens (the prefix-cache hit), as vLLM's flag")
+    p.add_argument("--reject", default="", metavar="FIELD,…",
+                   help="answer 400 to requests carrying these body fields (e.g. min_tokens,continuous_usage_stats), "
+                        "like a strict OpenAI-compatible gateway")
     p.add_argument("--request-log", default="",
                    help="append every generation request's path and JSON body to this file (for tests: what a "
-                        "client really sent; API keys travel in headers and are not written)")
+                        "client really sent, with its headers; credential-like header values are written as ***)")
     return p
 
 
@@ -575,7 +605,9 @@ def main(argv: list[str] | None = None) -> int:
     request_log = open(args.request_log, "a", buffering=1) if args.request_log else None  # noqa: SIM115
     app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults,
                    naming=args.metrics_naming, timing_log=timing_log, request_log=request_log,
-                   eos_after=max(0, args.eos_after), prompt_tokens_details=args.enable_prompt_tokens_details)
+                   eos_after=max(0, args.eos_after), prompt_tokens_details=args.enable_prompt_tokens_details,
+                   served_names=args.served_model_name, lora_modules=args.lora_modules)
+    app.reject = [f.strip() for f in args.reject.split(",") if f.strip()]
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:
@@ -589,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     if timing_log is not None:
         rxstamp.enable(server.socket)  # accepted connections inherit it
     host, port = server.socket.getsockname()[:2]
-    print(f"vllm-load emulator listening on http://{host}:{port} model {args.model}", flush=True)
+    print(f"vllm-load emulator listening on http://{host}:{port} model {' '.join(app.served + app.loras)}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

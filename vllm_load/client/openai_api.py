@@ -15,6 +15,7 @@ class ServedModel:
     id: str
     max_model_len: int | None
     all_ids: list[str]
+    root: str = ""  # what vLLM loaded (the model's path or hub id), under --served-model-name's alias
 
 
 def auth_header(api_key: str) -> dict[str, str]:
@@ -22,11 +23,14 @@ def auth_header(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def discover_model(host: str, model: str, api_key: str = "", timeout: float = 10.0) -> ServedModel:
-    """Read /v1/models; pick ``model`` (or the first id) and its max_model_len. Bad input -> UsageError."""
+def discover_model(host: str, model: str, api_key: str = "", timeout: float = 10.0,
+                   headers: dict[str, str] | None = None) -> ServedModel:
+    """Read /v1/models; pick ``model`` (or the first id) and its max_model_len. Bad input -> UsageError.
+    ``headers``: the run's request headers (a gateway may need them on every path)."""
     url = host.rstrip("/") + "/v1/models"
     try:
-        req = urllib.request.Request(url, headers=auth_header(api_key))
+        sent = {k: v for k, v in (headers or {}).items() if k.lower() not in ("content-type", "accept", "accept-encoding")}
+        req = urllib.request.Request(url, headers={**sent, **auth_header(api_key)})
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             data = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
@@ -44,7 +48,8 @@ def discover_model(host: str, model: str, api_key: str = "", timeout: float = 10
         raise UsageError(f"model {chosen!r} is not served by {host} (it serves: {', '.join(ids)}): fix --model")
     entry = entries[ids.index(chosen)]
     max_len = entry.get("max_model_len")
-    return ServedModel(id=chosen, max_model_len=int(max_len) if max_len else None, all_ids=ids)
+    return ServedModel(id=chosen, max_model_len=int(max_len) if max_len else None, all_ids=ids,
+                       root=str(entry.get("root") or ""))
 
 
 def error_message(body: bytes) -> str:

@@ -43,6 +43,7 @@ class RequestRecord:
     step: int | None = None  # sweep step the request started in
     response_id: str | None = None  # the server's id for the request (joins with vLLM's own logs)
     retry_after: float | None = None  # seconds the server asked us to wait (Retry-After on 429/503)
+    warmup: bool = False  # started during the warm-up: logged, not measured
     cached_tokens: int | None = None  # prompt tokens the server's prefix cache held (when its usage says)
     name: str | None = None  # the user's name= for the request: its LLM metrics are grouped under it too
 

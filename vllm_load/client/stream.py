@@ -32,6 +32,7 @@ class ReadyRequest:
     body: bytes
     input_tokens: int  # the prompt's length as the server counts it (chat template included)
     output_tokens: int | None  # forced with ignore_eos/min_tokens; None: the model stops on its own
+    group: str | None = None  # the metrics' name when the request names none (its model, when a run has several)
 
     @property
     def path(self) -> str:
@@ -47,25 +48,39 @@ class StreamCancelled(GreenletExit):
         self.record = record
 
 
-def ready_request(api: str, model: str, prompt: Prompt, max_tokens: int, ignore_eos: bool = True) -> ReadyRequest:
+@dataclass(frozen=True)
+class BodyDefaults:
+    """What every body of a run carries unless a request says otherwise (decided once from the options)."""
+
+    temperature: float = 0.0  # --temperature
+    ignore_eos: bool = True  # off with --no-ignore-eos: no ignore_eos/min_tokens (servers that refuse them)
+    continuous_usage: bool = True  # off with --no-continuous-usage: usage only at the end
+    extra: tuple[tuple[str, Any], ...] = ()  # --extra-body, as items (hashable, frozen)
+
+
+def ready_request(api: str, model: str, prompt: Prompt, max_tokens: int,
+                  defaults: BodyDefaults = BodyDefaults(), group: str | None = None) -> ReadyRequest:
     """The run's workload request (built-in users): the prompt as built, the length asked."""
     return build_request(api, model, prompt.messages if api == "chat" else prompt.text, prompt.tokens, max_tokens,
-                         ignore_eos=ignore_eos)
+                         defaults=defaults, group=group)
 
 
 def build_request(api: str, model: str, content: Any, input_tokens: int, max_tokens: int | None, *,
-                  ignore_eos: bool = True, extra: dict[str, Any] | None = None) -> ReadyRequest:
+                  defaults: BodyDefaults = BodyDefaults(), extra: dict[str, Any] | None = None,
+                  group: str | None = None) -> ReadyRequest:
     """The one body builder. ``content``: the messages (chat) or the prompt (completions), counted as
     ``input_tokens`` by the caller. With ``max_tokens`` and ``ignore_eos`` the answer's length is forced
     (``min_tokens`` too, so the server's usage can be checked against it); ``max_tokens=None`` lets the
     model stop on its own. ``extra`` keys are merged last (``tools``, ``temperature``, ``model``, vLLM's
     own fields); ``ignore_eos: False`` among them turns the forced length into a cap. The stream and its
     usage stay on whatever ``extra`` says: they are what the measurement reads."""
-    body: dict[str, Any] = {"model": model, "stream": True, "temperature": 0.0}
+    body: dict[str, Any] = {"model": model, "stream": True, "temperature": defaults.temperature}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     body["messages" if api == "chat" else "prompt"] = content
-    forced = ignore_eos and max_tokens is not None
+    forced = defaults.ignore_eos and max_tokens is not None
+    if defaults.extra:
+        body.update(defaults.extra)
     if extra:
         forced = forced and extra.get("ignore_eos", True) is not False
         body.update(extra)
@@ -74,9 +89,11 @@ def build_request(api: str, model: str, content: Any, input_tokens: int, max_tok
         body["min_tokens"] = max_tokens
     body["stream"] = True
     options = body.get("stream_options")
-    body["stream_options"] = {**(options if isinstance(options, dict) else {}),
-                              "include_usage": True, "continuous_usage_stats": True}
-    return ReadyRequest(api, orjson.dumps(body), input_tokens, max_tokens if forced else None)
+    body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    if defaults.continuous_usage:
+        body["stream_options"]["continuous_usage_stats"] = True
+    return ReadyRequest(api, orjson.dumps(body), input_tokens, max_tokens if forced else None,
+                        group if group is not None else None)
 
 
 def stream_request(
@@ -96,10 +113,12 @@ def stream_request(
 
     Server faults never raise: they become a failed record with a reason. A user stopped mid-request
     raises ``StreamCancelled`` carrying the failed record, for the caller to record before the stop goes on.
-    ``name`` groups the request (Locust's row and the LLM metrics; default: the API's path); ``state``, when
+    ``name`` groups the request (Locust's row and the LLM metrics; default: ``req.group``, else the API's path
+    for Locust's row and no group for the LLM metrics); ``state``, when
     given, is the parser to fill (the caller reads the answer's text and tool calls from it).
     """
     api, body, path = req.api, req.body, req.path
+    name = name if name is not None else req.group
     input_tokens_asked, output_tokens_asked = req.input_tokens, req.output_tokens
     now_perf = time.perf_counter()
     now_wall = time.time()

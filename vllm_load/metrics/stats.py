@@ -59,6 +59,7 @@ class LLMStats:
     good: int = 0  # requests that met every per-request SLO
     cached_tokens: int = 0  # prompt tokens served from the server's prefix cache (requests whose usage says)
     cached_of: int = 0  # prompt tokens of those requests
+    warmup_excluded: int = 0  # requests started during the warm-up: sent and logged, not in any metric
     judged: int = 0  # requests judged for goodput (all requests, when per-request SLOs exist)
     errors: Counter = field(default_factory=Counter)
     _tokens_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> output tokens
@@ -223,7 +224,8 @@ class LLMStats:
     # -- shipping between processes -------------------------------------------------------------
     _BUCKETS = ("ok_buckets", "conn_buckets", "fail_buckets")
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
-                 "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of")
+                 "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of",
+                 "warmup_excluded")
 
     def to_wire(self) -> dict:
         return {
@@ -339,6 +341,7 @@ class LLMStats:
             "cached_fraction": self.cached_tokens / self.cached_of if self.cached_of else None,
             "goodput": self.good / self.judged if self.judged else None,
             "good_requests": self.good,
+            "warmup_excluded": self.warmup_excluded,
             "errors": dict(self.errors.most_common()),
             "metrics": {k: h.summary() for k, h in self.hists.items()},
         }

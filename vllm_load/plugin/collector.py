@@ -59,7 +59,9 @@ class Collector:
     def write_results(self, monitor: ClientMonitor | None = None) -> RunSummary:
         """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
         end = self.end_wall or time.time()
-        summary = self.totals.summary(duration=end - self.start_wall, records_per_request=records_per_request(
+        # measured from the warm-up's end: the requests before it are in no number
+        summary = self.totals.summary(duration=max(1e-9, end - self.start_wall - self.plan.warmup),
+                                      records_per_request=records_per_request(
             self.opts.dataset, self.opts.dataset_batch), outage_after=self.plan.outage_after, now=end)
         summary["workers"] = sorted(self.workers_seen)
         summary["workers_lost"] = list(self.workers_lost)

@@ -12,15 +12,14 @@ from typing import Any
 import gevent.event
 from gevent.threadpool import ThreadPool
 
-from vllm_load.client.openai_api import auth_header
 from vllm_load.client.record import RequestRecord
-from vllm_load.client.stream import ReadyRequest, ready_request
+from vllm_load.client.stream import BodyDefaults, ReadyRequest, ready_request
 from vllm_load.metrics.client_health import ClientMonitor
 from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin import gc_control
 from vllm_load.plugin.plan import RunPlan
-from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS
+from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS, body_defaults, request_headers
 from vllm_load.plugin.warmup import warm_up
 from vllm_load.rundir.reqlog import RequestLog
 from vllm_load.workload.arrivals import ArrivalProcess
@@ -40,6 +39,9 @@ class Generator:
     opts: Any  # Locust's parsed options, read only
     plan: RunPlan
     worker_id: str
+    #: this process's place in the swarm (Locust's worker index; 0 for a local run): what its prompts' content
+    #: and its random draws derive from, the same run after run (the worker id is new every time)
+    worker_index: int = 0
     stats: LLMStats = field(default_factory=LLMStats)
     reqlog: RequestLog | None = None
     tokenizer: Tokenizer | None = None
@@ -69,13 +71,20 @@ class Generator:
     #: loop like the prompt pool's, and one thread so that the text factory's sequence stays ordered
     helper: Any = None
     text_factory: PromptFactory | None = None
+    defaults: BodyDefaults = field(default_factory=BodyDefaults)  # what every body carries (--temperature, …)
+    step_started: float = 0.0  # wall time the current sweep step began (its warm-up counts from there)
+    model_turn: int = 0  # --model a,b: the next request's model is models[model_turn % len]
+
+    @property
+    def source(self) -> str:
+        return f"w{self.worker_index}"
 
     @classmethod
     def create(cls, role: str, opts: Any, plan: RunPlan, worker_id: str, apis: frozenset[str] = frozenset(),
-               on_fatal: Any = None, health_sink: Any = None) -> Generator:
+               on_fatal: Any = None, health_sink: Any = None, worker_index: int = 0) -> Generator:
         """A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
         that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
-        rt = cls(role=role, opts=opts, plan=plan, worker_id=worker_id)
+        rt = cls(role=role, opts=opts, plan=plan, worker_id=worker_id, worker_index=worker_index)
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
         plan.files.path.mkdir(parents=True, exist_ok=True)
@@ -101,13 +110,13 @@ class Generator:
         self.input_spec = parse_length(o.input_tokens, "--input-tokens")
         self.output_spec = parse_length(o.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
         self.tokenizer = load_tokenizer(self.plan.tokenizer)
-        self.rng = random.Random(f"{self.plan.salt}/{self.worker_id}/lengths")
-        self.headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
-        self.headers.update(auth_header(o.api_key))
+        self.rng = random.Random(f"{self.plan.draws}/{self.source}/lengths")
+        self.headers = request_headers(o)
+        self.defaults = body_defaults(o)
         self.goodput_limits = goodput_thresholds(parse_slo_option(list(self.plan.slos)))
         if o.dataset:
             records = read_records(o.dataset, o.dataset_format, o.dataset_field)
-            self.dataset = DatasetSource(records, f"{self.plan.salt}/{self.worker_id}", o.dataset_batch)
+            self.dataset = DatasetSource(records, f"{self.plan.draws}/{self.source}", o.dataset_batch)
             if o.dataset_batch:
                 self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
                     self.tokenizer, o.dataset_batch)
@@ -137,7 +146,7 @@ class Generator:
         if f is None:
             assert self.tokenizer is not None
             f = self.factories[api] = PromptFactory(
-                self.tokenizer, api, self.plan.salt, self.worker_id, self.opts.shared_prefix_tokens  # type: ignore[arg-type]
+                self.tokenizer, api, self.plan.salt, self.source, self.opts.shared_prefix_tokens  # type: ignore[arg-type]
             )
         return f
 
@@ -159,7 +168,7 @@ class Generator:
         assert self.tokenizer is not None
         if self.text_factory is None:
             api = "chat" if self.tokenizer.has_chat_template else "completions"
-            self.text_factory = PromptFactory(self.tokenizer, api, self.plan.salt, f"{self.worker_id}/text")  # type: ignore[arg-type]
+            self.text_factory = PromptFactory(self.tokenizer, api, self.plan.salt, f"{self.source}/text")  # type: ignore[arg-type]
         f = self.text_factory
         prompt = f.make(tokens + f.overhead)
         return prompt.messages[-1]["content"] if f.api == "chat" else prompt.text
@@ -187,7 +196,15 @@ class Generator:
     def build_request(self, api: str) -> ReadyRequest:
         """A new request, in the prompt thread: its prompt (exact length, unique), its body's bytes."""
         prompt, max_tokens = self.new_prompt(api)
-        return ready_request(api, self.plan.model, prompt, max_tokens, ignore_eos=not self.opts.no_ignore_eos)
+        model, group = self.next_model()
+        return ready_request(api, model, prompt, max_tokens, self.defaults, group)
+
+    def next_model(self) -> tuple[str, str | None]:
+        """The next request's model, rotating over --model a,b, and its metrics group (None with one model)."""
+        models = self.plan.models or (self.plan.model,)
+        model = models[self.model_turn % len(models)]
+        self.model_turn += 1
+        return model, (model if len(models) > 1 else None)
 
     def new_prompt(self, api: str) -> tuple[Prompt, int]:
         """A new prompt (exact length, unique) and the output length to ask for."""
@@ -209,6 +226,7 @@ class Generator:
         """Enter a sweep step; open-loop users waiting on a gap drawn at the old rate wake and redraw."""
         changed = rate != self.step_rate
         self.step, self.step_rate = step, rate
+        self.step_started = time.time()
         if changed:
             self.rate_changed, old = gevent.event.Event(), self.rate_changed
             old.set()
@@ -228,7 +246,7 @@ class Generator:
         """This user's share of the run's open-loop rate (the total is split over all users)."""
         self.arrival_seq += 1
         return ArrivalProcess(self.current_rate() / self.total_users(), self.opts.burstiness,
-                              random.Random(f"{self.plan.salt}/{self.worker_id}/arrivals/{self.arrival_seq}"),
+                              random.Random(f"{self.plan.draws}/{self.source}/arrivals/{self.arrival_seq}"),
                               float(self.opts.ramp_up))
 
     def begin_request(self) -> None:
@@ -253,8 +271,24 @@ class Generator:
         self.draining = True
         return bool(self.idle.wait(timeout))
 
+    def in_warmup(self, rec: RequestRecord) -> bool:
+        """Started within --warmup of the run's start, or of its sweep step's (a new level's first seconds)."""
+        w = self.plan.warmup
+        if w <= 0:
+            return False
+        return rec.start < self.start_wall + w or (rec.step is not None and rec.step == self.step
+                                                   and rec.start < self.step_started + w)
+
     def on_record(self, rec: RequestRecord) -> None:
         self.end_request()
+        if self.in_warmup(rec):
+            rec.warmup = True
+            self.stats.warmup_excluded += 1
+            if rec.step is not None:
+                self.step_stats.setdefault(rec.step, LLMStats()).warmup_excluded += 1
+            if self.reqlog:
+                self.reqlog.write(rec)
+            return
         if self.goodput_limits:
             rec.good = rec.ok and all(
                 (value := getattr(rec, metric)) is not None and value <= limit

@@ -92,7 +92,8 @@ def _on_init(environment: Any, **_kw: Any) -> None:
             wait_for_server(environment.host, wait, opts.api_key, say=lambda line: print(line, flush=True))
         target = _check_target(environment)
         print(
-            f"vllm-load: target {target.host} model {target.model} tokenizer {target.tokenizer} max_model_len "
+            f"vllm-load: target {target.host} model {target.model} tokenizer {target.tokenizer} (from "
+            f"{target.tokenizer_source}) max_model_len "
             f"{target.max_model_len} input {target.input_spec.text} output {target.output_spec.text} tokens",
             flush=True,
         )
@@ -128,7 +129,7 @@ def _live_summary() -> dict | None:
     col = STATE.collector
     if col is None:
         return None
-    summary = webui.live_summary(col.totals, col.start_wall, col.health)
+    summary = webui.live_summary(col.totals, col.start_wall + col.plan.warmup, col.health)
     summary["server"] = STATE.live_server.summary() if STATE.live_server is not None else None
     return summary
 
@@ -158,9 +159,10 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         STATE.collector = col = Collector.create(opts, plan)
     if role != "master":
         sink = (lambda report: col.health.add("local", report)) if role == "local" else None
+        index = getattr(environment.runner, "worker_index", 0)
         STATE.generator = gen = Generator.create(role, opts, plan, worker_id, _apis(environment),
                                                  on_fatal=lambda message: wire.fatal(environment, message),
-                                                 health_sink=sink)
+                                                 health_sink=sink, worker_index=index if index >= 0 else 0)
         if role == "local":  # one process: the collector's totals are the generator's own stats
             col.totals, col.step_stats, col.start_wall = gen.stats, gen.step_stats, gen.start_wall
     if role != "worker":

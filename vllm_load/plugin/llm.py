@@ -99,19 +99,22 @@ class LLM:
              **body: Any) -> Reply:
         """One streaming chat completion. ``max_tokens=N`` asks for exactly N tokens (``ignore_eos``, as the
         built-in users; pass ``ignore_eos=False`` to make it a cap); ``None`` lets the model stop on its own.
-        ``body`` keys are merged into the request (``tools``, ``tool_choice``, ``temperature`` …)."""
+        ``body`` keys are merged into the request (``tools``, ``tool_choice``, ``temperature``, ``model`` …)
+        over --extra-body; without ``model`` the run's models take turns (--model a,b)."""
         gen = self._generator()
         tokens = self.count_chat(messages, body.get("tools"))
-        ready = build_request("chat", gen.plan.model, messages, tokens, max_tokens,
-                              ignore_eos=not gen.opts.no_ignore_eos, extra=body)
+        model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
+        ready = build_request("chat", model, messages, tokens, max_tokens, defaults=gen.defaults, extra=body,
+                              group=group)
         return self.send(ready, name=name)
 
     def complete(self, prompt: str, *, max_tokens: int | None = None, name: str | None = None,
                  **body: Any) -> Reply:
         """One streaming completion of ``prompt``; ``max_tokens`` and ``body`` as in ``chat``."""
         gen = self._generator()
-        ready = build_request("completions", gen.plan.model, prompt, self.count_prompt(prompt), max_tokens,
-                              ignore_eos=not gen.opts.no_ignore_eos, extra=body)
+        model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
+        ready = build_request("completions", model, prompt, self.count_prompt(prompt), max_tokens,
+                              defaults=gen.defaults, extra=body, group=group)
         return self.send(ready, name=name)
 
     def prepared(self, api: str = "chat") -> ReadyRequest:

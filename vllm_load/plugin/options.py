@@ -24,7 +24,8 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("--model", "", "model name to request (default: the server's first /v1/models id)"),
+    Option("--model", "", "model to request (default: the server's first /v1/models id); several, comma-separated "
+        "(a base model and its LoRA adapters): requests rotate over them and the metrics are grouped per model"),
     Option("--tokenizer", "", "tokenizer: HF id, local folder, or a built-in one: builtin:mistral-7b-v0.1 (SentencePiece, "
         "the emulator's), builtin:mistral-tekken (Tekken, for vLLM's --tokenizer-mode mistral) (default: the model name)"),
     Option("--input-tokens", "128", "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD"),
@@ -35,6 +36,12 @@ OPTIONS: tuple[Option, ...] = (
         "run, with a progress line every 10 s (a vLLM loading its model takes minutes)"),
     Option("--api-key", "", "bearer token for the server (never logged or written)", is_secret=True),
     Option("--run-dir", "", "where the run's files go (default: reports/<run id>)"),
+    Option("--warmup", "0", "requests started in the first DURATION of the run (and of each sweep step) are sent and "
+        "logged as warm-up, and left out of every metric, SLO and plot (the report says how many), e.g. 30s"),
+    Option("--seed", -1, "repeatable runs: the same lengths, arrival times, dataset order and trace split every run "
+        "(content stays unique per run unless --salt is given too); -1: fresh draws", type=int),
+    Option("--salt", "", "fix the prompts' content too (default: a fresh salt per run, so a repeated run cannot hit "
+        "the prefix cache the last one left)"),
     Option("--shared-prefix-tokens", 0, "deliberately share this many leading prompt tokens across requests", type=int),
     Option("--request-timeout", 600.0, "seconds without a byte from the server before a request fails", type=float),
     Option("--request-rate", 0.0, "open loop: total requests/s over all users and workers (0: closed loop, one "
@@ -59,6 +66,14 @@ OPTIONS: tuple[Option, ...] = (
         type=float),
     Option("--no-ignore-eos", False, "do not send ignore_eos/min_tokens (output length is then up to the model)",
         action="store_true"),
+    Option("--no-continuous-usage", False, "do not ask for stream_options.continuous_usage_stats (servers that refuse "
+        "it): each text chunk then counts as one token and ITL per token equals ITL per chunk", action="store_true"),
+    Option("--temperature", 0.0, "sampling temperature of every request", type=float),
+    Option("--extra-body", "", "a JSON object merged into every request body, e.g. '{\"top_k\": 20}' (a task's own "
+        "keys win)"),
+    Option("--header", [], "an HTTP header 'Name: value' on every request (repeatable); values of credential-like "
+        "names (Authorization, *token*, *key*, cookie …) are never logged or written", action="append",
+        include_in_web_ui=False),
     Option("--dataset", "", "take prompts from this file (ShareGPT .json, .jsonl, .csv) instead of synthetic text"),
     Option("--dataset-format", "", "sharegpt, jsonl or csv (default: from the file extension)"),
     Option("--dataset-field", "", "JSONL field or CSV column holding the text (default: text / first column)"),

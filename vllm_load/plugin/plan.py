@@ -35,15 +35,23 @@ class RunPlan:
     backoff_max: float  # seconds: --retry-backoff-max, --outage-after, --stop-on-outage as the target check parsed them
     outage_after: float
     stop_on_outage: float
+    models: tuple[str, ...] = ()  # every model requests rotate over (one: ``model``)
+    warmup: float = 0.0  # --warmup seconds: requests started this soon after the run's (or a step's) start are excluded
+    seed: int | None = None  # --seed: lengths, arrivals, dataset order and trace split repeat run after run
 
     @classmethod
     def decide(cls, opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int) -> RunPlan:
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-        return cls(run_id=run_id, salt=secrets.token_hex(16), run_dir=opts.run_dir or str(Path("reports") / run_id),
+        return cls(run_id=run_id, salt=opts.salt or secrets.token_hex(16), seed=opts.seed if opts.seed >= 0 else None, run_dir=opts.run_dir or str(Path("reports") / run_id),
                    host=target.host, model=target.model, tokenizer=target.tokenizer, is_emulator=target.is_emulator,
                    slos=tuple(slos), sidecar_url=sidecar_url, total_users=max(1, int(total_users or 1)),
                    backoff_max=target.backoff_max, outage_after=target.outage_after,
-                   stop_on_outage=target.stop_on_outage)
+                   stop_on_outage=target.stop_on_outage, models=target.models or (target.model,), warmup=target.warmup)
+
+    @property
+    def draws(self) -> str:
+        """What every random draw of the run is seeded from: --seed (repeatable runs), else the run's salt."""
+        return f"seed {self.seed}" if self.seed is not None else self.salt
 
     @property
     def files(self) -> RunDir:
@@ -54,8 +62,9 @@ class RunPlan:
         """msgpack/JSON-safe: what the workers receive and config.json keeps."""
         data = asdict(self)
         data["slos"] = list(self.slos)
+        data["models"] = list(self.models)
         return data
 
     @classmethod
     def from_wire(cls, data: dict) -> RunPlan:
-        return cls(**{**data, "slos": tuple(data.get("slos") or ())})
+        return cls(**{**data, "slos": tuple(data.get("slos") or ()), "models": tuple(data.get("models") or ())})

@@ -10,6 +10,7 @@ from typing import Any
 
 from vllm_load.errors import UsageError
 from vllm_load.client.openai_api import auth_header, discover_model
+from vllm_load.client.stream import BodyDefaults
 from vllm_load.plugin.server_wait import parse_duration
 from vllm_load.workload.datasets import read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
@@ -20,6 +21,56 @@ from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
 DEFAULT_OUTPUT_TOKENS = "64"
 #: Option names never written to disk or logs.
 SECRET_OPTIONS = ("api_key", "sidecar_token")
+#: --header names whose values are credentials: masked wherever the options are written
+_CREDENTIAL_WORDS = ("auth", "token", "key", "secret", "cookie", "password", "session", "credential")
+#: body keys the measurement itself sets: --extra-body may not take them over
+_MEASURED_KEYS = ("stream", "messages", "prompt")
+
+
+def is_credential_header(name: str) -> bool:
+    low = name.lower()
+    return any(w in low for w in _CREDENTIAL_WORDS)
+
+
+def parse_headers(values: list[str] | None) -> dict[str, str]:
+    """--header 'Name: value' (repeatable) -> headers; a malformed one is refused with one line (value unsaid)."""
+    out: dict[str, str] = {}
+    for v in values or []:
+        name, sep, value = str(v).partition(":")
+        name = name.strip()
+        if not sep or not name or any(c.isspace() for c in name):
+            shown = name if sep else str(v)[:40] if not is_credential_header(str(v)) else "(hidden)"
+            raise UsageError(f"--header {shown!r} is not 'Name: value': write e.g. --header 'X-Tenant: team-a'")
+        out[name] = value.strip()
+    return out
+
+
+def body_defaults(opts: Any) -> BodyDefaults:
+    """--temperature, --no-ignore-eos, --no-continuous-usage and --extra-body, checked (one line on bad input)."""
+    extra: Any = {}
+    if opts.extra_body:
+        try:
+            extra = json.loads(opts.extra_body)
+        except ValueError as exc:
+            raise UsageError(f"--extra-body is not JSON ({exc}): write a JSON object, e.g. --extra-body "
+                             "'{\"top_k\": 20}'") from None
+        if not isinstance(extra, dict):
+            raise UsageError("--extra-body must be a JSON object, e.g. --extra-body '{\"top_k\": 20}'")
+        taken = [k for k in _MEASURED_KEYS if k in extra]
+        if taken:
+            raise UsageError(f"--extra-body sets {', '.join(taken)}, which the load test sends itself: drop them")
+    if not opts.temperature >= 0:
+        raise UsageError(f"--temperature must be >= 0, got {opts.temperature}")
+    return BodyDefaults(temperature=float(opts.temperature), ignore_eos=not opts.no_ignore_eos,
+                        continuous_usage=not opts.no_continuous_usage, extra=tuple(sorted(extra.items())))
+
+
+def request_headers(opts: Any) -> dict[str, str]:
+    """Every streaming request's headers: content negotiation, the bearer token, then --header."""
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}
+    headers.update(auth_header(opts.api_key))
+    headers.update(parse_headers(opts.header))
+    return headers
 
 
 @dataclass
@@ -37,6 +88,9 @@ class Target:
     backoff_max: float = 2.0  # --retry-backoff-max
     outage_after: float = 2.0  # --outage-after
     stop_on_outage: float = 0.0  # --stop-on-outage (0: never)
+    tokenizer_source: str = "--tokenizer"  # how the tokenizer was chosen, said at start-up
+    models: tuple[str, ...] = ()  # --model a,b: requests rotate over them (the first is ``model``)
+    warmup: float = 0.0  # --warmup, seconds
 
 
 def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str] = frozenset({"chat", "completions"})
@@ -52,6 +106,7 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
     backoff_max = parse_duration(opts.retry_backoff_max, "--retry-backoff-max")
     outage_after = parse_duration(opts.outage_after, "--outage-after")
     stop_on_outage = parse_duration(opts.stop_on_outage, "--stop-on-outage")
+    warmup = parse_duration(opts.warmup, "--warmup")
     if opts.min_requests < 0:
         raise UsageError(f"--min-requests must be >= 0, got {opts.min_requests}")
     if opts.dataset:
@@ -62,9 +117,15 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
             raise UsageError(f"--dataset-answer-tokens must be >= 1, got {opts.dataset_answer_tokens}")
     elif opts.dataset_batch:
         raise UsageError("--dataset-batch needs --dataset: name the file whose records are batched")
-    served = discover_model(host, opts.model, opts.api_key)
-    tok_name = opts.tokenizer or served.id
-    tok = load_tokenizer(tok_name)
+    headers = request_headers(opts)
+    body_defaults(opts)
+    models = [m.strip() for m in str(opts.model or "").split(",") if m.strip()]
+    if str(opts.model or "").strip() and not models:
+        raise UsageError(f"--model {opts.model!r} names no model: write one id or several, e.g. --model base,lora-a")
+    served = discover_model(host, models[0] if models else "", opts.api_key, headers=headers)
+    for other in models[1:]:
+        discover_model(host, other, opts.api_key, headers=headers)  # each must be served: one line if not
+    tok, tok_name, tokenizer_source = _tokenizer_for(opts.tokenizer, served)
     limit = served.max_model_len
     if limit and input_spec.high + output_spec.high > limit:
         raise UsageError(
@@ -85,7 +146,24 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
         checked = align_with_server(host, served.id, tok, opts.api_key, apis)
         print(f"vllm-load: --align-with-server: {checked}", flush=True)
     return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec, backoff_max, outage_after,
-                  stop_on_outage)
+                  stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup)
+
+
+def _tokenizer_for(given: str, served: Any) -> tuple[Tokenizer, str, str]:
+    """--tokenizer, else the model vLLM loaded (``root`` of /v1/models: a --served-model-name alias is no
+    tokenizer anyone can load), else the served name. Returns the tokenizer, its name and where it came from."""
+    if given:
+        return load_tokenizer(given), given, "--tokenizer"
+    candidates = [(served.root, "the server's /v1/models root")] if served.root and served.root != served.id else []
+    candidates.append((served.id, "the served model name"))
+    failure: UsageError | None = None
+    for name, source in candidates:
+        try:
+            return load_tokenizer(name), name, source
+        except UsageError as exc:
+            failure = failure or exc
+    assert failure is not None
+    raise failure
 
 
 def align_with_server(host: str, model: str, tok: Tokenizer, api_key: str = "",
@@ -130,6 +208,9 @@ def public_options(opts: Any) -> dict:
     for k, v in sorted(vars(opts).items()):
         if k in SECRET_OPTIONS:
             out[k] = "***" if v else ""
+        elif k == "header":
+            out[k] = [f"{n}: ***" if is_credential_header(n) else f"{n}: {val}"
+                      for n, val in parse_headers(v).items()] if v else []
         elif isinstance(v, (str, int, float, bool)) or v is None:
             out[k] = v
         elif isinstance(v, (list, tuple)) and all(isinstance(x, (str, int, float, bool)) for x in v):

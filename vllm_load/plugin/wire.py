@@ -84,7 +84,8 @@ def begin_step(environment: Any, step: int, level: float) -> None:
     now = time.time()
     if col.step is not None and col.step in col.step_bounds:
         col.step_bounds[col.step][2] = now
-    col.step_bounds[step] = [level, now, None]
+    # a step's measured window starts after its warm-up (its requests before that are not in its stats)
+    col.step_bounds[step] = [level, now + col.plan.warmup, None]
     col.step = step
     rate_sweep = environment.parsed_options.sweep_mode == "rate"
     rate = float(level) if rate_sweep else 0.0

@@ -120,6 +120,9 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         f"duration {s['duration_s']:.1f} s  request rate {s['request_rate']:.2f}/s  "
         f"output {s['output_tokens']} tok ({s['output_token_rate']:.1f} tok/s)  input {s['input_tokens']} tok"
     )
+    if s.get("warmup_excluded"):
+        lines.append(f"warm-up: {s['warmup_excluded']} requests started during --warmup were sent and logged, and "
+                     "left out of every number here")
     if s.get("records_per_request"):
         lines.append(f"records {s['records']} ({s['records_per_request']} per request)  "
                      f"record rate {s['record_rate']:.2f}/s")

@@ -158,6 +158,8 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
     parts.append(_table(["", ""], [
         ["target", html.escape(str(run.config.get("host")))], ["model", html.escape(str(run.config.get("model")))],
         ["requests (ok / failed)", f"{s['requests']} ({s['succeeded']} / {s['failed']})"],
+        *([["warm-up (excluded)", f"{s['warmup_excluded']} requests started during --warmup"]]
+          if s.get("warmup_excluded") else []),
         ["duration", f"{s['duration_s']:.1f} s"], ["request rate", f"{s['request_rate']:.2f} /s"],
         ["output tokens/s", f"{s['output_token_rate']:.1f}"],
         ["goodput", "n/a" if s.get("goodput") is None else f"{s['goodput'] * 100:.1f}%"],

@@ -1,0 +1,114 @@
+"""What a run can send: request options (headers, extra body, temperature, several models, switches for
+strict servers), the tokenizer vLLM loaded, warm-up exclusion, reproducible runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import ROOT, run_locust
+from tests.test_e2e import load_run
+
+CHAT = str(ROOT / "locustfiles" / "chat.py")
+
+
+def _sent(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_headers_extra_body_temperature_and_models_reach_the_server(emulator_factory, tmp_path):
+    sent = tmp_path / "sent.jsonl"
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(sent),
+                           "--served-model-name", "alias-a", "--lora-modules", "lora-b")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--host", emu.url,
+                      "--output-tokens", "8", "--header", "X-Tenant: team-a", "--header", "X-Api-Token: sekrit-value",
+                      "--extra-body", '{"top_k": 5, "repetition_penalty": 1.1}', "--temperature", "0.5",
+                      "--model", "alias-a,lora-b", "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    # no --tokenizer: the model vLLM loaded (/v1/models root), not the served alias, and it says so
+    assert "tokenizer emulator/mistral-7b-v0.1 (from the server's /v1/models root)" in res.stdout
+    reqs = _sent(sent)
+    assert reqs and all(r["body"]["top_k"] == 5 and r["body"]["repetition_penalty"] == 1.1
+                        and r["body"]["temperature"] == 0.5 for r in reqs)
+    assert all(r["headers"]["X-Tenant"] == "team-a" and r["headers"]["X-Api-Token"] == "***" for r in reqs)
+    models = [r["body"]["model"] for r in reqs]
+    assert set(models) == {"alias-a", "lora-b"} and abs(models.count("alias-a") - models.count("lora-b")) <= 4
+    stats, logs = load_run(run_dir)
+    assert set(stats["summary"]["names"]) == {"alias-a", "lora-b"}  # grouped per model
+    assert all(r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+    # the credential never reaches a file of the run
+    for f in run_dir.iterdir():
+        assert "sekrit-value" not in f.read_text(errors="replace"), f.name
+    assert "X-Api-Token: ***" in (run_dir / "config.json").read_text()
+
+
+def test_a_server_that_refuses_min_tokens_and_continuous_usage_works_with_the_switches(emulator_factory, tmp_path):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--reject", "min_tokens,continuous_usage_stats")
+    refused = run_locust(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "8",
+                          "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
+    assert refused.returncode == 4  # nothing succeeded: the run measured nothing
+    assert "Unrecognized request argument supplied: min_tokens" in refused.stdout
+    ok = run_locust(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "8",
+                     "--no-ignore-eos", "--no-continuous-usage", "--run-dir", str(tmp_path / "b")], cwd=tmp_path)
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
+    _, logs = load_run(tmp_path / "b")
+    assert logs and all(r["ok"] and not r["continuous_usage"] and r["tokens_from_usage"] for r in logs)
+    assert all(r["output_tokens"] == 8 and sum(r["chunk_tokens"]) == 8 for r in logs)  # one token per text chunk
+
+
+def test_warmup_requests_are_logged_and_left_out_of_every_number(emulator_factory, tmp_path):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "5s", "--host", emu.url,
+                      "--output-tokens", "8", "--warmup", "3s", "--slo", "ttft.p99<=2s", "--run-dir", str(run_dir)],
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    stats, logs = load_run(run_dir)
+    s = stats["summary"]
+    warm = [r for r in logs if r["warmup"]]
+    measured = [r for r in logs if not r["warmup"]]
+    assert warm and measured
+    assert s["warmup_excluded"] == len(warm) and s["requests"] == len(measured)
+    assert s["metrics"]["ttft"]["count"] == len(measured)
+    # warm-up: the first 3 s; the measured requests all started after it
+    assert max(r["start"] for r in warm) < min(r["start"] for r in measured)
+    assert min(r["start"] for r in measured) - min(r["start"] for r in warm) >= 2.9
+    assert 1.5 <= s["duration_s"] <= 2.6  # 5 s of load minus 3 s of warm-up
+    assert f"warm-up: {len(warm)} requests" in res.stdout
+    assert "warm-up (excluded)" in (run_dir / "report.html").read_text()
+
+
+def _run(emu, tmp_path, tag, *extra):
+    sent = tmp_path / f"sent-{tag}.jsonl"
+    run_dir = tmp_path / tag
+    res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "3s", "--host", emu.url,
+                      "--input-tokens", "20-300", "--output-tokens", "2-12", "--request-rate", "12",
+                      "--run-dir", str(run_dir), *extra], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    _, logs = load_run(run_dir)
+    logs.sort(key=lambda r: r["start"])
+    return logs, json.loads((run_dir / "config.json").read_text())
+
+
+@pytest.mark.parametrize("salt", [None, "fixed-salt"])
+def test_seed_repeats_lengths_and_arrivals_and_salt_repeats_content(emulator_factory, tmp_path, salt):
+    emu = emulator_factory("--ttft", "0.005", "--itl", "0.001", "--request-log", str(tmp_path / "all.jsonl"))
+    extra = ["--seed", "7"] + (["--salt", salt] if salt else [])
+    a, cfg_a = _run(emu, tmp_path, "a", *extra)
+    b, cfg_b = _run(emu, tmp_path, "b", *extra)
+    n = min(len(a), len(b))
+    assert n >= 20
+    lens = lambda logs: [(r["input_tokens_asked"], r["output_tokens_asked"]) for r in logs[:n]]  # noqa: E731
+    assert lens(a) == lens(b) and len(set(lens(a))) > n // 2
+    gaps = lambda logs: [y["start"] - x["start"] for x, y in zip(logs, logs[1:n])]  # noqa: E731
+    assert gaps(a) == pytest.approx(gaps(b), abs=1e-3)  # the same arrival times, from the run's start
+    assert cfg_a["plan"]["seed"] == 7 and (cfg_a["plan"]["salt"] == cfg_b["plan"]["salt"]) == bool(salt)
+    bodies = _sent(tmp_path / "all.jsonl")
+    first = lambda k: bodies[k]["body"]["messages"][0]["content"]  # noqa: E731
+    same = first(0) == first(len(a))  # the first request of each run
+    assert same == bool(salt)
+    # no seed: other lengths
+    c, _ = _run(emu, tmp_path, "c")
+    assert lens(c[:n]) != lens(a)[: len(c)]
