@@ -111,3 +111,44 @@ def test_align_with_server_catches_a_wrong_tokenizer(tmp_path, emulator_factory)
                       "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 2
     assert "pass --tokenizer with the server's own tokenizer" in res.stderr
+
+
+def test_hugging_face_datasets_saved_locally_parquet_and_conversations(tmp_path):
+    import datasets
+
+    from vllm_load.errors import UsageError
+    from vllm_load.workload.datasets import read_records
+
+    texts = [f"review number {i}: the kv cache held" for i in range(5)]
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts, "label": list(range(5))}),
+                          "test": datasets.Dataset.from_dict({"text": ["only in test"], "label": [0]})}
+                         ).save_to_disk(str(tmp_path / "saved"))
+    assert [r.text for r in read_records(f"hf:{tmp_path / 'saved'}")] == texts
+    assert [r.text for r in read_records(f"hf:{tmp_path / 'saved'}:test")] == ["only in test"]
+    datasets.Dataset.from_dict({"body": texts}).to_parquet(str(tmp_path / "data.parquet"))
+    assert [r.text for r in read_records(f"hf:{tmp_path / 'data.parquet'}", field="body")] == texts
+    convs = [[{"from": "human", "value": "first"}, {"from": "gpt", "value": "x"}, {"from": "human", "value": "second"}]]
+    datasets.Dataset.from_dict({"conversations": convs}).save_to_disk(str(tmp_path / "convs"))
+    (rec,) = read_records(f"hf:{tmp_path / 'convs'}")
+    assert rec.user_turns == ("first", "second")
+    with pytest.raises(UsageError, match="has no split 'validation'"):
+        read_records(f"hf:{tmp_path / 'saved'}:validation")
+    with pytest.raises(UsageError, match="has no column 'nope'"):
+        read_records(f"hf:{tmp_path / 'saved'}", field="nope")
+    with pytest.raises(UsageError, match="cannot be loaded"):
+        read_records(f"hf:{tmp_path / 'missing'}")
+
+
+def test_a_run_sends_the_records_of_a_local_hugging_face_dataset(tmp_path, emulator_factory):
+    import datasets
+
+    texts = [f"distinctive record {i} about batching" for i in range(6)]
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "saved"))
+    sent = tmp_path / "sent.jsonl"
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(sent))
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--host", emu.url,
+                      "--dataset", f"hf:{tmp_path / 'saved'}", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    contents = [json.loads(line)["body"]["messages"][-1]["content"] for line in sent.read_text().splitlines()]
+    assert len(contents) >= 6 and {c.split("\n", 1)[1] for c in contents} == set(texts)

@@ -152,6 +152,8 @@ def test_master_and_two_workers_merge_exactly(emulator_factory, tmp_path):
     (["--header", "Authorization sekrit"], "is not 'Name: value'"),
     (["--warmup", "soon"], "--warmup"),
     (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--trace", "/nonexistent/trace.jsonl"], "cannot be read"),
+    (["--trace", str(ROOT / "tests" / "data" / "trace-short-row.jsonl")], "row 1 asks for 3 input tokens"),
     (["--model", "emulator/mistral-7b-v0.1,no-such-adapter"], "'no-such-adapter' is not served by"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, needle):

@@ -16,15 +16,13 @@ from vllm_load.rundir.reqlog import read_log
 LOCUSTFILE = textwrap.dedent("""
     import time
     import gevent
-    from locust.contrib.fasthttp import FastHttpUser
     from vllm_load.plugin.users import ChatUser, CompletionsUser
 
     class Stamped(ChatUser):
         pass
 
     class ReadTime(CompletionsUser):
-        def __init__(self, environment):
-            FastHttpUser.__init__(self, environment)  # LLMUser without rxstamp.install
+        kernel_stamps = False  # timed when the loop reads each chunk
 
     def hog():
         while True:

@@ -112,3 +112,24 @@ def test_seed_repeats_lengths_and_arrivals_and_salt_repeats_content(emulator_fac
     # no seed: other lengths
     c, _ = _run(emu, tmp_path, "c")
     assert lens(c[:n]) != lens(a)[: len(c)]
+
+
+def test_tls_targets_are_verified_unless_told_otherwise(emulator_factory, tmp_path):
+    import subprocess
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--ssl-keyfile", str(key), "--ssl-certfile", str(cert))
+    assert emu.url.startswith("https://")
+    args = ["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "4"]
+    refused = run_locust([*args, "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
+    assert refused.returncode == 2
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("vllm-load: error:")]
+    assert len(errors) == 1 and "pass --ca-bundle FILE with its CA, or --insecure" in errors[0]
+    for tag, extra in (("b", ["--ca-bundle", str(cert)]), ("c", ["--insecure"])):
+        ok = run_locust([*args, *extra, "--run-dir", str(tmp_path / tag)], cwd=tmp_path)
+        assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
+        _, logs = load_run(tmp_path / tag)
+        assert logs and all(r["ok"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)

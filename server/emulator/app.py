@@ -553,6 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(0: it runs to the context's end)")
     p.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage carries prompt_tokens_details.cached_tokens (the prefix-cache hit), as vLLM's flag")
+    p.add_argument("--ssl-keyfile", default="", help="serve https with this key (and --ssl-certfile), as vLLM's flags")
+    p.add_argument("--ssl-certfile", default="")
     p.add_argument("--reject", default="", metavar="FIELD,…",
                    help="answer 400 to requests carrying these body fields (e.g. min_tokens,continuous_usage_stats), "
                         "like a strict OpenAI-compatible gateway")
@@ -616,12 +618,14 @@ def main(argv: list[str] | None = None) -> int:
                 sys.stderr.flush()
         gevent.spawn(log_stats)
     handler = ArrivalStampingHandler if timing_log is not None else WSGIHandler
-    server = NoDelayWSGIServer((args.host, args.port), app, log=None, error_log=None, handler_class=handler)
+    tls = {"keyfile": args.ssl_keyfile, "certfile": args.ssl_certfile} if args.ssl_certfile else {}
+    server = NoDelayWSGIServer((args.host, args.port), app, log=None, error_log=None, handler_class=handler, **tls)
     server.init_socket()
     if timing_log is not None:
         rxstamp.enable(server.socket)  # accepted connections inherit it
     host, port = server.socket.getsockname()[:2]
-    print(f"vllm-load emulator listening on http://{host}:{port} model {' '.join(app.served + app.loras)}", flush=True)
+    scheme = "https" if tls else "http"
+    print(f"vllm-load emulator listening on {scheme}://{host}:{port} model {' '.join(app.served + app.loras)}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

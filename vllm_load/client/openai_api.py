@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -16,6 +17,28 @@ class ServedModel:
     max_model_len: int | None
     all_ids: list[str]
     root: str = ""  # what vLLM loaded (the model's path or hub id), under --served-model-name's alias
+
+
+def tls_context(insecure: bool, ca_bundle: str) -> ssl.SSLContext | None:
+    """The TLS check of https:// targets: verified against the system's CAs (None), against --ca-bundle's,
+    or not at all with --insecure (a self-signed test server)."""
+    if insecure:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    if ca_bundle:
+        try:
+            return ssl.create_default_context(cafile=ca_bundle)
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(f"--ca-bundle {ca_bundle} cannot be used ({exc}): give a PEM file of CA certificates") from None
+    return None
+
+
+def use_tls_context(ctx: ssl.SSLContext | None) -> None:
+    """This process's own calls to the server (/v1/models, /tokenize, /health) check TLS as the requests do."""
+    if ctx is not None:
+        urllib.request.install_opener(urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx)))
 
 
 def auth_header(api_key: str) -> dict[str, str]:
@@ -38,6 +61,9 @@ def discover_model(host: str, model: str, api_key: str = "", timeout: float = 10
         raise UsageError(f"{url} answered HTTP {exc.code}: {hint}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
+        if "CERTIFICATE_VERIFY_FAILED" in str(reason):
+            raise UsageError(f"cannot reach {url} (its TLS certificate does not verify: {reason}): pass --ca-bundle "
+                             "FILE with its CA, or --insecure for a test server") from None
         raise UsageError(f"cannot reach {url} ({reason}): check --host and that the server is up") from None
     entries = [m for m in data.get("data", []) if isinstance(m, dict) and m.get("id")]
     ids = [m["id"] for m in entries]

@@ -33,6 +33,8 @@ class ReadyRequest:
     input_tokens: int  # the prompt's length as the server counts it (chat template included)
     output_tokens: int | None  # forced with ignore_eos/min_tokens; None: the model stops on its own
     group: str | None = None  # the metrics' name when the request names none (its model, when a run has several)
+    due: float | None = None  # trace replay: seconds after the run's start the request is due
+    row: int | None = None  # trace replay: the trace row it replays
 
     @property
     def path(self) -> str:
@@ -220,6 +222,7 @@ def stream_request(
         retry_after=retry_after,
         cached_tokens=state.cached_tokens,
         name=name,
+        trace_row=req.row,
     )
     if cancelled is not None:
         raise StreamCancelled(rec) from cancelled

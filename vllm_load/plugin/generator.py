@@ -3,6 +3,7 @@ process's stats and request log, the open-loop schedule, the client's own health
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import sys
 import time
@@ -72,6 +73,10 @@ class Generator:
     helper: Any = None
     text_factory: PromptFactory | None = None
     defaults: BodyDefaults = field(default_factory=BodyDefaults)  # what every body carries (--temperature, …)
+    trace: list = field(default_factory=list)  # this process's share of --trace's rows, in time order
+    trace_next: int = 0
+    trace_sent: int = 0  # rows of this process's share sent so far
+    on_trace_done: Any = field(default=lambda: None)  # told once every row of the share is sent and back
     step_started: float = 0.0  # wall time the current sweep step began (its warm-up counts from there)
     model_turn: int = 0  # --model a,b: the next request's model is models[model_turn % len]
 
@@ -81,12 +86,15 @@ class Generator:
 
     @classmethod
     def create(cls, role: str, opts: Any, plan: RunPlan, worker_id: str, apis: frozenset[str] = frozenset(),
-               on_fatal: Any = None, health_sink: Any = None, worker_index: int = 0) -> Generator:
+               on_fatal: Any = None, health_sink: Any = None, worker_index: int = 0,
+               on_trace_done: Any = None) -> Generator:
         """A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
         that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
         rt = cls(role=role, opts=opts, plan=plan, worker_id=worker_id, worker_index=worker_index)
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
+        if on_trace_done is not None:
+            rt.on_trace_done = on_trace_done
         plan.files.path.mkdir(parents=True, exist_ok=True)
         rt.idle = gevent.event.Event()
         rt.idle.set()
@@ -120,6 +128,12 @@ class Generator:
             if o.dataset_batch:
                 self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
                     self.tokenizer, o.dataset_batch)
+        if o.trace:
+            from vllm_load.workload.trace import read_trace, share
+
+            self.trace = share(read_trace(o.trace, o.trace_format), self.worker_index, self.plan.processes)
+            if not self.trace:  # more processes than rows: nothing to send here
+                gevent.spawn(self.on_trace_done)
         self.reqlog = RequestLog(self.plan.files.requests(None if self.role == "local" else self.worker_id))
 
     #: longest wait for the first prompts of the run (a 32k-token prompt takes ~0.2 s to build)
@@ -194,10 +208,35 @@ class Generator:
         return self.pool(api).get()
 
     def build_request(self, api: str) -> ReadyRequest:
-        """A new request, in the prompt thread: its prompt (exact length, unique), its body's bytes."""
+        """A new request, in the prompt thread: its prompt (exact length, unique), its body's bytes. With a
+        trace, the next row of this process's share (StopIteration after its last)."""
+        if self.opts.trace:
+            return self._trace_request(api)
         prompt, max_tokens = self.new_prompt(api)
         model, group = self.next_model()
         return ready_request(api, model, prompt, max_tokens, self.defaults, group)
+
+    def _trace_request(self, api: str) -> ReadyRequest:
+        if self.trace_next >= len(self.trace):
+            raise StopIteration
+        row = self.trace[self.trace_next]
+        self.trace_next += 1
+        f = self.factory(api)
+        prompt = (f.from_blocks(row.hash_ids, int(self.opts.trace_block_size), row.input_tokens) if row.hash_ids
+                  else f.make(row.input_tokens))
+        model, group = self.next_model()
+        ready = ready_request(api, model, prompt, row.output_tokens, self.defaults, group)
+        return dataclasses.replace(ready, due=row.at / float(self.opts.trace_speed), row=row.index)
+
+    def trace_row_sent(self) -> None:
+        """One more row of the share is on its way; after the last, wait for them all to come back, then say so."""
+        self.trace_sent += 1
+        if self.trace_sent == len(self.trace):
+            gevent.spawn(self._trace_finished)
+
+    def _trace_finished(self) -> None:
+        self.idle.wait()
+        self.on_trace_done()
 
     def next_model(self) -> tuple[str, str | None]:
         """The next request's model, rotating over --model a,b, and its metrics group (None with one model)."""

@@ -6,6 +6,7 @@ way Locust's own plugins do: these here, the wire's (``wire.py``) and the end of
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -13,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import gevent.ssl
 from locust import events
 
+from vllm_load.client.openai_api import tls_context, use_tls_context
 from vllm_load.errors import UsageError, die
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.plugin import end_of_run, log_repeats, options, webui, wire
@@ -68,6 +71,7 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         return
     opts = environment.parsed_options
     try:
+        use_tls_context(tls_context(opts.insecure, opts.ca_bundle))
         # parsed here: workers get the texts in the run plan, not file paths their machines may not have
         STATE.slos = parse_slo_option(opts.slo)
         STATE.sidecar_url = opts.sidecar_url
@@ -110,6 +114,11 @@ def _on_init(environment: Any, **_kw: Any) -> None:
     # behind; Locust arms its --run-time timer next, relative to that stale "now", and a 3 s run
     # ended 0.1 s after it began. Refresh the clock so the run lasts what was asked.
     gevent.get_hub().loop.update_now()
+
+
+def _ca_bundle_context(ca_bundle: str, cafile: Any = None, **_kw: Any) -> Any:
+    """geventhttpclient passes its own CA file (certifi's): --ca-bundle's is the one that counts."""
+    return gevent.ssl.create_default_context(cafile=ca_bundle)
 
 
 def _stop_children() -> None:
@@ -162,7 +171,8 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         index = getattr(environment.runner, "worker_index", 0)
         STATE.generator = gen = Generator.create(role, opts, plan, worker_id, _apis(environment),
                                                  on_fatal=lambda message: wire.fatal(environment, message),
-                                                 health_sink=sink, worker_index=index if index >= 0 else 0)
+                                                 health_sink=sink, worker_index=index if index >= 0 else 0,
+                                                 on_trace_done=lambda: wire.trace_done(environment))
         if role == "local":  # one process: the collector's totals are the generator's own stats
             col.totals, col.step_stats, col.start_wall = gen.stats, gen.step_stats, gen.start_wall
     if role != "worker":
@@ -176,10 +186,15 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         STATE.live_server = LiveServer(plan.sidecar_url, col.start_wall, opts.sidecar_token)
     for cls in environment.user_classes:
         cls.network_timeout = float(opts.request_timeout)
-        if opts.request_rate > 0:  # open loop: one user holds many streams, each on its own connection
+        # Locust's FastHttpUser skips certificate checks unless told: vllm-load verifies unless --insecure
+        cls.insecure = bool(opts.insecure)
+        if opts.ca_bundle and not opts.insecure:
+            cls.ssl_context_factory = functools.partial(_ca_bundle_context, opts.ca_bundle)
+        if opts.request_rate > 0 or opts.trace:  # open loop: one user holds many streams, each on its own connection
             cls.concurrency = max(1, int(opts.max_concurrency))
     if STATE.last_step is not None and environment.shape_class is not None and role != "worker":
         wire.begin_step(*STATE.last_step)
+    STATE.trace_done = 0
     if role != "worker":
         col.write_config(STATE.target)
         print(f"vllm-load: run {plan.run_id} writes to {plan.files.path}", flush=True)

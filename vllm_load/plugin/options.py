@@ -35,6 +35,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--wait-for-server", "0", "wait this long (30s, 15m, …) for the server's /health and /v1/models before the "
         "run, with a progress line every 10 s (a vLLM loading its model takes minutes)"),
     Option("--api-key", "", "bearer token for the server (never logged or written)", is_secret=True),
+    Option("--ca-bundle", "", "https:// targets: verify the server's certificate against these CA certificates (PEM)"),
+    Option("--insecure", False, "https:// targets: do not verify the server's certificate (a self-signed test server)",
+        action="store_true"),
     Option("--run-dir", "", "where the run's files go (default: reports/<run id>)"),
     Option("--warmup", "0", "requests started in the first DURATION of the run (and of each sweep step) are sent and "
         "logged as warm-up, and left out of every metric, SLO and plot (the report says how many), e.g. 30s"),
@@ -81,6 +84,13 @@ OPTIONS: tuple[Option, ...] = (
         "instruction with one record, to compare with K); 0: each record is a prompt as it is", type=int),
     Option("--dataset-answer-tokens", 0, "with --dataset-batch: answer tokens per record (default: the tokens of the "
         "longest answer line the instruction asks for)", type=int),
+    Option("--trace", "", "replay a trace: each row sent once by the whole swarm at its timestamp (from the run's "
+        "start, latency counted from there), with its input and output length; the run ends with the trace"),
+    Option("--trace-format", "", "mooncake (JSON lines: timestamp ms, input_length, output_length, hash_ids) or csv "
+        "(timestamp, input and output length: BurstGPT's and Azure's column names work) (default: from the extension)"),
+    Option("--trace-speed", 1.0, "replay this many times faster than recorded (0.5: half speed)", type=float),
+    Option("--trace-block-size", 512, "tokens per hash id of a Mooncake trace: the same id, the same block of "
+        "content, so the server's prefix cache sees the reuse the trace recorded", type=int),
     Option("--turns", 3, "multiturn.py: turns per conversation (with --dataset: at most this many of each "
         "conversation's user turns)", type=int),
     Option("--turn-input-tokens", "50", "multiturn.py: tokens of each later user message: N, LOW-HIGH, normal:MEAN,STD"),

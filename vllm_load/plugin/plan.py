@@ -37,16 +37,20 @@ class RunPlan:
     stop_on_outage: float
     models: tuple[str, ...] = ()  # every model requests rotate over (one: ``model``)
     warmup: float = 0.0  # --warmup seconds: requests started this soon after the run's (or a step's) start are excluded
+    processes: int = 1  # load-generating processes (workers) at the start: a trace is split over them
     seed: int | None = None  # --seed: lengths, arrivals, dataset order and trace split repeat run after run
 
     @classmethod
-    def decide(cls, opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int) -> RunPlan:
+    def decide(cls, opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int,
+               processes: int = 1) -> RunPlan:
         run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-        return cls(run_id=run_id, salt=opts.salt or secrets.token_hex(16), seed=opts.seed if opts.seed >= 0 else None, run_dir=opts.run_dir or str(Path("reports") / run_id),
+        return cls(run_id=run_id, salt=opts.salt or secrets.token_hex(16), seed=opts.seed if opts.seed >= 0 else None,
+                   run_dir=opts.run_dir or str(Path("reports") / run_id),
                    host=target.host, model=target.model, tokenizer=target.tokenizer, is_emulator=target.is_emulator,
                    slos=tuple(slos), sidecar_url=sidecar_url, total_users=max(1, int(total_users or 1)),
                    backoff_max=target.backoff_max, outage_after=target.outage_after,
-                   stop_on_outage=target.stop_on_outage, models=target.models or (target.model,), warmup=target.warmup)
+                   stop_on_outage=target.stop_on_outage, models=target.models or (target.model,), warmup=target.warmup,
+                   processes=max(1, processes))
 
     @property
     def draws(self) -> str:

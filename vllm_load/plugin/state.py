@@ -31,6 +31,7 @@ class _State:
     target_error: str | None = None  # the web UI's target failed its check: shown there until fixed
     outage_now: str | None = None  # an outage going on right now, as the console said it
     outage_stop: str | None = None  # --stop-on-outage ended the run with this reason
+    trace_done: int = 0  # load processes that replayed their share of the trace (master / local)
     watcher: Any = None  # greenlet watching for outages (master / local)
     live_server: LiveServer | None = None  # the sidecar's samples while the web UI shows a run
     environment: Any = None  # this process's Locust environment (some events do not pass it)

@@ -117,6 +117,7 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
             raise UsageError(f"--dataset-answer-tokens must be >= 1, got {opts.dataset_answer_tokens}")
     elif opts.dataset_batch:
         raise UsageError("--dataset-batch needs --dataset: name the file whose records are batched")
+    trace = _check_trace(opts)
     headers = request_headers(opts)
     body_defaults(opts)
     models = [m.strip() for m in str(opts.model or "").split(",") if m.strip()]
@@ -127,7 +128,12 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
         discover_model(host, other, opts.api_key, headers=headers)  # each must be served: one line if not
     tok, tok_name, tokenizer_source = _tokenizer_for(opts.tokenizer, served)
     limit = served.max_model_len
-    if limit and input_spec.high + output_spec.high > limit:
+    if trace:
+        longest = max(trace, key=lambda r: r.input_tokens + r.output_tokens)
+        if limit and longest.input_tokens + longest.output_tokens > limit:
+            raise UsageError(f"trace row {longest.index} asks for {longest.input_tokens} + {longest.output_tokens} "
+                             f"tokens, beyond the server's max_model_len {limit}: replay another trace or server")
+    elif limit and input_spec.high + output_spec.high > limit:
         raise UsageError(
             f"input {input_spec.high} + output {output_spec.high} tokens exceed the server's max_model_len {limit}: "
             "lower --input-tokens or --output-tokens"
@@ -135,7 +141,12 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
     for api in sorted(apis):
         # raises the one-line reason when this tokenizer cannot build prompts for the API (no chat template)
         factory = PromptFactory(tok, api, salt="probe", shared_prefix_tokens=opts.shared_prefix_tokens)  # type: ignore[arg-type]
-        if not opts.dataset and input_spec.low < factory.min_tokens:
+        if trace:
+            short = min(trace, key=lambda r: r.input_tokens)
+            if short.input_tokens < factory.overhead + 1:
+                raise UsageError(f"trace row {short.index} asks for {short.input_tokens} input tokens, below the "
+                                 f"{factory.overhead + 1}-token minimum of a {api} prompt with tokenizer {tok_name!r}")
+        elif not opts.dataset and input_spec.low < factory.min_tokens:
             parts = f"template {factory.overhead}" + (
                 f" + shared prefix {factory.shared_prefix_tokens}" if factory.shared_prefix_tokens else "")
             raise UsageError(
@@ -147,6 +158,22 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
         print(f"vllm-load: --align-with-server: {checked}", flush=True)
     return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec, backoff_max, outage_after,
                   stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup)
+
+
+def _check_trace(opts: Any) -> list:
+    if not opts.trace:
+        return []
+    from vllm_load.workload.trace import read_trace
+
+    if opts.dataset:
+        raise UsageError("--trace and --dataset both say what to send: pick one")
+    if not opts.trace_speed > 0:
+        raise UsageError(f"--trace-speed must be > 0, got {opts.trace_speed}")
+    if opts.trace_block_size < 1:
+        raise UsageError(f"--trace-block-size must be >= 1, got {opts.trace_block_size}")
+    if opts.request_rate:
+        raise UsageError("--trace sets the arrival times itself: drop --request-rate")
+    return read_trace(opts.trace, opts.trace_format)
 
 
 def _tokenizer_for(given: str, served: Any) -> tuple[Tokenizer, str, str]:

@@ -17,6 +17,7 @@ import time
 import traceback
 from typing import Any, Callable
 
+import gevent
 from gevent.pool import Pool
 from locust import constant, task
 from locust.contrib.fasthttp import FastHttpUser
@@ -28,6 +29,7 @@ from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.llm import LLM, Due
 from vllm_load.plugin.state import STATE
 from vllm_load.client import rxstamp
+from vllm_load.workload.prompt_pool import END
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +68,8 @@ class LLMUser(FastHttpUser):
     concurrency = 1
     network_timeout = 600.0
     connection_timeout = 30.0
+    #: chunks timed by the kernel's receive stamps (False: when the loop read them, for comparison)
+    kernel_stamps = True
 
     @classmethod
     def check_options(cls, options: Any) -> None:
@@ -79,7 +83,7 @@ class LLMUser(FastHttpUser):
     def __init__(self, environment: Any) -> None:
         super().__init__(environment)
         self.llm = LLM(self)
-        if self.client_pool is None:  # a pool the user shares between users stays as given
+        if self.client_pool is None and self.kernel_stamps:  # a pool the user shares between users stays as given
             rxstamp.install(self.client)  # chunks timed by the kernel's receive stamps, not the loop's wake-ups
 
     def _open_loop(self, gen: Generator) -> None:
@@ -132,7 +136,40 @@ class _WorkloadUser(LLMUser):
 
     @task
     def generate(self) -> None:
+        gen = STATE.generator
+        if gen is not None and gen.opts.trace:
+            self._replay(gen)
         self.llm.send(self.llm.prepared(self.api))
+
+    def _replay(self, gen: Generator) -> None:
+        """--trace: this process's rows, each sent at its due time from the run's start (several users share
+        the rows in order), each timed from that intended start; then wait for the run's end."""
+        pool = Pool(max(1, int(gen.opts.max_concurrency)))
+        run_start = time.perf_counter() - (time.time() - gen.start_wall)  # the run's start on this clock
+        try:
+            while not gen.draining:
+                ready = self.llm.prepared(self.api)
+                if ready is END or gen.draining:
+                    break
+                due = run_start + (ready.due or 0.0)
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    gevent.sleep(delay)
+                if gen.draining:
+                    break
+                pool.wait_available()
+                pool.spawn(self._send_due, gen, ready, Due(due, run_start))
+            gen.park()
+        finally:
+            pool.kill()
+
+    def _send_due(self, gen: Generator, ready: Any, due: Due) -> None:
+        self.llm.start_due(due)
+        gen.trace_row_sent()
+        try:
+            self.llm.send(ready)
+        finally:
+            self.llm.end_due()
 
 
 class ChatUser(_WorkloadUser):

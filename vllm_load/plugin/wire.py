@@ -17,6 +17,8 @@ from vllm_load.plugin.plan import PLAN, RunPlan
 from vllm_load.plugin.state import STATE
 
 log = logging.getLogger("vllm_load")
+#: worker -> master: this worker replayed its share of the trace
+TRACE_DONE = "vllm_load_trace_done"
 
 
 FLUSH, FLUSHED, STEP, FATAL, RESET = ("vllm_load_flush", "vllm_load_flushed", "vllm_load_step", "vllm_load_fatal",
@@ -55,6 +57,23 @@ def _on_spawning_complete(user_count: int = 0, **_kw: Any) -> None:
         for part in (STATE.generator, STATE.collector):
             if part is not None:
                 part.reset_metrics()
+
+
+def trace_done(environment: Any) -> None:
+    """This process sent its share of the trace and its requests came back: a worker tells the master; the
+    master (or a local runner) ends the run once every load process has."""
+    if isinstance(environment.runner, WorkerRunner):
+        environment.runner.send_message(TRACE_DONE, None)
+        return
+    STATE.trace_done += 1
+    plan = STATE.plan
+    if plan is None or STATE.trace_done < plan.processes:
+        return
+    print("vllm-load: the trace was replayed: stopping the run", flush=True)
+    if environment.web_ui is not None and not environment.parsed_options.headless:
+        gevent.spawn(environment.runner.stop)
+    else:
+        gevent.spawn(environment.runner.quit)
 
 
 def fatal(environment: Any, message: str) -> None:
@@ -160,7 +179,8 @@ def decide_plan(environment: Any) -> RunPlan:
     opts, target = environment.parsed_options, STATE.target
     assert target is not None
     users = getattr(environment.runner, "target_user_count", 0) or getattr(opts, "num_users", 0) or 1
-    plan = RunPlan.decide(opts, target, [s.text for s in STATE.slos], STATE.sidecar_url, users)
+    processes = len(environment.runner.clients.all) if isinstance(environment.runner, MasterRunner) else 1
+    plan = RunPlan.decide(opts, target, [s.text for s in STATE.slos], STATE.sidecar_url, users, processes)
     STATE.plan = plan
     if isinstance(environment.runner, MasterRunner):
         for client in environment.runner.clients.all:
@@ -224,3 +244,4 @@ def register(environment: Any, role: str) -> None:
     elif role == "master":
         runner.register_message(FLUSHED, lambda msg, **kw: _master_flushed(environment, msg))
         runner.register_message(FATAL, lambda msg, **kw: fatal(environment, str(msg.data)))
+        runner.register_message(TRACE_DONE, lambda msg, **kw: trace_done(environment))

@@ -37,8 +37,13 @@ def guess_format(path: Path) -> str:
     return {".csv": "csv", ".jsonl": "jsonl", ".json": "sharegpt"}.get(suffix, "jsonl")
 
 
+HF_PREFIX = "hf:"
+
+
 def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Record]:
     """Read every usable record; bad input raises UsageError with one line."""
+    if str(path).startswith(HF_PREFIX):
+        return read_hf(str(path)[len(HF_PREFIX):], field)
     p = Path(path)
     fmt = fmt or guess_format(p)
     if fmt not in FORMATS:
@@ -80,6 +85,58 @@ def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Recor
         records = [Record(text=row[key]) for row in reader if row.get(key, "").strip()]
     if not records:
         raise _fail(p, f"holds no usable {fmt} records" + (f" with field {field!r}" if field else ""))
+    return records
+
+
+def read_hf(spec: str, field: str = "") -> list[Record]:
+    """``--dataset hf:NAME_OR_PATH[:split]`` through the ``datasets`` library: a folder written by
+    ``save_to_disk``, parquet files (a file or a folder of them), or a hub name (which needs the hub or its
+    cache). The text is ``field`` (default ``text``, else the first string column); a ShareGPT-like
+    ``conversations`` column gives every user turn."""
+    try:
+        import datasets
+    except ImportError:
+        raise UsageError("--dataset hf:… needs the datasets library: pip install 'vllm-load[hf]'") from None
+    name, _, split = spec.partition(":")
+    local = Path(name)
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    try:
+        if local.is_dir() and any((local / f).exists() for f in ("dataset_info.json", "dataset_dict.json", "state.json")):
+            ds = datasets.load_from_disk(str(local))
+        elif local.suffix == ".parquet" or (local.is_dir() and any(local.glob("*.parquet"))):
+            files = [str(local)] if local.is_file() else sorted(str(f) for f in local.glob("*.parquet"))
+            ds = datasets.load_dataset("parquet", data_files=files, split=split or "train")
+        else:
+            ds = datasets.load_dataset(name, split=split or None)
+    except Exception as exc:  # datasets raises FileNotFoundError, ConnectionError, ValueError and its own kinds
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise UsageError(f"dataset hf:{spec} cannot be loaded ({first}): give a folder written by save_to_disk, "
+                         "parquet files, or a hub name the machine can reach") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split and split not in ds:
+            raise UsageError(f"dataset hf:{spec} has no split {split!r} (it has {', '.join(ds)})")
+        ds = ds[split or ("train" if "train" in ds else next(iter(ds)))]
+    columns = list(ds.column_names)
+    key = field or ("text" if "text" in columns else "conversations" if "conversations" in columns else "")
+    if not key:
+        key = next((c for c in columns if ds.features[c].dtype == "string"), "")
+    if key not in columns:
+        raise UsageError(f"dataset hf:{spec} has no column {key or field!r} (columns: {', '.join(columns)}): "
+                         "set --dataset-field")
+    records = []
+    for value in ds[key]:
+        if isinstance(value, list):  # conversations: [{"from"/"role": …, "value"/"content": …}, …]
+            turns = [t for t in value if isinstance(t, dict)]
+            users = tuple(str(t.get("value") or t.get("content") or "") for t in turns
+                          if (t.get("from") or t.get("role")) in ("human", "user"))
+            users = tuple(u for u in users if u.strip())
+            if users:
+                records.append(Record(text=users[0], user_turns=users))
+        elif isinstance(value, str) and value.strip():
+            records.append(Record(text=value))
+    if not records:
+        raise UsageError(f"dataset hf:{spec} holds no usable text in column {key!r}")
     return records
 
 

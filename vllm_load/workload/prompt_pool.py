@@ -25,6 +25,10 @@ class PromptError(Exception):
     """The pool cannot build prompts any more; the message is the first failure's, one line."""
 
 
+#: what ``get`` returns once ``make`` raised StopIteration (a trace's last row was handed out)
+END = object()
+
+
 class PromptPool:
     """A bounded queue of ready requests, refilled by one producer thread."""
 
@@ -43,6 +47,12 @@ class PromptPool:
     def _produce(self) -> None:
         while True:
             items = self.threads.spawn(self._make_batch).get()
+            if isinstance(items, tuple):  # the source ended: what was made, then END for every later get
+                for item in items:
+                    self.queue.put(item)
+                self.queue.put(END)
+                self.ready.set()
+                return
             if isinstance(items, Exception):  # a bad dataset record, a length below the minimum: fatal for the run
                 exc = items
                 self.error = exc
@@ -55,14 +65,22 @@ class PromptPool:
                 self.queue.put(item)
             self.ready.set()
 
-    def _make_batch(self) -> list[Any] | Exception:
+    def _make_batch(self) -> list[Any] | tuple | Exception:
+        made: list[Any] = []
         try:
-            return [self.make() for _ in range(self.batch)]
+            for _ in range(self.batch):
+                made.append(self.make())
+            return made
+        except StopIteration:
+            return tuple(made)
         except Exception as exc:  # returned, not raised: gevent's threadpool would print its traceback
             return exc
 
     def get(self) -> Any:
         item = self.queue.get()
+        if item is END:
+            self.queue.put(END)  # every user sees the end
+            return END
         if isinstance(item, BaseException):
             self.queue.put(item)  # every user sees the same failure
             # a new exception each time: re-raising the stored one would grow its traceback by a frame

@@ -137,6 +137,40 @@ class PromptFactory:
         prompt.tokens = self.count(prompt)
         return prompt
 
+    def _block_words(self, hash_id: int, size: int) -> list[str]:
+        """The words of one trace block: the same hash id, the same words, for the whole run (its salt)."""
+        rng = random.Random(f"{self.salt}/block/{hash_id}")
+        return [rng.choice(self.start_words)] + [rng.choice(self.words) for _ in range(size - 1)]
+
+    def from_blocks(self, hash_ids: tuple[int, ...], block_size: int, n_tokens: int) -> Prompt:
+        """A prompt of exactly ``n_tokens`` tokens whose content is the trace's blocks in order (one word per
+        token), cut where the length ends, with unique words after the last block when it is longer: two
+        prompts share exactly the blocks their hash ids share, plus the template's own leading tokens."""
+        if n_tokens < self.overhead + 1:
+            raise UsageError(f"a trace row asks for {n_tokens} input tokens: a {self.api} prompt needs at least "
+                             f"{self.overhead + 1} with this tokenizer (template {self.overhead} + 1)")
+        seq = self.seq
+        self.seq += 1
+        want = n_tokens - self.overhead
+        words: list[str] = []
+        for h in hash_ids:
+            if len(words) >= want + 8:
+                break
+            words += self._block_words(h, block_size)
+        if len(words) < want + 8:
+            words += self._unique_words(seq, want + 8 - len(words))
+        k = want
+        for _ in range(8):
+            prompt = self._render(words[:k])
+            got = self.count(prompt)
+            if got == n_tokens:
+                prompt.tokens = got
+                return prompt
+            k += n_tokens - got
+            if k < 1 or k > len(words):
+                break
+        raise UsageError(f"could not build an exact {n_tokens}-token trace prompt with tokenizer {self.tok.name!r}")
+
     def make(self, n_tokens: int) -> Prompt:
         """A fresh prompt of exactly ``n_tokens`` tokens as the server counts them."""
         if n_tokens < self.min_tokens:
