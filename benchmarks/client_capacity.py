@@ -46,7 +46,7 @@ def run_level(users: int, seconds: float, output_tokens: int) -> dict:
         data = json.loads((run_dir / "llm_stats.json").read_text())
         s = data["summary"]
         duration = data["end"] - data["start"]
-        chunks = s["metrics"]["itl_chunk"]["count"] + s["succeeded"]  # gaps + first chunks
+        chunks = s["metrics"]["itl"]["count"] + s["succeeded"]  # gaps + first chunks
         return {"users": users, "chunks_per_s": chunks / duration, "requests": s["requests"], "failed": s["failed"],
                 "locust_cpu_s": loc_cpu, "emulator_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
                 "wall_s": wall, "duration_s": duration, "chunks": chunks}

@@ -40,11 +40,12 @@ def test_headless_run_measures_the_configured_schedule(emulator_factory, tmp_pat
     # Stated tolerance: the client may only add its own overhead, at most 10 ms at the median
     assert TTFT <= m["ttft"]["p50"] <= TTFT + 0.010
     # two tokens per chunk: chunk gaps are 2*ITL, per-token gaps ITL (within 1 ms at the median)
-    assert m["itl_chunk"]["p50"] == pytest.approx(2 * ITL, abs=0.001)
-    assert m["itl"]["p50"] == pytest.approx(ITL, abs=0.001)
+    # vLLM's names: itl is the gap between chunks (2 tokens each here), itl_token the gap per token
+    assert m["itl"]["p50"] == pytest.approx(2 * ITL, abs=0.001)
+    assert m["itl_token"]["p50"] == pytest.approx(ITL, abs=0.001)
     # the emulator sends 16 chunks of 2 tokens: E2E-TTFT = 15 chunk gaps, TPOT = that / 31
     assert m["tpot"]["p50"] == pytest.approx(15 * 2 * ITL / 31, rel=0.05)
-    assert m["itl"]["count"] == sum(r["output_tokens"] - 1 for r in logs)
+    assert m["itl_token"]["count"] == sum(r["output_tokens"] - 1 for r in logs)
     # the run dir says the target was not the emulator the locustfile started itself
     assert json.loads((run_dir / "config.json").read_text())["target_is_emulator"] is False
 
@@ -125,11 +126,11 @@ def test_master_and_two_workers_merge_exactly(emulator_factory, tmp_path):
             itl.record((offs[i] - offs[i - 1]) / r["chunk_tokens"][i], r["chunk_tokens"][i])
     m = s["metrics"]
     assert m["ttft"]["count"] == ttft.count == len(logs)
-    assert m["itl"]["count"] == itl.count
+    assert m["itl_token"]["count"] == itl.count
     for p in ("p50", "p90", "p99", "p99.9"):
         q = float(p[1:])
         assert m["ttft"][p] == pytest.approx(ttft.percentile(q), rel=1e-3)
-        assert m["itl"][p] == pytest.approx(itl.percentile(q), rel=1e-3)
+        assert m["itl_token"][p] == pytest.approx(itl.percentile(q), rel=1e-3)
     exact = sorted(r["ttft"] for r in logs)
     assert m["ttft"]["p50"] == pytest.approx(statistics.median_low(exact), rel=2e-3) or \
         m["ttft"]["p50"] == pytest.approx(statistics.median_high(exact), rel=2e-3)

@@ -150,10 +150,10 @@ def test_batched_fold_equals_recording_each_value():
         if r.ttft is not None:
             want["ttft"].record(r.ttft)
         for g in r.chunk_itls():
-            want["itl_chunk"].record(g)
+            want["itl"].record(g)
         w = win_itl.setdefault(int(r.start // 10) * 10, Histogram())
         for g, times in r.token_itls():
-            want["itl"].record(g, times)
+            want["itl_token"].record(g, times)
             w.record(g, times)
         if r.tpot is not None:
             want["tpot"].record(r.tpot)
@@ -168,7 +168,7 @@ def test_batched_fold_equals_recording_each_value():
     assert stats.tokens_per_second == tps
     assert set(stats.windows) == set(win_itl)
     for w, h in win_itl.items():
-        assert list(stats.windows[w]["itl"].hdr.counts) == list(h.hdr.counts)
+        assert list(stats.windows[w]["itl_token"].hdr.counts) == list(h.hdr.counts)
     assert stats.requests == 700 and stats.failures == sum(not r.ok for r in recs)
 
 
@@ -186,7 +186,7 @@ def test_old_windows_are_packed_and_read_the_same():
     for i in range(200):
         if int((1000.0 + i) // 10) * 10 == old[0]:
             ref.add(rec([0.1 + i * 1e-4, 0.2, 0.35], [1, 1, 1], e2e=0.4, start=1000.0 + i))
-    for m in ("ttft", "itl", "e2e"):
+    for m in ("ttft", "itl_token", "e2e"):
         assert wins[old[0]][m].summary() == ref.windows[old[0]][m].summary()
     # the wire keeps the packed encoding; a merge of two such runs equals the sum
     back = LLMStats.from_wire(json.loads(json.dumps(stats.to_wire())))

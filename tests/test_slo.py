@@ -19,7 +19,11 @@ from vllm_load.metrics.stats import LLMStats
     ("e2e.max<=2s", "e2e", "max", "<=", 2.0),
     ("tpot.p99.9<=800us", "tpot", "p99.9", "<=", 0.0008),
     ("error_rate<=1%", "error_rate", "", "<=", 0.01),
-    ("goodput>=95%", "goodput", "", ">=", 0.95),
+    ("good_request_fraction>=95%", "good_request_fraction", "", ">=", 0.95),
+    ("goodput>=12.5", "goodput", "", ">=", 12.5),
+    ("goodput>=12.5req/s", "goodput", "", ">=", 12.5),
+    ("e2el.p99<=2s", "e2e", "p99", "<=", 2.0),
+    ("itl_token.p99<=20ms", "itl_token", "p99", "<=", 0.02),
     ("output_token_rate>=2000", "output_token_rate", "", ">=", 2000),
     ("server.prefix_cache_hit_rate<=0%", "server.prefix_cache_hit_rate", "", "<=", 0.0),
     ("server.preemptions<=0", "server.preemptions", "", "<=", 0),
@@ -36,7 +40,8 @@ def test_parse_good(text, metric, stat, op, value):
     ("latency.p99<=5ms", "unknown metric"),
     ("ttft.p99 = 5ms", "malformed"),
     ("error_rate.p99<=1%", "takes no"),
-    ("goodput>=95ms", "percentage"),
+    ("good_request_fraction>=95ms", "percentage"),
+    ("goodput>=95ms", "is in req/s"),
 ])
 def test_parse_bad(text, match):
     with pytest.raises(UsageError, match=match):
@@ -84,8 +89,10 @@ def test_evaluation_on_known_data():
     assert got == {"ttft.p50<=500ms": True, "ttft.p99<=100ms": False, "error_rate<=1%": False,
                    "error_rate<=5%": True, "goodput>=10%": True, "goodput>=20%": False,
                    "server.preemptions<=0": False}
-    # ttft <= 100 ms and e2e <= 1 s: requests 0..9 (ttft 10..100 ms), all of which succeeded
-    assert summary["goodput"] == pytest.approx(0.10)
+    # ttft <= 100 ms and e2e <= 1 s: requests 0..9 (ttft 10..100 ms), all of which succeeded: 10 good requests
+    # in 10 s is vLLM's goodput, 1/s; the old spelling goodput>=10% judges their share
+    assert summary["good_request_fraction"] == pytest.approx(0.10)
+    assert summary["goodput"] == pytest.approx(1.0)
     assert "no server-side data" in checks[-1].detail
     root = ET.fromstring(junit_xml(checks))
     assert root.get("tests") == "7" and root.get("failures") == "4"
@@ -142,3 +149,32 @@ def test_an_slo_can_judge_the_requests_of_one_name():
     assert goodput_thresholds(slos) == {}
     with pytest.raises(UsageError, match="belongs to the whole run"):
         parse_slo("server.preemptions[turn 1]<=0")
+
+
+def test_old_spellings_keep_working_with_one_deprecation_line(capsys):
+    from vllm_load.metrics import slo as slo_mod
+
+    slo_mod._warned.clear()
+    assert parse_slo("itl_chunk.p99<=20ms").metric == "itl"
+    assert parse_slo("itl_chunk.p50<=20ms").metric == "itl"
+    assert parse_slo("goodput>=95%").metric == "good_request_fraction"
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and all(line.startswith("vllm-load: deprecated:") for line in err)
+    assert "itl_token" in err[0] and "good_request_fraction" in err[1]
+
+
+def test_runs_saved_with_the_old_names_read_with_the_new_ones():
+    from vllm_load.metrics.stats import upgrade_summary
+
+    s = LLMStats()
+    s.add(RequestRecord(api="chat", start=1000.0, e2e=1.0, ok=True, ttft=0.1, chunk_offsets=[0.1, 0.3],
+                        chunk_tokens=[1, 2], output_tokens=3))
+    wire = s.to_wire()
+    old = dict(wire, hists={{"itl_token": "itl", "itl": "itl_chunk"}.get(k, k): v for k, v in wire["hists"].items()})
+    del old["names_version"]
+    back = LLMStats.from_wire(old)
+    assert back.hists["itl"].count == 1 and back.hists["itl_token"].count == 2  # 1 chunk gap, 2 token gaps
+    summary = upgrade_summary({"metrics": {"itl": {"count": 2}, "itl_chunk": {"count": 1}}, "goodput": 0.5,
+                               "good_requests": 5, "duration_s": 10.0})
+    assert summary["metrics"]["itl"]["count"] == 1 and summary["metrics"]["itl_token"]["count"] == 2
+    assert summary["good_request_fraction"] == 0.5 and summary["goodput"] == 0.5

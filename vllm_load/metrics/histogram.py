@@ -145,6 +145,7 @@ class Histogram:
     def summary(self) -> dict[str, float]:
         out = {"count": self.count, "mean": self.mean, "min": self.min if self.count else 0.0}
         hdr = self.counters() if self.count else None
+        out["std"] = hdr.get_stddev() / self.scale if hdr is not None else 0.0
         for p in PERCENTILES:
             out[f"p{p:g}"] = self.percentile(p, hdr)
         out["max"] = self.max if self.count else 0.0

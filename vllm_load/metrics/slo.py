@@ -1,18 +1,22 @@
 """Service-level objectives: parsing, per-request goodput, and the pass/fail verdict of a run.
 
-An SLO is ``METRIC[.STAT] OP VALUE[UNIT]``, e.g. ``ttft.p99<=500ms``, ``itl.p95<40ms``,
-``error_rate<=1%``, ``output_token_rate>=2000``, ``goodput>=95%``, ``server.preemptions<=0``.
+An SLO is ``METRIC[NAME][.STAT] OP VALUE[UNIT]``, e.g. ``ttft.p99<=500ms``, ``itl.p95<40ms``,
+``error_rate<=1%``, ``output_token_rate>=2000``, ``good_request_fraction>=95%``, ``goodput>=10``,
+``server.preemptions<=0``. Names are vLLM's: ``itl`` is the gap between chunks, ``itl_token`` the per-token gap,
+``e2el`` is accepted for ``e2e``.
 They come from repeated ``--slo`` options or a YAML/TOML file (safe-loaded) holding either a list of
 such strings under ``slo:`` or a mapping ``{"ttft.p99": "<=500ms"}``.
 
 Goodput follows ``vllm bench serve``: a request is good when it meets every per-request SLO
-(the thresholds given for ttft, tpot and e2e); goodput is the share (%) of requests that are good.
+(the thresholds given for ttft, tpot and e2e); goodput is good requests per second, and
+``good_request_fraction`` their share (%) of the requests.
 """
 
 from __future__ import annotations
 
 import json
 import operator
+import sys
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +29,8 @@ LATENCY = table.LATENCY
 PER_REQUEST = ("ttft", "tpot", "e2e")  # goodput criteria, as in vllm bench serve
 STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean", "min")
 RUN_METRICS = {
-    "error_rate": "%", "goodput": "%", "output_token_rate": "tok/s", "request_rate": "req/s",
+    "error_rate": "%", "goodput": "req/s", "good_request_fraction": "%", "output_token_rate": "tok/s",
+    "request_rate": "req/s",
     "input_drift": "tok", "output_tps": "tok/s", "outage.seconds": "s",
 }
 SERVER_METRICS = {
@@ -53,6 +58,20 @@ class SLO:
         return _OPS[self.op](value, self.threshold)
 
 
+#: spellings of an earlier release, kept one release with a one-line notice: (old, new, notice)
+_DEPRECATED = {
+    "itl_chunk": ("itl", "itl_chunk is now itl (vLLM's name for the gap between chunks); the per-token gap is itl_token"),
+}
+_ALIASES = {"e2el": "e2e"}  # vLLM's name, accepted as ours
+_warned: set[str] = set()
+
+
+def _deprecated(old: str, notice: str) -> None:
+    if old not in _warned:
+        _warned.add(old)
+        sys.stderr.write(f"vllm-load: deprecated: {notice}\n")
+
+
 def parse_slo(text: str) -> SLO:
     m = _SPEC.match(text)
     if not m:
@@ -60,6 +79,15 @@ def parse_slo(text: str) -> SLO:
                          "or ttft[turn 3].p99<=300ms")
     metric, name, stat, op = m.group(1), m.group(2), m.group(3) or "", m.group(4)
     value, unit = float(m.group(5)), m.group(6) or ""
+    metric = _ALIASES.get(metric, metric)
+    if metric in _DEPRECATED:
+        new, notice = _DEPRECATED[metric]
+        _deprecated(metric, notice)
+        metric = new
+    if metric == "goodput" and unit == "%":  # goodput was a share; vLLM's goodput is good requests/s
+        _deprecated("goodput%", "goodput is now good requests per second, as vllm bench serve defines it: write "
+                                "good_request_fraction>=95% for the share")
+        metric = "good_request_fraction"
     if name is not None and (metric.startswith("server.") or metric == "outage.seconds"):
         raise UsageError(f"SLO {text!r}: {metric} belongs to the whole run, not to requests named {name!r}")
     if stat and f"{metric}.{stat}" in SERVER_METRICS:  # server.kv_cache_usage.max is one name
@@ -79,6 +107,8 @@ def parse_slo(text: str) -> SLO:
             raise UsageError(f"SLO {text!r}: {metric} is a percentage, e.g. {metric}{op}1%")
         if expected == "%" and unit == "":
             unit = "%" if value > 1 else ""
+        if expected not in ("%", "count") and unit not in ("", expected) and not (metric == "input_drift" and unit == "%"):
+            raise UsageError(f"SLO {text!r}: {metric} is in {expected}, e.g. {metric}{op}10")
         if metric == "input_drift" and unit == "%":  # the share of requests that drifted, not tokens
             stat = "share"
     else:
@@ -163,10 +193,10 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
         return float(m[slo.stat]), ""
     if slo.metric == "error_rate":
         return summary["error_rate"], ""
-    if slo.metric == "goodput":
-        if summary.get("goodput") is None:
-            return None, "no per-request SLO (ttft, tpot, e2e) to judge goodput by"
-        return summary["goodput"], ""
+    if slo.metric in ("goodput", "good_request_fraction"):
+        if summary.get(slo.metric) is None:
+            return None, f"no per-request SLO (ttft, tpot, e2e) to judge {slo.metric} by"
+        return summary[slo.metric], ""
     if slo.metric == "input_drift":
         if slo.stat == "share":
             return float(summary.get("input_drift_fraction", 0.0)), ""
@@ -188,7 +218,9 @@ def _show(slo: SLO, value: float) -> str:
         return f"{value:.1f} s"
     if slo.metric in LATENCY:
         return f"{value * 1000:.2f} ms"
-    if slo.metric in ("error_rate", "goodput") or SERVER_METRICS.get(slo.metric) == "%" or slo.stat == "share":
+    if slo.metric == "goodput":
+        return f"{value:.2f} good req/s"
+    if slo.metric in ("error_rate", "good_request_fraction") or SERVER_METRICS.get(slo.metric) == "%" or slo.stat == "share":
         return f"{value * 100:.2f}%"
     return f"{value:.2f}"
 

@@ -25,7 +25,9 @@ from vllm_load.client.record import RequestRecord
 WINDOW_S = 10
 #: Windows this much older than the newest are packed (a late request still unpacks its window).
 PACK_AFTER_S = 60
-WINDOW_METRICS = ("ttft", "itl", "e2e")
+WINDOW_METRICS = ("ttft", "itl_token", "e2e")
+#: the wire's metric names: 2 since itl means the per-chunk gap (vLLM's) and itl_token the per-token one
+NAMES_VERSION = 2
 #: distinct name= groups kept apart (each holds ~10 histograms); further names share one group, as a
 #: locustfile naming every request uniquely would otherwise grow memory without bound
 MAX_NAMES = 100
@@ -39,6 +41,30 @@ def name_order(name: str) -> list:
 
 def _new_hists() -> dict[str, Histogram]:
     return {m.key: Histogram(scale=m.hist_scale) for m in METRICS}
+
+
+def upgrade_wire(data: dict) -> dict:
+    """Run dirs written before vLLM's names (itl per token, itl_chunk per chunk) read with today's names."""
+    if data.get("names_version", 1) >= NAMES_VERSION:
+        return data
+    ren = {"itl": "itl_token", "itl_chunk": "itl"}
+    data = dict(data)
+    data["hists"] = {ren.get(k, k): v for k, v in data.get("hists", {}).items()}
+    data["windows"] = {w: {ren.get(m, m): h for m, h in ms.items()} for w, ms in data.get("windows", {}).items()}
+    return data
+
+
+def upgrade_summary(summary: dict) -> dict:
+    """The same for a saved summary: metric keys, and goodput (then a share) as good_request_fraction."""
+    if "good_request_fraction" in summary or "metrics" not in summary:
+        return summary
+    ren = {"itl": "itl_token", "itl_chunk": "itl"}
+    out = dict(summary)
+    out["metrics"] = {ren.get(k, k): v for k, v in summary["metrics"].items()}
+    out["good_request_fraction"] = summary.get("goodput")
+    duration = summary.get("duration_s") or 0.0
+    out["goodput"] = summary.get("good_requests", 0) / duration if summary.get("goodput") is not None and duration else None
+    return out
 
 
 @dataclass
@@ -185,8 +211,8 @@ class LLMStats:
         h["input_tokens"].record_many([r.input_tokens for r in ok if r.input_tokens is not None])
         h["output_tokens"].record_many([r.output_tokens for r in ok if r.output_tokens is not None])
         gaps, itl, itl_n, itl_rec = folding.gaps(chunks, ok_mask)
-        h["itl_chunk"].record_many(gaps)
-        h["itl"].record_many(itl, itl_n)
+        h["itl"].record_many(gaps)
+        h["itl_token"].record_many(itl, itl_n)
         if not self.timeline:
             return
         # per window (by request start): e2e and ttft of each ok request, itl of each of its tokens
@@ -199,7 +225,7 @@ class LLMStats:
             for metric, values, weights in (
                 ("e2e", e2e[mine], None),
                 ("ttft", ttft[mine & ~np.isnan(ttft)], None),
-                ("itl", itl[in_win], itl_n[in_win]),
+                ("itl_token", itl[in_win], itl_n[in_win]),
             ):
                 if not values.size:
                     continue
@@ -242,10 +268,12 @@ class LLMStats:
             **{k: {str(b): n for b, n in getattr(self, k).items()} for k in self._BUCKETS},
             "conn_error": list(self.conn_error),
             "names": {n: sub.to_wire() for n, sub in self.names.items()},
+            "names_version": NAMES_VERSION,
         }
 
     @classmethod
     def from_wire(cls, data: dict) -> LLMStats:
+        data = upgrade_wire(data)
         s = cls()
         for k, v in data["hists"].items():
             s.hists[k] = Histogram.from_wire(v)
@@ -339,7 +367,9 @@ class LLMStats:
             # the server's prefix-cache hits as its usage reported them per request (None: it reported none)
             "cached_tokens": self.cached_tokens if self.cached_of else None,
             "cached_fraction": self.cached_tokens / self.cached_of if self.cached_of else None,
-            "goodput": self.good / self.judged if self.judged else None,
+            # vllm bench serve's goodput: requests/s that met every per-request SLO; and their share
+            "goodput": self.good / duration if self.judged and duration else None,
+            "good_request_fraction": self.good / self.judged if self.judged else None,
             "good_requests": self.good,
             "warmup_excluded": self.warmup_excluded,
             "errors": dict(self.errors.most_common()),

@@ -23,7 +23,8 @@ class RunSummary(TypedDict, total=False):
     input_drift_max_abs: int
     input_drift_fraction: float  # of the requests with server usage
     output_mismatch: int
-    goodput: float | None  # share of requests meeting every per-request SLO (None without one)
+    goodput: float | None  # requests/s meeting every per-request SLO, as vllm bench serve (None without one)
+    good_request_fraction: float | None  # their share of the requests judged
     good_requests: int
     errors: dict[str, int]  # reason -> count, most common first
     metrics: dict[str, dict[str, float]]  # metrics.table key -> count, mean, min, percentiles, max

@@ -18,8 +18,10 @@ class Metric:
 
 METRICS: tuple[Metric, ...] = (
     Metric("ttft", "TTFT", "ms", 1000.0, latency=True),
-    Metric("itl", "ITL per token", "ms", 1000.0, latency=True),
-    Metric("itl_chunk", "ITL per chunk", "ms", 1000.0, latency=True),
+    # vLLM's names: itl is the gap between token-bearing chunks (vllm bench serve's ITL), itl_token spreads
+    # each gap over the tokens its chunk carried (one value per token)
+    Metric("itl", "ITL (per chunk)", "ms", 1000.0, latency=True),
+    Metric("itl_token", "ITL per token", "ms", 1000.0, latency=True),
     Metric("tpot", "TPOT", "ms", 1000.0, latency=True),
     Metric("e2e", "E2E latency", "ms", 1000.0, latency=True),
     Metric("output_tps", "Output tok/s per request", "tok/s", 1.0, hist_scale=1000.0),

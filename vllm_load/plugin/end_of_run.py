@@ -134,6 +134,11 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         if STATE.outage_stop:
             code = EXIT_ERRORS
         STATE.report = str(built.report)
+        prefix = getattr(environment.parsed_options, "csv_prefix", None)
+        if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
+            import shutil
+
+            shutil.copyfile(col.plan.files.llm_csv, f"{prefix}_llm_stats.csv")
         sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {col.plan.run_id}{banner}",
                                               server=built.server) + "\n")
         stopped = STATE.fatal or STATE.outage_stop

@@ -39,6 +39,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--insecure", False, "https:// targets: do not verify the server's certificate (a self-signed test server)",
         action="store_true"),
     Option("--run-dir", "", "where the run's files go (default: reports/<run id>)"),
+    Option("--save-detailed", False, "vllm-result.json also holds the per-request arrays (input_lens, output_lens, "
+        "ttfts, itls, latencies, errors …), as vllm bench serve --save-detailed", action="store_true"),
     Option("--warmup", "0", "requests started in the first DURATION of the run (and of each sweep step) are sent and "
         "logged as warm-up, and left out of every metric, SLO and plot (the report says how many), e.g. 30s"),
     Option("--seed", -1, "repeatable runs: the same lengths, arrival times, dataset order and trace split every run "

@@ -21,6 +21,7 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
     web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": "llm"}, {"title": "LLM by name", "key": "llm_names"}]
     web_ui.template_args["extended_tables"] = [{"key": "llm", "structure": structure},
                                                {"key": "llm_names", "structure": by_name}]
+    web_ui.template_args["extended_csv_files"] = [{"href": "/vllm-load/llm_stats.csv", "title": "LLM metrics (exact)"}]
 
     from flask import Response, request
 
@@ -31,6 +32,15 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
             return Response("no report yet: it is written when a run stops", status=404, mimetype="text/plain")
         with open(path, encoding="utf-8") as fh:
             return Response(fh.read(), mimetype="text/html")
+
+    @web_ui.app.route("/vllm-load/llm_stats.csv")
+    def _llm_csv() -> Any:
+        from vllm_load.report.csv_export import llm_stats_csv
+
+        summary = summary_source()
+        body = llm_stats_csv(summary) if summary else llm_stats_csv({"metrics": {}})
+        return Response(body, mimetype="text/csv",
+                        headers={"Content-Disposition": "attachment; filename=llm_stats.csv"})
 
     @web_ui.app.after_request
     def _add_llm_stats(response: Any) -> Any:

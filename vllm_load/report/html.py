@@ -25,7 +25,9 @@ from vllm_load.metrics.histogram import Histogram  # noqa: E402
 from vllm_load.report.results import finish  # noqa: E402
 from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.metrics.table import BY_KEY  # noqa: E402
-from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
+from vllm_load.rundir.files import Run, RunDir, load_run, write_json  # noqa: E402
+from vllm_load.report.csv_export import llm_stats_csv  # noqa: E402
+from vllm_load.report.vllm_result import vllm_result  # noqa: E402
 from vllm_load.metrics.slo import Check, parse_slo_option  # noqa: E402
 
 
@@ -44,7 +46,7 @@ def timeline_png(run: Run) -> str:
     fig, axes = plt.subplots(n, 1, figsize=(10, 2.2 * n), sharex=True)
     ax = axes[0]
     wins = sorted(s.windows)
-    for metric, style in (("ttft", "-"), ("itl", "--")):
+    for metric, style in (("ttft", "-"), ("itl_token", "--")):
         xs, p50, p99 = [], [], []
         for w in wins:
             h = s.windows[w].get(metric)
@@ -52,8 +54,9 @@ def timeline_png(run: Run) -> str:
                 xs.append(w + 5 - run.start)
                 p50.append(h.percentile(50) * 1000)
                 p99.append(h.percentile(99) * 1000)
-        ax.plot(xs, p50, style, marker="o", label=f"{metric.upper()} p50")
-        ax.plot(xs, p99, style, marker="o", label=f"{metric.upper()} p99")
+        label = BY_KEY[metric].title
+        ax.plot(xs, p50, style, marker="o", label=f"{label} p50")
+        ax.plot(xs, p99, style, marker="o", label=f"{label} p99")
     ax.set_ylabel("ms")
     ax.set_yscale("log")
     ax.legend(fontsize=7, ncol=4)
@@ -113,9 +116,9 @@ def cdf_png(run: Run) -> str:
     for ax, (key, title) in zip(axes, panels):
         h = run.stats.hists[key]
         if h.count:
-            ax.plot(*_cdf(h), label="per token" if key == "itl" else title)
-            if key == "itl" and run.stats.hists["itl_chunk"].count:
-                ax.plot(*_cdf(run.stats.hists["itl_chunk"]), "--", label="per chunk")
+            ax.plot(*_cdf(h), label="per chunk" if key == "itl" else title)
+            if key == "itl" and run.stats.hists["itl_token"].count:
+                ax.plot(*_cdf(run.stats.hists["itl_token"]), "--", label="per token")
                 ax.legend(fontsize=7)
         ax.set_title(f"CDF of {title}")
         ax.set_xlabel("ms")
@@ -162,7 +165,8 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
           if s.get("warmup_excluded") else []),
         ["duration", f"{s['duration_s']:.1f} s"], ["request rate", f"{s['request_rate']:.2f} /s"],
         ["output tokens/s", f"{s['output_token_rate']:.1f}"],
-        ["goodput", "n/a" if s.get("goodput") is None else f"{s['goodput'] * 100:.1f}%"],
+        ["goodput (good requests/s, as vllm bench)", "n/a" if s.get("goodput") is None
+         else f"{s['goodput']:.2f} /s ({s['good_request_fraction'] * 100:.1f}% of requests)"],
         ["prompt-length drift", f"{s['input_drift_requests']} requests (max {s['input_drift_max_abs']} tokens)"],
         *([["prompt tokens cached (server usage)", f"{s['cached_fraction'] * 100:.1f}% ({s['cached_tokens']} tokens)"]]
           if s.get("cached_fraction") is not None else []),
@@ -227,7 +231,10 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     server = server_summary(run.server)
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
     code, checks, validity = finish(run.path, run.summary, slos, server, title, junit, min_requests)
-    out = RunDir(run.path).report
+    rd = RunDir(run.path)
+    out = rd.report
     out.write_text(render_html(run, checks, validity))
+    write_json(rd.vllm_result, vllm_result(run, detailed=bool(opts.get("save_detailed"))), indent=1)
+    rd.llm_csv.write_text(llm_stats_csv(run.summary))
     return Built(code, out, checks, validity, run.summary, server)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.errors import UsageError
-from vllm_load.metrics.stats import LLMStats
+from vllm_load.metrics.stats import LLMStats, upgrade_summary
 
 #: written into config.json; a reader of a newer format says so instead of misreading it
 FORMAT_VERSION = 1
@@ -31,6 +31,8 @@ class RunDir:
     steps = property(lambda self: self.path / "steps")
     sweep_html = property(lambda self: self.path / "sweep.html")
     sweep_md = property(lambda self: self.path / "sweep.md")
+    vllm_result = property(lambda self: self.path / "vllm-result.json")  # as vllm bench serve --save-result
+    llm_csv = property(lambda self: self.path / "llm_stats.csv")  # one row per metric and name
 
     def requests(self, worker: str | None) -> Path:
         """The per-request log: one file for a local run, one per worker in a swarm."""
@@ -88,7 +90,7 @@ def load_run(path: str | Path) -> Run:
     if int(config.get("format", 1)) > FORMAT_VERSION:
         raise UsageError(f"{p} was written by a newer vllm-load (run-dir format {config['format']}): upgrade to read it")
     server = load_series(RunDir(p).server)
-    return Run(p, config, data["start"], data["end"], LLMStats.from_wire(data["stats"]), data["summary"], server)
+    return Run(p, config, data["start"], data["end"], LLMStats.from_wire(data["stats"]), upgrade_summary(data["summary"]), server)
 
 
 def load_series(path: Path) -> list[dict]:

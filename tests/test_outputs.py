@@ -1,0 +1,47 @@
+"""Outputs other tools read: vllm bench serve's result JSON, llm_stats.csv (and Locust's --csv), vLLM's names."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from tests.helpers import ROOT, run_locust
+
+SAMPLE = ROOT / "tests" / "data" / "vllm-bench-serve-0.32-result.json"  # written by vllm bench serve 0.32
+
+
+def test_the_vllm_result_has_every_key_vllm_writes_with_the_summarys_values_and_itl_is_per_chunk(
+        emulator_factory, tmp_path):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.005", "--tokens-per-chunk", "2")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+                      "--host", emu.url, "--output-tokens", "16", "--save-detailed", "--csv", str(tmp_path / "lc"),
+                      "--slo", "itl.p50>=8ms", "--slo", "itl_token.p50<=6ms", "--slo", "e2el.p99<=2s",
+                      "--slo", "ttft.p99<=2s", "--run-dir", str(run_dir)], cwd=tmp_path)
+    # vLLM's names: itl is the gap between chunks (2 tokens, ~10 ms), itl_token the gap per token (~5 ms)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    ours = json.loads((run_dir / "vllm-result.json").read_text())
+    theirs = json.loads(SAMPLE.read_text())
+    assert set(theirs) - set(ours) == set()
+    s = json.loads((run_dir / "summary.json").read_text())["summary"]
+    m = s["metrics"]
+    assert ours["completed"] == s["succeeded"] and ours["failed"] == s["failed"] == 0
+    assert ours["total_output_tokens"] == s["output_tokens"] and ours["duration"] == pytest.approx(s["duration_s"])
+    assert ours["request_throughput"] == pytest.approx(s["succeeded"] / s["duration_s"])
+    for vname, key in (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2el", "e2e")):
+        assert ours[f"mean_{vname}_ms"] == pytest.approx(m[key]["mean"] * 1000)
+        assert ours[f"median_{vname}_ms"] == pytest.approx(m[key]["p50"] * 1000)
+        assert ours[f"p99_{vname}_ms"] == pytest.approx(m[key]["p99"] * 1000)
+        assert ours[f"std_{vname}_ms"] > 0
+    assert ours["median_itl_ms"] == pytest.approx(10.0, abs=1.5)
+    assert ours["request_rate"] == "inf" and ours["max_concurrency"] == 2
+    assert ours["request_goodput"] == pytest.approx(s["goodput"])  # good requests/s: ttft and e2e SLOs given
+    # the per-request arrays, as vLLM's --save-detailed: one entry per request, gaps per chunk
+    assert len(ours["ttfts"]) == len(ours["itls"]) == s["requests"]
+    assert all(len(gaps) == 7 for gaps in ours["itls"])  # 16 tokens in 8 chunks
+    rows = list(csv.DictReader((tmp_path / "lc_llm_stats.csv").open()))
+    ttft = next(r for r in rows if r["name"] == "total" and r["metric"] == "ttft")
+    assert int(ttft["count"]) == m["ttft"]["count"] and float(ttft["p99"]) == pytest.approx(m["ttft"]["p99"] * 1000)
+    assert (run_dir / "llm_stats.csv").read_text() == (tmp_path / "lc_llm_stats.csv").read_text()
