@@ -17,7 +17,8 @@ def load():
 
 def test_services_and_scalable_workers():
     compose = load()
-    assert set(compose["services"]) == {"vllm", "sidecar", "master", "worker"}
+    core = {n for n, svc in compose["services"].items() if "profiles" not in svc}
+    assert core == {"vllm", "sidecar", "master", "worker"}
     worker = compose["services"]["worker"]
     assert "container_name" not in worker and "ports" not in worker  # --scale worker=N must work
     assert compose["services"]["vllm"]["image"].startswith("vllm/vllm-openai")
@@ -69,3 +70,23 @@ def test_the_stack_waits_for_vllm_to_be_healthy():
         cmd = services[name]["command"]
         assert cmd[cmd.index("--wait-for-server") + 1] == "30m", name  # a second guard, e.g. outside compose
     assert services["worker"]["depends_on"] == ["master"]
+
+
+def test_the_observability_profile_scrapes_both_sides_and_ships_a_dashboard_of_both():
+    from vllm_load.metrics.prometheus import EXPORTED
+
+    services = load()["services"]
+    for name in ("prometheus", "grafana"):
+        assert services[name]["profiles"] == ["observability"]
+        assert all(p.startswith("127.0.0.1:") for p in services[name]["ports"])  # not beyond the host by default
+        for volume in services[name]["volumes"]:
+            assert (ROOT / volume.split(":")[0]).exists(), volume
+    scrape = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    targets = {t for job in scrape["scrape_configs"] for cfg in job["static_configs"] for t in cfg["targets"]}
+    assert targets == {"vllm:8000", "master:8089"}  # vLLM's /metrics and the master's (web UI port)
+    dash = json.loads((ROOT / "deploy" / "grafana" / "dashboards" / "vllm-load.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
+    exported = {name for _, name, _, _ in EXPORTED}
+    for client, server in (("vllm_load:time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
+                           ("vllm_load:inter_token_latency_seconds", "vllm:inter_token_latency_seconds")):
+        assert client in exported and client in exprs and server in exprs

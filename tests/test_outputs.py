@@ -45,3 +45,81 @@ def test_the_vllm_result_has_every_key_vllm_writes_with_the_summarys_values_and_
     ttft = next(r for r in rows if r["name"] == "total" and r["metric"] == "ttft")
     assert int(ttft["count"]) == m["ttft"]["count"] and float(ttft["p99"]) == pytest.approx(m["ttft"]["p99"] * 1000)
     assert (run_dir / "llm_stats.csv").read_text() == (tmp_path / "lc_llm_stats.csv").read_text()
+
+
+def _scrape(url: str) -> dict:
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def test_prometheus_metrics_of_a_two_worker_run_equal_its_summary(emulator_factory, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import free_port, wait_for
+
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    port = free_port()
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "tests" / "locustfiles" / "conversation.py"),
+                             "--host", emu.url, "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart",
+                             "-u", "4", "-r", "4", "-t", "4s", "--autoquit", "20", "--processes", "2", "--turns", "2",
+                             "--input-tokens", "40", "--turn-input-tokens", "10", "--run-dir", str(run_dir)],
+                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    try:
+        # the run has ended (its summary is written) while the web UI stays up for --autoquit
+        wait_for(lambda: (run_dir / "summary.json").exists(), timeout=90, what="the run's summary")
+        fams = _scrape(f"http://127.0.0.1:{port}/metrics")
+        s = json.loads((run_dir / "summary.json").read_text())["summary"]
+        ttft = fams["vllm_load:time_to_first_token_seconds"]
+        counts = {smp.labels["name"]: smp.value for smp in ttft.samples if smp.name.endswith("_count")}
+        assert sum(counts.values()) == s["metrics"]["ttft"]["count"] == s["succeeded"] > 0
+        assert counts["turn 1"] == s["names"]["turn 1"]["metrics"]["ttft"]["count"] and counts[""] == 0
+        # vLLM's bucket boundaries, cumulative, +Inf equal to the count
+        inf = {smp.labels["name"]: smp.value for smp in ttft.samples
+               if smp.name.endswith("_bucket") and smp.labels["le"] == "+Inf"}
+        assert inf == counts
+        les = [smp.labels["le"] for smp in ttft.samples if smp.name.endswith("_bucket") and smp.labels["name"] == "turn 1"]
+        assert les[:3] == ["0.001", "0.005", "0.01"]
+        ok = sum(smp.value for smp in fams["vllm_load:requests"].samples
+                 if smp.name.endswith("_total") and smp.labels["outcome"] == "ok")
+        out = sum(smp.value for smp in fams["vllm_load:generation_tokens"].samples if smp.name.endswith("_total"))
+        assert ok == s["succeeded"] and out == s["output_tokens"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_headless_run_serves_prometheus_metrics_on_its_port(emulator_factory, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import free_port, wait_for
+
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "chat.py"), "--headless",
+                             "--host", emu.url, "-u", "2", "-r", "2", "-t", "6s", "--output-tokens", "8",
+                             "--metrics-port", str(port), "--run-dir", str(tmp_path / "run")],
+                            cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+
+    def scraped() -> float:
+        try:
+            fams = _scrape(f"http://127.0.0.1:{port}/metrics")
+        except OSError:
+            return 0.0
+        return sum(smp.value for smp in fams["vllm_load:e2e_request_latency_seconds"].samples
+                   if smp.name.endswith("_count"))
+
+    try:
+        assert wait_for(scraped, timeout=60, what="a scrape with finished requests") > 0
+    finally:
+        proc.wait(timeout=60)

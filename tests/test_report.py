@@ -104,3 +104,29 @@ def test_report_renders_with_images_in_headless_chromium(tmp_path):
                          capture_output=True, text=True, timeout=90)
     assert 'data-images="2"' in out.stdout, out.stderr[-2000:]
     assert "SLO verdict" in out.stdout
+
+
+def test_compare_flags_a_real_change_and_not_noise(tmp_path, capsys):
+    from vllm_load.cli import main as cli_main
+    from vllm_load.report.compare import compare
+    from vllm_load.rundir.files import load_run
+
+    a = make_run_dir(tmp_path / "a", base_ttft=0.05)
+    same = make_run_dir(tmp_path / "same", base_ttft=0.05)
+    slower = make_run_dir(tmp_path / "slower", base_ttft=0.08, slo=("ttft.p99<=70ms",))
+    build(a)
+    build(slower)
+    c = compare(load_run(a), load_run(same))
+    assert c["metrics"] and not any(r["significant"] for r in c["metrics"])
+    c = compare(load_run(a), load_run(slower))
+    ttft = {r["stat"]: r for r in c["metrics"] if r["metric"] == "ttft"}
+    assert ttft["p50"]["significant"] and ttft["p50"]["delta"] == pytest.approx(30.0, abs=0.2)  # ms
+    assert not any(r["significant"] for r in c["metrics"] if r["metric"] in ("itl", "itl_token"))  # gaps unchanged
+    assert cli_main(["compare", str(a), str(slower), "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    assert "changed: TTFT p50" in out and "ITL" not in out.split("changed:", 1)[1].split("\n")[0]
+    md = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| TTFT (ms) | p50 |" in md and "**changed**" in md
+    page = (tmp_path / "cmp" / "compare.html").read_text()
+    assert "data:image/png;base64," in page and "id='metrics'" in page
+    assert cli_main(["compare", str(a), str(tmp_path / "missing")]) == 2

@@ -153,3 +153,53 @@ def test_unreachable_sidecar_does_not_stop_the_run(tmp_path, emulator_factory):
     assert "server side missing" in res.stderr
     assert "id='server-missing'" in (tmp_path / "run" / "report.html").read_text()
     assert "server side: missing" in res.stdout and "server side: missing" in (tmp_path / "run" / "summary.md").read_text()
+
+
+def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, emulator_factory):
+    """A Prometheus-compatible query_range endpoint served here stands for kube-prometheus."""
+    import threading
+    import urllib.parse
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.helpers import ROOT, run_locust
+
+    seen = []
+
+    class FakePrometheus(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+            query, start, end = q["query"][0], float(q["start"][0]), float(q["end"][0])
+            seen.append(query)
+            value = {"running": 3, "waiting": 1, "kv_cache": 0.42, "preemptions": 0, "prefix_cache_hits": 50,
+                     "prefix_cache_queries": 100}
+            v = next((val for k, val in value.items() if k in query), 7)
+            points = [[start + i, str(v * (i + 1) if "_total" in query and "rate(" not in query else v)]
+                      for i in range(int(end - start) + 1)]
+            body = json.dumps({"status": "success", "data": {"resultType": "matrix",
+                                                             "result": [{"metric": {}, "values": points}]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    prom = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
+    threading.Thread(target=prom.serve_forever, daemon=True).start()
+    try:
+        emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+        run_dir = tmp_path / "run"
+        res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--host", emu.url,
+                          "--output-tokens", "4", "--prometheus-url", f"http://127.0.0.1:{prom.server_port}",
+                          "--prometheus-selector", '{pod=~"vllm.*"}', "--slo", "server.kv_cache_usage.max<=50%",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        assert any('vllm:kv_cache_usage_perc{pod=~"vllm.*"}' in q for q in seen)
+        series = [json.loads(line) for line in (run_dir / "server.jsonl").read_text().splitlines()]
+        assert series and all(s["source"] == "prometheus" and s["running"] == 3 for s in series)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["server"]["kv_cache_usage.max"] == 0.42 and summary["server"]["running.max"] == 3
+        assert summary["server"]["prefix_cache_hit_rate"] == 0.5
+    finally:
+        prom.shutdown()

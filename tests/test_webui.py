@@ -81,3 +81,52 @@ def test_llm_by_name_tab_shows_one_row_per_name_and_the_total(tmp_path, emulator
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_live_charts_render_the_runs_series_in_headless_chromium(tmp_path, emulator_factory, sidecar_factory):
+    import shutil
+
+    import pytest
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must install chromium (.ci/run does)")
+        pytest.skip("chromium is not installed (CI installs it)")
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.003")
+    side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", str(tmp_path / "series.jsonl"))
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/chat.py"), "--host", emu.url,
+                             "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart", "-u", "2", "-r", "2",
+                             "-t", "30s", "--autoquit", "5", "--output-tokens", "16", "--sidecar-url", side.url,
+                             "--run-dir", str(tmp_path / "run")],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def series() -> dict | None:
+        try:
+            data = json.loads(get(base + "/vllm-load/live.json")[1])
+        except OSError:
+            return None
+        return data if data["t"] and data["tps"] and data["server_t"] else None
+
+    try:
+        wait_for(series, timeout=60, what="client and server series in /vllm-load/live.json", poll=0.5)
+        out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                              "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                              f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=4000", "--dump-dom",
+                              base + "/vllm-load/live"], capture_output=True, text=True, timeout=90)
+        dom = out.stdout
+        assert 'data-refreshed="1"' in dom, out.stderr[-2000:]
+        import re
+
+        points = dict(re.findall(r'id="points-(\w+)">(\d+)<', dom))
+        painted = dict(re.findall(r'id="cv-(\w+)"[^>]*data-painted="(\d+)"', dom))
+        for chart in ("ttft", "itl", "tps", "kv", "queue"):
+            assert int(points[chart]) > 0 and int(painted[chart]) > 500, (chart, points, painted)
+        rows = json.loads(get(base + "/stats/requests")[1])["extended_stats"][0]["data"]
+        assert any(r["mean"] == "/vllm-load/live" for r in rows)  # the LLM tab links the page
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -1,4 +1,5 @@
 """`vllm-load report RUN_DIR...`: rebuild reports (and an SLO verdict) from saved run directories;
+`vllm-load compare RUN_A RUN_B`: what changed between two runs, beyond noise;
 `vllm-load locustfile NAME`: where a shipped locustfile is (for installs without a checkout)."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 
 
-LOCUSTFILES = ("chat", "completions", "sweep")
+LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sweep")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +23,11 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--slo", action="append", default=[], help="SLOs to judge by (default: the run's own)")
     rp.add_argument("--junit", default="", help="also write the JUnit XML here")
     rp.add_argument("--out", default="", help="with several runs: where the sweep report goes")
+    cp = sub.add_parser("compare", help="what changed from run A to run B (every metric and SLO verdict), flagging "
+                        "changes beyond the histograms' error and the runs' own noise; writes compare.md/.html/.json")
+    cp.add_argument("run_a")
+    cp.add_argument("run_b")
+    cp.add_argument("--out", default="", help="where the comparison goes (default: RUN_B/compare)")
     lp = sub.add_parser("locustfile", help="print the path of a shipped locustfile: locust -f \"$(vllm-load locustfile chat)\"")
     lp.add_argument("name", choices=LOCUSTFILES)
     sub.add_parser("options", help="every option of the locustfiles: default, environment variable, meaning "
@@ -34,6 +40,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.cmd == "locustfile":
         print(Path(__file__).resolve().parent / "locustfiles" / f"{args.name}.py")
+        return 0
+    if args.cmd == "compare":
+        from vllm_load.report.compare import render_console, run_compare
+
+        try:
+            c, out = run_compare(args.run_a, args.run_b, args.out)
+        except UsageError as exc:
+            sys.stderr.write(f"vllm-load: error: {exc}\n")
+            return EXIT_BAD_INPUT
+        print(render_console(c))
+        print(f"{out / 'compare.html'}")
         return 0
     from vllm_load.report.html import build
     from vllm_load.report.sweep import build_sweep

@@ -40,14 +40,17 @@ def server_package() -> str:
         return "server"
 
 
-def start_child(module: str, args: list[str], timeout: float = 60.0) -> ChildServer:
+def start_child(module: str, args: list[str], timeout: float = 60.0, log: Path | None = None) -> ChildServer:
     """Run ``python -m PACKAGE.MODULE ARGS`` (it binds 127.0.0.1) and wait for its "listening on URL" line."""
     package = importlib.import_module(server_package())
     root = str(Path(package.__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     module = f"{package.__name__}.{module}"
-    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, env=env)
+    err = open(log, "ab") if log is not None else None  # noqa: SIM115 (the child holds it)
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=err, env=env)
+    if err is not None:
+        err.close()
     emu = ChildServer(url="", process=proc)
     atexit.register(emu.stop)
     line = b""
@@ -64,8 +67,9 @@ def start_child(module: str, args: list[str], timeout: float = 60.0) -> ChildSer
     return emu
 
 
-def start_emulator(extra_args: list[str]) -> ChildServer:
-    return start_child("emulator", ["--host", "127.0.0.1", "--port", "0", *extra_args])
+def start_emulator(extra_args: list[str], log: Path | None = None) -> ChildServer:
+    """The embedded emulator; its own log lines (vLLM's periodic stats) go to ``log``, not to the console."""
+    return start_child("emulator", ["--host", "127.0.0.1", "--port", "0", *extra_args], log=log)
 
 
 def start_sidecar(vllm_url: str, out: Path) -> ChildServer:

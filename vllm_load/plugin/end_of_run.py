@@ -85,7 +85,17 @@ def watch_outages(environment: Any, col: Collector) -> None:
 
 
 def _collect_server_side(col: Collector, opts: Any) -> None:
-    if not col.plan.sidecar_url or col.end_wall is None:
+    if col.end_wall is None:
+        return
+    if opts.prometheus_url:  # a Prometheus that scrapes vLLM already: no sidecar needed
+        from vllm_load.plugin.prometheus_source import collect
+
+        why = collect(opts.prometheus_url, opts.prometheus_selector, col.start_wall, col.end_wall,
+                      col.plan.files.server, opts.prometheus_token)
+        if why:
+            log.warning("vllm-load: server side missing from the report: %s", why)
+        return
+    if not col.plan.sidecar_url:
         return
     why = fetch_series(col.plan.sidecar_url, col.start_wall, col.end_wall, col.plan.files.server,
                        opts.sidecar_token)
@@ -134,6 +144,10 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         if STATE.outage_stop:
             code = EXIT_ERRORS
         STATE.report = str(built.report)
+        if STATE.emulator_log is not None and STATE.emulator_log.exists():  # its log, beside the run's numbers
+            import shutil
+
+            shutil.copyfile(STATE.emulator_log, col.plan.files.path / "emulator.log")
         prefix = getattr(environment.parsed_options, "csv_prefix", None)
         if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
             import shutil

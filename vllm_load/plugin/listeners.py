@@ -19,6 +19,7 @@ from locust import events
 
 from vllm_load.client.openai_api import tls_context, use_tls_context
 from vllm_load.errors import UsageError, die
+from vllm_load.metrics.prometheus import registry_for
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.plugin import end_of_run, log_repeats, options, webui, wire
 from vllm_load.plugin.embedded import start_emulator, start_sidecar
@@ -76,7 +77,8 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         STATE.slos = parse_slo_option(opts.slo)
         STATE.sidecar_url = opts.sidecar_url
         if not environment.host:
-            STATE.emulator = start_emulator(_emulator_args(opts))
+            STATE.emulator_log = Path(tempfile.gettempdir()) / f"vllm-load-emulator-{os.getpid()}.log"
+            STATE.emulator = start_emulator(_emulator_args(opts), STATE.emulator_log)
             environment.host = STATE.emulator.url
             print(
                 f"vllm-load: no --host given: started the built-in vLLM EMULATOR at {STATE.emulator.url} "
@@ -108,8 +110,12 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         # the web UI stays up with the error shown: the user fixes the host or the options there
         STATE.target_error = str(exc)
         log.error("vllm-load: %s (fix it in the web UI and start again)", exc)
+    registry = registry_for(lambda: STATE.collector.totals if STATE.collector is not None else None)
     webui.install(environment, _live_summary, STATE.slos, lambda: STATE.report,
-                  lambda: STATE.fatal or STATE.target_error or (STATE.outage_now and f"OUTAGE: {STATE.outage_now}"))
+                  lambda: STATE.fatal or STATE.target_error or (STATE.outage_now and f"OUTAGE: {STATE.outage_now}"),
+                  metrics_registry=lambda: registry, live_source=_live_series)
+    if opts.metrics_port:
+        _serve_metrics(registry, opts.metrics_host, int(opts.metrics_port))
     # The blocking start-up above (tokenizer, embedded emulator: seconds) left libev's cached clock
     # behind; Locust arms its --run-time timer next, relative to that stale "now", and a 3 s run
     # ended 0.1 s after it began. Refresh the clock so the run lasts what was asked.
@@ -119,6 +125,20 @@ def _on_init(environment: Any, **_kw: Any) -> None:
 def _ca_bundle_context(ca_bundle: str, cafile: Any = None, **_kw: Any) -> Any:
     """geventhttpclient passes its own CA file (certifi's): --ca-bundle's is the one that counts."""
     return gevent.ssl.create_default_context(cafile=ca_bundle)
+
+
+def _serve_metrics(registry: Any, host: str, port: int) -> None:
+    """--metrics-port: Prometheus' scrape endpoint beside a headless run (127.0.0.1 unless --metrics-host)."""
+    from gevent.pywsgi import WSGIServer
+    from prometheus_client import make_wsgi_app
+
+    try:
+        server = WSGIServer((host, port), make_wsgi_app(registry), log=None, error_log=None)
+        server.start()
+    except OSError as exc:
+        _stop_children()
+        die(f"--metrics-port {port} on {host} cannot be served ({exc.strerror or exc}): pick a free port")
+    print(f"vllm-load: client metrics for Prometheus on http://{host}:{server.server_port}/metrics", flush=True)
 
 
 def _stop_children() -> None:
@@ -132,6 +152,16 @@ def _close_run() -> None:
     if STATE.generator is not None:
         STATE.generator.close()
     STATE.generator = STATE.collector = None
+
+
+def _live_series() -> dict:
+    from vllm_load.plugin.live_charts import live_series
+
+    col = STATE.collector
+    if col is None:
+        return live_series(None, 0.0, None)
+    samples = STATE.live_server.samples if STATE.live_server is not None else None
+    return live_series(col.totals, col.start_wall, samples)
 
 
 def _live_summary() -> dict | None:

@@ -106,7 +106,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("--min-requests", 1, "fewer successful requests than this make the run fail (exit 4): a gate must not pass "
         "on a run that measured nothing", type=int),
     Option("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)"),
+    Option("--metrics-port", 0, "serve the client's metrics in Prometheus' format on this port (headless runs; with "
+        "the web UI they are on its port, /metrics); 0: off", type=int),
+    Option("--metrics-host", "127.0.0.1", "address of --metrics-port (0.0.0.0 exposes it beyond this host)"),
     Option("--sidecar-url", "", "the sidecar (python -m server.sidecar) beside vLLM; its series lands in the run dir (auto with the emulator)"),
+    Option("--prometheus-url", "", "read the server side from this Prometheus (which scrapes vLLM) over the run's "
+        "window, instead of a sidecar, e.g. http://prometheus.monitoring:9090"),
+    Option("--prometheus-selector", "", "the label selector of vLLM's series in that Prometheus, e.g. "
+        "'{namespace=\"llm\",pod=~\"vllm-.*\"}' (default: every vllm:* series)"),
+    Option("--prometheus-token", "", "bearer token of that Prometheus, when it requires one", is_secret=True),
     Option("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True),
     Option("--emulator-profile", "", "embedded emulator: model vLLM's continuous batching with this cost profile "
         "(a100-llama8b, h100-llama8b, cpu-tiny) instead of the fixed TTFT/ITL schedule"),

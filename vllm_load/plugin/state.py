@@ -24,6 +24,7 @@ class _State:
     step_verdicts: dict = {}  # sweep step -> met every SLO
     last_step: tuple | None = None  # the sweep step the shape announced last
     emulator: ChildServer | None = None
+    emulator_log: Any = None  # the embedded emulator's log file (copied into each run directory)
     sidecar: ChildServer | None = None
     generator: Generator | None = None  # local runner and workers: what generates load
     collector: Collector | None = None  # local runner and master: what collects and judges

@@ -20,7 +20,7 @@ from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
 #: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
 DEFAULT_OUTPUT_TOKENS = "64"
 #: Option names never written to disk or logs.
-SECRET_OPTIONS = ("api_key", "sidecar_token")
+SECRET_OPTIONS = ("api_key", "sidecar_token", "prometheus_token")
 #: --header names whose values are credentials: masked wherever the options are written
 _CREDENTIAL_WORDS = ("auth", "token", "key", "secret", "cookie", "password", "session", "credential")
 #: body keys the measurement itself sets: --extra-body may not take them over

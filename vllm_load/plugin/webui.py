@@ -11,7 +11,9 @@ from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells
 
 def install(environment: Any, summary_source: Callable[[], dict | None], slos: list | None = None,
             report_source: Callable[[], str | None] = lambda: None,
-            error_source: Callable[[], str | None] = lambda: None) -> None:
+            error_source: Callable[[], str | None] = lambda: None,
+            metrics_registry: Callable[[], Any] = lambda: None,
+            live_source: Callable[[], dict] = lambda: {}) -> None:
     web_ui = environment.web_ui
     if web_ui is None:
         return
@@ -33,6 +35,22 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
         with open(path, encoding="utf-8") as fh:
             return Response(fh.read(), mimetype="text/html")
 
+    @web_ui.app.route("/vllm-load/live")
+    def _live_page() -> Any:
+        from vllm_load.plugin.live_charts import page
+
+        return Response(page(), mimetype="text/html")
+
+    @web_ui.app.route("/vllm-load/live.json")
+    def _live_data() -> Any:
+        return Response(json.dumps(live_source()), mimetype="application/json")
+
+    @web_ui.app.route("/metrics")
+    def _metrics() -> Any:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(metrics_registry()), mimetype=CONTENT_TYPE_LATEST)
+
     @web_ui.app.route("/vllm-load/llm_stats.csv")
     def _llm_csv() -> Any:
         from vllm_load.report.csv_export import llm_stats_csv
@@ -51,6 +69,7 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
         if summary:
             rows = table_rows(summary)
             rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "", "mean": f"{summary['live_output_tps']:.1f}"})
+            rows.append({"metric": "Live charts (TTFT, ITL, tok/s, server)", "count": "", "mean": "/vllm-load/live"})
             rows.append({"metric": "Output tok/s (run)", "count": summary["output_tokens"],
                          "mean": f"{summary['output_token_rate']:.1f}"})
             rows.append({"metric": "Requests ok / failed", "count": summary["requests"],

@@ -204,10 +204,34 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
     parts.append("<h2>Distributions</h2>")
     parts.append(f"<img alt='cdf' src='data:image/png;base64,{cdf_png(run)}'>")
     opts = run.config.get("options", {})
-    parts.append("<h2>Configuration</h2>")
-    parts.append(_table(["option", "value"], [[html.escape(k), html.escape(json.dumps(v))] for k, v in sorted(opts.items())]))
+    changed, rest = _options_split(opts)
+    parts.append("<h2>Configuration</h2><div id='options-changed'>")
+    parts.append(_table(["option (set for this run)", "value"],
+                        [[html.escape(k), html.escape(json.dumps(v))] for k, v in changed]) + "</div>")
+    parts.append(f"<details id='options-default'><summary>{len(rest)} options at their defaults</summary>"
+                 + _table(["option", "value"], [[html.escape(k), html.escape(json.dumps(v))] for k, v in rest])
+                 + "</details>")
     parts.append("</body></html>")
     return "".join(parts)
+
+
+#: Locust's options a reader always wants to see
+_ALWAYS = ("host", "num_users", "spawn_rate", "run_time", "locustfile", "headless", "processes")
+
+
+def _options_split(opts: dict) -> tuple[list, list]:
+    """(the options this run set, the ones at their defaults): vllm-load's against its registry, Locust's few
+    that say what the run was; the rest of Locust's are folded away with the defaults."""
+    from vllm_load.plugin.options import OPTIONS
+
+    defaults = {o.flag.lstrip("-").replace("-", "_"): o.default for o in OPTIONS}
+    changed, rest = [], []
+    for k, v in sorted(opts.items()):
+        if k in _ALWAYS or (k in defaults and v != defaults[k] and not (v in ("", None, []) and defaults[k] in ("", None, []))):
+            changed.append((k, v))
+        else:
+            rest.append((k, v))
+    return changed, rest
 
 
 class Built(NamedTuple):

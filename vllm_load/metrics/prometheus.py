@@ -1,0 +1,101 @@
+"""The client's side in Prometheus' text format, with vLLM's own bucket boundaries, so that one Grafana panel
+can put the client's TTFT next to ``vllm:time_to_first_token_seconds``.
+
+The numbers are the merged exact histograms (a master's are the union of its workers'), turned into
+cumulative bucket counts at scrape time. Series carry a ``name`` label: one per request name (``name=``), and
+``name=""`` for the requests without one (the total less the named groups, bucket by bucket), so that a
+``sum()`` over the label is the run's total and nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import numpy as np
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, HistogramMetricFamily
+
+#: vLLM 0.32's bucket boundaries (vllm/v1/metrics/loggers.py), shared with the emulator's /metrics
+TTFT_BUCKETS = (.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560)
+ITL_BUCKETS = (.01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
+REQUEST_BUCKETS = (.3, .5, .8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+#: (our metric key, exported name, buckets, help): vLLM's names under the vllm_load: prefix
+EXPORTED = (
+    ("ttft", "vllm_load:time_to_first_token_seconds", TTFT_BUCKETS, "Client-side time to first token in seconds."),
+    ("itl_token", "vllm_load:inter_token_latency_seconds", ITL_BUCKETS,
+     "Client-side inter-token latency in seconds (each chunk's gap over its tokens), as vLLM's server-side one."),
+    ("itl", "vllm_load:inter_chunk_latency_seconds", ITL_BUCKETS,
+     "Client-side gap between token-bearing chunks in seconds (vllm bench serve's ITL)."),
+    ("tpot", "vllm_load:request_time_per_output_token_seconds", ITL_BUCKETS,
+     "Client-side (E2E - TTFT) / (output tokens - 1) per request, in seconds."),
+    ("e2e", "vllm_load:e2e_request_latency_seconds", REQUEST_BUCKETS, "Client-side end-to-end request latency."),
+)
+
+
+def _cumulative(hist: Any, bounds: tuple) -> tuple[np.ndarray, float]:
+    """Cumulative counts at each bound (and +Inf last), and the sum of the values (seconds)."""
+    counts = np.zeros(len(bounds) + 1)
+    if hist.count:
+        values, weights = [], []
+        for item in hist.counters().get_recorded_iterator():
+            values.append(item.value_iterated_to / hist.scale)
+            weights.append(item.count_at_value_iterated_to)
+        idx = np.searchsorted(np.asarray(bounds, dtype=float), np.asarray(values), side="left")
+        np.add.at(counts, idx, np.asarray(weights, dtype=float))
+    return np.cumsum(counts), float(hist.total)
+
+
+class ClientCollector:
+    """A prometheus_client collector over a live ``LLMStats`` (read at each scrape)."""
+
+    def __init__(self, stats_source: Callable[[], Any]) -> None:
+        self.stats_source = stats_source
+
+    def collect(self) -> Iterator[Any]:
+        stats = self.stats_source()
+        if stats is None:
+            return
+        groups = dict(stats.names)
+        for key, name, bounds, doc in EXPORTED:
+            fam = HistogramMetricFamily(name, doc, labels=["name"])
+            total, total_sum = _cumulative(stats.hists[key], bounds)
+            rest, rest_sum = total.copy(), total_sum
+            for label, sub in sorted(groups.items()):
+                counts, s = _cumulative(sub.hists[key], bounds)
+                rest -= counts
+                rest_sum -= s
+                fam.add_metric([label], _buckets(bounds, counts), s)
+            fam.add_metric([""], _buckets(bounds, rest), max(0.0, rest_sum))
+            yield fam
+        requests = CounterMetricFamily("vllm_load:requests", "Finished requests by outcome.", labels=["name", "outcome"])
+        prompt = CounterMetricFamily("vllm_load:prompt_tokens", "Prompt tokens of the successful requests.",
+                                     labels=["name"])
+        generation = CounterMetricFamily("vllm_load:generation_tokens", "Output tokens of the successful requests.",
+                                         labels=["name"])
+        rest = [stats.requests - stats.failures, stats.failures, stats.input_tokens, stats.output_tokens]
+        for label, sub in sorted(groups.items()):
+            got = [sub.requests - sub.failures, sub.failures, sub.input_tokens, sub.output_tokens]
+            rest = [a - b for a, b in zip(rest, got)]
+            _add_counts(requests, prompt, generation, label, got)
+        _add_counts(requests, prompt, generation, "", rest)
+        yield from (requests, prompt, generation)
+
+
+def _buckets(bounds: tuple, cumulative: np.ndarray) -> list[tuple[str, float]]:
+    out = [(repr(float(b)), float(c)) for b, c in zip(bounds, cumulative[:-1])]
+    out.append(("+Inf", float(cumulative[-1])))
+    return out
+
+
+def _add_counts(requests: Any, prompt: Any, generation: Any, label: str, counts: list[int]) -> None:
+    requests.add_metric([label, "ok"], counts[0])
+    requests.add_metric([label, "failed"], counts[1])
+    prompt.add_metric([label], counts[2])
+    generation.add_metric([label], counts[3])
+
+
+def registry_for(stats_source: Callable[[], Any]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(ClientCollector(stats_source))
+    return reg

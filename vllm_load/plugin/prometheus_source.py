@@ -1,0 +1,67 @@
+"""The server side from a Prometheus that already scrapes vLLM (kube-prometheus and the like), instead of the
+sidecar: the same sample schema as the sidecar's ``server.jsonl``, read with ``query_range`` over the run's
+window, one sample per second, aggregated over the series ``--prometheus-selector`` picks (e.g. every pod of
+a deployment: gauges summed, KV usage the maximum, counters summed)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+#: sample key -> PromQL over vLLM 0.32's names ({sel} is the selector); the sidecar's keys
+QUERIES = {
+    "running": "sum(vllm:num_requests_running{sel})",
+    "waiting": "sum(vllm:num_requests_waiting{sel})",
+    "kv_cache_usage": "max(vllm:kv_cache_usage_perc{sel})",
+    "preemptions_total": "sum(vllm:num_preemptions_total{sel})",
+    "prompt_tokens_total": "sum(vllm:prompt_tokens_total{sel})",
+    "generation_tokens_total": "sum(vllm:generation_tokens_total{sel})",
+    "prompt_tokens_rate": "sum(rate(vllm:prompt_tokens_total{sel}[15s]))",
+    "generation_tokens_rate": "sum(rate(vllm:generation_tokens_total{sel}[15s]))",
+    "prefix_cache_queries_total": "sum(vllm:prefix_cache_queries_total{sel})",
+    "prefix_cache_hits_total": "sum(vllm:prefix_cache_hits_total{sel})",
+}
+
+
+def fetch_range(url: str, selector: str, start: float, end: float, token: str = "", step: float = 1.0,
+                timeout: float = 15.0) -> tuple[list[dict], str | None]:
+    """(samples on our clock, None) or ([], why the server side is missing)."""
+    sel = selector.strip() or ""
+    if sel and not (sel.startswith("{") and sel.endswith("}")):
+        return [], f"--prometheus-selector {selector!r} is not a label selector like '{{pod=~\"vllm.*\"}}'"
+    by_time: dict[float, dict] = {}
+    for key, template in QUERIES.items():
+        query = template.replace("{sel}", sel)
+        params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step})
+        req = urllib.request.Request(url.rstrip("/") + "/api/v1/query_range?" + params,
+                                     headers={"Authorization": f"Bearer {token}"} if token else {})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                data = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return [], f"Prometheus at {url} answered HTTP {exc.code} to {query}"
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            return [], f"Prometheus at {url} cannot be read ({getattr(exc, 'reason', exc)})"
+        if data.get("status") != "success":
+            return [], f"Prometheus at {url} refused {query}: {data.get('error', data.get('status'))}"
+        for series in data.get("data", {}).get("result", []):
+            for t, value in series.get("values", []):
+                by_time.setdefault(float(t), {"t": float(t), "source": "prometheus"})[key] = float(value)
+    samples = [by_time[t] for t in sorted(by_time)]
+    if not samples:
+        return [], f"Prometheus at {url} has no vLLM series for {sel or 'any target'} in the run's window"
+    return samples, None
+
+
+def collect(url: str, selector: str, start: float, end: float, out: Path, token: str = "") -> str | None:
+    """Write the run's window (2 s either side) to ``out`` in the sidecar's shape; None, or why not."""
+    samples, why = fetch_range(url, selector, start - 2, end + 2, token)
+    if why:
+        return why
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    tmp.replace(out)
+    return None

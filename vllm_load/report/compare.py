@@ -1,0 +1,160 @@
+"""`vllm-load compare RUN_A RUN_B`: what changed from one run to the other, and whether it is more than noise.
+
+Every metric's mean and percentiles, the run's rates and the SLO verdicts, A against B. A change is flagged
+when it is larger than both the histograms' error (0.1 % relative, HdrHistogram's 3 significant digits) and
+the runs' own noise: for TTFT, ITL per token and E2E, the spread (standard deviation) of the 10 s windows'
+medians within each run, combined over the two runs (a run that wanders by 5 ms between its own windows
+cannot show a 2 ms change). Metrics without windows are judged by the histograms' error only, and say so.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from vllm_load.metrics.table import METRICS
+from vllm_load.rundir.files import Run, load_run
+
+HIST_ERROR = 0.001  # relative, HdrHistogram with 3 significant digits
+STATS = ("mean", "p50", "p90", "p99", "p99.9")
+RATES = (("request_rate", "request rate", "req/s"), ("output_token_rate", "output tokens/s", "tok/s"),
+         ("error_rate", "error rate", "%"), ("goodput", "goodput (good req/s)", "req/s"))
+
+
+def window_noise(run: Run, key: str) -> float | None:
+    """Standard deviation (seconds) of the run's per-window medians of ``key``; None without 2 windows."""
+    medians = [ms[key].percentile(50) for _, ms in sorted(run.stats.windows.items()) if key in ms and ms[key].count]
+    if len(medians) < 2:
+        return None
+    mean = sum(medians) / len(medians)
+    return math.sqrt(sum((m - mean) ** 2 for m in medians) / (len(medians) - 1))
+
+
+def compare(a: Run, b: Run) -> dict[str, Any]:
+    rows = []
+    for m in METRICS:
+        ma, mb = a.summary["metrics"].get(m.key), b.summary["metrics"].get(m.key)
+        if not ma or not mb or not ma.get("count") or not mb.get("count"):
+            continue
+        na, nb = window_noise(a, m.key), window_noise(b, m.key)
+        noise = math.sqrt(na ** 2 + nb ** 2) if na is not None and nb is not None else None
+        for stat in STATS:
+            va, vb = ma[stat], mb[stat]
+            delta = vb - va
+            floor = HIST_ERROR * max(abs(va), abs(vb))
+            threshold = max(floor, 2 * noise) if noise is not None else floor
+            rows.append({"metric": m.key, "title": m.title, "unit": m.unit, "stat": stat, "a": va * m.scale,
+                         "b": vb * m.scale, "delta": delta * m.scale,
+                         "pct": (delta / va * 100) if va else None, "significant": abs(delta) > threshold,
+                         "noise": None if noise is None else noise * m.scale})
+    rates = []
+    for key, title, unit in RATES:
+        va, vb = a.summary.get(key), b.summary.get(key)
+        if va is None or vb is None:
+            continue
+        scale = 100.0 if unit == "%" else 1.0
+        rates.append({"metric": key, "title": title, "unit": unit, "a": va * scale, "b": vb * scale,
+                      "delta": (vb - va) * scale, "pct": ((vb - va) / va * 100) if va else None})
+    verdicts = []
+    slo_a, slo_b = _verdicts(a), _verdicts(b)
+    for text in list(dict.fromkeys([*slo_a, *slo_b])):
+        verdicts.append({"slo": text, "a": slo_a.get(text), "b": slo_b.get(text),
+                         "changed": slo_a.get(text) != slo_b.get(text)})
+    return {"a": str(a.path), "b": str(b.path), "metrics": rows, "rates": rates, "slos": verdicts}
+
+
+def _verdicts(run: Run) -> dict[str, bool]:
+    path = run.path / "summary.json"
+    if not path.exists():
+        return {}
+    return {c["slo"]: bool(c["passed"]) for c in json.loads(path.read_text()).get("slo", [])}
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3f}"
+
+
+def _verdict(v: bool | None) -> str:
+    return "-" if v is None else "PASS" if v else "FAIL"
+
+
+def render_markdown(c: dict) -> str:
+    lines = [f"# vllm-load compare", "", f"A: `{c['a']}`  ", f"B: `{c['b']}`", "",
+             "A change is **flagged** when it exceeds the histograms' error (0.1 %) and twice the runs' own "
+             "window-to-window noise (TTFT, ITL per token, E2E; the others: the histograms' error only).", "",
+             "| metric | stat | A | B | change | % | noise | |", "|---|---|---|---|---|---|---|---|"]
+    for r in c["metrics"]:
+        pct = "-" if r["pct"] is None else f"{r['pct']:+.1f}%"
+        lines.append(f"| {r['title']} ({r['unit']}) | {r['stat']} | {_fmt(r['a'])} | {_fmt(r['b'])} | "
+                     f"{_fmt(r['delta'])} | {pct} | {_fmt(r['noise'])} | {'**changed**' if r['significant'] else ''} |")
+    lines += ["", "| rate | A | B | change | % |", "|---|---|---|---|---|"]
+    for r in c["rates"]:
+        pct = "-" if r["pct"] is None else f"{r['pct']:+.1f}%"
+        lines.append(f"| {r['title']} ({r['unit']}) | {_fmt(r['a'])} | {_fmt(r['b'])} | {_fmt(r['delta'])} | {pct} |")
+    if c["slos"]:
+        lines += ["", "| SLO | A | B | |", "|---|---|---|---|"]
+        for v in c["slos"]:
+            lines.append(f"| `{v['slo']}` | {_verdict(v['a'])} | {_verdict(v['b'])} | {'**changed**' if v['changed'] else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_console(c: dict) -> str:
+    flagged = [r for r in c["metrics"] if r["significant"]]
+    out = [f"vllm-load compare: A {c['a']}  B {c['b']}"]
+    for r in flagged:
+        pct = "" if r["pct"] is None else f" ({r['pct']:+.1f}%)"
+        out.append(f"  changed: {r['title']} {r['stat']} {_fmt(r['a'])} -> {_fmt(r['b'])} {r['unit']}{pct}")
+    for v in c["slos"]:
+        if v["changed"]:
+            out.append(f"  SLO {v['slo']}: {_verdict(v['a'])} -> {_verdict(v['b'])}")
+    if len(out) == 1:
+        out.append("  no change beyond the histograms' error and the runs' own noise")
+    return "\n".join(out)
+
+
+def render_html(c: dict, a: Run, b: Run) -> str:
+    from vllm_load.report.html import _CSS, _cdf, _png, plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(14, 3))
+    for ax, key in zip(axes, ("ttft", "itl", "tpot", "e2e")):
+        for run, label, style in ((a, "A", "-"), (b, "B", "--")):
+            h = run.stats.hists[key]
+            if h.count:
+                ax.plot(*_cdf(h), style, label=label)
+        ax.set_title(f"CDF of {next(m.title for m in METRICS if m.key == key)}")
+        ax.set_xlabel("ms")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    img = _png(fig)
+    md_rows = []
+    for r in c["metrics"]:
+        cls = " class='fail'" if r["significant"] else ""
+        pct = "-" if r["pct"] is None else f"{r['pct']:+.1f}%"
+        md_rows.append(f"<tr{cls}><td>{html.escape(r['title'])} ({r['unit']})</td><td>{r['stat']}</td>"
+                       f"<td>{_fmt(r['a'])}</td><td>{_fmt(r['b'])}</td><td>{_fmt(r['delta'])}</td><td>{pct}</td>"
+                       f"<td>{_fmt(r['noise'])}</td><td>{'changed' if r['significant'] else ''}</td></tr>")
+    slo_rows = "".join(f"<tr><td>{html.escape(v['slo'])}</td><td>{_verdict(v['a'])}</td><td>{_verdict(v['b'])}</td>"
+                       f"<td>{'changed' if v['changed'] else ''}</td></tr>" for v in c["slos"])
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load compare</title><style>{_CSS}</style>"
+            f"</head><body><h1>vllm-load compare</h1><p>A: {html.escape(c['a'])}<br>B: {html.escape(c['b'])}</p>"
+            "<table id='metrics'><tr><th>metric</th><th>stat</th><th>A</th><th>B</th><th>change</th><th>%</th>"
+            f"<th>noise</th><th></th></tr>{''.join(md_rows)}</table>"
+            + (f"<h2>SLOs</h2><table id='slos'><tr><th>SLO</th><th>A</th><th>B</th><th></th></tr>{slo_rows}</table>"
+               if c["slos"] else "")
+            + f"<h2>Distributions</h2><img alt='cdf' src='data:image/png;base64,{img}'></body></html>")
+
+
+def run_compare(dir_a: str, dir_b: str, out: str = "") -> tuple[dict, Path]:
+    a, b = load_run(dir_a), load_run(dir_b)
+    c = compare(a, b)
+    target = Path(out) if out else Path(dir_b) / "compare"
+    target.mkdir(parents=True, exist_ok=True)
+    (target / "compare.md").write_text(render_markdown(c))
+    (target / "compare.json").write_text(json.dumps(c, indent=1))
+    (target / "compare.html").write_text(render_html(c, a, b))
+    return c, target
