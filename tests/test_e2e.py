@@ -94,6 +94,8 @@ def test_no_host_starts_the_embedded_emulator_and_says_so(tmp_path):
                       "--input-tokens", "50", "--output-tokens", "8", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "EMULATOR" in res.stdout
+    # the embedded emulator's own log lines go to the run directory, not to the console
+    assert (tmp_path / "run" / "emulator.log").exists() and "Avg prompt throughput" not in res.stderr
     cfg = json.loads((tmp_path / "run" / "config.json").read_text())
     assert cfg["target_is_emulator"] is True and cfg["host"].startswith("http://127.0.0.1:")
     stats, logs = load_run(tmp_path / "run")

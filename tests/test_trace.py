@@ -22,6 +22,7 @@ def test_a_mooncake_trace_replays_each_row_once_on_time_with_its_length_and_pref
                       "--processes", "2", "--host", emu.url, "--trace", str(tmp_path / "trace.jsonl"),
                       "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
     assert "the trace was replayed: stopping the run" in res.stdout  # it ends with the trace, no -t
+    assert f"trace: {len(rows)} of {len(rows)} rows sent" in res.stdout
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     stats, logs = load_run(run_dir)
     # every row exactly once, split over the two workers
@@ -55,6 +56,8 @@ def test_a_mooncake_trace_replays_each_row_once_on_time_with_its_length_and_pref
         assert abs(r["cached_tokens"] - predicted) <= BLOCK + 8, (r["trace_row"], r["cached_tokens"], predicted)
         checked += 1
     assert checked >= 190
+    html = (run_dir / "report.html").read_text()
+    assert "id='options-changed'" in html and "trace" in html.split("id='options-changed'")[1].split("</div>")[0]
     # the trace's reuse reached the server: the rows of a document after its first
     assert sum(r["cached_tokens"] >= TRACE_BLOCK for r in logs) >= 100
 

@@ -1,5 +1,6 @@
 """`vllm-load report RUN_DIR...`: rebuild reports (and an SLO verdict) from saved run directories;
 `vllm-load compare RUN_A RUN_B`: what changed between two runs, beyond noise;
+`vllm-load tune --serve CMD --grid NAME=V1,V2 --slo … -- RUN OPTIONS`: the best server configuration;
 `vllm-load locustfile NAME`: where a shipped locustfile is (for installs without a checkout)."""
 
 from __future__ import annotations
@@ -16,8 +17,15 @@ LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sweep")
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["tune"]:  # its own parser: the options after -- go to every probe as they are
+        from vllm_load.tune.run import main as tune_main
+
+        return tune_main(argv[1:])
     ap = argparse.ArgumentParser(prog="vllm-load", description="vllm-load reports and verdicts")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("tune", help="find the server configuration that carries the most load within the SLOs "
+                   "(vllm-load tune --help)")
     rp = sub.add_parser("report", help="rebuild report.html, summary.json/.md and the SLO verdict of run directories")
     rp.add_argument("run_dirs", nargs="+", help="one or more run directories")
     rp.add_argument("--slo", action="append", default=[], help="SLOs to judge by (default: the run's own)")

@@ -42,3 +42,4 @@ class RunSummary(TypedDict, total=False):
     workers_lost: list[str]
     client: dict  # ClientHealth.verdict()
     target_request_rate: float
+    trace: dict  # --trace: rows, sent, intended and achieved span (seconds)

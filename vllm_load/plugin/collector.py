@@ -74,6 +74,14 @@ class Collector:
         quiet = [(w["start"], w["end"]) for w in summary["outages"]]
         summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet)
         summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
+        if self.opts.trace:  # the schedule kept: the trace's span as intended, and as the requests were sent
+            from vllm_load.workload.trace import read_trace
+
+            rows = read_trace(self.opts.trace, self.opts.trace_format)
+            first, last = self.totals.first_start, self.totals.last_start
+            summary["trace"] = {"rows": len(rows), "sent": summary["requests"] + summary.get("warmup_excluded", 0),
+                                "intended_s": rows[-1].at / float(self.opts.trace_speed),
+                                "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
         data = {"run_id": self.plan.run_id, "start": self.start_wall, "end": end, "summary": summary,
                 "stats": self.totals.to_wire()}
         write_json(self.plan.files.stats, data)

@@ -131,6 +131,12 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
     if s.get("cached_fraction") is not None:
         lines.append(f"prefix cache (the server's usage per request): {s['cached_tokens']} of the prompt tokens "
                      f"cached ({s['cached_fraction'] * 100:.1f}%)")
+    if s.get("trace"):
+        t = s["trace"]
+        lag = s["metrics"].get("send_lag", {})
+        lines.append(f"trace: {t['sent']} of {t['rows']} rows sent, over {t['sent_span_s']:.1f} s of the intended "
+                     f"{t['intended_s']:.1f} s" + (f"; send lag p99 {lag['p99'] * 1000:.1f} ms, max "
+                                                   f"{lag['max'] * 1000:.1f} ms" if lag.get("count") else ""))
     if s.get("target_request_rate"):
         lines.append(f"open loop: target {s['target_request_rate']:.2f} req/s, achieved send rate {s['send_rate']:.2f} req/s")
     if s.get("client", {}).get("saturated"):

@@ -1,0 +1,110 @@
+"""vllm-load tune: a server per configuration, a capacity search per server, a recommendation with reasons."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+from vllm_load.tune.search import CapacitySearch
+
+
+def growth_and_bound(probes: list[tuple[float, bool]], tolerance: float) -> tuple[int, int]:
+    """(probes up to the first miss, the bisection probes the docstring promises at most)."""
+    growth = next(i for i, (_, ok) in enumerate(probes, 1) if not ok)
+    lo = max(level for level, ok in probes[:growth] if ok)
+    hi = probes[growth - 1][0]
+    return growth, max(0, math.ceil(math.log2((hi - lo) / (tolerance * lo))))
+
+
+@pytest.mark.parametrize("capacity", [1, 3, 12, 47, 100, 700])
+@pytest.mark.parametrize("tolerance", [0.1, 0.25])
+def test_the_search_finds_a_known_capacity_within_the_promised_probes(capacity, tolerance):
+    s = CapacitySearch(start=1, max_level=1024, tolerance=tolerance)
+    while (level := s.next_level()) is not None:
+        s.record(level, level <= capacity)
+    assert s.capacity <= capacity and (capacity - s.capacity) <= tolerance * capacity + 1
+    growth, bound = growth_and_bound(s.probes, tolerance)
+    assert len(s.probes) <= growth + bound, s.probes
+
+
+def test_the_search_by_rate_is_not_rounded_and_a_first_miss_means_no_capacity():
+    s = CapacitySearch(start=0.5, max_level=64, tolerance=0.05, integer=False)
+    while (level := s.next_level()) is not None:
+        s.record(level, level <= 3.3)
+    assert 3.3 * 0.95 <= s.capacity <= 3.3
+    none = CapacitySearch(start=4)
+    none.record(none.next_level(), False)
+    assert none.next_level() is None and none.capacity is None
+
+
+def tune(*argv: str, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vllm_load.cli", "tune", *argv], cwd=cwd, capture_output=True,
+                          text=True, timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(tmp_path):
+    serve = (f"{sys.executable} -m server.emulator --port {{port}} --profile a100-llama8b "
+             "--max-num-seqs {max_num_seqs} --log-stats-interval 0")
+    args = ["--serve", serve, "--grid", "max_num_seqs=4,0,16,64", "--slo", "ttft.p99<=200ms",
+            "--search-tolerance", "25%", "--probe-duration", "3s", "--probe-warmup", "0.5s",
+            "--out", str(tmp_path / "tune"), "--", "-f", str(ROOT / "locustfiles" / "chat.py"),
+            "--input-tokens", "128", "--output-tokens", "32"]
+    res = tune(*args, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
+    data = json.loads((tmp_path / "tune" / "tune.json").read_text())
+    by = {c["params"]["max_num_seqs"]: c for c in data["configs"]}
+    # a server that exits at start fails its configuration, with the reason from its log; the tune goes on
+    assert by["0"]["status"] == "failed" and "exited with code 2 at start" in by["0"]["reason"]
+    assert "scheduler sizes must be >= 1" in by["0"]["reason"]
+    # known capacities: up to max_num_seqs users nobody queues; one more waits a whole request (> 200 ms)
+    assert by["4"]["capacity"] == 4 and by["16"]["capacity"] == 16
+    caps = [by[k]["capacity"] for k in ("4", "16", "64")]
+    assert caps[0] < caps[1] < caps[2], caps
+    # the bisection stays within its promise
+    for k in ("4", "16", "64"):
+        probes = [(p["level"], p["passed"]) for p in by[k]["probes"]]
+        if not all(ok for _, ok in probes):
+            growth, bound = growth_and_bound(probes, 0.25)
+            assert len(probes) <= growth + bound, (k, probes)
+    # capacity rises, and then flattens: each added user buys fewer tokens/s as the decode steps grow
+    at = {k: next(p for p in by[k]["probes"] if p["level"] == by[k]["capacity"]) for k in ("4", "16", "64")}
+    gain_16 = (at["16"]["output_token_rate"] - at["4"]["output_token_rate"]) / (caps[1] - caps[0])
+    gain_64 = (at["64"]["output_token_rate"] - at["16"]["output_token_rate"]) / (caps[2] - caps[1])
+    assert gain_64 < gain_16, (gain_16, gain_64)
+    assert data["recommended"] == {"max_num_seqs": "64"}
+    # the losers' reasons come from their first missed probe: the SLO and the server's own numbers
+    assert "recommended max_num_seqs=64" in res.stdout
+    line4 = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith("max_num_seqs=4:"))
+    assert "at 5:" in line4 or "at 6:" in line4 or "at 8:" in line4
+    assert "ttft.p99<=200ms" in line4 and "waiting max" in line4
+    md = (tmp_path / "tune" / "tune.md").read_text()
+    assert "**Recommended: max_num_seqs=64**" in md and "| max_num_seqs=16 | 16 " in md
+    assert "data:image/png;base64," in (tmp_path / "tune" / "tune.html").read_text()
+    # --resume re-runs nothing
+    probes_before = sorted(p.name for p in (tmp_path / "tune").rglob("probe-*") if p.is_dir())
+    split = args.index("--")
+    again = tune(*args[:split], "--resume", *args[split:], cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.stdout.count("measured before, kept (--resume)") == 4
+    assert sorted(p.name for p in (tmp_path / "tune").rglob("probe-*") if p.is_dir()) == probes_before
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--slo", "ttft.p99<=1s"], "give --serve"),
+    (["--serve", "x --port {port} --seqs {seqs}", "--grid", "max_num_seqs=2", "--slo", "ttft.p99<=1s"],
+     "--serve uses {seqs}"),
+    (["--host", "http://127.0.0.1:9"], "give the SLOs"),
+    (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--grid", "nonsense"], "is not NAME=V1,V2"),
+    (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--search-tolerance", "150%"], "--search-tolerance"),
+])
+def test_bad_tune_input_is_one_line_and_exit_2(tmp_path, argv, needle):
+    res = tune(*argv, "--out", str(tmp_path / "t"), cwd=tmp_path)
+    assert res.returncode == 2, res.stdout + res.stderr
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("vllm-load: error:")]
+    assert len(errors) == 1 and needle in errors[0], res.stderr

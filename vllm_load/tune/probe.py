@@ -1,0 +1,86 @@
+"""One probe of the capacity search: a normal measured vllm-load run (its own run directory, warm-up excluded)
+at one load level, judged by the tune's SLOs; what the tables need is read back from its summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from vllm_load.errors import EXIT_BAD_INPUT, UsageError
+
+
+@dataclass
+class Probe:
+    level: float
+    passed: bool
+    code: int
+    run_dir: str
+    request_rate: float = 0.0
+    output_token_rate: float = 0.0
+    goodput: float | None = None
+    ttft_mean: float | None = None  # seconds
+    ttft_p99: float | None = None
+    itl_mean: float | None = None
+    itl_p99: float | None = None
+    e2e_mean: float | None = None
+    e2e_p99: float | None = None
+    tps_per_user: float | None = None  # median output tokens/s of a request
+    kv_max: float | None = None
+    preemptions: float | None = None
+    waiting_max: float | None = None
+    prefix_hit_rate: float | None = None
+    missed: tuple[str, ...] = ()  # the SLO checks that failed, with what was measured
+    invalid: str = ""  # why the run measured nothing
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def run_probe(locust_args: list[str], url: str, level: float, mode: str, slos: list[str], sidecar_url: str,
+              duration: str, warmup: str, run_dir: Path, rate_users: int, timeout: float) -> Probe:
+    load = (["-u", str(int(level)), "-r", str(int(level))] if mode == "concurrency"
+            else ["-u", str(rate_users), "-r", str(rate_users), "--request-rate", f"{level:g}"])
+    argv = [sys.executable, "-m", "locust", *locust_args, "--headless", "--host", url, *load, "-t", duration,
+            "--warmup", warmup, "--run-dir", str(run_dir), "--sidecar-url", sidecar_url]
+    for s in slos:
+        argv += ["--slo", s]
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
+        try:
+            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                                  env=dict(os.environ)).returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+    if code == EXIT_BAD_INPUT:
+        tail = (run_dir.parent / f"{run_dir.name}.log").read_text(errors="replace")
+        line = next((ln for ln in tail.splitlines() if ln.startswith("vllm-load: error:")), "see the probe's log")
+        raise UsageError(f"a probe was refused: {line.removeprefix('vllm-load: error: ')}")
+    return read_probe(level, code, run_dir)
+
+
+def read_probe(level: float, code: int, run_dir: Path) -> Probe:
+    try:
+        data = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return Probe(level, False, code, str(run_dir), invalid=f"the probe wrote no summary (exit code {code})")
+    s, server = data["summary"], data.get("server") or {}
+    m = s["metrics"]
+
+    def get(key: str, stat: str) -> float | None:
+        v = m.get(key) or {}
+        return v.get(stat) if v.get("count") else None
+
+    missed = tuple(f"{c['slo']} ({c['detail']})" for c in data.get("slo", []) if not c["passed"])
+    invalid = "; ".join(c["detail"] for c in data.get("validity", []) if not c["passed"])
+    return Probe(level=level, passed=code == 0, code=code, run_dir=str(run_dir), request_rate=s["request_rate"],
+                 output_token_rate=s["output_token_rate"],
+                 goodput=s.get("goodput") if s.get("goodput") is not None else s["request_rate"],
+                 ttft_mean=get("ttft", "mean"), ttft_p99=get("ttft", "p99"), itl_mean=get("itl", "mean"),
+                 itl_p99=get("itl", "p99"), e2e_mean=get("e2e", "mean"), e2e_p99=get("e2e", "p99"),
+                 tps_per_user=get("output_tps", "p50"), kv_max=server.get("kv_cache_usage.max"),
+                 preemptions=server.get("preemptions"), waiting_max=server.get("waiting.max"),
+                 prefix_hit_rate=server.get("prefix_cache_hit_rate"), missed=missed, invalid=invalid)

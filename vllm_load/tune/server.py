@@ -1,0 +1,91 @@
+"""One server configuration's process: started from the --serve template in a process group of its own with its
+log captured, waited for until it serves, stopped by its process group (vLLM forks engine processes)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_load.errors import UsageError
+from vllm_load.plugin.server_wait import probe
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def render(template: str, params: dict[str, object], port: int) -> list[str]:
+    """The server's argv: ``{port}`` and every grid parameter ``{name}`` filled in (one line on a name the
+    template uses and the grid does not give)."""
+    try:
+        text = template.format(port=port, **params)
+    except KeyError as exc:
+        raise UsageError(f"--serve uses {{{exc.args[0]}}}, which no --grid parameter gives "
+                         f"(they are: port, {', '.join(params) or 'none'})") from None
+    except (IndexError, ValueError) as exc:
+        raise UsageError(f"--serve {template!r} is not a valid template ({exc}): write e.g. 'vllm serve M --port {{port}}'") from None
+    return shlex.split(text)
+
+
+@dataclass
+class ServerProcess:
+    argv: list[str]
+    url: str
+    log: Path
+    proc: subprocess.Popen | None = None
+
+    def start(self, ready_timeout: float, say: callable = print) -> str | None:  # type: ignore[valid-type]
+        """Start and wait until /health and /v1/models answer; None, or why it never served (it is stopped)."""
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            try:
+                self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as exc:
+                return f"cannot start {self.argv[0]!r}: {exc.strerror or exc}"
+        deadline = time.monotonic() + ready_timeout
+        next_say = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            code = self.proc.poll()
+            if code is not None:
+                return f"the server exited with code {code} at start: {self.last_log_line()}"
+            if probe(self.url, models=True, timeout=2.0) is None:
+                return None
+            if time.monotonic() >= next_say:
+                say(f"vllm-load tune: waiting for {self.url} ({int(deadline - time.monotonic())} s left)")
+                next_say += 30
+            time.sleep(0.5)
+        self.stop()
+        return f"the server did not serve within {ready_timeout:.0f} s (--server-ready-timeout): {self.last_log_line()}"
+
+    def crashed(self) -> str | None:
+        """Why the server is gone mid-search, or None while it runs."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return f"the server exited with code {self.proc.returncode} mid-search: {self.last_log_line()}"
+        return None
+
+    def stop(self, grace: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        except ProcessLookupError:
+            pass
+
+    def last_log_line(self) -> str:
+        try:
+            lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return "(no log)"
+        return (lines[-1].strip()[:200] if lines else "(empty log)") + f" (log: {self.log})"
