@@ -128,7 +128,8 @@ class Emulator:
         self.model = model
         self.served = list(served_names or [model])  # vLLM's --served-model-name: the ids clients use
         self.loras = list(lora_modules or [])
-        self.reject: list[str] = []  # body fields answered with 400, like a strict gateway (--reject)  # adapters served beside the base model (vLLM's --lora-modules)
+        self.reject: list[str] = []  # body fields answered with 400, like a strict gateway (--reject)
+        self._answer_cache: dict[str, list[int]] = {}  # answer text -> its token ids  # adapters served beside the base model (vLLM's --lora-modules)
         self.eos_after = eos_after  # a request without max_tokens ends "on its own" after this many tokens
         self.prompt_tokens_details = prompt_tokens_details  # usage.prompt_tokens_details.cached_tokens, as vLLM's flag
         self.faults = faults or FaultPlan()
@@ -310,7 +311,18 @@ class Emulator:
         """vLLM keeps the blocks a request filled while decoding too: the next turn of a conversation, whose
         history holds this answer, hits them (as far as re-tokenizing the answer gives the same ids)."""
         if self.tok is not None and text:
-            self.prefix_cache.query(out.ids + self.tok.encode(text, add_special_tokens=False))
+            self.prefix_cache.query(out.ids + self._answer_ids(text))
+
+    def _answer_ids(self, text: str) -> list[int]:
+        """The answer's token ids. Every answer of N tokens is the same text (the word cycle starts afresh), so
+        they are encoded once: encoding 256 tokens costs ~270 us, which at 240 requests/s cost the emulator
+        15 % of its chunk rate (benchmarks/client_capacity.py, 2026-11-23)."""
+        ids = self._answer_cache.get(text)
+        if ids is None:
+            if len(self._answer_cache) >= 1024:
+                self._answer_cache.clear()
+            ids = self._answer_cache[text] = self.tok.encode(text, add_special_tokens=False)
+        return ids
 
     def stats_line(self, interval: float) -> str:
         """vLLM's periodic stats log line (V1 or V0 format), over the last ``interval`` seconds."""

@@ -11,6 +11,8 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from vllm_load.rundir.files import write_series
+
 #: sample key -> PromQL over vLLM 0.32's names ({sel} is the selector); the sidecar's keys
 QUERIES = {
     "running": "sum(vllm:num_requests_running{sel})",
@@ -61,7 +63,5 @@ def collect(url: str, selector: str, start: float, end: float, out: Path, token:
     samples, why = fetch_range(url, selector, start - 2, end + 2, token)
     if why:
         return why
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(s) + "\n" for s in samples))
-    tmp.replace(out)
+    write_series(out, samples)
     return None

@@ -8,6 +8,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from vllm_load.rundir.files import write_series
+
 from vllm_load.client.openai_api import auth_header
 from vllm_load.metrics.server import server_summary
 
@@ -52,9 +54,7 @@ def fetch_series(sidecar_url: str, start: float, end: float, out: Path, token: s
     samples, why = fetch_samples(sidecar_url, start - 2, end + 2, token, timeout)
     if why:
         return why
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(s) + "\n" for s in samples))
-    tmp.replace(out)
+    write_series(out, samples)
     return None
 
 

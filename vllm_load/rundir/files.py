@@ -79,6 +79,13 @@ class Run:
         return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+def write_series(out: Path, samples: list[dict]) -> None:
+    """The server side's samples as ``server.jsonl``, written atomically (a reader never sees half of it)."""
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    tmp.replace(out)
+
+
 def load_run(path: str | Path) -> Run:
     p = Path(path)
     try:

@@ -159,17 +159,22 @@ class PromptFactory:
             words += self._block_words(h, block_size)
         if len(words) < want + 8:
             words += self._unique_words(seq, want + 8 - len(words))
+        return self._fit([], words, want, n_tokens)
+
+    def _fit(self, head: list[str], body: list[str], want: int, n_tokens: int) -> Prompt:
+        """``head`` and the first k words of ``body``, k adjusted until the server's count is ``n_tokens``
+        (a word boundary that merges with the template's tokens moves the count by one or two)."""
         k = want
         for _ in range(8):
-            prompt = self._render(words[:k])
+            prompt = self._render(head + body[:k])
             got = self.count(prompt)
             if got == n_tokens:
                 prompt.tokens = got
                 return prompt
             k += n_tokens - got
-            if k < 1 or k > len(words):
+            if k < 1 or k > len(body):
                 break
-        raise UsageError(f"could not build an exact {n_tokens}-token trace prompt with tokenizer {self.tok.name!r}")
+        raise UsageError(f"could not build an exact {n_tokens}-token prompt with tokenizer {self.tok.name!r}")
 
     def make(self, n_tokens: int) -> Prompt:
         """A fresh prompt of exactly ``n_tokens`` tokens as the server counts them."""
@@ -181,16 +186,4 @@ class PromptFactory:
         seq = self.seq
         self.seq += 1
         want = n_tokens - self.overhead - self.shared_prefix_tokens
-        body = self._unique_words(seq, want + 8)
-        k = want
-        for _ in range(8):
-            words = self._shared + body[:k]
-            prompt = self._render(words)
-            got = self.count(prompt)
-            if got == n_tokens:
-                prompt.tokens = got
-                return prompt
-            k += n_tokens - got
-            if k < 1 or k > len(body):
-                break
-        raise UsageError(f"could not build an exact {n_tokens}-token prompt with tokenizer {self.tok.name!r}")
+        return self._fit(self._shared, self._unique_words(seq, want + 8), want, n_tokens)
