@@ -115,7 +115,26 @@ def test_fixed_schedule_jitter_is_seeded_and_lockstep_shares_one_grid():
     assert all(min(f, 1.0 - f) < 0.05 for f in on_grid)
 
 
+def test_a_gpu_like_cycle_of_steps_per_stream_and_on_one_grid():
+    """--itl-cycle: the token gaps cycle through the given steps; with --lockstep every stream emits at the
+    same step ends of one global grid of those steps."""
+    from server.emulator.engine import EngineConfig, FixedScheduleEngine
+
+    cycle = (0.002, 0.006, 0.004, 0.001, 0.008)
+    dues = [em.due for em in FixedScheduleEngine(EngineConfig(ttft=0.003, itl_cycle=cycle)).generate(10, 11)]
+    gaps = [round(b - a, 9) for a, b in zip(dues, dues[1:])]
+    assert gaps == [cycle[(i + 1) % 5] for i in range(10)]
+    lock = FixedScheduleEngine(EngineConfig(ttft=0.003, itl_cycle=cycle, lockstep=True))
+    ends = {round(sum(cycle[:i]), 9) for i in range(1, 6)}
+    for _ in range(2):
+        for em in lock.generate(10, 6):
+            at = em.at - em.offset + em.due  # the absolute step end it was due at (arrival = at - offset)
+            phase = round(at % sum(cycle), 6)
+            assert any(abs(phase - e) < 2e-6 or abs(phase - e + sum(cycle)) < 2e-6 for e in ends | {0.0}), phase
+
+
 @pytest.mark.parametrize("args, needle", [
+    (["--itl-cycle", "0.01,-1"], "--itl-cycle '0.01,-1' must list positive seconds"),
     (["--jitter", "1.5"], "--jitter 1.5 is not between 0 and 1"),
     (["--jitter", "-0.1"], "--jitter -0.1 is not between 0 and 1"),
     (["--itl", "-1"], "--ttft/--itl must be >= 0"),

@@ -536,6 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens-per-chunk", type=int, default=1, help="output tokens carried by each SSE chunk")
     p.add_argument("--jitter", type=float, default=0.0,
                    help="draw each TTFT and ITL uniformly from value*(1 +- JITTER), seeded by --seed (0..1)")
+    p.add_argument("--itl-cycle", default="", metavar="S,S,…",
+                   help="token gaps cycle through these seconds instead of --itl (a GPU's uneven decode steps, e.g. "
+                        "0.01,0.03,0.02,0.005,0.04); with --lockstep the global steps do")
     p.add_argument("--lockstep", action="store_true",
                    help="emit every stream's tokens together on one global ITL grid, like a batched decode step")
     p.add_argument("--timing-log", default="",
@@ -581,6 +584,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.ttft < 0 or args.itl < 0 or args.tokens_per_chunk < 1 or args.max_model_len < 1:
         sys.stderr.write("emulator: error: --ttft/--itl must be >= 0, --tokens-per-chunk and --max-model-len >= 1\n")
         return 2
+    try:
+        cycle = tuple(float(x) for x in args.itl_cycle.split(",") if x.strip())
+    except ValueError:
+        cycle = (-1.0,)
+    if any(x <= 0 for x in cycle):
+        sys.stderr.write(f"emulator: error: --itl-cycle {args.itl_cycle!r} must list positive seconds, e.g. 0.01,0.03\n")
+        return 2
     if not 0.0 <= args.jitter <= 1.0:
         sys.stderr.write(f"emulator: error: --jitter {args.jitter} is not between 0 and 1 (a fraction of TTFT/ITL)\n")
         return 2
@@ -613,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         engine = FixedScheduleEngine(EngineConfig(ttft=args.ttft, itl=args.itl, prefill_per_token=args.prefill_per_token,
                                                   tokens_per_chunk=args.tokens_per_chunk, jitter=args.jitter,
-                                                  lockstep=args.lockstep, seed=args.seed,
+                                                  lockstep=args.lockstep, seed=args.seed, itl_cycle=cycle,
                                                   num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size))
     timing_log = open(args.timing_log, "a", buffering=1) if args.timing_log else None  # noqa: SIM115 (lives as long as the server)
     request_log = open(args.request_log, "a", buffering=1) if args.request_log else None  # noqa: SIM115

@@ -30,6 +30,9 @@ class EngineConfig:
     jitter: float = 0.0  # each TTFT/ITL drawn uniformly from value * (1 +- jitter)
     lockstep: bool = False  # due times rounded up to a global grid of ITL: all streams emit together
     seed: int = 0
+    #: a GPU's decode steps are not all alike: the token gaps cycle through these (seconds) instead of ITL;
+    #: with lockstep the global grid's steps do (every stream emits at the same step ends)
+    itl_cycle: tuple[float, ...] = ()
 
 
 @dataclass
@@ -51,6 +54,21 @@ class FixedScheduleEngine:
         self.preemptions = 0
         self.kv_tokens = 0
         self._requests = 0
+
+    def _grid_at(self, due: float) -> float:
+        """The first global step end at or after ``due`` (the grid starts at the clock's zero, so every
+        stream, whenever it arrived, emits at the same step ends)."""
+        cfg = self.cfg
+        if cfg.itl_cycle:
+            period = sum(cfg.itl_cycle)
+            k, r = divmod(due, period)
+            acc = 0.0
+            for step in cfg.itl_cycle:
+                acc += step
+                if acc >= r - 1e-12:
+                    return k * period + acc
+            return (k + 1) * period
+        return math.ceil(due / cfg.itl) * cfg.itl
 
     @property
     def kv_usage(self) -> float:
@@ -80,10 +98,13 @@ class FixedScheduleEngine:
             while produced < max_tokens:
                 n = min(k, max_tokens - produced)
                 if produced:
-                    due += sum(spread(cfg.itl) for _ in range(n))  # chunk of k tokens: k gaps of ITL
+                    if cfg.itl_cycle:
+                        due += sum(cfg.itl_cycle[(produced + j) % len(cfg.itl_cycle)] for j in range(n))
+                    else:
+                        due += sum(spread(cfg.itl) for _ in range(n))  # chunk of k tokens: k gaps of ITL
                 at = due
-                if cfg.lockstep and cfg.itl > 0:
-                    at = math.ceil(due / cfg.itl) * cfg.itl
+                if cfg.lockstep and (cfg.itl > 0 or cfg.itl_cycle):
+                    at = self._grid_at(due)
                 # never before it is due by this clock, whatever the loop timer's resolution
                 while (now := time.perf_counter()) < at:
                     gevent.sleep(at - now)
