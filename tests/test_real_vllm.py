@@ -127,9 +127,16 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
         stopped = time.time()
         wait_for(lambda: any(r["error"].startswith("connection failed") for r in logs(run_dir) if not r["ok"]),
                  timeout=60, what="refused connections")
-        served = subprocess.run(["bash", str(SCRIPT), "serve"], env=env, capture_output=True, text=True, timeout=400)
-        assert served.returncode == 0, served.stdout[-2000:]
-        back = time.time()  # /health answers from here on
+        from vllm_load.plugin.server_wait import probe
+
+        serving = subprocess.Popen(["bash", str(SCRIPT), "serve"], env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        # /health answers from here on: polled here every 0.1 s (the script's own 0.5 s loop, behind a curl
+        # without a timeout, once noticed it 2.2 s late)
+        back = wait_for(lambda: probe(URL, models=False, timeout=0.5) is None and time.time(), timeout=400,
+                        what="the restarted server's /health", poll=0.1)
+        served_out = serving.communicate(timeout=400)[0]
+        assert serving.returncode == 0, served_out[-2000:]
         wait_for(lambda: sum(r["ok"] and r["start"] > back for r in logs(run_dir)) >= 4, timeout=120,
                  what="successes after the restart")
         p.send_signal(signal.SIGTERM)

@@ -78,7 +78,7 @@ do_serve() {
       --enforce-eager --kv-cache-memory-bytes 67108864 > "$R/server.log" 2>&1 &
   echo $! > "$R/server.pid"
   for _ in $(seq 1 600); do
-    if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; then
+    if curl -sf --max-time 2 "http://127.0.0.1:$PORT/health" >/dev/null; then
       echo "ready after $(( $(date +%s) - START ))s (pid $(cat "$R/server.pid"))"; return 0; fi
     kill -0 "$(cat "$R/server.pid")" 2>/dev/null || { echo "server died"; tail -30 "$R/server.log"; return 1; }
     sleep 0.5
