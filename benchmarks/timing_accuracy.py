@@ -100,8 +100,11 @@ def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) 
         cli_proc = psutil.Process(cli.pid)
         deadline = time.monotonic() + 60
         while running(url) < 0.95 * streams:  # wait for every stream to be open (startup, spawn)
-            if cli.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{client} did not open {streams} streams")
+            if cli.poll() is not None:  # e.g. aiohttp missing: pip install -e '.[bench]'
+                raise RuntimeError(f"{client} exited with code {cli.returncode} before opening {streams} streams "
+                                   f"(run its command by hand to see why: {' '.join(client_cmd(client, url, streams, seconds, args, out))})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{client} did not open {streams} streams in 60 s")
             time.sleep(0.05)
         t_open = time.time()
         time.sleep(1.0)  # let the streams' phases settle before the measured window
