@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from vllm_load.tune.server import free_port  # noqa: F401  (a port for processes that take a number, not 0)
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -41,13 +42,6 @@ def run_locust(args: list[str], cwd: Path, timeout: float = 120.0) -> subprocess
     env.pop("VLLM_LOAD_API_KEY", None)
     return subprocess.run([sys.executable, "-m", "locust", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
-
-
-def free_port() -> int:
-    """A port nothing on 127.0.0.1 listens on now (for processes that take a port number, not 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "", poll: float = 0.1) -> Any:

@@ -7,12 +7,11 @@ only while this module runs, so it does not share the CPU with the timing tests.
 
 import json
 import os
-import socket
 import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, Proc, run_locust
+from tests.helpers import ROOT, Proc, free_port, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 REAL_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
@@ -22,9 +21,7 @@ pytestmark = pytest.mark.skipif(not REAL_DIR, reason="no real vLLM installed (.c
 
 @pytest.fixture(scope="module")
 def real_vllm():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, R=REAL_DIR, PORT=str(port))
     started = subprocess.run(["bash", str(SCRIPT), "serve"], env=env, capture_output=True, text=True, timeout=400)
     try:

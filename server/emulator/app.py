@@ -29,6 +29,7 @@ from .faults import FaultPlan, parse_fault
 from .prefix_cache import PrefixCache
 from .vllm_metrics import VllmMetrics
 from vllm_load.client import rxstamp
+from vllm_load.client.openai_api import is_credential_header
 
 VERSION = "0.32.0"
 FINGERPRINT = f"vllm-{VERSION}-emulator"
@@ -88,8 +89,7 @@ def _loggable_headers(environ: dict) -> dict[str, str]:
     for key, value in environ.items():
         if key.startswith("HTTP_"):
             name = key[5:].replace("_", "-").title()
-            secret = any(w in name.lower() for w in ("auth", "token", "key", "secret", "cookie", "password"))
-            out[name] = "***" if secret else str(value)
+            out[name] = "***" if is_credential_header(name) else str(value)
     return out
 
 
@@ -124,12 +124,12 @@ class Emulator:
                  api_key: str = "", faults: FaultPlan | None = None, naming: str = "v1",
                  timing_log: IO[str] | None = None, request_log: IO[str] | None = None, eos_after: int = 64,
                  prompt_tokens_details: bool = False, served_names: list[str] | None = None,
-                 lora_modules: list[str] | None = None) -> None:
+                 lora_modules: list[str] | None = None, reject: list[str] | None = None) -> None:
         self.model = model
         self.served = list(served_names or [model])  # vLLM's --served-model-name: the ids clients use
-        self.loras = list(lora_modules or [])
-        self.reject: list[str] = []  # body fields answered with 400, like a strict gateway (--reject)
-        self._answer_cache: dict[str, list[int]] = {}  # answer text -> its token ids  # adapters served beside the base model (vLLM's --lora-modules)
+        self.loras = list(lora_modules or [])  # adapters served beside the base model (vLLM's --lora-modules)
+        self.reject = list(reject or [])  # body fields answered with 400, like a strict gateway (--reject)
+        self._answer_cache: dict[str, list[int]] = {}  # answer text -> its token ids
         self.eos_after = eos_after  # a request without max_tokens ends "on its own" after this many tokens
         self.prompt_tokens_details = prompt_tokens_details  # usage.prompt_tokens_details.cached_tokens, as vLLM's flag
         self.faults = faults or FaultPlan()
@@ -630,8 +630,8 @@ def main(argv: list[str] | None = None) -> int:
     app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults,
                    naming=args.metrics_naming, timing_log=timing_log, request_log=request_log,
                    eos_after=max(0, args.eos_after), prompt_tokens_details=args.enable_prompt_tokens_details,
-                   served_names=args.served_model_name, lora_modules=args.lora_modules)
-    app.reject = [f.strip() for f in args.reject.split(",") if f.strip()]
+                   served_names=args.served_model_name, lora_modules=args.lora_modules,
+                   reject=[f.strip() for f in args.reject.split(",") if f.strip()])
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

@@ -41,6 +41,15 @@ def use_tls_context(ctx: ssl.SSLContext | None) -> None:
         urllib.request.install_opener(urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx)))
 
 
+#: header names whose values are credentials: written as *** wherever headers are written (options, logs)
+CREDENTIAL_WORDS = ("auth", "token", "key", "secret", "cookie", "password", "session", "credential")
+
+
+def is_credential_header(name: str) -> bool:
+    low = name.lower()
+    return any(w in low for w in CREDENTIAL_WORDS)
+
+
 def auth_header(api_key: str) -> dict[str, str]:
     """The bearer header for a server or sidecar (empty without a token): built here only."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}

@@ -94,8 +94,7 @@ def build_request(api: str, model: str, content: Any, input_tokens: int, max_tok
     body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     if defaults.continuous_usage:
         body["stream_options"]["continuous_usage_stats"] = True
-    return ReadyRequest(api, orjson.dumps(body), input_tokens, max_tokens if forced else None,
-                        group if group is not None else None)
+    return ReadyRequest(api, orjson.dumps(body), input_tokens, max_tokens if forced else None, group)
 
 
 def stream_request(

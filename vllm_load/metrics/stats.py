@@ -28,6 +28,8 @@ PACK_AFTER_S = 60
 WINDOW_METRICS = ("ttft", "itl_token", "e2e")
 #: the wire's metric names: 2 since itl means the per-chunk gap (vLLM's) and itl_token the per-token one
 NAMES_VERSION = 2
+#: metric keys before that: the old name -> today's
+_OLD_NAMES = {"itl": "itl_token", "itl_chunk": "itl"}
 #: distinct name= groups kept apart (each holds ~10 histograms); further names share one group, as a
 #: locustfile naming every request uniquely would otherwise grow memory without bound
 MAX_NAMES = 100
@@ -47,10 +49,9 @@ def upgrade_wire(data: dict) -> dict:
     """Run dirs written before vLLM's names (itl per token, itl_chunk per chunk) read with today's names."""
     if data.get("names_version", 1) >= NAMES_VERSION:
         return data
-    ren = {"itl": "itl_token", "itl_chunk": "itl"}
     data = dict(data)
-    data["hists"] = {ren.get(k, k): v for k, v in data.get("hists", {}).items()}
-    data["windows"] = {w: {ren.get(m, m): h for m, h in ms.items()} for w, ms in data.get("windows", {}).items()}
+    data["hists"] = {_OLD_NAMES.get(k, k): v for k, v in data.get("hists", {}).items()}
+    data["windows"] = {w: {_OLD_NAMES.get(m, m): h for m, h in ms.items()} for w, ms in data.get("windows", {}).items()}
     return data
 
 
@@ -58,9 +59,8 @@ def upgrade_summary(summary: dict) -> dict:
     """The same for a saved summary: metric keys, and goodput (then a share) as good_request_fraction."""
     if "good_request_fraction" in summary or "metrics" not in summary:
         return summary
-    ren = {"itl": "itl_token", "itl_chunk": "itl"}
     out = dict(summary)
-    out["metrics"] = {ren.get(k, k): v for k, v in summary["metrics"].items()}
+    out["metrics"] = {_OLD_NAMES.get(k, k): v for k, v in summary["metrics"].items()}
     out["good_request_fraction"] = summary.get("goodput")
     duration = summary.get("duration_s") or 0.0
     out["goodput"] = summary.get("good_requests", 0) / duration if summary.get("goodput") is not None and duration else None

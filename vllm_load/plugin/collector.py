@@ -56,11 +56,15 @@ class Collector:
         }
         write_json(self.plan.files.config, info, indent=2)
 
+    @property
+    def measured_from(self) -> float:
+        """When the measured part of the run began: after its warm-up (the requests before it are in no number)."""
+        return self.start_wall + self.plan.warmup
+
     def write_results(self, monitor: ClientMonitor | None = None) -> RunSummary:
         """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
         end = self.end_wall or time.time()
-        # measured from the warm-up's end: the requests before it are in no number
-        summary = self.totals.summary(duration=max(1e-9, end - self.start_wall - self.plan.warmup),
+        summary = self.totals.summary(duration=max(1e-9, end - self.measured_from),
                                       records_per_request=records_per_request(
             self.opts.dataset, self.opts.dataset_batch), outage_after=self.plan.outage_after, now=end)
         summary["workers"] = sorted(self.workers_seen)
@@ -74,13 +78,11 @@ class Collector:
         quiet = [(w["start"], w["end"]) for w in summary["outages"]]
         summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet)
         summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
-        if self.opts.trace:  # the schedule kept: the trace's span as intended, and as the requests were sent
-            from vllm_load.workload.trace import read_trace
-
-            rows = read_trace(self.opts.trace, self.opts.trace_format)
+        if self.plan.trace_rows:  # the schedule kept: the trace's span as intended, and as the requests were sent
             first, last = self.totals.first_start, self.totals.last_start
-            summary["trace"] = {"rows": len(rows), "sent": summary["requests"] + summary.get("warmup_excluded", 0),
-                                "intended_s": rows[-1].at / float(self.opts.trace_speed),
+            summary["trace"] = {"rows": self.plan.trace_rows,
+                                "sent": summary["requests"] + summary.get("warmup_excluded", 0),
+                                "intended_s": self.plan.trace_span,
                                 "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
         data = {"run_id": self.plan.run_id, "start": self.start_wall, "end": end, "summary": summary,
                 "stats": self.totals.to_wire()}

@@ -4,6 +4,7 @@ the report, the console's last lines and the exit code."""
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 import time
 from typing import Any
@@ -18,7 +19,7 @@ from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.server_side import fetch_series
 from vllm_load.plugin.state import STATE
-from vllm_load.plugin.wire import drain
+from vllm_load.plugin.wire import drain, end_run
 from vllm_load.report.console import render_table
 from vllm_load.report.results import render_validity
 
@@ -78,7 +79,7 @@ def watch_outages(environment: Any, col: Collector) -> None:
                 STATE.outage_stop = f"{text}: stopping the run (--stop-on-outage {environment.parsed_options.stop_on_outage})"
                 sys.stderr.write(f"vllm-load: error: {STATE.outage_stop}\n")
                 sys.stderr.flush()
-                gevent.spawn(environment.runner.quit if environment.web_ui is None else environment.runner.stop)
+                end_run(environment)
         elif STATE.outage_now is not None:
             print("vllm-load: the server answers again", flush=True)
             STATE.outage_now = None
@@ -145,13 +146,9 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
             code = EXIT_ERRORS
         STATE.report = str(built.report)
         if STATE.emulator_log is not None and STATE.emulator_log.exists():  # its log, beside the run's numbers
-            import shutil
-
             shutil.copyfile(STATE.emulator_log, col.plan.files.path / "emulator.log")
         prefix = getattr(environment.parsed_options, "csv_prefix", None)
         if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
-            import shutil
-
             shutil.copyfile(col.plan.files.llm_csv, f"{prefix}_llm_stats.csv")
         sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {col.plan.run_id}{banner}",
                                               server=built.server) + "\n")

@@ -53,6 +53,7 @@ class Generator:
     output_spec: LengthSpec | None = None
     headers: dict[str, str] = field(default_factory=dict)
     start_wall: float = field(default_factory=time.time)
+    start_perf: float = field(default_factory=time.perf_counter)  # start_wall on the perf_counter clock
     dataset: DatasetSource | None = None
     goodput_limits: dict = field(default_factory=dict)
     arrival_seq: int = 0
@@ -105,6 +106,7 @@ class Generator:
         rt._prepare_generation()
         rt._fill_pools(apis)
         rt.start_wall = time.time()  # this process's load starts now, not before its pools were ready
+        rt.start_perf = time.perf_counter()  # the same instant on the clock the schedules use
         warm_up()  # before the heap is frozen: what it loads is start-up heap too
         # before the loop-lag monitor starts: the one full collection here takes ~0.1 s
         gc_control.freeze_startup_heap()  # collections run from _fold_when_idle instead
@@ -178,14 +180,25 @@ class Generator:
         body when the tokenizer has no chat template); built in the helper thread."""
         return self.offload(self._make_text, tokens)
 
-    def _make_text(self, tokens: int) -> str:
+    def _helper_factory(self) -> PromptFactory:
+        """The prompt factory of the helper thread (users' own texts), apart from the prompt pools' factories:
+        each factory's sequence is used by one thread only, so no two texts get the same digest words."""
         assert self.tokenizer is not None
         if self.text_factory is None:
             api = "chat" if self.tokenizer.has_chat_template else "completions"
             self.text_factory = PromptFactory(self.tokenizer, api, self.plan.salt, f"{self.source}/text")  # type: ignore[arg-type]
-        f = self.text_factory
-        prompt = f.make(tokens + f.overhead)
-        return prompt.messages[-1]["content"] if f.api == "chat" else prompt.text
+        return self.text_factory
+
+    def _content(self, prompt: Prompt) -> str:
+        """A helper-factory prompt's text as one message's content (or as a completion prompt)."""
+        return prompt.messages[-1]["content"] if self._helper_factory().api == "chat" else prompt.text
+
+    def _make_text(self, tokens: int) -> str:
+        f = self._helper_factory()
+        return self._content(f.make(tokens + f.overhead))
+
+    def _unique_first_turn(self, content: str) -> str:
+        return self._content(self._helper_factory().wrap(content))
 
     def conversation(self) -> list[str]:
         """The next --dataset conversation's user turns; the first behind this run's unique digest words, so
@@ -193,9 +206,7 @@ class Generator:
         if self.dataset is None:
             raise ValueError("no --dataset: self.llm.conversation() replays a dataset's conversations")
         turns = self.dataset.next_conversation()
-        api = "chat" if self.tokenizer is not None and self.tokenizer.has_chat_template else "completions"
-        first = self.offload(self.factory(api).wrap, turns[0])  # type: ignore[arg-type]
-        turns[0] = first.messages[-1]["content"] if api == "chat" else first.text
+        turns[0] = self.offload(self._unique_first_turn, turns[0])
         return turns
 
     def count_output(self, text: str) -> int:

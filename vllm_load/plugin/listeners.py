@@ -168,7 +168,7 @@ def _live_summary() -> dict | None:
     col = STATE.collector
     if col is None:
         return None
-    summary = webui.live_summary(col.totals, col.start_wall + col.plan.warmup, col.health)
+    summary = webui.live_summary(col.totals, col.measured_from, col.health)
     summary["server"] = STATE.live_server.summary() if STATE.live_server is not None else None
     return summary
 

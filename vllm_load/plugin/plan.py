@@ -37,6 +37,8 @@ class RunPlan:
     stop_on_outage: float
     models: tuple[str, ...] = ()  # every model requests rotate over (one: ``model``)
     warmup: float = 0.0  # --warmup seconds: requests started this soon after the run's (or a step's) start are excluded
+    trace_rows: int = 0  # --trace: its rows, and the span they are due over (seconds)
+    trace_span: float = 0.0
     processes: int = 1  # load-generating processes (workers) at the start: a trace is split over them
     seed: int | None = None  # --seed: lengths, arrivals, dataset order and trace split repeat run after run
 
@@ -50,7 +52,7 @@ class RunPlan:
                    slos=tuple(slos), sidecar_url=sidecar_url, total_users=max(1, int(total_users or 1)),
                    backoff_max=target.backoff_max, outage_after=target.outage_after,
                    stop_on_outage=target.stop_on_outage, models=target.models or (target.model,), warmup=target.warmup,
-                   processes=max(1, processes))
+                   processes=max(1, processes), trace_rows=target.trace_rows, trace_span=target.trace_span)
 
     @property
     def draws(self) -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_load.errors import UsageError
-from vllm_load.client.openai_api import auth_header, discover_model
+from vllm_load.client.openai_api import auth_header, discover_model, is_credential_header
 from vllm_load.client.stream import BodyDefaults
 from vllm_load.plugin.server_wait import parse_duration
 from vllm_load.workload.datasets import read_records
@@ -21,15 +21,8 @@ from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
 DEFAULT_OUTPUT_TOKENS = "64"
 #: Option names never written to disk or logs.
 SECRET_OPTIONS = ("api_key", "sidecar_token", "prometheus_token")
-#: --header names whose values are credentials: masked wherever the options are written
-_CREDENTIAL_WORDS = ("auth", "token", "key", "secret", "cookie", "password", "session", "credential")
 #: body keys the measurement itself sets: --extra-body may not take them over
 _MEASURED_KEYS = ("stream", "messages", "prompt")
-
-
-def is_credential_header(name: str) -> bool:
-    low = name.lower()
-    return any(w in low for w in _CREDENTIAL_WORDS)
 
 
 def parse_headers(values: list[str] | None) -> dict[str, str]:
@@ -91,6 +84,8 @@ class Target:
     tokenizer_source: str = "--tokenizer"  # how the tokenizer was chosen, said at start-up
     models: tuple[str, ...] = ()  # --model a,b: requests rotate over them (the first is ``model``)
     warmup: float = 0.0  # --warmup, seconds
+    trace_rows: int = 0  # --trace: its rows, and the seconds its last one is due after the first (at --trace-speed)
+    trace_span: float = 0.0
 
 
 def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str] = frozenset({"chat", "completions"})
@@ -157,7 +152,8 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
         checked = align_with_server(host, served.id, tok, opts.api_key, apis)
         print(f"vllm-load: --align-with-server: {checked}", flush=True)
     return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec, backoff_max, outage_after,
-                  stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup)
+                  stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup,
+                  len(trace), trace[-1].at / opts.trace_speed if trace else 0.0)
 
 
 def _check_trace(opts: Any) -> list:

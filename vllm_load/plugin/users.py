@@ -94,7 +94,7 @@ class LLMUser(FastHttpUser):
         pool = Pool(max(1, int(gen.opts.max_concurrency)))
         tasks = [getattr(t, "_vllm_load_inner", t) for t in self.tasks]
         next_at = begun = time.perf_counter()
-        run_start = next_at - (time.time() - gen.start_wall)  # the run's start on this clock
+        run_start = gen.start_perf
         try:
             while not gen.draining:
                 arrivals.rate = gen.current_rate() / gen.total_users()
@@ -107,18 +107,19 @@ class LLMUser(FastHttpUser):
                 if gen.draining:
                     break
                 pool.wait_available()
-                pool.spawn(self._arrival, random.choice(tasks), Due(next_at, begun))
+                pool.spawn(self._arrival, functools.partial(_run, random.choice(tasks), self), Due(next_at, begun))
             gen.park()  # the drain waits for the requests in flight; the arrivals' next requests park
         finally:
             # Locust's stop kills this greenlet once: the arrivals go with it (a join here would wait for ever
             # on an arrival parked at the drain, and Locust's stop with it)
             pool.kill()
 
-    def _arrival(self, task_: Any, due: Due) -> None:
-        """One open-loop arrival: its task, with an error reported as Locust reports a task's."""
+    def _arrival(self, work: Callable[[], Any], due: Due) -> None:
+        """One arrival (open loop, or a trace's row): its work, whose first request counts from ``due``, with an
+        error reported as Locust reports a task's."""
         self.llm.start_due(due)
         try:
-            _run(task_, self)
+            work()
         except StopUser:
             pass  # ends this arrival's task; the arrivals go on
         except Exception as exc:
@@ -145,7 +146,7 @@ class _WorkloadUser(LLMUser):
         """--trace: this process's rows, each sent at its due time from the run's start (several users share
         the rows in order), each timed from that intended start; then wait for the run's end."""
         pool = Pool(max(1, int(gen.opts.max_concurrency)))
-        run_start = time.perf_counter() - (time.time() - gen.start_wall)  # the run's start on this clock
+        run_start = gen.start_perf
         try:
             while not gen.draining:
                 ready = self.llm.prepared(self.api)
@@ -158,18 +159,14 @@ class _WorkloadUser(LLMUser):
                 if gen.draining:
                     break
                 pool.wait_available()
-                pool.spawn(self._send_due, gen, ready, Due(due, run_start))
+                pool.spawn(self._arrival, functools.partial(self._send_row, gen, ready), Due(due, run_start))
             gen.park()
         finally:
             pool.kill()
 
-    def _send_due(self, gen: Generator, ready: Any, due: Due) -> None:
-        self.llm.start_due(due)
+    def _send_row(self, gen: Generator, ready: Any) -> None:
         gen.trace_row_sent()
-        try:
-            self.llm.send(ready)
-        finally:
-            self.llm.end_due()
+        self.llm.send(ready)
 
 
 class ChatUser(_WorkloadUser):

@@ -70,7 +70,13 @@ def trace_done(environment: Any) -> None:
     if plan is None or STATE.trace_done < plan.processes:
         return
     print("vllm-load: the trace was replayed: stopping the run", flush=True)
-    if environment.web_ui is not None and not environment.parsed_options.headless:
+    end_run(environment)
+
+
+def end_run(environment: Any) -> None:
+    """The run ends before its -t: a headless process quits (and exits with the run's code), a web UI stops
+    the run and stays up (it shows why)."""
+    if environment.web_ui is not None:
         gevent.spawn(environment.runner.stop)
     else:
         gevent.spawn(environment.runner.quit)
@@ -87,10 +93,7 @@ def fatal(environment: Any, message: str) -> None:
     STATE.fatal = message
     sys.stderr.write(f"vllm-load: error: {message}\n")
     sys.stderr.flush()
-    if environment.web_ui is not None:  # the UI stays up and shows the error; the user fixes the options
-        gevent.spawn(environment.runner.stop)
-    else:
-        gevent.spawn(environment.runner.quit)
+    end_run(environment)  # a web UI shows the error; the user fixes the options
 
 
 def begin_step(environment: Any, step: int, level: float) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.metrics.table import METRICS
+from vllm_load.report.console import fmt_number
 from vllm_load.rundir.files import Run, load_run
 
 HIST_ERROR = 0.001  # relative, HdrHistogram with 3 significant digits
@@ -74,9 +75,7 @@ def _verdicts(run: Run) -> dict[str, bool]:
 
 
 def _fmt(v: float | None) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.1f}" if abs(v) >= 100 else f"{v:.2f}" if abs(v) >= 1 else f"{v:.3f}"
+    return "-" if v is None else fmt_number(v)
 
 
 def _verdict(v: bool | None) -> str:

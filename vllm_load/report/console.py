@@ -8,10 +8,10 @@ from vllm_load.metrics.table import BY_KEY, METRICS
 COLUMNS = [f"p{p:g}" for p in PERCENTILES] + ["max"]
 
 
-def _fmt(value: float) -> str:
-    if value >= 100:
+def fmt_number(value: float) -> str:
+    if abs(value) >= 100:
         return f"{value:.1f}"
-    if value >= 1:
+    if abs(value) >= 1:
         return f"{value:.2f}"
     return f"{value:.3f}"
 
@@ -23,8 +23,8 @@ def table_rows(summary: dict) -> list[dict]:
         m = summary["metrics"].get(key)
         if not m or not m["count"]:
             continue
-        row = {"metric": f"{title} ({unit})", "count": m["count"], "mean": _fmt(m["mean"] * factor)}
-        row.update({c: _fmt(m[c] * factor) for c in COLUMNS})
+        row = {"metric": f"{title} ({unit})", "count": m["count"], "mean": fmt_number(m["mean"] * factor)}
+        row.update({c: fmt_number(m[c] * factor) for c in COLUMNS})
         rows.append(row)
     return rows
 
@@ -47,7 +47,7 @@ def name_rows(summary: dict) -> list[list[str]]:
         for key, stat, _ in NAME_COLUMNS:
             m = s["metrics"].get(key) or {}
             factor = BY_KEY[key].scale if key in BY_KEY else 1.0
-            cells.append(_fmt(m[stat] * factor) if m.get("count") else "-")
+            cells.append(fmt_number(m[stat] * factor) if m.get("count") else "-")
         frac = s.get("cached_fraction")
         cells.append("-" if frac is None else f"{frac * 100:.1f}%")
         return cells

@@ -17,6 +17,7 @@ from vllm_load.plugin.server_wait import probe
 
 
 def free_port() -> int:
+    """A port nothing on 127.0.0.1 listens on now (for a server that takes a port number, not 0)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

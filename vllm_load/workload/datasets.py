@@ -40,6 +40,14 @@ def guess_format(path: Path) -> str:
 HF_PREFIX = "hf:"
 
 
+def read_input_text(path: Path, kind: str, option: str) -> str:
+    """A user's input file (a dataset, a trace) as text, or one line saying why it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{kind} {path}: cannot be read ({exc.__class__.__name__}: {exc}): check {option}") from None
+
+
 def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Record]:
     """Read every usable record; bad input raises UsageError with one line."""
     if str(path).startswith(HF_PREFIX):
@@ -48,10 +56,7 @@ def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Recor
     fmt = fmt or guess_format(p)
     if fmt not in FORMATS:
         raise UsageError(f"--dataset-format {fmt!r} is unknown: use one of {', '.join(FORMATS)}")
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(p, f"cannot be read ({exc.__class__.__name__}: {exc}): check --dataset") from None
+    raw = read_input_text(p, "dataset", "--dataset")
     records: list[Record] = []
     if fmt == "sharegpt":
         try:

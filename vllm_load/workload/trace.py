@@ -21,6 +21,7 @@ from datetime import datetime
 from pathlib import Path
 
 from vllm_load.errors import UsageError
+from vllm_load.workload.datasets import read_input_text
 
 FORMATS = ("mooncake", "csv")
 _CSV_COLUMNS = {
@@ -53,10 +54,7 @@ def read_trace(path: str | Path, fmt: str = "") -> list[TraceRow]:
     fmt = fmt or guess_format(p)
     if fmt not in FORMATS:
         raise UsageError(f"--trace-format {fmt!r} is unknown: use one of {', '.join(FORMATS)}")
-    try:
-        raw = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(p, f"cannot be read ({exc.__class__.__name__}: {exc}): check --trace") from None
+    raw = read_input_text(p, "trace", "--trace")
     rows: list[tuple[float, int, int, tuple[int, ...]]] = []
     if fmt == "mooncake":
         for n, line in enumerate(raw.splitlines(), 1):
