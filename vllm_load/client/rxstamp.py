@@ -22,6 +22,8 @@ import gevent.socket
 from gevent.monkey import get_original
 from geventhttpclient.client import HTTPClient, HTTPClientPool
 
+from vllm_load.client import native
+
 # Linux's asm-generic value (x86, ARM, RISC-V); Python's socket module does not export it.
 SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
 _TIMESPEC = struct.Struct("@qq")  # struct timespec on 64-bit Linux: seconds, nanoseconds
@@ -56,15 +58,50 @@ class RxSocket(gevent.socket.socket):
     if the kernel gave none; unused when ``stamped`` is False), so a line taken from bytes a read returned belongs to that read.
     ``tx`` is the clock just before a request's first send: building the request (Locust, headers,
     the connection pool) can wait on the GIL or other greenlets, and is the client's time, not the server's.
+
+    With the native reader (``native.py``) the socket is read by a C thread from its connect on, and
+    ``recv`` pops what that thread read, one kernel read (one stamp) at a time: a loop that comes late
+    still gets every chunk's own landing time.
     """
 
-    __slots__ = ("rx", "tx", "stamped")
+    __slots__ = ("rx", "tx", "stamped", "_native", "_fd")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rx = 0.0
         self.tx: float | None = None  # when a request's first byte went out; the reader takes and clears it
         self.stamped = enable(self)
+        self._native: native.NativeReads | None = None
+        self._fd = -1
+
+    def connect(self, address: Any) -> None:
+        super().connect(address)
+        reads = native.reads()
+        if reads is not None:
+            fd = self.fileno()
+            reads.reader.watch(fd)
+            self._native, self._fd, self.stamped = reads, fd, True  # the thread's clock where the kernel gives no stamp
+
+    def _real_close(self, *args: Any) -> None:  # gevent's close, once no makefile() holds the socket
+        reads, self._native = self._native, None
+        if reads is not None:
+            reads.release(self._fd)  # before the fd number can be reused
+        super()._real_close(*args)
+
+    def take_tx(self) -> float | None:
+        """When the latest request left, and forget it (the next request on this connection stamps its own):
+        the kernel's stamp of its last byte leaving with the native reader (a thread preempted or a loop
+        held between the send's call and the wire does not count), else the clock just before the send."""
+        tx, self.tx = self.tx, None
+        if self._native is not None:
+            sent = self._native.reader.sent(self._fd)
+            if sent is not None:
+                return sent
+        return tx
+
+    def pending(self) -> bool:
+        """The native thread holds bytes, an end or an error for this socket (an idle one is then dirty)."""
+        return self._native is not None and self._native.reader.pending(self._fd)
 
     def sendall(self, data: Any, flags: int = 0) -> None:
         if self.tx is None:
@@ -72,6 +109,17 @@ class RxSocket(gevent.socket.socket):
         super().sendall(data, flags)
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        reads = self._native
+        if reads is not None:
+            pop, fd = reads.reader.pop, self._fd
+            while True:
+                got = pop(fd, bufsize)
+                if got is not None:
+                    data, stamp = got
+                    if data:
+                        self.rx = stamp
+                    return data
+                reads.wait(fd, self.timeout)
         if not self.stamped:  # readers time these lines themselves (``stamped`` tells them)
             return super().recv(bufsize, flags)
         data, ancdata, _flags, _addr = self.recvmsg(bufsize, ANCBUF, flags)
@@ -93,6 +141,8 @@ def _socket_alive(sock: Any) -> bool:
     try:
         if sock.fileno() < 0:
             return False
+        if getattr(sock, "_native", None) is not None:  # the native thread reads it: ask what it holds
+            return not sock.pending()
         readable, _, _ = _select([sock], [], [], 0.0)
         return not readable
     except (OSError, ValueError):

@@ -146,11 +146,9 @@ def stream_request(
                 feed = state.feed
                 perf = time.perf_counter
                 sock = raw._sock
-                tx = getattr(sock, "tx", None)
-                if tx is not None:
-                    sock.tx = None  # the next request on this connection stamps its own send
-                    if intended_start is None and tx >= now_wall:  # closed loop: count from the send itself,
-                        t0, start_wall = now_perf + (tx - now_wall), tx  # not from building the request
+                tx = sock.take_tx() if hasattr(sock, "take_tx") else None
+                if tx is not None and intended_start is None and tx >= now_wall:  # closed loop: count from the
+                    t0, start_wall = now_perf + (tx - now_wall), tx  # send itself, not from building the request
                 if getattr(sock, "stamped", False):  # when the line's bytes reached this host
                     def arrival() -> float:
                         return sock.rx - start_wall

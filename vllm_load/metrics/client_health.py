@@ -23,6 +23,7 @@ from typing import Callable
 import gevent
 import psutil
 
+from vllm_load.client import native
 from vllm_load.plugin import gc_control
 
 CPU_LIMIT = 90.0
@@ -98,7 +99,7 @@ class ClientMonitor:
         self._greenlet = gevent.spawn(loop)
 
     def take(self) -> dict:
-        out = {"t": time.time(), "cpu": self.cpu_max, "lag": self.lag_max, "streams": self.streams_max, "wait": self.wait_max,
+        out = {"t": time.time(), "reader": native.reader_name(), "cpu": self.cpu_max, "lag": self.lag_max, "streams": self.streams_max, "wait": self.wait_max,
                "steal": self.steal_max, "cpu_at_lag": self.cpu_at_lag, "wait_at_lag": self.wait_at_lag}
         self.cpu_max = self.lag_max = self.wait_max = self.steal_max = self.cpu_at_lag = self.wait_at_lag = 0.0
         self.streams_max = 0
@@ -164,4 +165,7 @@ class ClientHealth:
             "cpu_wait_max": max((r.get("wait", 0.0) for r in all_rows), default=0.0),
             "steal_max": max((r.get("steal", 0.0) for r in all_rows), default=0.0),
             "streams_max": max((r["streams"] for r in all_rows), default=0),
+            # which reader timed the chunks: "native" (a C thread reads each chunk as it lands) or "python"
+            # (exact while the loop keeps up; see client/native.py)
+            "readers": sorted({r["reader"] for r in all_rows if "reader" in r}),
         }

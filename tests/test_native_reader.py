@@ -1,0 +1,163 @@
+"""The native receive thread: every chunk keeps its own landing time, however late the loop comes.
+
+Both readers are tested: the native one (the C thread, built at install time) and the pure-Python
+fallback (``VLLM_LOAD_NATIVE=0``), which is exact only while the loop keeps up.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.helpers import run_locust
+from vllm_load.client import native
+from vllm_load.rundir.reqlog import read_log
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the native reader is Linux's (epoll)")
+
+
+@linux_only
+def test_the_native_reader_is_built_by_the_install():
+    # setup.py builds it with optional=True: a failed build must show here, not as a silent fallback
+    assert native.built(), "vllm_load/client/_rxnative.c was not built: is gcc (and python3-dev) installed?"
+
+
+def _pair() -> tuple[socket.socket, socket.socket]:
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    cli = socket.create_connection(srv.getsockname())
+    peer, _ = srv.accept()
+    srv.close()
+    return cli, peer
+
+
+def _pop_wait(reader, fd: int, maxlen: int = 65536, timeout: float = 5.0):
+    """Pop once something is queued (the reader's thread reads asynchronously); the eventfd says when."""
+    import select
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = reader.pop(fd, maxlen)
+        if got is not None:
+            return got
+        select.select([reader.fileno()], [], [], 0.5)
+        reader.ready()
+    raise AssertionError("nothing was read")
+
+
+@linux_only
+def test_reader_queues_each_segment_with_its_own_stamp_and_splits_only_by_maxlen():
+    from vllm_load.client import _rxnative
+    reader = _rxnative.Reader()
+    cli, peer = _pair()
+    fd = cli.fileno()
+    with cli, peer:
+        cli.setsockopt(socket.SOL_SOCKET, 35, 1)  # SO_TIMESTAMPNS
+        reader.watch(fd)
+        before = time.time()
+        cli.sendall(b"request")  # the kernel stamps it leaving
+        peer.recv(100)
+        peer.sendall(b"first segment\n")
+        data, stamp1 = _pop_wait(reader, fd, maxlen=5)  # a read never crosses segments; maxlen splits one
+        assert data == b"first" and before <= stamp1 <= time.time()
+        data, stamp = _pop_wait(reader, fd)
+        assert data == b" segment\n" and stamp == stamp1  # the rest of the same segment: the same stamp
+        assert reader.pop(fd, 100) is None and not reader.pending(fd)
+        sent = reader.sent(fd)
+        assert sent is not None and before <= sent <= stamp1  # the request left before its answer came
+        assert reader.sent(fd) is None  # taken once
+        time.sleep(0.02)  # two segments 20 ms apart are two stamps 20 ms apart
+        peer.sendall(b"second\n")
+        time.sleep(0.02)
+        peer.sendall(b"third\n")
+        peer.shutdown(socket.SHUT_WR)
+        seen = []
+        while True:
+            data, stamp = _pop_wait(reader, fd)
+            if not data:
+                break
+            seen.append((data, stamp))
+        assert [d for d, _ in seen] == [b"second\n", b"third\n"]
+        assert 0.015 < seen[1][1] - seen[0][1] < 0.05
+        assert reader.pending(fd)  # the end is queued: a pooled connection would be dropped
+        reader.unwatch(fd)
+        with pytest.raises(ValueError):
+            reader.pop(fd, 10)
+        assert reader.stats()["watched"] == 0 and reader.stats()["kernel_stamped"] >= 3
+
+
+@linux_only
+def test_reader_reports_a_reset_as_the_error_it_was():
+    from vllm_load.client import _rxnative
+    reader = _rxnative.Reader()
+    cli, peer = _pair()
+    with cli:
+        reader.watch(cli.fileno())
+        peer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")  # close = RST
+        peer.close()
+        with pytest.raises(ConnectionResetError):
+            _pop_wait(reader, cli.fileno())
+        reader.unwatch(cli.fileno())
+
+
+# The loop is blocked (CPU-bound, never yielding, the GIL held) for 50 ms at a time while the server
+# sends a chunk every 10 ms: five chunks of every stream land during each block.
+BLOCKING = textwrap.dedent("""
+    import time
+    import gevent
+    from vllm_load.plugin.users import ChatUser
+
+    class Blocked(ChatUser):
+        pass
+
+    def block():
+        while True:
+            gevent.sleep(0.02)
+            end = time.perf_counter() + 0.05
+            while time.perf_counter() < end:
+                pass
+
+    gevent.spawn(block)
+""")
+
+
+@pytest.mark.parametrize("reader", ["native", "python"])
+def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_factory, tmp_path):
+    if reader == "native" and not native.built():
+        pytest.fail("the native reader is not built")
+    truth_file = tmp_path / "truth.jsonl"
+    emu = emulator_factory("--ttft", "0.05", "--itl", "0.01", "--timing-log", str(truth_file))
+    (tmp_path / "blocked.py").write_text(BLOCKING)
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(tmp_path / "blocked.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host",
+                      emu.url, "--input-tokens", "32", "--output-tokens", "30", "--run-dir", str(run_dir)],
+                     cwd=tmp_path, env_extra={"VLLM_LOAD_NATIVE": "1" if reader == "native" else "0"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    assert summary["client"]["readers"] == [reader]  # the run says which reader timed it
+    truth = {t["id"]: t for t in map(json.loads, truth_file.read_text().splitlines())}
+    errors, shared = [], 0
+    for r in read_log(next(run_dir.glob("requests*.jsonl"))):
+        if not r["ok"]:
+            continue
+        offs, sent = r["chunk_offsets"], truth[r["response_id"]]["sent"]
+        assert len(offs) == len(sent) == 30
+        shared += sum(1 for a, b in zip(offs, offs[1:]) if a == b)
+        errors.extend(abs((offs[i] - offs[i - 1]) - (sent[i] - sent[i - 1])) for i in range(1, 30))
+    assert len(errors) >= 29 * 8, res.stdout[-2000:]
+    if reader == "native":
+        # every gap reads 10 ms: off by a packet's trip through loopback (p99), and at most by the
+        # emulator being descheduled between its write and its truth stamp (max)
+        assert shared == 0
+        assert statistics.quantiles(errors, n=100)[98] < 0.001, sorted(errors)[-10:]
+        assert max(errors) < 0.005, sorted(errors)[-10:]
+    else:
+        # the fallback reads when the loop gets round to it: the chunks that queued during a block
+        # coalesce into one kernel segment, and the gaps read 0 and ~50 ms (what the native reader fixes)
+        assert shared > 0 and max(errors) > 0.02

@@ -1,0 +1,118 @@
+"""The gevent side of the native receive thread (``_rxnative.c``): which reader a process uses, and
+how a greenlet waits for its socket's next segment.
+
+With the native reader, a C thread reads every streaming socket as data lands and queues each segment
+with its kernel stamp; a greenlet's ``recv`` pops the next segment, or waits until the thread says its
+socket has news. Wake-ups come in batches: one eventfd wake of the event loop hands over every socket
+that got data since the last one, and each waiting greenlet is switched to directly (no per-socket
+watcher, no failed ``recv`` before each wait). The loop may then be late by any amount (a turnover wave,
+a GC pass, a blocking user task): the chunks' times were taken when they landed.
+
+``VLLM_LOAD_NATIVE=0`` (or a build without a C compiler) reads in Python (``rxstamp.RxSocket``'s own
+``recvmsg``): exact while the loop keeps up, merged chunks when it stalls longer than a token gap.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any
+
+from gevent.hub import Waiter, get_hub
+
+try:
+    from vllm_load.client import _rxnative
+except ImportError:  # not built (no compiler at install time, not Linux)
+    _rxnative = None
+
+ENV = "VLLM_LOAD_NATIVE"
+#: how often waits are checked against their socket's timeout (Locust's network_timeout: 600 s by default)
+SWEEP_S = 0.1
+
+
+def built() -> bool:
+    """The C extension is importable."""
+    return _rxnative is not None
+
+
+def enabled() -> bool:
+    """This process reads streams with the native thread (built, and not turned off)."""
+    return built() and os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def reader_name() -> str:
+    """What run metadata and ``vllm-load native`` report: "native" or "python"."""
+    return "native" if enabled() else "python"
+
+
+class NativeReads:
+    """One per process: the C reader, the greenlets waiting on its sockets, and the eventfd watcher."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.reader = _rxnative.Reader()
+        self.waiters: dict[int, tuple[Waiter, float]] = {}
+        loop = get_hub().loop
+        # ref=False: these watchers never keep a finished gevent program alive
+        self._wake_watcher = loop.io(self.reader.fileno(), 1, ref=False)
+        self._wake_watcher.start(self._wake)
+        self._sweeper = loop.timer(SWEEP_S, SWEEP_S, ref=False)
+        self._sweeper.start(self._sweep)
+
+    def _wake(self) -> None:
+        """In the hub: switch to every greenlet whose socket got data, an end or an error."""
+        waiters = self.waiters
+        for fd in self.reader.ready():
+            waiter = waiters.pop(fd, None)
+            if waiter is not None:
+                waiter[0].switch(None)
+
+    def _sweep(self) -> None:
+        if not self.waiters:
+            return
+        now = time.monotonic()
+        for fd, (waiter, deadline) in list(self.waiters.items()):
+            if now >= deadline:
+                del self.waiters[fd]
+                waiter.throw(socket.timeout("timed out"))
+
+    def release(self, fd: int) -> None:
+        """The socket closes: stop reading it, and fail a greenlet still waiting on it."""
+        self.reader.unwatch(fd)
+        entry = self.waiters.pop(fd, None)
+        if entry is not None:
+            get_hub().loop.run_callback(entry[0].throw, OSError(9, "socket closed while a read waited"))
+
+    def wait(self, fd: int, timeout: float | None) -> None:
+        """Block this greenlet until ``fd`` has news (raises ``socket.timeout`` after ``timeout``)."""
+        waiter = Waiter()
+        entry = (waiter, float("inf") if timeout is None else time.monotonic() + timeout)
+        waiters = self.waiters
+        waiters[fd] = entry
+        self._wake_watcher.ref = True  # a waiting read keeps the loop alive, as gevent's own waits do
+        try:
+            waiter.get()
+        finally:
+            if waiters.get(fd) is entry:
+                del waiters[fd]
+            if not waiters:
+                self._wake_watcher.ref = False
+
+
+_reads: NativeReads | None = None
+
+
+def reads() -> NativeReads | None:
+    """This process's native reader (started on first use; a forked worker starts its own), or None."""
+    global _reads
+    if not enabled():
+        return None
+    if _reads is None or _reads.pid != os.getpid():
+        _reads = NativeReads()
+    return _reads
+
+
+def stats() -> dict[str, Any]:
+    """The native reader's counters in this process (empty when it is not in use)."""
+    return _reads.reader.stats() if _reads is not None and _reads.pid == os.getpid() else {}
