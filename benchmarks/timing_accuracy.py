@@ -95,8 +95,9 @@ def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) 
         out = work / "client"
         out.mkdir()
         seconds = int(args.window + 8)
+        env = dict(ENV, VLLM_LOAD_NATIVE="0") if client == "vllm-load-py" else ENV
         cli = subprocess.Popen(pinned(0, client_cmd(client, url, streams, seconds, args, out)),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV, cwd=ROOT)
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
         cli_proc = psutil.Process(cli.pid)
         deadline = time.monotonic() + 60
         while running(url) < 0.95 * streams:  # wait for every stream to be open (startup, spawn)
@@ -182,7 +183,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", default="1,64,256,512")
     ap.add_argument("--schedules", default="fixed,jitter,lockstep")
-    ap.add_argument("--clients", default="vllm-load,aiohttp")
+    ap.add_argument("--clients", default="vllm-load,aiohttp",
+                    help="vllm-load (its native reader where built), vllm-load-py (its Python reader: "
+                         "VLLM_LOAD_NATIVE=0), aiohttp")
     ap.add_argument("--ttft", type=float, default=0.1)
     ap.add_argument("--itl", type=float, default=0.05, help="50 ms: a loaded server; 256 streams = 5k chunks/s")
     ap.add_argument("--output-tokens", type=int, default=64)
@@ -203,7 +206,7 @@ def main() -> None:
     pairs = {(r.schedule, r.streams): {} for r in results}
     for r in results:
         pairs[(r.schedule, r.streams)][r.client] = r
-    both = [(k, v) for k, v in pairs.items() if len(v) == 2]
+    both = [(k, v) for k, v in pairs.items() if "vllm-load" in v and "aiohttp" in v]
     if both:
         print("\nvllm-load / aiohttp, same server and schedule (chunks per CPU-second: higher is better for vllm-load "
               "above 1; timing error: lower is better for vllm-load below 1)")

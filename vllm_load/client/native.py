@@ -17,7 +17,8 @@ from __future__ import annotations
 import os
 import socket
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from gevent.hub import Waiter, get_hub
 
@@ -46,6 +47,29 @@ def reader_name() -> str:
     return "native" if enabled() else "python"
 
 
+@dataclass(slots=True)
+class BodyOutcome:
+    """How a streamed body ended. ``state``: 1 complete, 2 the connection closed before its end, 3 malformed
+    chunking, 0 an error stopped it (``error``). ``done_at``: the stamp of the line that completed the
+    stream (``[DONE]``), in seconds after the request's start."""
+
+    state: int
+    body_bytes: int = 0
+    done_at: float | None = None
+    error: BaseException | None = None
+
+
+@dataclass(slots=True)
+class _Body:
+    feed: Callable[[bytes, float], None]
+    is_done: Callable[[], bool]
+    start_wall: float
+    waiter: Waiter
+    timeout: float | None
+    deadline: float
+    done_at: float | None = None
+
+
 class NativeReads:
     """One per process: the C reader, the greenlets waiting on its sockets, and the eventfd watcher."""
 
@@ -53,6 +77,7 @@ class NativeReads:
         self.pid = os.getpid()
         self.reader = _rxnative.Reader()
         self.waiters: dict[int, tuple[Waiter, float]] = {}
+        self.bodies: dict[int, _Body] = {}  # streamed bodies fed line by line in the hub, no switch per chunk
         loop = get_hub().loop
         # ref=False: these watchers never keep a finished gevent program alive
         self._wake_watcher = loop.io(self.reader.fileno(), 1, ref=False)
@@ -61,21 +86,73 @@ class NativeReads:
         self._sweeper.start(self._sweep)
 
     def _wake(self) -> None:
-        """In the hub: switch to every greenlet whose socket got data, an end or an error."""
-        waiters = self.waiters
+        """In the hub: feed every streamed body that got lines; switch to every greenlet whose socket got
+        data, an end or an error (a body's greenlet only when its body ends)."""
+        waiters, bodies = self.waiters, self.bodies
         for fd in self.reader.ready():
+            body = bodies.get(fd)
+            if body is not None:
+                outcome = self._feed(fd, body)
+                if outcome is not None:
+                    del bodies[fd]
+                    body.waiter.switch(outcome)
+                continue
             waiter = waiters.pop(fd, None)
             if waiter is not None:
                 waiter[0].switch(None)
 
+    def _feed(self, fd: int, body: _Body) -> BodyOutcome | None:
+        """Hand a body's new lines to its parser, each with its own stamp; the outcome once it ended."""
+        try:
+            lines, state, body_bytes = self.reader.lines(fd)
+        except OSError as exc:
+            return BodyOutcome(0, error=exc, done_at=body.done_at)
+        if lines:
+            feed, start = body.feed, body.start_wall
+            try:
+                for line, stamp in lines:
+                    feed(line, stamp - start)
+                    if body.done_at is None and body.is_done():
+                        body.done_at = stamp - start
+            except Exception as exc:  # the stream broke the protocol (StreamError): its reason is the failure
+                return BodyOutcome(0, body_bytes, body.done_at, exc)
+            if body.timeout is not None:
+                body.deadline = time.monotonic() + body.timeout
+        return BodyOutcome(state, body_bytes, body.done_at) if state else None
+
     def _sweep(self) -> None:
-        if not self.waiters:
+        if not self.waiters and not self.bodies:
             return
         now = time.monotonic()
         for fd, (waiter, deadline) in list(self.waiters.items()):
             if now >= deadline:
                 del self.waiters[fd]
                 waiter.throw(socket.timeout("timed out"))
+        for fd, body in list(self.bodies.items()):
+            if now >= body.deadline:
+                del self.bodies[fd]
+                body.waiter.switch(BodyOutcome(0, done_at=body.done_at, error=socket.timeout("timed out")))
+
+    def stream_body(self, fd: int, chunked: bool, length: int, feed: Callable[[bytes, float], None],
+                    is_done: Callable[[], bool], start_wall: float, timeout: float | None) -> BodyOutcome:
+        """Read a response body (its headers parsed, none of it yet) line by line until it ends: the
+        thread decodes it, the hub feeds each line to ``feed`` with its stamp minus ``start_wall``, and
+        this greenlet wakes once, at the end (or on an error, a protocol fault, a timeout)."""
+        self.reader.body(fd, chunked, length)
+        body = _Body(feed, is_done, start_wall, Waiter(), timeout,
+                     float("inf") if timeout is None else time.monotonic() + timeout)
+        outcome = self._feed(fd, body)  # what arrived with the headers
+        if outcome is not None:
+            return outcome
+        self.bodies[fd] = body
+        self._wake_watcher.ref = True
+        try:
+            return body.waiter.get()
+        finally:
+            if self.bodies.get(fd) is body:
+                del self.bodies[fd]
+            if not self.waiters and not self.bodies:
+                self._wake_watcher.ref = False
 
     def release(self, fd: int) -> None:
         """The socket closes: stop reading it, and fail a greenlet still waiting on it."""
@@ -83,6 +160,9 @@ class NativeReads:
         entry = self.waiters.pop(fd, None)
         if entry is not None:
             get_hub().loop.run_callback(entry[0].throw, OSError(9, "socket closed while a read waited"))
+        body = self.bodies.pop(fd, None)
+        if body is not None:
+            get_hub().loop.run_callback(body.waiter.switch, BodyOutcome(0, error=OSError(9, "socket closed mid-body")))
 
     def wait(self, fd: int, timeout: float | None) -> None:
         """Block this greenlet until ``fd`` has news (raises ``socket.timeout`` after ``timeout``)."""
@@ -96,7 +176,7 @@ class NativeReads:
         finally:
             if waiters.get(fd) is entry:
                 del waiters[fd]
-            if not waiters:
+            if not waiters and not self.bodies:
                 self._wake_watcher.ref = False
 
 

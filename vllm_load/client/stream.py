@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import orjson
 from gevent import GreenletExit
+from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 
 from vllm_load.client.openai_api import error_message
 from vllm_load.workload.prompts import Prompt
@@ -149,23 +150,33 @@ def stream_request(
                 tx = sock.take_tx() if hasattr(sock, "take_tx") else None
                 if tx is not None and intended_start is None and tx >= now_wall:  # closed loop: count from the
                     t0, start_wall = now_perf + (tx - now_wall), tx  # send itself, not from building the request
-                if getattr(sock, "stamped", False):  # when the line's bytes reached this host
-                    def arrival() -> float:
-                        return sock.rx - start_wall
-                else:  # when this greenlet got to read them
-                    def arrival() -> float:
-                        return perf() - t0
-                while True:
-                    line = readline(b"\n")
-                    if not line:
-                        break
-                    feed(line, arrival())
-                    if state.done:
-                        end = perf()
-                        # drain the terminating chunk so the connection can be reused
-                        while readline(b"\n"):
-                            pass
-                        break
+                reads = getattr(sock, "_native", None)
+                if reads is not None and not raw._body_buffer and not raw.message_complete:
+                    # the native thread decodes the body; the hub feeds each line with its own stamp
+                    try:
+                        done_at = _read_body_native(reads, sock, raw, state, start_wall)
+                    finally:
+                        raw.release()  # back to the pool when the body ended cleanly, else closed
+                    if done_at is not None:
+                        end = t0 + done_at
+                else:
+                    if getattr(sock, "stamped", False):  # when the line's bytes reached this host
+                        def arrival() -> float:
+                            return sock.rx - start_wall
+                    else:  # when this greenlet got to read them
+                        def arrival() -> float:
+                            return perf() - t0
+                    while True:
+                        line = readline(b"\n")
+                        if not line:
+                            break
+                        feed(line, arrival())
+                        if state.done:
+                            end = perf()
+                            # drain the terminating chunk so the connection can be reused
+                            while readline(b"\n"):
+                                pass
+                            break
                 if not state.done:
                     error = f"stream ended before [DONE] after {state.streamed_tokens} tokens"
         except StreamError as exc:
@@ -224,6 +235,27 @@ def stream_request(
     if cancelled is not None:
         raise StreamCancelled(rec) from cancelled
     return rec
+
+
+def _read_body_native(reads: Any, sock: Any, raw: Any, state: StreamState, start_wall: float) -> float | None:
+    """Read a 200 response's body with the native thread (``client/native.py``): every line is fed to
+    ``state`` with its own landing time, with no greenlet switch per chunk. Returns the offset of the
+    line that completed the stream (its ``[DONE]``), or None; raises what the Python reader would have
+    raised for the same fault (a reset, a timeout, a connection closed mid-body, a protocol error)."""
+    chunked = "chunked" in str(raw.get("transfer-encoding") or "").lower()
+    length = raw.content_length
+    length = -1 if chunked or length is None else length  # -1: until the server closes
+    done = lambda: state.done  # noqa: E731
+    out = reads.stream_body(sock._fd, chunked, length, state.feed, done, start_wall, sock.timeout)
+    state.bytes_read = out.body_bytes
+    if out.error is not None:
+        raise out.error
+    if out.state == 2:
+        raise HTTPConnectionClosed("the server closed the connection before the end of the body")
+    if out.state == 3:
+        raise HTTPParseError("malformed chunked body")
+    raw.message_complete = True  # read to its end: the connection can serve the next request
+    return out.done_at
 
 
 def _retry_after(value: str | None) -> float | None:
