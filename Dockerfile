@@ -1,9 +1,14 @@
 # vllm-load: the Locust master/workers and the sidecar (vLLM itself runs from vLLM's own image).
 FROM python:3.11-slim
 WORKDIR /app
-COPY setup.cfg pyproject.toml README.md ./
+COPY setup.py setup.cfg pyproject.toml README.md ./
 COPY vllm_load ./vllm_load
 COPY server ./server
 COPY locustfiles ./locustfiles
-RUN pip install --no-cache-dir .
+# gcc builds the native receive thread (vllm_load/client/_rxnative.c); the slim image has Python's headers.
+# The build is checked: without it every stream would be timed by the Python reader.
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && pip install --no-cache-dir . \
+    && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/* \
+    && vllm-load native | grep -q "native reader: in use"
 ENV HF_HUB_OFFLINE=0

@@ -73,6 +73,7 @@ class Result:
     late_p99: float = 0.0  # emulator: written minus due
     ttft_n: int = 0
     gap_n: int = 0
+    verdict: str = "-"  # vllm-load's own judgement of itself (summary.json's client verdict)
 
 
 def client_cmd(client: str, url: str, streams: int, seconds: int, args: argparse.Namespace, out: Path) -> list[str]:
@@ -155,6 +156,11 @@ def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) 
     res.ttft_max = max(ttft_err, default=float("nan"))
     res.late_p99 = pct(late, 99)
     res.ttft_n, res.gap_n = len(ttft_err), len(gap_err)
+    summary_file = out / "summary.json"
+    if summary_file.exists():
+        client = json.loads(summary_file.read_text())["summary"].get("client", {})
+        res.verdict = ("untrustworthy: " + "; ".join(client["reasons"])) if client.get("saturated") else "trusted"
+        res.verdict += f" [{','.join(client.get('readers', []))}]"
     if args.keep:
         print(f"kept {work}: client/ (run dir, request log) and truth.jsonl", file=sys.stderr)
     else:
@@ -165,18 +171,18 @@ def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) 
 def print_header(args: argparse.Namespace) -> None:
     print(f"emulator on core 1: TTFT {args.ttft * 1e3:g} ms, ITL {args.itl * 1e3:g} ms, {args.output_tokens} tokens "
           f"per request; client on core 0; |measured - true| in ms; CPU over a {args.window:g} s steady window")
-    print(f"{'schedule':<9}{'client':<10}{'streams':>7}{'chunks/s':>9}{'cli CPU':>8}{'emu CPU':>8}{'chunks/CPU-s':>13}"
+    print(f"{'schedule':<9}{'client':<13}{'streams':>7}{'chunks/s':>9}{'cli CPU':>8}{'emu CPU':>8}{'chunks/CPU-s':>13}"
           f"{'TTFT p50':>9}{'TTFT p99':>9}{'TTFT max':>9}{'ITL p50':>8}{'ITL p99':>8}{'p99.9':>7}{'max':>7}"
           f"{'emu late p99':>13}{'TTFTs':>7}{'gaps':>8}"
-          f"{'failed':>7}")
+          f"{'failed':>7}  verdict [reader]")
 
 
 def print_row(r: Result) -> None:
-    print(f"{r.schedule:<9}{r.client:<10}{r.streams:>7}{r.chunks_per_s:>9.0f}{100 * r.client_cpu:>7.0f}%"
+    print(f"{r.schedule:<9}{r.client:<13}{r.streams:>7}{r.chunks_per_s:>9.0f}{100 * r.client_cpu:>7.0f}%"
           f"{100 * r.emulator_cpu:>7.0f}%{r.chunks_per_cpu_s:>13.0f}{r.ttft_p50 * 1e3:>9.3f}{r.ttft_p99 * 1e3:>9.3f}"
           f"{r.ttft_max * 1e3:>9.2f}{r.itl_p50 * 1e3:>8.3f}{r.itl_p99 * 1e3:>8.3f}{r.itl_p999 * 1e3:>7.2f}"
           f"{r.itl_max * 1e3:>7.2f}{r.late_p99 * 1e3:>13.3f}{r.ttft_n:>7}{r.gap_n:>8}"
-          f"{r.failed:>7}", flush=True)
+          f"{r.failed:>7}  {r.verdict}", flush=True)
 
 
 def main() -> None:

@@ -22,6 +22,18 @@ def test_verdict_rules():
     assert not ClientHealth().verdict(send_lag_p99=0.001)["saturated"]
 
 
+def test_a_native_reader_that_read_late_marks_the_run():
+    h = ClientHealth()
+    h.add("w1", {"cpu": 40.0, "lag": 0.001, "streams": 1024, "reader": "native", "read_lag": 0.0004,
+                 "reads": 5000, "late_reads": 0})
+    assert not h.verdict()["saturated"] and h.verdict()["readers"] == ["native"]
+    h.add("w1", {"cpu": 80.0, "lag": 0.001, "streams": 1024, "reader": "native", "read_lag": 0.0072,
+                 "reads": 6000, "late_reads": 31})
+    v = h.verdict()
+    assert v["saturated"] and v["read_lag_max"] == 0.0072
+    assert "read a chunk 7.2 ms after it landed (31 of 11000 reads later than 1 ms)" in v["reasons"][0]
+
+
 def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.05", "--itl", "0.01")
     run_dir = tmp_path / "run"
@@ -44,6 +56,9 @@ def test_a_comfortable_run_is_not_flagged(tmp_path, emulator_factory):
     assert res.returncode == 0
     client = json.loads((run_dir / "summary.json").read_text())["summary"]["client"]
     assert client["saturated"] is False and client["streams_max"] >= 1
+    if client["readers"] == ["native"]:  # read within a fraction of the 5 ms gaps, every time
+        assert 0 < client["read_lag_max"] < 0.005, client
+    assert "chunks timed by the " in res.stdout + res.stderr
 
 
 def test_the_verdict_names_its_cause_from_the_evidence():

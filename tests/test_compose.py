@@ -56,6 +56,8 @@ def test_commands_are_real_entry_points_with_real_options():
         assert parsed["worker"] == (name == "worker") and (name == "master" or parsed["master_host"] == "master")
     dockerfile = (ROOT / "Dockerfile").read_text()
     assert "COPY vllm_load" in dockerfile and "COPY server" in dockerfile and "pip install" in dockerfile
+    # the native reader is built (setup.py, a compiler) and the build is checked
+    assert "COPY setup.py" in dockerfile and "gcc" in dockerfile and "vllm-load native" in dockerfile
 
 
 def test_the_stack_waits_for_vllm_to_be_healthy():

@@ -23,7 +23,7 @@ def test_a_wheel_installed_outside_the_checkout_runs_the_chat_locustfile(tmp_pat
     # built from a copy of the sources: setuptools writes build/ and *.egg-info beside them
     src = tmp_path / "src"
     shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "reports", "*.egg-info",
-                                                             "__pycache__", ".pytest_cache"))
+                                                             "__pycache__", ".pytest_cache", "*.so"))
     dist = tmp_path / "dist"
     run([sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-q", "-w", str(dist)],
         cwd=tmp_path)
@@ -31,6 +31,8 @@ def test_a_wheel_installed_outside_the_checkout_runs_the_chat_locustfile(tmp_pat
     with zipfile.ZipFile(wheel) as zf:  # a plain `pip install` of it brings what it needs
         meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
         assert not any(n.startswith("server/") for n in zf.namelist())
+        if sys.platform.startswith("linux"):  # the wheel's build compiled the native reader
+            assert any(n.startswith("vllm_load/client/_rxnative") and n.endswith(".so") for n in zf.namelist())
     for dep in ("locust", "gevent", "orjson", "transformers", "hdrhistogram", "prometheus_client"):
         assert f"Requires-Dist: {dep}" in meta, dep
     venv = tmp_path / "venv"
@@ -49,6 +51,9 @@ def test_a_wheel_installed_outside_the_checkout_runs_the_chat_locustfile(tmp_pat
     assert gone.returncode != 0 and "No module named 'server'" in gone.stderr
     locustfile = run([str(venv / "bin" / "vllm-load"), "locustfile", "chat"], cwd=tmp_path, env=env).stdout.strip()
     assert locustfile.startswith(str(venv)) and locustfile.endswith("chat.py")
+    if sys.platform.startswith("linux"):
+        said = run([str(venv / "bin" / "vllm-load"), "native"], cwd=tmp_path, env=env).stdout
+        assert said.startswith("native reader: in use") and str(venv) in said, said
     res = run([str(py), "-m", "locust", "-f", locustfile, "--headless", "-u", "2", "-r", "2", "-t", "3s",
                "--output-tokens", "8", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=env)
     assert "EMULATOR" in res.stdout and "(exit code 0)" in res.stdout

@@ -40,7 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     lp.add_argument("name", choices=LOCUSTFILES)
     sub.add_parser("options", help="every option of the locustfiles: default, environment variable, meaning "
                    "(Locust's --help cannot show them: it prints before the locustfile is imported)")
+    sub.add_parser("native", help="which stream reader this install uses: the native receive thread (built from "
+                   "C at install time) or the Python fallback, and why")
     args = ap.parse_args(argv)
+    if args.cmd == "native":
+        from vllm_load.client import native
+
+        print(native.describe())
+        return 0
     if args.cmd == "options":
         from vllm_load.plugin.options import describe
 

@@ -82,6 +82,10 @@ typedef struct {
     int notified;
     uint32_t gen;
     unsigned long long segments, bytes, stamped;
+    /* how long after landing (kernel stamp) segments were read, since the last take_lag(): a read later
+     * than a stream's token gap is where two of its chunks can share a stamp */
+    int64_t lag_max_ns;
+    unsigned long long lag_reads, late_reads;
 } Reader;
 
 static int64_t monotonic_ns(void) {
@@ -378,8 +382,16 @@ static void read_one(Reader *r, int fd, stream_t *s, char *buf) {
             r->stamped++;
         }
     }
-    if (!stamp)
+    if (stamp) {
+        int64_t lag = realtime_ns() - stamp;
+        if (lag > r->lag_max_ns)
+            r->lag_max_ns = lag;
+        r->lag_reads++;
+        if (lag > 1000000)
+            r->late_reads++;
+    } else {
         stamp = realtime_ns(); /* no kernel stamp: this thread reads at once, so its clock is close */
+    }
     r->bytes += (uint64_t)n;
     if (s->body) {
         body_bytes_in(r, s, buf, (size_t)n, stamp);
@@ -812,6 +824,17 @@ static PyObject *Reader_fileno(Reader *r, PyObject *unused) {
     return PyLong_FromLong(r->efd);
 }
 
+/* take_lag() -> (max seconds, reads, reads later than 1 ms) since the last call */
+static PyObject *Reader_take_lag(Reader *r, PyObject *unused) {
+    pthread_mutex_lock(&r->lock);
+    double lag = (double)r->lag_max_ns * 1e-9;
+    unsigned long long reads = r->lag_reads, late = r->late_reads;
+    r->lag_max_ns = 0;
+    r->lag_reads = r->late_reads = 0;
+    pthread_mutex_unlock(&r->lock);
+    return Py_BuildValue("(dKK)", lag, reads, late);
+}
+
 static PyObject *Reader_stats(Reader *r, PyObject *unused) {
     pthread_mutex_lock(&r->lock);
     unsigned long long segments = r->segments, bytes = r->bytes, stamped = r->stamped;
@@ -872,6 +895,7 @@ static PyMethodDef Reader_methods[] = {
     {"pending", (PyCFunction)Reader_pending, METH_O, "Bytes, an end or an error are queued for fd."},
     {"ready", (PyCFunction)Reader_ready, METH_NOARGS, "The fds with news since the last call."},
     {"fileno", (PyCFunction)Reader_fileno, METH_NOARGS, "The eventfd that becomes readable when fds are ready."},
+    {"take_lag", (PyCFunction)Reader_take_lag, METH_NOARGS, "(max lag s, reads, reads > 1 ms late) since the last call."},
     {"stats", (PyCFunction)Reader_stats, METH_NOARGS, "Segments and bytes read, kernel-stamped reads, watched fds."},
     {NULL, NULL, 0, NULL},
 };

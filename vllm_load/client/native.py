@@ -42,6 +42,18 @@ def enabled() -> bool:
     return built() and os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
+def describe() -> str:
+    """One paragraph for ``vllm-load native``: the reader in use, and how to get the other."""
+    if enabled():
+        return (f"native reader: in use ({_rxnative.__file__}). A C thread reads every streaming socket as "
+                f"each chunk lands; {ENV}=0 switches to the Python reader.")
+    if built():
+        return f"Python reader: in use because {ENV}={os.environ.get(ENV)!r}; unset it for the native reader."
+    return ("Python reader: in use because the native reader was not built (it needs Linux, a C compiler and "
+            "Python's headers at install time: apt install gcc python3-dev, then pip install -e . again). "
+            "The Python reader is exact while the client's loop keeps up with every stream.")
+
+
 def reader_name() -> str:
     """What run metadata and ``vllm-load native`` report: "native" or "python"."""
     return "native" if enabled() else "python"
@@ -191,6 +203,14 @@ def reads() -> NativeReads | None:
     if _reads is None or _reads.pid != os.getpid():
         _reads = NativeReads()
     return _reads
+
+
+def take_lag() -> tuple[float, int, int]:
+    """How late this process's native thread read segments after they landed, since the last call:
+    (the largest lag in seconds, reads, reads later than 1 ms); zeros when it is not in use."""
+    if _reads is None or _reads.pid != os.getpid():
+        return 0.0, 0, 0
+    return _reads.reader.take_lag()
 
 
 def stats() -> dict[str, Any]:

@@ -7,7 +7,8 @@ kernel's run delay, ``/proc/self/schedstat``) and the host's steal time. With ea
 ships the maxima since the last one.
 
 A run is marked untrustworthy when a worker sat at >= 90 % CPU for two reports in a row, its loop
-lagged by 50 ms or more, or (open loop) requests left 50 ms or more later than planned at p99. The
+lagged by 50 ms or more, its native reader read a chunk 5 ms or more after it landed, or (open loop)
+requests left 50 ms or more later than planned at p99. The
 advice follows the evidence: a client at its CPU limit needs more workers; a loop that lagged while its
 own CPU was low and the kernel kept it waiting for a CPU (or the hypervisor stole it) was crowded out by
 another process on the same cores (a server on the load host, say: more processes there make it worse);
@@ -34,6 +35,9 @@ SEND_LAG_LIMIT = 0.050
 #: prompt thread waits up to 60-80 ms in its busiest second with < 1 ms of lag, so the wait alone says
 #: nothing; a blocked loop waits ~0 while it lags.)
 CONTENTION_SHARE = 0.5
+#: The native reader read a segment this long after it landed: a stream's next chunk, due within that
+#: time, may have been merged into it by the kernel (one stamp for two chunks), the bound on a gap's error
+READ_LAG_LIMIT = 0.005
 STEAL_LIMIT = 10.0
 
 #: causes, and what to do about each
@@ -68,6 +72,9 @@ class ClientMonitor:
     steal_max: float = 0.0
     cpu_at_lag: float = 0.0  # own CPU in the second of the largest lag
     wait_at_lag: float = 0.0  # the loop thread's wait for a CPU in that second
+    read_lag_max: float = 0.0  # the native reader's latest read after a segment landed (0: Python reader)
+    reads: int = 0
+    late_reads: int = 0  # reads more than 1 ms after landing
     _greenlet: gevent.Greenlet | None = None
 
     def start(self) -> None:
@@ -91,6 +98,10 @@ class ClientMonitor:
                 self.wait_max = max(self.wait_max, wait)
                 self.steal_max = max(self.steal_max, float(getattr(psutil.cpu_times_percent(None), "steal", 0.0)))
                 self.streams_max = max(self.streams_max, int(self.in_flight()))
+                read_lag, reads, late = native.take_lag()
+                self.read_lag_max = max(self.read_lag_max, read_lag)
+                self.reads += reads
+                self.late_reads += late
                 gc_control.collect_if_due(force=True)  # a loop too busy to idle still collects
                 ticks += 1
                 if self.sink is not None and ticks % 3 == 0:  # the same cadence as Locust's worker reports
@@ -99,10 +110,14 @@ class ClientMonitor:
         self._greenlet = gevent.spawn(loop)
 
     def take(self) -> dict:
-        out = {"t": time.time(), "reader": native.reader_name(), "cpu": self.cpu_max, "lag": self.lag_max, "streams": self.streams_max, "wait": self.wait_max,
+        read_lag, reads, late = native.take_lag()  # up to now, not only to the last tick
+        self.read_lag_max = max(self.read_lag_max, read_lag)
+        out = {"t": time.time(), "reader": native.reader_name(), "read_lag": self.read_lag_max,
+               "reads": self.reads + reads, "late_reads": self.late_reads + late, "cpu": self.cpu_max, "lag": self.lag_max, "streams": self.streams_max, "wait": self.wait_max,
                "steal": self.steal_max, "cpu_at_lag": self.cpu_at_lag, "wait_at_lag": self.wait_at_lag}
         self.cpu_max = self.lag_max = self.wait_max = self.steal_max = self.cpu_at_lag = self.wait_at_lag = 0.0
-        self.streams_max = 0
+        self.streams_max = self.reads = self.late_reads = 0
+        self.read_lag_max = 0.0
         return out
 
     def stop(self) -> None:
@@ -148,6 +163,13 @@ class ClientHealth:
                     f"{worst.get('cpu_at_lag', worst['cpu']):.0f}%, waited {worst.get('wait_at_lag', 0.0) * 1000:.0f} "
                     f"ms for a CPU in that second, steal {worst.get('steal', 0.0):.0f}%)")
                 causes.append(cause)
+            late = max(rows, key=lambda r: r.get("read_lag", 0.0), default=None)
+            if late is not None and late.get("read_lag", 0.0) >= READ_LAG_LIMIT:
+                reasons.append(
+                    f"{worker}: the native reader read a chunk {late['read_lag'] * 1000:.1f} ms after it landed "
+                    f"({sum(r.get('late_reads', 0) for r in rows)} of {sum(r.get('reads', 0) for r in rows)} reads "
+                    "later than 1 ms): a stream's chunks closer together than that may share one stamp")
+                causes.append("client")
         if send_lag_p99 is not None and send_lag_p99 >= SEND_LAG_LIMIT:
             reasons.append(f"open loop: requests left {send_lag_p99 * 1000:.0f} ms late at p99")
             causes.append("schedule")
@@ -168,4 +190,5 @@ class ClientHealth:
             # which reader timed the chunks: "native" (a C thread reads each chunk as it lands) or "python"
             # (exact while the loop keeps up; see client/native.py)
             "readers": sorted({r["reader"] for r in all_rows if "reader" in r}),
+            "read_lag_max": max((r.get("read_lag", 0.0) for r in all_rows), default=0.0),
         }

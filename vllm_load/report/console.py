@@ -139,6 +139,13 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
                                                    f"{lag['max'] * 1000:.1f} ms" if lag.get("count") else ""))
     if s.get("target_request_rate"):
         lines.append(f"open loop: target {s['target_request_rate']:.2f} req/s, achieved send rate {s['send_rate']:.2f} req/s")
+    readers = s.get("client", {}).get("readers") or []
+    if readers == ["native"]:
+        lines.append(f"chunks timed by the native reader: each read as it landed, at most "
+                     f"{s['client'].get('read_lag_max', 0.0) * 1000:.1f} ms after (kernel stamps)")
+    elif "python" in readers:
+        lines.append("chunks timed by the Python reader (the native one is off or not built: see `vllm-load "
+                     "native`): exact while the client's loop keeps up with every stream")
     if s.get("client", {}).get("saturated"):
         c = s["client"]
         lines.append("WARNING: UNTRUSTWORTHY RUN: the load generator could not keep time, so these numbers describe "
