@@ -31,7 +31,7 @@ def test_a_native_reader_that_read_late_marks_the_run():
                  "reads": 6000, "late_reads": 31})
     v = h.verdict()
     assert v["saturated"] and v["read_lag_max"] == 0.0072
-    assert "read a chunk 7.2 ms after it landed (31 of 11000 reads later than 1 ms)" in v["reasons"][0]
+    assert "native reader read a chunk 7.2 ms after it landed (31 of 11000 reads later than 1 ms)" in v["reasons"][0]
 
 
 def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_path, emulator_factory):
@@ -56,8 +56,7 @@ def test_a_comfortable_run_is_not_flagged(tmp_path, emulator_factory):
     assert res.returncode == 0
     client = json.loads((run_dir / "summary.json").read_text())["summary"]["client"]
     assert client["saturated"] is False and client["streams_max"] >= 1
-    if client["readers"] == ["native"]:  # read within a fraction of the 5 ms gaps, every time
-        assert 0 < client["read_lag_max"] < 0.005, client
+    assert 0 < client["read_lag_max"] < 0.005, client  # read within a fraction of the 5 ms gaps, every time
     assert "chunks timed by the " in res.stdout + res.stderr
 
 

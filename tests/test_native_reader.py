@@ -161,3 +161,7 @@ def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_factory,
         # the fallback reads when the loop gets round to it: the chunks that queued during a block
         # coalesce into one kernel segment, and the gaps read 0 and ~50 ms (what the native reader fixes)
         assert shared > 0 and max(errors) > 0.02
+        # and the run says so: its reader read chunks long after they landed (the merged segment keeps the
+        # newest stamp, so the lag seen is from the last chunk merged, not the first)
+        assert summary["client"]["saturated"] and summary["client"]["read_lag_max"] >= 0.005
+        assert any("python reader read a chunk" in r for r in summary["client"]["reasons"]), summary["client"]

@@ -19,6 +19,9 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,6 +89,7 @@ typedef struct {
      * than a stream's token gap is where two of its chunks can share a stamp */
     int64_t lag_max_ns;
     unsigned long long lag_reads, late_reads;
+    int priority; /* what the thread got: 2 real-time (SCHED_FIFO 1), 1 nice -10, 0 the process's own */
 } Reader;
 
 static int64_t monotonic_ns(void) {
@@ -455,8 +459,26 @@ static void handle_event(Reader *r, const struct epoll_event *ev, char *buf) {
         read_one(r, fd, s, buf);
 }
 
+/* The thread must read a stream's chunk before that stream's next one lands, however busy the event-loop
+ * thread of the same process is. At normal priority, on a core it shares with that thread, Linux let it
+ * wait up to ~7 ms for the CPU (measured: 2% of reads later than 1 ms at 256 streams on one core). It asks
+ * for real-time priority (it runs a few microseconds per wake), else for nice -10, else runs as it is
+ * (no CAP_SYS_NICE, e.g. in a container): the run's verdict reports how late it read. */
+static int raise_priority(void) {
+    struct sched_param sp = {.sched_priority = 1};
+    if (pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0)
+        return 2;
+    if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), -10) == 0)
+        return 1;
+    return 0;
+}
+
 static void *run(void *arg) {
     Reader *r = (Reader *)arg;
+    int got = raise_priority();
+    pthread_mutex_lock(&r->lock);
+    r->priority = got;
+    pthread_mutex_unlock(&r->lock);
     struct epoll_event evs[256];
     char *buf = malloc(READ_SIZE);
     if (!buf)
@@ -842,8 +864,9 @@ static PyObject *Reader_stats(Reader *r, PyObject *unused) {
     for (int i = 0; i < r->nstreams; i++)
         watched += r->streams[i] && r->streams[i]->active;
     pthread_mutex_unlock(&r->lock);
-    return Py_BuildValue("{sKsKsKsi}", "segments", segments, "bytes", bytes, "kernel_stamped", stamped,
-                         "watched", watched);
+    static const char *names[] = {"normal", "nice -10", "real-time (SCHED_FIFO 1)"};
+    return Py_BuildValue("{sKsKsKsiss}", "segments", segments, "bytes", bytes, "kernel_stamped", stamped,
+                         "watched", watched, "priority", names[r->priority]);
 }
 
 static void Reader_dealloc(Reader *r) {

@@ -205,12 +205,39 @@ def reads() -> NativeReads | None:
     return _reads
 
 
+class PythonReadLag:
+    """The same measure for the Python reader: how long after landing (kernel stamp) ``RxSocket.recv``
+    read each segment. A read later than a stream's token gap is where its chunks merged."""
+
+    __slots__ = ("max", "reads", "late")
+
+    def __init__(self) -> None:
+        self.max, self.reads, self.late = 0.0, 0, 0
+
+    def note(self, lag: float) -> None:
+        self.reads += 1
+        if lag > self.max:
+            self.max = lag
+        if lag > 0.001:
+            self.late += 1
+
+    def take(self) -> tuple[float, int, int]:
+        out = (self.max, self.reads, self.late)
+        self.max, self.reads, self.late = 0.0, 0, 0
+        return out
+
+
+python_lag = PythonReadLag()
+
+
 def take_lag() -> tuple[float, int, int]:
-    """How late this process's native thread read segments after they landed, since the last call:
-    (the largest lag in seconds, reads, reads later than 1 ms); zeros when it is not in use."""
+    """How late this process read segments after they landed (kernel stamps), since the last call: (the
+    largest lag in seconds, reads, reads later than 1 ms), from the native thread and the Python reader."""
+    py = python_lag.take()
     if _reads is None or _reads.pid != os.getpid():
-        return 0.0, 0, 0
-    return _reads.reader.take_lag()
+        return py
+    lag, reads, late = _reads.reader.take_lag()
+    return max(lag, py[0]), reads + py[1], late + py[2]
 
 
 def stats() -> dict[str, Any]:

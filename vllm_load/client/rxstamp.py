@@ -124,7 +124,12 @@ class RxSocket(gevent.socket.socket):
             return super().recv(bufsize, flags)
         data, ancdata, _flags, _addr = self.recvmsg(bufsize, ANCBUF, flags)
         stamp = stamp_of(ancdata) if ancdata else None
-        self.rx = time.time() if stamp is None else stamp
+        now = time.time()
+        if stamp is None:
+            self.rx = now
+        else:
+            self.rx = stamp
+            native.python_lag.note(now - stamp)
         return data
 
 

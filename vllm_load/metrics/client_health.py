@@ -7,7 +7,7 @@ kernel's run delay, ``/proc/self/schedstat``) and the host's steal time. With ea
 ships the maxima since the last one.
 
 A run is marked untrustworthy when a worker sat at >= 90 % CPU for two reports in a row, its loop
-lagged by 50 ms or more, its native reader read a chunk 5 ms or more after it landed, or (open loop)
+lagged by 50 ms or more, its reader read a chunk 5 ms or more after it landed, or (open loop)
 requests left 50 ms or more later than planned at p99. The
 advice follows the evidence: a client at its CPU limit needs more workers; a loop that lagged while its
 own CPU was low and the kernel kept it waiting for a CPU (or the hypervisor stole it) was crowded out by
@@ -35,7 +35,7 @@ SEND_LAG_LIMIT = 0.050
 #: prompt thread waits up to 60-80 ms in its busiest second with < 1 ms of lag, so the wait alone says
 #: nothing; a blocked loop waits ~0 while it lags.)
 CONTENTION_SHARE = 0.5
-#: The native reader read a segment this long after it landed: a stream's next chunk, due within that
+#: The reader (native or Python) read a segment this long after it landed: a stream's next chunk, due within that
 #: time, may have been merged into it by the kernel (one stamp for two chunks), the bound on a gap's error
 READ_LAG_LIMIT = 0.005
 STEAL_LIMIT = 10.0
@@ -155,7 +155,9 @@ class ClientHealth:
             if any(a and b for a, b in zip(hot, hot[1:])):
                 reasons.append(f"{worker}: CPU at or above {CPU_LIMIT:.0f}% for two reports in a row")
                 causes.append("client")
-            worst = max(rows, key=lambda r: r["lag"], default=None)
+            # a late loop moves no time the native reader took (it read and stamped meanwhile): its lag is
+            # judged by the read lag below; the Python reader's by both
+            worst = max((r for r in rows if r.get("reader") != "native"), key=lambda r: r["lag"], default=None)
             if worst is not None and worst["lag"] >= LAG_LIMIT:
                 cause = lag_cause(worst)
                 reasons.append(
@@ -166,7 +168,8 @@ class ClientHealth:
             late = max(rows, key=lambda r: r.get("read_lag", 0.0), default=None)
             if late is not None and late.get("read_lag", 0.0) >= READ_LAG_LIMIT:
                 reasons.append(
-                    f"{worker}: the native reader read a chunk {late['read_lag'] * 1000:.1f} ms after it landed "
+                    f"{worker}: the {late.get('reader', 'native')} reader read a chunk {late['read_lag'] * 1000:.1f} ms "
+                    "after it landed "
                     f"({sum(r.get('late_reads', 0) for r in rows)} of {sum(r.get('reads', 0) for r in rows)} reads "
                     "later than 1 ms): a stream's chunks closer together than that may share one stamp")
                 causes.append("client")
