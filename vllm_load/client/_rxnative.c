@@ -125,6 +125,30 @@ static void free_segments(stream_t *s) {
     s->linelen = s->linecap = 0;
 }
 
+static double seconds(int64_t ns) { /* a time.time() value */
+    return (double)(ns / 1000000000LL) + (double)(ns % 1000000000LL) * 1e-9;
+}
+
+static seg_t *new_seg(const char *p, size_t n, int64_t stamp) {
+    seg_t *g = malloc(sizeof(seg_t) + n);
+    if (g) {
+        g->next = NULL;
+        g->len = n;
+        g->off = 0;
+        g->stamp_ns = stamp;
+        memcpy(g->data, p, n);
+    }
+    return g;
+}
+
+static void append_seg(seg_t **head, seg_t **tail, seg_t *g) {
+    if (*tail)
+        (*tail)->next = g;
+    else
+        *head = g;
+    *tail = g;
+}
+
 /* with the lock held */
 static void mark_ready(Reader *r, int fd, stream_t *s) {
     if (s->ready)
@@ -165,19 +189,10 @@ static int add_lines(stream_t *s, const char *p, size_t n, int64_t stamp) {
             size_t len = s->linelen;
             int blank = len == 1 || (len == 2 && s->line[0] == '\r');
             if (!blank) { /* event separators carry nothing: they stay out of the Python side's work */
-                seg_t *g = malloc(sizeof(seg_t) + len);
+                seg_t *g = new_seg(s->line, len, stamp);
                 if (!g)
                     return -1;
-                g->next = NULL;
-                g->len = len;
-                g->off = 0;
-                g->stamp_ns = stamp;
-                memcpy(g->data, s->line, len);
-                if (s->ltail)
-                    s->ltail->next = g;
-                else
-                    s->lhead = g;
-                s->ltail = g;
+                append_seg(&s->lhead, &s->ltail, g);
                 s->nlines++;
             }
             s->linelen = 0;
@@ -317,19 +332,10 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
 
 /* with the lock held: append n raw bytes (a read's, or what a body left) to the raw queue */
 static int queue_raw(Reader *r, stream_t *s, const char *p, size_t n, int64_t stamp) {
-    seg_t *g = malloc(sizeof(seg_t) + n);
+    seg_t *g = new_seg(p, n, stamp);
     if (!g)
         return -1;
-    g->next = NULL;
-    g->len = n;
-    g->off = 0;
-    g->stamp_ns = stamp;
-    memcpy(g->data, p, n);
-    if (s->tail)
-        s->tail->next = g;
-    else
-        s->head = g;
-    s->tail = g;
+    append_seg(&s->head, &s->tail, g);
     s->queued += n;
     r->segments++;
     return 0;
@@ -553,6 +559,28 @@ static stream_t *get_stream(Reader *r, int fd) {
     return s && s->active ? s : NULL;
 }
 
+/* the stream of a watched fd, with the lock held; NULL (unlocked, ValueError set) when it is not watched */
+static stream_t *lock_stream(Reader *r, int fd) {
+    pthread_mutex_lock(&r->lock);
+    stream_t *s = get_stream(r, fd);
+    if (!s) {
+        pthread_mutex_unlock(&r->lock);
+        PyErr_Format(PyExc_ValueError, "fd %d is not watched", fd);
+    }
+    return s;
+}
+
+/* an fd argument: -1 with an exception set when it is not one */
+static int fd_arg(PyObject *arg) {
+    long fd = PyLong_AsLong(arg);
+    if (fd < 0 || fd > INT32_MAX) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "bad file descriptor");
+        return -1;
+    }
+    return (int)fd;
+}
+
 static int arm(Reader *r, int fd, stream_t *s) {
     struct epoll_event ev;
     memset(&ev, 0, sizeof ev);
@@ -562,12 +590,9 @@ static int arm(Reader *r, int fd, stream_t *s) {
 }
 
 static PyObject *Reader_watch(Reader *r, PyObject *arg) {
-    int fd = PyLong_AsLong(arg);
-    if (fd < 0) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_ValueError, "bad file descriptor");
+    int fd = fd_arg(arg);
+    if (fd < 0)
         return NULL;
-    }
     pthread_mutex_lock(&r->lock);
     if (fd >= r->nstreams) {
         int n = r->nstreams ? r->nstreams : 64;
@@ -616,8 +641,8 @@ static PyObject *Reader_watch(Reader *r, PyObject *arg) {
 }
 
 static PyObject *Reader_unwatch(Reader *r, PyObject *arg) {
-    int fd = PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred())
+    int fd = fd_arg(arg);
+    if (fd < 0)
         return NULL;
     pthread_mutex_lock(&r->lock);
     stream_t *s = get_stream(r, fd);
@@ -641,13 +666,9 @@ static PyObject *Reader_pop(Reader *r, PyObject *args) {
         return NULL;
     if (maxlen <= 0)
         maxlen = READ_SIZE;
-    pthread_mutex_lock(&r->lock);
-    stream_t *s = get_stream(r, fd);
-    if (!s) {
-        pthread_mutex_unlock(&r->lock);
-        PyErr_Format(PyExc_ValueError, "fd %d is not watched", fd);
+    stream_t *s = lock_stream(r, fd);
+    if (!s)
         return NULL;
-    }
     seg_t *g = s->head;
     if (!g) {
         int err = s->err, eof = s->eof;
@@ -669,7 +690,7 @@ static PyObject *Reader_pop(Reader *r, PyObject *args) {
     if (hdr_end)
         take = (size_t)(hdr_end - (g->data + g->off)) + 4;
     PyObject *data = PyBytes_FromStringAndSize(g->data + g->off, (Py_ssize_t)take);
-    double stamp = (double)(g->stamp_ns / 1000000000LL) + (double)(g->stamp_ns % 1000000000LL) * 1e-9;
+    double stamp = seconds(g->stamp_ns);
     if (data) {
         g->off += take;
         s->queued -= take;
@@ -699,13 +720,9 @@ static PyObject *Reader_body(Reader *r, PyObject *args) {
     long long length;
     if (!PyArg_ParseTuple(args, "ipL", &fd, &chunked, &length))
         return NULL;
-    pthread_mutex_lock(&r->lock);
-    stream_t *s = get_stream(r, fd);
-    if (!s) {
-        pthread_mutex_unlock(&r->lock);
-        PyErr_Format(PyExc_ValueError, "fd %d is not watched", fd);
+    stream_t *s = lock_stream(r, fd);
+    if (!s)
         return NULL;
-    }
     seg_t *g;
     while ((g = s->lhead)) { /* a previous answer's lines nobody took */
         s->lhead = g->next;
@@ -750,16 +767,12 @@ static PyObject *Reader_body(Reader *r, PyObject *args) {
  * state 0 running, 1 the body ended, 2 the connection closed before its end, 3 malformed chunking; a
  * read error once every line is taken is raised as OSError */
 static PyObject *Reader_lines(Reader *r, PyObject *arg) {
-    int fd = PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred())
+    int fd = fd_arg(arg);
+    if (fd < 0)
         return NULL;
-    pthread_mutex_lock(&r->lock);
-    stream_t *s = get_stream(r, fd);
-    if (!s) {
-        pthread_mutex_unlock(&r->lock);
-        PyErr_Format(PyExc_ValueError, "fd %d is not watched", fd);
+    stream_t *s = lock_stream(r, fd);
+    if (!s)
         return NULL;
-    }
     seg_t *g = s->lhead;
     int n = s->nlines, state = s->body_state, err = s->err;
     unsigned long long body_bytes = s->body_bytes;
@@ -771,7 +784,7 @@ static PyObject *Reader_lines(Reader *r, PyObject *arg) {
     while (g) { /* the lines are this call's alone now: built without the lock */
         seg_t *next = g->next;
         if (out && i < n) {
-            double stamp = (double)(g->stamp_ns / 1000000000LL) + (double)(g->stamp_ns % 1000000000LL) * 1e-9;
+            double stamp = seconds(g->stamp_ns);
             PyObject *item = Py_BuildValue("(y#d)", g->data, (Py_ssize_t)g->len, stamp);
             if (!item) {
                 Py_CLEAR(out);
@@ -795,8 +808,8 @@ static PyObject *Reader_lines(Reader *r, PyObject *arg) {
 
 /* sent(fd) -> float | None: the kernel's stamp of the latest send leaving (time.time() clock), cleared */
 static PyObject *Reader_sent(Reader *r, PyObject *arg) {
-    int fd = PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred())
+    int fd = fd_arg(arg);
+    if (fd < 0)
         return NULL;
     pthread_mutex_lock(&r->lock);
     stream_t *s = get_stream(r, fd);
@@ -806,13 +819,13 @@ static PyObject *Reader_sent(Reader *r, PyObject *arg) {
     pthread_mutex_unlock(&r->lock);
     if (!ns)
         Py_RETURN_NONE;
-    return PyFloat_FromDouble((double)(ns / 1000000000LL) + (double)(ns % 1000000000LL) * 1e-9);
+    return PyFloat_FromDouble(seconds(ns));
 }
 
 /* pending(fd) -> bool: bytes, an end or an error are queued (a pooled idle connection is then dirty) */
 static PyObject *Reader_pending(Reader *r, PyObject *arg) {
-    int fd = PyLong_AsLong(arg);
-    if (fd == -1 && PyErr_Occurred())
+    int fd = fd_arg(arg);
+    if (fd < 0)
         return NULL;
     pthread_mutex_lock(&r->lock);
     stream_t *s = get_stream(r, fd);
