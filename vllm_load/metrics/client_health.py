@@ -155,9 +155,9 @@ class ClientHealth:
             if any(a and b for a, b in zip(hot, hot[1:])):
                 reasons.append(f"{worker}: CPU at or above {CPU_LIMIT:.0f}% for two reports in a row")
                 causes.append("client")
-            # a late loop moves no time the native reader took (it read and stamped meanwhile): its lag is
-            # judged by the read lag below; the Python reader's by both
-            worst = max((r for r in rows if r.get("reader") != "native"), key=lambda r: r["lag"], default=None)
+            # with the native reader a late loop moves no chunk's time, but it still sends late: the load
+            # offered (concurrency, arrivals) was not what was asked, so a lag is judged for both readers
+            worst = max(rows, key=lambda r: r["lag"], default=None)
             if worst is not None and worst["lag"] >= LAG_LIMIT:
                 cause = lag_cause(worst)
                 reasons.append(
