@@ -397,7 +397,7 @@ static void read_one(Reader *r, int fd, stream_t *s, char *buf) {
         if (lag > r->lag_max_ns)
             r->lag_max_ns = lag;
         r->lag_reads++;
-        if (lag > 1000000)
+        if (lag > 1000000) /* 1 ms: native.LATE_S */
             r->late_reads++;
     } else {
         stamp = realtime_ns(); /* no kernel stamp: this thread reads at once, so its clock is close */

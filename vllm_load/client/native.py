@@ -30,6 +30,8 @@ except ImportError:  # not built (no compiler at install time, not Linux)
 ENV = "VLLM_LOAD_NATIVE"
 #: how often waits are checked against their socket's timeout (Locust's network_timeout: 600 s by default)
 SWEEP_S = 0.1
+#: a read later than this after its segment landed counts as late (the C thread's threshold too)
+LATE_S = 0.001
 
 
 def built() -> bool:
@@ -156,20 +158,11 @@ class NativeReads:
         thread decodes it, the hub feeds each line to ``feed`` with its stamp minus ``start_wall``, and
         this greenlet wakes once, at the end (or on an error, a protocol fault, a timeout)."""
         self.reader.body(fd, chunked, length)
-        body = _Body(feed, is_done, start_wall, Waiter(), timeout,
-                     float("inf") if timeout is None else time.monotonic() + timeout)
+        body = _Body(feed, is_done, start_wall, Waiter(), timeout, _deadline(timeout))
         outcome = self._feed(fd, body)  # what arrived with the headers
         if outcome is not None:
             return outcome
-        self.bodies[fd] = body
-        self._wake_watcher.ref = True
-        try:
-            return body.waiter.get()
-        finally:
-            if self.bodies.get(fd) is body:
-                del self.bodies[fd]
-            if not self.waiters and not self.bodies:
-                self._wake_watcher.ref = False
+        return self._park(self.bodies, fd, body, body.waiter)
 
     def release(self, fd: int) -> None:
         """The socket closes: stop reading it, and fail a greenlet still waiting on it."""
@@ -184,20 +177,31 @@ class NativeReads:
     def wait(self, fd: int, timeout: float | None) -> None:
         """Block this greenlet until ``fd`` has news (raises ``socket.timeout`` after ``timeout``)."""
         waiter = Waiter()
-        entry = (waiter, float("inf") if timeout is None else time.monotonic() + timeout)
-        waiters = self.waiters
-        waiters[fd] = entry
+        self._park(self.waiters, fd, (waiter, _deadline(timeout)), waiter)
+
+    def _park(self, table: dict[int, Any], fd: int, entry: Any, waiter: Waiter) -> Any:
+        """Wait in ``table`` under ``fd`` until the hub switches back (with an outcome, or an exception)."""
+        table[fd] = entry
         self._wake_watcher.ref = True  # a waiting read keeps the loop alive, as gevent's own waits do
         try:
-            waiter.get()
+            return waiter.get()
         finally:
-            if waiters.get(fd) is entry:
-                del waiters[fd]
-            if not waiters and not self.bodies:
+            if table.get(fd) is entry:
+                del table[fd]
+            if not self.waiters and not self.bodies:
                 self._wake_watcher.ref = False
 
 
+def _deadline(timeout: float | None) -> float:
+    return float("inf") if timeout is None else time.monotonic() + timeout
+
+
 _reads: NativeReads | None = None
+
+
+def _started() -> NativeReads | None:
+    """This process's native reader if it was started here (a forked worker's copy of its parent's is not)."""
+    return _reads if _reads is not None and _reads.pid == os.getpid() else None
 
 
 def reads() -> NativeReads | None:
@@ -205,7 +209,7 @@ def reads() -> NativeReads | None:
     global _reads
     if not enabled():
         return None
-    if _reads is None or _reads.pid != os.getpid():
+    if _started() is None:
         _reads = NativeReads()
     return _reads
 
@@ -223,7 +227,7 @@ class PythonReadLag:
         self.reads += 1
         if lag > self.max:
             self.max = lag
-        if lag > 0.001:
+        if lag > LATE_S:
             self.late += 1
 
     def take(self) -> tuple[float, int, int]:
@@ -239,12 +243,8 @@ def take_lag() -> tuple[float, int, int]:
     """How late this process read segments after they landed (kernel stamps), since the last call: (the
     largest lag in seconds, reads, reads later than 1 ms), from the native thread and the Python reader."""
     py = python_lag.take()
-    if _reads is None or _reads.pid != os.getpid():
+    started = _started()
+    if started is None:
         return py
-    lag, reads, late = _reads.reader.take_lag()
+    lag, reads, late = started.reader.take_lag()
     return max(lag, py[0]), reads + py[1], late + py[2]
-
-
-def stats() -> dict[str, Any]:
-    """The native reader's counters in this process (empty when it is not in use)."""
-    return _reads.reader.stats() if _reads is not None and _reads.pid == os.getpid() else {}

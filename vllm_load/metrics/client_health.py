@@ -72,7 +72,7 @@ class ClientMonitor:
     steal_max: float = 0.0
     cpu_at_lag: float = 0.0  # own CPU in the second of the largest lag
     wait_at_lag: float = 0.0  # the loop thread's wait for a CPU in that second
-    read_lag_max: float = 0.0  # the native reader's latest read after a segment landed (0: Python reader)
+    read_lag_max: float = 0.0  # the reader's latest read after a segment landed (native or Python)
     reads: int = 0
     late_reads: int = 0  # reads more than 1 ms after landing
     _greenlet: gevent.Greenlet | None = None
@@ -98,10 +98,7 @@ class ClientMonitor:
                 self.wait_max = max(self.wait_max, wait)
                 self.steal_max = max(self.steal_max, float(getattr(psutil.cpu_times_percent(None), "steal", 0.0)))
                 self.streams_max = max(self.streams_max, int(self.in_flight()))
-                read_lag, reads, late = native.take_lag()
-                self.read_lag_max = max(self.read_lag_max, read_lag)
-                self.reads += reads
-                self.late_reads += late
+                self._take_reads()
                 gc_control.collect_if_due(force=True)  # a loop too busy to idle still collects
                 ticks += 1
                 if self.sink is not None and ticks % 3 == 0:  # the same cadence as Locust's worker reports
@@ -109,11 +106,17 @@ class ClientMonitor:
 
         self._greenlet = gevent.spawn(loop)
 
-    def take(self) -> dict:
-        read_lag, reads, late = native.take_lag()  # up to now, not only to the last tick
+    def _take_reads(self) -> None:
+        read_lag, reads, late = native.take_lag()
         self.read_lag_max = max(self.read_lag_max, read_lag)
+        self.reads += reads
+        self.late_reads += late
+
+    def take(self) -> dict:
+        self._take_reads()  # up to now, not only to the last tick
         out = {"t": time.time(), "reader": native.reader_name(), "read_lag": self.read_lag_max,
-               "reads": self.reads + reads, "late_reads": self.late_reads + late, "cpu": self.cpu_max, "lag": self.lag_max, "streams": self.streams_max, "wait": self.wait_max,
+               "reads": self.reads, "late_reads": self.late_reads, "cpu": self.cpu_max, "lag": self.lag_max,
+               "streams": self.streams_max, "wait": self.wait_max,
                "steal": self.steal_max, "cpu_at_lag": self.cpu_at_lag, "wait_at_lag": self.wait_at_lag}
         self.cpu_max = self.lag_max = self.wait_max = self.steal_max = self.cpu_at_lag = self.wait_at_lag = 0.0
         self.streams_max = self.reads = self.late_reads = 0
