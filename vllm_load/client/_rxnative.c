@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <stdint.h>
@@ -544,7 +545,15 @@ static int Reader_init(Reader *r, PyObject *args, PyObject *kw) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
-    if (pthread_create(&r->thread, NULL, run, r) != 0) {
+    /* the thread starts with every signal blocked, so the kernel delivers SIGINT/SIGTERM to the Python
+     * thread: delivered here, they woke no one, and Python raised KeyboardInterrupt wherever its loop next
+     * ran bytecode, e.g. in a user's greenlet between counting a request and logging it */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    int started = pthread_create(&r->thread, NULL, run, r);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (started != 0) {
         PyErr_SetString(PyExc_OSError, "cannot start the receive thread");
         return -1;
     }
