@@ -68,6 +68,14 @@ def scenario(name: str) -> tuple[list[bytes], str]:
         return [HEAD_CHUNKED, *map(chunk, ev[:2])], "reset"
     if name == "malformed":
         return [HEAD_CHUNKED, chunk(ev[0]), b"zz\r\n" + ev[1] + b"\r\n"], "keep"
+    if name == "headcut":  # the header block's blank line cut across two segments, the body right after it
+        return [HEAD_CHUNKED[:-2], HEAD_CHUNKED[-2:] + chunk(ev[0]), *map(chunk, ev[1:]), b"0\r\n\r\n"], "keep"
+    if name == "error":  # a refusal: its JSON body has no final newline
+        err = b'{"error": {"message": "slow down", "type": "rate_limit"}}'
+        return [b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 2\r\n"
+                b"transfer-encoding: chunked\r\n\r\n", chunk(err[:20]), chunk(err[20:]) + b"0\r\n\r\n"], "keep"
+    if name == "idle":  # a keep-alive answer, then the server closes the idle connection (its keep-alive timeout)
+        return [HEAD_CHUNKED, *map(chunk, ev), b"0\r\n\r\n"], "idle"
     if name == "stall":  # two events, then nothing
         return [HEAD_CHUNKED, *map(chunk, ev[:2])], "stall"
     raise SystemExit(f"unknown scenario {name!r}")
@@ -121,7 +129,7 @@ def main() -> None:
             if end == "reset":
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 break
-            if end == "close":
+            if end in ("close", "idle"):
                 break
             if end == "stall":
                 time.sleep(30)

@@ -123,3 +123,24 @@ def test_a_headless_run_serves_prometheus_metrics_on_its_port(emulator_factory, 
         assert wait_for(scraped, timeout=60, what="a scrape with finished requests") > 0
     finally:
         proc.wait(timeout=60)
+
+
+def test_the_request_log_writes_whole_lines_in_batches_and_everything_at_a_flush(tmp_path):
+    from vllm_load.client.record import RequestRecord
+    from vllm_load.rundir.reqlog import RequestLog, read_log
+
+    path = tmp_path / "requests.jsonl"
+    log = RequestLog(path)
+    recs = [RequestRecord(api="chat", start=1.0 + i, e2e=0.5, ok=True, output_tokens=i) for i in range(RequestLog.BATCH + 3)]
+    for rec in recs[:3]:
+        log.write(rec)
+    assert read_log(path) == []  # kept, not written yet
+    log.flush()
+    assert [r["output_tokens"] for r in read_log(path)] == [0, 1, 2]
+    for rec in recs[3:]:
+        log.write(rec)  # a full batch is written without a flush
+    assert len(read_log(path)) == RequestLog.BATCH + 3
+    log.write(recs[0])
+    log.close()  # the close writes what was kept
+    assert len(read_log(path)) == RequestLog.BATCH + 4
+    assert path.read_bytes().endswith(b"}\n")

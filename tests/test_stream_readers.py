@@ -4,15 +4,19 @@ reuse, and a server that closes, resets, garbles or stalls mid-body."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from locust.contrib.fasthttp import FastHttpSession
 from locust.event import EventHook
 
 from vllm_load.client import native, rxstamp, stream
+from vllm_load.client.direct import Connections
 from vllm_load.client.stream import build_request, stream_request
 
 SERVER = Path(__file__).parent / "scripted_http.py"
@@ -32,34 +36,66 @@ class Server:
         return out.split()
 
 
-@pytest.fixture(params=["native", "python"])
-def reader(request, monkeypatch):
-    if request.param == "native" and not native.built():
+#: direct: the native thread sends and reads (direct.Connections); native: Locust's session sends, the native
+#: thread reads the body; python: Locust's session and the Python reader
+@pytest.fixture(params=["direct", "native", "python"])
+def any_reader(request, monkeypatch):
+    if request.param != "python" and not native.built():
         pytest.fail("the native reader is not built")
-    monkeypatch.setenv(native.ENV, "1" if request.param == "native" else "0")
+    monkeypatch.setenv(native.ENV, "0" if request.param == "python" else "1")
+    return request.param
+
+
+@pytest.fixture
+def reader(any_reader, monkeypatch):
+    """A reader under test that must read a 200's streamed body."""
     calls = []
     real = stream._read_body_native
     monkeypatch.setattr(stream, "_read_body_native", lambda *a: calls.append(1) or real(*a))
-    yield request.param
+    yield any_reader
     # the body went through the reader under test: the native thread decoded it, or Python did
-    assert bool(calls) == (request.param == "native")
+    assert bool(calls) == (any_reader == "native")
 
 
-def session(url: str, timeout: float = 10.0) -> FastHttpSession:
-    s = FastHttpSession(url, EventHook(), None, network_timeout=timeout, connection_timeout=5.0)
-    rxstamp.install(s)
-    return s
+class Transport:
+    """One user's transport of the reader under test, and the Locust rows it reported."""
+
+    def __init__(self, url: str, reader: str, timeout: float) -> None:
+        self.hook = EventHook()
+        self.rows: list[dict] = []
+        self.hook.add_listener(lambda **kw: self.rows.append(kw))
+        if reader == "direct":
+            self.via = Connections.for_user(url, 5.0, timeout)
+            assert self.via is not None
+        else:
+            self.via = FastHttpSession(url, self.hook, None, network_timeout=timeout, connection_timeout=5.0)
+            rxstamp.install(self.via)
+
+    def send(self):
+        req = build_request("completions", "m", "hello", 8, TOKENS)
+        events = SimpleNamespace(request=self.hook)
+        rec = stream_request(self.via, req, {"Content-Type": "application/json"}, events=events, context={"u": 1})
+        row = self.rows[-1]  # Locust's row, whichever transport fired it
+        assert row["name"] == "/v1/completions" and row["request_type"] == "POST"
+        assert abs(row["response_time"] - rec.e2e * 1000) < 1e-6
+        assert (row["exception"] is None) == rec.ok
+        if not rec.ok:
+            assert rec.error in str(row["exception"])
+        return rec
 
 
-def send(s: FastHttpSession):
-    req = build_request("completions", "m", "hello", 8, TOKENS)
-    return stream_request(s, req, {"Content-Type": "application/json"})
+def session(url: str, reader: str, timeout: float = 10.0) -> Transport:
+    return Transport(url, reader, timeout)
 
 
-@pytest.mark.parametrize("scenario", ["chunked", "split", "length"])
+def send(s: Transport):
+    return s.send()
+
+
+@pytest.mark.parametrize("scenario", ["chunked", "split", "length", "headcut"])
 def test_bodies_of_every_shape_read_whole_and_reuse_the_connection(scenario, reader):
     srv = Server(scenario)
-    s = session(srv.url)
+    s = session(srv.url, reader)
     recs = [send(s) for _ in range(2)]
     for rec in recs:
         assert rec.ok, rec.error
@@ -73,7 +109,7 @@ def test_bodies_of_every_shape_read_whole_and_reuse_the_connection(scenario, rea
 
 def test_a_close_delimited_body_ends_at_the_close(reader):
     srv = Server("close")
-    s = session(srv.url)
+    s = session(srv.url, reader)
     recs = [send(s) for _ in range(2)]
     assert all(r.ok and r.output_tokens == TOKENS for r in recs), [r.error for r in recs]
     assert srv.log().count("connection") == 2  # a closed connection is not reused
@@ -86,7 +122,7 @@ def test_a_close_delimited_body_ends_at_the_close(reader):
 ])
 def test_a_broken_body_fails_with_its_reason_and_the_tokens_it_had(scenario, reason, reader):
     srv = Server(scenario)
-    s = session(srv.url)
+    s = session(srv.url, reader)
     rec = send(s)
     assert not rec.ok and reason in rec.error, rec.error
     assert rec.output_tokens == int(reason.split(" tokens")[0].split()[-1])
@@ -97,7 +133,47 @@ def test_a_broken_body_fails_with_its_reason_and_the_tokens_it_had(scenario, rea
 
 def test_a_stalled_body_times_out(reader):
     srv = Server("stall")
-    s = session(srv.url, timeout=0.5)
+    s = session(srv.url, reader, timeout=0.5)
     rec = send(s)
     assert not rec.ok and rec.error.startswith("timeout after 2 tokens"), rec.error
     srv.log()
+
+
+def test_a_refusal_keeps_its_reason_and_retry_after_and_the_connection(any_reader):
+    srv = Server("error")
+    s = session(srv.url, any_reader)
+    recs = [send(s) for _ in range(2)]
+    for rec in recs:
+        assert not rec.ok and rec.status == 429 and rec.error == "HTTP 429: slow down", rec.error
+        assert rec.retry_after == 2.0 and not rec.connection_failed
+    assert srv.log().count("connection") == 1
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced_not_failed(reader):
+    srv = Server("idle")
+    s = session(srv.url, reader)
+    recs = []
+    for _ in range(3):
+        recs.append(send(s))
+        deadline = time.monotonic() + 5  # until the server's close of the idle connection has landed here
+        while time.monotonic() < deadline and not _closed_by_peer(srv):
+            time.sleep(0.01)
+    assert all(r.ok for r in recs), [r.error for r in recs]
+    assert srv.log().count("connection") == 3
+
+
+def _closed_by_peer(srv: Server) -> bool:
+    """The server's side of its connections is gone (ss: no ESTAB socket on its port)."""
+    port = srv.url.rsplit(":", 1)[1]
+    out = subprocess.run(["ss", "-tn", "state", "established", f"( sport = :{port} )"], capture_output=True,
+                         text=True).stdout
+    return port not in out
+
+
+def test_no_server_is_a_connection_failure():
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    s = Transport(f"http://127.0.0.1:{port}", "direct", 5.0)
+    rec = send(s)
+    assert rec.connection_failed and rec.error.startswith("connection failed: ConnectionRefusedError"), rec.error

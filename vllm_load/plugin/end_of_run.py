@@ -136,6 +136,9 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
         from vllm_load.report.html import build  # matplotlib is loaded only at the end of a run
 
+        if STATE.generator is not None:
+            STATE.generator.flush_log()  # the report reads this process's request log
+
         _write_sweep(col)
         built = build(col.plan.files.path, junit=environment.parsed_options.junit)
         code = EXIT_BAD_INPUT if STATE.fatal else built.code

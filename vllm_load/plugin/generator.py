@@ -320,7 +320,14 @@ class Generator:
     def drain(self, timeout: float) -> bool:
         """Start no new request and wait (at most ``timeout`` s) for the ones in flight to finish."""
         self.draining = True
-        return bool(self.idle.wait(timeout))
+        drained = bool(self.idle.wait(timeout))
+        self.flush_log()  # what the end of the run reads is all written
+        return drained
+
+    def flush_log(self) -> None:
+        """Write the request log's kept lines (it writes in batches)."""
+        if self.reqlog:
+            self.reqlog.flush()
 
     def in_warmup(self, rec: RequestRecord) -> bool:
         """Started within --warmup of the run's start, or of its sweep step's (a new level's first seconds)."""
@@ -367,6 +374,7 @@ class Generator:
         last = time.monotonic()
         while True:
             gevent.idle()
+            self.flush_log()
             if gc_control.collect_if_due() >= 0:
                 continue
             busy = [s for s in (self.stats, *self.step_stats.values()) if s.pending]

@@ -17,6 +17,7 @@ from typing import Any
 import gevent
 from gevent import getcurrent
 
+from vllm_load.client.direct import Connections
 from vllm_load.client.reply import Reply
 from vllm_load.client.sse import StreamState
 from vllm_load.client.stream import ReadyRequest, StreamCancelled, build_request, stream_request
@@ -46,6 +47,8 @@ class LLM:
         self._user = user
         self._due: dict[Any, Due] = {}  # greenlet -> its task's intended start (open loop)
         self._failures = 0  # connection failures in a row (closed-loop backoff)
+        self._conns: Connections | None = None  # the native thread's connections (plain HTTP), made on first use
+        self._direct = bool(getattr(user, "kernel_stamps", True)) and getattr(user, "client_pool", None) is None
 
     # -- what a task reads ------------------------------------------------------------------------------
     @property
@@ -135,7 +138,9 @@ class LLM:
         state = StreamState()
         try:
             rec = stream_request(
-                self._user.client, ready, gen.headers,
+                self._transport(), ready, gen.headers,
+                events=self._user.environment.events,
+                context=self._user.context(),
                 worker=gen.worker_id,
                 intended_start=due.intended if due else None,
                 count_output=gen.count_output if gen.tokenizer else None,
@@ -160,6 +165,21 @@ class LLM:
         return Reply.of(rec, state)
 
     # -- internals --------------------------------------------------------------------------------------
+    def _transport(self) -> Any:
+        """What carries this user's requests: its direct connections (the native thread sends and reads), or
+        Locust's session (https://, the Python reader, a user that shares a client pool or asked for loop
+        times with ``kernel_stamps = False``)."""
+        if self._conns is None and self._direct:
+            user = self._user
+            self._conns = Connections.for_user(user.host, user.connection_timeout, user.network_timeout)
+            self._direct = self._conns is not None
+        return self._conns if self._conns is not None else self._user.client
+
+    def close(self) -> None:
+        """Close this user's direct connections (Locust's session closes its own)."""
+        if self._conns is not None:
+            self._conns.close()
+
     def _generator(self) -> Generator:
         """This process's generator; none (the target failed its check) or draining: wait for the stop."""
         gen = STATE.generator

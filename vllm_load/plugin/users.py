@@ -86,6 +86,12 @@ class LLMUser(FastHttpUser):
         if self.client_pool is None and self.kernel_stamps:  # a pool the user shares between users stays as given
             rxstamp.install(self.client)  # chunks timed by the kernel's receive stamps, not the loop's wake-ups
 
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:  # however the user ends (stopped, killed, a fault): its direct connections close with it
+            self.llm.close()
+
     def _open_loop(self, gen: Generator) -> None:
         """This user's arrivals, each starting one task in its own greenlet (at most --max-concurrency at once),
         until the run drains (then the user waits for Locust's stop, which ends the arrivals too). A sweep
