@@ -210,7 +210,9 @@ def test_a_client_at_its_own_cpu_limit_is_told_to_add_workers(tmp_path, emulator
         "        super().generate()\n")
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    res = subprocess.run([sys.executable, "-m", "locust", "-f", str(lf), "--headless", "-u", "4", "-r", "4",
+    # 8 users: while some wait on the server, the others' computing keeps the core busy (with 4, the loop's
+    # CPU in the second of its worst lag measured 88 % in one run, under the 90 % limit)
+    res = subprocess.run([sys.executable, "-m", "locust", "-f", str(lf), "--headless", "-u", "8", "-r", "8",
                           "-t", "9s", "--host", emu.url, "--output-tokens", "4", "--run-dir", str(run_dir)],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
                          preexec_fn=_pinned(cores[0]))

@@ -50,7 +50,8 @@ class Origin:
         if not url:
             return None
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname or parts.query or parts.fragment:
+        # credentials in the URL (Basic auth) stay with Locust's session, which sends them
+        if parts.scheme != "http" or not parts.hostname or parts.query or parts.fragment or parts.username:
             return None
         try:
             port = parts.port or 80
