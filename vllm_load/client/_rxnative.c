@@ -591,6 +591,12 @@ static int fd_arg(PyObject *arg) {
     return (int)fd;
 }
 
+/* the stream of an fd argument, with the lock held; NULL (unlocked, an exception set) when there is none */
+static stream_t *lock_arg(Reader *r, PyObject *arg, int *fd) {
+    *fd = fd_arg(arg);
+    return *fd < 0 ? NULL : lock_stream(r, *fd);
+}
+
 static int arm(Reader *r, int fd, stream_t *s) {
     struct epoll_event ev;
     memset(&ev, 0, sizeof ev);
@@ -666,6 +672,36 @@ static PyObject *Reader_unwatch(Reader *r, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* with the lock held: take the first n queued raw bytes off the stream into a new bytes object */
+static PyObject *take_raw(Reader *r, int fd, stream_t *s, size_t n) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+    if (!out)
+        return NULL;
+    char *dst = PyBytes_AS_STRING(out);
+    while (n) {
+        seg_t *g = s->head;
+        size_t take = g->len - g->off;
+        if (take > n)
+            take = n;
+        memcpy(dst, g->data + g->off, take);
+        dst += take;
+        n -= take;
+        g->off += take;
+        s->queued -= take;
+        if (g->off == g->len) {
+            s->head = g->next;
+            if (!s->head)
+                s->tail = NULL;
+            free(g);
+        }
+    }
+    if (s->paused && s->queued < PAUSE_BYTES / 2 && !s->eof && !s->err) {
+        s->paused = 0;
+        arm(r, fd, s);
+    }
+    return out;
+}
+
 /* how many of p's n bytes to take so a read ends at a header block's end (CRLF CRLF), wherever reads cut
  * it: *take, and 1 when that end is among them; *matched carries how much of the end the bytes taken so
  * far end with */
@@ -716,22 +752,8 @@ static PyObject *Reader_pop(Reader *r, PyObject *args) {
     /* a read stops at the end of a header block: the HTTP parser then holds the headers only, and a
      * streamed body can be handed to this thread (Reader.body) with nothing of it parsed yet */
     header_cut(&s->hdr_match, g->data + g->off, take, &take);
-    PyObject *data = PyBytes_FromStringAndSize(g->data + g->off, (Py_ssize_t)take);
     double stamp = seconds(g->stamp_ns);
-    if (data) {
-        g->off += take;
-        s->queued -= take;
-        if (g->off == g->len) {
-            s->head = g->next;
-            if (!s->head)
-                s->tail = NULL;
-            free(g);
-        }
-        if (s->paused && s->queued < PAUSE_BYTES / 2 && !s->eof && !s->err) {
-            s->paused = 0;
-            arm(r, fd, s);
-        }
-    }
+    PyObject *data = take_raw(r, fd, s, take);
     pthread_mutex_unlock(&r->lock);
     if (!data)
         return NULL;
@@ -740,46 +762,14 @@ static PyObject *Reader_pop(Reader *r, PyObject *args) {
 }
 
 
-/* with the lock held: take the first n queued raw bytes off the stream into a new bytes object */
-static PyObject *take_raw(Reader *r, int fd, stream_t *s, size_t n) {
-    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
-    if (!out)
-        return NULL;
-    char *dst = PyBytes_AS_STRING(out);
-    while (n) {
-        seg_t *g = s->head;
-        size_t take = g->len - g->off;
-        if (take > n)
-            take = n;
-        memcpy(dst, g->data + g->off, take);
-        dst += take;
-        n -= take;
-        g->off += take;
-        s->queued -= take;
-        if (g->off == g->len) {
-            s->head = g->next;
-            if (!s->head)
-                s->tail = NULL;
-            free(g);
-        }
-    }
-    if (s->paused && s->queued < PAUSE_BYTES / 2 && !s->eof && !s->err) {
-        s->paused = 0;
-        arm(r, fd, s);
-    }
-    return out;
-}
-
 #define HEAD_MAX 65536 /* a response's header block larger than this is not an inference server's */
 
 /* head(fd) -> bytes | None: a response's complete header block (through its blank line), taken off the
  * queue and nothing of the body with it, wherever the reads cut it; None while it is incomplete, b"" when
  * the connection ended before it; a read error is raised as OSError, a block over 64 KB as ValueError */
 static PyObject *Reader_head(Reader *r, PyObject *arg) {
-    int fd = fd_arg(arg);
-    if (fd < 0)
-        return NULL;
-    stream_t *s = lock_stream(r, fd);
+    int fd;
+    stream_t *s = lock_arg(r, arg, &fd);
     if (!s)
         return NULL;
     size_t seen = 0, found = 0;
@@ -884,10 +874,8 @@ static PyObject *Reader_body(Reader *r, PyObject *args) {
  * state 0 running, 1 the body ended, 2 the connection closed before its end, 3 malformed chunking; a
  * read error once every line is taken is raised as OSError */
 static PyObject *Reader_lines(Reader *r, PyObject *arg) {
-    int fd = fd_arg(arg);
-    if (fd < 0)
-        return NULL;
-    stream_t *s = lock_stream(r, fd);
+    int fd;
+    stream_t *s = lock_arg(r, arg, &fd);
     if (!s)
         return NULL;
     if (s->body_state != 0 && s->linelen) { /* the body ended: its last line has no newline (an error's JSON) */
