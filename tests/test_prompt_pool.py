@@ -36,3 +36,18 @@ def test_a_failure_reaches_every_user_once_told_and_without_a_growing_traceback(
         assert len(set(depths)) == 1, depths
     finally:
         pool.close()
+
+
+def test_after_the_first_small_batch_the_thread_refills_what_the_queue_lacks_in_one_hand_off(monkeypatch):
+    counts = []
+    real = PromptPool._make_batch
+    monkeypatch.setattr(PromptPool, "_make_batch", lambda self, count: counts.append(count) or real(self, count))
+    counter = itertools.count()
+    pool = PromptPool(lambda: next(counter), size=32)
+    try:
+        assert [pool.get() for _ in range(200)] == list(range(200))  # in order, whatever the batch sizes
+    finally:
+        pool.close()
+    assert counts[0] == pool.batch == 8  # users wait for the first batch: it stays small
+    assert max(counts) > pool.batch  # a drained queue is refilled in fewer, larger hand-offs
+    assert max(counts) <= 32

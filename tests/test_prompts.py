@@ -105,3 +105,18 @@ def test_length_specs(spec, kind):
 def test_bad_length_specs(spec):
     with pytest.raises(UsageError, match="--input-tokens"):
         parse_length(spec, "--input-tokens")
+
+
+def test_the_fast_count_is_transformers_own(tok):
+    """The prompt thread's direct call of the Rust tokenizer counts exactly as transformers' __call__."""
+    texts = ["", "hello", " leading space", "<s> special </s> [INST] x [/INST]", "naïve café — 東京 🚀🚀",
+             "a\n\nb\tc", "word " * 500, "".join(chr(0x4E00 + i) for i in range(300))]
+    rng = random.Random(7)
+    words = ["the", "Tokyo", "x", "ünïcode", "42", "3.14", "don't", "e-mail", "\u00a0", "ok!!", "<s>", "a,b"]
+    texts += [rng.choice(["", " "]).join(rng.choice(words) for _ in range(rng.randint(1, 200))) for _ in range(50)]
+    if tok.mistral_common:  # encoded by mistral-common, never through this path
+        return
+    assert tok._backend is not None
+    for text in texts:
+        for special in (True, False):
+            assert tok.encode(text, special) == tok.hf(text, add_special_tokens=special)["input_ids"], text[:40]

@@ -45,8 +45,13 @@ class PromptPool:
         self.producer = gevent.spawn(self._produce)
 
     def _produce(self) -> None:
+        first = True
         while True:
-            items = self.threads.spawn(self._make_batch).get()
+            # the first batch small (users wait for it); then as many as the queue lacks: a wave of requests
+            # empties it, and each hand-off to the thread costs the loop a wake-up and a lock (~60 us)
+            count = self.batch if first else max(self.batch, self.queue.maxsize - self.queue.qsize())
+            first = False
+            items = self.threads.spawn(self._make_batch, count).get()
             if isinstance(items, tuple):  # the source ended: what was made, then END for every later get
                 for item in items:
                     self.queue.put(item)
@@ -65,10 +70,10 @@ class PromptPool:
                 self.queue.put(item)
             self.ready.set()
 
-    def _make_batch(self) -> list[Any] | tuple | Exception:
+    def _make_batch(self, count: int) -> list[Any] | tuple | Exception:
         made: list[Any] = []
         try:
-            for _ in range(self.batch):
+            for _ in range(count):
                 made.append(self.make())
             return made
         except StopIteration:
