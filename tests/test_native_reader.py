@@ -47,7 +47,7 @@ def _pop_wait(reader, fd: int, maxlen: int = 65536, timeout: float = 5.0):
         if got is not None:
             return got
         select.select([reader.fileno()], [], [], 0.5)
-        reader.ready()
+        reader.drain()
     raise AssertionError("nothing was read")
 
 

@@ -18,7 +18,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from gevent.hub import Waiter, get_hub
 
@@ -80,13 +80,19 @@ class BodyOutcome:
 
 @dataclass(slots=True)
 class _Body:
-    feed: Callable[[bytes, float], None]
-    is_done: Callable[[], bool]
+    sink: Any  # feed_lines(lines, start_wall) -> the offset of the line that completed the stream, or None
     start_wall: float
     waiter: Waiter
     timeout: float | None
     deadline: float
     done_at: float | None = None
+
+
+class LineSink(list):
+    """A body's lines, kept whole (an error's JSON, read to quote it)."""
+
+    def feed_lines(self, lines: list[tuple[bytes, float]], start_wall: float) -> None:
+        self.extend(line for line, _stamp in lines)
 
 
 class NativeReads:
@@ -105,13 +111,13 @@ class NativeReads:
         self._sweeper.start(self._sweep)
 
     def _wake(self) -> None:
-        """In the hub: feed every streamed body that got lines; switch to every greenlet whose socket got
-        data, an end or an error (a body's greenlet only when its body ends)."""
+        """In the hub: every socket with news, in one call: a streamed body's lines go to its parser (its
+        greenlet is switched to when the body ends); a greenlet waiting on any other socket is switched to."""
         waiters, bodies = self.waiters, self.bodies
-        for fd in self.reader.ready():
+        for fd, lines, state, body_bytes, err in self.reader.drain():
             body = bodies.get(fd)
             if body is not None:
-                outcome = self._feed(fd, body)
+                outcome = self._take(body, lines, state, body_bytes, err)
                 if outcome is not None:
                     del bodies[fd]
                     body.waiter.switch(outcome)
@@ -121,22 +127,27 @@ class NativeReads:
                 waiter[0].switch(None)
 
     def _feed(self, fd: int, body: _Body) -> BodyOutcome | None:
-        """Hand a body's new lines to its parser, each with its own stamp; the outcome once it ended."""
+        """What the thread decoded of a body before it was registered (it came with the headers)."""
         try:
             lines, state, body_bytes = self.reader.lines(fd)
         except OSError as exc:
             return BodyOutcome(0, error=exc, done_at=body.done_at)
+        return self._take(body, lines, state, body_bytes, 0)
+
+    @staticmethod
+    def _take(body: _Body, lines: list, state: int, body_bytes: int, err: int) -> BodyOutcome | None:
+        """Hand a body's new lines to its sink, each with its own stamp; the outcome once it ended."""
         if lines:
-            feed, start = body.feed, body.start_wall
             try:
-                for line, stamp in lines:
-                    feed(line, stamp - start)
-                    if body.done_at is None and body.is_done():
-                        body.done_at = stamp - start
+                done_at = body.sink.feed_lines(lines, body.start_wall)
             except Exception as exc:  # the stream broke the protocol (StreamError): its reason is the failure
                 return BodyOutcome(0, body_bytes, body.done_at, exc)
+            if done_at is not None and body.done_at is None:
+                body.done_at = done_at
             if body.timeout is not None:
                 body.deadline = time.monotonic() + body.timeout
+        if not state and err:  # a read error once its lines are taken
+            return BodyOutcome(0, body_bytes, body.done_at, OSError(err, os.strerror(err)))
         return BodyOutcome(state, body_bytes, body.done_at) if state else None
 
     def _sweep(self) -> None:
@@ -152,13 +163,14 @@ class NativeReads:
                 del self.bodies[fd]
                 body.waiter.switch(BodyOutcome(0, done_at=body.done_at, error=socket.timeout("timed out")))
 
-    def stream_body(self, fd: int, chunked: bool, length: int, feed: Callable[[bytes, float], None],
-                    is_done: Callable[[], bool], start_wall: float, timeout: float | None) -> BodyOutcome:
+    def stream_body(self, fd: int, chunked: bool, length: int, sink: Any, start_wall: float,
+                    timeout: float | None) -> BodyOutcome:
         """Read a response body (its headers parsed, none of it yet) line by line until it ends: the
-        thread decodes it, the hub feeds each line to ``feed`` with its stamp minus ``start_wall``, and
-        this greenlet wakes once, at the end (or on an error, a protocol fault, a timeout)."""
+        thread decodes it, the hub hands each batch of lines, with their stamps, to ``sink.feed_lines``
+        (``StreamState``, ``LineSink``), and this greenlet wakes once, at the end (or on an error, a
+        protocol fault, a timeout)."""
         self.reader.body(fd, chunked, length)
-        body = _Body(feed, is_done, start_wall, Waiter(), timeout, _deadline(timeout))
+        body = _Body(sink, start_wall, Waiter(), timeout, _deadline(timeout))
         outcome = self._feed(fd, body)  # what arrived with the headers
         if outcome is not None:
             return outcome

@@ -105,6 +105,16 @@ class StreamState:
             self.chunk_times.append(now)
             self.chunk_tokens.append(new_tokens)
 
+    def feed_lines(self, lines: list[tuple[bytes, float]], start_wall: float) -> float | None:
+        """Feed the native reader's (line, landing stamp) pairs; the offset of the line that completed the
+        stream (its ``[DONE]``) when one of them did."""
+        feed, done_at, was_done = self.feed, None, self.done
+        for line, stamp in lines:
+            feed(line, stamp - start_wall)
+            if not was_done and self.done:
+                done_at, was_done = stamp - start_wall, True
+        return done_at
+
     def _add_tool_calls(self, calls: list) -> None:
         for call in calls:
             if not isinstance(call, dict):

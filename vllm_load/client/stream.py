@@ -23,6 +23,7 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 from locust.exception import CatchResponseError
 
 from vllm_load.client.direct import ConnectFailed, Connections
+from vllm_load.client.native import LineSink
 from vllm_load.client.openai_api import error_message
 from vllm_load.workload.prompts import Prompt
 from vllm_load.client.record import RequestRecord
@@ -245,18 +246,15 @@ def _exchange_direct(conns: Connections, req: ReadyRequest, headers: dict[str, s
         ex.status = head.status
         fd = conn.fd
         if head.status != 200:
-            parts: list[bytes] = []
-            out = conns.reads.stream_body(fd, head.chunked, head.length, lambda line, _t: parts.append(line),
-                                          _never, clock.start_wall, conns.timeout)
+            parts = LineSink()
+            out = conns.reads.stream_body(fd, head.chunked, head.length, parts, clock.start_wall, conns.timeout)
             complete = out.state == 1
             ex.error = f"HTTP {head.status}: {error_message(b''.join(parts))}"
             if head.status in (429, 503):
                 ex.retry_after = _retry_after(head.retry_after)
         else:
             clock.sent_at(conns.reads.reader.sent(fd))
-            done = lambda: state.done  # noqa: E731
-            out = conns.reads.stream_body(fd, head.chunked, head.length, state.feed, done, clock.start_wall,
-                                          conns.timeout)
+            out = conns.reads.stream_body(fd, head.chunked, head.length, state, clock.start_wall, conns.timeout)
             state.bytes_read = out.body_bytes
             _raise_for(out)
             complete = True
@@ -277,10 +275,6 @@ def _exchange_direct(conns: Connections, req: ReadyRequest, headers: dict[str, s
         end = time.perf_counter()
     ex.e2e = end - clock.t0
     return ex
-
-
-def _never() -> bool:
-    return False
 
 
 def _exchange_locust(session: Any, req: ReadyRequest, headers: dict[str, str], state: StreamState,
@@ -359,8 +353,7 @@ def _read_body_native(reads: Any, sock: Any, raw: Any, state: StreamState, start
     chunked = "chunked" in str(raw.get("transfer-encoding") or "").lower()
     length = raw.content_length
     length = -1 if chunked or length is None else length  # -1: until the server closes
-    done = lambda: state.done  # noqa: E731
-    out = reads.stream_body(sock._fd, chunked, length, state.feed, done, start_wall, sock.timeout)
+    out = reads.stream_body(sock._fd, chunked, length, state, start_wall, sock.timeout)
     state.bytes_read = out.body_bytes
     _raise_for(out)
     raw.message_complete = True  # read to its end: the connection can serve the next request
