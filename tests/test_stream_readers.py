@@ -177,3 +177,26 @@ def test_no_server_is_a_connection_failure():
     s = Transport(f"http://127.0.0.1:{port}", "direct", 5.0)
     rec = send(s)
     assert rec.connection_failed and rec.error.startswith("connection failed: ConnectionRefusedError"), rec.error
+
+
+def test_which_targets_go_over_direct_connections(monkeypatch):
+    """Plain HTTP with the native reader; TLS, credentials in the URL or the Python reader keep Locust's session
+    (and the generator's smaller fold slices, which keep the Python reader's chunks from waiting)."""
+    monkeypatch.setenv(native.ENV, "1")
+    assert Connections.reads_natively("http://127.0.0.1:8000")
+    assert Connections.reads_natively("http://gateway.internal/openai/")
+    for host in ("https://api.example.com", "http://user:pw@127.0.0.1:8000", None, ""):
+        assert not Connections.reads_natively(host)
+        assert Connections.for_user(host, 1.0, 1.0) is None
+    monkeypatch.setenv(native.ENV, "0")
+    assert not Connections.reads_natively("http://127.0.0.1:8000")
+    from vllm_load.client.direct import Origin
+    origin = Origin.parse("http://gateway.internal:8080/openai/")
+    assert (origin.host, origin.port, origin.base, origin.authority) == ("gateway.internal", 8080, "/openai",
+                                                                       "gateway.internal:8080")
+    conns = Connections(None, origin, 1.0, 1.0)  # the bytes before the body, built once per path
+    headers = {"Content-Type": "application/json", "Authorization": "Bearer k", "Host": "ignored"}
+    head = conns.prefix("/v1/completions", headers)
+    assert head.startswith(b"POST /openai/v1/completions HTTP/1.1\r\nHost: gateway.internal:8080\r\n")
+    assert b"Authorization: Bearer k\r\n" in head and b"ignored" not in head and head.endswith(b"Content-Length: ")
+    assert conns.prefix("/v1/completions", headers) is head

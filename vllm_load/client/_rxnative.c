@@ -64,6 +64,7 @@ typedef struct {
     int chunked;     /* Transfer-Encoding: chunked */
     int64_t left;    /* bytes left: of the current chunk (chunked) or of Content-Length (-1: until close) */
     int cstate;      /* chunked decoder state */
+    int after_lf;    /* the state after C_LF's line feed */
     int body_state;  /* 0 running, 1 complete, 2 closed before the end, 3 malformed */
     uint64_t body_bytes;
     char *line;
@@ -72,7 +73,8 @@ typedef struct {
     int nlines;
 } stream_t;
 
-enum { C_SIZE, C_EXT, C_SIZE_LF, C_DATA, C_DATA_CR, C_DATA_LF, C_TRAILER, C_TRAILER_LF, C_TRAILER_LINE };
+/* C_LF: a CR was read, an LF must follow, then the state in after_lf (C_END: the body is complete) */
+enum { C_SIZE, C_EXT, C_DATA, C_DATA_CR, C_TRAILER, C_TRAILER_LINE, C_LF, C_END };
 
 typedef struct {
     PyObject_HEAD
@@ -247,7 +249,8 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
             } else if (c == ';' || c == ' ' || c == '\t') {
                 s->cstate = C_EXT;
             } else if (c == '\r') {
-                s->cstate = C_SIZE_LF;
+                s->cstate = C_LF;
+                s->after_lf = s->left ? C_DATA : C_TRAILER;
             } else if (c == '\n') {
                 s->cstate = s->left ? C_DATA : C_TRAILER;
             } else {
@@ -260,14 +263,6 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
         case C_EXT:
             if (c == '\n')
                 s->cstate = s->left ? C_DATA : C_TRAILER;
-            i++;
-            break;
-        case C_SIZE_LF:
-            if (c != '\n') {
-                s->body_state = 3;
-                return n;
-            }
-            s->cstate = s->left ? C_DATA : C_TRAILER;
             i++;
             break;
         case C_DATA: {
@@ -287,7 +282,8 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
         }
         case C_DATA_CR:
             if (c == '\r') {
-                s->cstate = C_DATA_LF;
+                s->cstate = C_LF;
+                s->after_lf = C_SIZE;
             } else if (c == '\n') {
                 s->cstate = C_SIZE;
             } else {
@@ -296,17 +292,10 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
             }
             i++;
             break;
-        case C_DATA_LF:
-            if (c != '\n') {
-                s->body_state = 3;
-                return n;
-            }
-            s->cstate = C_SIZE;
-            i++;
-            break;
         case C_TRAILER: /* after the last chunk: trailer lines until an empty one */
             if (c == '\r') {
-                s->cstate = C_TRAILER_LF;
+                s->cstate = C_LF;
+                s->after_lf = C_END;
             } else if (c == '\n') {
                 s->body_state = 1;
             } else {
@@ -314,12 +303,15 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
             }
             i++;
             break;
-        case C_TRAILER_LF:
+        case C_LF:
             if (c != '\n') {
                 s->body_state = 3;
                 return n;
             }
-            s->body_state = 1;
+            if (s->after_lf == C_END)
+                s->body_state = 1;
+            else
+                s->cstate = s->after_lf;
             i++;
             break;
         case C_TRAILER_LINE:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Any
 from urllib.parse import urlsplit
 
 from gevent.socket import getaddrinfo, wait_write
@@ -124,6 +123,11 @@ class Connections:
         if reads is None or origin is None:
             return None
         return cls(reads, origin, connect_timeout, timeout)
+
+    @staticmethod
+    def reads_natively(host: str | None) -> bool:
+        """Requests to ``host`` go over direct connections, every chunk read by the native thread."""
+        return native.enabled() and Origin.parse(host) is not None
 
     def url(self, path: str) -> str:
         return f"http://{self.origin.authority}{self.origin.base}{path}"

@@ -13,7 +13,7 @@ from typing import Any
 import gevent.event
 from gevent.threadpool import ThreadPool
 
-from vllm_load.client import native
+from vllm_load.client.direct import Connections
 from vllm_load.client.record import RequestRecord
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, ready_request
 from vllm_load.metrics.client_health import ClientMonitor
@@ -64,6 +64,7 @@ class Generator:
     step_stats: dict = field(default_factory=dict)  # step -> LLMStats of this process's requests
     monitor: ClientMonitor | None = None  # this process's CPU, loop lag and CPU wait
     draining: bool = False  # set at the end of a run: users start no new request
+    fold_slice: int = 256  # chunks per fold slice, by the reader the run's target gets (FOLD_SLICE_*)
     in_flight: int = 0
     idle: Any = None  # gevent Event, set while no request is in flight
     folder: Any = None  # greenlet folding finished requests into the stats while the loop is idle
@@ -93,6 +94,7 @@ class Generator:
         """A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
         that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
         rt = cls(role=role, opts=opts, plan=plan, worker_id=worker_id, worker_index=worker_index)
+        rt.fold_slice = cls.FOLD_SLICE_NATIVE if Connections.reads_natively(plan.host) else cls.FOLD_SLICE_PYTHON
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
         if on_trace_done is not None:
@@ -358,10 +360,12 @@ class Generator:
         if self.reqlog:
             self.reqlog.write(rec)
 
-    #: chunks folded per slice: the longest a slice holds the loop. With the Python reader a slice delays
-    #: the chunks that land meanwhile (256: ~0.5 ms); with the native reader their stamps are already
-    #: taken, so slices can be 8x larger (~1 ms), which numpy folds for a quarter of the CPU per request
-    FOLD_SLICE = 2048 if native.enabled() else 256
+    #: chunks folded per slice: the longest a slice holds the loop. With the Python reader (no native
+    #: build, or a TLS target) a slice delays the chunks that land meanwhile (256: ~0.5 ms); with the native
+    #: reader their stamps are already taken, so slices can be 8x larger (~1 ms), which numpy folds for a
+    #: quarter of the CPU per request
+    FOLD_SLICE_PYTHON = 256
+    FOLD_SLICE_NATIVE = 2048
     #: requests pending before a fold is worth its fixed cost (numpy's per-call overhead: folding 4
     #: requests at a time costs 66 us per request, 64 at a time 15 us), unless FOLD_EVERY_S passed
     FOLD_BATCH = 32
@@ -382,7 +386,7 @@ class Generator:
                             and time.monotonic() - last < self.FOLD_EVERY_S):
                 gevent.sleep(0.05)
                 continue
-            busy[0].fold(self.FOLD_SLICE)
+            busy[0].fold(self.fold_slice)
             last = time.monotonic()
 
     def reset_metrics(self) -> None:
