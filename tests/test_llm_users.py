@@ -173,24 +173,3 @@ def test_multiturn_replays_every_user_turn_of_a_sharegpt_conversation(emulator_f
         assert "from the file" not in json.dumps(msgs)  # assistant turns are the live replies
     _, logs = load_run(tmp_path / "run")
     assert {r["name"] for r in logs} == {"turn 1", "turn 2", "turn 3"}
-
-
-def test_a_closed_loop_user_backs_off_from_a_gone_server_and_a_5xx_storm_not_from_one_error():
-    from vllm_load.client.record import RequestRecord
-    from vllm_load.plugin.llm import BACKOFF_START, LLM, SERVER_ERRORS_IN_A_ROW
-
-    llm = LLM(None)
-    ok = RequestRecord(api="chat", start=0.0, e2e=0.1, ok=True, status=200)
-    refused = RequestRecord(api="chat", start=0.0, e2e=0.0, ok=False, error="connection failed: refused")
-    e500 = RequestRecord(api="chat", start=0.0, e2e=0.0, ok=False, status=500, error="HTTP 500: engine dead")
-    e400 = RequestRecord(api="chat", start=0.0, e2e=0.0, ok=False, status=400, error="HTTP 400: bad")
-    e503 = RequestRecord(api="chat", start=0.0, e2e=0.0, ok=False, status=503, error="HTTP 503", retry_after=2.0)
-    assert BACKOFF_START / 2 <= llm._backoff(refused, 10.0) <= BACKOFF_START  # at once
-    assert llm._backoff(ok, 10.0) == 0.0
-    waits = [llm._backoff(e500, 10.0) for _ in range(SERVER_ERRORS_IN_A_ROW + 3)]
-    assert waits[:SERVER_ERRORS_IN_A_ROW - 1] == [0.0] * (SERVER_ERRORS_IN_A_ROW - 1)  # a sporadic 5xx: no wait
-    assert all(w > 0 for w in waits[SERVER_ERRORS_IN_A_ROW - 1:]) and waits[-1] > waits[SERVER_ERRORS_IN_A_ROW - 1]
-    assert waits[-1] <= 10.0
-    assert llm._backoff(e400, 10.0) == 0.0  # the server's answer to this request: no wait, and the run starts over
-    assert llm._backoff(e500, 10.0) == 0.0
-    assert llm._backoff(e503, 1.0) == 1.0  # Retry-After, up to the cap

@@ -30,8 +30,6 @@ from vllm_load.workload.prompt_pool import PromptError
 STARTUP_S = 2.0
 #: first wait after a connection failure (closed loop), doubled per further failure up to --retry-backoff-max
 BACKOFF_START = 0.05
-#: closed loop: 5xx answers in a row after which a user backs off as from a server that is gone
-SERVER_ERRORS_IN_A_ROW = 3
 
 
 @dataclass(frozen=True)
@@ -193,18 +191,12 @@ class LLM:
     def _backoff(self, rec: Any, cap: float) -> float:
         """How long a closed-loop user waits before its next request. Against a server that is gone, users
         retrying at once made ~900 failed requests/s and a 7 MB log in 16 s; now each user backs off
-        from 50 ms, doubling up to ``cap``, with jitter, and starts over at the next success. A server
-        that answers only 5xx is as good as gone: from the SERVER_ERRORS_IN_A_ROW-th in a row the same
-        backoff (a vLLM whose engine died answered 500 in 1 ms on a kept-alive connection: 18,000 failures
-        in 30 s from one user), while a sporadic 5xx costs no wait. A 429/503's Retry-After is honoured up
-        to ``cap``; other HTTP errors are the server's answers: no wait."""
-        server_error = (rec.status or 0) >= 500 and not rec.ok
-        if rec.connection_failed or server_error:
+        from 50 ms, doubling up to ``cap``, with jitter, and starts over at the next success. A 429/503's
+        Retry-After is honoured up to ``cap``; other HTTP errors are the server's answers: no wait."""
+        if rec.connection_failed:
             self._failures += 1
-            if rec.retry_after is None and (rec.connection_failed or self._failures >= SERVER_ERRORS_IN_A_ROW):
-                return min(cap, BACKOFF_START * 2 ** min(self._failures - 1, 30)) * random.uniform(0.5, 1.0)
-        else:
-            self._failures = 0
+            return min(cap, BACKOFF_START * 2 ** min(self._failures - 1, 30)) * random.uniform(0.5, 1.0)
+        self._failures = 0
         return min(cap, rec.retry_after) if rec.retry_after else 0.0
 
     def start_due(self, due: Due) -> None:
