@@ -171,3 +171,23 @@ def test_without_retry_after_http_errors_are_not_backed_off(tmp_path, emulator_f
                       "--min-requests", "0", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 1
     assert len(logs(tmp_path / "run")) > 50  # the server answered: its answers are what is measured
+
+
+def test_refusals_through_a_span_make_it_an_outage_however_many_answered_failures_come_beside_them():
+    """A vLLM shutting down refused new connections (backed off: few attempts) while answering 500 in ~1 ms on a
+    kept-alive one (not backed off: thousands): unreachable all the same. One refusal in a 500 storm is not."""
+    ok, conn, other = Counter(), Counter(), Counter()
+    ok[bucket(1.0)] += 1
+    for i in range(19):  # refused every 0.5 s from 1.1 s to 10.1 s
+        conn[bucket(1.1 + 0.5 * i)] += 1
+    for i in range(30):  # 20 answered 500s in each bucket from 1.1 s to 4.0 s
+        other[bucket(1.1 + 0.1 * i)] += 20
+    ok[bucket(10.5)] += 1
+    (w,) = find_windows(ok, conn, other, min_seconds=2.0)
+    assert w.connection == 19 and w.attempts == 619 and w.is_outage
+    assert abs(w.conn_seconds - 9.1) < 0.15 and w.to_json()["outage"]  # to the bucket
+    live = LiveOutage(2.0).check(ok, conn, other, now=9.0)  # the live notice says the same
+    assert live is not None and live.is_outage
+    storm = Counter({bucket(1.1 + 0.1 * i): 20 for i in range(90)})
+    (w,) = find_windows(ok, Counter({bucket(1.1): 1}), storm, min_seconds=2.0)
+    assert not w.is_outage  # a failure storm with one refused connection in it

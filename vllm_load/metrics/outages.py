@@ -28,6 +28,7 @@ class Window:
     attempts: int  # failed requests inside
     connection: int  # of which connection-level
     ongoing: bool = False
+    conn_seconds: float = 0.0  # from the first connection-level failure inside to the last (one bucket at least)
 
     @property
     def seconds(self) -> float:
@@ -35,8 +36,11 @@ class Window:
 
     @property
     def is_outage(self) -> bool:
-        """Unreachable, not merely failing: most attempts got no HTTP response at all."""
-        return self.connection * 2 > self.attempts
+        """Unreachable, not merely failing: most attempts got no HTTP response at all, or connection-level
+        failures went on through most of the span. (A vLLM shutting down refused new connections for 53 s
+        while answering 500 in ~1 ms on one kept-alive connection: 18,000 answered failures, which are not
+        backed off, outnumbered 207 backed-off refusals.)"""
+        return self.connection * 2 > self.attempts or (self.connection > 0 and self.conn_seconds * 2 >= self.seconds)
 
     def to_json(self) -> dict:
         return {**asdict(self), "seconds": self.seconds, "outage": self.is_outage}
@@ -49,20 +53,29 @@ def find_windows(ok: Counter, conn: Counter, other: Counter, min_seconds: float,
     out: list[Window] = []
     start: float | None = None
     attempts = connection = 0
+    first = last = None  # buckets of the span's first and last connection-level failures
     for b in sorted(set(ok) | set(conn) | set(other)):
         t = b * BUCKET
         if ok.get(b):
             if start is not None and t - start >= min_seconds:
-                out.append(Window(start, t, attempts, connection))
-            start, attempts, connection = None, 0, 0
+                out.append(Window(start, t, attempts, connection, conn_seconds=_span(first, last)))
+            start, attempts, connection, first, last = None, 0, 0, None, None
             continue
         if start is None:
             start = t
         attempts += conn.get(b, 0) + other.get(b, 0)
-        connection += conn.get(b, 0)
+        if conn.get(b):
+            connection += conn[b]
+            first = b if first is None else first
+            last = b
     if start is not None and now is not None and now - start >= min_seconds:
-        out.append(Window(start, now, attempts, connection, ongoing=True))
+        out.append(Window(start, now, attempts, connection, ongoing=True, conn_seconds=_span(first, last)))
     return out
+
+
+def _span(first: int | None, last: int | None) -> float:
+    """Seconds from the bucket ``first`` through the bucket ``last`` (0 without any)."""
+    return 0.0 if first is None or last is None else (last - first + 1) * BUCKET
 
 
 def short_reason(error: str) -> str:
@@ -98,6 +111,8 @@ class LiveOutage:
         self.start: int | None = None  # bucket of the span's first failure
         self.carried = [0, 0]  # attempts, connection failures in buckets that left the horizon
         self.low: int | None = None  # the horizon's first bucket at the last check
+        self.conn_first: int | None = None  # the span's first and last connection-level failures (buckets)
+        self.conn_last: int | None = None
 
     def check(self, ok: Counter, conn: Counter, other: Counter, now: float) -> Window | None:
         lo, hi = bucket(now - self.horizon), bucket(now)
@@ -113,11 +128,17 @@ class LiveOutage:
             first = lo if last_ok is None else last_ok + 1
             self.start = next((b for b in range(first, hi + 1) if conn.get(b) or other.get(b)), None)
             self.carried = [0, 0]
+            self.conn_first = self.conn_last = None
             if self.start is None:
                 return None
         inside = range(max(self.start, lo), hi + 1)
         attempts = self.carried[0] + sum(conn.get(b, 0) + other.get(b, 0) for b in inside)
         connection = self.carried[1] + sum(conn.get(b, 0) for b in inside)
+        hits = [b for b in inside if conn.get(b)]
+        if hits:
+            self.conn_first = hits[0] if self.conn_first is None else self.conn_first
+            self.conn_last = hits[-1]
         if now - self.start * BUCKET < self.min_seconds:
             return None
-        return Window(self.start * BUCKET, now, attempts, connection, ongoing=True)
+        return Window(self.start * BUCKET, now, attempts, connection, ongoing=True,
+                      conn_seconds=_span(self.conn_first, self.conn_last))
