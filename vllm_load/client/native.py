@@ -49,11 +49,11 @@ def describe() -> str:
     if enabled():
         reader = _rxnative.Reader()
         for _ in range(100):  # the thread sets its priority as it starts
-            if reader.stats()["priority"] != "normal":
+            if reader.stats()["priority"] != "starting":
                 break
             time.sleep(0.001)
         return (f"native reader: in use ({_rxnative.__file__}). A C thread reads every streaming socket as "
-                f"each chunk lands, at {reader.stats()['priority']} priority; {ENV}=0 switches to the Python reader.")
+                f"each chunk lands, at {reader.stats()['priority']}; {ENV}=0 switches to the Python reader.")
     if built():
         return f"Python reader: in use because {ENV}={os.environ.get(ENV)!r}; unset it for the native reader."
     return ("Python reader: in use because the native reader was not built (it needs Linux, a C compiler and "
