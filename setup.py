@@ -1,11 +1,12 @@
 """Metadata lives in setup.cfg; this file only adds the optional native receive thread.
 
-``vllm_load/client/_rxnative.c`` needs a C compiler and Python's headers (gcc and python3-dev on
+``vllm_load/client/_rxnative.c`` (and its SSE parser, ``_sse.c``) needs a C compiler and Python's headers (gcc and python3-dev on
 Debian/Ubuntu). ``optional=True``: where it cannot be built (no compiler, not Linux) the install still
 succeeds and vllm-load reads sockets in Python (``vllm-load native`` says which reader a run uses).
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("vllm_load.client._rxnative", ["vllm_load/client/_rxnative.c"],
-                             extra_compile_args=["-O2", "-std=gnu11"], optional=True)])
+setup(ext_modules=[Extension("vllm_load.client._rxnative", ["vllm_load/client/_rxnative.c", "vllm_load/client/_sse.c"],
+                             depends=["vllm_load/client/_sse.h"], extra_compile_args=["-O2", "-std=gnu11"],
+                             optional=True)])

@@ -24,8 +24,9 @@ TOKENS = 5
 
 
 class Server:
-    def __init__(self, scenario: str) -> None:
-        self.p = subprocess.Popen([sys.executable, str(SERVER), scenario], stdout=subprocess.PIPE, text=True)
+    def __init__(self, scenario: str, gap: float = 0.01) -> None:
+        self.p = subprocess.Popen([sys.executable, str(SERVER), scenario, "--gap", str(gap)], stdout=subprocess.PIPE,
+                                  text=True)
         line = self.p.stdout.readline()
         assert line.startswith("port "), line
         self.url = f"http://127.0.0.1:{int(line.split()[1])}"
@@ -136,6 +137,46 @@ def test_a_stalled_body_times_out(reader):
     s = session(srv.url, reader, timeout=0.5)
     rec = send(s)
     assert not rec.ok and rec.error.startswith("timeout after 2 tokens"), rec.error
+    srv.log()
+
+
+def test_a_body_longer_than_the_timeout_but_never_quiet_that_long_does_not_time_out(reader):
+    # the timeout is a read's (Locust's network_timeout), not the body's: 9 pieces 0.2 s apart under a 0.5 s
+    # timeout. The native thread parses the SSE itself, so the loop hears of the body only at its end and
+    # asks the thread how long the socket has been quiet.
+    srv = Server("chunked", gap=0.2)
+    s = session(srv.url, reader, timeout=0.5)
+    rec = send(s)
+    assert rec.ok, rec.error
+    assert rec.e2e > 1.0 and rec.output_tokens == TOKENS
+    srv.log()
+
+
+@pytest.mark.parametrize("via", ["direct", "native"])
+def test_a_user_stopped_mid_body_fails_with_the_tokens_it_had(via, monkeypatch):
+    # the native thread parses the body itself and hands it over at its end: a stop before the end must
+    # still take what it parsed, so the failure counts the tokens that came
+    import gevent
+    from tests.scripted_http import HEAD_CHUNKED, chunk, events
+    if not native.built():
+        pytest.fail("the native reader is not built")
+    monkeypatch.setenv(native.ENV, "1")
+    srv = Server("stall")
+    s = session(srv.url, via)
+    reader = native.reads().reader
+    before = reader.stats()["bytes"]
+    req = build_request("completions", "m", "hello", 8, TOKENS)
+    g = gevent.spawn(stream_request, s.via, req, {"Content-Type": "application/json"},
+                     events=SimpleNamespace(request=s.hook), context={})
+    two_events = len(HEAD_CHUNKED) + sum(len(chunk(e)) for e in events()[:2])
+    deadline = time.monotonic() + 10
+    while reader.stats()["bytes"] - before < two_events:  # the thread has read both events
+        assert time.monotonic() < deadline, "the two events never arrived"
+        gevent.sleep(0.005)
+    g.kill(block=True)
+    rec = g.value.record  # StreamCancelled, a GreenletExit: the greenlet's value
+    assert rec.error == "cancelled after 2 tokens: the test stopped mid-request"
+    assert len(rec.chunk_offsets) == 2 and rec.output_tokens == 2 and rec.response_id == "cmpl-scripted"
     srv.log()
 
 

@@ -34,6 +34,8 @@
 #include <linux/errqueue.h>
 #include <linux/net_tstamp.h>
 
+#include "_sse.h"
+
 #define READ_SIZE 65536
 /* the event loop is woken at most once per millisecond: stamps are taken as data lands, so a later
  * wake costs no accuracy, and under load one wake hands over many streams' chunks at once */
@@ -71,6 +73,11 @@ typedef struct {
     size_t linelen, linecap;
     seg_t *lhead, *ltail; /* complete lines, each with the stamp of the read that completed it */
     int nlines;
+    /* an SSE body this thread parses itself (_sse.c): its lines stay here until the body ends, or until a
+     * line the parser leaves to Python, from which on lines are queued as above */
+    sse_state *sse;
+    int parsing;
+    int64_t last_read_ns; /* monotonic: a parsed body shows the event loop no activity, so timeouts ask */
 } stream_t;
 
 /* C_LF: a CR was read, an LF must follow, then the state in after_lf (C_END: the body is complete) */
@@ -127,6 +134,9 @@ static void free_segments(stream_t *s) {
     free(s->line);
     s->line = NULL;
     s->linelen = s->linecap = 0;
+    sse_free(s->sse);
+    s->sse = NULL;
+    s->parsing = 0;
 }
 
 static double seconds(int64_t ns) { /* a time.time() value */
@@ -192,6 +202,15 @@ static int add_lines(stream_t *s, const char *p, size_t n, int64_t stamp) {
         if (nl) {
             size_t len = s->linelen;
             int blank = len == 1 || (len == 2 && s->line[0] == '\r');
+            if (!blank && s->parsing) {
+                int rc = sse_line(s->sse, s->line, len, stamp);
+                if (rc == SSE_NOMEM)
+                    return -1;
+                if (rc == SSE_OK)
+                    blank = 1; /* taken: nothing for the Python side */
+                else
+                    s->parsing = 0; /* this line and the rest are Python's */
+            }
             if (!blank) { /* event separators carry nothing: they stay out of the Python side's work */
                 seg_t *g = new_seg(s->line, len, stamp);
                 if (!g)
@@ -397,9 +416,12 @@ static void read_one(Reader *r, int fd, stream_t *s, char *buf) {
         stamp = realtime_ns(); /* no kernel stamp: this thread reads at once, so its clock is close */
     }
     r->bytes += (uint64_t)n;
+    s->last_read_ns = monotonic_ns();
     if (s->body) {
         body_bytes_in(r, s, buf, (size_t)n, stamp);
-        mark_ready(r, fd, s);
+        /* a body parsed here has news for the event loop only once it ended, or once it has lines */
+        if (!s->parsing || s->body_state || s->nlines)
+            mark_ready(r, fd, s);
         return;
     }
     if (queue_raw(r, s, buf, (size_t)n, stamp) < 0) {
@@ -841,16 +863,33 @@ static PyObject *Reader_send(Reader *r, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
-/* body(fd, chunked, length): the response's headers are parsed; from now on this thread decodes its
- * body (chunked, or `length` bytes, or until close when length < 0) and cuts it into lines */
+/* body(fd, chunked, length, start_wall=None): the response's headers are parsed; from now on this thread
+ * decodes its body (chunked, or `length` bytes, or until close when length < 0) and cuts it into lines.
+ * With start_wall (the request's start, time.time() clock) it also parses them as SSE (_sse.c), chunk
+ * offsets counted from it, and hands the result over once, with the body's end (drain(), lines()). */
 static PyObject *Reader_body(Reader *r, PyObject *args) {
     int fd, chunked;
     long long length;
-    if (!PyArg_ParseTuple(args, "ipL", &fd, &chunked, &length))
+    PyObject *start = Py_None;
+    if (!PyArg_ParseTuple(args, "ipL|O", &fd, &chunked, &length, &start))
         return NULL;
+    double start_wall = 0.0;
+    if (start != Py_None) {
+        start_wall = PyFloat_AsDouble(start);
+        if (start_wall == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    sse_state *parse = NULL;
+    if (start != Py_None && !(parse = sse_new(start_wall)))
+        return PyErr_NoMemory();
     stream_t *s = lock_stream(r, fd);
-    if (!s)
+    if (!s) {
+        sse_free(parse);
         return NULL;
+    }
+    sse_free(s->sse); /* a previous answer's, never taken */
+    s->sse = parse;
+    s->parsing = parse != NULL;
     seg_t *g;
     while ((g = s->lhead)) { /* a previous answer's lines nobody took */
         s->lhead = g->next;
@@ -896,11 +935,19 @@ typedef struct {
     int fd, nlines, state, err;
     unsigned long long body_bytes;
     seg_t *lines;
+    sse_state *sse; /* a parsed body's result, handed over once (NULL: none, or not yet) */
 } took_t;
 
 /* with the lock held: detach the stream's complete lines (and the last one without a newline, once the
- * body ended: an error's JSON) with its state */
-static void take_lines(stream_t *s, int fd, took_t *t) {
+ * body ended: an error's JSON) with its state, and a parsed body's result once it ended, once its parser
+ * left a line to Python, once the connection failed, or when `flush` asks for it (the request stops) */
+static void take_lines(stream_t *s, int fd, took_t *t, int flush) {
+    t->sse = NULL;
+    if (s->sse && (flush || !s->parsing || s->body_state || s->err || s->eof)) {
+        t->sse = s->sse;
+        s->sse = NULL;
+        s->parsing = 0;
+    }
     if (s->body_state != 0 && s->linelen) {
         seg_t *last = new_seg(s->line, s->linelen, realtime_ns());
         if (last) {
@@ -917,6 +964,16 @@ static void take_lines(stream_t *s, int fd, took_t *t) {
     t->body_bytes = s->body_bytes;
     s->lhead = s->ltail = NULL;
     s->nlines = 0;
+}
+
+/* without the lock: a parsed body's result (None when there is none), freeing it */
+static PyObject *parsed_of(took_t *t) {
+    if (!t->sse)
+        Py_RETURN_NONE;
+    PyObject *out = sse_result(t->sse);
+    sse_free(t->sse);
+    t->sse = NULL;
+    return out;
 }
 
 /* without the lock: the detached lines as a list of (bytes, stamp), freeing them; NULL on no memory */
@@ -942,26 +999,47 @@ static PyObject *lines_list(took_t *t) {
     return out;
 }
 
-/* lines(fd) -> (lines, state, body_bytes): the complete lines since the last call, each (bytes, stamp);
- * state 0 running, 1 the body ended, 2 the connection closed before its end, 3 malformed chunking; a
- * read error once every line is taken is raised as OSError */
-static PyObject *Reader_lines(Reader *r, PyObject *arg) {
-    int fd;
+/* lines(fd, flush=False) -> (lines, state, body_bytes, parsed): the complete lines since the last call, each
+ * (bytes, stamp); state 0 running, 1 the body ended, 2 the connection closed before its end, 3 malformed
+ * chunking; parsed: a parsed body's result (see take_lines; flush stops the parsing and takes it now), or
+ * None; a read error once every line is taken is raised as OSError (the parsed result is then lost: flush
+ * first) */
+static PyObject *Reader_lines(Reader *r, PyObject *args) {
+    PyObject *arg;
+    int flush = 0, fd;
+    if (!PyArg_ParseTuple(args, "O|p", &arg, &flush))
+        return NULL;
     stream_t *s = lock_arg(r, arg, &fd);
     if (!s)
         return NULL;
     took_t t;
-    take_lines(s, fd, &t);
+    take_lines(s, fd, &t, flush);
     pthread_mutex_unlock(&r->lock);
+    PyObject *parsed = parsed_of(&t);
     PyObject *out = lines_list(&t);
-    if (!out)
+    if (!out || !parsed) {
+        Py_XDECREF(out);
+        Py_XDECREF(parsed);
         return NULL;
-    if (t.state == 0 && t.err && t.nlines == 0) {
+    }
+    if (t.state == 0 && t.err && t.nlines == 0 && !flush) {
         Py_DECREF(out);
+        Py_DECREF(parsed);
         errno = t.err;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    return Py_BuildValue("(NiK)", out, t.state, t.body_bytes);
+    return Py_BuildValue("(NiKN)", out, t.state, t.body_bytes, parsed);
+}
+
+/* quiet(fd) -> seconds since the thread last read the fd (a parsed body's activity, for its timeout) */
+static PyObject *Reader_quiet(Reader *r, PyObject *arg) {
+    int fd;
+    stream_t *s = lock_arg(r, arg, &fd);
+    if (!s)
+        return NULL;
+    int64_t last = s->last_read_ns;
+    pthread_mutex_unlock(&r->lock);
+    return PyFloat_FromDouble(last ? (double)(monotonic_ns() - last) * 1e-9 : 0.0);
 }
 
 /* sent(fd) -> float | None: the kernel's stamp of the latest send leaving (time.time() clock), cleared */
@@ -992,7 +1070,7 @@ static PyObject *Reader_pending(Reader *r, PyObject *arg) {
     return PyBool_FromLong(pending);
 }
 
-/* drain() -> [(fd, lines, state, body_bytes, errno)]: every fd with news since the last call, with what
+/* drain() -> [(fd, lines, state, body_bytes, errno, parsed)]: every fd with news since the last call, with what
  * lines(fd) would return for it (the error as a number, not raised), in one call and one lock: per fd
  * calls cost the event loop ~1 us each at 26k lines/s; re-arms the eventfd notification */
 static PyObject *Reader_drain(Reader *r, PyObject *unused) {
@@ -1014,19 +1092,23 @@ static PyObject *Reader_drain(Reader *r, PyObject *unused) {
             continue;
         s->ready = 0;
         if (s->active)
-            take_lines(s, fd, &took[m++]);
+            take_lines(s, fd, &took[m++], 0);
     }
     r->nready = 0;
     r->notified = 0;
     pthread_mutex_unlock(&r->lock);
     PyObject *out = PyList_New(m);
     for (int i = 0; i < m; i++) {
+        PyObject *parsed = parsed_of(&took[i]);
         PyObject *lines = lines_list(&took[i]);
         PyObject *item = NULL;
-        if (lines && out)
-            item = Py_BuildValue("(iNiKi)", took[i].fd, lines, took[i].state, took[i].body_bytes, took[i].err);
-        else
+        if (lines && parsed && out) {
+            item = Py_BuildValue("(iNiKiN)", took[i].fd, lines, took[i].state, took[i].body_bytes, took[i].err,
+                                 parsed);
+        } else {
             Py_XDECREF(lines);
+            Py_XDECREF(parsed);
+        }
         if (!item) {
             Py_CLEAR(out);
         } else {
@@ -1108,11 +1190,14 @@ static PyMethodDef Reader_methods[] = {
     {"pop", (PyCFunction)Reader_pop, METH_VARARGS, "pop(fd, maxlen) -> (bytes, stamp) | None"},
     {"head", (PyCFunction)Reader_head, METH_O, "head(fd) -> a complete header block | None | b'' (ended)"},
     {"send", (PyCFunction)Reader_send, METH_VARARGS, "send(fd, data) -> bytes sent (0: buffer full), GIL held"},
-    {"body", (PyCFunction)Reader_body, METH_VARARGS, "body(fd, chunked, length): decode the body into lines."},
-    {"lines", (PyCFunction)Reader_lines, METH_O, "lines(fd) -> (lines, state, body_bytes)"},
+    {"body", (PyCFunction)Reader_body, METH_VARARGS,
+     "body(fd, chunked, length, start_wall=None): decode the body into lines (and parse them as SSE)."},
+    {"lines", (PyCFunction)Reader_lines, METH_VARARGS, "lines(fd, flush=False) -> (lines, state, body_bytes, parsed)"},
+    {"quiet", (PyCFunction)Reader_quiet, METH_O, "Seconds since the thread last read the fd."},
     {"sent", (PyCFunction)Reader_sent, METH_O, "The kernel's stamp of the latest send leaving, or None (cleared)."},
     {"pending", (PyCFunction)Reader_pending, METH_O, "Bytes, an end or an error are queued for fd."},
-    {"drain", (PyCFunction)Reader_drain, METH_NOARGS, "[(fd, lines, state, body_bytes, errno)] of every fd with news."},
+    {"drain", (PyCFunction)Reader_drain, METH_NOARGS,
+     "[(fd, lines, state, body_bytes, errno, parsed)] of every fd with news."},
     {"fileno", (PyCFunction)Reader_fileno, METH_NOARGS, "The eventfd that becomes readable when fds are ready."},
     {"take_lag", (PyCFunction)Reader_take_lag, METH_NOARGS, "(max lag s, reads, reads > 1 ms late) since the last call."},
     {"stats", (PyCFunction)Reader_stats, METH_NOARGS, "Segments and bytes read, kernel-stamped reads, watched fds."},
@@ -1130,8 +1215,46 @@ static PyTypeObject ReaderType = {
     .tp_methods = Reader_methods,
 };
 
+/* parse_sse(lines, start_wall) -> (parsed, taken): the thread's SSE parser over (line, stamp_ns) pairs, as it
+ * runs on a body's lines: the result StreamState.absorb takes, and how many lines it took before the first
+ * one it leaves to Python (len(lines) when none). For tests and tools; the thread calls sse_line itself. */
+static PyObject *parse_sse(PyObject *self, PyObject *args) {
+    PyObject *lines;
+    double start_wall;
+    if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &lines, &start_wall))
+        return NULL;
+    sse_state *st = sse_new(start_wall);
+    if (!st)
+        return PyErr_NoMemory();
+    Py_ssize_t taken = 0, n = PyList_GET_SIZE(lines);
+    for (; taken < n; taken++) {
+        const char *data;
+        Py_ssize_t len;
+        long long stamp_ns;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(lines, taken), "y#L", &data, &len, &stamp_ns)) {
+            sse_free(st);
+            return NULL;
+        }
+        int rc = sse_line(st, data, (size_t)len, stamp_ns);
+        if (rc == SSE_NOMEM) {
+            sse_free(st);
+            return PyErr_NoMemory();
+        }
+        if (rc == SSE_PYTHON)
+            break;
+    }
+    PyObject *parsed = sse_result(st);
+    sse_free(st);
+    return parsed ? Py_BuildValue("(Nn)", parsed, taken) : NULL;
+}
+
+static PyMethodDef module_methods[] = {
+    {"parse_sse", parse_sse, METH_VARARGS, "parse_sse([(line, stamp_ns)], start_wall) -> (parsed, lines taken)"},
+    {NULL, NULL, 0, NULL},
+};
+
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_rxnative",
-                                       "Native receive thread for streaming sockets (Linux).", -1, NULL};
+                                       "Native receive thread for streaming sockets (Linux).", -1, module_methods};
 
 PyMODINIT_FUNC PyInit__rxnative(void) {
     if (PyType_Ready(&ReaderType) < 0)

@@ -85,6 +85,7 @@ class _Body:
     waiter: Waiter
     timeout: float | None
     deadline: float
+    parsed: bool  # the thread parses its SSE (sink.absorb): the hub hears of it only at its end
     done_at: float | None = None
 
 
@@ -114,10 +115,10 @@ class NativeReads:
         """In the hub: every socket with news, in one call: a streamed body's lines go to its parser (its
         greenlet is switched to when the body ends); a greenlet waiting on any other socket is switched to."""
         waiters, bodies = self.waiters, self.bodies
-        for fd, lines, state, body_bytes, err in self.reader.drain():
+        for fd, lines, state, body_bytes, err, parsed in self.reader.drain():
             body = bodies.get(fd)
             if body is not None:
-                outcome = self._take(body, lines, state, body_bytes, err)
+                outcome = self._take(body, lines, state, body_bytes, err, parsed)
                 if outcome is not None:
                     del bodies[fd]
                     body.waiter.switch(outcome)
@@ -129,21 +130,24 @@ class NativeReads:
     def _feed(self, fd: int, body: _Body) -> BodyOutcome | None:
         """What the thread decoded of a body before it was registered (it came with the headers)."""
         try:
-            lines, state, body_bytes = self.reader.lines(fd)
+            lines, state, body_bytes, parsed = self.reader.lines(fd)
         except OSError as exc:
             return BodyOutcome(0, error=exc, done_at=body.done_at)
-        return self._take(body, lines, state, body_bytes, 0)
+        return self._take(body, lines, state, body_bytes, 0, parsed)
 
     @staticmethod
-    def _take(body: _Body, lines: list, state: int, body_bytes: int, err: int) -> BodyOutcome | None:
-        """Hand a body's new lines to its sink, each with its own stamp; the outcome once it ended."""
-        if lines:
+    def _take(body: _Body, lines: list, state: int, body_bytes: int, err: int,
+              parsed: tuple | None) -> BodyOutcome | None:
+        """Hand a body's parsed result, then its new lines, each with its own stamp, to its sink; the outcome
+        once it ended."""
+        if parsed is not None or lines:
             try:
-                done_at = body.sink.feed_lines(lines, body.start_wall)
+                for done_at in (body.sink.absorb(parsed) if parsed is not None else None,
+                                body.sink.feed_lines(lines, body.start_wall) if lines else None):
+                    if done_at is not None and body.done_at is None:
+                        body.done_at = done_at
             except Exception as exc:  # the stream broke the protocol (StreamError): its reason is the failure
                 return BodyOutcome(0, body_bytes, body.done_at, exc)
-            if done_at is not None and body.done_at is None:
-                body.done_at = done_at
             if body.timeout is not None:
                 body.deadline = time.monotonic() + body.timeout
         if not state and err:  # a read error once its lines are taken
@@ -160,8 +164,26 @@ class NativeReads:
                 waiter.throw(socket.timeout("timed out"))
         for fd, body in list(self.bodies.items()):
             if now >= body.deadline:
+                if body.parsed:  # its reads reach the hub only at its end: the thread knows when it last read
+                    quiet = self.reader.quiet(fd)
+                    if quiet < body.timeout:
+                        body.deadline = now + body.timeout - quiet
+                        continue
+                    self._flush(fd, body)
                 del self.bodies[fd]
                 body.waiter.switch(BodyOutcome(0, done_at=body.done_at, error=socket.timeout("timed out")))
+
+    def _flush(self, fd: int, body: _Body) -> None:
+        """A parsed body stops before its end (a timeout, its socket closed, its user stopped): its sink takes
+        what the thread parsed so far, so the failure says how many tokens came."""
+        try:
+            lines, _state, _bytes, parsed = self.reader.lines(fd, True)
+            if parsed is not None:
+                body.sink.absorb(parsed)
+            if lines:
+                body.sink.feed_lines(lines, body.start_wall)
+        except Exception:  # noqa: BLE001 - the request fails anyway, for the reason the caller gives
+            pass
 
     def stream_body(self, fd: int, chunked: bool, length: int, sink: Any, start_wall: float,
                     timeout: float | None) -> BodyOutcome:
@@ -169,20 +191,28 @@ class NativeReads:
         thread decodes it, the hub hands each batch of lines, with their stamps, to ``sink.feed_lines``
         (``StreamState``, ``LineSink``), and this greenlet wakes once, at the end (or on an error, a
         protocol fault, a timeout)."""
-        self.reader.body(fd, chunked, length)
-        body = _Body(sink, start_wall, Waiter(), timeout, _deadline(timeout))
+        parsed = hasattr(sink, "absorb")  # StreamState: the thread parses the SSE itself (_sse.c)
+        self.reader.body(fd, chunked, length, start_wall if parsed else None)
+        body = _Body(sink, start_wall, Waiter(), timeout, _deadline(timeout), parsed)
         outcome = self._feed(fd, body)  # what arrived with the headers
         if outcome is not None:
             return outcome
-        return self._park(self.bodies, fd, body, body.waiter)
+        try:
+            return self._park(self.bodies, fd, body, body.waiter)
+        except BaseException:  # the user was stopped mid-body: what came still counts in its failure
+            if parsed:
+                self._flush(fd, body)
+            raise
 
     def release(self, fd: int) -> None:
         """The socket closes: stop reading it, and fail a greenlet still waiting on it."""
+        body = self.bodies.pop(fd, None)
+        if body is not None and body.parsed:
+            self._flush(fd, body)
         self.reader.unwatch(fd)
         entry = self.waiters.pop(fd, None)
         if entry is not None:
             get_hub().loop.run_callback(entry[0].throw, OSError(9, "socket closed while a read waited"))
-        body = self.bodies.pop(fd, None)
         if body is not None:
             get_hub().loop.run_callback(body.waiter.switch, BodyOutcome(0, error=OSError(9, "socket closed mid-body")))
 

@@ -115,6 +115,35 @@ class StreamState:
                 done_at, was_done = stamp - start_wall, True
         return done_at
 
+    def absorb(self, parsed: tuple) -> float | None:
+        """Take what the receive thread's parser (``_sse.c``) made of the body's lines, as ``feed`` would have
+        made of them (it leaves to ``feed`` every line it is not certain of, and the lines after it); the
+        offset of the [DONE] line when it saw one. Only on a state nothing was fed yet: its token counts
+        by usage difference start from none."""
+        (offsets, tokens, response_id, content, reasoning, text, finish_reason, prompt_tokens, completion_tokens,
+         cached_tokens, continuous, done, done_at, _lines) = parsed
+        self.chunk_times += offsets
+        self.chunk_tokens += tokens
+        if self.response_id is None:
+            self.response_id = response_id
+        if content:
+            self.content_parts.append(content)
+        if reasoning:
+            self.reasoning_parts.append(reasoning)
+        if text:
+            self.text_parts.append(text)
+        if finish_reason is not None:
+            self.finish_reason = finish_reason
+        if prompt_tokens is not None:
+            self.prompt_tokens = prompt_tokens
+        if completion_tokens is not None:
+            self.completion_tokens = completion_tokens
+        if cached_tokens is not None:
+            self.cached_tokens = cached_tokens
+        self.continuous_usage = self.continuous_usage or continuous
+        self.done = self.done or done
+        return done_at
+
     def _add_tool_calls(self, calls: list) -> None:
         for call in calls:
             if not isinstance(call, dict):

@@ -1,0 +1,827 @@
+/* The receive thread's SSE parser: StreamState.feed (client/sse.py) in C, for the shapes vLLM streams.
+ *
+ * Why: with every chunk read and stamped by the receive thread, what was left on the event loop per chunk
+ * was handing the line over (a bytes object and a tuple per line, a hub pass per wake) and parsing it in
+ * Python (orjson, then a dozen dict lookups): ~6 us of loop time per line at 512 streams x 64 tokens,
+ * more than the thread's own read. Here each line is parsed as it is cut, into the same fields the Python
+ * parser keeps (chunk offsets and token counts, the id, the texts, the finish reason, the usage), and
+ * the event loop receives them once, when the body ends.
+ *
+ * Exactness first: a line is taken only when it is certain StreamState.feed would make the same of it.
+ * Everything else (an error event, tool calls, several choices, non-integer usage, duplicate keys, JSON
+ * that orjson would refuse, a line that is not SSE) is left to Python with the rest of the body, which
+ * then raises or parses as it always did. The JSON is validated as orjson validates it (UTF-8, control
+ * characters, surrogate escapes, number grammar, infinities) before anything of the line is kept.
+ */
+#include "_sse.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEPTH 64 /* deeper JSON is left to Python (orjson allows 1,024) */
+
+enum { P_OK = 0, P_NO = 1, P_MEM = -1 }; /* parsed / leave the line to Python / out of memory */
+
+static int buf_add(sse_buf *b, const char *p, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q)
+            return P_MEM;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    return P_OK;
+}
+
+sse_state *sse_new(double start_wall) {
+    sse_state *st = calloc(1, sizeof(sse_state));
+    if (st) {
+        st->start_wall = start_wall;
+        st->prompt = st->completion = st->cached = -1;
+    }
+    return st;
+}
+
+void sse_free(sse_state *st) {
+    if (!st)
+        return;
+    free(st->offsets);
+    free(st->tokens);
+    free(st->id.p);
+    free(st->content.p);
+    free(st->reasoning.p);
+    free(st->text.p);
+    free(st->finish.p);
+    free(st);
+}
+
+/* ---- a validating JSON scanner over one line ---- */
+
+typedef struct {
+    const unsigned char *p, *end;
+    int depth;
+} cur_t;
+
+static void ws(cur_t *c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
+        c->p++;
+}
+
+static int hex4(const unsigned char *p, unsigned *v) {
+    unsigned x = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char h = p[i];
+        x <<= 4;
+        if (h >= '0' && h <= '9')
+            x |= h - '0';
+        else if (h >= 'a' && h <= 'f')
+            x |= h - 'a' + 10;
+        else if (h >= 'A' && h <= 'F')
+            x |= h - 'A' + 10;
+        else
+            return 0;
+    }
+    *v = x;
+    return 1;
+}
+
+static int put_utf8(sse_buf *out, unsigned cp) {
+    char b[4];
+    size_t n;
+    if (cp < 0x80) {
+        b[0] = (char)cp;
+        n = 1;
+    } else if (cp < 0x800) {
+        b[0] = (char)(0xC0 | (cp >> 6));
+        b[1] = (char)(0x80 | (cp & 0x3F));
+        n = 2;
+    } else if (cp < 0x10000) {
+        b[0] = (char)(0xE0 | (cp >> 12));
+        b[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        b[2] = (char)(0x80 | (cp & 0x3F));
+        n = 3;
+    } else {
+        b[0] = (char)(0xF0 | (cp >> 18));
+        b[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        b[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        b[3] = (char)(0x80 | (cp & 0x3F));
+        n = 4;
+    }
+    return buf_add(out, b, n);
+}
+
+/* the length of a valid UTF-8 sequence at p (no overlongs, no surrogates, at most U+10FFFF), 0 if invalid */
+static size_t utf8_len(const unsigned char *p, const unsigned char *end) {
+    unsigned char c = p[0];
+    size_t n;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF)
+        n = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        n = 3;
+        if (c == 0xE0)
+            lo = 0xA0;
+        else if (c == 0xED)
+            hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        n = 4;
+        if (c == 0xF0)
+            lo = 0x90;
+        else if (c == 0xF4)
+            hi = 0x8F;
+    } else
+        return 0;
+    if ((size_t)(end - p) < n)
+        return 0;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (p[i] < 0x80 || p[i] > 0xBF)
+            return 0;
+    return n;
+}
+
+/* a string at c->p (its opening quote); its decoded UTF-8 appended to out when out is not NULL */
+static int string(cur_t *c, sse_buf *out) {
+    const unsigned char *p = c->p + 1, *end = c->end;
+    while (p < end) {
+        const unsigned char *run = p;
+        while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
+            p++;
+        if (out && p > run && buf_add(out, (const char *)run, (size_t)(p - run)))
+            return P_MEM;
+        if (p >= end)
+            return P_NO;
+        unsigned char ch = *p;
+        if (ch == '"') {
+            c->p = p + 1;
+            return P_OK;
+        }
+        if (ch < 0x20)
+            return P_NO; /* orjson: unexpected control character in string */
+        if (ch >= 0x80) {
+            size_t n = utf8_len(p, end);
+            if (!n)
+                return P_NO;
+            if (out && buf_add(out, (const char *)p, n))
+                return P_MEM;
+            p += n;
+            continue;
+        }
+        /* an escape */
+        if (p + 1 >= end)
+            return P_NO;
+        unsigned char e = p[1];
+        char one;
+        switch (e) {
+        case '"': one = '"'; break;
+        case '\\': one = '\\'; break;
+        case '/': one = '/'; break;
+        case 'b': one = '\b'; break;
+        case 'f': one = '\f'; break;
+        case 'n': one = '\n'; break;
+        case 'r': one = '\r'; break;
+        case 't': one = '\t'; break;
+        case 'u': {
+            unsigned cp, lo;
+            if (end - p < 6 || !hex4(p + 2, &cp))
+                return P_NO;
+            p += 6;
+            if (cp >= 0xDC00 && cp <= 0xDFFF)
+                return P_NO; /* a low surrogate first */
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || !hex4(p + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+                    return P_NO; /* no low surrogate after a high one */
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                p += 6;
+            }
+            if (out && put_utf8(out, cp))
+                return P_MEM;
+            continue;
+        }
+        default:
+            return P_NO;
+        }
+        if (out && buf_add(out, &one, 1))
+            return P_MEM;
+        p += 2;
+    }
+    return P_NO;
+}
+
+/* a number; *iv set and *is_int 1 when it is an integer of at most 18 digits (a Python int for certain) */
+static int number(cur_t *c, long long *iv, int *is_int) {
+    const unsigned char *p = c->p, *end = c->end, *start = p;
+    int neg = 0, frac = 0, digits = 0;
+    long long v = 0;
+    if (p < end && *p == '-') {
+        neg = 1;
+        p++;
+    }
+    if (p >= end || *p < '0' || *p > '9')
+        return P_NO;
+    if (*p == '0') {
+        p++;
+        digits = 1;
+        if (p < end && *p >= '0' && *p <= '9')
+            return P_NO; /* a leading zero */
+    } else {
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (digits < 18)
+                v = v * 10 + (*p - '0');
+            digits++;
+            p++;
+        }
+    }
+    if (p < end && *p == '.') {
+        frac = 1;
+        p++;
+        if (p >= end || *p < '0' || *p > '9')
+            return P_NO;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        frac = 1;
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            p++;
+        if (p >= end || *p < '0' || *p > '9')
+            return P_NO;
+        while (p < end && *p >= '0' && *p <= '9')
+            p++;
+    }
+    c->p = p;
+    *is_int = !frac && digits <= 18;
+    *iv = neg ? -v : v;
+    if (frac || digits > 18) { /* orjson refuses a number that is infinite as a double */
+        char tmp[512];
+        size_t n = (size_t)(p - start);
+        if (n >= sizeof tmp)
+            return P_NO;
+        memcpy(tmp, start, n);
+        tmp[n] = 0;
+        if (isinf(strtod(tmp, NULL)))
+            return P_NO;
+    }
+    return P_OK;
+}
+
+static int literal(cur_t *c, const char *word) {
+    size_t n = strlen(word);
+    if ((size_t)(c->end - c->p) < n || memcmp(c->p, word, n) != 0)
+        return P_NO;
+    c->p += n;
+    return P_OK;
+}
+
+static int skip_value(cur_t *c);
+
+/* an object or array whose opening bracket is at c->p, validated and skipped */
+static int skip_container(cur_t *c) {
+    unsigned char close = *c->p == '{' ? '}' : ']';
+    int object = close == '}';
+    if (++c->depth > MAX_DEPTH)
+        return P_NO;
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == close) {
+        c->p++;
+        c->depth--;
+        return P_OK;
+    }
+    for (;;) {
+        int rc;
+        if (object) {
+            if (c->p >= c->end || *c->p != '"')
+                return P_NO;
+            if ((rc = string(c, NULL)))
+                return rc;
+            ws(c);
+            if (c->p >= c->end || *c->p != ':')
+                return P_NO;
+            c->p++;
+            ws(c);
+        }
+        if ((rc = skip_value(c)))
+            return rc;
+        ws(c);
+        if (c->p >= c->end)
+            return P_NO;
+        if (*c->p == ',') {
+            c->p++;
+            ws(c);
+            continue;
+        }
+        if (*c->p != close)
+            return P_NO;
+        c->p++;
+        c->depth--;
+        return P_OK;
+    }
+}
+
+static int skip_value(cur_t *c) {
+    if (c->p >= c->end)
+        return P_NO;
+    long long iv;
+    int is_int;
+    switch (*c->p) {
+    case '"': return string(c, NULL);
+    case '{':
+    case '[': return skip_container(c);
+    case 't': return literal(c, "true");
+    case 'f': return literal(c, "false");
+    case 'n': return literal(c, "null");
+    default: return number(c, &iv, &is_int);
+    }
+}
+
+/* ---- the fields of one line ---- */
+
+typedef struct {
+    int id_str;                  /* "id" is a string (copied to id) */
+    int usage_truthy;            /* "usage" is a non-empty object */
+    int has_prompt, has_completion, has_cached;
+    long long prompt, completion, cached;
+    int nchoices;                /* 0 or 1 (more are left to Python) */
+    int delta_truthy;            /* the choice's "delta" is a non-empty object */
+    int has_text;                /* the choice's "text" is a non-empty string (completions) */
+    sse_buf id, content, reasoning_content, reasoning, text, finish;
+} line_t;
+
+/* a key at c->p: *k set to which of names[] it is (-1 none); the key, its colon and the space after taken */
+static int key(cur_t *c, const char *const *names, int *k) {
+    if (c->p >= c->end || *c->p != '"')
+        return P_NO;
+    const unsigned char *start = c->p + 1;
+    int rc = string(c, NULL);
+    if (rc)
+        return rc;
+    size_t n = (size_t)(c->p - 1 - start);
+    if (memchr(start, '\\', n))
+        return P_NO; /* an escaped key may spell one of ours (a backslash-u escape of "id"): Python's */
+    *k = -1;
+    for (int i = 0; names[i]; i++) {
+        if (strlen(names[i]) == n && memcmp(names[i], start, n) == 0) {
+            *k = i;
+            break;
+        }
+    }
+    ws(c);
+    if (c->p >= c->end || *c->p != ':')
+        return P_NO;
+    c->p++;
+    ws(c);
+    return P_OK;
+}
+
+/* iterate an object's members: call at its '{'; *more tells whether a member follows */
+static int obj_open(cur_t *c, int *more) {
+    if (c->p >= c->end || *c->p != '{')
+        return P_NO;
+    if (++c->depth > MAX_DEPTH)
+        return P_NO;
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == '}') {
+        c->p++;
+        c->depth--;
+        *more = 0;
+    } else {
+        *more = 1;
+    }
+    return P_OK;
+}
+
+static int obj_next(cur_t *c, int *more) {
+    ws(c);
+    if (c->p >= c->end)
+        return P_NO;
+    if (*c->p == ',') {
+        c->p++;
+        ws(c);
+        *more = 1;
+        return P_OK;
+    }
+    if (*c->p != '}')
+        return P_NO;
+    c->p++;
+    c->depth--;
+    *more = 0;
+    return P_OK;
+}
+
+static int is_null(cur_t *c) {
+    return c->end - c->p >= 4 && memcmp(c->p, "null", 4) == 0;
+}
+
+/* a token count: an integer of at most 18 digits, not negative (-1 means "not reported" here; anything
+ * else is Python's to judge) */
+static int int_value(cur_t *c, long long *v) {
+    int is_int;
+    if (c->p >= c->end || *c->p < '0' || *c->p > '9')
+        return P_NO;
+    int rc = number(c, v, &is_int);
+    return rc ? rc : (is_int ? P_OK : P_NO);
+}
+
+/* a value that must be a string (copied to out) or null (*present 0) */
+static int str_or_null(cur_t *c, sse_buf *out, int *present) {
+    if (is_null(c)) {
+        c->p += 4;
+        *present = 0;
+        return P_OK;
+    }
+    if (c->p >= c->end || *c->p != '"')
+        return P_NO;
+    *present = 1;
+    return string(c, out);
+}
+
+static int details(cur_t *c, line_t *L) {
+    static const char *const names[] = {"cached_tokens", NULL};
+    if (is_null(c)) {
+        c->p += 4;
+        return P_OK;
+    }
+    int more, rc, k, seen = 0;
+    if ((rc = obj_open(c, &more)))
+        return rc;
+    while (more) {
+        if ((rc = key(c, names, &k)))
+            return rc;
+        if (k == 0) {
+            if (seen++)
+                return P_NO; /* a duplicate key: orjson keeps the last, left to it */
+            if (is_null(c))
+                c->p += 4;
+            else if ((rc = int_value(c, &L->cached)))
+                return rc;
+            else
+                L->has_cached = 1;
+        } else if ((rc = skip_value(c))) {
+            return rc;
+        }
+        if ((rc = obj_next(c, &more)))
+            return rc;
+    }
+    return P_OK;
+}
+
+static int usage(cur_t *c, line_t *L) {
+    static const char *const names[] = {"prompt_tokens", "completion_tokens", "prompt_tokens_details", NULL};
+    if (is_null(c)) {
+        c->p += 4;
+        return P_OK;
+    }
+    int more, rc, k, seen[3] = {0, 0, 0};
+    if ((rc = obj_open(c, &more)))
+        return rc; /* usage that is not an object: Python's to judge */
+    L->usage_truthy = more;
+    while (more) {
+        if ((rc = key(c, names, &k)))
+            return rc;
+        if (k >= 0 && seen[k]++)
+            return P_NO;
+        if (k == 0) {
+            if ((rc = int_value(c, &L->prompt)))
+                return rc;
+            L->has_prompt = 1;
+        } else if (k == 1) {
+            if ((rc = int_value(c, &L->completion)))
+                return rc;
+            L->has_completion = 1;
+        } else if (k == 2) {
+            if ((rc = details(c, L)))
+                return rc;
+        } else if ((rc = skip_value(c))) {
+            return rc;
+        }
+        if ((rc = obj_next(c, &more)))
+            return rc;
+    }
+    return P_OK;
+}
+
+static int delta(cur_t *c, line_t *L) {
+    static const char *const names[] = {"content", "reasoning_content", "reasoning", "tool_calls", NULL};
+    if (is_null(c)) {
+        c->p += 4;
+        return P_OK;
+    }
+    int more, rc, k, present, seen[4] = {0, 0, 0, 0};
+    if ((rc = obj_open(c, &more)))
+        return rc;
+    L->delta_truthy = more;
+    while (more) {
+        if ((rc = key(c, names, &k)))
+            return rc;
+        if (k >= 0 && seen[k]++)
+            return P_NO;
+        if (k == 0)
+            rc = str_or_null(c, &L->content, &present);
+        else if (k == 1)
+            rc = str_or_null(c, &L->reasoning_content, &present);
+        else if (k == 2)
+            rc = str_or_null(c, &L->reasoning, &present);
+        else if (k == 3) { /* tool calls are assembled by Python: only an absent, null or empty list stays here */
+            if (is_null(c)) {
+                c->p += 4;
+            } else {
+                if (c->p >= c->end || *c->p != '[')
+                    return P_NO;
+                const unsigned char *q = c->p + 1;
+                while (q < c->end && (*q == ' ' || *q == '\t'))
+                    q++;
+                if (q >= c->end || *q != ']')
+                    return P_NO;
+                c->p = q + 1;
+            }
+        } else
+            rc = skip_value(c);
+        if (rc)
+            return rc;
+        if ((rc = obj_next(c, &more)))
+            return rc;
+    }
+    return P_OK;
+}
+
+static int choice(cur_t *c, line_t *L) {
+    static const char *const names[] = {"delta", "text", "finish_reason", NULL};
+    int more, rc, k, present, seen[3] = {0, 0, 0};
+    if ((rc = obj_open(c, &more)))
+        return rc;
+    while (more) {
+        if ((rc = key(c, names, &k)))
+            return rc;
+        if (k >= 0 && seen[k]++)
+            return P_NO;
+        if (k == 0) {
+            rc = delta(c, L);
+        } else if (k == 1) {
+            rc = str_or_null(c, &L->text, &present);
+        } else if (k == 2) {
+            rc = str_or_null(c, &L->finish, &present);
+        } else {
+            rc = skip_value(c);
+        }
+        if (rc)
+            return rc;
+        if ((rc = obj_next(c, &more)))
+            return rc;
+    }
+    return P_OK;
+}
+
+static int choices(cur_t *c, line_t *L) {
+    if (is_null(c)) {
+        c->p += 4;
+        return P_OK;
+    }
+    if (c->p >= c->end || *c->p != '[')
+        return P_NO;
+    if (++c->depth > MAX_DEPTH)
+        return P_NO;
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == ']') {
+        c->p++;
+        c->depth--;
+        return P_OK;
+    }
+    int rc = choice(c, L);
+    if (rc)
+        return rc;
+    L->nchoices = 1;
+    ws(c);
+    if (c->p >= c->end || *c->p != ']')
+        return P_NO; /* several choices (n > 1): Python's */
+    c->p++;
+    c->depth--;
+    return P_OK;
+}
+
+static int top(cur_t *c, line_t *L) {
+    static const char *const names[] = {"id", "error", "usage", "choices", NULL};
+    int more, rc, k, present, seen[4] = {0, 0, 0, 0};
+    if ((rc = obj_open(c, &more)))
+        return rc; /* not an object: Python's StreamError */
+    while (more) {
+        if ((rc = key(c, names, &k)))
+            return rc;
+        if (k >= 0 && seen[k]++)
+            return P_NO;
+        if (k == 0) {
+            rc = str_or_null(c, &L->id, &present);
+            L->id_str = present;
+        } else if (k == 1) {
+            if (!is_null(c))
+                return P_NO; /* an error event: Python raises it as the failure reason */
+            c->p += 4;
+        } else if (k == 2) {
+            rc = usage(c, L);
+        } else if (k == 3) {
+            rc = choices(c, L);
+        } else {
+            rc = skip_value(c);
+        }
+        if (rc)
+            return rc;
+        if ((rc = obj_next(c, &more)))
+            return rc;
+    }
+    ws(c);
+    return c->p == c->end ? P_OK : P_NO;
+}
+
+/* ---- one line, as StreamState.feed takes it ---- */
+
+static int py_space(unsigned char ch) { /* bytes.strip()'s whitespace */
+    return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\x0b' || ch == '\x0c';
+}
+
+static void strip(const unsigned char **p, const unsigned char **end) {
+    while (*p < *end && py_space(**p))
+        (*p)++;
+    while (*end > *p && py_space((*end)[-1]))
+        (*end)--;
+}
+
+static int starts(const unsigned char *p, const unsigned char *end, const char *word) {
+    size_t n = strlen(word);
+    return (size_t)(end - p) >= n && memcmp(p, word, n) == 0;
+}
+
+static void line_free(line_t *L) {
+    free(L->id.p);
+    free(L->content.p);
+    free(L->reasoning_content.p);
+    free(L->reasoning.p);
+    free(L->text.p);
+    free(L->finish.p);
+}
+
+static int add_chunk(sse_state *st, double offset, long long tokens) {
+    if (st->n == st->cap) {
+        size_t cap = st->cap ? st->cap * 2 : 64;
+        double *o = realloc(st->offsets, cap * sizeof(double));
+        if (!o)
+            return P_MEM;
+        st->offsets = o;
+        long long *t = realloc(st->tokens, cap * sizeof(long long));
+        if (!t)
+            return P_MEM;
+        st->tokens = t;
+        st->cap = cap;
+    }
+    st->offsets[st->n] = offset;
+    st->tokens[st->n] = tokens;
+    st->n++;
+    return P_OK;
+}
+
+static double offset_of(const sse_state *st, int64_t ns) {
+    /* as Python computes it: the stamp as a time.time() float, minus the start */
+    double stamp = (double)(ns / 1000000000LL) + (double)(ns % 1000000000LL) * 1e-9;
+    return stamp - st->start_wall;
+}
+
+/* commit a parsed line: StreamState.feed's updates, in its order */
+static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
+    int rc;
+    if (!st->has_id && L->id_str) {
+        if ((rc = buf_add(&st->id, L->id.p ? L->id.p : "", L->id.len)))
+            return rc;
+        st->has_id = 1;
+    }
+    int have_new = 0;
+    long long new_tokens = 0;
+    if (L->usage_truthy) {
+        long long before = st->completion < 0 ? 0 : st->completion;
+        if (L->has_prompt)
+            st->prompt = L->prompt;
+        if (L->has_completion)
+            st->completion = L->completion;
+        if (L->has_cached)
+            st->cached = L->cached;
+        if (L->nchoices) {
+            st->continuous = 1;
+            new_tokens = (st->completion < 0 ? 0 : st->completion) - before;
+            have_new = 1;
+        }
+    }
+    if (L->nchoices) {
+        sse_buf *text;
+        if (L->delta_truthy) {
+            /* content or "", then reasoning_content or reasoning or "" */
+            sse_buf *reasoning = L->reasoning_content.len ? &L->reasoning_content : &L->reasoning;
+            if (L->content.len && (rc = buf_add(&st->content, L->content.p, L->content.len)))
+                return rc;
+            if (reasoning->len && (rc = buf_add(&st->reasoning, reasoning->p, reasoning->len)))
+                return rc;
+            text = L->content.len ? &L->content : reasoning;
+        } else {
+            text = &L->text;
+            if (text->len && (rc = buf_add(&st->content, text->p, text->len)))
+                return rc;
+        }
+        if (text->len && (rc = buf_add(&st->text, text->p, text->len)))
+            return rc;
+        if (L->finish.len) {
+            st->finish.len = 0;
+            if ((rc = buf_add(&st->finish, L->finish.p, L->finish.len)))
+                return rc;
+        }
+        if (!have_new)
+            new_tokens = text->len ? 1 : 0;
+    }
+    if (new_tokens && (rc = add_chunk(st, offset_of(st, stamp_ns), new_tokens)))
+        return rc;
+    return P_OK;
+}
+
+int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns) {
+    const unsigned char *p = (const unsigned char *)line, *end = p + len;
+    strip(&p, &end);
+    if (p == end || *p == ':') {
+        st->lines++;
+        return SSE_OK; /* an event separator, or a comment (keep-alive) */
+    }
+    if (!starts(p, end, "data:")) {
+        if (starts(p, end, "event:") || starts(p, end, "id:") || starts(p, end, "retry:")) {
+            st->lines++;
+            return SSE_OK;
+        }
+        return SSE_PYTHON; /* malformed SSE: Python's StreamError */
+    }
+    p += 5;
+    strip(&p, &end);
+    if ((size_t)(end - p) == 6 && memcmp(p, "[DONE]", 6) == 0) {
+        if (!st->done) {
+            st->done = 1;
+            st->done_at = offset_of(st, stamp_ns);
+        }
+        st->lines++;
+        return SSE_OK;
+    }
+    if (st->done)
+        return SSE_PYTHON; /* data after [DONE] */
+    line_t L;
+    memset(&L, 0, sizeof L);
+    cur_t c = {p, end, 0};
+    int rc = top(&c, &L);
+    if (rc == P_OK)
+        rc = commit(st, &L, stamp_ns);
+    line_free(&L);
+    if (rc == P_MEM)
+        return SSE_NOMEM;
+    if (rc == P_NO)
+        return SSE_PYTHON;
+    st->lines++;
+    return SSE_OK;
+}
+
+static PyObject *text_of(const sse_buf *b) {
+    return PyUnicode_DecodeUTF8(b->p ? b->p : "", (Py_ssize_t)b->len, "strict");
+}
+
+static PyObject *count_of(long long v) {
+    if (v < 0)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(v);
+}
+
+PyObject *sse_result(const sse_state *st) {
+    PyObject *offsets = PyList_New((Py_ssize_t)st->n), *tokens = PyList_New((Py_ssize_t)st->n);
+    if (!offsets || !tokens)
+        goto fail;
+    for (size_t i = 0; i < st->n; i++) {
+        PyObject *o = PyFloat_FromDouble(st->offsets[i]), *t = PyLong_FromLongLong(st->tokens[i]);
+        if (!o || !t) {
+            Py_XDECREF(o);
+            Py_XDECREF(t);
+            goto fail;
+        }
+        PyList_SET_ITEM(offsets, (Py_ssize_t)i, o);
+        PyList_SET_ITEM(tokens, (Py_ssize_t)i, t);
+    }
+    PyObject *id = st->has_id ? text_of(&st->id) : (Py_INCREF(Py_None), Py_None);
+    PyObject *finish = st->finish.len ? text_of(&st->finish) : (Py_INCREF(Py_None), Py_None);
+    PyObject *done_at = st->done ? PyFloat_FromDouble(st->done_at) : (Py_INCREF(Py_None), Py_None);
+    return Py_BuildValue("(NNNNNNNNNNOONL)", offsets, tokens, id, text_of(&st->content), text_of(&st->reasoning),
+                         text_of(&st->text), finish, count_of(st->prompt), count_of(st->completion),
+                         count_of(st->cached), st->continuous ? Py_True : Py_False, st->done ? Py_True : Py_False,
+                         done_at, st->lines);
+fail:
+    Py_XDECREF(offsets);
+    Py_XDECREF(tokens);
+    return NULL;
+}

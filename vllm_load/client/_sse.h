@@ -1,0 +1,40 @@
+/* The receive thread's SSE parser (_sse.c): what StreamState.feed (client/sse.py) makes of a streamed
+ * OpenAI/vLLM body, computed in C as each line is cut, so the event loop touches a body once, at its end. */
+#ifndef VLLM_LOAD_SSE_H
+#define VLLM_LOAD_SSE_H
+
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} sse_buf;
+
+typedef struct {
+    double start_wall;  /* the request's start (time.time() clock): offsets count from it */
+    double *offsets;    /* token-bearing chunks: their stamps minus start_wall */
+    long long *tokens;  /* and how many tokens each carried */
+    size_t n, cap;
+    sse_buf id, content, reasoning, text, finish;
+    int has_id;
+    long long prompt, completion, cached; /* -1: not reported */
+    int continuous, done;
+    double done_at; /* the [DONE] line's offset */
+    long long lines; /* lines taken */
+} sse_state;
+
+enum { SSE_OK = 0, SSE_PYTHON = 1, SSE_NOMEM = -1 };
+
+sse_state *sse_new(double start_wall);
+void sse_free(sse_state *st);
+/* One line (its newline included), stamped stamp_ns. SSE_OK: taken; SSE_PYTHON: a line this parser leaves
+ * to StreamState.feed (an error event, tool calls, several choices, anything malformed or unusual), with
+ * nothing of it taken: that line and every later one go to Python; SSE_NOMEM. */
+int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns);
+/* What StreamState.absorb takes: (offsets, tokens, id, content, reasoning, text, finish_reason,
+ * prompt_tokens, completion_tokens, cached_tokens, continuous_usage, done, done_at, lines). */
+PyObject *sse_result(const sse_state *st);
+
+#endif
