@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gevent.event
-from gevent.threadpool import ThreadPool
 
 from vllm_load.client.direct import Connections
 from vllm_load.client.record import RequestRecord
@@ -27,7 +26,7 @@ from vllm_load.rundir.reqlog import RequestLog
 from vllm_load.workload.arrivals import ArrivalProcess
 from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
-from vllm_load.workload.prompt_pool import PromptPool
+from vllm_load.workload.prompt_pool import PromptPool, token_thread
 from vllm_load.workload.prompts import Prompt, PromptFactory
 from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
 
@@ -172,7 +171,7 @@ class Generator:
     def offload(self, fn: Any, *args: Any) -> Any:
         """Run ``fn(*args)`` in the helper thread; this greenlet waits, the other streams go on being read."""
         if self.helper is None:
-            self.helper = ThreadPool(1)
+            self.helper = token_thread()
         result = self.helper.spawn(_capture, fn, args).get()
         if isinstance(result, _Raised):
             raise result.exc
