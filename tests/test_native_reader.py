@@ -189,3 +189,42 @@ def test_without_cap_sys_nice_the_thread_asks_for_a_short_slice():
     assert out.returncode == 0, out.stderr[-2000:]
     # a kernel before 6.12 ignores the slice: the thread must not claim it then
     assert ("with a 0.1 ms slice;" in out.stdout) == _kernel_at_least(6, 12), out.stdout
+
+
+@linux_only
+def test_the_hub_hands_a_wave_over_in_stretches_so_due_work_runs_between():
+    # a wave of completions all at once: each switch records a request and sends the next; handed over in
+    # one go, anything due meanwhile (an open-loop arrival, a heartbeat) waited behind the whole wave
+    import gevent
+    from gevent.hub import Waiter
+    from types import SimpleNamespace
+
+    if not native.built():
+        pytest.fail("the native reader is not built")
+    reads = native.NativeReads()
+    real = reads.reader  # kept: its eventfd stays open under the loop's watcher
+    wave = list(range(10_000, 10_020))
+    reads.reader = SimpleNamespace(drain=lambda: [(fd, [], 0, 0, 0, None) for fd in wave])
+    done: list[int] = []
+
+    def request(fd: int) -> None:
+        waiter = Waiter()
+        reads.waiters[fd] = (waiter, float("inf"))
+        waiter.get()
+        end = time.perf_counter() + 0.0005  # this request's own work: 0.5 ms
+        while time.perf_counter() < end:
+            pass
+        done.append(fd)
+
+    users = [gevent.spawn(request, fd) for fd in wave]
+    gevent.sleep(0)  # every user parks in its wait
+    assert len(reads.waiters) == len(wave)
+    gevent.get_hub().loop.run_callback(reads._wake)
+    seen: list[int] = []
+    gevent.spawn(lambda: seen.append(len(done)))  # due right after the wave's news came in
+    gevent.joinall(users, timeout=10)
+    reads._wake_watcher.stop()
+    reads._sweeper.stop()
+    del real
+    assert sorted(done) == wave  # every one handed over, in the end
+    assert seen and seen[0] < len(wave) / 2, seen  # and the due work ran before the wave was through
