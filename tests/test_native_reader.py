@@ -228,3 +228,69 @@ def test_the_hub_hands_a_wave_over_in_stretches_so_due_work_runs_between():
     del real
     assert sorted(done) == wave  # every one handed over, in the end
     assert seen and seen[0] < len(wave) / 2, seen  # and the due work ran before the wave was through
+
+
+@linux_only
+def test_news_is_applied_when_drained_so_a_previous_body_never_ends_the_next(monkeypatch):
+    # A keep-alive connection: its previous body ended, the next request waits for its headers, and the
+    # thread reports the socket again before that request's greenlet runs (switches run in stretches); that
+    # report still carries the previous body's end. Applied when the greenlet had registered its new body, it
+    # completed that request with nothing in it ("stream ended before [DONE] after 0 tokens", 1 request in 424
+    # against a real vLLM).
+    import gevent
+    from types import SimpleNamespace
+
+    from vllm_load.client.sse import StreamState
+
+    if not native.built():
+        pytest.fail("the native reader is not built")
+    monkeypatch.setattr(native, "HANDOFF_S", 0.0)  # one switch per stretch: every later one waits a loop turn
+    reads = native.NativeReads()
+    real = reads.reader
+    fd, other = 10_500, 10_501
+    parsed = ([0.01], [1], "cmpl-x", "hi", "", "hi", "length", 3, 1, None, True, True, 0.02, 4)
+
+    class Thread:  # the C thread's view of one socket: its body's state is reset when a body starts
+        state = 1  # the previous body's end
+        body_parsed = None
+
+        def drain(self):
+            news, self.news = self.news, []
+            return [(f, [], self.state if f == fd else 0, 0, 0, self.body_parsed if f == fd else None) for f in news]
+
+        def body(self, *args):
+            self.state = 0
+
+        def lines(self, f, flush=False):
+            return [], self.state, 0, None
+
+    thread = Thread()
+    reads.reader = thread
+    got = []
+
+    def request(f: int) -> None:
+        reads.wait(f, None)  # its headers
+        if f == fd:
+            got.append(reads.stream_body(fd, True, -1, sink, 0.0, None))
+
+    sink = StreamState()
+    users = [gevent.spawn(request, other), gevent.spawn(request, fd)]
+    gevent.sleep(0)
+    hub = gevent.get_hub()
+    thread.news = [other, fd]
+    hub.loop.run_callback(reads._wake)  # both have news; `other` is switched to first, `fd` waits its turn
+    gevent.sleep(0)
+    thread.news = [fd]
+    hub.loop.run_callback(reads._wake)  # reported again before its greenlet ran: still the old body's end
+    deadline = time.monotonic() + 5
+    while fd not in reads.bodies:  # the request took its headers and waits for its new body
+        assert time.monotonic() < deadline and not got, got
+        gevent.sleep(0.001)
+    thread.state, thread.body_parsed, thread.news = 1, parsed, [fd]
+    hub.loop.run_callback(reads._wake)  # its own body's end
+    gevent.joinall(users, timeout=5)
+    reads._wake_watcher.stop()
+    reads._sweeper.stop()
+    del real
+    assert got and got[0].state == 1
+    assert sink.done and sink.chunk_tokens == [1] and sink.content == "hi"  # the new body's own result

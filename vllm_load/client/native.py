@@ -110,9 +110,11 @@ class NativeReads:
         self.reader = _rxnative.Reader()
         self.waiters: dict[int, tuple[Waiter, float]] = {}
         self.bodies: dict[int, _Body] = {}  # streamed bodies fed line by line in the hub, no switch per chunk
-        self.news: deque = deque()  # drained news not handed over yet (HANDOFF_S)
+        #: greenlets to switch to, with what they wait for: the news is applied as it is drained, the switches
+        #: (each one a request's own work) run in stretches of HANDOFF_S
+        self.ready: deque[tuple[Waiter, Any]] = deque()
         loop = get_hub().loop
-        self._more = loop.timer(0.0)  # the rest of the news, once due timers and other I/O had their turn
+        self._more = loop.timer(0.0)  # the rest of the switches, once due timers and other I/O had their turn
         # ref=False: these watchers never keep a finished gevent program alive
         self._wake_watcher = loop.io(self.reader.fileno(), 1, ref=False)
         self._wake_watcher.start(self._wake)
@@ -120,31 +122,36 @@ class NativeReads:
         self._sweeper.start(self._sweep)
 
     def _wake(self) -> None:
-        """In the hub: every socket with news, taken in one call: a streamed body's lines (or parsed result) go
-        to its sink (its greenlet is switched to when the body ends); a greenlet waiting on any other socket
-        is switched to. Handed over in stretches of at most HANDOFF_S, in arrival order."""
-        self.news.extend(self.reader.drain())
-        self._hand_over()
-
-    def _hand_over(self) -> None:
-        waiters, bodies, news = self.waiters, self.bodies, self.news
-        end = time.perf_counter() + HANDOFF_S
-        while news:
-            if time.perf_counter() >= end:
-                if not self._more.active:
-                    self._more.start(self._hand_over)
-                return
-            fd, lines, state, body_bytes, err, parsed = news.popleft()
+        """In the hub: every socket with news, taken in one call and applied at once: a streamed body's lines
+        (or parsed result) go to its sink, and its greenlet is due when the body ends; a greenlet waiting on
+        any other socket is due. The news must be applied when it is taken: a socket's state is its body's at
+        that instant (applied later, a previous body's end once completed the next request on that
+        connection with nothing in it). The due greenlets are switched to in arrival order, in stretches."""
+        waiters, bodies, ready = self.waiters, self.bodies, self.ready
+        for fd, lines, state, body_bytes, err, parsed in self.reader.drain():
             body = bodies.get(fd)
             if body is not None:
                 outcome = self._take(body, lines, state, body_bytes, err, parsed)
                 if outcome is not None:
                     del bodies[fd]
-                    body.waiter.switch(outcome)
+                    ready.append((body.waiter, outcome))
                 continue
             waiter = waiters.pop(fd, None)
             if waiter is not None:
-                waiter[0].switch(None)
+                ready.append((waiter[0], None))
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Switch to due greenlets for at most HANDOFF_S (at least one), then let the loop run the rest."""
+        ready = self.ready
+        end = time.perf_counter() + HANDOFF_S
+        while ready:
+            waiter, value = ready.popleft()
+            waiter.switch(value)  # a greenlet stopped meanwhile no longer waits: the value is then only kept
+            if ready and time.perf_counter() >= end:
+                if not self._more.active:
+                    self._more.start(self._hand_over)
+                return
 
     def _feed(self, fd: int, body: _Body) -> BodyOutcome | None:
         """What the thread decoded of a body before it was registered (it came with the headers)."""
