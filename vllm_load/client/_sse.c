@@ -445,131 +445,30 @@ static int str_or_null(cur_t *c, sse_buf *out, int *present) {
     return string(c, out);
 }
 
-static int details(cur_t *c, line_t *L) {
-    static const char *const names[] = {"cached_tokens", NULL};
-    if (is_null(c)) {
+typedef int (*member_fn)(cur_t *c, line_t *L, int k);
+
+/* an object's members: each one named in names[] handed to on() with its index (once: a duplicate key, of
+ * which orjson keeps the last, is Python's), the others validated and skipped; with nullable, null is an
+ * absent object; *truthy (when given): it has members, as Python's truth of a dict */
+static int members(cur_t *c, line_t *L, const char *const *names, int nullable, int *truthy, member_fn on) {
+    if (nullable && is_null(c)) {
         c->p += 4;
         return P_OK;
     }
-    int more, rc, k, seen = 0;
+    int more, rc, k;
+    unsigned seen = 0;
     if ((rc = obj_open(c, &more)))
-        return rc;
+        return rc; /* not an object: Python's to judge */
+    if (truthy)
+        *truthy = more;
     while (more) {
         if ((rc = key(c, names, &k)))
             return rc;
-        if (k == 0) {
-            if (seen++)
-                return P_NO; /* a duplicate key: orjson keeps the last, left to it */
-            if (is_null(c))
-                c->p += 4;
-            else if ((rc = int_value(c, &L->cached)))
-                return rc;
-            else
-                L->has_cached = 1;
-        } else if ((rc = skip_value(c))) {
-            return rc;
-        }
-        if ((rc = obj_next(c, &more)))
-            return rc;
-    }
-    return P_OK;
-}
-
-static int usage(cur_t *c, line_t *L) {
-    static const char *const names[] = {"prompt_tokens", "completion_tokens", "prompt_tokens_details", NULL};
-    if (is_null(c)) {
-        c->p += 4;
-        return P_OK;
-    }
-    int more, rc, k, seen[3] = {0, 0, 0};
-    if ((rc = obj_open(c, &more)))
-        return rc; /* usage that is not an object: Python's to judge */
-    L->usage_truthy = more;
-    while (more) {
-        if ((rc = key(c, names, &k)))
-            return rc;
-        if (k >= 0 && seen[k]++)
-            return P_NO;
-        if (k == 0) {
-            if ((rc = int_value(c, &L->prompt)))
-                return rc;
-            L->has_prompt = 1;
-        } else if (k == 1) {
-            if ((rc = int_value(c, &L->completion)))
-                return rc;
-            L->has_completion = 1;
-        } else if (k == 2) {
-            if ((rc = details(c, L)))
-                return rc;
-        } else if ((rc = skip_value(c))) {
-            return rc;
-        }
-        if ((rc = obj_next(c, &more)))
-            return rc;
-    }
-    return P_OK;
-}
-
-static int delta(cur_t *c, line_t *L) {
-    static const char *const names[] = {"content", "reasoning_content", "reasoning", "tool_calls", NULL};
-    if (is_null(c)) {
-        c->p += 4;
-        return P_OK;
-    }
-    int more, rc, k, present, seen[4] = {0, 0, 0, 0};
-    if ((rc = obj_open(c, &more)))
-        return rc;
-    L->delta_truthy = more;
-    while (more) {
-        if ((rc = key(c, names, &k)))
-            return rc;
-        if (k >= 0 && seen[k]++)
-            return P_NO;
-        if (k == 0)
-            rc = str_or_null(c, &L->content, &present);
-        else if (k == 1)
-            rc = str_or_null(c, &L->reasoning_content, &present);
-        else if (k == 2)
-            rc = str_or_null(c, &L->reasoning, &present);
-        else if (k == 3) { /* tool calls are assembled by Python: only an absent, null or empty list stays here */
-            if (is_null(c)) {
-                c->p += 4;
-            } else {
-                if (c->p >= c->end || *c->p != '[')
-                    return P_NO;
-                const unsigned char *q = c->p + 1;
-                while (q < c->end && (*q == ' ' || *q == '\t'))
-                    q++;
-                if (q >= c->end || *q != ']')
-                    return P_NO;
-                c->p = q + 1;
-            }
-        } else
-            rc = skip_value(c);
-        if (rc)
-            return rc;
-        if ((rc = obj_next(c, &more)))
-            return rc;
-    }
-    return P_OK;
-}
-
-static int choice(cur_t *c, line_t *L) {
-    static const char *const names[] = {"delta", "text", "finish_reason", NULL};
-    int more, rc, k, present, seen[3] = {0, 0, 0};
-    if ((rc = obj_open(c, &more)))
-        return rc;
-    while (more) {
-        if ((rc = key(c, names, &k)))
-            return rc;
-        if (k >= 0 && seen[k]++)
-            return P_NO;
-        if (k == 0) {
-            rc = delta(c, L);
-        } else if (k == 1) {
-            rc = str_or_null(c, &L->text, &present);
-        } else if (k == 2) {
-            rc = str_or_null(c, &L->finish, &present);
+        if (k >= 0) {
+            if (seen & (1u << k))
+                return P_NO;
+            seen |= 1u << k;
+            rc = on(c, L, k);
         } else {
             rc = skip_value(c);
         }
@@ -579,6 +478,62 @@ static int choice(cur_t *c, line_t *L) {
             return rc;
     }
     return P_OK;
+}
+
+static const char *const DETAILS[] = {"cached_tokens", NULL};
+static const char *const USAGE[] = {"prompt_tokens", "completion_tokens", "prompt_tokens_details", NULL};
+static const char *const DELTA[] = {"content", "reasoning_content", "reasoning", "tool_calls", NULL};
+static const char *const CHOICE[] = {"delta", "text", "finish_reason", NULL};
+static const char *const TOP[] = {"id", "error", "usage", "choices", NULL};
+
+static int details_member(cur_t *c, line_t *L, int k) { /* cached_tokens: a count, or null */
+    if (is_null(c)) {
+        c->p += 4;
+        return P_OK;
+    }
+    L->has_cached = 1;
+    return int_value(c, &L->cached);
+}
+
+static int usage_member(cur_t *c, line_t *L, int k) {
+    switch (k) {
+    case 0: L->has_prompt = 1; return int_value(c, &L->prompt);
+    case 1: L->has_completion = 1; return int_value(c, &L->completion);
+    default: return members(c, L, DETAILS, 1, NULL, details_member);
+    }
+}
+
+static int delta_member(cur_t *c, line_t *L, int k) {
+    int present;
+    switch (k) {
+    case 0: return str_or_null(c, &L->content, &present);
+    case 1: return str_or_null(c, &L->reasoning_content, &present);
+    case 2: return str_or_null(c, &L->reasoning, &present);
+    default: { /* tool calls are assembled by Python: only an absent, null or empty list stays here */
+        if (is_null(c)) {
+            c->p += 4;
+            return P_OK;
+        }
+        if (c->p >= c->end || *c->p != '[')
+            return P_NO;
+        const unsigned char *q = c->p + 1;
+        while (q < c->end && (*q == ' ' || *q == '\t'))
+            q++;
+        if (q >= c->end || *q != ']')
+            return P_NO;
+        c->p = q + 1;
+        return P_OK;
+    }
+    }
+}
+
+static int choice_member(cur_t *c, line_t *L, int k) {
+    int present;
+    switch (k) {
+    case 0: return members(c, L, DELTA, 1, &L->delta_truthy, delta_member);
+    case 1: return str_or_null(c, &L->text, &present);
+    default: return str_or_null(c, &L->finish, &present);
+    }
 }
 
 static int choices(cur_t *c, line_t *L) {
@@ -597,7 +552,7 @@ static int choices(cur_t *c, line_t *L) {
         c->depth--;
         return P_OK;
     }
-    int rc = choice(c, L);
+    int rc = members(c, L, CHOICE, 0, NULL, choice_member);
     if (rc)
         return rc;
     L->nchoices = 1;
@@ -609,35 +564,23 @@ static int choices(cur_t *c, line_t *L) {
     return P_OK;
 }
 
-static int top(cur_t *c, line_t *L) {
-    static const char *const names[] = {"id", "error", "usage", "choices", NULL};
-    int more, rc, k, present, seen[4] = {0, 0, 0, 0};
-    if ((rc = obj_open(c, &more)))
-        return rc; /* not an object: Python's StreamError */
-    while (more) {
-        if ((rc = key(c, names, &k)))
-            return rc;
-        if (k >= 0 && seen[k]++)
+static int top_member(cur_t *c, line_t *L, int k) {
+    switch (k) {
+    case 0: return str_or_null(c, &L->id, &L->id_str);
+    case 1: /* an error event: Python raises it as the failure reason */
+        if (!is_null(c))
             return P_NO;
-        if (k == 0) {
-            rc = str_or_null(c, &L->id, &present);
-            L->id_str = present;
-        } else if (k == 1) {
-            if (!is_null(c))
-                return P_NO; /* an error event: Python raises it as the failure reason */
-            c->p += 4;
-        } else if (k == 2) {
-            rc = usage(c, L);
-        } else if (k == 3) {
-            rc = choices(c, L);
-        } else {
-            rc = skip_value(c);
-        }
-        if (rc)
-            return rc;
-        if ((rc = obj_next(c, &more)))
-            return rc;
+        c->p += 4;
+        return P_OK;
+    case 2: return members(c, L, USAGE, 1, &L->usage_truthy, usage_member);
+    default: return choices(c, L);
     }
+}
+
+static int top(cur_t *c, line_t *L) {
+    int rc = members(c, L, TOP, 0, NULL, top_member);
+    if (rc)
+        return rc;
     ws(c);
     return c->p == c->end ? P_OK : P_NO;
 }
