@@ -15,13 +15,24 @@
  */
 #include "_sse.h"
 
+#include <locale.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define MAX_DEPTH 64 /* deeper JSON is left to Python (orjson allows 1,024) */
 
 enum { P_OK = 0, P_NO = 1, P_MEM = -1 }; /* parsed / leave the line to Python / out of memory */
+
+/* JSON's numbers read in the C locale, whatever locale a user's locustfile set (a decimal comma would end
+ * "1.5e400" at its point) */
+static locale_t c_numeric;
+static pthread_once_t c_numeric_once = PTHREAD_ONCE_INIT;
+
+static void make_c_numeric(void) {
+    c_numeric = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
+}
 
 static int buf_add(sse_buf *b, const char *p, size_t n) {
     if (b->len + n > b->cap) {
@@ -40,6 +51,7 @@ static int buf_add(sse_buf *b, const char *p, size_t n) {
 }
 
 sse_state *sse_new(double start_wall) {
+    pthread_once(&c_numeric_once, make_c_numeric);
     sse_state *st = calloc(1, sizeof(sse_state));
     if (st) {
         st->start_wall = start_wall;
@@ -267,7 +279,7 @@ static int number(cur_t *c, long long *iv, int *is_int) {
             return P_NO;
         memcpy(tmp, start, n);
         tmp[n] = 0;
-        if (isinf(strtod(tmp, NULL)))
+        if (!c_numeric || isinf(strtod_l(tmp, NULL, c_numeric)))
             return P_NO;
     }
     return P_OK;
@@ -283,19 +295,30 @@ static int literal(cur_t *c, const char *word) {
 
 static int skip_value(cur_t *c);
 
-/* an object or array whose opening bracket is at c->p, validated and skipped */
-static int skip_container(cur_t *c) {
-    unsigned char close = *c->p == '{' ? '}' : ']';
-    int object = close == '}';
+/* a container's opening bracket (open) at c->p, taken with the space after it; *more: it is not empty (an
+ * empty one is taken whole) */
+static int open_bracket(cur_t *c, unsigned char open, int *more) {
+    unsigned char close = open == '{' ? '}' : ']';
+    if (c->p >= c->end || *c->p != open)
+        return P_NO;
     if (++c->depth > MAX_DEPTH)
         return P_NO;
     c->p++;
     ws(c);
-    if (c->p < c->end && *c->p == close) {
+    *more = !(c->p < c->end && *c->p == close);
+    if (!*more) {
         c->p++;
         c->depth--;
-        return P_OK;
     }
+    return P_OK;
+}
+
+/* an object or array whose opening bracket is at c->p, validated and skipped */
+static int skip_container(cur_t *c) {
+    unsigned char close = *c->p == '{' ? '}' : ']';
+    int object = close == '}', more, rc;
+    if ((rc = open_bracket(c, *c->p, &more)) || !more)
+        return rc;
     for (;;) {
         int rc;
         if (object) {
@@ -382,22 +405,9 @@ static int key(cur_t *c, const char *const *names, int *k) {
     return P_OK;
 }
 
-/* iterate an object's members: call at its '{'; *more tells whether a member follows */
+/* an object's members: call at its '{'; *more tells whether a member follows */
 static int obj_open(cur_t *c, int *more) {
-    if (c->p >= c->end || *c->p != '{')
-        return P_NO;
-    if (++c->depth > MAX_DEPTH)
-        return P_NO;
-    c->p++;
-    ws(c);
-    if (c->p < c->end && *c->p == '}') {
-        c->p++;
-        c->depth--;
-        *more = 0;
-    } else {
-        *more = 1;
-    }
-    return P_OK;
+    return open_bracket(c, '{', more);
 }
 
 static int obj_next(cur_t *c, int *more) {
@@ -541,18 +551,10 @@ static int choices(cur_t *c, line_t *L) {
         c->p += 4;
         return P_OK;
     }
-    if (c->p >= c->end || *c->p != '[')
-        return P_NO;
-    if (++c->depth > MAX_DEPTH)
-        return P_NO;
-    c->p++;
-    ws(c);
-    if (c->p < c->end && *c->p == ']') {
-        c->p++;
-        c->depth--;
-        return P_OK;
-    }
-    int rc = members(c, L, CHOICE, 0, NULL, choice_member);
+    int more, rc = open_bracket(c, '[', &more);
+    if (rc || !more)
+        return rc;
+    rc = members(c, L, CHOICE, 0, NULL, choice_member);
     if (rc)
         return rc;
     L->nchoices = 1;
