@@ -248,7 +248,7 @@ def test_news_is_applied_when_drained_so_a_previous_body_never_ends_the_next(mon
     reads = native.NativeReads()
     real = reads.reader
     fd, other = 10_500, 10_501
-    parsed = ([0.01], [1], "cmpl-x", "hi", "", "hi", "length", 3, 1, None, True, True, 0.02, 4)
+    parsed = ([0.01], [1], "cmpl-x", "hi", "", "hi", "length", 3, 1, None, True, True, 0.02)
 
     class Thread:  # the C thread's view of one socket: its body's state is reset when a body starts
         state = 1  # the previous body's end

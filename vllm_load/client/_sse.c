@@ -696,15 +696,11 @@ static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
 int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns) {
     const unsigned char *p = (const unsigned char *)line, *end = p + len;
     strip(&p, &end);
-    if (p == end || *p == ':') {
-        st->lines++;
+    if (p == end || *p == ':')
         return SSE_OK; /* an event separator, or a comment (keep-alive) */
-    }
     if (!starts(p, end, "data:")) {
-        if (starts(p, end, "event:") || starts(p, end, "id:") || starts(p, end, "retry:")) {
-            st->lines++;
+        if (starts(p, end, "event:") || starts(p, end, "id:") || starts(p, end, "retry:"))
             return SSE_OK;
-        }
         return SSE_PYTHON; /* malformed SSE: Python's StreamError */
     }
     p += 5;
@@ -714,7 +710,6 @@ int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns) {
             st->done = 1;
             st->done_at = offset_of(st, stamp_ns);
         }
-        st->lines++;
         return SSE_OK;
     }
     if (st->done)
@@ -730,7 +725,6 @@ int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns) {
         return SSE_NOMEM;
     if (rc == P_NO)
         return SSE_PYTHON;
-    st->lines++;
     return SSE_OK;
 }
 
@@ -761,10 +755,10 @@ PyObject *sse_result(const sse_state *st) {
     PyObject *id = st->has_id ? text_of(&st->id) : (Py_INCREF(Py_None), Py_None);
     PyObject *finish = st->finish.len ? text_of(&st->finish) : (Py_INCREF(Py_None), Py_None);
     PyObject *done_at = st->done ? PyFloat_FromDouble(st->done_at) : (Py_INCREF(Py_None), Py_None);
-    return Py_BuildValue("(NNNNNNNNNNOONL)", offsets, tokens, id, text_of(&st->content), text_of(&st->reasoning),
+    return Py_BuildValue("(NNNNNNNNNNOON)", offsets, tokens, id, text_of(&st->content), text_of(&st->reasoning),
                          text_of(&st->text), finish, count_of(st->prompt), count_of(st->completion),
                          count_of(st->cached), st->continuous ? Py_True : Py_False, st->done ? Py_True : Py_False,
-                         done_at, st->lines);
+                         done_at);
 fail:
     Py_XDECREF(offsets);
     Py_XDECREF(tokens);

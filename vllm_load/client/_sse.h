@@ -22,7 +22,6 @@ typedef struct {
     long long prompt, completion, cached; /* -1: not reported */
     int continuous, done;
     double done_at; /* the [DONE] line's offset */
-    long long lines; /* lines taken */
 } sse_state;
 
 enum { SSE_OK = 0, SSE_PYTHON = 1, SSE_NOMEM = -1 };
@@ -34,7 +33,7 @@ void sse_free(sse_state *st);
  * nothing of it taken: that line and every later one go to Python; SSE_NOMEM. */
 int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns);
 /* What StreamState.absorb takes: (offsets, tokens, id, content, reasoning, text, finish_reason,
- * prompt_tokens, completion_tokens, cached_tokens, continuous_usage, done, done_at, lines). */
+ * prompt_tokens, completion_tokens, cached_tokens, continuous_usage, done, done_at). */
 PyObject *sse_result(const sse_state *st);
 
 #endif

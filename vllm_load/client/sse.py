@@ -121,7 +121,7 @@ class StreamState:
         offset of the [DONE] line when it saw one. Only on a state nothing was fed yet: its token counts
         by usage difference start from none."""
         (offsets, tokens, response_id, content, reasoning, text, finish_reason, prompt_tokens, completion_tokens,
-         cached_tokens, continuous, done, done_at, _lines) = parsed
+         cached_tokens, continuous, done, done_at) = parsed
         self.chunk_times += offsets
         self.chunk_tokens += tokens
         if self.response_id is None:
