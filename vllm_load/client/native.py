@@ -168,12 +168,14 @@ class NativeReads:
         once it ended."""
         if parsed is not None or lines:
             try:
-                for done_at in (body.sink.absorb(parsed) if parsed is not None else None,
-                                body.sink.feed_lines(lines, body.start_wall) if lines else None):
-                    if done_at is not None and body.done_at is None:
-                        body.done_at = done_at
+                done_at = body.sink.absorb(parsed) if parsed is not None else None
+                if lines:
+                    later = body.sink.feed_lines(lines, body.start_wall)
+                    done_at = done_at if done_at is not None else later
             except Exception as exc:  # the stream broke the protocol (StreamError): its reason is the failure
                 return BodyOutcome(0, body_bytes, body.done_at, exc)
+            if done_at is not None and body.done_at is None:
+                body.done_at = done_at
             if body.timeout is not None:
                 body.deadline = time.monotonic() + body.timeout
         if not state and err:  # a read error once its lines are taken
@@ -213,10 +215,11 @@ class NativeReads:
 
     def stream_body(self, fd: int, chunked: bool, length: int, sink: Any, start_wall: float,
                     timeout: float | None) -> BodyOutcome:
-        """Read a response body (its headers parsed, none of it yet) line by line until it ends: the
-        thread decodes it, the hub hands each batch of lines, with their stamps, to ``sink.feed_lines``
-        (``StreamState``, ``LineSink``), and this greenlet wakes once, at the end (or on an error, a
-        protocol fault, a timeout)."""
+        """Read a response body (its headers parsed, none of it yet) until it ends: the thread decodes it and,
+        for a ``StreamState`` sink, parses its SSE too, handed over at the end (``sink.absorb``); lines it
+        leaves to Python (and every line for any other sink, e.g. a ``LineSink``) go to ``sink.feed_lines``
+        with their stamps, batch by batch. This greenlet wakes once, at the end (or on an error, a protocol
+        fault, a timeout)."""
         parsed = hasattr(sink, "absorb")  # StreamState: the thread parses the SSE itself (_sse.c)
         self.reader.body(fd, chunked, length, start_wall if parsed else None)
         body = _Body(sink, start_wall, Waiter(), timeout, _deadline(timeout), parsed)
