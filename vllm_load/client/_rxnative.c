@@ -1004,8 +1004,8 @@ static PyObject *lines_list(took_t *t) {
 /* lines(fd, flush=False) -> (lines, state, body_bytes, parsed): the complete lines since the last call, each
  * (bytes, stamp); state 0 running, 1 the body ended, 2 the connection closed before its end, 3 malformed
  * chunking; parsed: a parsed body's result (see take_lines; flush stops the parsing and takes it now), or
- * None; a read error once every line is taken is raised as OSError (the parsed result is then lost: flush
- * first) */
+ * None; a read error once every line and the parsed result are taken is raised as OSError (with them, it
+ * stays for the next call, or drain(), to report) */
 static PyObject *Reader_lines(Reader *r, PyObject *args) {
     PyObject *arg;
     int flush = 0, fd;
@@ -1024,7 +1024,7 @@ static PyObject *Reader_lines(Reader *r, PyObject *args) {
         Py_XDECREF(parsed);
         return NULL;
     }
-    if (t.state == 0 && t.err && t.nlines == 0 && !flush) {
+    if (t.state == 0 && t.err && t.nlines == 0 && parsed == Py_None && !flush) {
         Py_DECREF(out);
         Py_DECREF(parsed);
         errno = t.err;
