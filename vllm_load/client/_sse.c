@@ -313,14 +313,32 @@ static int open_bracket(cur_t *c, unsigned char open, int *more) {
     return P_OK;
 }
 
+/* after a member or an element: a comma (*more: another follows) or the closing bracket (taken) */
+static int next_in(cur_t *c, unsigned char close, int *more) {
+    ws(c);
+    if (c->p >= c->end)
+        return P_NO;
+    if (*c->p == ',') {
+        c->p++;
+        ws(c);
+        *more = 1;
+        return P_OK;
+    }
+    if (*c->p != close)
+        return P_NO;
+    c->p++;
+    c->depth--;
+    *more = 0;
+    return P_OK;
+}
+
 /* an object or array whose opening bracket is at c->p, validated and skipped */
 static int skip_container(cur_t *c) {
     unsigned char close = *c->p == '{' ? '}' : ']';
     int object = close == '}', more, rc;
-    if ((rc = open_bracket(c, *c->p, &more)) || !more)
+    if ((rc = open_bracket(c, *c->p, &more)))
         return rc;
-    for (;;) {
-        int rc;
+    while (more) {
         if (object) {
             if (c->p >= c->end || *c->p != '"')
                 return P_NO;
@@ -332,22 +350,10 @@ static int skip_container(cur_t *c) {
             c->p++;
             ws(c);
         }
-        if ((rc = skip_value(c)))
+        if ((rc = skip_value(c)) || (rc = next_in(c, close, &more)))
             return rc;
-        ws(c);
-        if (c->p >= c->end)
-            return P_NO;
-        if (*c->p == ',') {
-            c->p++;
-            ws(c);
-            continue;
-        }
-        if (*c->p != close)
-            return P_NO;
-        c->p++;
-        c->depth--;
-        return P_OK;
     }
+    return P_OK;
 }
 
 static int skip_value(cur_t *c) {
@@ -411,21 +417,7 @@ static int obj_open(cur_t *c, int *more) {
 }
 
 static int obj_next(cur_t *c, int *more) {
-    ws(c);
-    if (c->p >= c->end)
-        return P_NO;
-    if (*c->p == ',') {
-        c->p++;
-        ws(c);
-        *more = 1;
-        return P_OK;
-    }
-    if (*c->p != '}')
-        return P_NO;
-    c->p++;
-    c->depth--;
-    *more = 0;
-    return P_OK;
+    return next_in(c, '}', more);
 }
 
 static int is_null(cur_t *c) {
