@@ -141,10 +141,6 @@ static void free_segments(stream_t *s) {
     s->parsing = 0;
 }
 
-static double seconds(int64_t ns) { /* a time.time() value */
-    return (double)(ns / 1000000000LL) + (double)(ns % 1000000000LL) * 1e-9;
-}
-
 static seg_t *new_seg(const char *p, size_t n, int64_t stamp) {
     seg_t *g = malloc(sizeof(seg_t) + n);
     if (g) {
@@ -797,7 +793,7 @@ static PyObject *Reader_pop(Reader *r, PyObject *args) {
     /* a read stops at the end of a header block: the HTTP parser then holds the headers only, and a
      * streamed body can be handed to this thread (Reader.body) with nothing of it parsed yet */
     header_cut(&s->hdr_match, g->data + g->off, take, &take);
-    double stamp = seconds(g->stamp_ns);
+    double stamp = stamp_seconds(g->stamp_ns);
     PyObject *data = take_raw(r, fd, s, take);
     pthread_mutex_unlock(&r->lock);
     if (!data)
@@ -986,7 +982,7 @@ static PyObject *lines_list(took_t *t) {
     while (g) {
         seg_t *next = g->next;
         if (out && i < t->nlines) {
-            PyObject *item = Py_BuildValue("(y#d)", g->data, (Py_ssize_t)g->len, seconds(g->stamp_ns));
+            PyObject *item = Py_BuildValue("(y#d)", g->data, (Py_ssize_t)g->len, stamp_seconds(g->stamp_ns));
             if (!item) {
                 Py_CLEAR(out);
             } else {
@@ -1057,7 +1053,7 @@ static PyObject *Reader_sent(Reader *r, PyObject *arg) {
     pthread_mutex_unlock(&r->lock);
     if (!ns)
         Py_RETURN_NONE;
-    return PyFloat_FromDouble(seconds(ns));
+    return PyFloat_FromDouble(stamp_seconds(ns));
 }
 
 /* pending(fd) -> bool: bytes, an end or an error are queued (a pooled idle connection is then dirty) */

@@ -626,9 +626,7 @@ static int add_chunk(sse_state *st, double offset, long long tokens) {
 }
 
 static double offset_of(const sse_state *st, int64_t ns) {
-    /* as Python computes it: the stamp as a time.time() float, minus the start */
-    double stamp = (double)(ns / 1000000000LL) + (double)(ns % 1000000000LL) * 1e-9;
-    return stamp - st->start_wall;
+    return stamp_seconds(ns) - st->start_wall; /* as Python computes it from the stamp it would get */
 }
 
 /* commit a parsed line: StreamState.feed's updates, in its order */

@@ -26,6 +26,12 @@ typedef struct {
 
 enum { SSE_OK = 0, SSE_PYTHON = 1, SSE_NOMEM = -1 };
 
+/* a kernel stamp as the time.time() float the thread hands Python (lines' stamps, send stamps), and from which
+ * the parser's offsets are computed: one conversion, so an offset is bit for bit what Python would compute */
+static inline double stamp_seconds(int64_t ns) {
+    return (double)(ns / 1000000000LL) + (double)(ns % 1000000000LL) * 1e-9;
+}
+
 sse_state *sse_new(double start_wall);
 void sse_free(sse_state *st);
 /* One line (its newline included), stamped stamp_ns. SSE_OK: taken; SSE_PYTHON: a line this parser leaves
