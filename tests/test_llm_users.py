@@ -129,7 +129,8 @@ def test_a_task_that_raises_is_reported_by_locust_and_leaves_the_llm_stats_whole
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"
     res = run_locust(["-f", str(HERE / "raising.py"), "--headless", "-u", "3", "-r", "3", "-t", "3s",
-                      "--host", emu.url, "--request-rate", rate, "--run-dir", str(run_dir)], cwd=tmp_path)
+                      "--host", emu.url, "--request-rate", rate, "--burstiness", "50", "--run-dir", str(run_dir)],
+                     cwd=tmp_path)  # near-regular arrivals: the count below does not ride on Poisson luck
     assert res.returncode == 1, res.stdout[-2000:] + res.stderr[-3000:]  # Locust's rule: user errors fail the run
     assert "boom in the user's own task" in res.stderr
     stats, logs = load_run(run_dir)
