@@ -42,13 +42,72 @@ def test_master_stopped_by_a_signal_leaves_a_complete_run_dir(tmp_path, emulator
     try:
         wait_for(lambda: len(logs(run_dir)) >= 10, what="10 finished requests")
         p.send_signal(sig)
-        out, err = p.communicate(timeout=90)
+        out, err = _ended(p, sig)
     finally:
         if p.poll() is None:
             p.kill()
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert summary["requests"] == len(logs(run_dir)) >= 10 and summary["failed"] == 0
     assert (run_dir / "report.html").exists() and "vllm-load LLM metrics" in out
+
+
+def _ended(p: subprocess.Popen, sig: signal.Signals, timeout: float = 90) -> tuple[str, str]:
+    """The process's output once it ended after ``sig``; a failure quoting its log if it did not."""
+    try:
+        return p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+        pytest.fail(f"still running {timeout:.0f} s after {sig.name}: {out[-1500:]}\n{err[-3000:]}")
+
+
+BUSY = """
+import os, time
+import gevent
+from locust import events
+from vllm_load.locustfiles.chat import *  # noqa: F401,F403
+
+def busy():  # a task's CPU-bound stretch: Ctrl-C must not cut it (nor a hub callback) mid-way
+    mark = os.environ["BUSY_MARK"]
+    try:
+        open(mark, "w").write("busy\\n")
+        end = time.perf_counter() + 2.0
+        while time.perf_counter() < end:
+            pass
+        open(mark, "a").write("done\\n")
+    except KeyboardInterrupt:
+        open(mark, "a").write("interrupted\\n")
+        raise
+
+@events.test_start.add_listener
+def _start(**_kw):
+    gevent.spawn_later(1.0, busy)
+"""
+
+
+def test_ctrl_c_stops_the_run_where_the_main_greenlet_waits_not_in_the_middle_of_a_task(tmp_path, emulator_factory):
+    # Python's own SIGINT handler raised KeyboardInterrupt in whatever ran next: a greenlet mid-task, or a hub
+    # callback handing finished streams over (their requests then never woke, and the drain waited for them)
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
+    (tmp_path / "busy.py").write_text(BUSY)
+    mark = tmp_path / "mark"
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), BUSY_MARK=str(mark))
+    p = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(tmp_path / "busy.py"), "--headless", "-u", "2",
+                          "-r", "2", "-t", "120s", "--host", emu.url, "--output-tokens", "8", "--run-dir", str(run_dir)],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: mark.exists() and mark.read_text() == "busy\n", what="the busy stretch")
+        p.send_signal(signal.SIGINT)  # lands while the busy greenlet holds the loop
+        out, err = _ended(p, signal.SIGINT)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert mark.read_text() == "busy\ndone\n"  # the stretch ran to its end; the stop came after it
+    assert p.returncode == 0, err[-2000:]
+    assert "Traceback" not in err and "vllm-load LLM metrics" in out
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    assert summary["requests"] == len(logs(run_dir)) and summary["failed"] == 0
 
 
 def test_server_killed_and_restarted_mid_run(tmp_path):

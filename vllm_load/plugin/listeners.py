@@ -21,7 +21,7 @@ from vllm_load.client.openai_api import tls_context, use_tls_context
 from vllm_load.errors import UsageError, die
 from vllm_load.metrics.prometheus import registry_for
 from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.plugin import end_of_run, log_repeats, options, webui, wire
+from vllm_load.plugin import end_of_run, interrupt, log_repeats, options, webui, wire
 from vllm_load.plugin.embedded import start_emulator, start_sidecar
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.generator import Generator
@@ -65,6 +65,7 @@ def _check_target(environment: Any) -> Target:
 @events.init.add_listener
 def _on_init(environment: Any, **_kw: Any) -> None:
     log_repeats.install()
+    interrupt.install()
     STATE.environment = environment
     role = role_of(environment)
     wire.register(environment, role)
