@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -138,9 +139,34 @@ def test_the_request_log_writes_whole_lines_in_batches_and_everything_at_a_flush
     log.flush()
     assert [r["output_tokens"] for r in read_log(path)] == [0, 1, 2]
     for rec in recs[3:]:
-        log.write(rec)  # a full batch is written without a flush
+        log.write(rec)  # a full batch goes to the writer without a flush
+    log.flush()  # nothing kept: waits for what the writer took
     assert len(read_log(path)) == RequestLog.BATCH + 3
     log.write(recs[0])
     log.close()  # the close writes what was kept
     assert len(read_log(path)) == RequestLog.BATCH + 4
     assert path.read_bytes().endswith(b"}\n")
+
+
+def test_the_request_log_serialises_off_the_loop_thread_and_a_failed_write_is_raised_at_the_flush(tmp_path,
+                                                                                                 monkeypatch):
+    import threading
+
+    from vllm_load.client.record import RequestRecord
+    from vllm_load.rundir.reqlog import RequestLog, read_log
+
+    threads = []
+    real = RequestRecord.to_json
+    monkeypatch.setattr(RequestRecord, "to_json", lambda self: threads.append(threading.get_ident()) or real(self))
+    log = RequestLog(tmp_path / "requests.jsonl")
+    for i in range(RequestLog.BATCH + 1):
+        log.write(RequestRecord(api="chat", start=float(i), e2e=0.5, ok=True))
+    log.close()
+    assert len(read_log(tmp_path / "requests.jsonl")) == RequestLog.BATCH + 1
+    assert len(threads) == RequestLog.BATCH + 1 and threading.get_ident() not in threads  # all in the writer
+
+    full = RequestLog(Path("/dev/full"))  # every write fails: no space left on the device
+    full.write(RequestRecord(api="chat", start=1.0, e2e=0.5, ok=True))
+    with pytest.raises(OSError, match="No space left"):
+        full.flush()
+    full.close()  # nothing kept: closes cleanly

@@ -325,10 +325,11 @@ class Generator:
         self.flush_log()  # what the end of the run reads is all written
         return drained
 
-    def flush_log(self) -> None:
-        """Write the request log's kept lines (it writes in batches)."""
+    def flush_log(self, wait: bool = True) -> None:
+        """Write the request log's kept records (its writer thread takes them in batches); ``wait``: until
+        they are in the file."""
         if self.reqlog:
-            self.reqlog.flush()
+            self.reqlog.flush(wait)
 
     def in_warmup(self, rec: RequestRecord) -> bool:
         """Started within --warmup of the run's start, or of its sweep step's (a new level's first seconds)."""
@@ -377,7 +378,7 @@ class Generator:
         last = time.monotonic()
         while True:
             gevent.idle()
-            self.flush_log()
+            self.flush_log(wait=False)
             if gc_control.collect_if_due() >= 0:
                 continue
             busy = [s for s in (self.stats, *self.step_stats.values()) if s.pending]
