@@ -50,9 +50,9 @@ def test_after_the_first_small_batch_the_thread_refills_what_the_queue_lacks_in_
     finally:
         pool.close()
     assert counts[0] == pool.batch == 8  # users wait for the first batch: it stays small
-    # later ones refill at least half the pool: one thread hand-off per 16 requests or more, not one per get
-    assert all(pool.size - pool.low <= c <= pool.size for c in counts[1:]), counts
-    assert len(counts) <= 1 + 200 // (pool.size - pool.low) + 1
+    # later ones refill at least a batch: one thread hand-off per 8 requests or more, not one per get
+    assert all(pool.batch <= c <= pool.size for c in counts[1:]), counts
+    assert len(counts) <= 1 + 200 // pool.batch + 1
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux sets a thread's nice value per thread")

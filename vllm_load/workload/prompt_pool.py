@@ -57,20 +57,22 @@ END = object()
 
 
 class PromptPool:
-    """Ready items in a deque, refilled by one producer thread in batches once half of them are taken.
+    """Ready items in a deque, refilled by one producer thread in batches of ``batch`` or more.
 
     A ``get`` pops one item (O(1), no switch). A gevent Queue bounded at the pool's size woke the blocked
-    producer greenlet at every get to put one more item, and handed the thread a batch of one or two: ~10 us
-    of the loop per request at 2,550 requests/s (py-spy, turnover.py), all hand-off."""
+    producer greenlet at every get to put one more item, and handed the thread batches of one or two.
+    A refill starts once ``batch`` items are missing (8 at the default size): the thread holds the GIL while
+    it builds, and refills of half the pool (16) showed more loop stalls over 2 ms in turnover.py (11-12
+    against 4-8 in 5 s windows, noisy); 8 at a time costs the loop one hand-off per 8 requests."""
 
     def __init__(self, make: Callable[[], Any], size: int = 32,
                  on_error: Callable[[BaseException], None] | None = None) -> None:
         self.make = make
         self.size = max(1, size)
         self.items: deque[Any] = deque()  # ready items; END or the failure stays last, for every later get
-        self.low = self.size // 2  # at most this many left: the producer refills up to size
+        self.batch = max(1, min(8, self.size // 4))  # the first batch, and the least a refill makes
+        self.low = self.size - self.batch  # at most this many left: the producer refills up to size
         self.threads = token_thread()  # one thread: the factory's sequence numbers stay ordered
-        self.batch = max(1, min(8, self.size // 4))  # the first batch: small, users wait for it
         self.error: BaseException | None = None
         self.on_error = on_error
         self.ready = gevent.event.Event()  # set once the first prompts (or the failure) are in the pool
