@@ -294,3 +294,141 @@ def test_news_is_applied_when_drained_so_a_previous_body_never_ends_the_next(mon
     del real
     assert got and got[0].state == 1
     assert sink.done and sink.chunk_tokens == [1] and sink.content == "hi"  # the new body's own result
+
+
+def _expect_outcome(reader, block: bytes, body: bytes, close: bool = False):
+    """Send ``block`` + ``body`` as the answer to an expected request; what the thread made of it: ("taken",
+    (chunked, length, keep_alive, start), the drained state, the parsed result) or ("declined", raw head)."""
+    import select
+    cli, peer = _pair()
+    fd = cli.fileno()
+    with cli, peer:
+        reader.watch(fd)
+        try:
+            assert reader.expect(fd, 1000.0, False) is False  # nothing queued before the request
+            cli.sendall(b"POST / HTTP/1.1\r\n\r\n")
+            peer.recv(100)
+            peer.sendall(block + body)
+            if close:  # a body delimited by the close
+                peer.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                select.select([reader.fileno()], [], [], 0.5)
+                mine = [item for item in reader.drain() if item[0] == fd]
+                if not mine:
+                    continue
+                _fd, lines, state, _bytes, _err, parsed = mine[-1]
+                if state == native.DECLINED:
+                    assert reader.accepted(fd) is None
+                    return "declined", reader.head(fd)
+                if state:
+                    return "taken", reader.accepted(fd), state, parsed, lines
+            raise AssertionError(f"no outcome for {block!r}")
+        finally:
+            reader.unwatch(fd)
+
+
+SSE_BODY = b'data: {"id":"c","choices":[{"index":0,"text":"x","finish_reason":null}]}\n\ndata: [DONE]\n\n'
+UVICORN = (b"HTTP/1.1 200 OK\r\ndate: Tue, 24 Nov 2026 12:00:00 GMT\r\nserver: uvicorn\r\n"
+           b"content-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n")
+
+
+def _chunked(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(data), data)
+
+
+@linux_only
+def test_the_thread_takes_a_200s_head_exactly_as_head_parse_reads_it_or_leaves_it_to_python():
+    # expect(): the C thread parses the answer's header block itself and reads the body on, so a request
+    # wakes the loop once. Whatever it takes must read as direct.Head.parse reads it; anything it is unsure
+    # of (not an HTTP/1.1 200, an odd length) is left raw for Python, whole.
+    import random
+
+    from vllm_load.client import _rxnative
+    from vllm_load.client.direct import Head
+
+    reader = _rxnative.Reader()
+    must_take = [
+        UVICORN,
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n" % len(SSE_BODY),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\nConnection: Close\r\n\r\n",
+        b"HTTP/1.1 200\r\ntransfer-encoding:chunked\r\nconnection:  keep-alive \r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+    ]
+    rng = random.Random(20)
+    fields = [b"content-type: text/event-stream", b"transfer-encoding: chunked", b"Transfer-Encoding: identity",
+              b"content-length: %d" % len(SSE_BODY), b"Content-Length: 0%d" % len(SSE_BODY), b"content-length: +12",
+              b"content-length: 1_2", b"connection: close", b"Connection: keep-alive", b"connection: close, x",
+              b"x-note: a\nconnection: close", b"\x0bconnection: close", b"connection:\x0cclose\x0b",
+              b"no colon here", b"server: uvicorn", b"retry-after: 3"]
+    statuses = [b"HTTP/1.1 200 OK", b"HTTP/1.1 200", b"HTTP/1.0 200 OK", b"HTTP/1.1 2000 X", b"HTTP/1.1 429 Slow",
+                b"HTTP/1.1 500 Oops", b"HTTP/2 200", b"http/1.1 200 OK"]
+    cases = [(b, True) for b in must_take]
+    for _ in range(160):
+        lines = [rng.choice(statuses[:2] * 3 + statuses)] + rng.sample(fields, rng.randint(0, 5))
+        cases.append((b"\r\n".join(lines) + b"\r\n\r\n", False))
+    taken = declined = 0
+    for block, must in cases:
+        try:
+            head = Head.parse(block)
+        except ValueError:
+            head = None
+        framed = head is not None and head.status == 200
+        body = _chunked(SSE_BODY) if framed and head.chunked else SSE_BODY[:head.length] if framed and head.length >= 0 else b""
+        got = _expect_outcome(reader, block, body, close=framed and not head.chunked and head.length < 0)
+        if got[0] == "declined":
+            assert not must, block
+            assert got[1] == block  # left whole for Python's head(), nothing of it eaten
+            declined += 1
+            continue
+        taken += 1
+        chunked, length, keep_alive, start = got[1]
+        assert head is not None and head.status == 200, block
+        assert (chunked, length, keep_alive) == (head.chunked, head.length, head.keep_alive), block
+        assert start == 1000.0 and got[2] == 1  # the body read to its end
+    assert taken >= 40 and declined >= 40, (taken, declined)  # both ways were exercised
+
+
+@linux_only
+def test_an_expected_answer_cut_anywhere_is_taken_and_a_closed_one_is_left_to_python():
+    from vllm_load.client import _rxnative
+    from vllm_load.client.sse import StreamState
+
+    reader = _rxnative.Reader()
+    answer = UVICORN + _chunked(SSE_BODY)
+    for cut in (5, len(UVICORN) - 3, len(UVICORN) - 1, len(UVICORN), len(UVICORN) + 4):
+        cli, peer = _pair()
+        fd = cli.fileno()
+        with cli, peer:
+            reader.watch(fd)
+            reader.expect(fd, 1000.0, False)
+            peer.sendall(answer[:cut])
+            time.sleep(0.02)  # two segments: the thread reads the first before the second lands
+            peer.sendall(answer[cut:])
+            import select
+            deadline, state = time.monotonic() + 5, None
+            while state is None and time.monotonic() < deadline:
+                select.select([reader.fileno()], [], [], 0.5)
+                for f, _lines, st, _b, _e, parsed in reader.drain():
+                    if f == fd and st:
+                        state = (st, parsed)
+            assert state is not None and state[0] == 1, (cut, state)
+            sink = StreamState()
+            sink.absorb(state[1])
+            assert sink.done and sink.text == "x"
+            assert reader.accepted(fd)[:3] == (True, -1, True)
+            reader.unwatch(fd)
+    # the server closes before any answer: left to Python, whose head() reads the end
+    cli, peer = _pair()
+    with cli:
+        fd = cli.fileno()
+        reader.watch(fd)
+        reader.expect(fd, 1000.0, False)
+        peer.close()
+        import select
+        deadline, state = time.monotonic() + 5, None
+        while state is None and time.monotonic() < deadline:
+            select.select([reader.fileno()], [], [], 0.5)
+            state = next((st for f, _l, st, _b, _e, _p in reader.drain() if f == fd), None)
+        assert state == native.DECLINED and reader.head(fd) == b""
+        reader.unwatch(fd)

@@ -80,6 +80,17 @@ typedef struct {
     sse_state *sse;
     int parsing;
     int64_t last_read_ns; /* monotonic: a parsed body shows the event loop no activity, so timeouts ask */
+    /* expect(): the thread takes a 200 response's header block itself and goes on into its body, so the
+     * event loop hears of the request once, at its end (the head wait was a second wake per request) */
+    int expecting;
+    int exp_match;      /* how much of CRLF CRLF the raw bytes scanned so far end with */
+    size_t exp_seen;    /* raw bytes scanned so far for the header block's end */
+    double exp_start;   /* the request's start (time.time() clock) */
+    int exp_from_send;  /* closed loop: offsets count from the kernel's stamp of the send, as the loop does */
+    int accepted;       /* the head was taken here: */
+    int acc_chunked, acc_keep;
+    int64_t acc_length;
+    double acc_start;   /* the start the body's offsets count from */
 } stream_t;
 
 /* C_LF: a CR was read, an LF must follow, then the state in after_lf (C_END: the body is complete) */
@@ -352,6 +363,228 @@ static int queue_raw(Reader *r, stream_t *s, const char *p, size_t n, int64_t st
     return 0;
 }
 
+/* how many of p's n bytes to take so a read ends at a header block's end (CRLF CRLF), wherever reads cut
+ * it: *take, and 1 when that end is among them; *matched carries how much of the end the bytes taken so
+ * far end with */
+static int header_cut(int *matched, const char *p, size_t n, size_t *take) {
+    static const char end[] = "\r\n\r\n";
+    int m = *matched;
+    for (size_t i = 0; i < n; i++) {
+        m = p[i] == end[m] ? m + 1 : (p[i] == '\r');
+        if (m == 4) {
+            *matched = 0;
+            *take = i + 1;
+            return 1;
+        }
+    }
+    *matched = m;
+    *take = n;
+    return 0;
+}
+
+#define HEAD_MAX 65536 /* a response's header block larger than this is not an inference server's */
+#define DECLINED 4      /* body_state of an expected head left to the event loop (not a 200 we can take) */
+
+/* with the lock held: the body of a response whose headers are parsed: from now on this thread decodes it
+ * (chunked, or `length` bytes, or until close when length < 0) into lines, and with `parse` parses them as
+ * SSE; what the thread already read of it is decoded at once */
+static int arm(Reader *r, int fd, stream_t *s);
+
+static void start_body(Reader *r, int fd, stream_t *s, int chunked, long long length, sse_state *parse) {
+    sse_free(s->sse); /* a previous answer's, never taken */
+    s->sse = parse;
+    s->parsing = parse != NULL;
+    seg_t *g;
+    while ((g = s->lhead)) { /* a previous answer's lines nobody took */
+        s->lhead = g->next;
+        free(g);
+    }
+    s->ltail = NULL;
+    s->nlines = 0;
+    s->linelen = 0;
+    s->body = 1;
+    s->chunked = chunked;
+    s->left = chunked ? 0 : length;
+    s->cstate = C_SIZE;
+    s->body_state = (!chunked && length == 0) ? 1 : 0;
+    s->body_bytes = 0;
+    while ((g = s->head) && s->body_state == 0) {
+        size_t n = g->len - g->off;
+        size_t used = body_feed(s, g->data + g->off, n, g->stamp_ns);
+        s->queued -= used;
+        g->off += used;
+        if (g->off == g->len) {
+            s->head = g->next;
+            if (!s->head)
+                s->tail = NULL;
+            free(g);
+        }
+    }
+    if (s->body_state == 0 && s->eof) {
+        s->body_state = (!chunked && length < 0) ? 1 : 2;
+    }
+    if (s->body_state != 0)
+        s->body = 0;
+    if (s->paused && s->queued < PAUSE_BYTES / 2 && !s->eof && !s->err) {
+        s->paused = 0;
+        arm(r, fd, s);
+    }
+}
+
+static int lower_eq(const char *p, size_t n, const char *word) {
+    size_t k = strlen(word);
+    if (n != k)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (c >= 'A' && c <= 'Z')
+            c = (char)(c - 'A' + 'a');
+        if (c != word[i])
+            return 0;
+    }
+    return 1;
+}
+
+static int space(char c) { /* what Python's bytes.strip() strips */
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\x0b' || c == '\x0c';
+}
+
+static void trim(const char **p, size_t *n) {
+    while (*n && space(**p)) {
+        (*p)++;
+        (*n)--;
+    }
+    while (*n && space((*p)[*n - 1]))
+        (*n)--;
+}
+
+/* a header block (through its blank line) the thread may take: an HTTP/1.1 200 with its framing known,
+ * read as direct.Head.parse reads it (lines cut at CRLF only, names and values stripped as bytes.strip
+ * does, a repeated field read as it reads it); 0 for anything else (the event loop's parser takes it) */
+static int parse_head(const char *p, size_t n, int *chunked, int64_t *length, int *keep) {
+    static const char status[] = "HTTP/1.1 200";
+    if (n < sizeof status || memcmp(p, status, sizeof status - 1) != 0
+        || (p[sizeof status - 1] != ' ' && p[sizeof status - 1] != '\r'))
+        return 0;
+    *chunked = 0;
+    *length = -1;
+    *keep = 1;
+    const char *end = p + n;
+    const char *at = memmem(p, n, "\r\n", 2);
+    while (at && at + 2 < end) {
+        const char *start = at + 2;
+        at = memmem(start, (size_t)(end - start), "\r\n", 2);
+        size_t len = at ? (size_t)(at - start) : (size_t)(end - start);
+        const char *colon = memchr(start, ':', len);
+        if (!colon)
+            continue;
+        const char *name = start, *value = colon + 1;
+        size_t nlen = (size_t)(colon - start), vlen = len - nlen - 1;
+        trim(&name, &nlen);
+        if (lower_eq(name, nlen, "transfer-encoding")) {
+            *chunked = 0;
+            for (size_t i = 0; i + 7 <= vlen; i++)
+                if (lower_eq(value + i, 7, "chunked"))
+                    *chunked = 1;
+            continue;
+        }
+        trim(&value, &vlen);
+        if (lower_eq(name, nlen, "content-length")) {
+            if (!vlen || vlen > 15)
+                return 0;
+            int64_t v = 0;
+            for (size_t i = 0; i < vlen; i++) {
+                if (value[i] < '0' || value[i] > '9')
+                    return 0;
+                v = v * 10 + (value[i] - '0');
+            }
+            *length = v;
+        } else if (lower_eq(name, nlen, "connection")) {
+            *keep = !lower_eq(value, vlen, "close") && (*keep || lower_eq(value, vlen, "keep-alive"));
+        }
+    }
+    if (*chunked)
+        *length = -1;
+    return 1;
+}
+
+/* with the lock held: the expected head is not one this thread takes (or the connection ended before it):
+ * the event loop reads it from the raw queue as it reads any other */
+static void decline(Reader *r, int fd, stream_t *s) {
+    s->expecting = 0;
+    s->body_state = DECLINED;
+    mark_ready(r, fd, s);
+}
+
+/* with the lock held: the expected header block is the first `len` raw bytes: take it and the body on,
+ * or leave both to the event loop */
+static void accept_head(Reader *r, int fd, stream_t *s, size_t len) {
+    char *blk = malloc(len);
+    if (!blk) {
+        decline(r, fd, s);
+        return;
+    }
+    size_t at = 0;
+    for (seg_t *g = s->head; g && at < len; g = g->next) {
+        size_t take = g->len - g->off;
+        if (take > len - at)
+            take = len - at;
+        memcpy(blk + at, g->data + g->off, take);
+        at += take;
+    }
+    int chunked, keep;
+    int64_t length;
+    int ok = at == len && parse_head(blk, len, &chunked, &length, &keep);
+    free(blk);
+    double start = s->exp_start;
+    if (s->exp_from_send && s->tx_ns) { /* stream.py's _Clock.sent_at, on the same double */
+        double tx = stamp_seconds(s->tx_ns);
+        if (tx >= start)
+            start = tx;
+    }
+    sse_state *parse = ok ? sse_new(start) : NULL;
+    if (!parse) {
+        decline(r, fd, s);
+        return;
+    }
+    while (len) { /* the header block off the raw queue */
+        seg_t *g = s->head;
+        size_t take = g->len - g->off;
+        if (take > len)
+            take = len;
+        g->off += take;
+        s->queued -= take;
+        len -= take;
+        if (g->off == g->len) {
+            s->head = g->next;
+            if (!s->head)
+                s->tail = NULL;
+            free(g);
+        }
+    }
+    s->expecting = 0;
+    s->accepted = 1;
+    s->acc_chunked = chunked;
+    s->acc_keep = keep;
+    s->acc_length = length;
+    s->acc_start = start;
+    start_body(r, fd, s, chunked, length, parse);
+    if (!s->parsing || s->body_state || s->nlines || s->err || s->eof)
+        mark_ready(r, fd, s);
+}
+
+/* with the lock held: n more raw bytes (the last n queued) of an expected response: has its head ended? */
+static void expect_scan(Reader *r, int fd, stream_t *s, const char *p, size_t n) {
+    size_t take;
+    if (header_cut(&s->exp_match, p, n, &take)) {
+        accept_head(r, fd, s, s->exp_seen + take);
+        return;
+    }
+    s->exp_seen += n;
+    if (s->exp_seen > HEAD_MAX)
+        decline(r, fd, s);
+}
+
 /* with the lock held: bytes that arrived while the body is parsed */
 static void body_bytes_in(Reader *r, stream_t *s, const char *p, size_t n, int64_t stamp) {
     size_t used = body_feed(s, p, n, stamp);
@@ -381,6 +614,8 @@ static void read_one(Reader *r, int fd, stream_t *s, char *buf) {
             return;
         s->err = errno;
         epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);
+        if (s->expecting)
+            decline(r, fd, s);
         mark_ready(r, fd, s);
         return;
     }
@@ -391,6 +626,8 @@ static void read_one(Reader *r, int fd, stream_t *s, char *buf) {
             s->body = 0;
         }
         epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);
+        if (s->expecting)
+            decline(r, fd, s);
         mark_ready(r, fd, s);
         return;
     }
@@ -425,7 +662,13 @@ static void read_one(Reader *r, int fd, stream_t *s, char *buf) {
     if (queue_raw(r, s, buf, (size_t)n, stamp) < 0) {
         s->err = ENOMEM;
         epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);
+        if (s->expecting)
+            decline(r, fd, s);
         mark_ready(r, fd, s);
+        return;
+    }
+    if (s->expecting) { /* no news for the event loop until the head is taken or left to it */
+        expect_scan(r, fd, s, buf, (size_t)n);
         return;
     }
     if (s->queued > PAUSE_BYTES && !s->paused) {
@@ -743,25 +986,6 @@ static PyObject *take_raw(Reader *r, int fd, stream_t *s, size_t n) {
     return out;
 }
 
-/* how many of p's n bytes to take so a read ends at a header block's end (CRLF CRLF), wherever reads cut
- * it: *take, and 1 when that end is among them; *matched carries how much of the end the bytes taken so
- * far end with */
-static int header_cut(int *matched, const char *p, size_t n, size_t *take) {
-    static const char end[] = "\r\n\r\n";
-    int m = *matched;
-    for (size_t i = 0; i < n; i++) {
-        m = p[i] == end[m] ? m + 1 : (p[i] == '\r');
-        if (m == 4) {
-            *matched = 0;
-            *take = i + 1;
-            return 1;
-        }
-    }
-    *matched = m;
-    *take = n;
-    return 0;
-}
-
 /* pop(fd, maxlen) -> (bytes, stamp) | None: the next queued bytes (at most maxlen, never across two
  * segments, so a read has one stamp), (b"", 0.0) at the end of the stream, None when nothing is queued;
  * a read error is raised as OSError. */
@@ -802,8 +1026,6 @@ static PyObject *Reader_pop(Reader *r, PyObject *args) {
     return out;
 }
 
-
-#define HEAD_MAX 65536 /* a response's header block larger than this is not an inference server's */
 
 /* head(fd) -> bytes | None: a response's complete header block (through its blank line), taken off the
  * queue and nothing of the body with it, wherever the reads cut it; None while it is incomplete, b"" when
@@ -885,47 +1107,61 @@ static PyObject *Reader_body(Reader *r, PyObject *args) {
         sse_free(parse);
         return NULL;
     }
-    sse_free(s->sse); /* a previous answer's, never taken */
-    s->sse = parse;
-    s->parsing = parse != NULL;
-    seg_t *g;
-    while ((g = s->lhead)) { /* a previous answer's lines nobody took */
-        s->lhead = g->next;
-        free(g);
-    }
-    s->ltail = NULL;
-    s->nlines = 0;
-    s->linelen = 0;
-    s->body = 1;
-    s->chunked = chunked;
-    s->left = chunked ? 0 : length;
-    s->cstate = C_SIZE;
-    s->body_state = (!chunked && length == 0) ? 1 : 0;
-    s->body_bytes = 0;
-    /* what the thread already read of the body */
-    while ((g = s->head) && s->body_state == 0) {
-        size_t n = g->len - g->off;
-        size_t used = body_feed(s, g->data + g->off, n, g->stamp_ns);
-        s->queued -= used;
-        g->off += used;
-        if (g->off == g->len) {
-            s->head = g->next;
-            if (!s->head)
-                s->tail = NULL;
-            free(g);
-        }
-    }
-    if (s->body_state == 0 && s->eof) {
-        s->body_state = (!chunked && length < 0) ? 1 : 2;
-    }
-    if (s->body_state != 0)
-        s->body = 0;
-    if (s->paused && s->queued < PAUSE_BYTES / 2 && !s->eof && !s->err) {
-        s->paused = 0;
-        arm(r, fd, s);
-    }
+    s->expecting = 0;
+    start_body(r, fd, s, chunked, length, parse);
     pthread_mutex_unlock(&r->lock);
     Py_RETURN_NONE;
+}
+
+/* expect(fd, start_wall, from_send) -> bool: a request is about to be sent on fd; when its answer's header
+ * block is an HTTP/1.1 200 with known framing, this thread takes it and goes on into the body as
+ * body(fd, chunked, length, start) would (accepted(fd) says what it read), so the event loop wakes once,
+ * at the body's end. Anything else is left raw for head(fd), with state 4 reported once (drain, lines).
+ * start: start_wall, or with from_send the kernel's stamp of the send when later (a closed loop counts
+ * from the send). True when the answer was already settled (queued before the call): no wake comes. */
+static PyObject *Reader_expect(Reader *r, PyObject *args) {
+    int fd, from_send;
+    double start_wall;
+    if (!PyArg_ParseTuple(args, "idp", &fd, &start_wall, &from_send))
+        return NULL;
+    stream_t *s = lock_stream(r, fd);
+    if (!s)
+        return NULL;
+    s->body = 0;
+    s->body_state = 0;
+    s->body_bytes = 0;
+    s->accepted = 0;
+    s->tx_ns = 0;
+    s->expecting = 1;
+    s->exp_match = 0;
+    s->exp_seen = 0;
+    s->exp_start = start_wall;
+    s->exp_from_send = from_send;
+    s->last_read_ns = monotonic_ns(); /* a timeout counts from the send */
+    for (seg_t *g = s->head, *next; g && s->expecting; g = next) { /* a dirty connection's bytes */
+        next = g->next; /* taking the head frees the segments it spans */
+        expect_scan(r, fd, s, g->data + g->off, g->len - g->off);
+    }
+    if (s->expecting && (s->err || s->eof))
+        decline(r, fd, s);
+    int settled = !s->expecting;
+    pthread_mutex_unlock(&r->lock);
+    return PyBool_FromLong(settled);
+}
+
+/* accepted(fd) -> (chunked, length, keep_alive, start) | None: the head the thread took for expect() */
+static PyObject *Reader_accepted(Reader *r, PyObject *arg) {
+    int fd;
+    stream_t *s = lock_arg(r, arg, &fd);
+    if (!s)
+        return NULL;
+    int got = s->accepted, chunked = s->acc_chunked, keep = s->acc_keep;
+    long long length = s->acc_length;
+    double start = s->acc_start;
+    pthread_mutex_unlock(&r->lock);
+    if (!got)
+        Py_RETURN_NONE;
+    return Py_BuildValue("(OLOd)", chunked ? Py_True : Py_False, length, keep ? Py_True : Py_False, start);
 }
 
 /* a stream's news, taken under the lock and turned into Python objects after it */
@@ -1190,6 +1426,10 @@ static PyMethodDef Reader_methods[] = {
     {"send", (PyCFunction)Reader_send, METH_VARARGS, "send(fd, data) -> bytes sent (0: buffer full), GIL held"},
     {"body", (PyCFunction)Reader_body, METH_VARARGS,
      "body(fd, chunked, length, start_wall=None): decode the body into lines (and parse them as SSE)."},
+    {"expect", (PyCFunction)Reader_expect, METH_VARARGS,
+     "expect(fd, start_wall, from_send) -> settled: take a 200's head here and go on into its body."},
+    {"accepted", (PyCFunction)Reader_accepted, METH_O,
+     "accepted(fd) -> (chunked, length, keep_alive, start) | None: the head expect() took."},
     {"lines", (PyCFunction)Reader_lines, METH_VARARGS, "lines(fd, flush=False) -> (lines, state, body_bytes, parsed)"},
     {"quiet", (PyCFunction)Reader_quiet, METH_O, "Seconds since the thread last read the fd."},
     {"sent", (PyCFunction)Reader_sent, METH_O, "The kernel's stamp of the latest send leaving, or None (cleared)."},

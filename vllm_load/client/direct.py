@@ -4,16 +4,20 @@ With the native reader (``native.py``) a request no longer goes through Locust's
 geventhttpclient: they cost ~36 % of the event loop's time per request at 1,700 requests/s (py-spy),
 most of it building a request object, headers and cookies for bytes that are the same every time. Here
 the bytes before the body are built once per path, the send is one call that keeps the GIL (releasing
-it around a 10 us loopback send handed it to the prompt thread for a whole switch interval), the C
-thread reads the answer from the connect on, and its header block is taken whole (``Reader.head``) and
-parsed for the four fields the request needs. Plain ``http://`` only: TLS decrypts in user space, so
-those targets, and the Python reader, keep Locust's session.
+it around a 10 us loopback send handed it to the prompt thread for a whole switch interval), and the C
+thread reads the answer from the connect on. A streamed request is expected (``Reader.expect``) before it
+is sent: the thread parses a 200's header block itself and reads the body on, so the request's greenlet
+wakes once, at the body's end (a wait for the head cost a second wake, ~12 % of the loop per request).
+Any other answer's header block (an error status, HTTP/1.0, a framing the thread is unsure of) is left
+whole to ``Reader.head`` and parsed here for the fields the request needs. Plain ``http://`` only: TLS
+decrypts in user space, so those targets, and the Python reader, keep Locust's session.
 """
 
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from gevent.socket import getaddrinfo, wait_write
@@ -96,6 +100,18 @@ class Head:
 
 
 @dataclass(slots=True)
+class Answer:
+    """A sent request's answer so far: its connection and head, and, when the native thread took the head
+    itself and read the body on (``NativeReads.expect``), the body's outcome and the start its offsets count
+    from (the kernel's stamp of the send, in a closed loop)."""
+
+    conn: Connection
+    head: Head
+    body: native.BodyOutcome | None = None
+    start: float | None = None
+
+
+@dataclass(slots=True)
 class Connection:
     sock: RxSocket
     fd: int
@@ -144,9 +160,12 @@ class Connections:
         self._prefixes[key] = (headers, built)
         return built
 
-    def open(self, path: str, headers: dict[str, str], body: bytes) -> tuple[Connection, Head]:
+    def open(self, path: str, headers: dict[str, str], body: bytes,
+             stream: tuple[Any, float, bool] | None = None) -> Answer:
         """Send the request on an idle connection (else a new one) and wait for its answer's headers. A reused
-        connection the server closed while idle is retried once on a new one, before any answer was read."""
+        connection the server closed while idle is retried once on a new one, before any answer was read.
+        With ``stream`` (a ``StreamState``, the request's start, whether it counts from the send) the native
+        thread takes a 200's headers itself and reads the body on: the answer comes at the body's end."""
         data = b"%s%d\r\n\r\n%s" % (self.prefix(path, headers), len(body), body)
         while self.idle:
             conn = self.idle.pop()
@@ -154,12 +173,15 @@ class Connections:
                 self.discard(conn)
                 continue
             try:
-                return conn, self._exchange(conn, data)
+                return self._exchange(conn, data, stream)
             except (ClosedBeforeAnswer, BrokenPipeError, ConnectionResetError):
                 self.discard(conn)  # stale: the server closed it while it sat in the pool
+            except BaseException:
+                self.discard(conn)
+                raise
         conn = self._connect()
         try:
-            return conn, self._exchange(conn, data)
+            return self._exchange(conn, data, stream)
         except BaseException:
             self.discard(conn)
             raise
@@ -180,22 +202,37 @@ class Connections:
             raise ConnectFailed(exc) from None
         return Connection(sock, sock.fileno())
 
-    def _exchange(self, conn: Connection, data: bytes) -> Head:
+    def _exchange(self, conn: Connection, data: bytes, stream: tuple[Any, float, bool] | None) -> Answer:
         conn.used += 1
-        send, fd = self.reads.reader.send, conn.fd
-        sent = send(fd, data)
-        while sent < len(data):  # a body larger than the socket's send buffer
-            wait_write(fd, timeout=self.timeout, timeout_exc=socket.timeout("timed out sending the request"))
-            sent += send(fd, data[sent:])
-        head, reader = self.reads.reader.head, self.reads
+        reads, fd = self.reads, conn.fd
+        expected = reads.expect(fd, *stream, self.timeout) if stream is not None else None
+        send = reads.reader.send
+        try:
+            sent = send(fd, data)
+            while sent < len(data):  # a body larger than the socket's send buffer
+                wait_write(fd, timeout=self.timeout, timeout_exc=socket.timeout("timed out sending the request"))
+                sent += send(fd, data[sent:])
+        except BaseException:
+            if expected is not None:
+                reads.forget(fd, expected)
+            raise
+        if expected is not None:
+            out = reads.response(fd, expected)
+            if out.state != native.DECLINED:
+                taken = reads.reader.accepted(fd)
+                if taken is None:  # failed before the head came: as a wait for it would have
+                    raise out.error if out.error is not None else ClosedBeforeAnswer("no answer")
+                chunked, length, keep_alive, start = taken
+                return Answer(conn, Head(200, chunked, length, keep_alive, None), out, start)
+        head = reads.reader.head
         while True:
             block = head(fd)
             if block is None:
-                reader.wait(fd, self.timeout)
+                reads.wait(fd, self.timeout)
             elif not block:
                 raise ClosedBeforeAnswer("the server closed the connection before answering")
             else:
-                return Head.parse(block)
+                return Answer(conn, Head.parse(block))
 
     def done(self, conn: Connection, head: Head, complete: bool) -> None:
         """The exchange is over: a connection whose body was read to its end goes back to the pool."""

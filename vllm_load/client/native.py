@@ -21,6 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
 
 try:
@@ -38,6 +39,8 @@ LATE_S = 0.001
 #: kept an open-loop arrival or a heartbeat due meanwhile waiting behind all of them (turnover.py, 256
 #: streams: 14 and 7 loop stalls over 2 ms in 10 s, max 3.9 ms; 4 and 4, max 2.9 ms with it)
 HANDOFF_S = 0.001
+#: BodyOutcome.state of an expected answer whose head the thread left to the event loop (``expect``)
+DECLINED = 4
 
 
 def built() -> bool:
@@ -75,7 +78,7 @@ def reader_name() -> str:
 @dataclass(slots=True)
 class BodyOutcome:
     """How a streamed body ended. ``state``: 1 complete, 2 the connection closed before its end, 3 malformed
-    chunking, 0 an error stopped it (``error``). ``done_at``: the stamp of the line that completed the
+    chunking, 0 an error stopped it (``error``), ``DECLINED`` an expected head left to the event loop. ``done_at``: the stamp of the line that completed the
     stream (``[DONE]``), in seconds after the request's start."""
 
     state: int
@@ -212,6 +215,37 @@ class NativeReads:
                 body.sink.feed_lines(lines, body.start_wall)
         except Exception:  # noqa: BLE001 - the request fails anyway, for the reason the caller gives
             pass
+
+    def expect(self, fd: int, sink: Any, start_wall: float, from_send: bool, timeout: float | None) -> _Body:
+        """Before a request is sent on ``fd``: the thread takes its answer's head itself when it is a 200 it can
+        frame, and reads the body on into ``sink`` (a ``StreamState``), so the request wakes this process once,
+        at its end (``response``). Registered before the send: whatever comes is applied when it is drained."""
+        body = _Body(sink, start_wall, Waiter(), timeout, _deadline(timeout), True)
+        self.bodies[fd] = body
+        if self.reader.expect(fd, start_wall, from_send):  # bytes queued before the request: not its answer
+            del self.bodies[fd]
+            raise ConnectionResetError("the connection had bytes queued before the request was sent")
+        return body
+
+    def forget(self, fd: int, body: _Body) -> None:
+        """The send of an expected request failed: nothing will come for it."""
+        if self.bodies.get(fd) is body:
+            del self.bodies[fd]
+
+    def response(self, fd: int, body: _Body) -> BodyOutcome:
+        """Wait for an expected request's outcome: its body's end (``reader.accepted(fd)`` then says how the
+        thread read the head), state ``DECLINED`` (read the head with ``reader.head``: not a 200 it frames,
+        or the connection ended first), or an error (a timeout, the socket closed)."""
+        if self.bodies.get(fd) is not body:  # settled by a drain while the send waited for buffer space
+            return body.waiter.get()
+        try:
+            return self._park(self.bodies, fd, body, body.waiter)
+        except GreenletExit as stop:  # the user was stopped: what came still counts in its failure (its status
+            self._flush(fd, body)  # too: the stop is raised by the caller, once it knows the head)
+            return BodyOutcome(0, done_at=body.done_at, error=stop)
+        except BaseException:
+            self._flush(fd, body)
+            raise
 
     def stream_body(self, fd: int, chunked: bool, length: int, sink: Any, start_wall: float,
                     timeout: float | None) -> BodyOutcome:

@@ -242,7 +242,8 @@ def _exchange_direct(conns: Connections, req: ReadyRequest, headers: dict[str, s
     complete = False
     end = None
     try:
-        conn, head = conns.open(req.path, headers, req.body)
+        answer = conns.open(req.path, headers, req.body, (state, clock.start_wall, not clock.open_loop))
+        conn, head = answer.conn, answer.head
         ex.status = head.status
         fd = conn.fd
         if head.status != 200:
@@ -253,8 +254,12 @@ def _exchange_direct(conns: Connections, req: ReadyRequest, headers: dict[str, s
             if head.status in (429, 503):
                 ex.retry_after = _retry_after(head.retry_after)
         else:
-            clock.sent_at(conns.reads.reader.sent(fd))
-            out = conns.reads.stream_body(fd, head.chunked, head.length, state, clock.start_wall, conns.timeout)
+            if answer.body is not None:  # the native thread took the head and read the body on
+                clock.sent_at(answer.start)  # the start its offsets already count from
+                out = answer.body
+            else:
+                clock.sent_at(conns.reads.reader.sent(fd))
+                out = conns.reads.stream_body(fd, head.chunked, head.length, state, clock.start_wall, conns.timeout)
             state.bytes_read = out.body_bytes
             _raise_for(out)
             complete = True
