@@ -81,7 +81,8 @@ def main() -> None:
     ap.add_argument("--readers", default="native,python")
     args = ap.parse_args()
     print(f"{args.streams} streams, {args.output_tokens} tokens per request, lockstep 20 ms steps: a wave of "
-          f"{args.streams} completions every {args.output_tokens + 1} steps; client on core 0, emulator on core 1")
+          f"{args.streams} completions every {args.output_tokens + 1} steps; client on core 0, emulator on core 1; "
+          f"measured over the middle {args.seconds / 3:g} s of each run")
     print(f"{'reader':<8}{'req/s':>8}{'loop CPU':>9}{'other threads':>14}{'loop us/request':>16}"
           f"{'stall p99':>10}{'p99.9':>7}{'max':>7}{'>2 ms':>7}")
     for reader in args.readers.split(","):
