@@ -7,8 +7,8 @@ the bytes before the body are built once per path, the send is one call that kee
 it around a 10 us loopback send handed it to the prompt thread for a whole switch interval), and the C
 thread reads the answer from the connect on. A streamed request is expected (``Reader.expect``) before it
 is sent: the thread parses a 200's header block itself and reads the body on, so the request's greenlet
-wakes once, at the body's end (a wait for the head cost a second wake: 6-11 % of the loop per request, turnover.py).
-Any other answer's header block (an error status, HTTP/1.0, a framing the thread is unsure of) is left
+wakes once, at the body's end (a wait for the head cost a second wake: 6-11 % of the loop per request,
+turnover.py). Any other answer's header block (an error status, HTTP/1.0, a framing the thread is unsure of) is left
 whole to ``Reader.head`` and parsed here for the fields the request needs. Plain ``http://`` only: TLS
 decrypts in user space, so those targets, and the Python reader, keep Locust's session.
 """

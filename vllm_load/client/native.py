@@ -78,8 +78,9 @@ def reader_name() -> str:
 @dataclass(slots=True)
 class BodyOutcome:
     """How a streamed body ended. ``state``: 1 complete, 2 the connection closed before its end, 3 malformed
-    chunking, 0 an error stopped it (``error``), ``DECLINED`` an expected head left to the event loop. ``done_at``: the stamp of the line that completed the
-    stream (``[DONE]``), in seconds after the request's start."""
+    chunking, 0 an error stopped it (``error``), ``DECLINED`` an expected head left to the event loop.
+    ``done_at``: the stamp of the line that completed the stream (``[DONE]``), in seconds after the request's
+    start."""
 
     state: int
     body_bytes: int = 0
