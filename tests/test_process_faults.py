@@ -19,10 +19,17 @@ from tests.helpers import ROOT, Proc, free_port, wait_for
 from vllm_load.rundir.reqlog import read_log
 
 
-def locust(args: list[str], cwd: Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def _sigint_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT back to its default. A shell's background job (``.ci/run &``) starts
+    with SIGINT ignored, which Python and every child keep: Ctrl-C then did nothing, and the SIGINT tests
+    failed only when the suite itself ran in the background."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def locust(args: list[str], cwd: Path, **env_extra: str) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **env_extra)
     return subprocess.Popen([sys.executable, "-m", "locust", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal)
 
 
 def logs(run_dir: Path) -> list[dict]:
@@ -92,11 +99,8 @@ def test_ctrl_c_stops_the_run_where_the_main_greenlet_waits_not_in_the_middle_of
     (tmp_path / "busy.py").write_text(BUSY)
     mark = tmp_path / "mark"
     run_dir = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), BUSY_MARK=str(mark))
-    args = ["-f", str(tmp_path / "busy.py"), "--headless", "-u", "2", "-r", "2", "-t", "120s", "--host", emu.url,
-            "--output-tokens", "8", "--run-dir", str(run_dir)]
-    p = subprocess.Popen([sys.executable, "-m", "locust", *args], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+    p = locust(["-f", str(tmp_path / "busy.py"), "--headless", "-u", "2", "-r", "2", "-t", "120s", "--host", emu.url,
+                "--output-tokens", "8", "--run-dir", str(run_dir)], tmp_path, BUSY_MARK=str(mark))
     try:
         wait_for(lambda: mark.exists() and mark.read_text() == "busy\n", what="the busy stretch")
         p.send_signal(signal.SIGINT)  # lands while the busy greenlet holds the loop
