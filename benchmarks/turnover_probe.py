@@ -1,7 +1,8 @@
 """The built-in completions user plus a probe of the event loop, for ``turnover.py``: a greenlet asks to
-wake every 1 ms and records how late it woke (a stall of the loop); every finished request's time is
-kept; both are written to $TURNOVER_PROBE when the run ends."""
+wake every 1 ms and records how late it woke (a stall of the loop); every finished request's time and
+every garbage collection (``gc.callbacks``) are kept; all are written to $TURNOVER_PROBE when the run ends."""
 
+import gc
 import json
 import os
 import time
@@ -13,6 +14,18 @@ from vllm_load.locustfiles.completions import *  # noqa: F401,F403  the shipped 
 
 STALLS: list[tuple[float, float]] = []
 FINISHED: list[float] = []
+COLLECTIONS: list[tuple[float, int, float]] = []  # (wall time at its start, generation, seconds): gc.callbacks
+_gc_start: list[float] = []
+
+
+def _collection(phase: str, info: dict) -> None:
+    if phase == "start":
+        _gc_start[:] = [time.time(), time.perf_counter()]
+    elif _gc_start:
+        COLLECTIONS.append((_gc_start[0], info["generation"], time.perf_counter() - _gc_start[1]))
+
+
+gc.callbacks.append(_collection)
 
 
 def probe() -> None:
@@ -36,4 +49,4 @@ def _start(**_kw) -> None:
 @events.quitting.add_listener
 def _write(**_kw) -> None:
     with open(os.environ["TURNOVER_PROBE"], "w") as fh:
-        json.dump({"stalls": STALLS, "finished": FINISHED}, fh)
+        json.dump({"stalls": STALLS, "finished": FINISHED, "collections": COLLECTIONS}, fh)
