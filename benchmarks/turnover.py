@@ -75,7 +75,8 @@ def run(reader: str, args: argparse.Namespace) -> dict:
             "loop_cpu_per_request_us": 1e6 * loop_cpu / max(1, len(finished)),
             "loop_cpu": loop_cpu / (t1 - t0), "other_threads_cpu": other / (t1 - t0),
             "stall_p99_ms": pct(99) * 1e3, "stall_p999_ms": pct(99.9) * 1e3, "stall_max_ms": window[-1] * 1e3 if window else float("nan"),
-            "stalls_over_2ms": sum(1 for s in window if s > 0.002), "wakes": len(window), **cause}
+            "stalls_over_2ms": sum(1 for s in window if s > 0.002), "wakes": len(window), **cause,
+            "collections": _collections(probe["collections"], t0, t1)}
 
 
 def _attribute(stalls: list[tuple[float, float]], collections: list, finished: list[float]) -> dict:
@@ -92,6 +93,12 @@ def _attribute(stalls: list[tuple[float, float]], collections: list, finished: l
     return {"stalls_with_gc": gc_hit, "stalls_after_wave": after_wave}
 
 
+def _collections(collections: list, t0: float, t1: float) -> str:
+    """The window's garbage collections: how many, and the longest (ms)."""
+    took = [dt for at, _gen, dt in collections if t0 <= at < t1]
+    return f"{len(took)} / {1e3 * max(took):.1f}" if took else "0"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--streams", type=int, default=256)
@@ -104,12 +111,14 @@ def main() -> None:
           f"{args.streams} completions every {args.output_tokens + 1} steps; client on core 0, emulator on core 1; "
           f"measured over the middle {args.seconds / 3:g} s of each run")
     print(f"{'reader':<8}{'req/s':>8}{'loop CPU':>9}{'other threads':>14}{'loop us/request':>16}"
-          f"{'stall p99':>10}{'p99.9':>7}{'max':>7}{'>2 ms':>7}{'of them: GC':>13}{'after a wave':>14}")
+          f"{'stall p99':>10}{'p99.9':>7}{'max':>7}{'>2 ms':>7}{'of them: GC':>13}{'after a wave':>14}"
+          f"{'GCs / longest ms':>18}")
     for reader in args.readers.split(","):
         r = run(reader, args)
         print(f"{r['reader']:<8}{r['requests_per_s']:>8.0f}{100 * r['loop_cpu']:>8.0f}%{100 * r['other_threads_cpu']:>13.0f}%"
               f"{r['loop_cpu_per_request_us']:>16.0f}{r['stall_p99_ms']:>10.2f}{r['stall_p999_ms']:>7.2f}"
-              f"{r['stall_max_ms']:>7.2f}{r['stalls_over_2ms']:>7d}{r['stalls_with_gc']:>13d}{r['stalls_after_wave']:>14d}")
+              f"{r['stall_max_ms']:>7.2f}{r['stalls_over_2ms']:>7d}{r['stalls_with_gc']:>13d}{r['stalls_after_wave']:>14d}"
+              f"{r['collections']:>18}")
 
 
 if __name__ == "__main__":
