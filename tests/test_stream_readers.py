@@ -177,6 +177,7 @@ def test_a_user_stopped_mid_body_fails_with_the_tokens_it_had(via, monkeypatch):
     rec = g.value.record  # StreamCancelled, a GreenletExit: the greenlet's value
     assert rec.error == "cancelled after 2 tokens: the test stopped mid-request"
     assert len(rec.chunk_offsets) == 2 and rec.output_tokens == 2 and rec.response_id == "cmpl-scripted"
+    assert rec.status == 200 and not rec.connection_failed  # its head came: a stop, not a connection failure
     srv.log()
 
 
