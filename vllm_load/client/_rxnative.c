@@ -382,14 +382,55 @@ static int header_cut(int *matched, const char *p, size_t n, size_t *take) {
     return 0;
 }
 
+static int arm(Reader *r, int fd, stream_t *s);
+
+/* with the lock held: a stream paused for a full queue is read again once its queue fell below half */
+static void resume(Reader *r, int fd, stream_t *s) {
+    if (s->paused && s->queued < PAUSE_BYTES / 2 && !s->eof && !s->err) {
+        s->paused = 0;
+        arm(r, fd, s);
+    }
+}
+
+/* with the lock held: copy the first n queued raw bytes to dst, leaving them queued; how many were copied */
+static size_t peek_raw(const stream_t *s, char *dst, size_t n) {
+    size_t at = 0;
+    for (const seg_t *g = s->head; g && at < n; g = g->next) {
+        size_t take = g->len - g->off;
+        if (take > n - at)
+            take = n - at;
+        memcpy(dst + at, g->data + g->off, take);
+        at += take;
+    }
+    return at;
+}
+
+/* with the lock held: drop the first n queued raw bytes (n at most what is queued) */
+static void drop_raw(Reader *r, int fd, stream_t *s, size_t n) {
+    while (n) {
+        seg_t *g = s->head;
+        size_t take = g->len - g->off;
+        if (take > n)
+            take = n;
+        g->off += take;
+        s->queued -= take;
+        n -= take;
+        if (g->off == g->len) {
+            s->head = g->next;
+            if (!s->head)
+                s->tail = NULL;
+            free(g);
+        }
+    }
+    resume(r, fd, s);
+}
+
 #define HEAD_MAX 65536 /* a response's header block larger than this is not an inference server's */
 #define DECLINED 4      /* body_state of an expected head left to the event loop (not a 200 we can take) */
 
 /* with the lock held: the body of a response whose headers are parsed: from now on this thread decodes it
  * (chunked, or `length` bytes, or until close when length < 0) into lines, and with `parse` parses them as
  * SSE; what the thread already read of it is decoded at once */
-static int arm(Reader *r, int fd, stream_t *s);
-
 static void start_body(Reader *r, int fd, stream_t *s, int chunked, long long length, sse_state *parse) {
     sse_free(s->sse); /* a previous answer's, never taken */
     s->sse = parse;
@@ -425,10 +466,7 @@ static void start_body(Reader *r, int fd, stream_t *s, int chunked, long long le
     }
     if (s->body_state != 0)
         s->body = 0;
-    if (s->paused && s->queued < PAUSE_BYTES / 2 && !s->eof && !s->err) {
-        s->paused = 0;
-        arm(r, fd, s);
-    }
+    resume(r, fd, s);
 }
 
 static int lower_eq(const char *p, size_t n, const char *word) {
@@ -524,17 +562,9 @@ static void accept_head(Reader *r, int fd, stream_t *s, size_t len) {
         decline(r, fd, s);
         return;
     }
-    size_t at = 0;
-    for (seg_t *g = s->head; g && at < len; g = g->next) {
-        size_t take = g->len - g->off;
-        if (take > len - at)
-            take = len - at;
-        memcpy(blk + at, g->data + g->off, take);
-        at += take;
-    }
     int chunked, keep;
     int64_t length;
-    int ok = at == len && parse_head(blk, len, &chunked, &length, &keep);
+    int ok = peek_raw(s, blk, len) == len && parse_head(blk, len, &chunked, &length, &keep);
     free(blk);
     double start = s->exp_start;
     if (s->exp_from_send && s->tx_ns) { /* stream.py's _Clock.sent_at, on the same double */
@@ -547,21 +577,7 @@ static void accept_head(Reader *r, int fd, stream_t *s, size_t len) {
         decline(r, fd, s);
         return;
     }
-    while (len) { /* the header block off the raw queue */
-        seg_t *g = s->head;
-        size_t take = g->len - g->off;
-        if (take > len)
-            take = len;
-        g->off += take;
-        s->queued -= take;
-        len -= take;
-        if (g->off == g->len) {
-            s->head = g->next;
-            if (!s->head)
-                s->tail = NULL;
-            free(g);
-        }
-    }
+    drop_raw(r, fd, s, len); /* the header block off the raw queue */
     s->expecting = 0;
     s->accepted = 1;
     s->acc_chunked = chunked;
@@ -961,28 +977,8 @@ static PyObject *take_raw(Reader *r, int fd, stream_t *s, size_t n) {
     PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
     if (!out)
         return NULL;
-    char *dst = PyBytes_AS_STRING(out);
-    while (n) {
-        seg_t *g = s->head;
-        size_t take = g->len - g->off;
-        if (take > n)
-            take = n;
-        memcpy(dst, g->data + g->off, take);
-        dst += take;
-        n -= take;
-        g->off += take;
-        s->queued -= take;
-        if (g->off == g->len) {
-            s->head = g->next;
-            if (!s->head)
-                s->tail = NULL;
-            free(g);
-        }
-    }
-    if (s->paused && s->queued < PAUSE_BYTES / 2 && !s->eof && !s->err) {
-        s->paused = 0;
-        arm(r, fd, s);
-    }
+    peek_raw(s, PyBytes_AS_STRING(out), n);
+    drop_raw(r, fd, s, n);
     return out;
 }
 
