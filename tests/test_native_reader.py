@@ -296,10 +296,22 @@ def test_news_is_applied_when_drained_so_a_previous_body_never_ends_the_next(mon
     assert sink.done and sink.chunk_tokens == [1] and sink.content == "hi"  # the new body's own result
 
 
+def _settled(reader, fd: int, timeout: float = 5.0) -> tuple:
+    """The first drained (lines, state, parsed) of ``fd`` with a state (ended, failed or declined); the eventfd
+    says when there is news."""
+    import select
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        select.select([reader.fileno()], [], [], 0.5)
+        for f, lines, state, _bytes, _err, parsed in reader.drain():
+            if f == fd and state:
+                return lines, state, parsed
+    raise AssertionError(f"fd {fd} never settled")
+
+
 def _expect_outcome(reader, block: bytes, body: bytes, close: bool = False):
     """Send ``block`` + ``body`` as the answer to an expected request; what the thread made of it: ("taken",
     (chunked, length, keep_alive, start), the drained state, the parsed result) or ("declined", raw head)."""
-    import select
     cli, peer = _pair()
     fd = cli.fileno()
     with cli, peer:
@@ -311,19 +323,11 @@ def _expect_outcome(reader, block: bytes, body: bytes, close: bool = False):
             peer.sendall(block + body)
             if close:  # a body delimited by the close
                 peer.shutdown(socket.SHUT_WR)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline:
-                select.select([reader.fileno()], [], [], 0.5)
-                mine = [item for item in reader.drain() if item[0] == fd]
-                if not mine:
-                    continue
-                _fd, lines, state, _bytes, _err, parsed = mine[-1]
-                if state == native.DECLINED:
-                    assert reader.accepted(fd) is None
-                    return "declined", reader.head(fd)
-                if state:
-                    return "taken", reader.accepted(fd), state, parsed, lines
-            raise AssertionError(f"no outcome for {block!r}")
+            lines, state, parsed = _settled(reader, fd)
+            if state == native.DECLINED:
+                assert reader.accepted(fd) is None
+                return "declined", reader.head(fd)
+            return "taken", reader.accepted(fd), state, parsed, lines
         finally:
             reader.unwatch(fd)
 
@@ -405,19 +409,17 @@ def test_an_expected_answer_cut_anywhere_is_taken_and_a_closed_one_is_left_to_py
         with cli, peer:
             reader.watch(fd)
             reader.expect(fd, 1000.0, False)
+            before = reader.stats()["bytes"]
             peer.sendall(answer[:cut])
-            time.sleep(0.02)  # two segments: the thread reads the first before the second lands
+            deadline = time.monotonic() + 5
+            while reader.stats()["bytes"] - before < cut:  # two reads: the first part is read before the rest
+                assert time.monotonic() < deadline, "the first part was never read"
+                time.sleep(0.001)
             peer.sendall(answer[cut:])
-            import select
-            deadline, state = time.monotonic() + 5, None
-            while state is None and time.monotonic() < deadline:
-                select.select([reader.fileno()], [], [], 0.5)
-                for f, _lines, st, _b, _e, parsed in reader.drain():
-                    if f == fd and st:
-                        state = (st, parsed)
-            assert state is not None and state[0] == 1, (cut, state)
+            _lines, state, parsed = _settled(reader, fd)
+            assert state == 1, (cut, state)
             sink = StreamState()
-            sink.absorb(state[1])
+            sink.absorb(parsed)
             assert sink.done and sink.text == "x"
             assert reader.accepted(fd)[:3] == (True, -1, True)
             reader.unwatch(fd)
@@ -428,10 +430,5 @@ def test_an_expected_answer_cut_anywhere_is_taken_and_a_closed_one_is_left_to_py
         reader.watch(fd)
         reader.expect(fd, 1000.0, False)
         peer.close()
-        import select
-        deadline, state = time.monotonic() + 5, None
-        while state is None and time.monotonic() < deadline:
-            select.select([reader.fileno()], [], [], 0.5)
-            state = next((st for f, _l, st, _b, _e, _p in reader.drain() if f == fd), None)
-        assert state == native.DECLINED and reader.head(fd) == b""
+        assert _settled(reader, fd)[1] == native.DECLINED and reader.head(fd) == b""
         reader.unwatch(fd)
