@@ -16,6 +16,7 @@ from typing import IO, Any
 import orjson
 
 from vllm_load.client.record import RequestRecord
+from vllm_load.workload.prompt_pool import token_thread
 
 
 class RequestLog:
@@ -47,8 +48,6 @@ class RequestLog:
         raise what a write met)."""
         if self._records and self._fh is not None:
             if self._writer is None:
-                from vllm_load.workload.prompt_pool import token_thread
-
                 self._writer = token_thread()
             records, self._records = self._records, []
             self._last = self._writer.spawn(self._append, self._fh, records)

@@ -42,7 +42,8 @@ def yield_the_core() -> None:
 
 
 def token_thread() -> ThreadPool:
-    """One native thread for token work off the event loop, at a lower priority than the loop."""
+    """One native thread for work off the event loop (prompts, users' token work, the request log), at a lower
+    priority than the loop."""
     pool = ThreadPool(1)
     pool.spawn(yield_the_core)  # its first task: one thread, so every later one runs at that priority
     return pool
