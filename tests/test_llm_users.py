@@ -169,7 +169,9 @@ def test_multiturn_replays_every_user_turn_of_a_sharegpt_conversation(emulator_f
     assert third
     for msgs in third:
         users = [m["content"] for m in msgs if m["role"] == "user"]
-        conv = "alpha" if "alpha" in users[0] else "beta"
+        # which conversation: from its later turns, sent verbatim (the first turn's unique digest words are
+        # drawn from the tokenizer's vocabulary and once included "alpha" in a beta conversation)
+        conv = "alpha" if "alpha" in users[1] else "beta"
         # the first turn behind the run's unique digest words, the later ones as the file has them
         assert users[0].endswith(f"\nfirst question of conversation {conv} about caching")
         assert users[1:] == [f"second question of conversation {conv}", f"third question of conversation {conv}"]
