@@ -1,4 +1,5 @@
-"""Metadata lives in setup.cfg; this file only adds the optional native receive thread.
+"""Metadata lives in setup.cfg; this file only adds the optional native parts: the receive thread and the
+histograms' batch recorder (``vllm_load/metrics/_hdrnative.c``).
 
 ``vllm_load/client/_rxnative.c`` (and its SSE parser, ``_sse.c``) needs a C compiler and Python's headers (gcc and python3-dev on
 Debian/Ubuntu). ``optional=True``: where it cannot be built (no compiler, not Linux) the install still
@@ -9,4 +10,6 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[Extension("vllm_load.client._rxnative", ["vllm_load/client/_rxnative.c", "vllm_load/client/_sse.c"],
                              depends=["vllm_load/client/_sse.h"], extra_compile_args=["-O2", "-std=gnu11"],
-                             optional=True)])
+                             optional=True),
+                  Extension("vllm_load.metrics._hdrnative", ["vllm_load/metrics/_hdrnative.c"],
+                            extra_compile_args=["-O2", "-std=gnu11"], optional=True)])

@@ -1,6 +1,7 @@
 """Metric arithmetic, exact histogram merging and wire round-trips."""
 
 import json
+import math
 import random
 from collections import Counter
 
@@ -170,6 +171,44 @@ def test_batched_fold_equals_recording_each_value():
     for w, h in win_itl.items():
         assert list(stats.windows[w]["itl_token"].hdr.counts) == list(h.hdr.counts)
     assert stats.requests == 700 and stats.failures == sum(not r.ok for r in recs)
+
+
+def test_native_batch_recorder_equals_the_numpy_path_and_record():
+    """``record_many`` runs in C where it was built (``_hdrnative.c``), else through numpy: both must fill
+    exactly the buckets ``record`` fills, one value at a time, with the same count, sum, min and max, for
+    lists and arrays, with and without per-value counts, across the histogram's whole range."""
+    import numpy as np
+
+    from vllm_load.metrics import histogram
+
+    assert histogram._record_native is not None, "vllm_load/metrics/_hdrnative.c was not built"
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        values = np.exp(rng.uniform(-25, 9, size=int(rng.integers(1, 3000))))  # 1e-11 s .. 2 h: both clamps
+        values[: trial % 4] = [0.5, 1.0005e-6, 2.5e-9][: trial % 4]  # exact ties round half to even
+        times = None if trial % 3 == 0 else rng.integers(0, 5, size=values.size)
+        as_list = trial % 2 == 1
+        native, numpy_path, one_by_one = Histogram(), Histogram(), Histogram()
+        native.record_many(values.tolist() if as_list else values,
+                           None if times is None else (times.tolist() if as_list else times))
+        numpy_path._record_numpy(values, times)
+        for i, v in enumerate(values.tolist()):
+            if times is None or times[i]:
+                one_by_one.record(v, 1 if times is None else int(times[i]))
+        for h in (numpy_path, one_by_one):
+            assert bytes(memoryview(native.hdr.counts)) == bytes(memoryview(h.hdr.counts)), trial
+            assert (native.count, native.hdr.total_count) == (h.count, h.hdr.total_count), trial
+            assert native.total == pytest.approx(h.total, rel=1e-12), trial
+        assert (native.hdr.min_value, native.hdr.max_value) == (numpy_path.hdr.min_value, numpy_path.hdr.max_value)
+        assert (native.min, native.max) == (numpy_path.min, numpy_path.max) == (values.min(), values.max())
+    h = Histogram()
+    h.record_many([])
+    assert h.count == 0 and h.min == math.inf
+    with pytest.raises(ValueError, match="NaN"):
+        h.record_many([0.1, float("nan")])
+    assert h.count == 0 and not any(h.hdr.counts)  # a bad value leaves the histogram as it was
+    with pytest.raises(ValueError, match="length"):
+        h.record_many([0.1, 0.2], [1])
 
 
 def test_old_windows_are_packed_and_read_the_same():

@@ -32,7 +32,8 @@ def test_a_wheel_installed_outside_the_checkout_runs_the_chat_locustfile(tmp_pat
         meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
         assert not any(n.startswith("server/") for n in zf.namelist())
         if sys.platform.startswith("linux"):  # the wheel's build compiled the native reader
-            assert any(n.startswith("vllm_load/client/_rxnative") and n.endswith(".so") for n in zf.namelist())
+            for ext in ("vllm_load/client/_rxnative", "vllm_load/metrics/_hdrnative"):
+                assert any(n.startswith(ext) and n.endswith(".so") for n in zf.namelist()), ext
     for dep in ("locust", "gevent", "orjson", "transformers", "hdrhistogram", "prometheus_client"):
         assert f"Requires-Dist: {dep}" in meta, dep
     venv = tmp_path / "venv"

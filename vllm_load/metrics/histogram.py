@@ -15,6 +15,11 @@ from typing import Sequence
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+try:  # a dozen record_many calls per fold: ~1 us each in C, ~30 us each through numpy (_hdrnative.c)
+    from vllm_load.metrics._hdrnative import record as _record_native
+except ImportError:  # built without a C compiler: the numpy path below
+    _record_native = None
+
 #: Range of a latency histogram, in nanoseconds: 1 ns .. 1 hour.
 _LOWEST, _HIGHEST, _DIGITS = 1, 3_600_000_000_000, 3
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
@@ -80,7 +85,18 @@ class Histogram:
 
     def record_many(self, values: Sequence[float] | np.ndarray, times: Sequence[int] | np.ndarray | None = None) -> None:
         """``record`` for a whole request's values in one vectorised step (a 512-token stream's gaps
-        in ~20 us instead of ~1 ms of per-value Python on the event loop). Same buckets as ``record``."""
+        in ~20 us instead of ~1 ms of per-value Python on the event loop). Same buckets as ``record``:
+        in C where it was built, else vectorised with numpy."""
+        if _record_native is not None:
+            hdr = self._live()
+            got = _record_native(hdr.counts, values, times, self.scale, _LOWEST, _HIGHEST, hdr.unit_magnitude,
+                                 hdr.sub_bucket_half_count_magnitude, hdr.sub_bucket_mask, hdr.sub_bucket_half_count)
+            if got is not None:
+                self._recorded(hdr, *got)
+            return
+        self._record_numpy(values, times)
+
+    def _record_numpy(self, values: Sequence[float] | np.ndarray, times: Sequence[int] | np.ndarray | None) -> None:
         if len(values) <= _SMALL:  # numpy's fixed cost is larger than a few Python records
             if times is None:
                 for x in values:
@@ -103,13 +119,17 @@ class Histogram:
             np.add.at(counts, index, w)
         else:  # one pass over the counts beats add.at's per-value cost for big batches
             counts += np.bincount(index, weights=w, minlength=counts.size).astype(np.uint64)
-        n = int(w.sum())
+        self._recorded(hdr, int(w.sum()), float(np.dot(v, w.astype(np.float64))), float(v.min()), float(v.max()),
+                       int(ticks.min()), int(ticks.max()))
+
+    def _recorded(self, hdr: HdrHistogram, n: int, total: float, lo: float, hi: float, lo_ticks: int,
+                  hi_ticks: int) -> None:
+        """The totals beside the counters, once a batch's counts are in."""
         hdr.total_count += n
-        hdr.min_value = min(hdr.min_value, int(ticks.min()))
-        hdr.max_value = max(hdr.max_value, int(ticks.max()))
+        hdr.min_value = min(hdr.min_value, lo_ticks)
+        hdr.max_value = max(hdr.max_value, hi_ticks)
         self.count += n
-        self.total += float(np.dot(v, w.astype(np.float64)))
-        lo, hi = float(v.min()), float(v.max())
+        self.total += total
         if lo < self.min:
             self.min = lo
         if hi > self.max:
