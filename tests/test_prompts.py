@@ -120,3 +120,36 @@ def test_the_fast_count_is_transformers_own(tok):
     for text in texts:
         for special in (True, False):
             assert tok.encode(text, special) == tok.hf(text, add_special_tokens=special)["input_ids"], text[:40]
+    for special in (True, False):  # the batch count too (the start-up probes, chat batches)
+        assert tok.count_batch(texts, special) == [len(tok.hf(t, add_special_tokens=special)["input_ids"]) for t in texts]
+
+
+def test_a_load_generator_encodes_in_its_own_low_priority_thread(monkeypatch):
+    """Once its pools are ready, a load generator's tokenizer batches run in the calling thread (the prompt
+    thread, at nice 10), not in tokenizers' pool threads, which run at the event loop's priority."""
+    import threading
+    import time
+
+    from vllm_load.workload.tokenizer import PARALLELISM_ENV, encode_in_calling_thread
+
+    tok = load_tokenizer(BUILTIN_MISTRAL)
+    texts = [f"word {i} " * 200 for i in range(400)]
+
+    def caller_share() -> float:
+        """The calling thread's share of the CPU one batch encode took in the whole process."""
+        got = {}
+
+        def work() -> None:
+            t, p = time.thread_time(), time.process_time()
+            tok.count_batch(texts, add_special_tokens=False)
+            got["share"] = (time.thread_time() - t) / max(1e-9, time.process_time() - p)
+
+        th = threading.Thread(target=work)
+        th.start()
+        th.join()
+        return got["share"]
+
+    monkeypatch.setenv(PARALLELISM_ENV, "true")  # as load_tokenizer leaves it for the start-up probes
+    assert caller_share() < 0.5  # the pool's threads did the work
+    encode_in_calling_thread()
+    assert caller_share() > 0.9

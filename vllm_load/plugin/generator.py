@@ -28,7 +28,7 @@ from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record,
 from vllm_load.workload.lengths import LengthSpec, parse_length
 from vllm_load.workload.prompt_pool import PromptPool, token_thread
 from vllm_load.workload.prompts import Prompt, PromptFactory
-from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
+from vllm_load.workload.tokenizer import Tokenizer, encode_in_calling_thread, load_tokenizer
 
 #: GIL switch interval in load-generating processes (seconds)
 SWITCH_INTERVAL = 0.0005
@@ -107,6 +107,7 @@ class Generator:
         sys.setswitchinterval(SWITCH_INTERVAL)
         rt._prepare_generation()
         rt._fill_pools(apis)
+        encode_in_calling_thread()  # the prompt thread's encodes at its own (low) priority from here on
         rt.start_wall = time.time()  # this process's load starts now, not before its pools were ready
         rt.start_perf = time.perf_counter()  # the same instant on the clock the schedules use
         warm_up()  # before the heap is frozen: what it loads is start-up heap too
