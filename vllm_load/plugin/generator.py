@@ -368,7 +368,8 @@ class Generator:
     FOLD_SLICE_PYTHON = 256
     FOLD_SLICE_NATIVE = 2048
     #: requests pending before a fold is worth its fixed cost (numpy's per-call overhead: folding 4
-    #: requests at a time costs 66 us per request, 64 at a time 15 us), unless FOLD_EVERY_S passed
+    #: requests at a time costs 66 us per request, 64 at a time 15 us; with the histograms' C recorder,
+    #: _hdrnative.c, 15 and 1.9 us, 32 at a time 2.7 us), unless FOLD_EVERY_S passed
     FOLD_BATCH = 32
     FOLD_EVERY_S = 0.25
 
