@@ -1,7 +1,11 @@
 """The built-in completions user plus a probe of the event loop, for ``turnover.py``: a greenlet asks to
 wake every 1 ms and records how late it woke (a stall of the loop); every finished request's time and
-every garbage collection (``gc.callbacks``) are kept; all are written to $TURNOVER_PROBE when the run ends."""
+every garbage collection (``gc.callbacks``) are kept; all are written to $TURNOVER_PROBE when the run ends.
+The probe's own series are arrays, not lists: a list of 37,000 finish times (15 s at 2,500 requests/s) is one
+container the collector walks element by element at every full collection, and made the client's own
+collections look ~1 ms longer than a run without the probe has them."""
 
+import array
 import gc
 import json
 import os
@@ -12,8 +16,9 @@ from locust import events
 
 from vllm_load.locustfiles.completions import *  # noqa: F401,F403  the shipped user, unchanged
 
-STALLS: list[tuple[float, float]] = []
-FINISHED: list[float] = []
+STALL_AT = array.array("d")  # wall time of each probe wake
+STALL_LATE = array.array("d")  # how late it woke (seconds)
+FINISHED = array.array("d")
 COLLECTIONS: list[tuple[float, int, float]] = []  # (wall time at its start, generation, seconds): gc.callbacks
 _gc_start: list[float] = []
 
@@ -33,7 +38,8 @@ def probe() -> None:
         t = time.perf_counter()
         gevent.sleep(0.001)
         late = time.perf_counter() - t - 0.001
-        STALLS.append((time.time(), max(0.0, late)))
+        STALL_AT.append(time.time())
+        STALL_LATE.append(max(0.0, late))
 
 
 @events.request.add_listener
@@ -49,4 +55,5 @@ def _start(**_kw) -> None:
 @events.quitting.add_listener
 def _write(**_kw) -> None:
     with open(os.environ["TURNOVER_PROBE"], "w") as fh:
-        json.dump({"stalls": STALLS, "finished": FINISHED, "collections": COLLECTIONS}, fh)
+        json.dump({"stalls": list(zip(STALL_AT, STALL_LATE)), "finished": FINISHED.tolist(),
+                   "collections": COLLECTIONS}, fh)
