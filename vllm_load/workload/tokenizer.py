@@ -117,9 +117,14 @@ class Tokenizer:
         return value if 0 < value < 10**9 else 0
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.encode_batch([text], add_special_tokens)[0]
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
+        """The ids of each text, in one call: the Rust backend directly (one release of the GIL for the whole
+        batch) where transformers' ``__call__`` would only forward to it, else ``__call__``."""
         if self._backend is not None:
-            return self._backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
-        return self.hf(text, add_special_tokens=add_special_tokens)["input_ids"]
+            return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        return self.hf(texts, add_special_tokens=add_special_tokens)["input_ids"]
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> str:
         """The chat template's text, as vLLM renders it (generation prompt; ``tools`` passed to the template)."""
@@ -151,10 +156,9 @@ class Tokenizer:
         return self.count_batch([self.render_chat(m) for m in conversations], add_special_tokens=False)
 
     def count_batch(self, texts: list[str], add_special_tokens: bool) -> list[int]:
-        """Token counts of many texts in one call (the Rust side parallelises it)."""
-        if self._backend is not None:  # one release of the GIL for the whole batch
-            return [len(e.ids) for e in self._backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
-        return [len(ids) for ids in self.hf(texts, add_special_tokens=add_special_tokens)["input_ids"]]
+        """Token counts of many texts in one call (the Rust side parallelises it until
+        ``encode_in_calling_thread``)."""
+        return [len(ids) for ids in self.encode_batch(texts, add_special_tokens)]
 
 
 #: tokenizers' switch for its Rust thread pool (rayon), read at every batch call
