@@ -2,8 +2,8 @@
 wake every 1 ms and records how late it woke (a stall of the loop); every finished request's time and
 every garbage collection (``gc.callbacks``) are kept; all are written to $TURNOVER_PROBE when the run ends.
 The probe's own series are arrays, not lists: a list of 37,000 finish times (15 s at 2,500 requests/s) is one
-container the collector walks element by element at every full collection, and made the client's own
-collections look ~1 ms longer than a run without the probe has them."""
+container the collector walks element by element at every full collection: with lists, full collections
+in the probed process took 1.97-3.20 ms, with arrays 1.76-2.60 ms (6 samples each)."""
 
 import array
 import gc
