@@ -37,17 +37,21 @@ from pathlib import Path
 from _harness import ENV, ROOT, pinned, start_emulator
 
 
-def thread_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds per thread (by thread id) of a process."""
-    hz = os.sysconf("SC_CLK_TCK")
+def thread_stats(pid: int) -> dict[str, list[str]]:
+    """Each thread's /proc stat fields after its name (by thread id) of a process."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+            out[tid] = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[tid] = (int(fields[11]) + int(fields[12])) / hz
     return out
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread (by thread id) of a process."""
+    hz = os.sysconf("SC_CLK_TCK")
+    return {tid: (int(fields[11]) + int(fields[12])) / hz for tid, fields in thread_stats(pid).items()}
 
 
 def run(reader: str, args: argparse.Namespace) -> dict:
@@ -105,11 +109,7 @@ def thread_roles(pid: int) -> dict[str, str]:
     """The client's threads by what they are, from their scheduling class: the event loop (the main thread),
     the native reader (real-time, or the nice -10 it falls back to) and the token threads (nice 10)."""
     roles = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
+    for tid, fields in thread_stats(pid).items():
         nice, policy = int(fields[16]), int(fields[38])
         roles[tid] = ("loop" if tid == str(pid) else "reader" if policy in (1, 2) or nice < 0
                       else "token threads" if nice > 0 else "other client threads")
