@@ -116,8 +116,8 @@ def test_the_fast_count_is_transformers_own(tok):
     texts += [rng.choice(["", " "]).join(rng.choice(words) for _ in range(rng.randint(1, 200))) for _ in range(50)]
     if tok.mistral_common:  # encoded by mistral-common, never through this path
         return
-    assert tok._backend is not None
-    if hasattr(tok._backend, "encode_batch_fast"):  # the offsets-free call where tokenizers has it
+    assert tok._encode_many is not None
+    if hasattr(tok.hf._tokenizer, "encode_batch_fast"):  # the offsets-free call where tokenizers has it
         assert tok._encode_many.__name__ == "encode_batch_fast"
     for text in texts:
         for special in (True, False):
