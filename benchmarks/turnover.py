@@ -18,7 +18,8 @@ apart) divided by the requests finished is the loop time per turnover, chunks in
 core 1; it needs perf and root or perf_event_paranoid <= 1) and gives each stall over 2 ms to what held the
 core longest while the loop waited: the loop's own work (its thread CPU), the loop shown running but charged
 no CPU for it (stolen: the host ran something else on the virtual CPU), the native reader, the token
-threads, or another task (kernel threads are named). The tracing costs the client ~10 % more loop time, so its runs count more stalls.
+threads, or another task (kernel threads are named). The tracing costs the client ~10 % more loop time, so
+its runs count more stalls.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def attribute_by_scheduler(data: Path, big: list, roles: dict[str, str]) -> dict
     first, last = runs[0][1], runs[-1][1]
     table: dict = {c: [0, 0.0, {}] for c in CAUSES + (LEFT_OUT,)}
     for woke, late, loop_cpu in big:
-        began = woke - late - 0.001
+        began = _began(woke, late)
         if late <= 0.002 or woke < first - 0.5 or began > last + 0.5:
             continue
         if began < first + 0.15 or woke > last - 0.05:
@@ -165,7 +166,7 @@ def attribute_by_scheduler(data: Path, big: list, roles: dict[str, str]) -> dict
             if overlap <= 0 or task == "<idle>":
                 continue
             tid = task.rsplit("[", 1)[-1].split("/")[0].rstrip("]")
-            role = roles.get(tid) if task.startswith("python") else None
+            role = roles.get(tid)  # thread ids are unique on the machine; a thread's name may be anything
             if role == "loop":
                 loop_ran += overlap
             elif role is not None:
@@ -186,12 +187,17 @@ def attribute_by_scheduler(data: Path, big: list, roles: dict[str, str]) -> dict
     return table
 
 
+def _began(woke: float, late: float) -> float:
+    """When a stall began: the probe asked to wake 1 ms after it last ran."""
+    return woke - late - 0.001
+
+
 def _attribute(stalls: list[tuple[float, float]], collections: list, finished: list[float]) -> dict:
     """What each stall over 2 ms overlapped: a garbage collection, or the 10 ms after a wave's finishes (the
     wave's hand-over, the fold and the refills it sets off) with no request finishing during the stall."""
     gc_hit = after_wave = 0
     for woke, late in stalls:
-        began = woke - late - 0.001  # the probe asked to wake 1 ms after it last ran
+        began = _began(woke, late)
         if any(began - dt <= at <= woke for at, _gen, dt in collections):
             gc_hit += 1
         elif (bisect.bisect(finished, woke) == bisect.bisect(finished, began)
