@@ -21,7 +21,7 @@ from vllm_load.client.openai_api import tls_context, use_tls_context
 from vllm_load.errors import UsageError, die
 from vllm_load.metrics.prometheus import registry_for
 from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.plugin import end_of_run, interrupt, log_repeats, options, webui, wire
+from vllm_load.plugin import end_of_run, interrupt, log_repeats, options, ui_guard, webui, wire
 from vllm_load.plugin.embedded import start_emulator, start_sidecar
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.generator import Generator
@@ -36,6 +36,8 @@ log = logging.getLogger("vllm_load")
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any, **_kw: Any) -> None:
     options.add_arguments(parser)
+    # Locust's web UI listens on every interface unless told: vllm-load's listens on this host only
+    parser.set_defaults(web_host=ui_guard.DEFAULT_WEB_HOST)
 
 
 def _emulator_args(opts: Any) -> list[str]:
@@ -94,6 +96,11 @@ def _on_init(environment: Any, **_kw: Any) -> None:
     except UsageError as exc:
         _stop_children()
         die(str(exc))
+    if environment.web_ui is not None:  # before anything can fail: the UI stays up to show the error
+        ui_guard.SecretGuard(environment).install(environment.web_ui)
+        warning = ui_guard.bind_warning(opts.web_host, bool(opts.web_login))
+        if warning:
+            print(warning, flush=True)
     try:
         if wait > 0 and STATE.emulator is None:
             wait_for_server(environment.host, wait, opts.api_key, say=lambda line: print(line, flush=True))
