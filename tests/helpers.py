@@ -41,6 +41,8 @@ def run_locust(args: list[str], cwd: Path, timeout: float = 120.0,
                env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
     env.pop("VLLM_LOAD_API_KEY", None)
+    if "OPENAI_API_KEY" not in (env_extra or {}):
+        env.pop("OPENAI_API_KEY", None)
     return subprocess.run([sys.executable, "-m", "locust", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -5,12 +5,23 @@ from __future__ import annotations
 import sys
 
 #: Exit codes, documented in the README: 0 pass, 1 requests failed, 2 bad input, 3 SLO missed,
-#: 4 the run is invalid (it measured nothing, or prompts of other lengths than asked).
+#: 4 the run is invalid (it measured nothing, or prompts of other lengths than asked), 6 the run's files
+#: could not be written (disk full, permissions): the verdict was printed, the run directory is incomplete.
 EXIT_OK = 0
 EXIT_ERRORS = 1
 EXIT_BAD_INPUT = 2
 EXIT_SLO_MISS = 3
 EXIT_INVALID = 4
+EXIT_OUTPUT = 6
+
+
+class OutputError(Exception):
+    """A file of the run could not be written; the message is one line naming the file and the cause."""
+
+    @classmethod
+    def of(cls, exc: OSError, what: str) -> OutputError:
+        where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+        return cls(f"cannot write {what}{where}: {exc.strerror or exc}: free space or pick another --run-dir")
 
 
 class UsageError(Exception):

@@ -8,6 +8,7 @@ from vllm_load import LLMUser
 
 
 class Conversation(LLMUser):
+    uses_options = frozenset({"turns", "turn_input_tokens"})  # vllm-load's options of multiturn.py it reads
     @task
     def talk(self) -> None:
         history = [{"role": "user", "content": self.llm.text(tokens=self.llm.input_tokens())}]

@@ -30,6 +30,8 @@ TOOLS = [{
 
 
 class Agent(LLMUser):
+    uses_options = frozenset({"tool_rounds", "tool_result_tokens", "think_time"})
+
     @classmethod
     def check_options(cls, options: Any) -> None:
         if options.tool_rounds < 1:

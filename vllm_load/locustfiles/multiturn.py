@@ -23,6 +23,8 @@ from vllm_load.workload.lengths import parse_length, parse_seconds
 
 
 class Conversation(LLMUser):
+    uses_options = frozenset({"turns", "turn_input_tokens", "think_time"})
+
     @classmethod
     def check_options(cls, options: Any) -> None:
         if options.turns < 1:

@@ -156,7 +156,28 @@ def parse_slo_option(values: list[str] | str | None) -> list[SLO]:
             texts.extend(load_slo_file(v.strip()))
         else:
             texts.extend(t for t in v.split(",") if t.strip())
-    return [parse_slo(t) for t in texts]
+    slos = [parse_slo(t) for t in texts]
+    _refuse_clashes(slos)
+    return slos
+
+
+def _refuse_clashes(slos: list[SLO]) -> None:
+    """Two SLOs on one statistic are a typo or a contradiction: one line names them."""
+    seen: dict[tuple, SLO] = {}
+    for s in slos:
+        side = {"<=": "upper", "<": "upper", ">=": "lower", ">": "lower"}.get(s.op, "exact")
+        key = (s.metric, s.stat, s.name, side)
+        other = seen.get(key)
+        if other is not None:
+            what = "twice" if other.threshold == s.threshold and other.op == s.op else "with two thresholds"
+            raise UsageError(f"--slo gives {s.metric}{f'[{s.name}]' if s.name else ''}.{s.stat} {what} "
+                             f"({other.text.strip()!r} and {s.text.strip()!r}): keep one")
+        seen[key] = s
+        opposite = seen.get((s.metric, s.stat, s.name, {"upper": "lower", "lower": "upper"}.get(side, side)))
+        if opposite is not None and opposite is not s:
+            low, high = (opposite, s) if side == "upper" else (s, opposite)
+            if low.threshold > high.threshold or (low.threshold == high.threshold and (low.op == ">" or high.op == "<")):
+                raise UsageError(f"--slo {low.text.strip()!r} and {high.text.strip()!r} cannot both hold: fix one")
 
 
 def goodput_thresholds(slos: list[SLO]) -> dict[str, float]:

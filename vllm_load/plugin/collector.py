@@ -63,6 +63,14 @@ class Collector:
 
     def write_results(self, monitor: ClientMonitor | None = None) -> RunSummary:
         """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
+        summary = self.summarise(monitor)
+        data = {"run_id": self.plan.run_id, "start": self.start_wall, "end": self.end_wall or time.time(),
+                "summary": summary, "stats": self.totals.to_wire()}
+        write_json(self.plan.files.stats, data)
+        return summary
+
+    def summarise(self, monitor: ClientMonitor | None = None) -> RunSummary:
+        """The run's summary (``results``), judged from the merged totals, without touching the disk."""
         end = self.end_wall or time.time()
         summary = self.totals.summary(duration=max(1e-9, end - self.measured_from),
                                       records_per_request=records_per_request(
@@ -84,10 +92,7 @@ class Collector:
                                 "sent": summary["requests"] + summary.get("warmup_excluded", 0),
                                 "intended_s": self.plan.trace_span,
                                 "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
-        data = {"run_id": self.plan.run_id, "start": self.start_wall, "end": end, "summary": summary,
-                "stats": self.totals.to_wire()}
-        write_json(self.plan.files.stats, data)
-        self.results = summary
+        self.results = summary  # the verdict is given from it even when the disk refuses the file
         return summary
 
     def reset_metrics(self) -> None:

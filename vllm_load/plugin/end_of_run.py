@@ -12,7 +12,7 @@ from typing import Any
 import gevent
 from locust import events
 
-from vllm_load.errors import EXIT_BAD_INPUT, EXIT_ERRORS, EXIT_OK
+from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
 from vllm_load.metrics.outages import LiveOutage, describe
 from vllm_load.metrics.slo import render_checks
 from vllm_load.metrics.stats import LLMStats
@@ -104,17 +104,30 @@ def _collect_server_side(col: Collector, opts: Any) -> None:
         log.warning("vllm-load: server side missing from the report: %s", why)
 
 
+def _output_failed(exc: BaseException) -> None:
+    """A file of the run could not be written: said once, in one line; the run ends with exit code 6."""
+    message = str(exc) if isinstance(exc, OutputError) else str(OutputError.of(exc, "the run's files"))  # type: ignore[arg-type]
+    if STATE.fatal_code == EXIT_OUTPUT and STATE.fatal:
+        return
+    STATE.fatal, STATE.fatal_code = message, EXIT_OUTPUT
+    sys.stderr.write(f"vllm-load: error: {message}\n")
+    sys.stderr.flush()
+
+
 @events.test_stop.add_listener
 def _on_test_stop(environment: Any, **_kw: Any) -> None:
     col = STATE.collector
     if col is not None:
         col.end_wall = time.time()
-        col.write_results(_local_monitor())
-        _collect_server_side(col, environment.parsed_options)
-        if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
-            from vllm_load.report.html import build
+        try:
+            col.write_results(_local_monitor())
+            _collect_server_side(col, environment.parsed_options)
+            if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
+                from vllm_load.report.html import build
 
-            STATE.report = str(build(col.plan.files.path).report)
+                STATE.report = str(build(col.plan.files.path).report)
+        except (OSError, OutputError) as exc:  # no traceback out of Locust's handler: quitting gives the verdict
+            _output_failed(exc)
 
 
 def _local_monitor() -> Any:
@@ -129,46 +142,77 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         # SIGTERM/SIGINT fire quitting before Locust stops the users: drain here too (no-op after a stop)
         drain(environment)
         col.end_wall = col.end_wall or time.time()
-        if col.results is None:  # test_stop wrote them already, after the drain (a signal skips test_stop)
-            col.write_results(_local_monitor())
-        if not col.plan.files.server.exists():
-            _collect_server_side(col, environment.parsed_options)
-        banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
-        from vllm_load.report.html import build  # matplotlib is loaded only at the end of a run
-
-        if STATE.generator is not None:
-            STATE.generator.flush_log()  # the report reads this process's request log
-
-        _write_sweep(col)
-        built = build(col.plan.files.path, junit=environment.parsed_options.junit)
-        code = EXIT_BAD_INPUT if STATE.fatal else built.code
-        exceptions = sum(row["count"] for row in environment.runner.exceptions.values())
-        if code == EXIT_OK and exceptions:  # Locust's own rule, which our exit code would otherwise mask
-            code = EXIT_ERRORS
-        if STATE.outage_stop:
-            code = EXIT_ERRORS
-        STATE.report = str(built.report)
-        if STATE.emulator_log is not None and STATE.emulator_log.exists():  # its log, beside the run's numbers
-            shutil.copyfile(STATE.emulator_log, col.plan.files.path / "emulator.log")
-        prefix = getattr(environment.parsed_options, "csv_prefix", None)
-        if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
-            shutil.copyfile(col.plan.files.llm_csv, f"{prefix}_llm_stats.csv")
-        sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {col.plan.run_id}{banner}",
-                                              server=built.server) + "\n")
-        stopped = STATE.fatal or STATE.outage_stop
-        if stopped:
-            sys.stdout.write(f"vllm-load: the run was stopped: {stopped}\n")
-        elif render_validity(built.validity):
-            sys.stdout.write(render_validity(built.validity) + "\n")
-        if exceptions:
-            sys.stdout.write(f"vllm-load: user tasks raised {exceptions} exceptions (Locust's error report lists "
-                             "them; the log shows each kind once)\n")
-        if built.checks:
-            sys.stdout.write(render_checks(built.checks) + "\n")
-        sys.stdout.write(f"vllm-load: report {built.report} (exit code {code})\n")
-        sys.stdout.flush()
-        environment.process_exit_code = code
+        try:
+            if STATE.fatal and STATE.fatal_code == EXIT_OUTPUT:  # files already missing: no report to build
+                raise OutputError(STATE.fatal)
+            _finish(environment, col)
+        except (OSError, OutputError) as exc:  # the disk refused: the verdict still reaches the console
+            _output_failed(exc)
+            _finish_unwritten(environment, col)
     if STATE.watcher is not None:
         STATE.watcher.kill(block=False)
     if STATE.generator is not None:
         STATE.generator.close()
+
+
+def _finish_unwritten(environment: Any, col: Collector) -> None:
+    """The end of a run whose directory could not take its files: the table and verdict from memory."""
+    from vllm_load.metrics.slo import evaluate
+    from vllm_load.report.results import validity_checks
+
+    summary = col.results if col.results is not None else col.summarise(_local_monitor())
+    checks = evaluate(STATE.slos, summary)
+    validity = validity_checks(summary, STATE.slos, int(environment.parsed_options.min_requests))
+    banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
+    sys.stdout.write("\n" + render_table(summary, f"vllm-load LLM metrics, run {col.plan.run_id}{banner}") + "\n")
+    if render_validity(validity):
+        sys.stdout.write(render_validity(validity) + "\n")
+    if checks:
+        sys.stdout.write(render_checks(checks) + "\n")
+    sys.stdout.write(f"vllm-load: the run was stopped: {STATE.fatal}\n")
+    sys.stdout.write(f"vllm-load: the run directory {col.plan.files.path} is incomplete (exit code {EXIT_OUTPUT})\n")
+    sys.stdout.flush()
+    environment.process_exit_code = EXIT_OUTPUT
+
+
+def _finish(environment: Any, col: Collector) -> None:
+    """The end of a run: results, server side, reports, the console's table and verdict, the exit code."""
+    if col.results is None:  # test_stop wrote them already, after the drain (a signal skips test_stop)
+        col.write_results(_local_monitor())
+    if not col.plan.files.server.exists():
+        _collect_server_side(col, environment.parsed_options)
+    banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
+    from vllm_load.report.html import build  # matplotlib is loaded only at the end of a run
+
+    if STATE.generator is not None:
+        STATE.generator.flush_log()  # the report reads this process's request log
+
+    _write_sweep(col)
+    built = build(col.plan.files.path, junit=environment.parsed_options.junit)
+    code = STATE.fatal_code if STATE.fatal else built.code
+    exceptions = sum(row["count"] for row in environment.runner.exceptions.values())
+    if code == EXIT_OK and exceptions:  # Locust's own rule, which our exit code would otherwise mask
+        code = EXIT_ERRORS
+    if STATE.outage_stop:
+        code = EXIT_ERRORS
+    STATE.report = str(built.report)
+    if STATE.emulator_log is not None and STATE.emulator_log.exists():  # its log, beside the run's numbers
+        shutil.copyfile(STATE.emulator_log, col.plan.files.path / "emulator.log")
+    prefix = getattr(environment.parsed_options, "csv_prefix", None)
+    if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
+        shutil.copyfile(col.plan.files.llm_csv, f"{prefix}_llm_stats.csv")
+    sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {col.plan.run_id}{banner}",
+                                          server=built.server) + "\n")
+    stopped = STATE.fatal or STATE.outage_stop
+    if stopped:
+        sys.stdout.write(f"vllm-load: the run was stopped: {stopped}\n")
+    elif render_validity(built.validity):
+        sys.stdout.write(render_validity(built.validity) + "\n")
+    if exceptions:
+        sys.stdout.write(f"vllm-load: user tasks raised {exceptions} exceptions (Locust's error report lists "
+                         "them; the log shows each kind once)\n")
+    if built.checks:
+        sys.stdout.write(render_checks(built.checks) + "\n")
+    sys.stdout.write(f"vllm-load: report {built.report} (exit code {code})\n")
+    sys.stdout.flush()
+    environment.process_exit_code = code

@@ -13,6 +13,7 @@ from typing import Any
 import gevent.event
 
 from vllm_load.client.direct import Connections
+from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, OutputError
 from vllm_load.client.record import RequestRecord
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, ready_request
 from vllm_load.metrics.client_health import ClientMonitor
@@ -69,7 +70,7 @@ class Generator:
     folder: Any = None  # greenlet folding finished requests into the stats while the loop is idle
     answer_tokens_per_record: int = 0  # --dataset-batch: output budget per batched record
     #: a failure every request would repeat (prompts cannot be built): the plugin stops the run with it
-    on_fatal: Any = field(default=lambda message: None)
+    on_fatal: Any = field(default=lambda message, code=EXIT_BAD_INPUT: None)
     #: one native thread for the users' own token work (self.llm.text, counting a history): off the event
     #: loop like the prompt pool's, and one thread so that the text factory's sequence stays ordered
     helper: Any = None
@@ -330,7 +331,10 @@ class Generator:
         """Write the request log's kept records (its writer thread takes them in batches); ``wait``: until
         they are in the file."""
         if self.reqlog:
-            self.reqlog.flush(wait)
+            try:
+                self.reqlog.flush(wait)
+            except OutputError as exc:  # said at once; the run stops and still gives its verdict
+                self.on_fatal(str(exc), EXIT_OUTPUT)
 
     def in_warmup(self, rec: RequestRecord) -> bool:
         """Started within --warmup of the run's start, or of its sweep step's (a new level's first seconds)."""

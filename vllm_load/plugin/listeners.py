@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from vllm_load.client.openai_api import tls_context, use_tls_context
 from vllm_load.errors import UsageError, die
 from vllm_load.metrics.prometheus import registry_for
 from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.plugin import end_of_run, interrupt, log_repeats, options, ui_guard, webui, wire
+from vllm_load.plugin import end_of_run, interrupt, log_repeats, options, ui_guard, validate, webui, wire
 from vllm_load.plugin.embedded import start_emulator, start_sidecar
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.generator import Generator
@@ -29,6 +30,7 @@ from vllm_load.plugin.server_side import LiveServer
 from vllm_load.plugin.server_wait import parse_duration, wait_for_server
 from vllm_load.plugin.state import STATE, role as role_of
 from vllm_load.plugin.target import Target, resolve_target
+from vllm_load.rundir.files import check_writable, free_text
 
 log = logging.getLogger("vllm_load")
 
@@ -56,10 +58,7 @@ def _check_target(environment: Any) -> Target:
     is_emulator = STATE.emulator is not None and environment.host == STATE.emulator.url
     # check what this locustfile's users will send (a chat run against the chat template's minimum)
     target = resolve_target(opts, environment.host, is_emulator, _apis(environment) or frozenset({"chat", "completions"}))
-    for cls in environment.user_classes:  # a locustfile's own options: bad input stops here, one line, exit 2
-        check = getattr(cls, "check_options", None)
-        if check is not None:
-            check(opts)
+    validate.check_options(environment)  # the web UI may have changed them since start-up
     STATE.target = target  # what it resolved (model, tokenizer) goes into the run plan
     return target
 
@@ -75,6 +74,10 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         return
     opts = environment.parsed_options
     try:
+        validate.check_options(environment)  # before anything starts: one line, exit 2
+        # the run directory can hold the run's files (its default is decided per run, under reports/)
+        check_writable(Path(opts.run_dir) if opts.run_dir else Path("reports"), "--run-dir" if opts.run_dir
+                       else "the run directory's folder")
         use_tls_context(tls_context(opts.insecure, opts.ca_bundle))
         # parsed here: workers get the texts in the run plan, not file paths their machines may not have
         STATE.slos = parse_slo_option(opts.slo)
@@ -208,7 +211,7 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         sink = (lambda report: col.health.add("local", report)) if role == "local" else None
         index = getattr(environment.runner, "worker_index", 0)
         STATE.generator = gen = Generator.create(role, opts, plan, worker_id, _apis(environment),
-                                                 on_fatal=lambda message: wire.fatal(environment, message),
+                                                 on_fatal=functools.partial(wire.fatal, environment),
                                                  health_sink=sink, worker_index=index if index >= 0 else 0,
                                                  on_trace_done=lambda: wire.trace_done(environment))
         if role == "local":  # one process: the collector's totals are the generator's own stats
@@ -235,4 +238,5 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     STATE.trace_done = 0
     if role != "worker":
         col.write_config(STATE.target)
-        print(f"vllm-load: run {plan.run_id} writes to {plan.files.path}", flush=True)
+        print(f"vllm-load: run {plan.run_id} writes to {plan.files.path} "
+              f"({free_text(shutil.disk_usage(plan.files.path).free)})", flush=True)

@@ -9,18 +9,27 @@ run decides travels in its plan (plugin/plan.py).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 
 class Option:
     """One option: its flag, default and help, and argparse's extras (type, action, choices, is_secret, …)."""
 
-    def __init__(self, flag: str, default: Any, help: str, **kw: Any) -> None:  # noqa: A002 - argparse's name
+    def __init__(self, flag: str, default: Any, help: str, *, locustfiles: tuple[str, ...] = (),  # noqa: A002
+                 **kw: Any) -> None:
         self.flag, self.default, self.help, self.kw = flag, default, help, kw
+        #: the shipped locustfiles that read it; empty: every run reads it. A user or shape class that reads
+        #: such an option names it in its ``uses_options``; given to a run whose classes do not, it is refused.
+        self.locustfiles = locustfiles
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
 
     @property
     def env(self) -> str:
-        return "VLLM_LOAD_" + self.flag.lstrip("-").replace("-", "_").upper()
+        return "VLLM_LOAD_" + self.dest.upper()
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -34,7 +43,8 @@ OPTIONS: tuple[Option, ...] = (
         "instruction asks for)"),
     Option("--wait-for-server", "0", "wait this long (30s, 15m, …) for the server's /health and /v1/models before the "
         "run, with a progress line every 10 s (a vLLM loading its model takes minutes)"),
-    Option("--api-key", "", "bearer token for the server (never logged or written)", is_secret=True),
+    Option("--api-key", "", "bearer token for the server (never logged, written or shown in the web UI; default: "
+        "$OPENAI_API_KEY, as OpenAI's clients read it)", is_secret=True),
     Option("--ca-bundle", "", "https:// targets: verify the server's certificate against these CA certificates (PEM)"),
     Option("--insecure", False, "https:// targets: do not verify the server's certificate (a self-signed test server)",
         action="store_true"),
@@ -57,12 +67,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--max-concurrency", 1000, "open loop: most requests in flight per user (more arrivals are sent late)",
         type=int),
     Option("--prompt-pool", 32, "prompts prepared ahead per process, off the event loop", type=int),
-    Option("--sweep", "", "locustfiles/sweep.py: comma-separated levels (users, or req/s with --sweep-mode rate)"),
+    Option("--sweep", "", "locustfiles/sweep.py: comma-separated levels (users, or req/s with --sweep-mode rate)",
+        locustfiles=("sweep.py",)),
     Option("--sweep-mode", "users", "sweep over 'users' (closed loop) or 'rate' (open loop, --sweep-users users)",
-        choices=["users", "rate"]),
-    Option("--sweep-users", 32, "users that carry an open-loop rate sweep", type=int),
-    Option("--step-duration", 60.0, "seconds per sweep step", type=float),
-    Option("--stop-on-slo-miss", False, "end the sweep at the first step that misses an SLO", action="store_true"),
+        choices=["users", "rate"], locustfiles=("sweep.py",)),
+    Option("--sweep-users", 32, "users that carry an open-loop rate sweep", type=int, locustfiles=("sweep.py",)),
+    Option("--step-duration", 60.0, "seconds per sweep step", type=float, locustfiles=("sweep.py",)),
+    Option("--stop-on-slo-miss", False, "end the sweep at the first step that misses an SLO", action="store_true",
+        locustfiles=("sweep.py",)),
     Option("--retry-backoff-max", "2s", "closed loop: after a connection failure (refused, reset, connect timeout) a "
         "user waits 50 ms, doubling up to this, with jitter (also the cap on a server's Retry-After)"),
     Option("--outage-after", "2s", "connection failures with no success for this long are reported as a server outage"),
@@ -94,11 +106,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("--trace-block-size", 512, "tokens per hash id of a Mooncake trace: the same id, the same block of "
         "content, so the server's prefix cache sees the reuse the trace recorded", type=int),
     Option("--turns", 3, "multiturn.py: turns per conversation (with --dataset: at most this many of each "
-        "conversation's user turns)", type=int),
-    Option("--turn-input-tokens", "50", "multiturn.py: tokens of each later user message: N, LOW-HIGH, normal:MEAN,STD"),
-    Option("--think-time", "0", "multiturn.py, agent.py: seconds between a reply and the next turn: S or LOW-HIGH"),
-    Option("--tool-rounds", 2, "agent.py: tool calls per task before the model's final answer", type=int),
-    Option("--tool-result-tokens", "200", "agent.py: tokens of each tool result: N, LOW-HIGH, normal:MEAN,STD"),
+        "conversation's user turns)", type=int, locustfiles=("multiturn.py",)),
+    Option("--turn-input-tokens", "50", "multiturn.py: tokens of each later user message: N, LOW-HIGH, "
+        "normal:MEAN,STD", locustfiles=("multiturn.py",)),
+    Option("--think-time", "0", "multiturn.py, agent.py: seconds between a reply and the next turn: S or LOW-HIGH",
+        locustfiles=("multiturn.py", "agent.py")),
+    Option("--tool-rounds", 2, "agent.py: tool calls per task before the model's final answer", type=int,
+        locustfiles=("agent.py",)),
+    Option("--tool-result-tokens", "200", "agent.py: tokens of each tool result: N, LOW-HIGH, normal:MEAN,STD",
+        locustfiles=("agent.py",)),
     Option("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
         action="store_true"),
     Option("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",
@@ -127,7 +143,10 @@ OPTIONS: tuple[Option, ...] = (
 def add_arguments(parser: Any) -> None:
     # Locust's own add_argument (not an argument group) understands is_secret/include_in_web_ui.
     for o in OPTIONS:
-        parser.add_argument(o.flag, default=o.default, env_var=o.env, help=f"{o.help} [env {o.env}]", **o.kw)
+        default = o.default
+        if o.dest == "api_key":  # the variable every OpenAI client reads; VLLM_LOAD_API_KEY and --api-key win
+            default = os.environ.get("OPENAI_API_KEY", "")
+        parser.add_argument(o.flag, default=default, env_var=o.env, help=f"{o.help} [env {o.env}]", **o.kw)
 
 
 def describe() -> str:

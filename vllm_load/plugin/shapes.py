@@ -25,13 +25,24 @@ def parse_levels(text: str) -> list[float]:
         levels = [float(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
         levels = []
-    if not levels or any(v <= 0 for v in levels):
+    if not levels or not all(0 < v < float("inf") for v in levels):
         raise UsageError(f"--sweep {text!r} must list positive levels, e.g. --sweep 64,128,256")
     return levels
 
 
 class SweepShape(LoadTestShape):
     """Ticks through the levels of --sweep; the plugin tags, collects and judges each step."""
+
+    uses_options = frozenset({"sweep", "sweep_mode", "sweep_users", "step_duration", "stop_on_slo_miss"})
+
+    @classmethod
+    def check_options(cls, options: Any) -> None:
+        """Before the run (the shape's ticks run in a greenlet, where a bad level would be a traceback)."""
+        if not options.sweep:
+            raise UsageError("locustfiles/sweep.py needs --sweep LEVELS, e.g. --sweep 8,16,32")
+        parse_levels(options.sweep)
+        if options.sweep_users < 1:
+            raise UsageError(f"--sweep-users must be >= 1, got {options.sweep_users}")
 
     def tick(self) -> tuple[int, float] | None:
         from vllm_load.plugin import end_of_run, wire

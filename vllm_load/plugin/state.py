@@ -29,6 +29,7 @@ class _State:
     generator: Generator | None = None  # local runner and workers: what generates load
     collector: Collector | None = None  # local runner and master: what collects and judges
     fatal: str | None = None  # a failure every request would repeat: the run was stopped with it
+    fatal_code: int = 2  # and the exit code it gives (2 bad input, 6 the run's files could not be written)
     target_error: str | None = None  # the web UI's target failed its check: shown there until fixed
     outage_now: str | None = None  # an outage going on right now, as the console said it
     outage_stop: str | None = None  # --stop-on-outage ended the run with this reason

@@ -70,6 +70,9 @@ class LLMUser(FastHttpUser):
     connection_timeout = 30.0
     #: chunks timed by the kernel's receive stamps (False: when the loop read them, for comparison)
     kernel_stamps = True
+    #: the locustfile-specific options (--turns, --sweep, …; ``Option.locustfiles``) this class reads: given to
+    #: a run none of whose classes reads them, they are refused instead of being silently ignored
+    uses_options: frozenset[str] = frozenset()
 
     @classmethod
     def check_options(cls, options: Any) -> None:

@@ -14,6 +14,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin.plan import PLAN, RunPlan
+from vllm_load.errors import EXIT_BAD_INPUT
 from vllm_load.plugin.state import STATE
 
 log = logging.getLogger("vllm_load")
@@ -82,15 +83,16 @@ def end_run(environment: Any) -> None:
         gevent.spawn(environment.runner.quit)
 
 
-def fatal(environment: Any, message: str) -> None:
-    """A failure every request would repeat (prompts that cannot be built): stop the whole run with one
-    line and exit code 2, instead of failing every request until -t runs out. Workers tell the master."""
+def fatal(environment: Any, message: str, code: int = EXIT_BAD_INPUT) -> None:
+    """A failure every request would repeat (prompts that cannot be built: exit code 2), or a run directory that
+    cannot be written (6): stop the whole run with one line instead of going on until -t runs out; the end
+    of the run still prints its verdict. Workers tell the master."""
     if isinstance(environment.runner, WorkerRunner):
-        environment.runner.send_message(FATAL, message)
+        environment.runner.send_message(FATAL, {"message": message, "code": code})
         return
     if STATE.fatal is not None:
         return
-    STATE.fatal = message
+    STATE.fatal, STATE.fatal_code = message, code
     sys.stderr.write(f"vllm-load: error: {message}\n")
     sys.stderr.flush()
     end_run(environment)  # a web UI shows the error; the user fixes the options
@@ -246,5 +248,6 @@ def register(environment: Any, role: str) -> None:
         runner.register_message(PLAN, lambda msg, **kw: _receive_plan(msg))
     elif role == "master":
         runner.register_message(FLUSHED, lambda msg, **kw: _master_flushed(environment, msg))
-        runner.register_message(FATAL, lambda msg, **kw: fatal(environment, str(msg.data)))
+        runner.register_message(FATAL, lambda msg, **kw: fatal(environment, str(msg.data["message"]),
+                                                                int(msg.data["code"])))
         runner.register_message(TRACE_DONE, lambda msg, **kw: trace_done(environment))

@@ -4,6 +4,8 @@ reads a run back (config, exact stats and summary, the sidecar's series) for rep
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,11 +46,39 @@ class RunDir:
         return RunDir(self.steps / f"{step:02d}-{mode}-{level:g}")
 
 
+def check_writable(path: Path, option: str = "--run-dir") -> int:
+    """Before the run: ``path`` is, or can be made, a directory this process can write; returns its free bytes.
+    A run that cannot keep its files is refused with one line instead of losing them at the end."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{option} {path} is a file, not a directory: name a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".vllm-load-probe-"):
+            pass
+    except OSError as exc:
+        raise UsageError(f"{option} {path} cannot be written ({exc.strerror or exc}): name a directory you can "
+                         "write") from None
+    return shutil.disk_usage(path).free
+
+
+def free_text(free: int) -> str:
+    """Free bytes as the console says them."""
+    return f"{free / 1e9:.1f} GB free" if free >= 1e9 else f"{free / 1e6:.0f} MB free"
+
+
 def write_json(path: Path, data: Any, indent: int | None = None) -> None:
     """Written whole or not at all: a reader (a report rebuilt mid-run) never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=indent))
-    tmp.replace(path)
+    _replace(path.with_name(path.name + ".tmp"), json.dumps(data, indent=indent), path)
+
+
+def _replace(tmp: Path, text: str, path: Path) -> None:
+    """``text`` into ``tmp``, then renamed over ``path``; a failed write leaves neither half a file nor ``tmp``."""
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @dataclass
@@ -81,9 +111,7 @@ class Run:
 
 def write_series(out: Path, samples: list[dict]) -> None:
     """The server side's samples as ``server.jsonl``, written atomically (a reader never sees half of it)."""
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(s) + "\n" for s in samples))
-    tmp.replace(out)
+    _replace(out.with_suffix(".tmp"), "".join(json.dumps(s) + "\n" for s in samples), out)
 
 
 def load_run(path: str | Path) -> Run:

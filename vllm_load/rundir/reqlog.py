@@ -16,6 +16,7 @@ from typing import IO, Any
 import orjson
 
 from vllm_load.client.record import RequestRecord
+from vllm_load.errors import OutputError
 from vllm_load.workload.prompt_pool import token_thread
 
 
@@ -35,6 +36,7 @@ class RequestLog:
         self._writer: Any = None  # one thread below the loop's priority (made at the first batch): lines in order
         self._last: Any = None  # the latest batch handed to it (its AsyncResult)
         self._failed: BaseException | None = None  # a write the thread could not make (disk full, …)
+        self.lost = 0  # records not written since a write failed (the log is then closed)
 
     def write(self, rec: RequestRecord) -> None:
         """Keep ``rec`` for the next batch (the record must not change after this: the writer reads it)."""
@@ -42,10 +44,15 @@ class RequestLog:
             self._records.append(rec)
             if len(self._records) >= self.BATCH:
                 self.flush(wait=False)
+        else:
+            self.lost += 1
 
     def flush(self, wait: bool = True) -> None:
-        """Hand every kept record to the writer; with ``wait``, return once all of them are in the file (and
-        raise what a write met)."""
+        """Hand every kept record to the writer; with ``wait``, return once all of them are in the file.
+        A write the thread could not make is raised once, here, as an ``OutputError`` (waiting or not): the log
+        is then closed, and what comes after is counted in ``lost``."""
+        if self._failed is not None and self._fh is not None:
+            self._give_up()
         if self._records and self._fh is not None:
             if self._writer is None:
                 self._writer = token_thread()
@@ -54,23 +61,54 @@ class RequestLog:
         if wait and self._last is not None:
             self._last.get()
             self._last = None
-            if self._failed is not None:
-                failed, self._failed = self._failed, None
-                raise failed
+            if self._failed is not None and self._fh is not None:
+                self._give_up()
+
+    def _give_up(self) -> None:
+        failed, self._failed = self._failed, None
+        self.lost += len(self._records)
+        self._records = []
+        if self._fh is not None:
+            try:
+                self._fh.close()
+            except OSError:
+                pass
+            self._fh = None
+        assert failed is not None
+        if isinstance(failed, OSError):
+            raise OutputError.of(failed, "the request log") from None
+        raise failed
 
     def _append(self, fh: IO[bytes], records: list[RequestRecord]) -> None:
-        """In the writer thread: the records' lines, in one write."""
+        """In the writer thread: the records' lines, in one write. A failed write is cut back to the last whole
+        line (a full disk leaves no torn JSON, and the space it took is free again) and raised on the loop
+        at the next flush."""
+        if self._failed is not None or fh.closed:
+            return
+        pos = None
         try:
+            pos = fh.tell()
             dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
-            fh.write(b"".join(dumps(r.to_json(), option=newline) for r in records))
-        except Exception as exc:  # raised on the loop at the next waiting flush
+            data = memoryview(b"".join(dumps(r.to_json(), option=newline) for r in records))
+            while data:  # a raw write may take part of it (a disk filling up): the rest, or the error
+                data = data[fh.write(data):]
+        except Exception as exc:  # raised on the loop at the next flush
+            self.lost += len(records)
+            if pos is not None:
+                try:
+                    fh.truncate(pos)
+                except (OSError, ValueError):
+                    pass
             self._failed = exc
 
     def close(self) -> None:
         if self._fh is not None:
-            self.flush()
-            self._fh.close()
-            self._fh = None
+            try:
+                self.flush()
+            finally:
+                if self._fh is not None:
+                    self._fh.close()
+                    self._fh = None
         if self._writer is not None:
             self._writer.kill()
             self._writer = None

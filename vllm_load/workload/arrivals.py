@@ -8,6 +8,7 @@ own process at R/U, and independent processes add up to rate R.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -35,5 +36,7 @@ class ArrivalProcess:
     def next_gap(self, elapsed: float = float("inf")) -> float:
         """The gap after an arrival at ``elapsed`` seconds into the run (the rate of that moment)."""
         rate = self.rate_at(elapsed)
+        if math.isinf(self.burstiness):  # vLLM's meaning: the gamma's limit, a constant rate
+            return 1.0 / rate
         theta = 1.0 / (rate * self.burstiness)
         return self.rng.gammavariate(self.burstiness, theta)

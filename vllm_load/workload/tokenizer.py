@@ -189,6 +189,9 @@ def resolve_name(name: str) -> str:
 def load_tokenizer(name: str) -> Tokenizer:
     """Load by built-in name, local folder, or Hugging Face id (offline when the files are local)."""
     resolved = resolve_name(name)
+    if resolved.startswith("builtin:") and resolved not in (BUILTIN_MISTRAL, BUILTIN_TEKKEN):
+        raise UsageError(f"--tokenizer {name!r} is no built-in tokenizer: the built-ins are {BUILTIN_MISTRAL} and "
+                         f"{BUILTIN_TEKKEN}")
     os.environ.setdefault(PARALLELISM_ENV, "true")
     if resolved == BUILTIN_MISTRAL:
         path: str = str(_builtin_mistral_dir())

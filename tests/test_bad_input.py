@@ -1,0 +1,109 @@
+"""Bad input stops a run before it starts with one line that names the fix and exit 2 (real Locust processes);
+a run directory that fills up mid-run still gives the verdict, in one error line and exit code 6."""
+
+import contextlib
+import resource
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, Proc, run_locust
+
+CHAT, SWEEP = str(ROOT / "locustfiles/chat.py"), str(ROOT / "locustfiles/sweep.py")
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    emu = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.01", "--itl", "0.002"])
+    yield emu
+    emu.stop()
+
+
+def _a_file(tmp: Path) -> str:
+    (tmp / "a-file").write_text("x")
+    return str(tmp / "a-file")
+
+
+#: (locustfile, arguments, what the one line says); "{host}" is the test emulator, "{tmp}" the test's folder
+CASES = [
+    (CHAT, ["--request-rate", "nan"], "--request-rate nan is not a finite number"),
+    (CHAT, ["--burstiness", "nan"], "--burstiness nan is not a finite number"),
+    (CHAT, ["--request-timeout", "0"], "--request-timeout must be > 0"),
+    (CHAT, ["--drain-timeout", "-1"], "--drain-timeout must be >= 0"),
+    (CHAT, ["--metrics-port", "70000"], "--metrics-port 70000 is no TCP port"),
+    (CHAT, ["--host", "ftp://127.0.0.1:21"], "the ftp:// scheme is not served; use http:// or https://"),
+    (CHAT, ["--host", "127.0.0.1:8000"], "has no scheme: write --host http://127.0.0.1:8000"),
+    (CHAT, ["--tokenizer", "builtin:nope"], "the built-ins are builtin:mistral-7b-v0.1 and builtin:mistral-tekken"),
+    (CHAT, ["-u", "0"], "-u 0 starts no user"),
+    (CHAT, ["--warmup", "30s"], "--warmup 30s is not shorter than the run (-t) (5 s)"),
+    (CHAT, ["--sweep", "4,8"], "--sweep is read by locustfiles/sweep.py only"),
+    (CHAT, ["--turns", "5"], "--turns is read by locustfiles/multiturn.py only"),
+    (SWEEP, ["--sweep", "4,abc,-2"], "must list positive levels"),
+    (CHAT, ["--slo", "ttft.p99<=1s", "--slo", "ttft.p99<=1s"], "gives ttft.p99 twice"),
+    (CHAT, ["--slo", "ttft.p99<=1s", "--slo", "ttft.p99<=2s"], "gives ttft.p99 with two thresholds"),
+    (CHAT, ["--slo", "ttft.p99<=1s,ttft.p99>=2s"], "cannot both hold"),
+    (CHAT, ["--run-dir", "{file}"], "is a file, not a directory"),
+    (CHAT, ["--run-dir", "/proc/vllm-load/run"], "cannot be written"),
+]
+
+
+@pytest.mark.parametrize("locustfile, args, says", CASES, ids=[" ".join(c[1])[:40] for c in CASES])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, emulator, locustfile, args, says):
+    args = [a.replace("{file}", _a_file(tmp_path)) for a in args]
+    host = [] if "--host" in args else ["--host", emulator.url]
+    r = run_locust(["-f", locustfile, "--headless", "-t", "5s", *host, *args], cwd=tmp_path, timeout=60)
+    errors = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
+    assert r.returncode == 2, (r.returncode, r.stdout[-1500:], r.stderr[-1500:])
+    assert len(errors) == 1 and says in errors[0], r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+    assert len((r.stdout + r.stderr).encode()) < 1024, r.stdout + r.stderr
+
+
+def test_openai_api_key_is_read_when_no_key_is_given(tmp_path):
+    emu = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.01", "--itl", "0.002", "--api-key", "k-env"])
+    try:
+        args = ["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "4",
+                "--run-dir", str(tmp_path / "run")]
+        with_key = run_locust(args, cwd=tmp_path, env_extra={"OPENAI_API_KEY": "k-env"})
+        without = run_locust(args, cwd=tmp_path, timeout=60)
+    finally:
+        emu.stop()
+    assert with_key.returncode == 0, with_key.stdout[-2000:] + with_key.stderr[-2000:]
+    assert without.returncode == 2 and "401" in without.stderr  # the emulator refuses a request without it
+    assert "k-env" not in with_key.stdout + with_key.stderr + (tmp_path / "run" / "config.json").read_text()
+
+
+@contextlib.contextmanager
+def tiny_filesystem(path: Path, size: str = "200k"):
+    """A 200 KB tmpfs at ``path``: (path, None); where mounting is not permitted, a file-size limit of as much
+    in the child: (path, preexec)."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True).returncode == 0
+    try:
+        yield None if mounted else (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000)))
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_a_run_dir_that_fills_up_gives_one_line_its_verdict_and_exit_6(tmp_path, emulator):
+    import os
+    import sys
+
+    with tiny_filesystem(tmp_path / "tiny") as limit:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        r = subprocess.run([sys.executable, "-m", "locust", "-f", CHAT, "--headless", "-u", "8", "-r", "8", "-t", "60s",
+                            "--host", emulator.url, "--output-tokens", "64", "--slo", "ttft.p99<=10s",
+                            "--run-dir", str(tmp_path / "tiny" / "run")],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, preexec_fn=limit)
+        log = (tmp_path / "tiny" / "run" / "requests.jsonl").read_bytes()
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("vllm-load: error")]
+    assert r.returncode == 6, r.stdout[-2000:] + r.stderr[-2000:]
+    assert len(errors) == 1 and "cannot write the request log" in errors[0], errors
+    assert "Traceback" not in r.stdout + r.stderr
+    assert "TTFT (ms)" in r.stdout and "SLO verdict: PASS" in r.stdout  # the table and the verdict
+    assert "is incomplete (exit code 6)" in r.stdout
+    assert log.endswith(b"\n")  # no torn line: a failed write is cut back to the last whole one
+    assert "--run-time limit reached" not in r.stderr  # stopped by the failure, not after 60 s

@@ -1,0 +1,96 @@
+"""Every option checked before the run: one line that names the fix, exit 2, nothing started.
+
+What the target check (``target.resolve_target``) cannot see without a server is here: numbers that are not
+finite or out of range, the target URL's scheme, Locust's own -u and -t against vllm-load's, options of a
+locustfile other than the one running. The locustfile's classes add their own (``check_options``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+from urllib.parse import urlsplit
+
+from vllm_load.errors import UsageError
+from vllm_load.plugin.options import OPTIONS
+from vllm_load.plugin.server_wait import parse_duration
+
+#: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
+_AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "drain_timeout": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
+             "emulator_itl": 0.0}
+_POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness"}
+#: int options and their least value
+_INT_AT_LEAST = {"prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "metrics_port": 0}
+#: may be infinite: vLLM's --burstiness inf is a constant rate
+_INFINITE_OK = {"burstiness"}
+
+
+def check_host(host: str | None) -> None:
+    """http:// or https:// with a host name; the one-line fix otherwise."""
+    if not host:
+        return
+    parts = urlsplit(host)
+    if not parts.scheme or not parts.netloc:
+        if "://" not in host:
+            raise UsageError(f"--host {host!r} has no scheme: write --host http://{host}")
+        raise UsageError(f"--host {host!r} is not a URL: write e.g. --host http://127.0.0.1:8000")
+    if parts.scheme not in ("http", "https"):
+        raise UsageError(f"--host {host!r}: the {parts.scheme}:// scheme is not served; use http:// or https://")
+    try:
+        parts.port
+    except ValueError:
+        raise UsageError(f"--host {host!r} has no valid port: ports are 1-65535") from None
+
+
+def check_numbers(opts: Any) -> None:
+    for o in OPTIONS:
+        value = getattr(opts, o.dest, None)
+        if o.kw.get("type") is float and isinstance(value, float):
+            if math.isnan(value) or (math.isinf(value) and o.dest not in _INFINITE_OK):
+                raise UsageError(f"{o.flag} {value} is not a finite number: give one, e.g. {o.flag} {o.default}")
+            low = _AT_LEAST.get(o.dest)
+            if o.dest in _POSITIVE and not value > 0:
+                raise UsageError(f"{o.flag} must be > 0, got {value:g}")
+            if low is not None and value < low:
+                raise UsageError(f"{o.flag} must be >= {low:g}, got {value:g}")
+        elif o.kw.get("type") is int and o.dest in _INT_AT_LEAST and value < _INT_AT_LEAST[o.dest]:
+            raise UsageError(f"{o.flag} must be >= {_INT_AT_LEAST[o.dest]}, got {value}")
+    if not 0 <= opts.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port {opts.metrics_port} is no TCP port: give 1-65535 (0: off)")
+
+
+def check_locustfile_options(opts: Any, classes: Iterable[Any]) -> None:
+    """A locustfile-specific option (``Option.locustfiles``) given to a run none of whose classes reads it."""
+    read = set().union(*(getattr(c, "uses_options", frozenset()) for c in classes))
+    for o in OPTIONS:
+        if o.locustfiles and o.dest not in read and getattr(opts, o.dest, o.default) != o.default:
+            files = " or ".join(f"locustfiles/{f}" for f in o.locustfiles)
+            raise UsageError(f"{o.flag} is read by {files} only, not by this locustfile: drop it, or run {files} "
+                             f"(a locustfile of yours that reads it names {o.dest!r} in its class's uses_options)")
+
+
+def check_run(opts: Any, *, headless: bool, shape: Any) -> None:
+    """Locust's own -u and -t against vllm-load's options."""
+    if shape is None and headless and opts.num_users == 0:
+        raise UsageError("-u 0 starts no user: give -u 1 or more")
+    warmup = parse_duration(opts.warmup, "--warmup")
+    length, what = (opts.step_duration, "--step-duration") if shape is not None and opts.sweep else (
+        opts.run_time, "the run (-t)")
+    if warmup and length and warmup >= length:
+        raise UsageError(f"--warmup {opts.warmup} is not shorter than {what} ({length:g} s): nothing would be "
+                         "measured; shorten --warmup or lengthen the run")
+
+
+def check_options(environment: Any) -> None:
+    """Everything above, and each user and shape class's ``check_options``; raises UsageError."""
+    opts = environment.parsed_options
+    check_numbers(opts)
+    check_host(environment.host)
+    shape = environment.shape_class
+    classes = [*environment.user_classes, *([type(shape)] if shape is not None else [])]
+    check_locustfile_options(opts, classes)
+    check_run(opts, headless=bool(opts.headless or getattr(opts, "autostart", False)), shape=shape)
+    for cls in classes:
+        check = getattr(cls, "check_options", None)
+        if check is not None:
+            check(opts)
