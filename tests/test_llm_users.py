@@ -179,3 +179,22 @@ def test_multiturn_replays_every_user_turn_of_a_sharegpt_conversation(emulator_f
         assert "from the file" not in json.dumps(msgs)  # assistant turns are the live replies
     _, logs = load_run(tmp_path / "run")
     assert {r["name"] for r in logs} == {"turn 1", "turn 2", "turn 3"}
+
+
+def test_the_public_api_refuses_bad_arguments_at_the_call_and_sends_nothing(emulator_factory, tmp_path):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--max-model-len", "4096")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(HERE / "misuse.py"), "--headless", "-u", "1", "-r", "1", "-t", "20s",
+                      "--host", emu.url, "--run-dir", str(run_dir)], cwd=tmp_path)
+    said = [line for line in res.stdout.splitlines() if line.startswith("MISUSE ")]
+    assert said[:3] == ["MISUSE TypeError: self.llm.chat(messages): messages must be a non-empty list of "
+                        "{'role': ..., 'content': ...} dicts, got str",
+                        "MISUSE TypeError: self.llm.chat(messages): messages must be a non-empty list of "
+                        "{'role': ..., 'content': ...} dicts, got dict",
+                        "MISUSE TypeError: self.llm.chat(messages): messages[0] must be a dict with 'role' and "
+                        "'content', got keys ['content']"], res.stdout[-3000:] + res.stderr[-2000:]
+    assert "max_tokens=0): give a positive int" in said[3] and "max_tokens=-3)" in said[4]
+    assert "exceeds the served model's context of 4096 tokens" in said[5]
+    assert said[6] == "MISUSE TypeError: self.llm.complete(prompt): the prompt must be a str, got list"
+    _stats, logs = load_run(run_dir)
+    assert [r["name"] for r in logs] == ["fine"]  # nothing of the misuse reached the server

@@ -145,8 +145,9 @@ def stamped(lines: list[bytes]) -> list[tuple[bytes, int]]:
     return [(line, START_NS + i * 7_654_321) for i, line in enumerate(lines)]
 
 
-def by_python(lines: list[tuple[bytes, int]]) -> tuple[dict, float | None]:
+def by_python(lines: list[tuple[bytes, int]], max_tokens: int | None = None) -> tuple[dict, float | None]:
     state, error, done_at = StreamState(), None, None
+    state.cap(max_tokens)
     try:
         for line, ns in lines:
             was = state.done
@@ -158,12 +159,13 @@ def by_python(lines: list[tuple[bytes, int]]) -> tuple[dict, float | None]:
     return outcome(state, error), done_at
 
 
-def by_native(lines: list[tuple[bytes, int]]) -> tuple[dict, float | None, int]:
+def by_native(lines: list[tuple[bytes, int]], max_tokens: int | None = None) -> tuple[dict, float | None, int]:
     from vllm_load.client import _rxnative
-    parsed, taken = _rxnative.parse_sse(lines, START_WALL)
-    state, error = StreamState(), None
-    done_at = state.absorb(parsed)
+    state, error, done_at = StreamState(), None, None
+    state.cap(max_tokens)
+    parsed, taken = _rxnative.parse_sse(lines, START_WALL, state.limit or 0)
     try:
+        done_at = state.absorb(parsed)
         rest = [(line, seconds(ns)) for line, ns in lines[taken:]]
         later = state.feed_lines(rest, START_WALL) if rest else None
         done_at = done_at if done_at is not None else later
@@ -236,3 +238,16 @@ def test_absorb_then_feed_is_one_stream():
     assert got["chunk_tokens"] == [1, 1, 1] and got["completion"] == 3
     with pytest.raises(StreamError):
         StreamState().feed(lines[-1][0], 0.0)
+
+
+def test_a_stream_past_its_limit_ends_alike_and_the_parser_stops_at_it():
+    # a server running past max_tokens: the C parser hands every line past the limit to Python, which cuts
+    lines = stamped(vllm_chat(True, n=60))
+    want, _ = by_python(lines, max_tokens=10)
+    got, _done, taken = by_native(lines, max_tokens=10)
+    assert got == want and want["error"] == ("StreamError",
+                                             "protocol: the stream ran past 26 tokens for max_tokens 10: cut")
+    assert taken < len(lines) - 30
+    for name, case in CASES.items():  # every shape, every small limit: the same end
+        for max_tokens in (1, 2, 3):
+            assert by_native(stamped(case), max_tokens)[0] == by_python(stamped(case), max_tokens)[0], name

@@ -292,6 +292,8 @@ class Emulator:
         self.metrics.l(self.metrics.prefix_queries).inc(prompt_tokens)
         cached = self.prefix_cache.query(ids)
         self.metrics.l(self.metrics.prefix_hits).inc(cached)
+        if fault == "overrun":  # a broken server: it streams 100 times the tokens asked
+            max_tokens = max_tokens * 100
         out = Output(ids, max_tokens, finish, tool, cached)
         if not body.get("stream"):
             return self._complete(start_response, chat, model, out)

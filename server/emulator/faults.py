@@ -3,7 +3,8 @@
 Kinds: ``500``/``503``/``429`` (HTTP error before streaming), ``drop`` (connection closed mid-stream),
 ``malformed`` (a broken SSE line mid-stream), ``error`` (vLLM's ``data: {"error": …}`` mid-stream),
 ``stall`` (silence mid-stream for ``--stall-seconds``, longer than a client timeout), ``slow-headers``
-(the response starts only after ``--stall-seconds``).
+(the response starts only after ``--stall-seconds``), ``overrun`` (100 times the tokens asked: a server that
+ignores max_tokens).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-KINDS = ("500", "503", "429", "drop", "malformed", "error", "stall", "slow-headers")
+KINDS = ("500", "503", "429", "drop", "malformed", "error", "stall", "slow-headers", "overrun")
 HEADER = "HTTP_X_EMULATOR_FAULT"  # WSGI name of the X-Emulator-Fault request header
 
 

@@ -87,6 +87,7 @@ typedef struct {
     size_t exp_seen;    /* raw bytes scanned so far for the header block's end */
     double exp_start;   /* the request's start (time.time() clock) */
     int exp_from_send;  /* closed loop: offsets count from the kernel's stamp of the send, as the loop does */
+    long long exp_limit; /* the parser's token limit (sse_state.limit; 0: none) */
     int accepted;       /* the head was taken here: */
     int acc_chunked, acc_keep;
     int64_t acc_length;
@@ -573,6 +574,8 @@ static void accept_head(Reader *r, int fd, stream_t *s, size_t len) {
             start = tx;
     }
     sse_state *parse = ok ? sse_new(start) : NULL;
+    if (parse)
+        parse->limit = s->exp_limit;
     if (!parse) {
         decline(r, fd, s);
         return;
@@ -1087,7 +1090,8 @@ static PyObject *Reader_body(Reader *r, PyObject *args) {
     int fd, chunked;
     long long length;
     PyObject *start = Py_None;
-    if (!PyArg_ParseTuple(args, "ipL|O", &fd, &chunked, &length, &start))
+    long long limit = 0;
+    if (!PyArg_ParseTuple(args, "ipL|OL", &fd, &chunked, &length, &start, &limit))
         return NULL;
     double start_wall = 0.0;
     if (start != Py_None) {
@@ -1098,6 +1102,8 @@ static PyObject *Reader_body(Reader *r, PyObject *args) {
     sse_state *parse = NULL;
     if (start != Py_None && !(parse = sse_new(start_wall)))
         return PyErr_NoMemory();
+    if (parse)
+        parse->limit = limit;
     stream_t *s = lock_stream(r, fd);
     if (!s) {
         sse_free(parse);
@@ -1118,7 +1124,8 @@ static PyObject *Reader_body(Reader *r, PyObject *args) {
 static PyObject *Reader_expect(Reader *r, PyObject *args) {
     int fd, from_send;
     double start_wall;
-    if (!PyArg_ParseTuple(args, "idp", &fd, &start_wall, &from_send))
+    long long limit = 0;
+    if (!PyArg_ParseTuple(args, "idp|L", &fd, &start_wall, &from_send, &limit))
         return NULL;
     stream_t *s = lock_stream(r, fd);
     if (!s)
@@ -1133,6 +1140,7 @@ static PyObject *Reader_expect(Reader *r, PyObject *args) {
     s->exp_seen = 0;
     s->exp_start = start_wall;
     s->exp_from_send = from_send;
+    s->exp_limit = limit;
     s->last_read_ns = monotonic_ns(); /* a timeout counts from the send */
     for (seg_t *g = s->head, *next; g && s->expecting; g = next) { /* a dirty connection's bytes */
         next = g->next; /* taking the head frees the segments it spans */
@@ -1421,9 +1429,10 @@ static PyMethodDef Reader_methods[] = {
     {"head", (PyCFunction)Reader_head, METH_O, "head(fd) -> a complete header block | None | b'' (ended)"},
     {"send", (PyCFunction)Reader_send, METH_VARARGS, "send(fd, data) -> bytes sent (0: buffer full), GIL held"},
     {"body", (PyCFunction)Reader_body, METH_VARARGS,
-     "body(fd, chunked, length, start_wall=None): decode the body into lines (and parse them as SSE)."},
+     "body(fd, chunked, length, start_wall=None, limit=0): decode the body into lines (and parse them as SSE; "
+     "past limit tokens the lines go to Python)."},
     {"expect", (PyCFunction)Reader_expect, METH_VARARGS,
-     "expect(fd, start_wall, from_send) -> settled: take a 200's head here and go on into its body."},
+     "expect(fd, start_wall, from_send, limit=0) -> settled: take a 200's head here and go on into its body."},
     {"accepted", (PyCFunction)Reader_accepted, METH_O,
      "accepted(fd) -> (chunked, length, keep_alive, start) | None: the head expect() took."},
     {"lines", (PyCFunction)Reader_lines, METH_VARARGS, "lines(fd, flush=False) -> (lines, state, body_bytes, parsed)"},
@@ -1455,11 +1464,13 @@ static PyTypeObject ReaderType = {
 static PyObject *parse_sse(PyObject *self, PyObject *args) {
     PyObject *lines;
     double start_wall;
-    if (!PyArg_ParseTuple(args, "O!d", &PyList_Type, &lines, &start_wall))
+    long long limit = 0;
+    if (!PyArg_ParseTuple(args, "O!d|L", &PyList_Type, &lines, &start_wall, &limit))
         return NULL;
     sse_state *st = sse_new(start_wall);
     if (!st)
         return PyErr_NoMemory();
+    st->limit = limit;
     Py_ssize_t taken = 0, n = PyList_GET_SIZE(lines);
     for (; taken < n; taken++) {
         const char *data;
@@ -1483,7 +1494,7 @@ static PyObject *parse_sse(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"parse_sse", parse_sse, METH_VARARGS, "parse_sse([(line, stamp_ns)], start_wall) -> (parsed, lines taken)"},
+    {"parse_sse", parse_sse, METH_VARARGS, "parse_sse([(line, stamp_ns)], start_wall, limit=0) -> (parsed, lines taken)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -622,6 +622,7 @@ static int add_chunk(sse_state *st, double offset, long long tokens) {
     st->offsets[st->n] = offset;
     st->tokens[st->n] = tokens;
     st->n++;
+    st->streamed += tokens;
     return P_OK;
 }
 
@@ -684,6 +685,8 @@ static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
 }
 
 int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns) {
+    if (st->limit > 0 && st->streamed > st->limit)
+        return SSE_PYTHON; /* past its limit: Python cuts the stream */
     const unsigned char *p = (const unsigned char *)line, *end = p + len;
     strip(&p, &end);
     if (p == end || *p == ':')

@@ -22,6 +22,9 @@ typedef struct {
     long long prompt, completion, cached; /* -1: not reported */
     int continuous, done;
     double done_at; /* the [DONE] line's offset */
+    /* limit: once more tokens than this were streamed, every later line goes to Python, whose StreamState (with
+     * the same limit) ends the stream as a protocol failure (a server running past max_tokens); 0: none */
+    long long limit, streamed;
 } sse_state;
 
 enum { SSE_OK = 0, SSE_PYTHON = 1, SSE_NOMEM = -1 };

@@ -17,6 +17,19 @@ class StreamError(Exception):
     """The stream broke the protocol or reported an error; the message is the failure reason."""
 
 
+#: a stream may carry max_tokens plus this share of it (at least OVERRUN_MIN more) before it is cut: a server
+#: that ignores max_tokens (1,853 tokens streamed for 16 asked) would otherwise be measured as if it were right
+OVERRUN_SHARE = 1.0
+OVERRUN_MIN = 16
+
+
+def overrun_limit(max_tokens: int | None) -> int | None:
+    """The most tokens a stream asked for ``max_tokens`` may carry before it is cut; None: no limit."""
+    if not max_tokens or max_tokens < 1:
+        return None
+    return max_tokens + max(OVERRUN_MIN, int(max_tokens * OVERRUN_SHARE))
+
+
 @dataclass
 class StreamState:
     """What a stream has delivered so far; ``feed`` it each raw line with its arrival time."""
@@ -37,6 +50,11 @@ class StreamState:
     #: tool calls assembled from the streamed deltas, by index: id, type and name arrive once, the
     #: arguments in pieces that are concatenated
     tool_calls: dict[int, dict] = field(default_factory=dict)
+    #: the most tokens this stream may carry (``overrun_limit`` of its max_tokens) before it is cut as a protocol
+    #: failure; None: no limit. The C parser hands every line past it to ``feed``, which raises.
+    limit: int | None = None
+    asked: int | None = None  # the max_tokens it was set from (said in the failure)
+    streamed: int = 0  # tokens of the chunks so far (``sum(chunk_tokens)``, kept as they come)
 
     def feed(self, line: bytes, now: float) -> None:
         self.bytes_read += len(line)
@@ -104,6 +122,16 @@ class StreamState:
         if new_tokens:
             self.chunk_times.append(now)
             self.chunk_tokens.append(new_tokens)
+            self.streamed += new_tokens
+            self._check_limit()
+
+    def _check_limit(self) -> None:
+        if self.limit is not None and self.streamed > self.limit:
+            raise StreamError(f"protocol: the stream ran past {self.limit} tokens for max_tokens {self.asked}: cut")
+
+    def cap(self, max_tokens: int | None) -> None:
+        """Cut the stream (a protocol failure) once it carries more than ``overrun_limit(max_tokens)`` tokens."""
+        self.asked, self.limit = max_tokens, overrun_limit(max_tokens)
 
     def feed_lines(self, lines: list[tuple[bytes, float]], start_wall: float) -> float | None:
         """Feed the native reader's (line, landing stamp) pairs; the offset of the line that completed the
@@ -124,6 +152,7 @@ class StreamState:
          cached_tokens, continuous, done, done_at) = parsed
         self.chunk_times += offsets
         self.chunk_tokens += tokens
+        self.streamed += sum(tokens)
         if self.response_id is None:
             self.response_id = response_id
         if content:
@@ -142,6 +171,7 @@ class StreamState:
             self.cached_tokens = cached_tokens
         self.continuous_usage = self.continuous_usage or continuous
         self.done = self.done or done
+        self._check_limit()
         return done_at
 
     def _add_tool_calls(self, calls: list) -> None:
@@ -177,4 +207,4 @@ class StreamState:
 
     @property
     def streamed_tokens(self) -> int:
-        return sum(self.chunk_tokens)
+        return self.streamed

@@ -44,6 +44,7 @@ class ReadyRequest:
     group: str | None = None  # the metrics' name when the request names none (its model, when a run has several)
     due: float | None = None  # trace replay: seconds after the run's start the request is due
     row: int | None = None  # trace replay: the trace row it replays
+    max_tokens: int | None = None  # the body's max_tokens (forced or a cap): a stream far past it is cut
 
     @property
     def path(self) -> str:
@@ -103,7 +104,9 @@ def build_request(api: str, model: str, content: Any, input_tokens: int, max_tok
     body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     if defaults.continuous_usage:
         body["stream_options"]["continuous_usage_stats"] = True
-    return ReadyRequest(api, orjson.dumps(body), input_tokens, max_tokens if forced else None, group)
+    cap = body.get("max_completion_tokens") or body.get("max_tokens")
+    return ReadyRequest(api, orjson.dumps(body), input_tokens, max_tokens if forced else None, group,
+                        max_tokens=cap if isinstance(cap, int) and not isinstance(cap, bool) else None)
 
 
 def stream_request(
@@ -135,6 +138,7 @@ def stream_request(
     name = name if name is not None else req.group
     clock = _Clock.now(intended_start)
     state = StreamState() if state is None else state
+    state.cap(req.max_tokens)
     if isinstance(transport, Connections):
         ex = _exchange_direct(transport, req, headers, state, clock)
         meta = {"request_type": "POST", "name": name or req.path, "response_time": ex.e2e * 1000.0,

@@ -86,6 +86,8 @@ class LLMStats:
     cached_tokens: int = 0  # prompt tokens served from the server's prefix cache (requests whose usage says)
     cached_of: int = 0  # prompt tokens of those requests
     warmup_excluded: int = 0  # requests started during the warm-up: sent and logged, not in any metric
+    backoffs: int = 0  # closed loop: waits before a next request after a server error, and their total in ms
+    backoff_ms: int = 0
     judged: int = 0  # requests judged for goodput (all requests, when per-request SLOs exist)
     errors: Counter = field(default_factory=Counter)
     _tokens_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> output tokens
@@ -251,7 +253,7 @@ class LLMStats:
     _BUCKETS = ("ok_buckets", "conn_buckets", "fail_buckets")
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
                  "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of",
-                 "warmup_excluded")
+                 "warmup_excluded", "backoffs", "backoff_ms")
 
     def to_wire(self) -> dict:
         return {
@@ -372,6 +374,8 @@ class LLMStats:
             "good_request_fraction": self.good / self.judged if self.judged else None,
             "good_requests": self.good,
             "warmup_excluded": self.warmup_excluded,
+            "backoffs": self.backoffs,
+            "backoff_s": self.backoff_ms / 1000.0,
             "errors": dict(self.errors.most_common()),
             "metrics": {k: h.summary() for k, h in self.hists.items()},
         }

@@ -36,6 +36,8 @@ class RunSummary(TypedDict, total=False):
     cached_tokens: int | None  # prompt tokens the server's usage reported as prefix-cache hits
     cached_fraction: float | None  # their share of those requests' prompt tokens
     warmup_excluded: int  # requests started during --warmup, left out of every number here
+    backoffs: int  # closed loop: waits before a next request after a server error (and their total, seconds)
+    backoff_s: float
     names: dict[str, dict]  # name= -> the same summary for that group's requests (only when names were used)
     # completed by the collector at the end of a run
     workers: list[str]

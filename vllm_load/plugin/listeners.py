@@ -6,6 +6,7 @@ way Locust's own plugins do: these here, the wire's (``wire.py``) and the end of
 
 from __future__ import annotations
 
+import atexit
 import functools
 import logging
 import os
@@ -83,7 +84,7 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         STATE.slos = parse_slo_option(opts.slo)
         STATE.sidecar_url = opts.sidecar_url
         if not environment.host:
-            STATE.emulator_log = Path(tempfile.gettempdir()) / f"vllm-load-emulator-{os.getpid()}.log"
+            STATE.emulator_log = private_temp_file("emulator", ".log")
             STATE.emulator = start_emulator(_emulator_args(opts), STATE.emulator_log)
             environment.host = STATE.emulator.url
             print(
@@ -92,8 +93,7 @@ def _on_init(environment: Any, **_kw: Any) -> None:
                 flush=True,
             )
             if not opts.sidecar_url:
-                series = Path(tempfile.gettempdir()) / f"vllm-load-sidecar-{os.getpid()}.jsonl"
-                STATE.sidecar = start_sidecar(STATE.emulator.url, series)
+                STATE.sidecar = start_sidecar(STATE.emulator.url, private_temp_file("sidecar", ".jsonl"))
                 STATE.sidecar_url = STATE.sidecar.url
         wait = parse_duration(opts.wait_for_server, "--wait-for-server")
     except UsageError as exc:
@@ -150,6 +150,16 @@ def _serve_metrics(registry: Any, host: str, port: int) -> None:
         _stop_children()
         die(f"--metrics-port {port} on {host} cannot be served ({exc.strerror or exc}): pick a free port")
     print(f"vllm-load: client metrics for Prometheus on http://{host}:{server.server_port}/metrics", flush=True)
+
+
+def private_temp_file(what: str, suffix: str) -> Path:
+    """A file of this process's own in the temp folder: mode 0600 (the emulator's log and the sidecar's series
+    hold the run's timings), removed at exit (a 7-minute run left 2.2 MB behind per run)."""
+    fd, name = tempfile.mkstemp(prefix=f"vllm-load-{what}-{os.getpid()}-", suffix=suffix)
+    os.close(fd)
+    path = Path(name)
+    atexit.register(path.unlink, missing_ok=True)
+    return path
 
 
 def _stop_children() -> None:

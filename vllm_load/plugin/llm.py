@@ -104,8 +104,10 @@ class LLM:
         built-in users; pass ``ignore_eos=False`` to make it a cap); ``None`` lets the model stop on its own.
         ``body`` keys are merged into the request (``tools``, ``tool_choice``, ``temperature``, ``model`` …)
         over --extra-body; without ``model`` the run's models take turns (--model a,b)."""
+        _check_messages(messages)
         gen = self._generator()
         tokens = self.count_chat(messages, body.get("tools"))
+        _check_max_tokens("chat", max_tokens, tokens, gen.plan.max_model_len)
         model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
         ready = build_request("chat", model, messages, tokens, max_tokens, defaults=gen.defaults, extra=body,
                               group=group)
@@ -114,9 +116,13 @@ class LLM:
     def complete(self, prompt: str, *, max_tokens: int | None = None, name: str | None = None,
                  **body: Any) -> Reply:
         """One streaming completion of ``prompt``; ``max_tokens`` and ``body`` as in ``chat``."""
+        if not isinstance(prompt, str):
+            raise TypeError(f"self.llm.complete(prompt): the prompt must be a str, got {type(prompt).__name__}")
         gen = self._generator()
+        tokens = self.count_prompt(prompt)
+        _check_max_tokens("complete", max_tokens, tokens, gen.plan.max_model_len)
         model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
-        ready = build_request("completions", model, prompt, self.count_prompt(prompt), max_tokens,
+        ready = build_request("completions", model, prompt, tokens, max_tokens,
                               defaults=gen.defaults, extra=body, group=group)
         return self.send(ready, name=name)
 
@@ -158,9 +164,11 @@ class LLM:
             gen.end_request()
             raise
         gen.on_record(rec)
-        if due is None:  # closed loop: back off from a server that is gone or asked us to wait
+        if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
             delay = self._backoff(rec, gen.plan.backoff_max)
             if delay > 0:
+                gen.stats.backoffs += 1
+                gen.stats.backoff_ms += int(delay * 1000)
                 gevent.sleep(delay)
         return Reply.of(rec, state)
 
@@ -190,14 +198,19 @@ class LLM:
 
     def _backoff(self, rec: Any, cap: float) -> float:
         """How long a closed-loop user waits before its next request. Against a server that is gone, users
-        retrying at once made ~900 failed requests/s and a 7 MB log in 16 s; now each user backs off
-        from 50 ms, doubling up to ``cap``, with jitter, and starts over at the next success. A 429/503's
-        Retry-After is honoured up to ``cap``; other HTTP errors are the server's answers: no wait."""
-        if rec.connection_failed:
+        retrying at once made ~900 failed requests/s and a 7 MB log in 16 s; a 503 without Retry-After was
+        retried at ~1,250 requests/s by 2 users. Now after a connection failure, a 5xx or a broken stream
+        (a protocol error on a 200), or a 429 without Retry-After, each user backs off from 50 ms, doubling
+        up to ``cap``, with jitter, and starts over at the next success. A Retry-After is honoured up to ``cap``; a 4xx is the server's
+        answer to this request: no wait."""
+        if rec.retry_after:
+            self._failures = 0
+            return min(cap, rec.retry_after)
+        if rec.connection_failed or (not rec.ok and (rec.status >= 500 or rec.status in (200, 429))):
             self._failures += 1
             return min(cap, BACKOFF_START * 2 ** min(self._failures - 1, 30)) * random.uniform(0.5, 1.0)
         self._failures = 0
-        return min(cap, rec.retry_after) if rec.retry_after else 0.0
+        return 0.0
 
     def start_due(self, due: Due) -> None:
         """Open loop: the calling greenlet's first request counts from ``due``."""
@@ -205,3 +218,29 @@ class LLM:
 
     def end_due(self) -> None:
         self._due.pop(getcurrent(), None)
+
+
+def _check_messages(messages: Any) -> None:
+    """``self.llm.chat``'s messages, checked at the call (transformers' own error named a character of a string)."""
+    if not isinstance(messages, list) or not messages:
+        got = type(messages).__name__ if not isinstance(messages, list) else "an empty list"
+        raise TypeError("self.llm.chat(messages): messages must be a non-empty list of {'role': ..., 'content': ...} "
+                        f"dicts, got {got}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not ("content" in m or "tool_calls" in m):
+            got = type(m).__name__ if not isinstance(m, dict) else f"keys {sorted(m)}"
+            raise TypeError(f"self.llm.chat(messages): messages[{i}] must be a dict with 'role' and 'content', got {got}")
+
+
+def _check_max_tokens(call: str, max_tokens: Any, input_tokens: int, context: int | None) -> None:
+    """A positive int within what the served model's context leaves after the prompt, or None: checked at the
+    call, instead of thousands of HTTP 400s from the server."""
+    if max_tokens is None:
+        return
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"self.llm.{call}(max_tokens={max_tokens!r}): give a positive int, or None to let the model "
+                         "stop on its own")
+    if context is not None and input_tokens + max_tokens > context:
+        raise ValueError(f"self.llm.{call}(max_tokens={max_tokens}): with the prompt's {input_tokens} tokens it "
+                         f"exceeds the served model's context of {context} tokens; ask for at most "
+                         f"{max(0, context - input_tokens)}")

@@ -41,6 +41,7 @@ class RunPlan:
     trace_span: float = 0.0
     processes: int = 1  # load-generating processes (workers) at the start: a trace is split over them
     seed: int | None = None  # --seed: lengths, arrivals, dataset order and trace split repeat run after run
+    max_model_len: int | None = None  # the served model's context (None: the server did not say)
 
     @classmethod
     def decide(cls, opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int,
@@ -52,7 +53,8 @@ class RunPlan:
                    slos=tuple(slos), sidecar_url=sidecar_url, total_users=max(1, int(total_users or 1)),
                    backoff_max=target.backoff_max, outage_after=target.outage_after,
                    stop_on_outage=target.stop_on_outage, models=target.models or (target.model,), warmup=target.warmup,
-                   processes=max(1, processes), trace_rows=target.trace_rows, trace_span=target.trace_span)
+                   processes=max(1, processes), trace_rows=target.trace_rows, trace_span=target.trace_span,
+                   max_model_len=target.max_model_len)
 
     @property
     def draws(self) -> str:

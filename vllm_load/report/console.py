@@ -123,6 +123,9 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
     if s.get("warmup_excluded"):
         lines.append(f"warm-up: {s['warmup_excluded']} requests started during --warmup were sent and logged, and "
                      "left out of every number here")
+    if s.get("backoffs"):
+        lines.append(f"backoff: users waited {s['backoffs']} times ({s['backoff_s']:.1f} s in all) before their next "
+                     "request after a connection failure, a 5xx or a broken stream (--retry-backoff-max)")
     if s.get("records_per_request"):
         lines.append(f"records {s['records']} ({s['records_per_request']} per request)  "
                      f"record rate {s['record_rate']:.2f}/s")

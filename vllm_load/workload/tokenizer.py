@@ -42,13 +42,24 @@ MISTRAL_CHAT_TEMPLATE = (
 _ALIASES = {EMULATOR_MODEL: BUILTIN_MISTRAL, "mistral-7b": BUILTIN_MISTRAL}
 
 
+def _cache_dir() -> Path:
+    """Where the built-in tokenizers' folders are kept between runs (public data, named by content): the user's
+    cache folder, else the temp folder."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "vllm-load"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        return base
+    except OSError:
+        return Path(tempfile.gettempdir())
+
+
 def _builtin_tekken_dir() -> Path:
     import mistral_common
 
     src = Path(mistral_common.__file__).parent / "data" / "tekken_240911.json"
-    target = Path(tempfile.gettempdir()) / f"vllm-load-tekken-{hashlib.sha1(src.read_bytes()).hexdigest()[:12]}"
+    target = _cache_dir() / f"vllm-load-tekken-{hashlib.sha1(src.read_bytes()).hexdigest()[:12]}"
     if not (target / "tekken.json").exists():
-        tmp = Path(tempfile.mkdtemp(prefix="vllm-load-tok-"))
+        tmp = Path(tempfile.mkdtemp(prefix="vllm-load-tok-", dir=target.parent))  # os.replace: same filesystem
         shutil.copy(src, tmp / "tekken.json")
         try:
             os.replace(tmp, target)
@@ -65,9 +76,9 @@ def _builtin_mistral_dir() -> Path:
         raise UsageError("the built-in tokenizer needs mistral-common: pip install mistral-common") from exc
     src = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
     digest = hashlib.sha1(src.read_bytes() + MISTRAL_CHAT_TEMPLATE.encode()).hexdigest()[:12]
-    target = Path(tempfile.gettempdir()) / f"vllm-load-tokenizer-{digest}"
+    target = _cache_dir() / f"vllm-load-tokenizer-{digest}"
     if not (target / "tokenizer_config.json").exists():
-        tmp = Path(tempfile.mkdtemp(prefix="vllm-load-tok-"))
+        tmp = Path(tempfile.mkdtemp(prefix="vllm-load-tok-", dir=target.parent))  # os.replace: same filesystem
         shutil.copy(src, tmp / "tokenizer.model")
         config = {
             "tokenizer_class": "LlamaTokenizer",

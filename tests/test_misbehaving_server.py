@@ -1,0 +1,40 @@
+"""A misbehaving server is not hammered and not believed: 5xx without Retry-After and broken streams make each
+closed-loop user back off (counted), and a stream far past its max_tokens is cut as a protocol failure, with
+the native reader and with the Python one (real Locust processes against the emulator's injected faults)."""
+
+import pytest
+
+from tests.helpers import ROOT, run_locust
+from tests.test_e2e import load_run
+
+CHAT = str(ROOT / "locustfiles/chat.py")
+
+
+@pytest.mark.parametrize("fault", ["503", "malformed"])
+def test_a_failing_server_sees_a_bounded_request_rate(emulator_factory, tmp_path, fault):
+    emu = emulator_factory("--ttft", "0.002", "--itl", "0.001", "--fault", f"{fault}:1")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "4s", "--host", emu.url,
+                      "--output-tokens", "4", "--retry-backoff-max", "1s", "--run-dir", str(run_dir)], cwd=tmp_path)
+    stats, logs = load_run(run_dir)
+    s = stats["summary"]
+    assert res.returncode != 0 and s["failed"] == s["requests"] == len(logs) > 0
+    # without a backoff 2 users made ~1,250 requests/s; with it (50 ms doubling to 1 s) ~8 each in 4 s
+    assert s["requests"] <= 30, s["requests"]
+    assert s["backoffs"] >= s["requests"] - 2 and s["backoff_s"] > 2.0
+    assert "backoff: users waited" in res.stdout
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_stream_far_past_max_tokens_is_cut_and_counted(emulator_factory, tmp_path, native):
+    emu = emulator_factory("--ttft", "0.005", "--itl", "0.002", "--fault", "overrun:1")  # 1,600 tokens for 16
+    run_dir = tmp_path / "run"
+    run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--host", emu.url, "--output-tokens",
+                "16", "--retry-backoff-max", "50ms", "--run-dir", str(run_dir)], cwd=tmp_path,
+               env_extra={"VLLM_LOAD_NATIVE": native})
+    _stats, logs = load_run(run_dir)
+    cut = [r for r in logs if not r["ok"] and "ran past 32 tokens for max_tokens 16: cut" in (r["error"] or "")]
+    assert len(cut) >= 2 and len(cut) >= len(logs) - 2, [r["error"] for r in logs]
+    for r in cut:
+        assert 32 < sum(r["chunk_tokens"]) <= 40  # cut at the limit, not read to its 1,600 tokens
+        assert r["e2e"] < 1.0  # 1,600 tokens take 3.2 s
