@@ -198,3 +198,11 @@ def test_the_public_api_refuses_bad_arguments_at_the_call_and_sends_nothing(emul
     assert said[6] == "MISUSE TypeError: self.llm.complete(prompt): the prompt must be a str, got list"
     _stats, logs = load_run(run_dir)
     assert [r["name"] for r in logs] == ["fine"]  # nothing of the misuse reached the server
+
+
+def test_a_run_with_requests_only_through_self_client_says_so(emulator_factory, tmp_path):
+    emu = emulator_factory()
+    res = run_locust(["-f", str(HERE / "client_only.py"), "--headless", "-u", "1", "-r", "1", "-t", "2s",
+                      "--host", emu.url, "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    assert res.returncode == 4, res.stdout[-2000:]  # measured nothing LLM-timed: invalid
+    assert "no self.llm request completed; the " in res.stdout and "went through self.client" in res.stdout

@@ -271,3 +271,22 @@ def test_names_are_grouped_shipped_and_merged_exactly_and_bounded():
     for i in range(MAX_NAMES + 50):
         many.add(rec([0.1], [1], e2e=0.2, name=f"request {i}"))
     assert len(many.names) == MAX_NAMES + 1 and many.names[OTHER_NAMES].requests == 50
+
+
+def test_failures_group_by_kind_with_a_bound_and_a_raw_example():
+    from vllm_load.client.record import RequestRecord
+    from vllm_load.metrics.error_kinds import MAX_KINDS, OTHER
+    from vllm_load.metrics.stats import LLMStats
+
+    a, b = LLMStats(), LLMStats()
+    for i in range(3000):  # a server quoting a unique id in every failure (the issue: 5,577 rows from 6,725)
+        (a if i % 2 else b).add(RequestRecord("chat", 1.0 + i, 0.01, False, status=200,
+                                              error=f"malformed SSE line: b'dta: {{\"id\": \"chatcmpl-{i:08x}\"}}'"))
+    for i in range(200):  # and 200 really different kinds
+        a.add(RequestRecord("chat", 1.0, 0.01, False, status=500, error=f"HTTP 500: kind {chr(65 + i % 26)}{i // 26}x"))
+    a.merge(LLMStats.from_wire(b.to_wire()))
+    s = a.summary(duration=1.0)
+    assert s["errors"]["malformed SSE line: '…'"] == 3000
+    assert s["error_examples"]["malformed SSE line: '…'"].startswith("malformed SSE line: b'dta: {\"id\": \"chatcmpl-0")
+    assert len(s["errors"]) <= MAX_KINDS + 1 and OTHER in s["errors"]
+    assert sum(s["errors"].values()) == s["failed"] == 3200

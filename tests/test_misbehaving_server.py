@@ -38,3 +38,20 @@ def test_a_stream_far_past_max_tokens_is_cut_and_counted(emulator_factory, tmp_p
     for r in cut:
         assert 32 < sum(r["chunk_tokens"]) <= 40  # cut at the limit, not read to its 1,600 tokens
         assert r["e2e"] < 1.0  # 1,600 tokens take 3.2 s
+
+
+def test_failures_quoting_a_unique_id_make_one_error_row_and_a_small_summary(emulator_factory, tmp_path):
+    import json
+
+    emu = emulator_factory("--ttft", "0.002", "--itl", "0.001", "--fault", "error:1")  # each error names its request
+    run_dir = tmp_path / "run"
+    run_locust(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", emu.url, "--request-rate", "150",
+                "--output-tokens", "4", "--run-dir", str(run_dir)], cwd=tmp_path)
+    data = json.loads((run_dir / "summary.json").read_text())
+    s = data["summary"]
+    _stats, logs = load_run(run_dir)
+    raw = {r["error"] for r in logs}
+    assert s["failed"] >= 200 and len(raw) == s["failed"]  # every raw reason differs, and the log keeps each
+    assert s["errors"] == {"error in stream: injected fault: engine error in request <id>": s["failed"]}
+    assert s["error_examples"][next(iter(s["errors"]))] in raw
+    assert (run_dir / "summary.json").stat().st_size < 100_000

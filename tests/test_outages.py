@@ -165,12 +165,13 @@ def test_a_503_with_retry_after_makes_the_user_wait(tmp_path, emulator_factory):
     assert all(r["retry_after"] == 1.0 and r["status"] == 503 for r in logs(run_dir))
 
 
-def test_without_retry_after_http_errors_are_not_backed_off(tmp_path, emulator_factory):
+def test_without_retry_after_a_5xx_is_backed_off_too(tmp_path, emulator_factory):
     emu = emulator_factory("--fault", "500:1")
     res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", emu.url,
                       "--min-requests", "0", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 1
-    assert len(logs(tmp_path / "run")) > 50  # the server answered: its answers are what is measured
+    # 50 ms doubling: ~6 attempts in 2 s (the 503 storm was ~625 a second per user)
+    assert 3 <= len(logs(tmp_path / "run")) <= 10
 
 
 def test_refusals_through_a_span_make_it_an_outage_however_many_answered_failures_come_beside_them():

@@ -100,7 +100,8 @@ def test_ctrl_c_stops_the_run_where_the_main_greenlet_waits_not_in_the_middle_of
     mark = tmp_path / "mark"
     run_dir = tmp_path / "run"
     p = locust(["-f", str(tmp_path / "busy.py"), "--headless", "-u", "2", "-r", "2", "-t", "120s", "--host", emu.url,
-                "--output-tokens", "8", "--run-dir", str(run_dir)], tmp_path, BUSY_MARK=str(mark))
+                "--output-tokens", "8", "--run-dir", str(run_dir), "--allow-untrustworthy"],  # the busy stretch lags
+               tmp_path, BUSY_MARK=str(mark))
     try:
         wait_for(lambda: mark.exists() and mark.read_text() == "busy\n", what="the busy stretch")
         p.send_signal(signal.SIGINT)  # lands while the busy greenlet holds the loop

@@ -108,3 +108,67 @@ def test_bad_tune_input_is_one_line_and_exit_2(tmp_path, argv, needle):
     assert res.returncode == 2, res.stdout + res.stderr
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("vllm-load: error:")]
     assert len(errors) == 1 and needle in errors[0], res.stderr
+
+
+def _probe(level, passed, untrustworthy=""):
+    from vllm_load.tune.probe import Probe
+
+    return Probe(level, passed, 0 if passed else 3, "run", request_rate=level / 2, output_token_rate=level * 10,
+                 goodput=level / 2, untrustworthy=untrustworthy).to_json()
+
+
+def test_a_tune_never_recommends_untrustworthy_numbers_without_saying_so(tmp_path):
+    from vllm_load.tune.report import recommend, write
+
+    trusted = {"params": {"max_num_seqs": "8"}, "status": "ok", "reason": "", "capacity": 8, "goodput": 4.0,
+               "probes": [_probe(8, True), _probe(16, False)]}
+    starved = {"params": {"max_num_seqs": "64"}, "status": "ok", "reason": "", "capacity": 64, "goodput": 32.0,
+               "probes": [_probe(64, True, "w: event loop lagged 80 ms"), _probe(128, False)]}
+    assert recommend([trusted, starved]) is trusted  # more goodput, but measured by a starved client
+    best = write(tmp_path, [starved], "concurrency", ["ttft.p99<=1s"])
+    data = json.loads((tmp_path / "tune.json").read_text())
+    assert best is starved and data["recommended_trustworthy"] is False and data["untrustworthy_probes"] == 1
+    md = (tmp_path / "tune.md").read_text()
+    assert "UNTRUSTWORTHY: 1 of its 2 probes could not be trusted (at 64: w: event loop lagged 80 ms)" in md
+    page = (tmp_path / "tune.html").read_text()
+    assert "<table>" in page and "<pre" not in page and "UNTRUSTWORTHY (1 of 2 probes)" in page
+
+
+def test_sigterm_stops_the_tune_its_probe_and_its_server(tmp_path):
+    import signal
+
+    import psutil
+
+    from tests.helpers import wait_for
+
+    serve = f"{sys.executable} -m server.emulator --port {{port}} --log-stats-interval 0"
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_load.cli", "tune", "--serve", serve, "--slo", "ttft.p99<=1s",
+                             "--probe-duration", "120s", "--probe-warmup", "1s", "--out", str(tmp_path / "tune"), "--",
+                             "-f", str(ROOT / "locustfiles" / "chat.py"), "--output-tokens", "8"],
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    me = psutil.Process(proc.pid)
+
+    def probing():  # the server, the sidecar and a probe's locust are all up
+        kids = me.children(recursive=True)
+        return kids if any("locust" in " ".join(k.cmdline()) for k in kids if k.is_running()) else None
+
+    try:
+        kids = wait_for(probing, timeout=120, what="the first probe to run")
+        groups = {os.getpgid(k.pid) for k in kids}
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "stopped by SIGTERM" in err
+    left = [p.pid for p in psutil.process_iter() if p.pid != os.getpid() and _pgid(p.pid) in groups]
+    assert not left, left  # every process group the tune started is gone
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None

@@ -186,6 +186,7 @@ def test_a_cpu_hog_on_the_clients_core_is_named_as_contention_not_add_workers(tm
     assert hogs, "the run never spawned its users"
     client_verdict = summary_of(run_dir)["summary"]["client"]
     assert client_verdict["saturated"] and client_verdict["cause"] == "contention", client_verdict
+    assert proc.returncode == 5 and summary_of(run_dir)["valid"] is False  # a gate fails it, naming the cause
     assert client_verdict["loop_lag_max"] >= 0.05 and client_verdict["cpu_wait_max"] >= 0.025
     assert "another process (e.g. a server on this host) competes for these cores" in stdout
     assert "add workers" not in stdout

@@ -430,7 +430,8 @@ class Emulator:
                 if fault == "malformed":
                     yield b'data: {"id": "broken\n\n'
                 elif fault == "error":
-                    yield event({"error": {"message": "injected fault: engine error", "type": "InternalServerError",
+                    yield event({"error": {"message": f"injected fault: engine error in request {rid}",
+                                           "type": "InternalServerError",
                                            "param": None, "code": 500}})
                     yield b"data: [DONE]\n\n"
                     return

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vllm_load.metrics import outages
+from vllm_load.metrics.error_kinds import MAX_KINDS, OTHER, error_kind
 from vllm_load.metrics.histogram import Histogram
 from vllm_load.metrics import fold as folding
 from vllm_load.metrics.summary import RunSummary
@@ -89,7 +90,8 @@ class LLMStats:
     backoffs: int = 0  # closed loop: waits before a next request after a server error, and their total in ms
     backoff_ms: int = 0
     judged: int = 0  # requests judged for goodput (all requests, when per-request SLOs exist)
-    errors: Counter = field(default_factory=Counter)
+    errors: Counter = field(default_factory=Counter)  # failures by kind (error_kinds.error_kind)
+    error_examples: dict = field(default_factory=dict)  # kind -> its first raw reason
     _tokens_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> output tokens
     done_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> finished requests
     _windows: dict = field(default_factory=lambda: defaultdict(dict))  # window start -> metric -> Histogram
@@ -150,7 +152,7 @@ class LLMStats:
         b = outages.bucket(rec.start)
         if not rec.ok:
             self.failures += 1
-            self.errors[rec.error or "unknown error"] += 1
+            self.count_error(rec.error or "unknown error")
             if rec.connection_failed:
                 self.conn_buckets[b] += 1
                 if rec.start >= self.conn_error[0]:
@@ -249,6 +251,15 @@ class LLMStats:
                 for h in ms.values():
                     h.pack()
 
+    def count_error(self, reason: str, n: int = 1, kind: str | None = None) -> None:
+        """``n`` failures of ``reason``, counted under its kind (at most MAX_KINDS kinds; later ones as one
+        row), the first raw reason kept as the kind's example."""
+        kind = error_kind(reason) if kind is None else kind
+        if kind not in self.errors and len(self.errors) >= MAX_KINDS:
+            kind = OTHER
+        self.errors[kind] += n
+        self.error_examples.setdefault(kind, reason[:240])
+
     # -- shipping between processes -------------------------------------------------------------
     _BUCKETS = ("ok_buckets", "conn_buckets", "fail_buckets")
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
@@ -261,6 +272,7 @@ class LLMStats:
             **{k: getattr(self, k) for k in self._COUNTERS},
             "drift_max_abs": self.drift_max_abs,
             "errors": dict(self.errors),
+            "error_examples": self.error_examples,
             "tokens_per_second": {str(k): v for k, v in self.tokens_per_second.items()},
             "done_per_second": {str(k): v for k, v in self.done_per_second.items()},
             "windows": {str(w): {m: h.to_wire() for m, h in ms.items()} for w, ms in self.windows.items()},
@@ -283,6 +295,7 @@ class LLMStats:
             setattr(s, k, int(data.get(k, 0)))  # older run dirs lack newer counters
         s.drift_max_abs = int(data["drift_max_abs"])
         s.errors = Counter(data["errors"])
+        s.error_examples = dict(data.get("error_examples") or {})
         s._tokens_per_second = Counter({int(k): v for k, v in data["tokens_per_second"].items()})
         s.done_per_second = Counter({int(k): v for k, v in data["done_per_second"].items()})
         for w, ms in data["windows"].items():
@@ -306,7 +319,8 @@ class LLMStats:
         for k in self._COUNTERS:
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.drift_max_abs = max(self.drift_max_abs, other.drift_max_abs)
-        self.errors.update(other.errors)
+        for kind, n in other.errors.items():
+            self.count_error(other.error_examples.get(kind, kind), n, kind)
         self.tokens_per_second.update(other.tokens_per_second)
         self.done_per_second.update(other.done_per_second)
         for k in self._BUCKETS:
@@ -377,6 +391,7 @@ class LLMStats:
             "backoffs": self.backoffs,
             "backoff_s": self.backoff_ms / 1000.0,
             "errors": dict(self.errors.most_common()),
+            "error_examples": {k: self.error_examples.get(k, k) for k in self.errors},
             "metrics": {k: h.summary() for k, h in self.hists.items()},
         }
         # outage_after None: no outage windows (the web UI's live table polls this and shows none)

@@ -158,11 +158,13 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
 def _finish_unwritten(environment: Any, col: Collector) -> None:
     """The end of a run whose directory could not take its files: the table and verdict from memory."""
     from vllm_load.metrics.slo import evaluate
-    from vllm_load.report.results import validity_checks
+    from vllm_load.report.results import trust_check, validity_checks
 
     summary = col.results if col.results is not None else col.summarise(_local_monitor())
     checks = evaluate(STATE.slos, summary)
-    validity = validity_checks(summary, STATE.slos, int(environment.parsed_options.min_requests))
+    opts = environment.parsed_options
+    validity = [*validity_checks(summary, STATE.slos, int(opts.min_requests)),
+                trust_check(summary, bool(opts.allow_untrustworthy))]
     banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
     sys.stdout.write("\n" + render_table(summary, f"vllm-load LLM metrics, run {col.plan.run_id}{banner}") + "\n")
     if render_validity(validity):
@@ -208,6 +210,10 @@ def _finish(environment: Any, col: Collector) -> None:
         sys.stdout.write(f"vllm-load: the run was stopped: {stopped}\n")
     elif render_validity(built.validity):
         sys.stdout.write(render_validity(built.validity) + "\n")
+    through_client = environment.runner.stats.total.num_requests
+    if not built.summary["requests"] and through_client:
+        sys.stdout.write(f"vllm-load: no self.llm request completed; the {through_client} requests Locust counted went "
+                         "through self.client, which is not LLM-timed: send LLM requests with self.llm.chat/complete\n")
     if exceptions:
         sys.stdout.write(f"vllm-load: user tasks raised {exceptions} exceptions (Locust's error report lists "
                          "them; the log shows each kind once)\n")

@@ -121,6 +121,8 @@ OPTIONS: tuple[Option, ...] = (
         action="append", include_in_web_ui=False),
     Option("--min-requests", 1, "fewer successful requests than this make the run fail (exit 4): a gate must not pass "
         "on a run that measured nothing", type=int),
+    Option("--allow-untrustworthy", False, "accept a run the tool calls untrustworthy (the client could not keep "
+        "time, or a worker was lost): exit by the SLOs instead of with code 5", action="store_true"),
     Option("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)"),
     Option("--metrics-port", 0, "serve the client's metrics in Prometheus' format on this port (headless runs; with "
         "the web UI they are on its port, /metrics); 0: off", type=int),

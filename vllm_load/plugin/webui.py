@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any, Callable
 
+from vllm_load.metrics.client_health import shared_stamp
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
 
 
@@ -107,5 +108,6 @@ def live_summary(totals: Any, start_wall: float, health: Any = None) -> dict:
     summary["live_output_tps"] = totals.recent_output_tps(time.time())
     if health is not None:
         lag = summary["metrics"].get("send_lag", {})
-        summary["client"] = health.verdict(lag.get("p99") if lag.get("count") else None)
+        summary["client"] = health.verdict(lag.get("p99") if lag.get("count") else None,
+                                           shared_stamp=shared_stamp(summary))
     return summary

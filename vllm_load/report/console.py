@@ -154,6 +154,8 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         lines.append("WARNING: UNTRUSTWORTHY RUN: the load generator could not keep time, so these numbers describe "
                      f"the client, not the server: {'; '.join(c['reasons'])}. Cause: {c.get('cause') or 'client'}: "
                      f"{c.get('advice') or 'add workers: --processes N or more machines'}")
+    for note in s.get("client", {}).get("notes") or []:
+        lines.append(f"note: {note}")
     for w in s.get("outages", []):
         lines.append(("OUTAGE: " if w["outage"] else "FAILURE STORM: ") + w["text"])
     if s.get("workers_lost"):

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows  # noqa: E402
 from vllm_load.metrics.histogram import Histogram  # noqa: E402
-from vllm_load.report.results import finish  # noqa: E402
+from vllm_load.report.results import TRUST, finish  # noqa: E402
 from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.metrics.table import BY_KEY  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run, write_json  # noqa: E402
@@ -147,10 +147,14 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
     if run.is_emulator:
         parts.append("<div class='banner' id='emulator-banner'><b>Target: the built-in vLLM EMULATOR</b>, "
                      "not a real vLLM server. These numbers describe the emulator's configured schedule.</div>")
-    bad = [c for c in validity or [] if not c.passed]
+    bad = [c for c in validity or [] if not c.passed and c.slo != TRUST]
     if bad:
         parts.append("<div class='banner' id='run-invalid'><b>Run invalid:</b> "
                      + "<br>".join(html.escape(c.detail) for c in bad) + "</div>")
+    distrust = [c for c in validity or [] if not c.passed and c.slo == TRUST]
+    if distrust:  # the reasons stand in the client-health box below; here the verdict a gate reads
+        parts.append("<div class='banner' id='run-untrustworthy'><b>Untrustworthy run (exit code 5):</b> the load "
+                     "generator could not keep time or lost a worker; --allow-untrustworthy accepts it</div>")
     if checks:
         ok = all(c.passed for c in checks)
         parts.append(f"<h2>SLO verdict: <span class='{'pass' if ok else 'fail'}' id='verdict'>{'PASS' if ok else 'FAIL'}</span></h2>")
@@ -254,7 +258,8 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     title = f"vllm-load run {run.config.get('run_id')}" + (" (target: built-in EMULATOR)" if run.is_emulator else "")
     server = server_summary(run.server)
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
-    code, checks, validity = finish(run.path, run.summary, slos, server, title, junit, min_requests)
+    code, checks, validity = finish(run.path, run.summary, slos, server, title, junit, min_requests,
+                                    bool(opts.get("allow_untrustworthy")))
     rd = RunDir(run.path)
     out = rd.report
     out.write_text(render_html(run, checks, validity))

@@ -7,7 +7,7 @@ from pathlib import Path
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import render_table
 from vllm_load.rundir.files import RunDir, write_json
-from vllm_load.errors import EXIT_ERRORS, EXIT_INVALID, EXIT_OK, EXIT_SLO_MISS
+from vllm_load.errors import EXIT_ERRORS, EXIT_INVALID, EXIT_OK, EXIT_SLO_MISS, EXIT_UNTRUSTWORTHY
 from vllm_load.metrics.slo import SLO, Check, evaluate, junit_xml, render_checks
 
 #: Share of requests whose prompt length may differ from what was asked before the run is invalid
@@ -43,11 +43,38 @@ def validity_checks(summary: RunSummary, slos: list[SLO], min_requests: int = 1)
     return out
 
 
-def exit_code(summary: dict, checks: list[Check], slos: list[SLO], validity: list[Check] | None = None) -> int:
-    """4 when the run is invalid (measured nothing, or the wrong prompts); 3 when an SLO is missed; else 1
-    when a request failed (unless an error_rate SLO governs); else 0."""
+#: the trust check's name (a JUnit test case of class vllm_load.run, beside the validity checks)
+TRUST = "the load generator kept time (trustworthy)"
+
+
+def trust_check(summary: dict, allow: bool = False) -> Check:
+    """Can the numbers be trusted to describe the server? Not when the client could not keep time
+    (``summary["client"]``) or a worker was lost mid-run; ``allow`` (--allow-untrustworthy) accepts such a run,
+    and says so."""
+    client = summary.get("client") or {}
+    reasons = list(client.get("reasons") or [])
+    lost = summary.get("workers_lost") or []
+    if lost:
+        reasons.append(f"worker(s) lost mid-run, their last seconds missing: {', '.join(lost)}")
+    if not reasons:
+        return Check(TRUST, 1.0, True, "the load generator kept time" + (
+            f" ({len(client['notes'])} note(s): {'; '.join(client['notes'])})" if client.get("notes") else ""))
+    cause = client.get("cause") if client.get("reasons") else "lost"
+    advice = client.get("advice") if client.get("reasons") else "see why the worker stopped reporting (its log)"
+    detail = f"UNTRUSTWORTHY: {'; '.join(reasons)}. Cause: {cause}: {advice}"
+    if allow:
+        detail += " (accepted with --allow-untrustworthy)"
+    return Check(TRUST, 0.0, allow, detail)
+
+
+def exit_code(summary: dict, checks: list[Check], slos: list[SLO], validity: list[Check] | None = None,
+              trust: Check | None = None) -> int:
+    """4 when the run is invalid (measured nothing, or the wrong prompts); 5 when it is untrustworthy (and not
+    accepted); 3 when an SLO is missed; else 1 when a request failed (unless an error_rate SLO governs); else 0."""
     if validity and any(not c.passed for c in validity):
         return EXIT_INVALID
+    if trust is not None and not trust.passed:
+        return EXIT_UNTRUSTWORTHY
     if any(not c.passed for c in checks):
         return EXIT_SLO_MISS
     if summary["failed"] and not any(s.metric in ("error_rate", "goodput", "good_request_fraction") for s in slos):
@@ -58,15 +85,19 @@ def exit_code(summary: dict, checks: list[Check], slos: list[SLO], validity: lis
 def render_validity(validity: list[Check]) -> str:
     """Console lines for the checks that failed (nothing when the run is valid)."""
     failed = [c for c in validity if not c.passed]
-    return "\n".join(f"RUN INVALID: {c.detail}" for c in failed)
+    return "\n".join(f"RUN INVALID: {c.detail}" if c.slo != TRUST else
+                     "UNTRUSTWORTHY RUN: exit code 5, so that a gate does not pass on it (the reasons are above; "
+                     "--allow-untrustworthy accepts it)" for c in failed)
 
 
 def summary_markdown(summary: dict, checks: list[Check], title: str, server: dict | None = None,
                      validity: list[Check] | None = None) -> str:
     lines = [f"# {title}", ""]
-    bad = [c for c in validity or [] if not c.passed]
+    bad = [c for c in validity or [] if not c.passed and c.slo != TRUST]
     if bad:
         lines += ["**RUN INVALID**", ""] + [f"- {c.detail}" for c in bad] + [""]
+    if any(not c.passed and c.slo == TRUST for c in validity or []):
+        lines += ["**UNTRUSTWORTHY RUN** (exit code 5; `--allow-untrustworthy` accepts it)", ""]
     if checks:
         verdict = "PASS" if all(c.passed for c in checks) else "FAIL"
         lines += [f"**SLO verdict: {verdict}**", "", "| SLO | result | detail |", "|---|---|---|"]
@@ -77,15 +108,18 @@ def summary_markdown(summary: dict, checks: list[Check], title: str, server: dic
 
 
 def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, title: str,
-           junit_path: str = "", min_requests: int = 1) -> tuple[int, list[Check], list[Check]]:
+           junit_path: str = "", min_requests: int = 1, allow_untrustworthy: bool = False
+           ) -> tuple[int, list[Check], list[Check]]:
     """Write summary.json / summary.md / junit files into ``run_dir``; return (exit code, SLO checks,
-    validity checks)."""
+    validity checks, the trust check last among them)."""
     checks = evaluate(slos, summary, server)
     validity = validity_checks(summary, slos, min_requests)
-    code = exit_code(summary, checks, slos, validity)
+    trust = trust_check(summary, allow_untrustworthy)
+    code = exit_code(summary, checks, slos, validity, trust)
+    validity = [*validity, trust]
     data = {"title": title, "exit_code": code, "summary": summary, "server": server,
             "slo": [c.to_json() for c in checks], "validity": [c.to_json() for c in validity],
-            "valid": all(c.passed for c in validity),
+            "valid": all(c.passed for c in validity), "trust": trust.to_json(),
             "verdict": None if not checks else ("pass" if all(c.passed for c in checks) else "fail")}
     rd = RunDir(run_dir)
     write_json(rd.summary_json, data, indent=2)

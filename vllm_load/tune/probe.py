@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -35,6 +36,7 @@ class Probe:
     prefix_hit_rate: float | None = None
     missed: tuple[str, ...] = ()  # the SLO checks that failed, with what was measured
     invalid: str = ""  # why the run measured nothing
+    untrustworthy: str = ""  # why the run's own verdict disowns its numbers (the client could not keep time …)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -45,21 +47,42 @@ def run_probe(locust_args: list[str], url: str, level: float, mode: str, slos: l
     load = (["-u", str(int(level)), "-r", str(int(level))] if mode == "concurrency"
             else ["-u", str(rate_users), "-r", str(rate_users), "--request-rate", f"{level:g}"])
     argv = [sys.executable, "-m", "locust", *locust_args, "--headless", "--host", url, *load, "-t", duration,
-            "--warmup", warmup, "--run-dir", str(run_dir), "--sidecar-url", sidecar_url]
+            "--warmup", warmup, "--run-dir", str(run_dir), "--sidecar-url", sidecar_url,
+            "--allow-untrustworthy"]  # judged by the SLOs here; the trust verdict is carried in the Probe
     for s in slos:
         argv += ["--slo", s]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
+        # its own process group: a tune stopped by a signal stops the probe with everything it started
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ),
+                                start_new_session=True)
         try:
-            code = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
-                                  env=dict(os.environ)).returncode
+            code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            stop_group(proc)
             code = -1
+        except BaseException:
+            stop_group(proc)
+            raise
     if code == EXIT_BAD_INPUT:
         tail = (run_dir.parent / f"{run_dir.name}.log").read_text(errors="replace")
         line = next((ln for ln in tail.splitlines() if ln.startswith("vllm-load: error:")), "see the probe's log")
         raise UsageError(f"a probe was refused: {line.removeprefix('vllm-load: error: ')}")
     return read_probe(level, code, run_dir)
+
+
+def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM to the process group ``proc`` leads, SIGKILL after ``grace`` seconds if it is still there."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def read_probe(level: float, code: int, run_dir: Path) -> Probe:
@@ -76,6 +99,9 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
 
     missed = tuple(f"{c['slo']} ({c['detail']})" for c in data.get("slo", []) if not c["passed"])
     invalid = "; ".join(c["detail"] for c in data.get("validity", []) if not c["passed"])
+    trust = (data.get("trust") or {}).get("detail", "")
+    untrustworthy = trust.removeprefix("UNTRUSTWORTHY: ").removesuffix(" (accepted with --allow-untrustworthy)") \
+        if trust.startswith("UNTRUSTWORTHY") else ""
     return Probe(level=level, passed=code == 0, code=code, run_dir=str(run_dir), request_rate=s["request_rate"],
                  output_token_rate=s["output_token_rate"],
                  goodput=s.get("goodput") if s.get("goodput") is not None else s["request_rate"],
@@ -83,4 +109,5 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
                  itl_p99=get("itl", "p99"), e2e_mean=get("e2e", "mean"), e2e_p99=get("e2e", "p99"),
                  tps_per_user=get("output_tps", "p50"), kv_max=server.get("kv_cache_usage.max"),
                  preemptions=server.get("preemptions"), waiting_max=server.get("waiting.max"),
-                 prefix_hit_rate=server.get("prefix_cache_hit_rate"), missed=missed, invalid=invalid)
+                 prefix_hit_rate=server.get("prefix_cache_hit_rate"), missed=missed, invalid=invalid,
+                 untrustworthy=untrustworthy)

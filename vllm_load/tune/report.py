@@ -31,7 +31,8 @@ def _n(v: float | None, fmt: str = "{:g}") -> str:
 
 
 def probe_row(cfg: str, p: dict) -> list[str]:
-    return [cfg, f"{p['level']:g}", "pass" if p["passed"] else "MISS", f"{p['request_rate']:.2f}",
+    verdict = ("pass" if p["passed"] else "MISS") + (" UNTRUSTWORTHY" if p.get("untrustworthy") else "")
+    return [cfg, f"{p['level']:g}", verdict, f"{p['request_rate']:.2f}",
             f"{p['output_token_rate']:.0f}", _ms(p["ttft_mean"]), _ms(p["ttft_p99"]), _ms(p["itl_mean"]),
             _ms(p["itl_p99"]), _ms(p["e2e_mean"]), _ms(p["e2e_p99"]), _pct(p["kv_max"]), _n(p["preemptions"]),
             _n(p["waiting_max"]), _pct(p["prefix_hit_rate"])]
@@ -52,30 +53,63 @@ def why_lost(result: dict) -> str:
     return f"at {first['level']:g}: " + ", ".join(x for x in [*server, what] if x)
 
 
+def distrusted(result: dict) -> list[dict]:
+    """The configuration's probes whose own verdict disowned their numbers (the client could not keep time)."""
+    return [p for p in result["probes"] if p.get("untrustworthy")]
+
+
+def trust_note(result: dict) -> str:
+    """'' when every probe of the configuration was trustworthy, else one sentence saying which were not."""
+    bad = distrusted(result)
+    if not bad:
+        return ""
+    return (f"UNTRUSTWORTHY: {len(bad)} of its {len(result['probes'])} probes could not be trusted "
+            f"(at {', '.join(format(p['level'], 'g') for p in bad)}: {bad[0]['untrustworthy']}); its numbers may "
+            "describe the load generator, not the server")
+
+
 def recommend(results: list[dict]) -> dict | None:
-    """The configuration with the most goodput at its capacity (good requests/s meeting every SLO)."""
+    """The configuration with the most goodput at its capacity (good requests/s meeting every SLO); one whose
+    probes were all trustworthy comes before any that was not (whose recommendation then says so)."""
     ok = [r for r in results if r["status"] == "ok" and r["capacity"] is not None]
-    return max(ok, key=lambda r: (r["goodput"] or 0.0, r["capacity"])) if ok else None
+    return max(ok, key=lambda r: (not distrusted(r), r["goodput"] or 0.0, r["capacity"])) if ok else None
 
 
 def render_markdown(results: list[dict], best: dict | None, mode: str) -> str:
     unit = "users" if mode == "concurrency" else "req/s"
     lines = ["# vllm-load tune", ""]
-    if best:
-        lines.append(f"**Recommended: {label(best['params'])}**: capacity {best['capacity']:g} {unit}, goodput "
-                     f"{best['goodput']:.2f} good req/s.")
-    else:
-        lines.append("**No configuration met the SLOs.**")
-    lines += ["", "| config | capacity | goodput (good req/s) | why not better |", "|---|---|---|---|"]
+    lines.append(headline(best, unit))
+    lines += ["", "| " + " | ".join(CONFIG_HEAD) + " |", "|" + "---|" * len(CONFIG_HEAD)]
+    lines += ["| " + " | ".join(row) + " |" for row in config_rows(results, unit)]
+    lines += ["", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(row) + " |" for row in probe_rows(results)]
+    return "\n".join(lines) + "\n"
+
+
+CONFIG_HEAD = ["config", "capacity", "goodput (good req/s)", "trust", "why not better"]
+
+
+def headline(best: dict | None, unit: str) -> str:
+    if not best:
+        return "**No configuration met the SLOs.**"
+    note = trust_note(best)
+    return (f"**Recommended: {label(best['params'])}**: capacity {best['capacity']:g} {unit}, goodput "
+            f"{best['goodput']:.2f} good req/s." + (f" **{note}.**" if note else ""))
+
+
+def config_rows(results: list[dict], unit: str) -> list[list[str]]:
+    rows = []
     for r in results:
         cap = "-" if r["capacity"] is None else f"{r['capacity']:g} {unit}"
         gp = "-" if r["goodput"] is None else f"{r['goodput']:.2f}"
-        lines.append(f"| {label(r['params'])} | {cap} | {gp} | {why_lost(r)} |")
-    lines += ["", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
-    for r in results:
-        for p in sorted(r["probes"], key=lambda p: p["level"]):
-            lines.append("| " + " | ".join(probe_row(label(r["params"]), p)) + " |")
-    return "\n".join(lines) + "\n"
+        bad = distrusted(r)
+        rows.append([label(r["params"]), cap, gp, f"UNTRUSTWORTHY ({len(bad)} of {len(r['probes'])} probes)" if bad
+                     else "ok", why_lost(r)])
+    return rows
+
+
+def probe_rows(results: list[dict]) -> list[list[str]]:
+    return [probe_row(label(r["params"]), p) for r in results for p in sorted(r["probes"], key=lambda p: p["level"])]
 
 
 def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
@@ -85,13 +119,13 @@ def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, A
     return sorted(front, key=lambda p: p[0])
 
 
-def render_html(results: list[dict], best: dict | None, mode: str, md: str) -> str:
+def render_html(results: list[dict], best: dict | None, mode: str) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from vllm_load.report.html import _CSS, _png
+    from vllm_load.report.html import _CSS, _png, _table
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4))
     points = []
@@ -121,10 +155,17 @@ def render_html(results: list[dict], best: dict | None, mode: str, md: str) -> s
             ax.legend(fontsize=7)
         ax.grid(alpha=0.3)
     img = _png(fig)
-    body = html.escape(md)
+    unit = "users" if mode == "concurrency" else "req/s"
+
+    def esc(rows: list[list[str]]) -> list[list[str]]:
+        return [[html.escape(c) for c in row] for row in rows]
+
+    head = html.escape(headline(best, unit).replace("**", ""))
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load tune</title><style>{_CSS}</style>"
-            f"</head><body><h1>vllm-load tune</h1><img alt='curves' src='data:image/png;base64,{img}'>"
-            f"<pre id='tables'>{body}</pre></body></html>")
+            f"</head><body><h1>vllm-load tune</h1><p id='recommended'>{head}</p>"
+            f"<img alt='curves' src='data:image/png;base64,{img}'><h2>Configurations</h2>"
+            f"<div id='configs'>{_table(CONFIG_HEAD, esc(config_rows(results, unit)))}</div><h2>Probes</h2>"
+            f"<div id='probes'>{_table(HEAD, esc(probe_rows(results)))}</div></body></html>")
 
 
 def write(out: Path, results: list[dict], mode: str, slos: list[str]) -> dict | None:
@@ -132,6 +173,8 @@ def write(out: Path, results: list[dict], mode: str, slos: list[str]) -> dict | 
     md = render_markdown(results, best, mode)
     (out / "tune.md").write_text(md)
     (out / "tune.json").write_text(json.dumps({"mode": mode, "slos": slos, "recommended": best and best["params"],
+                                               "recommended_trustworthy": bool(best) and not distrusted(best),
+                                               "untrustworthy_probes": sum(len(distrusted(r)) for r in results),
                                                "configs": results}, indent=1))
-    (out / "tune.html").write_text(render_html(results, best, mode, md))
+    (out / "tune.html").write_text(render_html(results, best, mode))
     return best

@@ -15,6 +15,7 @@ import argparse
 import itertools
 import json
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SLO_MISS, UsageError
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.plugin.server_wait import parse_duration
 from vllm_load.tune.probe import run_probe
-from vllm_load.tune.report import label, why_lost, write
+from vllm_load.tune.report import label, trust_note, why_lost, write
 from vllm_load.tune.search import CapacitySearch
 from vllm_load.tune.server import ServerProcess, free_port, render
 
@@ -121,8 +122,9 @@ def tune(args: argparse.Namespace, locust_args: list[str]) -> int:
     if best is None:
         print(f"vllm-load tune: no configuration met the SLOs ({out / 'tune.md'})", flush=True)
         return EXIT_SLO_MISS
+    note = trust_note(best)
     print(f"vllm-load tune: recommended {label(best['params'])}: capacity {best['capacity']:g}, goodput "
-          f"{best['goodput']:.2f} good req/s", flush=True)
+          f"{best['goodput']:.2f} good req/s" + (f". WARNING: {note}" if note else ""), flush=True)
     for r in results:
         if r is not best:
             print(f"  {label(r['params'])}: {why_lost(r)}", flush=True)
@@ -158,7 +160,8 @@ def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: li
             result["probes"].append(probe.to_json())
             print(f"vllm-load tune:   {level:g} {'users' if args.search == 'concurrency' else 'req/s'}: "
                   f"{'pass' if probe.passed else 'MISS'} ({probe.request_rate:.2f} req/s, "
-                  f"{probe.output_token_rate:.0f} tok/s)", flush=True)
+                  f"{probe.output_token_rate:.0f} tok/s)"
+                  + (f" UNTRUSTWORTHY: {probe.untrustworthy}" if probe.untrustworthy else ""), flush=True)
             crash = server.crashed() if server else None
             if crash:
                 result.update(status="failed", reason=crash)
@@ -183,8 +186,24 @@ def main(argv: list[str]) -> int:
     else:
         ours, locust_args = argv, []
     args = parser().parse_args(ours)
+    previous = signal.signal(signal.SIGTERM, _stopped)  # SIGTERM's default would skip every `finally` below
     try:
         return tune(args, locust_args)
     except UsageError as exc:
         sys.stderr.write(f"vllm-load: error: {exc}\n")
         return EXIT_BAD_INPUT
+    except (KeyboardInterrupt, Stopped) as exc:  # the probe and the server were stopped on the way out
+        sig = "SIGTERM" if isinstance(exc, Stopped) else "SIGINT"
+        sys.stderr.write(f"vllm-load tune: stopped by {sig}: the probe under way and the server it started were "
+                         "stopped; --resume goes on from the configurations already measured\n")
+        return 128 + (signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Stopped(BaseException):
+    """SIGTERM, raised where the tune is so that each ``finally`` stops what it started."""
+
+
+def _stopped(_signum: int, _frame: object) -> None:
+    raise Stopped()
