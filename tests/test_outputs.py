@@ -167,6 +167,10 @@ def test_the_request_log_serialises_off_the_loop_thread_and_a_failed_write_is_ra
 
     full = RequestLog(Path("/dev/full"))  # every write fails: no space left on the device
     full.write(RequestRecord(api="chat", start=1.0, e2e=0.5, ok=True))
-    with pytest.raises(OSError, match="No space left"):
+    from vllm_load.errors import OutputError
+
+    with pytest.raises(OutputError, match="cannot write the request log /dev/full: No space left on device"):
         full.flush()
+    full.write(RequestRecord(api="chat", start=2.0, e2e=0.5, ok=True))  # the log is closed: counted as lost
+    assert full.lost == 2
     full.close()  # nothing kept: closes cleanly

@@ -51,14 +51,21 @@ def check_writable(path: Path, option: str = "--run-dir") -> int:
     A run that cannot keep its files is refused with one line instead of losing them at the end."""
     if path.exists() and not path.is_dir():
         raise UsageError(f"{option} {path} is a file, not a directory: name a directory")
+    made = [p for p in (path, *path.parents) if not p.exists()]  # removed again: a refused run leaves nothing
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".vllm-load-probe-"):
             pass
+        return shutil.disk_usage(path).free
     except OSError as exc:
         raise UsageError(f"{option} {path} cannot be written ({exc.strerror or exc}): name a directory you can "
                          "write") from None
-    return shutil.disk_usage(path).free
+    finally:
+        for p in made:  # deepest first
+            try:
+                p.rmdir()
+            except OSError:
+                break
 
 
 def free_text(free: int) -> str:

@@ -76,7 +76,7 @@ class RequestLog:
             self._fh = None
         assert failed is not None
         if isinstance(failed, OSError):
-            raise OutputError.of(failed, "the request log") from None
+            raise OutputError.of(failed, f"the request log {self.path}") from None
         raise failed
 
     def _append(self, fh: IO[bytes], records: list[RequestRecord]) -> None:
