@@ -46,7 +46,9 @@ def test_locustfile_and_sidecar_against_real_vllm(tmp_path, real_vllm, sidecar, 
     res = run_locust(["-f", str(ROOT / "locustfiles" / locustfile), "--headless", "-u", "4", "-r", "4", "-t", "8s",
                       "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "60-200", "--output-tokens", "24",
                       "--align-with-server", "--sidecar-url", sidecar.url, "--slo", "server.prefix_cache_hit_rate<=0%",
-                      "--run-dir", str(run_dir)], cwd=tmp_path, timeout=240)
+                      "--run-dir", str(run_dir),
+                      # vLLM on the client's 2 cores starves it (seconds of loop lag): judged here by what it measured
+                      "--allow-untrustworthy"], cwd=tmp_path, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
     assert len(logs) >= 4 and all(r["ok"] for r in logs)
@@ -87,7 +89,7 @@ def test_conversations_reach_real_vllms_prefix_cache_and_single_turns_do_not(tmp
         res = run_locust(["-f", str(ROOT / "tests" / "locustfiles" / "conversation.py"), "--headless", "-u", "2",
                           "-r", "2", "-t", "6s", "--host", URL, "--tokenizer", TOKENIZER, "--turns", turns,
                           "--input-tokens", "600", "--turn-input-tokens", "40",
-                          "--run-dir", str(run_dir)], tmp_path, timeout=240)
+                          "--run-dir", str(run_dir), "--allow-untrustworthy"], tmp_path, timeout=240)  # shared cores
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         logs = read_log(run_dir / "requests.jsonl")
         assert logs and all(r["ok"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
