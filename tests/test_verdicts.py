@@ -54,7 +54,8 @@ def test_a_run_whose_every_request_fails_exits_non_zero_even_when_an_slo_allows_
     assert 'classname="vllm_load.run" name="requests succeeded &gt;= 1"' in junit and "the run measured nothing" in junit
     # the same error on every request is one counted line on the console and a bounded log
     assert len([line for line in res.stdout.splitlines() if line.startswith("failed x")]) == 1
-    assert data["summary"]["failed"] > 100 and len(res.stderr) < 20_000, len(res.stderr)
+    # (each user backs off after a 5xx: ~10 attempts per user in 4 s, where it used to be hundreds)
+    assert data["summary"]["failed"] > 10 and len(res.stderr) < 20_000, len(res.stderr)
     # --min-requests 0 opts out: the error_rate SLO then governs alone
     res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "2s", "--host", emu.url,
                       "--slo", "error_rate<=100%", "--min-requests", "0", "--run-dir", str(tmp_path / "r2")],
