@@ -29,6 +29,7 @@ class Collector:
     health: ClientHealth = field(default_factory=ClientHealth)
     workers_seen: set = field(default_factory=set)
     workers_lost: list = field(default_factory=list)  # workers that never sent their final report
+    last_report: dict = field(default_factory=dict)  # worker -> wall time of its latest report (when it was lost)
     start_wall: float = field(default_factory=time.time)
     end_wall: float | None = None
     drained: bool = False  # the end-of-run drain has been done
@@ -77,6 +78,9 @@ class Collector:
             self.opts.dataset, self.opts.dataset_batch), outage_after=self.plan.outage_after, now=end)
         summary["workers"] = sorted(self.workers_seen)
         summary["workers_lost"] = list(self.workers_lost)
+        # how far into the run each lost worker last reported: its requests after that are in its log only
+        summary["workers_lost_at"] = {w: round(self.last_report[w] - self.start_wall, 1)
+                                      for w in self.workers_lost if w in self.last_report}
         if monitor is not None:  # local: what the monitor saw since its last 3 s report
             last = monitor.take()
             if last["cpu"] or last["lag"] or last["streams"]:

@@ -229,6 +229,7 @@ def _on_worker_report(client_id: str, data: dict, **_kw: Any) -> None:
     col = STATE.collector
     if col is not None and "vllm_load" in data:
         delta = LLMStats.from_wire(data["vllm_load"])
+        col.last_report[client_id] = time.time()
         if delta.requests or delta.tokens_per_second:
             col.workers_seen.add(client_id)
         col.totals.merge(delta)

@@ -159,7 +159,9 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
     for w in s.get("outages", []):
         lines.append(("OUTAGE: " if w["outage"] else "FAILURE STORM: ") + w["text"])
     if s.get("workers_lost"):
-        lines.append(f"WARNING: worker(s) lost mid-run, no final report: {', '.join(s['workers_lost'])} "
+        at = s.get("workers_lost_at") or {}
+        lost = ", ".join(f"{w} (last report {at[w]:.1f} s in)" if w in at else w for w in s["workers_lost"])
+        lines.append(f"WARNING: worker(s) lost mid-run, no final report: {lost} "
                      "(their requests after their last report, at most 3 s, are missing here but in their logs)")
     if s["input_drift_requests"]:
         lines.append(

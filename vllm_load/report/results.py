@@ -55,7 +55,9 @@ def trust_check(summary: dict, allow: bool = False) -> Check:
     reasons = list(client.get("reasons") or [])
     lost = summary.get("workers_lost") or []
     if lost:
-        reasons.append(f"worker(s) lost mid-run, their last seconds missing: {', '.join(lost)}")
+        at = summary.get("workers_lost_at") or {}
+        named = ", ".join(f"{w} (last report {at[w]:.1f} s into the run)" if w in at else w for w in lost)
+        reasons.append(f"worker(s) lost mid-run, their requests after their last report missing here: {named}")
     if not reasons:
         return Check(TRUST, 1.0, True, "the load generator kept time" + (
             f" ({len(client['notes'])} note(s): {'; '.join(client['notes'])})" if client.get("notes") else ""))
