@@ -79,8 +79,8 @@ class Collector:
         summary["workers"] = sorted(self.workers_seen)
         summary["workers_lost"] = list(self.workers_lost)
         # how far into the run each lost worker last reported: its requests after that are in its log only
-        summary["workers_lost_at"] = {w: round(self.last_report[w] - self.start_wall, 1)
-                                      for w in self.workers_lost if w in self.last_report}
+        summary["workers_lost_at"] = {w: round(self.last_report[w] - self.start_wall, 1) if w in self.last_report
+                                      else None for w in self.workers_lost}  # None: it never reported
         if monitor is not None:  # local: what the monitor saw since its last 3 s report
             last = monitor.take()
             if last["cpu"] or last["lag"] or last["streams"]:

@@ -160,7 +160,8 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         lines.append(("OUTAGE: " if w["outage"] else "FAILURE STORM: ") + w["text"])
     if s.get("workers_lost"):
         at = s.get("workers_lost_at") or {}
-        lost = ", ".join(f"{w} (last report {at[w]:.1f} s in)" if w in at else w for w in s["workers_lost"])
+        lost = ", ".join(w if w not in at else f"{w} (never reported)" if at[w] is None
+                         else f"{w} (last report {at[w]:.1f} s in)" for w in s["workers_lost"])
         lines.append(f"WARNING: worker(s) lost mid-run, no final report: {lost} "
                      "(their requests after their last report, at most 3 s, are missing here but in their logs)")
     if s["input_drift_requests"]:

@@ -56,7 +56,8 @@ def trust_check(summary: dict, allow: bool = False) -> Check:
     lost = summary.get("workers_lost") or []
     if lost:
         at = summary.get("workers_lost_at") or {}
-        named = ", ".join(f"{w} (last report {at[w]:.1f} s into the run)" if w in at else w for w in lost)
+        named = ", ".join(w if w not in at else f"{w} (never reported)" if at[w] is None
+                          else f"{w} (last report {at[w]:.1f} s into the run)" for w in lost)
         reasons.append(f"worker(s) lost mid-run, their requests after their last report missing here: {named}")
     if not reasons:
         return Check(TRUST, 1.0, True, "the load generator kept time" + (
