@@ -40,6 +40,22 @@ def _pair() -> tuple[socket.socket, socket.socket]:
     return cli, peer
 
 
+def _kernel_stamps_on(deadline_s: float = 5.0) -> None:
+    """Linux turns receive stamping on for the first socket that asks through a deferred static key: segments
+    that land before it is on carry no stamp (the reader then stamps them itself). Wait until a stamped
+    socket of our own gets a kernel stamp, so a test counting kernel-stamped reads counts them all."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        cli, peer = _pair()
+        with cli, peer:
+            cli.setsockopt(socket.SOL_SOCKET, 35, 1)  # SO_TIMESTAMPNS
+            peer.sendall(b"x")
+            _data, ancillary, _flags, _addr = cli.recvmsg(16, 64)
+            if ancillary:
+                return
+    raise AssertionError("the kernel never stamped a received segment")
+
+
 def _pop_wait(reader, fd: int, maxlen: int = 65536, timeout: float = 5.0):
     """Pop once something is queued (the reader's thread reads asynchronously); the eventfd says when."""
     import select
@@ -61,6 +77,7 @@ def test_reader_queues_each_segment_with_its_own_stamp_and_splits_only_by_maxlen
     fd = cli.fileno()
     with cli, peer:
         cli.setsockopt(socket.SOL_SOCKET, 35, 1)  # SO_TIMESTAMPNS
+        _kernel_stamps_on()  # this socket keeps it on from here
         reader.watch(fd)
         before = time.time()
         cli.sendall(b"request")  # the kernel stamps it leaving

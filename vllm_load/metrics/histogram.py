@@ -158,6 +158,10 @@ class Histogram:
             _release(hdr)
         return min(max(value, self.min), self.max)
 
+    def at_most_1ns(self) -> int:
+        """How many values were 0 (or 1 ns: one bucket at this range): for chunk gaps, chunks under one stamp."""
+        return self.counters().get_count_at_value(1) if self.count else 0
+
     @property
     def mean(self) -> float:
         return self.total / self.count if self.count else 0.0

@@ -393,6 +393,9 @@ class LLMStats:
             "errors": dict(self.errors.most_common()),
             "error_examples": {k: self.error_examples.get(k, k) for k in self.errors},
             "metrics": {k: h.summary() for k, h in self.hists.items()},
+            # chunk gaps of 0: two chunks of a stream under one receive stamp (a late read merges them, or the
+            # server wrote them together)
+            "shared_stamps": self.hists["itl"].at_most_1ns(),
         }
         # outage_after None: no outage windows (the web UI's live table polls this and shows none)
         windows = self.outage_windows(outage_after, now) if outage_after is not None else []

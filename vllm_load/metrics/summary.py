@@ -42,6 +42,7 @@ class RunSummary(TypedDict, total=False):
     # completed by the collector at the end of a run
     workers: list[str]
     workers_lost: list[str]
+    shared_stamps: int  # chunk gaps of 0: two chunks of a stream under one receive stamp
     workers_lost_at: dict[str, float | None]  # a lost worker -> seconds into the run of its last report (None: none)
     client: dict  # ClientHealth.verdict()
     target_request_rate: float

@@ -106,7 +106,8 @@ def _collect_server_side(col: Collector, opts: Any) -> None:
 
 def _output_failed(exc: BaseException) -> None:
     """A file of the run could not be written: said once, in one line; the run ends with exit code 6."""
-    message = str(exc) if isinstance(exc, OutputError) else str(OutputError.of(exc, "the run's files"))  # type: ignore[arg-type]
+    message = str(exc) if isinstance(exc, OutputError) or not isinstance(exc, OSError) else str(
+        OutputError.of(exc, "the run's files"))
     if STATE.fatal_code == EXIT_OUTPUT and STATE.fatal:
         return
     STATE.fatal, STATE.fatal_code = message, EXIT_OUTPUT
@@ -155,6 +156,12 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
         STATE.generator.close()
 
 
+def _table_title(col: Collector) -> str:
+    """The console table's title: the run, and whether its target was the built-in emulator."""
+    banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
+    return f"vllm-load LLM metrics, run {col.plan.run_id}{banner}"
+
+
 def _finish_unwritten(environment: Any, col: Collector) -> None:
     """The end of a run whose directory could not take its files: the table and verdict from memory."""
     from vllm_load.metrics.slo import evaluate
@@ -165,8 +172,7 @@ def _finish_unwritten(environment: Any, col: Collector) -> None:
     opts = environment.parsed_options
     validity = [*validity_checks(summary, STATE.slos, int(opts.min_requests)),
                 trust_check(summary, bool(opts.allow_untrustworthy))]
-    banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
-    sys.stdout.write("\n" + render_table(summary, f"vllm-load LLM metrics, run {col.plan.run_id}{banner}") + "\n")
+    sys.stdout.write("\n" + render_table(summary, _table_title(col)) + "\n")
     if render_validity(validity):
         sys.stdout.write(render_validity(validity) + "\n")
     if checks:
@@ -183,7 +189,6 @@ def _finish(environment: Any, col: Collector) -> None:
         col.write_results(_local_monitor())
     if not col.plan.files.server.exists():
         _collect_server_side(col, environment.parsed_options)
-    banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
     from vllm_load.report.html import build  # matplotlib is loaded only at the end of a run
 
     if STATE.generator is not None:
@@ -203,8 +208,7 @@ def _finish(environment: Any, col: Collector) -> None:
     prefix = getattr(environment.parsed_options, "csv_prefix", None)
     if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
         shutil.copyfile(col.plan.files.llm_csv, f"{prefix}_llm_stats.csv")
-    sys.stdout.write("\n" + render_table(built.summary, f"vllm-load LLM metrics, run {col.plan.run_id}{banner}",
-                                          server=built.server) + "\n")
+    sys.stdout.write("\n" + render_table(built.summary, _table_title(col), server=built.server) + "\n")
     stopped = STATE.fatal or STATE.outage_stop
     if stopped:
         sys.stdout.write(f"vllm-load: the run was stopped: {stopped}\n")
