@@ -223,7 +223,8 @@ class NativeReads:
         at its end (``response``). Registered before the send: whatever comes is applied when it is drained."""
         body = _Body(sink, start_wall, Waiter(), timeout, _deadline(timeout), True)
         self.bodies[fd] = body
-        if self.reader.expect(fd, start_wall, from_send, sink.limit or 0):  # bytes queued before the request: not its answer
+        # bytes queued before the request are not its answer; the thread's parser cuts the body at sink.limit tokens
+        if self.reader.expect(fd, start_wall, from_send, sink.limit or 0):
             del self.bodies[fd]
             raise ConnectionResetError("the connection had bytes queued before the request was sent")
         return body
@@ -256,7 +257,7 @@ class NativeReads:
         with their stamps, batch by batch. This greenlet wakes once, at the end (or on an error, a protocol
         fault, a timeout)."""
         parsed = hasattr(sink, "absorb")  # StreamState: the thread parses the SSE itself (_sse.c)
-        self.reader.body(fd, chunked, length, start_wall if parsed else None, sink.limit or 0 if parsed else 0)
+        self.reader.body(fd, chunked, length, start_wall if parsed else None, (sink.limit or 0) if parsed else 0)
         body = _Body(sink, start_wall, Waiter(), timeout, _deadline(timeout), parsed)
         outcome = self._feed(fd, body)  # what arrived with the headers
         if outcome is not None:

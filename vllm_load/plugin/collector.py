@@ -64,15 +64,17 @@ class Collector:
 
     def write_results(self, monitor: ClientMonitor | None = None) -> RunSummary:
         """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
-        summary = self.summarise(monitor)
-        data = {"run_id": self.plan.run_id, "start": self.start_wall, "end": self.end_wall or time.time(),
-                "summary": summary, "stats": self.totals.to_wire()}
+        end = self.end_wall or time.time()
+        summary = self.summarise(monitor, end)
+        data = {"run_id": self.plan.run_id, "start": self.start_wall, "end": end, "summary": summary,
+                "stats": self.totals.to_wire()}
         write_json(self.plan.files.stats, data)
         return summary
 
-    def summarise(self, monitor: ClientMonitor | None = None) -> RunSummary:
-        """The run's summary (``results``), judged from the merged totals, without touching the disk."""
-        end = self.end_wall or time.time()
+    def summarise(self, monitor: ClientMonitor | None = None, end: float | None = None) -> RunSummary:
+        """The run's summary (``results``) up to ``end`` (default: the run's end, else now), judged from the merged
+        totals, without touching the disk."""
+        end = end or self.end_wall or time.time()
         summary = self.totals.summary(duration=max(1e-9, end - self.measured_from),
                                       records_per_request=records_per_request(
             self.opts.dataset, self.opts.dataset_batch), outage_after=self.plan.outage_after, now=end)

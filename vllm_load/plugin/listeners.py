@@ -56,10 +56,10 @@ def _apis(environment: Any) -> frozenset[str]:
 
 def _check_target(environment: Any) -> Target:
     opts = environment.parsed_options
+    validate.check_options(environment)  # the web UI may have changed them since start-up
     is_emulator = STATE.emulator is not None and environment.host == STATE.emulator.url
     # check what this locustfile's users will send (a chat run against the chat template's minimum)
     target = resolve_target(opts, environment.host, is_emulator, _apis(environment) or frozenset({"chat", "completions"}))
-    validate.check_options(environment)  # the web UI may have changed them since start-up
     STATE.target = target  # what it resolved (model, tokenizer) goes into the run plan
     return target
 

@@ -201,8 +201,8 @@ class LLM:
         retrying at once made ~900 failed requests/s and a 7 MB log in 16 s; a 503 without Retry-After was
         retried at ~1,250 requests/s by 2 users. Now after a connection failure, a 5xx or a broken stream
         (a protocol error on a 200), or a 429 without Retry-After, each user backs off from 50 ms, doubling
-        up to ``cap``, with jitter, and starts over at the next success. A Retry-After is honoured up to ``cap``; a 4xx is the server's
-        answer to this request: no wait."""
+        up to ``cap``, with jitter, and starts over at the next success. A Retry-After is honoured up to
+        ``cap``; a 4xx is the server's answer to this request: no wait."""
         if rec.retry_after:
             self._failures = 0
             return min(cap, rec.retry_after)

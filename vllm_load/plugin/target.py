@@ -39,7 +39,8 @@ def parse_headers(values: list[str] | None) -> dict[str, str]:
 
 
 def body_defaults(opts: Any) -> BodyDefaults:
-    """--temperature, --no-ignore-eos, --no-continuous-usage and --extra-body, checked (one line on bad input)."""
+    """--temperature, --no-ignore-eos, --no-continuous-usage and --extra-body (the numbers checked before the run by
+    plugin/validate.py; --extra-body here, one line on bad input)."""
     extra: Any = {}
     if opts.extra_body:
         try:
@@ -52,8 +53,6 @@ def body_defaults(opts: Any) -> BodyDefaults:
         taken = [k for k in _MEASURED_KEYS if k in extra]
         if taken:
             raise UsageError(f"--extra-body sets {', '.join(taken)}, which the load test sends itself: drop them")
-    if not opts.temperature >= 0:
-        raise UsageError(f"--temperature must be >= 0, got {opts.temperature}")
     return BodyDefaults(temperature=float(opts.temperature), ignore_eos=not opts.no_ignore_eos,
                         continuous_usage=not opts.no_continuous_usage, extra=tuple(sorted(extra.items())))
 
@@ -94,8 +93,6 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
     UsageError with one line on bad input."""
     input_spec = parse_length(opts.input_tokens, "--input-tokens")
     output_spec = parse_length(opts.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
-    if opts.request_rate < 0 or opts.burstiness <= 0 or opts.max_concurrency < 1 or opts.ramp_up < 0:
-        raise UsageError("--request-rate must be >= 0, --burstiness > 0, --max-concurrency >= 1 and --ramp-up >= 0")
     if opts.shared_prefix_tokens < 0:
         raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
     backoff_max = parse_duration(opts.retry_backoff_max, "--retry-backoff-max")
