@@ -33,10 +33,22 @@ def locust(args: list[str], cwd: Path, **env_extra: str) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal)
 
 
+def log_files(run_dir: Path, pattern: str = "requests*.jsonl") -> list[Path]:
+    """The request logs so far. A run's pre-run write check makes its folder and removes it again (a run
+    refused there leaves nothing behind), so the folder can go between glob's check and its scandir."""
+    try:
+        return sorted(run_dir.glob(pattern))
+    except FileNotFoundError:
+        return []
+
+
 def logs(run_dir: Path) -> list[dict]:
     out = []
-    for f in run_dir.glob("requests*.jsonl"):
-        out += read_log(f)
+    for f in log_files(run_dir):
+        try:
+            out += read_log(f)
+        except FileNotFoundError:
+            return []
     return out
 
 
@@ -160,8 +172,8 @@ def test_worker_killed_mid_run_the_master_goes_on_and_says_so(tmp_path, emulator
     workers = [locust(["-f", str(ROOT / "locustfiles/chat.py"), "--worker", "--master-host", "127.0.0.1",
                        "--master-port", str(mport)], tmp_path) for _ in range(2)]
     try:
-        wait_for(lambda: len(list(run_dir.glob("requests-*.jsonl"))) == 2
-                 and all(read_log(f) for f in run_dir.glob("requests-*.jsonl")), what="both workers sending")
+        wait_for(lambda: len(log_files(run_dir, "requests-*.jsonl")) == 2
+                 and all(read_log(f) for f in log_files(run_dir, "requests-*.jsonl")), what="both workers sending")
         # a worker's client id does not name its process: kill one, and the log that stops growing is its
         workers[0].kill()
         workers[0].wait(timeout=10)
