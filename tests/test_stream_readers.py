@@ -15,9 +15,12 @@ import pytest
 from locust.contrib.fasthttp import FastHttpSession
 from locust.event import EventHook
 
-from vllm_load.client import native, rxstamp, stream
+from vllm_load.client import native, rxstamp
 from vllm_load.client.direct import Connections
 from vllm_load.client.stream import build_request, stream_request
+from vllm_load.client.transport_direct import DirectTransport
+from vllm_load.plugin import transport_session
+from vllm_load.plugin.transport_session import SessionTransport, locust_report
 
 SERVER = Path(__file__).parent / "scripted_http.py"
 TOKENS = 5
@@ -51,8 +54,8 @@ def any_reader(request, monkeypatch):
 def reader(any_reader, monkeypatch):
     """A reader under test that must read a 200's streamed body."""
     calls = []
-    real = stream._read_body_native
-    monkeypatch.setattr(stream, "_read_body_native", lambda *a: calls.append(1) or real(*a))
+    real = transport_session._read_body_native
+    monkeypatch.setattr(transport_session, "_read_body_native", lambda *a: calls.append(1) or real(*a))
     yield any_reader
     # the body went through the reader under test: the native thread decoded it, or Python did
     assert bool(calls) == (any_reader == "native")
@@ -66,16 +69,17 @@ class Transport:
         self.rows: list[dict] = []
         self.hook.add_listener(lambda **kw: self.rows.append(kw))
         if reader == "direct":
-            self.via = Connections.for_user(url, 5.0, timeout)
+            self.via = DirectTransport.for_user(url, 5.0, timeout,
+                                                locust_report(SimpleNamespace(request=self.hook), lambda: {"u": 1}))
             assert self.via is not None
         else:
-            self.via = FastHttpSession(url, self.hook, None, network_timeout=timeout, connection_timeout=5.0)
-            rxstamp.install(self.via)
+            session = FastHttpSession(url, self.hook, None, network_timeout=timeout, connection_timeout=5.0)
+            rxstamp.install(session)
+            self.via = SessionTransport(session)
 
     def send(self):
         req = build_request("completions", "m", "hello", 8, TOKENS)
-        events = SimpleNamespace(request=self.hook)
-        rec = stream_request(self.via, req, {"Content-Type": "application/json"}, events=events, context={"u": 1})
+        rec = stream_request(self.via, req, {"Content-Type": "application/json"})
         row = self.rows[-1]  # Locust's row, whichever transport fired it
         assert row["name"] == "/v1/completions" and row["request_type"] == "POST"
         assert abs(row["response_time"] - rec.e2e * 1000) < 1e-6
@@ -166,8 +170,7 @@ def test_a_user_stopped_mid_body_fails_with_the_tokens_it_had(via, monkeypatch):
     reader = native.reads().reader
     before = reader.stats()["bytes"]
     req = build_request("completions", "m", "hello", 8, TOKENS)
-    g = gevent.spawn(stream_request, s.via, req, {"Content-Type": "application/json"},
-                     events=SimpleNamespace(request=s.hook), context={})
+    g = gevent.spawn(stream_request, s.via, req, {"Content-Type": "application/json"})
     two_events = len(HEAD_CHUNKED) + sum(len(chunk(e)) for e in events()[:2])
     deadline = time.monotonic() + 10
     while reader.stats()["bytes"] - before < two_events:  # the thread has read both events

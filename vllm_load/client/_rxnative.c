@@ -568,7 +568,7 @@ static void accept_head(Reader *r, int fd, stream_t *s, size_t len) {
     int ok = peek_raw(s, blk, len) == len && parse_head(blk, len, &chunked, &length, &keep);
     free(blk);
     double start = s->exp_start;
-    if (s->exp_from_send && s->tx_ns) { /* stream.py's _Clock.sent_at, on the same double */
+    if (s->exp_from_send && s->tx_ns) { /* exchange.py's Clock.sent_at, on the same double */
         double tx = stamp_seconds(s->tx_ns);
         if (tx >= start)
             start = tx;

@@ -102,6 +102,8 @@ class _Body:
 class LineSink(list):
     """A body's lines, kept whole (an error's JSON, read to quote it)."""
 
+    parses_sse = False
+
     def feed_lines(self, lines: list[tuple[bytes, float]], start_wall: float) -> None:
         self.extend(line for line, _stamp in lines)
 
@@ -256,7 +258,7 @@ class NativeReads:
         leaves to Python (and every line for any other sink, e.g. a ``LineSink``) go to ``sink.feed_lines``
         with their stamps, batch by batch. This greenlet wakes once, at the end (or on an error, a protocol
         fault, a timeout)."""
-        parsed = hasattr(sink, "absorb")  # StreamState: the thread parses the SSE itself (_sse.c)
+        parsed = sink.parses_sse  # StreamState: the thread parses the SSE itself (_sse.c)
         self.reader.body(fd, chunked, length, start_wall if parsed else None, (sink.limit or 0) if parsed else 0)
         body = _Body(sink, start_wall, Waiter(), timeout, _deadline(timeout), parsed)
         outcome = self._feed(fd, body)  # what arrived with the headers

@@ -51,6 +51,10 @@ def stamp_of(ancdata: list[tuple[int, int, bytes]]) -> float | None:
     return None
 
 
+#: how a connection's answers are read (``RxSocket.reader``); any other socket (TLS, a user's own pool) is CLOCK
+NATIVE, STAMPED, CLOCK = "native", "stamped", "clock"
+
+
 class RxSocket(gevent.socket.socket):
     """A gevent socket whose reads keep the kernel's stamp of the data they return in ``rx``.
 
@@ -64,13 +68,16 @@ class RxSocket(gevent.socket.socket):
     still gets every chunk's own landing time.
     """
 
-    __slots__ = ("rx", "tx", "stamped", "_native", "_fd")
+    __slots__ = ("rx", "tx", "stamped", "reader", "_native", "_fd")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.rx = 0.0
         self.tx: float | None = None  # when a request's first byte went out; the reader takes and clears it
         self.stamped = enable(self)
+        #: how its answers are read, decided at the connect: NATIVE (the thread decodes the body), STAMPED (this
+        #: socket's own reads, each with the kernel's stamp) or CLOCK (timed when the loop reads them)
+        self.reader = STAMPED if self.stamped else CLOCK
         self._native: native.NativeReads | None = None
         self._fd = -1
 
@@ -81,6 +88,7 @@ class RxSocket(gevent.socket.socket):
             fd = self.fileno()
             reads.reader.watch(fd)
             self._native, self._fd, self.stamped = reads, fd, True  # the thread's clock where the kernel gives no stamp
+            self.reader = NATIVE
 
     def _real_close(self, *args: Any) -> None:  # gevent's close, once no makefile() holds the socket
         reads, self._native = self._native, None
@@ -146,12 +154,20 @@ def _socket_alive(sock: Any) -> bool:
     try:
         if sock.fileno() < 0:
             return False
-        if getattr(sock, "_native", None) is not None:  # the native thread reads it: ask what it holds
-            return not sock.pending()
         readable, _, _ = _select([sock], [], [], 0.0)
         return not readable
     except (OSError, ValueError):
         return False
+
+
+def _rx_socket_alive(sock: RxSocket | None) -> bool:
+    """The same for a pool of ``RxSocket``s: one the native thread reads is asked what the thread holds."""
+    if sock is not None and sock.reader == NATIVE:
+        try:
+            return sock.fileno() >= 0 and not sock.pending()
+        except (OSError, ValueError):
+            return False
+    return _socket_alive(sock)
 
 
 class StampedClientPool(HTTPClientPool):
@@ -166,6 +182,7 @@ class StampedClientPool(HTTPClientPool):
             pool._is_socket_alive = _socket_alive
             if not client.ssl:  # TLS decrypts in user space: the kernel's stamp is of ciphertext we cannot split
                 pool._create_tcp_socket = _stamped_socket  # the pool's documented socket-factory hook
+                pool._is_socket_alive = _rx_socket_alive
         return client
 
 
@@ -173,3 +190,8 @@ def install(session: Any) -> None:
     """Make a Locust ``FastHttpSession`` open stamped connections (before its first request)."""
     agent = session.client
     agent.clientpool = StampedClientPool(**agent.clientpool.client_args)
+
+
+def installed(session: Any) -> bool:
+    """The session opens ``RxSocket``s for its plain-HTTP connections (``install`` was applied)."""
+    return isinstance(session.client.clientpool, StampedClientPool)

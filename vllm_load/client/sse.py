@@ -9,6 +9,7 @@ chunk with non-empty text counts as one token and the final ``usage`` corrects t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import orjson
 
@@ -32,8 +33,10 @@ def overrun_limit(max_tokens: int | None) -> int | None:
 
 @dataclass
 class StreamState:
-    """What a stream has delivered so far; ``feed`` it each raw line with its arrival time."""
+    """What a stream has delivered so far; ``feed`` it each raw line with its arrival time (an
+    ``exchange.Decoder``: the native thread parses it itself, ``absorb``)."""
 
+    parses_sse: ClassVar[bool] = True
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
@@ -124,6 +127,12 @@ class StreamState:
             self.chunk_tokens.append(new_tokens)
             self.streamed += new_tokens
             self._check_limit()
+
+    def end_offset(self, done_at: float | None) -> float | None:
+        return done_at
+
+    def incomplete(self) -> str | None:
+        return None if self.done else f"stream ended before [DONE] after {self.streamed} tokens"
 
     def _check_limit(self) -> None:
         if self.limit is not None and self.streamed > self.limit:

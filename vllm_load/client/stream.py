@@ -12,22 +12,16 @@ where there is none. Either way the Locust row gets the real end-to-end time and
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import orjson
 from gevent import GreenletExit
-from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 
-from locust.exception import CatchResponseError
-
-from vllm_load.client.direct import ConnectFailed, Connections
-from vllm_load.client.native import LineSink
-from vllm_load.client.openai_api import error_message
-from vllm_load.workload.prompts import Prompt
+from vllm_load.client.exchange import Clock, Transport
 from vllm_load.client.record import RequestRecord
-from vllm_load.client.sse import StreamError, StreamState
+from vllm_load.client.sse import StreamState
+from vllm_load.workload.prompts import Prompt
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
@@ -110,7 +104,7 @@ def build_request(api: str, model: str, content: Any, input_tokens: int, max_tok
 
 
 def stream_request(
-    transport: Any,
+    transport: Transport,
     req: ReadyRequest,
     headers: dict[str, str],
     *,
@@ -121,14 +115,10 @@ def stream_request(
     startup: bool = False,
     name: str | None = None,
     state: StreamState | None = None,
-    events: Any = None,
-    context: dict[str, Any] | None = None,
 ) -> RequestRecord:
-    """Send ``req``, read its SSE stream to the end and return its record (the caller records it).
+    """Send ``req`` over ``transport``, read its SSE stream to the end and return its record (the caller
+    records it; the transport reported it to Locust's request event).
 
-    ``transport``: a user's ``direct.Connections`` (the native thread sends and reads; Locust's request
-    event is fired here, on ``events`` with ``context``), or Locust's ``FastHttpSession`` (TLS, the Python
-    reader), which fires it itself.
     Server faults never raise: they become a failed record with a reason. A user stopped mid-request
     raises ``StreamCancelled`` carrying the failed record, for the caller to record before the stop goes on.
     ``name`` groups the request (Locust's row and the LLM metrics; default: ``req.group``, else the API's path
@@ -136,19 +126,10 @@ def stream_request(
     given, is the parser to fill (the caller reads the answer's text and tool calls from it).
     """
     name = name if name is not None else req.group
-    clock = _Clock.now(intended_start)
+    clock = Clock.now(intended_start)
     state = StreamState() if state is None else state
     state.cap(req.max_tokens)
-    if isinstance(transport, Connections):
-        ex = _exchange_direct(transport, req, headers, state, clock)
-        meta = {"request_type": "POST", "name": name or req.path, "response_time": ex.e2e * 1000.0,
-                "response_length": state.bytes_read, "response": None, "context": dict(context or {}),
-                "exception": CatchResponseError(ex.error) if ex.error else None,
-                "start_time": clock.start_wall, "url": transport.url(req.path)}
-        if events is not None:
-            events.request.fire(**meta)
-    else:
-        ex = _exchange_locust(transport, req, headers, state, clock, name)
+    ex = transport.exchange(req.path, req.body, headers, state, clock, name or req.path)
     offsets = state.chunk_times
     tokens_from_usage = state.completion_tokens is not None and state.prompt_tokens is not None
     rec = RequestRecord(
@@ -182,206 +163,3 @@ def stream_request(
     if ex.cancelled is not None:
         raise StreamCancelled(rec) from ex.cancelled
     return rec
-
-
-@dataclass(slots=True)
-class _Clock:
-    """A request's start: ``t0`` on perf_counter (its intended start in an open loop), ``start_wall`` the
-    same instant on the wall clock the kernel's stamps use."""
-
-    now_perf: float
-    now_wall: float
-    t0: float
-    start_wall: float
-    open_loop: bool
-
-    @classmethod
-    def now(cls, intended_start: float | None) -> _Clock:
-        now_perf, now_wall = time.perf_counter(), time.time()
-        # in open-loop mode latency counts from when the request *should* have gone out
-        t0 = now_perf if intended_start is None else intended_start
-        return cls(now_perf, now_wall, t0, now_wall - (now_perf - t0), intended_start is not None)
-
-    def sent_at(self, tx: float | None) -> None:
-        """Closed loop: count from the send itself (the kernel's stamp of it leaving), not from building it."""
-        if tx is not None and not self.open_loop and tx >= self.now_wall:
-            self.t0, self.start_wall = self.now_perf + (tx - self.now_wall), tx
-
-
-@dataclass(slots=True)
-class _Exchange:
-    """How one request's exchange went, whichever transport carried it."""
-
-    e2e: float = 0.0
-    status: int | None = None
-    error: str | None = None
-    retry_after: float | None = None
-    cancelled: BaseException | None = None
-
-
-def _fault(exc: BaseException, state: StreamState, ex: _Exchange) -> None:
-    """Turn what stopped a request into its failure reason (a stop of the user is kept, to raise after)."""
-    if isinstance(exc, StreamError):
-        ex.error = str(exc)
-    elif isinstance(exc, GreenletExit):  # the user was stopped mid-stream: count it, then let it stop
-        ex.cancelled = exc
-        ex.error = f"cancelled after {state.streamed_tokens} tokens: the test stopped mid-request"
-    else:  # socket timeout, reset, closed connection...
-        kind_name = type(exc).__name__
-        if "timeout" in kind_name.lower() or "timed out" in str(exc):
-            kind = "timeout"
-        elif kind_name in ("HTTPParseError", "HTTPConnectionClosed", "ConnectionResetError", "BrokenPipeError",
-                           "ClosedBeforeAnswer"):
-            kind = "connection closed mid-stream"
-        else:
-            kind = "connection error"
-        ex.error = f"{kind} after {state.streamed_tokens} tokens: {kind_name}: {exc}"[:240]
-
-
-def _exchange_direct(conns: Connections, req: ReadyRequest, headers: dict[str, str], state: StreamState,
-                     clock: _Clock) -> _Exchange:
-    """The request over a direct connection: sent, its headers and its body read by the native thread."""
-    ex = _Exchange()
-    conn = head = None
-    complete = False
-    end = None
-    try:
-        answer = conns.open(req.path, headers, req.body, (state, clock.start_wall, not clock.open_loop))
-        conn, head = answer.conn, answer.head
-        ex.status = head.status
-        fd = conn.fd
-        if head.status != 200:
-            parts = LineSink()
-            out = conns.reads.stream_body(fd, head.chunked, head.length, parts, clock.start_wall, conns.timeout)
-            complete = out.state == 1
-            ex.error = f"HTTP {head.status}: {error_message(b''.join(parts))}"
-            if head.status in (429, 503):
-                ex.retry_after = _retry_after(head.retry_after)
-        else:
-            if answer.body is not None:  # the native thread took the head and read the body on
-                clock.sent_at(answer.start)  # the start its offsets already count from
-                out = answer.body
-            else:
-                clock.sent_at(conns.reads.reader.sent(fd))
-                out = conns.reads.stream_body(fd, head.chunked, head.length, state, clock.start_wall, conns.timeout)
-            state.bytes_read = out.body_bytes
-            _raise_for(out)
-            complete = True
-            if out.done_at is not None:
-                end = clock.t0 + out.done_at
-            if not state.done:
-                ex.error = f"stream ended before [DONE] after {state.streamed_tokens} tokens"
-    except ConnectFailed as exc:
-        ex.error = f"connection failed: {exc.cause!r}"[:240]
-    except (Exception, GreenletExit) as exc:  # every fault becomes the record's reason; a stop is re-raised after
-        _fault(exc, state, ex)
-    if conn is not None:
-        if head is not None:
-            conns.done(conn, head, complete and ex.cancelled is None)
-        else:
-            conns.discard(conn)
-    if ex.error or end is None:
-        end = time.perf_counter()
-    ex.e2e = end - clock.t0
-    return ex
-
-
-def _exchange_locust(session: Any, req: ReadyRequest, headers: dict[str, str], state: StreamState,
-                     clock: _Clock, name: str | None) -> _Exchange:
-    """The request through Locust's FastHttpSession (geventhttpclient), which fires Locust's request event."""
-    ex = _Exchange()
-    end = None
-    path = req.path
-    with session.request("POST", path, data=req.body, headers=headers, stream=True, catch_response=True,
-                         name=name or path) as resp:
-        try:
-            ex.status = resp.status_code
-            raw = resp._response
-            if not ex.status:
-                ex.error = f"connection failed: {resp.error!r}"[:240]
-            elif ex.status != 200:
-                ex.error = f"HTTP {ex.status}: {error_message(resp.content or b'')}"
-                if ex.status in (429, 503):
-                    ex.retry_after = _retry_after(resp.headers.get("Retry-After"))
-            else:
-                readline = raw.readline
-                feed = state.feed
-                perf = time.perf_counter
-                sock = raw._sock
-                if hasattr(sock, "take_tx"):
-                    clock.sent_at(sock.take_tx())
-                t0, start_wall = clock.t0, clock.start_wall
-                reads = getattr(sock, "_native", None)
-                if reads is not None and not raw._body_buffer and not raw.message_complete:
-                    # the native thread decodes the body; the hub feeds each line with its own stamp
-                    try:
-                        done_at = _read_body_native(reads, sock, raw, state, start_wall)
-                    finally:
-                        raw.release()  # back to the pool when the body ended cleanly, else closed
-                    if done_at is not None:
-                        end = t0 + done_at
-                else:
-                    if getattr(sock, "stamped", False):  # when the line's bytes reached this host
-                        def arrival() -> float:
-                            return sock.rx - start_wall
-                    else:  # when this greenlet got to read them
-                        def arrival() -> float:
-                            return perf() - t0
-                    while True:
-                        line = readline(b"\n")
-                        if not line:
-                            break
-                        feed(line, arrival())
-                        if state.done:
-                            end = perf()
-                            # drain the terminating chunk so the connection can be reused
-                            while readline(b"\n"):
-                                pass
-                            break
-                if not state.done:
-                    ex.error = f"stream ended before [DONE] after {state.streamed_tokens} tokens"
-        except (Exception, GreenletExit) as exc:
-            _fault(exc, state, ex)
-        if ex.error or end is None:
-            end = time.perf_counter()
-        ex.e2e = end - clock.t0
-        resp.request_meta["response_time"] = ex.e2e * 1000.0
-        resp.request_meta["response_length"] = state.bytes_read
-        if ex.error:
-            resp.failure(ex.error)
-        else:
-            resp.success()
-    return ex
-
-
-def _read_body_native(reads: Any, sock: Any, raw: Any, state: StreamState, start_wall: float) -> float | None:
-    """Read a 200 response's body with the native thread (``client/native.py``): every line is fed to
-    ``state`` with its own landing time, with no greenlet switch per chunk. Returns the offset of the
-    line that completed the stream (its ``[DONE]``), or None; raises what the Python reader would have
-    raised for the same fault (a reset, a timeout, a connection closed mid-body, a protocol error)."""
-    chunked = "chunked" in str(raw.get("transfer-encoding") or "").lower()
-    length = raw.content_length
-    length = -1 if chunked or length is None else length  # -1: until the server closes
-    out = reads.stream_body(sock._fd, chunked, length, state, start_wall, sock.timeout)
-    state.bytes_read = out.body_bytes
-    _raise_for(out)
-    raw.message_complete = True  # read to its end: the connection can serve the next request
-    return out.done_at
-
-
-def _raise_for(out: Any) -> None:
-    """Raise what the Python reader would have raised for a body that did not end cleanly."""
-    if out.error is not None:
-        raise out.error
-    if out.state == 2:
-        raise HTTPConnectionClosed("the server closed the connection before the end of the body")
-    if out.state == 3:
-        raise HTTPParseError("malformed chunked body")
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Retry-After in seconds (its HTTP-date form is rare from inference servers and is ignored)."""
-    try:
-        return max(0.0, float(value)) if value else None
-    except ValueError:
-        return None

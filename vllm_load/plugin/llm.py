@@ -17,12 +17,13 @@ from typing import Any
 import gevent
 from gevent import getcurrent
 
-from vllm_load.client.direct import Connections
+from vllm_load.client.exchange import Transport
 from vllm_load.client.reply import Reply
 from vllm_load.client.sse import StreamState
 from vllm_load.client.stream import ReadyRequest, StreamCancelled, build_request, stream_request
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.state import STATE
+from vllm_load.plugin.transport_session import transport_for
 from vllm_load.workload.prompt_pool import PromptError
 
 #: Open loop: requests sent within this many seconds of a schedule's start (a run's, or a sweep step's
@@ -47,8 +48,7 @@ class LLM:
         self._user = user
         self._due: dict[Any, Due] = {}  # greenlet -> its task's intended start (open loop)
         self._failures = 0  # connection failures in a row (closed-loop backoff)
-        self._conns: Connections | None = None  # the native thread's connections (plain HTTP), made on first use
-        self._direct = bool(getattr(user, "kernel_stamps", True)) and getattr(user, "client_pool", None) is None
+        self._transport: Transport | None = None  # chosen at the first request (the user's host is set by then)
 
     # -- what a task reads ------------------------------------------------------------------------------
     @property
@@ -143,10 +143,10 @@ class LLM:
         gen.begin_request()  # counted from here: a drain waits for it
         state = StreamState()
         try:
+            if self._transport is None:
+                self._transport = transport_for(self._user)
             rec = stream_request(
-                self._transport(), ready, gen.headers,
-                events=self._user.environment.events,
-                context=self._user.context(),
+                self._transport, ready, gen.headers,
                 worker=gen.worker_id,
                 intended_start=due.intended if due else None,
                 count_output=gen.count_output if gen.tokenizer else None,
@@ -173,20 +173,10 @@ class LLM:
         return Reply.of(rec, state)
 
     # -- internals --------------------------------------------------------------------------------------
-    def _transport(self) -> Any:
-        """What carries this user's requests: its direct connections (the native thread sends and reads), or
-        Locust's session (https://, the Python reader, a user that shares a client pool or asked for loop
-        times with ``kernel_stamps = False``)."""
-        if self._conns is None and self._direct:
-            user = self._user
-            self._conns = Connections.for_user(user.host, user.connection_timeout, user.network_timeout)
-            self._direct = self._conns is not None
-        return self._conns if self._conns is not None else self._user.client
-
     def close(self) -> None:
         """Close this user's direct connections (Locust's session closes its own)."""
-        if self._conns is not None:
-            self._conns.close()
+        if self._transport is not None:
+            self._transport.close()
 
     def _generator(self) -> Generator:
         """This process's generator; none (the target failed its check) or draining: wait for the stop."""
