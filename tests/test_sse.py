@@ -122,3 +122,41 @@ def test_the_body_merges_a_users_keys_and_forces_the_length_only_when_asked():
     assert body["temperature"] == 0.7 and body["tools"] == [{"type": "function"}] and body["max_tokens"] == 32
     # what the measurement reads stays on
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
+def test_a_reasoning_stream_splits_into_its_phases():
+    """TTFT stamps the first reasoning token, TTFO the answer's first; the reasoning tokens come from the
+    running usage when vLLM 0.32 reports 0 for them, from the server when it counts them, else from the
+    run's tokenizer over the reasoning text."""
+    import orjson
+
+    from vllm_load.client.stream import reasoning_count
+
+    def chunk(delta: dict | None, done: int | None = None, details: int | None = None) -> bytes:
+        body: dict = {"id": "r", "choices": [] if delta is None else [{"index": 0, "delta": delta}]}
+        if done is not None:
+            body["usage"] = {"prompt_tokens": 5, "completion_tokens": done}
+            if details is not None:
+                body["usage"]["completion_tokens_details"] = {"reasoning_tokens": details}
+        return b"data: " + orjson.dumps(body)
+
+    def stream(continuous: bool, details: int | None) -> StreamState:
+        st = StreamState()
+        lines = [({"reasoning": "a"}, 1), ({"reasoning": " bc"}, 3), ({"content": " x"}, 4), ({"content": "y"}, 5)]
+        for t, (delta, done) in enumerate(lines):
+            st.feed(chunk(delta, done if continuous else None), 0.1 * (t + 1))
+        st.feed(chunk(None, 5, details), 0.6)
+        st.feed(b"data: [DONE]", 0.6)
+        return st
+
+    st = stream(True, 0)
+    assert st.chunk_times[0] == pytest.approx(0.1) and st.answer_at == pytest.approx(0.3)
+    assert (st.reasoning_streamed, st.reasoning_reported) == (3, 0)
+    assert reasoning_count(st, None) == (3, "stream")  # the server's 0 is not a count
+    assert reasoning_count(stream(True, 4), None) == (4, "usage")
+    st = stream(False, None)
+    assert st.reasoning_streamed == 2  # a chunk counts as one token without the running usage
+    assert reasoning_count(st, lambda text: len(text.split())) == (2, "tokenizer")  # "a bc": 2 words
+    plain = StreamState()
+    plain.feed(chunk({"content": "x"}, 1), 0.2)
+    assert plain.answer_at == pytest.approx(0.2) and reasoning_count(plain, None) == (None, None)

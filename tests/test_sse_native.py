@@ -78,6 +78,21 @@ CASES: dict[str, list[bytes]] = {
     + [completion_chunk("cmpl-1", "x", "length"), usage_chunk("cmpl-1", 5, 6), DONE],
     "reasoning then content": [chat_chunk("c", None, reasoning_content="think"), chat_chunk("c", None, reasoning="more"),
                                chat_chunk("c", "answer", reasoning_content=""), chat_chunk("c", "", reasoning=None), DONE],
+    "reasoning phase with continuous usage and details (vLLM 0.32 says 0)": [
+        chat_chunk("r", None, role=True, usage={"prompt_tokens": 5, "completion_tokens": 0}),
+        chat_chunk("r", None, reasoning="a", usage={"prompt_tokens": 5, "completion_tokens": 1}),
+        chat_chunk("r", None, reasoning=" bc", usage={"prompt_tokens": 5, "completion_tokens": 3}),
+        chat_chunk("r", " x", usage={"prompt_tokens": 5, "completion_tokens": 4}),
+        chat_chunk("r", "y", reasoning="z", usage={"prompt_tokens": 5, "completion_tokens": 6}),
+        b'data: {"id":"r","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":6,'
+        b'"completion_tokens_details":{"reasoning_tokens":0}}}\n', DONE],
+    "reasoning details: a count, null, odd types": [
+        chat_chunk("r", None, reasoning_content="t"),
+        b'data: {"id":"r","choices":[],"usage":{"completion_tokens":1,"completion_tokens_details":null}}\n',
+        b'data: {"id":"r","choices":[],"usage":{"completion_tokens":1,"completion_tokens_details":{"reasoning_tokens":null}}}\n',
+        b'data: {"id":"r","choices":[],"usage":{"completion_tokens":1,"completion_tokens_details":{"reasoning_tokens":7,"x":[1]}}}\n',
+        b'data: {"id":"r","choices":[],"usage":{"completion_tokens":1,"completion_tokens_details":{"reasoning_tokens":7.0}}}\n',
+        DONE],
     "several tokens in a chunk, none in another": [
         chat_chunk("c", "ab", usage={"prompt_tokens": 3, "completion_tokens": 2}),
         chat_chunk("c", "", usage={"prompt_tokens": 3, "completion_tokens": 2}),
@@ -138,7 +153,8 @@ def outcome(state: StreamState, error: Exception | None) -> dict:
             "content": state.content, "reasoning": "".join(state.reasoning_parts), "text_parts": bool(state.text_parts),
             "prompt": state.prompt_tokens, "completion": state.completion_tokens, "cached": state.cached_tokens,
             "finish": state.finish_reason, "continuous": state.continuous_usage, "done": state.done,
-            "id": state.response_id, "calls": state.calls}
+            "id": state.response_id, "calls": state.calls, "answer_at": state.answer_at,
+            "reasoning_streamed": state.reasoning_streamed, "reasoning_reported": state.reasoning_reported}
 
 
 def stamped(lines: list[bytes]) -> list[tuple[bytes, int]]:
@@ -187,6 +203,7 @@ def test_the_native_parser_ends_where_python_does(name):
 def test_the_usual_vllm_stream_is_parsed_natively_to_its_last_line():
     # the point of the parser: nothing of a usual body is left for the event loop
     for name in ("chat, continuous usage", "chat, usage at the end", "completions", "reasoning then content",
+                 "reasoning phase with continuous usage and details (vLLM 0.32 says 0)",
                  "several tokens in a chunk, none in another", "escapes", "numbers orjson takes"):
         lines = stamped(CASES[name])
         _got, _done, taken = by_native(lines)

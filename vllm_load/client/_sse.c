@@ -55,7 +55,7 @@ sse_state *sse_new(double start_wall) {
     sse_state *st = calloc(1, sizeof(sse_state));
     if (st) {
         st->start_wall = start_wall;
-        st->prompt = st->completion = st->cached = -1;
+        st->prompt = st->completion = st->cached = st->reasoning_reported = -1;
     }
     return st;
 }
@@ -377,8 +377,8 @@ static int skip_value(cur_t *c) {
 typedef struct {
     int id_str;                  /* "id" is a string (copied to id) */
     int usage_truthy;            /* "usage" is a non-empty object */
-    int has_prompt, has_completion, has_cached;
-    long long prompt, completion, cached;
+    int has_prompt, has_completion, has_cached, has_reasoning;
+    long long prompt, completion, cached, reasoning_tokens;
     int nchoices;                /* 0 or 1 (more are left to Python) */
     int delta_truthy;            /* the choice's "delta" is a non-empty object */
     int has_text;                /* the choice's "text" is a non-empty string (completions) */
@@ -483,7 +483,9 @@ static int members(cur_t *c, line_t *L, const char *const *names, int nullable, 
 }
 
 static const char *const DETAILS[] = {"cached_tokens", NULL};
-static const char *const USAGE[] = {"prompt_tokens", "completion_tokens", "prompt_tokens_details", NULL};
+static const char *const OUT_DETAILS[] = {"reasoning_tokens", NULL};
+static const char *const USAGE[] = {"prompt_tokens", "completion_tokens", "prompt_tokens_details",
+                                    "completion_tokens_details", NULL};
 static const char *const DELTA[] = {"content", "reasoning_content", "reasoning", "tool_calls", NULL};
 static const char *const CHOICE[] = {"delta", "text", "finish_reason", NULL};
 static const char *const TOP[] = {"id", "error", "usage", "choices", NULL};
@@ -497,11 +499,21 @@ static int details_member(cur_t *c, line_t *L, int k) { /* cached_tokens: a coun
     return int_value(c, &L->cached);
 }
 
+static int out_details_member(cur_t *c, line_t *L, int k) { /* reasoning_tokens: a count, or null */
+    if (is_null(c)) {
+        c->p += 4;
+        return P_OK;
+    }
+    L->has_reasoning = 1;
+    return int_value(c, &L->reasoning_tokens);
+}
+
 static int usage_member(cur_t *c, line_t *L, int k) {
     switch (k) {
     case 0: L->has_prompt = 1; return int_value(c, &L->prompt);
     case 1: L->has_completion = 1; return int_value(c, &L->completion);
-    default: return members(c, L, DETAILS, 1, NULL, details_member);
+    case 2: return members(c, L, DETAILS, 1, NULL, details_member);
+    default: return members(c, L, OUT_DETAILS, 1, NULL, out_details_member);
     }
 }
 
@@ -648,6 +660,8 @@ static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
             st->completion = L->completion;
         if (L->has_cached)
             st->cached = L->cached;
+        if (L->has_reasoning)
+            st->reasoning_reported = L->reasoning_tokens;
         if (L->nchoices) {
             st->continuous = 1;
             new_tokens = (st->completion < 0 ? 0 : st->completion) - before;
@@ -656,6 +670,7 @@ static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
     }
     if (L->nchoices) {
         sse_buf *text;
+        int answer;
         if (L->delta_truthy) {
             /* content or "", then reasoning_content or reasoning or "" */
             sse_buf *reasoning = L->reasoning_content.len ? &L->reasoning_content : &L->reasoning;
@@ -664,10 +679,16 @@ static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
             if (reasoning->len && (rc = buf_add(&st->reasoning, reasoning->p, reasoning->len)))
                 return rc;
             text = L->content.len ? &L->content : reasoning;
+            answer = L->content.len > 0; /* tool calls, an answer too, are Python's */
         } else {
             text = &L->text;
             if (text->len && (rc = buf_add(&st->content, text->p, text->len)))
                 return rc;
+            answer = text->len > 0;
+        }
+        if (answer && !st->has_answer) {
+            st->has_answer = 1;
+            st->answer_at = offset_of(st, stamp_ns);
         }
         if (text->len && (rc = buf_add(&st->text, text->p, text->len)))
             return rc;
@@ -681,6 +702,8 @@ static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
     }
     if (new_tokens && (rc = add_chunk(st, offset_of(st, stamp_ns), new_tokens)))
         return rc;
+    if (new_tokens && !st->has_answer) /* the thinking phase: every token until the answer's first */
+        st->reasoning_streamed += new_tokens;
     return P_OK;
 }
 
@@ -748,10 +771,11 @@ PyObject *sse_result(const sse_state *st) {
     PyObject *id = st->has_id ? text_of(&st->id) : (Py_INCREF(Py_None), Py_None);
     PyObject *finish = st->finish.len ? text_of(&st->finish) : (Py_INCREF(Py_None), Py_None);
     PyObject *done_at = st->done ? PyFloat_FromDouble(st->done_at) : (Py_INCREF(Py_None), Py_None);
-    return Py_BuildValue("(NNNNNNNNNNOON)", offsets, tokens, id, text_of(&st->content), text_of(&st->reasoning),
+    PyObject *answer_at = st->has_answer ? PyFloat_FromDouble(st->answer_at) : (Py_INCREF(Py_None), Py_None);
+    return Py_BuildValue("(NNNNNNNNNNOONNLN)", offsets, tokens, id, text_of(&st->content), text_of(&st->reasoning),
                          text_of(&st->text), finish, count_of(st->prompt), count_of(st->completion),
                          count_of(st->cached), st->continuous ? Py_True : Py_False, st->done ? Py_True : Py_False,
-                         done_at);
+                         done_at, answer_at, st->reasoning_streamed, count_of(st->reasoning_reported));
 fail:
     Py_XDECREF(offsets);
     Py_XDECREF(tokens);

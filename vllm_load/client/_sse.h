@@ -25,6 +25,11 @@ typedef struct {
     /* limit: once more tokens than this were streamed, every later line goes to Python, whose StreamState (with
      * the same limit) ends the stream as a protocol failure (a server running past max_tokens); 0: none */
     long long limit, streamed;
+    /* a reasoning model's phases (StreamState.answer_at, reasoning_streamed, reasoning_reported) */
+    int has_answer;
+    double answer_at;            /* the first answer chunk's offset (content or text, not reasoning) */
+    long long reasoning_streamed; /* tokens of the chunks before the answer's first */
+    long long reasoning_reported; /* usage.completion_tokens_details.reasoning_tokens; -1: not reported */
 } sse_state;
 
 enum { SSE_OK = 0, SSE_PYTHON = 1, SSE_NOMEM = -1 };
@@ -42,7 +47,8 @@ void sse_free(sse_state *st);
  * nothing of it taken: that line and every later one go to Python; SSE_NOMEM. */
 int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns);
 /* What StreamState.absorb takes: (offsets, tokens, id, content, reasoning, text, finish_reason,
- * prompt_tokens, completion_tokens, cached_tokens, continuous_usage, done, done_at). */
+ * prompt_tokens, completion_tokens, cached_tokens, continuous_usage, done, done_at, answer_at,
+ * reasoning_streamed, reasoning_reported). */
 PyObject *sse_result(const sse_state *st);
 
 #endif

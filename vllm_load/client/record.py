@@ -2,7 +2,9 @@
 
 Definitions (all times in seconds, from the request's start, which in open-loop mode is its
 *intended* send time so that queueing in the client is not hidden):
-  TTFT       first token-bearing chunk
+  TTFT       first token-bearing chunk (a reasoning model's first reasoning token)
+  TTFO       first chunk of the answer (content, text or a tool call; not reasoning): AIPerf's time to
+             first output token; equal to TTFT for a model that does not reason
   ITL/chunk  gap between consecutive token-bearing chunks (what ``vllm bench serve`` reports)
   ITL/token  each chunk gap divided over the tokens that chunk carried, recorded once per token,
              so there are out-1 values whose sum is last-token minus first-token time
@@ -47,6 +49,12 @@ class RequestRecord:
     cached_tokens: int | None = None  # prompt tokens the server's prefix cache held (when its usage says)
     trace_row: int | None = None  # trace replay: the row of the trace this request replayed
     name: str | None = None  # the user's name= for the request: its LLM metrics are grouped under it too
+    ttfo: float | None = None  # the answer's first chunk (None: the stream carried no answer)
+    #: output tokens spent reasoning, and how they were known: "usage" (the server's completion_tokens_details),
+    #: "stream" (the running usage of the reasoning chunks: exact), "tokenizer" (the run's tokenizer over the
+    #: reasoning text); None when the stream carried no reasoning
+    reasoning_tokens: int | None = None
+    reasoning_source: str | None = None
 
     @property
     def connection_failed(self) -> bool:

@@ -23,6 +23,8 @@ class Reply:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # OpenAI's shape: id, type, function{name, arguments}
     finish_reason: str | None = None
     ttft: float | None = None  # seconds, from the (intended) send
+    ttfo: float | None = None  # the answer's first token (after a reasoning model's thinking); None: no answer
+    reasoning_tokens: int | None = None  # output tokens spent reasoning (None: the stream carried no reasoning)
     e2e: float = 0.0
     input_tokens: int | None = None  # the server's usage when it sent one, else the count made before sending
     output_tokens: int | None = None
@@ -44,7 +46,8 @@ class Reply:
     @classmethod
     def of(cls, rec: RequestRecord, state: StreamState) -> Reply:
         return cls(ok=rec.ok, error=rec.error, text=state.content, reasoning="".join(state.reasoning_parts),
-                   tool_calls=state.calls, finish_reason=rec.finish_reason, ttft=rec.ttft, e2e=rec.e2e,
+                   tool_calls=state.calls, finish_reason=rec.finish_reason, ttft=rec.ttft, ttfo=rec.ttfo,
+                   reasoning_tokens=rec.reasoning_tokens, e2e=rec.e2e,
                    input_tokens=rec.input_tokens, output_tokens=rec.output_tokens, name=rec.name, record=rec)
 
     @classmethod

@@ -58,6 +58,12 @@ class StreamState:
     limit: int | None = None
     asked: int | None = None  # the max_tokens it was set from (said in the failure)
     streamed: int = 0  # tokens of the chunks so far (``sum(chunk_tokens)``, kept as they come)
+    #: a reasoning model's phases: the offset of the first chunk of the answer (content, text or a tool call: not
+    #: reasoning), the tokens of the chunks before it, and the server's own count of the reasoning tokens
+    #: (usage.completion_tokens_details.reasoning_tokens; vLLM 0.32 says 0 whatever the model thought)
+    answer_at: float | None = None
+    reasoning_streamed: int = 0
+    reasoning_reported: int | None = None
 
     def feed(self, line: bytes, now: float) -> None:
         self.bytes_read += len(line)
@@ -95,6 +101,9 @@ class StreamState:
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and details.get("cached_tokens") is not None:
                 self.cached_tokens = int(details["cached_tokens"])
+            details = usage.get("completion_tokens_details")
+            if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
+                self.reasoning_reported = int(details["reasoning_tokens"])
             if data.get("choices"):
                 self.continuous_usage = True
                 new_tokens = (self.completion_tokens or 0) - before
@@ -112,10 +121,14 @@ class StreamState:
                 calls = delta.get("tool_calls")
                 if calls:
                     self._add_tool_calls(calls)
+                answer = bool(content or calls)
             else:
                 text = choice.get("text") or ""
                 if text:
                     self.content_parts.append(text)
+                answer = bool(text)
+            if answer and self.answer_at is None:
+                self.answer_at = now
             if text:
                 self.text_parts.append(text)
             if choice.get("finish_reason"):
@@ -126,6 +139,8 @@ class StreamState:
             self.chunk_times.append(now)
             self.chunk_tokens.append(new_tokens)
             self.streamed += new_tokens
+            if self.answer_at is None:  # the thinking phase: every token until the answer's first (a <think>
+                self.reasoning_streamed += new_tokens  # token streams no text, and is thinking too)
             self._check_limit()
 
     def end_offset(self, done_at: float | None) -> float | None:
@@ -158,7 +173,7 @@ class StreamState:
         offset of the [DONE] line when it saw one. Only on a state nothing was fed yet: its token counts
         by usage difference start from none."""
         (offsets, tokens, response_id, content, reasoning, text, finish_reason, prompt_tokens, completion_tokens,
-         cached_tokens, continuous, done, done_at) = parsed
+         cached_tokens, continuous, done, done_at, answer_at, reasoning_streamed, reasoning_reported) = parsed
         self.chunk_times += offsets
         self.chunk_tokens += tokens
         self.streamed += sum(tokens)
@@ -179,6 +194,11 @@ class StreamState:
         if cached_tokens is not None:
             self.cached_tokens = cached_tokens
         self.continuous_usage = self.continuous_usage or continuous
+        if self.answer_at is None:
+            self.answer_at = answer_at
+        self.reasoning_streamed += reasoning_streamed
+        if reasoning_reported is not None:
+            self.reasoning_reported = reasoning_reported
         self.done = self.done or done
         self._check_limit()
         return done_at

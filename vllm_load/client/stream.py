@@ -159,7 +159,25 @@ def stream_request(
         cached_tokens=state.cached_tokens,
         name=name,
         trace_row=req.row,
+        ttfo=state.answer_at,
     )
+    rec.reasoning_tokens, rec.reasoning_source = reasoning_count(state, count_output)
     if ex.cancelled is not None:
         raise StreamCancelled(rec) from ex.cancelled
     return rec
+
+
+def reasoning_count(state: StreamState, count: Callable[[str], int] | None) -> tuple[int | None, str | None]:
+    """A stream's reasoning tokens and where the number came from. The server's own count when it is one (vLLM
+    0.32 reports 0 whatever the model thought: a 0 beside streamed reasoning is not a count); else the running
+    usage of the reasoning chunks (exact with continuous usage); else the run's tokenizer over the reasoning
+    text (each chunk counted as one token otherwise)."""
+    if state.reasoning_reported:
+        return state.reasoning_reported, "usage"
+    if not state.reasoning_parts:
+        return None, None
+    if state.continuous_usage:
+        return state.reasoning_streamed, "stream"
+    if count is not None:
+        return count("".join(state.reasoning_parts)), "tokenizer"
+    return state.reasoning_streamed, "stream"

@@ -23,6 +23,8 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20
 #: (our metric key, exported name, buckets, help): vLLM's names under the vllm_load: prefix
 EXPORTED = (
     ("ttft", "vllm_load:time_to_first_token_seconds", TTFT_BUCKETS, "Client-side time to first token in seconds."),
+    ("ttfo", "vllm_load:time_to_first_output_token_seconds", TTFT_BUCKETS,
+     "Client-side time to the answer's first token (not reasoning) in seconds."),
     ("itl_token", "vllm_load:inter_token_latency_seconds", ITL_BUCKETS,
      "Client-side inter-token latency in seconds (each chunk's gap over its tokens), as vLLM's server-side one."),
     ("itl", "vllm_load:inter_chunk_latency_seconds", ITL_BUCKETS,

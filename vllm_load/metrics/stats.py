@@ -88,6 +88,9 @@ class LLMStats:
     cached_of: int = 0  # prompt tokens of those requests
     warmup_excluded: int = 0  # requests started during the warm-up: sent and logged, not in any metric
     backoffs: int = 0  # closed loop: waits before a next request after a server error, and their total in ms
+    reasoning_tokens: int = 0  # output tokens spent reasoning (successful requests)
+    reasoning_requests: int = 0
+    reasoning_by_tokenizer: int = 0
     backoff_ms: int = 0
     judged: int = 0  # requests judged for goodput (all requests, when per-request SLOs exist)
     errors: Counter = field(default_factory=Counter)  # failures by kind (error_kinds.error_kind)
@@ -176,6 +179,10 @@ class LLMStats:
             self.drift_max_abs = max(self.drift_max_abs, abs(drift))
         if rec.output_tokens_asked is not None and rec.output_tokens not in (None, rec.output_tokens_asked):
             self.output_mismatch += 1
+        if rec.reasoning_tokens is not None:
+            self.reasoning_requests += 1
+            self.reasoning_tokens += rec.reasoning_tokens
+            self.reasoning_by_tokenizer += rec.reasoning_source == "tokenizer"
 
     @property
     def pending(self) -> int:
@@ -210,6 +217,8 @@ class LLMStats:
             return
         h["e2e"].record_many([r.e2e for r in ok])
         h["ttft"].record_many([r.ttft for r in ok if r.ttft is not None])
+        h["ttfo"].record_many([r.ttfo for r in ok if r.ttfo is not None])
+        h["reasoning_tokens"].record_many([r.reasoning_tokens for r in ok if r.reasoning_tokens is not None])
         h["tpot"].record_many([t for r in ok if (t := r.tpot) is not None])
         h["output_tps"].record_many([t for r in ok if (t := r.output_tps) is not None])
         h["input_tokens"].record_many([r.input_tokens for r in ok if r.input_tokens is not None])
@@ -264,7 +273,8 @@ class LLMStats:
     _BUCKETS = ("ok_buckets", "conn_buckets", "fail_buckets")
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
                  "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of",
-                 "warmup_excluded", "backoffs", "backoff_ms")
+                 "warmup_excluded", "backoffs", "backoff_ms", "reasoning_tokens", "reasoning_requests",
+                 "reasoning_by_tokenizer")
 
     def to_wire(self) -> dict:
         return {
@@ -380,6 +390,9 @@ class LLMStats:
             "input_drift_max_abs": self.drift_max_abs,
             "input_drift_fraction": self.drift_requests / with_usage if with_usage > 0 else 0.0,
             "output_mismatch": self.output_mismatch,
+            "reasoning_tokens": self.reasoning_tokens,
+            "reasoning_requests": self.reasoning_requests,
+            "reasoning_by_tokenizer": self.reasoning_by_tokenizer,
             # the server's prefix-cache hits as its usage reported them per request (None: it reported none)
             "cached_tokens": self.cached_tokens if self.cached_of else None,
             "cached_fraction": self.cached_tokens / self.cached_of if self.cached_of else None,

@@ -23,6 +23,9 @@ class RunSummary(TypedDict, total=False):
     input_drift_max_abs: int
     input_drift_fraction: float  # of the requests with server usage
     output_mismatch: int
+    reasoning_tokens: int  # output tokens a reasoning model spent thinking (in output_tokens too)
+    reasoning_requests: int  # successful requests whose stream carried reasoning
+    reasoning_by_tokenizer: int  # of those, counted with the run's tokenizer (the server's stream gave no count)
     goodput: float | None  # requests/s meeting every per-request SLO, as vllm bench serve (None without one)
     good_request_fraction: float | None  # their share of the requests judged
     good_requests: int

@@ -18,6 +18,8 @@ class Metric:
 
 METRICS: tuple[Metric, ...] = (
     Metric("ttft", "TTFT", "ms", 1000.0, latency=True),
+    # the answer's first token (not reasoning): AIPerf's time to first output token; shown when a run reasoned
+    Metric("ttfo", "TTFO (first answer token)", "ms", 1000.0, latency=True),
     # vLLM's names: itl is the gap between token-bearing chunks (vllm bench serve's ITL), itl_token spreads
     # each gap over the tokens its chunk carried (one value per token)
     Metric("itl", "ITL (per chunk)", "ms", 1000.0, latency=True),
@@ -29,7 +31,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("send_lag_startup", "Send lag, first 2 s (open loop)", "ms", 1000.0),
     Metric("input_tokens", "Input tokens", "tok", 1.0, hist_scale=1.0),
     Metric("output_tokens", "Output tokens", "tok", 1.0, hist_scale=1.0),
+    Metric("reasoning_tokens", "Reasoning tokens", "tok", 1.0, hist_scale=1.0),
 )
+#: rows shown only when the run had reasoning (otherwise TTFO repeats TTFT)
+REASONING_ONLY = ("ttfo", "reasoning_tokens")
 BY_KEY = {m.key: m for m in METRICS}
 #: the latency metrics, in the table's order (SLO names, stats' per-request times)
 LATENCY = tuple(m.key for m in METRICS if m.latency)

@@ -46,6 +46,8 @@ def _add_options(parser: Any, **_kw: Any) -> None:
 def _emulator_args(opts: Any) -> list[str]:
     args = ["--ttft", str(opts.emulator_ttft), "--itl", str(opts.emulator_itl),
             "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk), "--enable-prompt-tokens-details"]
+    if opts.emulator_reasoning_tokens:
+        args += ["--reasoning-tokens", opts.emulator_reasoning_tokens]
     return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])
 
 

@@ -139,6 +139,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float),
     Option("--emulator-itl", 0.01, "embedded emulator: inter-token delay, seconds", type=float),
     Option("--emulator-tokens-per-chunk", 1, "embedded emulator: tokens per SSE chunk", type=int),
+    Option("--emulator-reasoning-tokens", "", "embedded emulator: a reasoning model whose chat answers start with "
+        "this many reasoning tokens (N, LOW-HIGH or normal:MEAN,STD), streamed as vLLM's reasoning parsers do"),
 )
 
 

@@ -55,6 +55,9 @@ def check_numbers(opts: Any) -> None:
                 raise UsageError(f"{o.flag} must be >= {low:g}, got {value:g}")
         elif o.kw.get("type") is int and o.dest in _INT_AT_LEAST and value < _INT_AT_LEAST[o.dest]:
             raise UsageError(f"{o.flag} must be >= {_INT_AT_LEAST[o.dest]}, got {value}")
+    if getattr(opts, "emulator_reasoning_tokens", ""):
+        from vllm_load.workload.lengths import parse_length
+        parse_length(opts.emulator_reasoning_tokens, "--emulator-reasoning-tokens")
     if not 0 <= opts.metrics_port <= 65535:
         raise UsageError(f"--metrics-port {opts.metrics_port} is no TCP port: give 1-65535 (0: off)")
 

