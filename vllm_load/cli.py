@@ -13,7 +13,7 @@ from pathlib import Path
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 
 
-LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sweep")
+LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sweep", "embeddings", "rerank")
 
 
 def main(argv: list[str] | None = None) -> int:

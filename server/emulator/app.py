@@ -26,6 +26,7 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 from .engine import EngineConfig, FixedScheduleEngine
 from .scheduler import PROFILES, BatchingEngine, SchedulerConfig
 from .faults import FaultPlan, parse_fault
+from . import pooling
 from .prefix_cache import PrefixCache
 from .vllm_metrics import VllmMetrics
 from vllm_load.client import rxstamp
@@ -170,6 +171,21 @@ class Emulator:
                 return self._reply(start_response, 200, orjson.dumps({"version": VERSION}))
             if path == "/v1/models":
                 return self._reply(start_response, 200, self._models())
+            if path in pooling.PATHS:
+                if method != "POST":
+                    raise HttpError(405, "Method Not Allowed", "BadRequestError")
+                body = self._json_body(environ)
+                model = body.get("model", self.served[0])
+                if model not in self.served and model not in self.loras:
+                    raise HttpError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+                fault = self.faults.pick(environ)
+                if fault in ("500", "503", "429"):
+                    retry = self.faults.retry_after if fault in ("503", "429") and self.faults.retry_after > 0 else None
+                    raise HttpError(int(fault), f"injected fault: HTTP {fault}", "InternalServerError", retry_after=retry)
+                try:
+                    return self._reply(start_response, 200, pooling.serve(self, path, body))
+                except pooling.PoolingError as exc:
+                    raise HttpError(400, str(exc), "BadRequestError") from None
             if path in ("/v1/chat/completions", "/v1/completions", "/tokenize"):
                 if method != "POST":
                     raise HttpError(405, "Method Not Allowed", "BadRequestError")

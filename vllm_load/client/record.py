@@ -55,6 +55,7 @@ class RequestRecord:
     #: reasoning text); None when the stream carried no reasoning
     reasoning_tokens: int | None = None
     reasoning_source: str | None = None
+    items: int | None = None  # pooling requests: the inputs (texts, documents) it carried
 
     @property
     def connection_failed(self) -> bool:

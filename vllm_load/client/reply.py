@@ -30,6 +30,7 @@ class Reply:
     output_tokens: int | None = None
     name: str | None = None
     record: RequestRecord | None = field(default=None, repr=False)
+    data: dict[str, Any] | None = field(default=None, repr=False)  # a pooling request's JSON answer
 
     @property
     def message(self) -> dict[str, Any]:
@@ -49,6 +50,12 @@ class Reply:
                    tool_calls=state.calls, finish_reason=rec.finish_reason, ttft=rec.ttft, ttfo=rec.ttfo,
                    reasoning_tokens=rec.reasoning_tokens, e2e=rec.e2e,
                    input_tokens=rec.input_tokens, output_tokens=rec.output_tokens, name=rec.name, record=rec)
+
+    @classmethod
+    def of_json(cls, rec: RequestRecord, data: dict[str, Any] | None) -> Reply:
+        """A pooling request's reply: no text, its JSON answer in ``data``."""
+        return cls(ok=rec.ok, error=rec.error, text="", reasoning="", e2e=rec.e2e, input_tokens=rec.input_tokens,
+                   output_tokens=None, name=rec.name, record=rec, data=data)
 
     @classmethod
     def not_sent(cls, error: str, name: str | None = None) -> Reply:

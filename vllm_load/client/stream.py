@@ -23,7 +23,8 @@ from vllm_load.client.record import RequestRecord
 from vllm_load.client.sse import StreamState
 from vllm_load.workload.prompts import Prompt
 
-PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
+         "rerank": "/v1/rerank", "score": "/v1/score"}
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class ReadyRequest:
     """A request ready to send, built off the event loop by the prompt thread (vLLM's RequestFuncInput):
     the exact bytes and the lengths asked, against which the server's usage is checked."""
 
-    api: str  # "chat" or "completions"
+    api: str  # a key of PATHS: "chat", "completions", "embeddings", "rerank", "score"
     body: bytes
     input_tokens: int  # the prompt's length as the server counts it (chat template included)
     output_tokens: int | None  # forced with ignore_eos/min_tokens; None: the model stops on its own
@@ -39,6 +40,7 @@ class ReadyRequest:
     due: float | None = None  # trace replay: seconds after the run's start the request is due
     row: int | None = None  # trace replay: the trace row it replays
     max_tokens: int | None = None  # the body's max_tokens (forced or a cap): a stream far past it is cut
+    items: int | None = None  # pooling: the inputs (texts, documents) the body carries
 
     @property
     def path(self) -> str:

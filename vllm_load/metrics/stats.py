@@ -91,6 +91,7 @@ class LLMStats:
     reasoning_tokens: int = 0  # output tokens spent reasoning (successful requests)
     reasoning_requests: int = 0
     reasoning_by_tokenizer: int = 0
+    items: int = 0  # pooling: inputs (texts, documents) of the successful requests
     backoff_ms: int = 0
     judged: int = 0  # requests judged for goodput (all requests, when per-request SLOs exist)
     errors: Counter = field(default_factory=Counter)  # failures by kind (error_kinds.error_kind)
@@ -183,6 +184,8 @@ class LLMStats:
             self.reasoning_requests += 1
             self.reasoning_tokens += rec.reasoning_tokens
             self.reasoning_by_tokenizer += rec.reasoning_source == "tokenizer"
+        if rec.items:
+            self.items += rec.items
 
     @property
     def pending(self) -> int:
@@ -274,7 +277,7 @@ class LLMStats:
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
                  "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of",
                  "warmup_excluded", "backoffs", "backoff_ms", "reasoning_tokens", "reasoning_requests",
-                 "reasoning_by_tokenizer")
+                 "reasoning_by_tokenizer", "items")
 
     def to_wire(self) -> dict:
         return {
@@ -416,6 +419,10 @@ class LLMStats:
         out["outages"] = [{**w.to_json(), "text": outages.describe(w, start, self.conn_error[1] if w.is_outage else "")}
                           for w in windows]
         out["outage_seconds"] = sum(w.seconds for w in windows if w.is_outage)
+        if self.items:  # pooling requests: their inputs, and inputs/s
+            out["inputs"] = self.items
+            out["input_rate"] = self.items / duration if duration else 0.0
+            out["input_token_rate"] = self.input_tokens / duration if duration else 0.0
         if records_per_request:
             out["records_per_request"] = records_per_request
             out["records"] = ok * records_per_request

@@ -33,6 +33,9 @@ class RunSummary(TypedDict, total=False):
     metrics: dict[str, dict[str, float]]  # metrics.table key -> count, mean, min, percentiles, max
     outages: list[dict]  # outages.Window.to_json() plus "text"
     outage_seconds: float
+    inputs: int  # pooling requests (embeddings, rerank): the inputs they carried, inputs/s and input tokens/s
+    input_rate: float
+    input_token_rate: float
     records_per_request: int  # only with a dataset
     records: int
     record_rate: float

@@ -15,6 +15,7 @@ import gevent.event
 from vllm_load.client.direct import Connections
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, OutputError
 from vllm_load.client.record import RequestRecord
+from vllm_load.client.pooling import POOLING, embeddings_request, rerank_request
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, ready_request
 from vllm_load.metrics.client_health import ClientMonitor
 from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
@@ -28,7 +29,7 @@ from vllm_load.workload.arrivals import ArrivalProcess
 from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
 from vllm_load.workload.prompt_pool import PromptPool, token_thread
-from vllm_load.workload.prompts import Prompt, PromptFactory
+from vllm_load.workload.prompts import Prompt, PromptFactory, prompt_api
 from vllm_load.workload.tokenizer import Tokenizer, encode_in_calling_thread, load_tokenizer
 
 #: GIL switch interval in load-generating processes (seconds)
@@ -166,7 +167,7 @@ class Generator:
         if f is None:
             assert self.tokenizer is not None
             f = self.factories[api] = PromptFactory(
-                self.tokenizer, api, self.plan.salt, self.source, self.opts.shared_prefix_tokens  # type: ignore[arg-type]
+                self.tokenizer, prompt_api(api), self.plan.salt, self.source, self.opts.shared_prefix_tokens
             )
         return f
 
@@ -227,9 +228,24 @@ class Generator:
         trace, the next row of this process's share (StopIteration after its last)."""
         if self.opts.trace:
             return self._trace_request(api)
+        if api in POOLING:
+            return self._pooling_request(api)
         prompt, max_tokens = self.new_prompt(api)
         model, group = self.next_model()
         return ready_request(api, model, prompt, max_tokens, self.defaults, group)
+
+    def _pooling_request(self, api: str) -> ReadyRequest:
+        """--batch-size unique texts of --input-tokens each (embeddings), or a query and --batch-size documents
+        (rerank: a bi-encoder's count, the query once)."""
+        assert self.input_spec is not None
+        f, n = self.factory(api), max(1, int(self.opts.batch_size))
+        texts = [f.make(self.input_spec.sample(self.rng)) for _ in range(n + (api == "rerank"))]
+        model, group = self.next_model()
+        tokens = sum(p.tokens for p in texts)
+        if api == "rerank":
+            return rerank_request(model, texts[0].text, [p.text for p in texts[1:]], tokens, defaults=self.defaults,
+                                  group=group)
+        return embeddings_request(model, [p.text for p in texts], tokens, defaults=self.defaults, group=group)
 
     def _trace_request(self, api: str) -> ReadyRequest:
         if self.trace_next >= len(self.trace):

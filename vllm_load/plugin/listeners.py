@@ -23,6 +23,7 @@ from vllm_load.client.openai_api import tls_context, use_tls_context
 from vllm_load.errors import UsageError, die
 from vllm_load.metrics.prometheus import registry_for
 from vllm_load.metrics.slo import parse_slo_option
+from vllm_load.client.pooling import POOLING
 from vllm_load.plugin import end_of_run, interrupt, log_repeats, options, ui_guard, validate, webui, wire
 from vllm_load.plugin.embedded import start_emulator, start_sidecar
 from vllm_load.plugin.collector import Collector
@@ -110,10 +111,12 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         if wait > 0 and STATE.emulator is None:
             wait_for_server(environment.host, wait, opts.api_key, say=lambda line: print(line, flush=True))
         target = _check_target(environment)
+        apis = _apis(environment)
+        lengths = (f"input {target.input_spec.text} tokens per text" if apis and apis <= POOLING
+                   else f"input {target.input_spec.text} output {target.output_spec.text} tokens")
         print(
             f"vllm-load: target {target.host} model {target.model} tokenizer {target.tokenizer} (from "
-            f"{target.tokenizer_source}) max_model_len "
-            f"{target.max_model_len} input {target.input_spec.text} output {target.output_spec.text} tokens",
+            f"{target.tokenizer_source}) max_model_len {target.max_model_len} {lengths}",
             flush=True,
         )
     except UsageError as exc:

@@ -17,7 +17,8 @@ from typing import Any
 import gevent
 from gevent import getcurrent
 
-from vllm_load.client.exchange import Transport
+from vllm_load.client.exchange import JsonBody, Transport
+from vllm_load.client.pooling import POOLING, count_inputs, embeddings_request, pooling_request, rerank_request
 from vllm_load.client.reply import Reply
 from vllm_load.client.sse import StreamState
 from vllm_load.client.stream import ReadyRequest, StreamCancelled, build_request, stream_request
@@ -126,6 +127,33 @@ class LLM:
                               defaults=gen.defaults, extra=body, group=group)
         return self.send(ready, name=name)
 
+    def embed(self, inputs: str | list[str], *, name: str | None = None, **body: Any) -> Reply:
+        """One ``/v1/embeddings`` request of ``inputs`` (a text or a list of texts), each counted under the run's
+        tokenizer first (as vLLM counts it: special tokens included) and checked against the server's usage;
+        ``Reply.data`` is the answer (its ``data[i].embedding``). ``body`` keys merge into the request
+        (``encoding_format``, ``dimensions``, ``model`` …)."""
+        texts = [inputs] if isinstance(inputs, str) else inputs
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            raise TypeError("self.llm.embed(inputs): give a str or a non-empty list of str")
+        gen = self._generator()
+        tokens = gen.offload(count_inputs, gen.tokenizer.count_completion, texts)
+        model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
+        return self.send(embeddings_request(model, texts, tokens, defaults=gen.defaults, extra=body, group=group),
+                         name=name)
+
+    def rerank(self, query: str, documents: list[str], *, name: str | None = None, **body: Any) -> Reply:
+        """One ``/v1/rerank`` request: ``documents`` ranked against ``query`` (``Reply.data["results"]``). The
+        input tokens are checked as a bi-encoder counts them (the query once, each document once); a
+        cross-encoder counts the query once per document, which the report shows as drift."""
+        if not isinstance(query, str) or not isinstance(documents, list) or not documents \
+                or not all(isinstance(d, str) for d in documents):
+            raise TypeError("self.llm.rerank(query, documents): give a str and a non-empty list of str")
+        gen = self._generator()
+        tokens = gen.offload(count_inputs, gen.tokenizer.count_completion, [query, *documents])
+        model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
+        return self.send(rerank_request(model, query, documents, tokens, defaults=gen.defaults, extra=body,
+                                        group=group), name=name)
+
     def prepared(self, api: str = "chat") -> ReadyRequest:
         """The next request of the run's own workload (--input-tokens, --output-tokens, --dataset, …), built
         ahead by the prompt thread: what the built-in users send."""
@@ -141,22 +169,24 @@ class LLM:
         gen = self._generator()
         due = self._due.pop(getcurrent(), None)
         gen.begin_request()  # counted from here: a drain waits for it
-        state = StreamState()
+        state: StreamState | JsonBody = JsonBody() if ready.api in POOLING else StreamState()
         try:
             if self._transport is None:
                 self._transport = transport_for(self._user)
-            rec = stream_request(
-                self._transport, ready, gen.headers,
+            common = dict(
                 worker=gen.worker_id,
                 intended_start=due.intended if due else None,
-                count_output=gen.count_output if gen.tokenizer else None,
                 step=gen.step,
                 # sent (not due) in the schedule's first seconds: a client that fell behind for good sends its
                 # early-due requests late, and those count as steady state
                 startup=due is not None and time.perf_counter() - due.schedule_start < STARTUP_S,
                 name=name,
-                state=state,
             )
+            if isinstance(state, JsonBody):
+                rec = pooling_request(self._transport, ready, gen.headers, body=state, **common)
+            else:
+                rec = stream_request(self._transport, ready, gen.headers, state=state,
+                                     count_output=gen.count_output if gen.tokenizer else None, **common)
         except StreamCancelled as stop:  # stopped mid-stream: counted as failed, then the stop goes on
             gen.on_record(stop.record)
             raise
@@ -170,7 +200,7 @@ class LLM:
                 gen.stats.backoffs += 1
                 gen.stats.backoff_ms += int(delay * 1000)
                 gevent.sleep(delay)
-        return Reply.of(rec, state)
+        return Reply.of(rec, state) if isinstance(state, StreamState) else Reply.of_json(rec, state.data)
 
     # -- internals --------------------------------------------------------------------------------------
     def close(self) -> None:

@@ -134,6 +134,8 @@ OPTIONS: tuple[Option, ...] = (
         "'{namespace=\"llm\",pod=~\"vllm-.*\"}' (default: every vllm:* series)"),
     Option("--prometheus-token", "", "bearer token of that Prometheus, when it requires one", is_secret=True),
     Option("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True),
+    Option("--batch-size", 1, "pooling requests: unique texts per embeddings request, documents per rerank request "
+        "(each of --input-tokens)", type=int, locustfiles=("embeddings.py", "rerank.py")),
     Option("--emulator-profile", "", "embedded emulator: model vLLM's continuous batching with this cost profile "
         "(a100-llama8b, h100-llama8b, cpu-tiny) instead of the fixed TTFT/ITL schedule"),
     Option("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float),

@@ -14,7 +14,7 @@ from vllm_load.client.stream import BodyDefaults
 from vllm_load.plugin.server_wait import parse_duration
 from vllm_load.workload.datasets import read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
-from vllm_load.workload.prompts import PromptFactory
+from vllm_load.workload.prompts import PromptFactory, prompt_api
 from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
 
 #: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
@@ -132,7 +132,7 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
         )
     for api in sorted(apis):
         # raises the one-line reason when this tokenizer cannot build prompts for the API (no chat template)
-        factory = PromptFactory(tok, api, salt="probe", shared_prefix_tokens=opts.shared_prefix_tokens)  # type: ignore[arg-type]
+        factory = PromptFactory(tok, prompt_api(api), salt="probe", shared_prefix_tokens=opts.shared_prefix_tokens)
         if trace:
             short = min(trace, key=lambda r: r.input_tokens)
             if short.input_tokens < factory.overhead + 1:

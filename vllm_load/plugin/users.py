@@ -186,3 +186,19 @@ class ChatUser(_WorkloadUser):
 class CompletionsUser(_WorkloadUser):
     abstract = False
     api = "completions"
+
+
+class EmbeddingsUser(_WorkloadUser):
+    """/v1/embeddings: --batch-size unique texts of --input-tokens each per request."""
+
+    abstract = False
+    api = "embeddings"
+    uses_options = frozenset({"batch_size"})
+
+
+class RerankUser(_WorkloadUser):
+    """/v1/rerank: a unique query against --batch-size unique documents, each of --input-tokens."""
+
+    abstract = False
+    api = "rerank"
+    uses_options = frozenset({"batch_size"})

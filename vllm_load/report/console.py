@@ -121,6 +121,10 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         f"duration {s['duration_s']:.1f} s  request rate {s['request_rate']:.2f}/s  "
         f"output {s['output_tokens']} tok ({s['output_token_rate']:.1f} tok/s)  input {s['input_tokens']} tok"
     )
+    if s.get("inputs"):
+        lines.append(f"pooling: {s['inputs']} inputs ({s['input_rate']:.1f}/s, "
+                     f"{s['inputs'] / max(1, s['succeeded']):.1f} per request), "
+                     f"{s['input_token_rate']:.1f} input tok/s")
     if s.get("reasoning_requests"):
         share = s["reasoning_tokens"] / s["output_tokens"] * 100 if s["output_tokens"] else 0.0
         counted = (f"; {s['reasoning_by_tokenizer']} counted with the run's tokenizer (the stream carried no count)"

@@ -1,0 +1,85 @@
+"""Non-streaming pooling requests (embeddings, rerank, score): one JSON answer, timed from the send to its
+last byte, its input tokens checked against the server's usage.
+
+vLLM serves them with ``--runner pooling`` (``--convert embed`` for embeddings and bi-encoder rerank/score,
+``--convert classify`` with one label for cross-encoders). Their usage has ``prompt_tokens`` only (rerank
+has no ``completion_tokens``): the record has no output tokens, and TTFT, ITL and TPOT do not apply.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import orjson
+
+from vllm_load.client.exchange import Clock, JsonBody, Transport
+from vllm_load.client.record import RequestRecord
+from vllm_load.client.stream import BodyDefaults, ReadyRequest, StreamCancelled
+
+#: the pooling APIs and how many inputs a body carries (for inputs/s)
+POOLING = frozenset({"embeddings", "rerank", "score"})
+
+
+def embeddings_request(model: str, inputs: list[str], input_tokens: int, *,
+                       defaults: BodyDefaults = BodyDefaults(), extra: dict[str, Any] | None = None,
+                       group: str | None = None) -> ReadyRequest:
+    """``POST /v1/embeddings`` of ``inputs`` (each a text), counted together as ``input_tokens`` (each with the
+    tokenizer's special tokens, as vLLM counts a prompt). --extra-body and ``extra`` merge over it."""
+    body: dict[str, Any] = {"model": model, "input": inputs}
+    body.update(dict(defaults.extra))
+    body.update(extra or {})
+    return ReadyRequest("embeddings", orjson.dumps(body), input_tokens, None, group, items=len(inputs))
+
+
+def rerank_request(model: str, query: str, documents: list[str], input_tokens: int | None, *,
+                   defaults: BodyDefaults = BodyDefaults(), extra: dict[str, Any] | None = None,
+                   group: str | None = None) -> ReadyRequest:
+    """``POST /v1/rerank``: ``query`` against ``documents``. ``input_tokens``: what the server will count when
+    it is known (a bi-encoder counts the query once, a cross-encoder once per document), else None."""
+    body: dict[str, Any] = {"model": model, "query": query, "documents": documents}
+    body.update(dict(defaults.extra))
+    body.update(extra or {})
+    return ReadyRequest("rerank", orjson.dumps(body), input_tokens, None, group, items=len(documents))
+
+
+def pooling_request(transport: Transport, req: ReadyRequest, headers: dict[str, str], *,
+                    intended_start: float | None = None, worker: str = "", step: int | None = None,
+                    startup: bool = False, name: str | None = None,
+                    body: JsonBody | None = None) -> RequestRecord:
+    """Send a pooling request, read its JSON answer and return its record (``body`` keeps the parsed answer
+    for the caller). Faults become a failed record; a stopped user raises ``StreamCancelled``."""
+    name = name if name is not None else req.group
+    clock = Clock.now(intended_start)
+    body = JsonBody() if body is None else body
+    ex = transport.exchange(req.path, req.body, headers, body, clock, name or req.path)
+    usage = (body.data or {}).get("usage") if ex.error is None else None
+    prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    from_usage = isinstance(prompt, int) and not isinstance(prompt, bool)
+    rec = RequestRecord(
+        api=req.api,
+        start=clock.start_wall,
+        e2e=ex.e2e,
+        ok=ex.error is None,
+        error=ex.error,
+        status=ex.status,
+        input_tokens_asked=req.input_tokens,
+        input_tokens=prompt if from_usage else req.input_tokens,
+        output_tokens=None,  # none generated: no output-token row, rate or TPOT
+        tokens_from_usage=from_usage,
+        send_lag=None if intended_start is None else max(0.0, clock.now_perf - clock.t0),
+        worker=worker,
+        step=step,
+        startup=startup,
+        response_id=(body.data or {}).get("id") if body.data else None,
+        retry_after=ex.retry_after,
+        name=name,
+        items=req.items,
+    )
+    if ex.cancelled is not None:
+        raise StreamCancelled(rec) from ex.cancelled
+    return rec
+
+
+def count_inputs(count: Callable[[str], int], inputs: list[str]) -> int:
+    """The prompt tokens of a batch of inputs as vLLM counts them: each on its own, special tokens included."""
+    return sum(count(text) for text in inputs)

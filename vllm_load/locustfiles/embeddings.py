@@ -1,0 +1,6 @@
+"""/v1/embeddings load (a pooling model: vLLM's --runner pooling): `locust -f locustfiles/embeddings.py [--host URL] [--batch-size N]`.
+
+With no --host, the built-in vLLM emulator is started on 127.0.0.1 and used as the target.
+"""
+
+from vllm_load.plugin.users import EmbeddingsUser  # noqa: F401  (Locust collects the User classes of this module)
