@@ -11,6 +11,7 @@ import pytest
 from tests.helpers import ROOT, Proc, run_locust
 
 CHAT, SWEEP = str(ROOT / "locustfiles/chat.py"), str(ROOT / "locustfiles/sweep.py")
+ROOT_LF = str(ROOT / "locustfiles") + "/"
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +46,11 @@ CASES = [
     (CHAT, ["--slo", "ttft.p99<=1s,ttft.p99>=2s"], "cannot both hold"),
     (CHAT, ["--run-dir", "{file}"], "is a file, not a directory"),
     (CHAT, ["--run-dir", "/proc/vllm-load/run"], "cannot be written"),
+    (CHAT, ["--num-requests", "-3"], "--num-requests must be >= 0"),
+    (SWEEP, ["--sweep", "2,4", "--num-requests", "10"], "--num-requests ends one run, not a sweep's steps"),
+    (CHAT, ["--emulator-reasoning-tokens", "lots"], "--emulator-reasoning-tokens 'lots' is not a length"),
+    (ROOT_LF + "embeddings.py", ["--batch-size", "0"], "--batch-size must be >= 1"),
+    (CHAT, ["--batch-size", "4"], "--batch-size is read by locustfiles/embeddings.py or locustfiles/rerank.py only"),
 ]
 
 

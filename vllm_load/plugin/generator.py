@@ -83,6 +83,12 @@ class Generator:
     on_trace_done: Any = field(default=lambda: None)  # told once every row of the share is sent and back
     step_started: float = 0.0  # wall time the current sweep step began (its warm-up counts from there)
     model_turn: int = 0  # --model a,b: the next request's model is models[model_turn % len]
+    #: --num-requests: this process's share, the tickets held by requests started (a warm-up request gives its
+    #: ticket back when it finishes), the counted requests finished, and an event set when a ticket comes back
+    quota: int = 0
+    tickets: int = 0
+    counted: int = 0
+    ticket_back: Any = None
 
     @property
     def source(self) -> str:
@@ -100,6 +106,8 @@ class Generator:
             rt.on_fatal = on_fatal
         if on_trace_done is not None:
             rt.on_trace_done = on_trace_done
+        rt.quota = plan.share(worker_index) if plan.num_requests else 0
+        rt.ticket_back = gevent.event.Event()
         plan.files.path.mkdir(parents=True, exist_ok=True)
         rt.idle = gevent.event.Event()
         rt.idle.set()
@@ -320,8 +328,23 @@ class Generator:
                               float(self.opts.ramp_up))
 
     def begin_request(self) -> None:
+        """A request is about to start. With --num-requests it first takes one of this process's tickets, and
+        waits for one to come back (a warm-up request's) once they are all taken."""
+        if self.plan.num_requests:
+            if self.quota == 0:  # more processes than requests: this one sends none
+                self.park()
+            while self.tickets >= self.quota:
+                self.ticket_back.wait()
+                if self.draining:
+                    self.park()
+            self.tickets += 1
         self.in_flight += 1
         self.idle.clear()
+
+    def _give_back(self) -> None:
+        self.tickets -= 1
+        self.ticket_back, back = gevent.event.Event(), self.ticket_back
+        back.set()
 
     @staticmethod
     def park() -> None:
@@ -329,8 +352,11 @@ class Generator:
         greenlet it logs as an error)."""
         gevent.event.Event().wait()
 
-    def end_request(self) -> None:
-        """A request counted by begin_request is over (recorded, or never sent): a drain may be waiting."""
+    def end_request(self, sent: bool = True) -> None:
+        """A request counted by begin_request is over (recorded, or never sent: its ticket comes back): a drain
+        may be waiting."""
+        if not sent and self.plan.num_requests:
+            self._give_back()
         self.in_flight -= 1
         if self.in_flight <= 0:
             self.in_flight = 0
@@ -363,6 +389,8 @@ class Generator:
     def on_record(self, rec: RequestRecord) -> None:
         self.end_request()
         if self.in_warmup(rec):
+            if self.plan.num_requests:
+                self._give_back()
             rec.warmup = True
             self.stats.warmup_excluded += 1
             if rec.step is not None:
@@ -380,6 +408,10 @@ class Generator:
             self.step_stats.setdefault(rec.step, LLMStats()).add(rec)
         if self.reqlog:
             self.reqlog.write(rec)
+        if self.plan.num_requests:
+            self.counted += 1
+            if self.counted == self.quota:  # this process's share finished: the run ends once every share has
+                gevent.spawn(self.on_trace_done)
 
     #: chunks folded per slice: the longest a slice holds the loop. With the Python reader (no native
     #: build, or a TLS target) a slice delays the chunks that land meanwhile (256: ~0.5 ms); with the native

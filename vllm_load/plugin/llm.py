@@ -191,7 +191,7 @@ class LLM:
             gen.on_record(stop.record)
             raise
         except BaseException:
-            gen.end_request()
+            gen.end_request(sent=False)
             raise
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait

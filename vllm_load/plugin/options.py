@@ -51,6 +51,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--run-dir", "", "where the run's files go (default: reports/<run id>)"),
     Option("--save-detailed", False, "vllm-result.json also holds the per-request arrays (input_lens, output_lens, "
         "ttfts, itls, latencies, errors …), as vllm bench serve --save-detailed", action="store_true"),
+    Option("--num-requests", 0, "end the run once this many requests finished, across all workers (warm-up aside), as "
+        "vllm bench serve --num-prompts; 0: the run ends by -t", type=int),
     Option("--warmup", "0", "requests started in the first DURATION of the run (and of each sweep step) are sent and "
         "logged as warm-up, and left out of every metric, SLO and plot (the report says how many), e.g. 30s"),
     Option("--seed", -1, "repeatable runs: the same lengths, arrival times, dataset order and trace split every run "

@@ -42,6 +42,12 @@ class RunPlan:
     processes: int = 1  # load-generating processes (workers) at the start: a trace is split over them
     seed: int | None = None  # --seed: lengths, arrivals, dataset order and trace split repeat run after run
     max_model_len: int | None = None  # the served model's context (None: the server did not say)
+    num_requests: int = 0  # --num-requests: the run ends once this many (warm-up aside) finished; 0: by time
+
+    def share(self, index: int) -> int:
+        """Load process ``index``'s part of --num-requests (the first ones take one more when it does not divide)."""
+        base, extra = divmod(self.num_requests, self.processes)
+        return base + (index % self.processes < extra)
 
     @classmethod
     def decide(cls, opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int,
@@ -54,7 +60,7 @@ class RunPlan:
                    backoff_max=target.backoff_max, outage_after=target.outage_after,
                    stop_on_outage=target.stop_on_outage, models=target.models or (target.model,), warmup=target.warmup,
                    processes=max(1, processes), trace_rows=target.trace_rows, trace_span=target.trace_span,
-                   max_model_len=target.max_model_len)
+                   max_model_len=target.max_model_len, num_requests=max(0, int(opts.num_requests)))
 
     @property
     def draws(self) -> str:

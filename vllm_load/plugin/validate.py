@@ -20,7 +20,8 @@ _AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "drain_timeout": 0.0, "tempera
              "emulator_itl": 0.0}
 _POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness"}
 #: int options and their least value
-_INT_AT_LEAST = {"prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "batch_size": 1}
+_INT_AT_LEAST = {"prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "batch_size": 1,
+                 "num_requests": 0}
 #: may be infinite: vLLM's --burstiness inf is a constant rate
 _INFINITE_OK = {"burstiness"}
 
@@ -79,6 +80,12 @@ def check_run(opts: Any, *, headless: bool, shape: Any) -> None:
     warmup = parse_duration(opts.warmup, "--warmup")
     length, what = (opts.step_duration, "--step-duration") if shape is not None and opts.sweep else (
         opts.run_time, "the run (-t)")
+    if getattr(opts, "num_requests", 0):
+        if opts.trace:
+            raise UsageError("--num-requests with --trace: a trace ends with its last row; drop one of them")
+        if shape is not None:
+            raise UsageError("--num-requests ends one run, not a sweep's steps: drop it, or run a locustfile "
+                             "without a load shape")
     if warmup and length and warmup >= length:
         raise UsageError(f"--warmup {opts.warmup} is not shorter than {what} ({length:g} s): nothing would be "
                          "measured; shorten --warmup or lengthen the run")

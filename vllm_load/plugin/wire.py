@@ -18,7 +18,7 @@ from vllm_load.errors import EXIT_BAD_INPUT
 from vllm_load.plugin.state import STATE
 
 log = logging.getLogger("vllm_load")
-#: worker -> master: this worker replayed its share of the trace
+#: worker -> master: this worker finished its share of the run (the trace's rows, or --num-requests)
 TRACE_DONE = "vllm_load_trace_done"
 
 
@@ -61,8 +61,8 @@ def _on_spawning_complete(user_count: int = 0, **_kw: Any) -> None:
 
 
 def trace_done(environment: Any) -> None:
-    """This process sent its share of the trace and its requests came back: a worker tells the master; the
-    master (or a local runner) ends the run once every load process has."""
+    """This process finished its share of the run (its trace rows, or its --num-requests share, sent and
+    back): a worker tells the master; the master (or a local runner) ends the run once every load process has."""
     if isinstance(environment.runner, WorkerRunner):
         environment.runner.send_message(TRACE_DONE, None)
         return
@@ -70,7 +70,10 @@ def trace_done(environment: Any) -> None:
     plan = STATE.plan
     if plan is None or STATE.trace_done < plan.processes:
         return
-    print("vllm-load: the trace was replayed: stopping the run", flush=True)
+    if plan.num_requests:
+        print(f"vllm-load: {plan.num_requests} requests completed (--num-requests): stopping the run", flush=True)
+    else:
+        print("vllm-load: the trace was replayed: stopping the run", flush=True)
     end_run(environment)
 
 
