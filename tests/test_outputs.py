@@ -174,3 +174,25 @@ def test_the_request_log_serialises_off_the_loop_thread_and_a_failed_write_is_ra
     full.write(RequestRecord(api="chat", start=2.0, e2e=0.5, ok=True))  # the log is closed: counted as lost
     assert full.lost == 2
     full.close()  # nothing kept: closes cleanly
+
+
+def test_the_vllm_result_writes_latencies_and_queue_times_always_and_vllms_concurrency(emulator_factory, tmp_path):
+    """vLLM writes latencies and queue_times without --save-detailed; its queue time is the client's own wait
+    before the send (here the open loop's send lag); its max_concurrent_requests counts requests alive within
+    each second: one request at a time, 0.6 s apart, already makes 3."""
+    from vllm_load.report.vllm_result import _alive_per_second, _peak
+
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+                      "--host", emu.url, "--output-tokens", "8", "--request-rate", "10", "--run-dir", str(run_dir)],
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    ours = json.loads((run_dir / "vllm-result.json").read_text())
+    from vllm_load.rundir.reqlog import read_log
+    logs = sorted(read_log(run_dir / "requests.jsonl"), key=lambda r: r["start"])
+    assert ours["latencies"] == [r["e2e"] for r in logs] and ours["queue_times"] == [r["send_lag"] for r in logs]
+    assert "ttfts" not in ours and ours["request_rate"] == 10.0
+    assert ours["max_concurrent_requests"] >= ours["max_concurrent_streams"] >= 1
+    one_at_a_time = [{"ok": True, "start": 100.0 + 0.6 * i, "e2e": 0.55} for i in range(5)]
+    assert _alive_per_second(one_at_a_time) == 3 and _peak(one_at_a_time) == 1  # second 1 sees 3 of them

@@ -103,6 +103,24 @@ def test_conversations_reach_real_vllms_prefix_cache_and_single_turns_do_not(tmp
     assert double >= 512 * len(second_turns), (double, len(second_turns))
 
 
+@pytest.mark.parametrize("locustfile", ["locustfiles/responses.py", "tests/locustfiles/respond.py"])
+def test_responses_api_against_real_vllm(tmp_path, real_vllm, locustfile):
+    """The Responses API: the built-in workload and a user's own calls (a string, messages with instructions);
+    vLLM 0.32 counts a Responses input with the tokenizer's BOS added to the rendered template: exact anyway."""
+    URL, TOKENIZER = real_vllm
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / locustfile), "--headless", "-u", "2", "-r", "2", "-t", "5s", "--host", URL,
+                      "--tokenizer", TOKENIZER, "--input-tokens", "60", "--output-tokens", "10",
+                      "--run-dir", str(run_dir), "--allow-untrustworthy"], tmp_path, timeout=240)  # shared cores
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    assert len(logs) >= 4 and all(r["ok"] and r["api"] == "responses" for r in logs), [r["error"] for r in logs][:3]
+    assert all(r["tokens_from_usage"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+    assert all(r["ttft"] is not None and r["ttfo"] == r["ttft"] and r["response_id"].startswith("resp_") for r in logs)
+    want = {None: 10, "string input": 8, "messages": 12}
+    assert all(r["output_tokens"] == want[r["name"]] for r in logs)
+
+
 def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
     """Last in this module: it stops the module's server and serves it again (~50 s on these CPUs)."""
     import signal

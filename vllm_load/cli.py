@@ -13,7 +13,7 @@ from pathlib import Path
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 
 
-LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sweep", "embeddings", "rerank")
+LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sweep", "embeddings", "rerank", "responses")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 from .engine import EngineConfig, FixedScheduleEngine
 from .scheduler import PROFILES, BatchingEngine, SchedulerConfig
 from .faults import FaultPlan, parse_fault
-from . import pooling
+from . import pooling, responses
 from .prefix_cache import PrefixCache
 from .vllm_metrics import VllmMetrics
 from vllm_load.client import rxstamp
@@ -186,6 +186,27 @@ class Emulator:
                     return self._reply(start_response, 200, pooling.serve(self, path, body))
                 except pooling.PoolingError as exc:
                     raise HttpError(400, str(exc), "BadRequestError") from None
+            if path == "/v1/responses":
+                if method != "POST":
+                    raise HttpError(405, "Method Not Allowed", "BadRequestError")
+                body = self._json_body(environ)
+                if self.request_log is not None:
+                    self.request_log.write(orjson.dumps({"path": path, "body": body,
+                                                         "headers": _loggable_headers(environ)}).decode() + "\n")
+                try:
+                    messages = responses.messages_of(body)
+                except responses.ResponsesError as exc:
+                    raise HttpError(400, str(exc), "BadRequestError", "input") from None
+                if not body.get("stream"):
+                    raise HttpError(400, "the emulator streams Responses only: set stream true", "BadRequestError",
+                                    "stream")
+                plan_body = {"model": body.get("model", self.served[0]), "messages": messages,
+                             "max_tokens": body.get("max_output_tokens")}
+                model, out = self._plan(True, plan_body, self.faults.pick(environ),
+                                        responses.input_ids(self, messages))
+                start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"),
+                                          ("Cache-Control", "no-cache")])
+                return responses.stream(self, model, out)
             if path in ("/v1/chat/completions", "/v1/completions", "/tokenize"):
                 if method != "POST":
                     raise HttpError(405, "Method Not Allowed", "BadRequestError")
@@ -283,10 +304,22 @@ class Emulator:
     # -- generation -----------------------------------------------------------------------------
     def _generate(self, start_response: Start, chat: bool, body: dict, fault: str | None = None,
                   received: float = 0.0) -> Iterable[bytes]:
+        model, out = self._plan(chat, body, fault)
+        if not body.get("stream"):
+            return self._complete(start_response, chat, model, out)
+        opts = body.get("stream_options") or {}
+        start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
+        return self._stream(chat, model, out, bool(opts.get("include_usage")),
+                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault, received)
+
+    def _plan(self, chat: bool, body: dict, fault: str | None = None,
+              ids: list[int] | None = None) -> tuple[str, Output]:
+        """What a generation request will produce (its model and Output), or the HttpError vLLM would answer.
+        ``ids``: the prompt's token ids when the caller tokenized it (the Responses API)."""
         model = body.get("model", self.served[0])
         if model not in self.served and model not in self.loras:
             raise HttpError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-        ids = self._prompt_ids(chat, body)
+        ids = self._prompt_ids(chat, body) if ids is None else ids
         prompt_tokens = len(ids)
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         finish = "length"
@@ -319,13 +352,7 @@ class Emulator:
         thinking = 0
         if chat and tool is None and self.reasoning is not None:  # within max_tokens, as a real model's thinking
             thinking = min(max_tokens, self.reasoning.sample(self._reasoning_rng))
-        out = Output(ids, max_tokens, finish, tool, cached, thinking)
-        if not body.get("stream"):
-            return self._complete(start_response, chat, model, out)
-        opts = body.get("stream_options") or {}
-        start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
-        return self._stream(chat, model, out, bool(opts.get("include_usage")),
-                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault, received)
+        return model, Output(ids, max_tokens, finish, tool, cached, thinking)
 
     def _usage(self, out: Output, n: int) -> dict:
         prompt_tokens = len(out.ids)

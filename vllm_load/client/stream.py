@@ -24,7 +24,7 @@ from vllm_load.client.sse import StreamState
 from vllm_load.workload.prompts import Prompt
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
-         "rerank": "/v1/rerank", "score": "/v1/score"}
+         "rerank": "/v1/rerank", "score": "/v1/score", "responses": "/v1/responses"}
 
 
 @dataclass(frozen=True)

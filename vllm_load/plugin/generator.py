@@ -16,6 +16,7 @@ from vllm_load.client.direct import Connections
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, OutputError
 from vllm_load.client.record import RequestRecord
 from vllm_load.client.pooling import POOLING, embeddings_request, rerank_request
+from vllm_load.client.responses import responses_request
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, ready_request
 from vllm_load.metrics.client_health import ClientMonitor
 from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
@@ -238,9 +239,21 @@ class Generator:
             return self._trace_request(api)
         if api in POOLING:
             return self._pooling_request(api)
+        if api == "responses":
+            return self._responses_request()
         prompt, max_tokens = self.new_prompt(api)
         model, group = self.next_model()
         return ready_request(api, model, prompt, max_tokens, self.defaults, group)
+
+    def _responses_request(self) -> ReadyRequest:
+        """A Responses API request of the run's workload: a chat prompt as its input items, built
+        ``special_tokens_added`` short of the asked length, as vLLM adds them to a Responses input."""
+        assert self.input_spec is not None and self.output_spec is not None and self.tokenizer is not None
+        extra = self.tokenizer.special_tokens_added
+        prompt = self.factory("responses").make(self.input_spec.sample(self.rng) - extra)
+        model, group = self.next_model()
+        return responses_request(model, prompt.messages, prompt.tokens + extra, self.output_spec.sample(self.rng),
+                                 defaults=self.defaults, group=group)
 
     def _pooling_request(self, api: str) -> ReadyRequest:
         """--batch-size unique texts of --input-tokens each (embeddings), or a query and --batch-size documents

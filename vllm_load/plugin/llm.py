@@ -20,6 +20,7 @@ from gevent import getcurrent
 from vllm_load.client.exchange import JsonBody, Transport
 from vllm_load.client.pooling import POOLING, count_inputs, embeddings_request, pooling_request, rerank_request
 from vllm_load.client.reply import Reply
+from vllm_load.client.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
 from vllm_load.client.stream import ReadyRequest, StreamCancelled, build_request, stream_request
 from vllm_load.plugin.generator import Generator
@@ -127,6 +128,26 @@ class LLM:
                               defaults=gen.defaults, extra=body, group=group)
         return self.send(ready, name=name)
 
+    def respond(self, input: str | list[dict[str, Any]], *, max_output_tokens: int | None = None,  # noqa: A002
+                name: str | None = None, **body: Any) -> Reply:
+        """One streaming Responses API request (``/v1/responses``): ``input`` is a string or a list of
+        messages (``{"role", "content"}``), counted first as vLLM counts a Responses input; ``max_output_tokens=N``
+        asks for exactly N tokens (``ignore_eos``), ``None`` lets the model stop. Timed like ``chat`` (TTFT,
+        TTFO, every gap, tokens checked against the usage of ``response.completed``)."""
+        messages = [{"role": "user", "content": input}] if isinstance(input, str) else input
+        _check_messages(messages, "respond(input)")
+        gen = self._generator()
+        assert gen.tokenizer is not None
+        if body.get("instructions"):
+            counted = [{"role": "system", "content": body["instructions"]}, *messages]
+        else:
+            counted = messages
+        tokens = gen.offload(gen.tokenizer.count_responses, counted, body.get("tools"))
+        _check_max_tokens("respond", max_output_tokens, tokens, gen.plan.max_model_len)
+        model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
+        return self.send(responses_request(model, input, tokens, max_output_tokens, defaults=gen.defaults,
+                                           extra=body, group=group), name=name)
+
     def embed(self, inputs: str | list[str], *, name: str | None = None, **body: Any) -> Reply:
         """One ``/v1/embeddings`` request of ``inputs`` (a text or a list of texts), each counted under the run's
         tokenizer first (as vLLM counts it: special tokens included) and checked against the server's usage;
@@ -169,7 +190,8 @@ class LLM:
         gen = self._generator()
         due = self._due.pop(getcurrent(), None)
         gen.begin_request()  # counted from here: a drain waits for it
-        state: StreamState | JsonBody = JsonBody() if ready.api in POOLING else StreamState()
+        state: StreamState | JsonBody = (JsonBody() if ready.api in POOLING else ResponsesState()
+                                         if ready.api == "responses" else StreamState())
         try:
             if self._transport is None:
                 self._transport = transport_for(self._user)
@@ -240,16 +262,16 @@ class LLM:
         self._due.pop(getcurrent(), None)
 
 
-def _check_messages(messages: Any) -> None:
+def _check_messages(messages: Any, call: str = "chat(messages)") -> None:
     """``self.llm.chat``'s messages, checked at the call (transformers' own error named a character of a string)."""
     if not isinstance(messages, list) or not messages:
         got = type(messages).__name__ if not isinstance(messages, list) else "an empty list"
-        raise TypeError("self.llm.chat(messages): messages must be a non-empty list of {'role': ..., 'content': ...} "
+        raise TypeError(f"self.llm.{call}: messages must be a non-empty list of {{'role': ..., 'content': ...}} "
                         f"dicts, got {got}")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not ("content" in m or "tool_calls" in m):
             got = type(m).__name__ if not isinstance(m, dict) else f"keys {sorted(m)}"
-            raise TypeError(f"self.llm.chat(messages): messages[{i}] must be a dict with 'role' and 'content', got {got}")
+            raise TypeError(f"self.llm.{call}: messages[{i}] must be a dict with 'role' and 'content', got {got}")
 
 
 def _check_max_tokens(call: str, max_tokens: Any, input_tokens: int, context: int | None) -> None:

@@ -188,6 +188,13 @@ class CompletionsUser(_WorkloadUser):
     api = "completions"
 
 
+class ResponsesUser(_WorkloadUser):
+    """/v1/responses (the Responses API), streamed: the run's workload as input items, timed like chat."""
+
+    abstract = False
+    api = "responses"
+
+
 class EmbeddingsUser(_WorkloadUser):
     """/v1/embeddings: --batch-size unique texts of --input-tokens each per request."""
 

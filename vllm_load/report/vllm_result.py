@@ -4,8 +4,13 @@ perf dashboards and CI converters read a vllm-load run as they read vLLM's own.
 Keys and definitions follow vLLM's ``vllm/benchmarks/serve.py`` (0.32): times in ms; ``itl`` is the gap between
 token-bearing chunks; ``request_goodput`` is good requests per second (None without a per-request SLO);
 ``request_rate`` is ``"inf"`` for a closed loop. The values come from the exact histograms, not from a sample.
-With ``--save-detailed`` the per-request arrays come from the per-request logs (vLLM's ``generated_texts`` are
-not kept by vllm-load: they are empty strings; ``queue_times`` are the server's and are null).
+``latencies`` and ``queue_times`` are always written, as vLLM writes them; a queue time is vLLM's
+``client_queue_time``, the client's own wait between a request's due time and its send (vllm-load's send lag;
+0 in a closed loop). ``max_concurrent_requests`` is computed as vLLM computes it (the most requests alive at any
+time within one second, over one-second buckets: 33-56 at --max-concurrency 8 on a real vLLM), and the true
+peak of open streams is ``max_concurrent_streams``. A sweep step's ``request_rate``/``max_concurrency`` are its
+own level's. With ``--save-detailed`` the other per-request arrays come from the per-request logs too (vLLM's
+``generated_texts`` are not kept by vllm-load: they are empty strings).
 """
 
 from __future__ import annotations
@@ -24,11 +29,17 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
     s, cfg = run.summary, run.config
     opts = cfg.get("options", {})
     plan = cfg.get("plan", {})
-    logs = _logs(run) if detailed else []
+    logs = [r for r in _logs(run) if not r.get("warmup")]
     api = logs[0]["api"] if logs else plan.get("api") or "chat"
-    backend = "openai-chat" if api == "chat" else "openai"
+    backend = {"chat": "openai-chat", "responses": "openai-responses", "embeddings": "openai-embeddings",
+               "rerank": "vllm-rerank"}.get(api, "openai")
     duration = float(s.get("duration_s") or 0.0)
     rate = float(opts.get("request_rate") or 0.0)
+    users = plan.get("total_users")
+    if opts.get("sweep_level_kind") == "rate":  # a sweep step: its own level
+        rate = float(opts.get("vllm_load_step_users") or 0.0)
+    elif opts.get("sweep_level_kind") == "users":
+        rate, users = 0.0, opts.get("vllm_load_step_users")
     tokens_in, tokens_out = int(s.get("input_tokens", 0)), int(s.get("output_tokens", 0))
     out: dict[str, Any] = {
         "date": time.strftime("%Y%m%d-%H%M%S", time.localtime(run.start)),
@@ -40,7 +51,7 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         "num_prompts": int(s.get("requests", 0)),
         "request_rate": rate if rate > 0 else "inf",
         "burstiness": float(opts.get("burstiness") or 1.0),
-        "max_concurrency": None if rate > 0 else plan.get("total_users"),
+        "max_concurrency": None if rate > 0 else users,
         "duration": duration,
         "completed": int(s.get("succeeded", 0)),
         "failed": int(s.get("failed", 0)),
@@ -51,7 +62,8 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         "output_throughput": tokens_out / duration if duration else 0.0,
         "total_token_throughput": (tokens_in + tokens_out) / duration if duration else 0.0,
         "max_output_tokens_per_s": float(max(run.stats.tokens_per_second.values(), default=0)),
-        "max_concurrent_requests": (s.get("client") or {}).get("streams_max"),
+        "max_concurrent_requests": _alive_per_second(logs),
+        "max_concurrent_streams": _peak(logs),
         "rtfx": 0.0,
     }
     metrics = s.get("metrics", {})
@@ -63,18 +75,43 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         out[f"std_{vname}_ms"] = m.get("std", 0.0) * 1000 if has else 0.0
         for p in _PERCENTILES:
             out[f"{p}_{vname}_ms"] = m[p] * 1000 if has else 0.0
+    out["latencies"] = [r["e2e"] for r in logs]
+    out["queue_times"] = [r.get("send_lag") or 0.0 for r in logs]
     if detailed:
-        ok = [r for r in logs if not r.get("warmup")]
+        ok = logs
         out["input_lens"] = [r.get("input_tokens") or 0 for r in ok]
         out["output_lens"] = [r.get("output_tokens") or 0 for r in ok]
         out["ttfts"] = [r.get("ttft") or 0.0 for r in ok]
         out["itls"] = [[b - a for a, b in zip(r["chunk_offsets"], r["chunk_offsets"][1:])] for r in ok]
-        out["latencies"] = [r["e2e"] for r in ok]
         out["start_times"] = [r["start"] for r in ok]
-        out["queue_times"] = [None for _ in ok]
         out["generated_texts"] = ["" for _ in ok]
         out["errors"] = [r.get("error") or "" for r in ok]
     return out
+
+
+def _peak(logs: list[dict]) -> int:
+    """The most requests open at one instant (each from its start to its end), exact from the logs."""
+    edges = sorted([(r["start"], 1) for r in logs] + [(r["start"] + r["e2e"], -1) for r in logs],
+                   key=lambda e: (e[0], e[1]))
+    peak = open_now = 0
+    for _t, step in edges:
+        open_now += step
+        peak = max(peak, open_now)
+    return peak
+
+
+def _alive_per_second(logs: list[dict]) -> int:
+    """vLLM's max_concurrent_requests: over one-second buckets from the first start, the most successful
+    requests alive at any time within a bucket (``concurrent_requests_per_second`` in vllm/benchmarks/serve.py)."""
+    ok = [r for r in logs if r.get("ok")]
+    if not ok:
+        return 0
+    first = min(r["start"] for r in ok)
+    buckets: dict[int, int] = {}
+    for r in ok:
+        for second in range(int(r["start"] - first), int(r["start"] + r["e2e"] - first) + 1):
+            buckets[second] = buckets.get(second, 0) + 1
+    return max(buckets.values())
 
 
 def _logs(run: Any) -> list[dict]:

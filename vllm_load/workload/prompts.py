@@ -30,9 +30,10 @@ Api = Literal["chat", "completions"]
 
 
 def prompt_api(api: str) -> Api:
-    """How a request API's texts are counted: a pooling input (embeddings, rerank, score) as a completion
-    prompt (each text on its own, the tokenizer's special tokens included, as vLLM counts it)."""
-    return "chat" if api == "chat" else "completions"
+    """How a request API's texts are built and counted: a Responses input as chat messages, a pooling input
+    (embeddings, rerank, score) as a completion prompt (each text on its own, the tokenizer's special tokens
+    included, as vLLM counts it)."""
+    return "chat" if api in ("chat", "responses") else "completions"
 
 _WORD = re.compile(r"^[a-z]{3,10}$")
 #: Words that carry the uniqueness digest; 4 words of a >=4096-word vocabulary give >= 48 bits.

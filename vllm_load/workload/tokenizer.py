@@ -165,6 +165,18 @@ class Tokenizer:
     def count_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> int:
         return len(self.encode_chat(messages, tools))
 
+    def count_responses(self, messages: list[dict[str, Any]], tools: list | None = None) -> int:
+        """The input tokens of a Responses API request: vLLM 0.32 renders the chat template and encodes it
+        with the tokenizer's special tokens (a BOS-adding tokenizer: one more than the same chat request)."""
+        return self.count_chat(messages, tools) + self.special_tokens_added
+
+    @property
+    def special_tokens_added(self) -> int:
+        """How many tokens encoding with special tokens adds to a text (0 with a mistral-common tokenizer)."""
+        if self.mistral_common:
+            return 0
+        return len(self.encode("a", add_special_tokens=True)) - len(self.encode("a", add_special_tokens=False))
+
     def count_chat_batch(self, conversations: list[list[dict[str, str]]]) -> list[int]:
         if self.mistral_common:
             return [self.count_chat(m) for m in conversations]
