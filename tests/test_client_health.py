@@ -37,6 +37,11 @@ def test_a_native_reader_that_read_late_marks_the_run():
     quiet = h.verdict(shared_stamp=0.0004)
     assert not quiet["saturated"] and "0.04% of chunk gaps read 0, too few" in quiet["notes"][0]
     assert h.verdict(shared_stamp=0.002)["saturated"]
+    # with the native reader's own count: gaps of 0 that landed together (a server writing in bursts: 28 % of
+    # gaps) are the server's; only the ones its late reads made count
+    bursty = h.verdict(shared_stamp=0.28, late_merged=0.0)
+    assert not bursty["saturated"] and "late reads merged 0.00% of chunk gaps into 0" in bursty["notes"][0]
+    assert h.verdict(shared_stamp=0.28, late_merged=0.002)["saturated"]
 
 
 def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_path, emulator_factory):

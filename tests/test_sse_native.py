@@ -268,3 +268,21 @@ def test_a_stream_past_its_limit_ends_alike_and_the_parser_stops_at_it():
     for name, case in CASES.items():  # every shape, every small limit: the same end
         for max_tokens in (1, 2, 3):
             assert by_native(stamped(case), max_tokens)[0] == by_python(stamped(case), max_tokens)[0], name
+
+
+def test_only_a_late_read_that_merged_chunks_counts_against_the_run():
+    """Chunks under one stamp are the client's doing only when the read that completed them was late; the
+    same merge from an on-time read is the server's (it wrote them together)."""
+    from vllm_load.client import _rxnative
+    chunks = vllm_chat(True, n=6)
+    same = START_NS + 50_000_000
+    # chunks 1-3 completed by one late read (2 gaps of 0), 4-5 by one on-time read (1 gap of 0)
+    lines = ([(chunks[0], START_NS, False)] + [(c, same, True) for c in chunks[1:4]]
+             + [(c, same + 30_000_000, False) for c in chunks[4:6]] + [(c, same + 60_000_000 + i, False)
+                                                                      for i, c in enumerate(chunks[6:])])
+    parsed, taken = _rxnative.parse_sse(lines, START_WALL)
+    state = StreamState()
+    state.absorb(parsed)
+    assert taken == len(lines) and state.late_merged == 2
+    gaps = [b - a for a, b in zip(state.chunk_times, state.chunk_times[1:])]
+    assert sum(g == 0 for g in gaps) == 3  # all three gaps of 0 read 0; only two were the client's

@@ -26,7 +26,7 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 from .engine import EngineConfig, FixedScheduleEngine
 from .scheduler import PROFILES, BatchingEngine, SchedulerConfig
 from .faults import FaultPlan, parse_fault
-from . import pooling, responses
+from . import media, pooling, responses
 from .prefix_cache import PrefixCache
 from .vllm_metrics import VllmMetrics
 from vllm_load.client import rxstamp
@@ -127,8 +127,9 @@ class Emulator:
                  timing_log: IO[str] | None = None, request_log: IO[str] | None = None, eos_after: int = 64,
                  prompt_tokens_details: bool = False, served_names: list[str] | None = None,
                  lora_modules: list[str] | None = None, reject: list[str] | None = None,
-                 reasoning: Any = None, seed: int = 0) -> None:
+                 reasoning: Any = None, seed: int = 0, media_cost: media.MediaCost | None = None) -> None:
         self.model = model
+        self.media_cost = media_cost or media.MediaCost()  # tokens and encoder time per image, clip, video
         #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
         #: streamed as vLLM's reasoning parser streams them (``delta.reasoning``) and counted in usage
         self.reasoning = reasoning
@@ -264,10 +265,16 @@ class Emulator:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise HttpError(400, "messages must be a non-empty list", "BadRequestError", "messages")
+            try:  # images, audio, video: placeholder tokens after the text, as a multimodal model charges them
+                messages, media_ids, items = media.flatten(messages, self.media_cost)
+            except media.MediaError as exc:
+                raise HttpError(400, str(exc), "BadRequestError", "messages") from None
+            if items and self.media_cost.encode_seconds > 0:
+                gevent.sleep(items * self.media_cost.encode_seconds)  # the encoder's time, before the prefill
             if self.tok is None:
-                return [hash(w) & 0xFFFF for m in messages for w in str(m.get("content", "")).split()]
+                return [hash(w) & 0xFFFF for m in messages for w in str(m.get("content", "")).split()] + media_ids
             try:
-                return self.tok.encode_chat(messages, body.get("tools"))
+                return self.tok.encode_chat(messages, body.get("tools")) + media_ids
             except Exception as exc:  # a template that rejects the messages: vLLM answers 400 too
                 raise HttpError(400, f"cannot apply the chat template: {str(exc)[:200]}", "BadRequestError",
                                 "messages") from None
@@ -638,6 +645,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a reasoning model: each chat answer starts with this many reasoning tokens (N, LOW-HIGH or "
                         "normal:MEAN,STD; within max_tokens), streamed in delta.reasoning as vLLM's reasoning "
                         "parsers do, and counted in usage.completion_tokens_details.reasoning_tokens")
+    p.add_argument("--image-patch", type=int, default=28,
+                   help="an image costs one prompt token per PATCHxPATCH pixels (Qwen2-VL's 28)")
+    p.add_argument("--audio-tokens-per-second", type=float, default=25.0,
+                   help="prompt tokens per second of input_audio (Qwen2-Audio's 25)")
+    p.add_argument("--encode-seconds", type=float, default=0.005,
+                   help="encoder time per image, audio clip or video, added before the prefill")
     p.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage carries prompt_tokens_details.cached_tokens (the prefix-cache hit), as vLLM's flag")
     p.add_argument("--ssl-keyfile", default="", help="serve https with this key (and --ssl-certfile), as vLLM's flags")
@@ -706,7 +719,9 @@ def main(argv: list[str] | None = None) -> int:
                    eos_after=max(0, args.eos_after), prompt_tokens_details=args.enable_prompt_tokens_details,
                    served_names=args.served_model_name, lora_modules=args.lora_modules,
                    reject=[f.strip() for f in args.reject.split(",") if f.strip()], reasoning=reasoning,
-                   seed=args.seed)
+                   seed=args.seed, media_cost=media.MediaCost(max(1, args.image_patch),
+                                                               max(0.0, args.audio_tokens_per_second),
+                                                               max(0.0, args.encode_seconds)))
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

@@ -659,16 +659,19 @@ static void read_one(Reader *r, int fd, stream_t *s, char *buf) {
             r->stamped++;
         }
     }
+    int late = 0;
     if (stamp) {
         int64_t lag = realtime_ns() - stamp;
         if (lag > r->lag_max_ns)
             r->lag_max_ns = lag;
         r->lag_reads++;
-        if (lag > 1000000) /* 1 ms: native.LATE_S */
-            r->late_reads++;
+        late = lag > 1000000; /* 1 ms: native.LATE_S */
+        r->late_reads += late;
     } else {
         stamp = realtime_ns(); /* no kernel stamp: this thread reads at once, so its clock is close */
     }
+    if (s->sse)
+        s->sse->late = late; /* the chunks this read completes: a gap of 0 among them is this read's doing */
     r->bytes += (uint64_t)n;
     s->last_read_ns = monotonic_ns();
     if (s->body) {
@@ -1476,10 +1479,12 @@ static PyObject *parse_sse(PyObject *self, PyObject *args) {
         const char *data;
         Py_ssize_t len;
         long long stamp_ns;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(lines, taken), "y#L", &data, &len, &stamp_ns)) {
+        int late = 0; /* the read that completed this line was late (as the thread sets it per read) */
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(lines, taken), "y#L|p", &data, &len, &stamp_ns, &late)) {
             sse_free(st);
             return NULL;
         }
+        st->late = late;
         int rc = sse_line(st, data, (size_t)len, stamp_ns);
         if (rc == SSE_NOMEM) {
             sse_free(st);
@@ -1494,7 +1499,8 @@ static PyObject *parse_sse(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"parse_sse", parse_sse, METH_VARARGS, "parse_sse([(line, stamp_ns)], start_wall, limit=0) -> (parsed, lines taken)"},
+    {"parse_sse", parse_sse, METH_VARARGS,
+     "parse_sse([(line, stamp_ns[, late])], start_wall, limit=0) -> (parsed, lines taken)"},
     {NULL, NULL, 0, NULL},
 };
 

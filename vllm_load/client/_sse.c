@@ -631,6 +631,8 @@ static int add_chunk(sse_state *st, double offset, long long tokens) {
         st->tokens = t;
         st->cap = cap;
     }
+    if (st->late && st->n && st->offsets[st->n - 1] == offset)
+        st->late_merged++;
     st->offsets[st->n] = offset;
     st->tokens[st->n] = tokens;
     st->n++;
@@ -772,10 +774,11 @@ PyObject *sse_result(const sse_state *st) {
     PyObject *finish = st->finish.len ? text_of(&st->finish) : (Py_INCREF(Py_None), Py_None);
     PyObject *done_at = st->done ? PyFloat_FromDouble(st->done_at) : (Py_INCREF(Py_None), Py_None);
     PyObject *answer_at = st->has_answer ? PyFloat_FromDouble(st->answer_at) : (Py_INCREF(Py_None), Py_None);
-    return Py_BuildValue("(NNNNNNNNNNOONNLN)", offsets, tokens, id, text_of(&st->content), text_of(&st->reasoning),
+    return Py_BuildValue("(NNNNNNNNNNOONNLNL)", offsets, tokens, id, text_of(&st->content), text_of(&st->reasoning),
                          text_of(&st->text), finish, count_of(st->prompt), count_of(st->completion),
                          count_of(st->cached), st->continuous ? Py_True : Py_False, st->done ? Py_True : Py_False,
-                         done_at, answer_at, st->reasoning_streamed, count_of(st->reasoning_reported));
+                         done_at, answer_at, st->reasoning_streamed, count_of(st->reasoning_reported),
+                         st->late_merged);
 fail:
     Py_XDECREF(offsets);
     Py_XDECREF(tokens);

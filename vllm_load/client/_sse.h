@@ -30,6 +30,12 @@ typedef struct {
     double answer_at;            /* the first answer chunk's offset (content or text, not reasoning) */
     long long reasoning_streamed; /* tokens of the chunks before the answer's first */
     long long reasoning_reported; /* usage.completion_tokens_details.reasoning_tokens; -1: not reported */
+    /* late: the segment being parsed was read over 1 ms after it landed (set by the reader per read);
+     * late_merged: chunk gaps of 0 such a read made (a chunk under the stamp of the one before it): the only
+     * way a late read moves a measured time. Gaps of 0 from on-time reads are the server's (or a proxy's):
+     * it wrote the chunks together. */
+    int late;
+    long long late_merged;
 } sse_state;
 
 enum { SSE_OK = 0, SSE_PYTHON = 1, SSE_NOMEM = -1 };
@@ -48,7 +54,7 @@ void sse_free(sse_state *st);
 int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns);
 /* What StreamState.absorb takes: (offsets, tokens, id, content, reasoning, text, finish_reason,
  * prompt_tokens, completion_tokens, cached_tokens, continuous_usage, done, done_at, answer_at,
- * reasoning_streamed, reasoning_reported). */
+ * reasoning_streamed, reasoning_reported, late_merged). */
 PyObject *sse_result(const sse_state *st);
 
 #endif

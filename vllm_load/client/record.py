@@ -56,6 +56,8 @@ class RequestRecord:
     reasoning_tokens: int | None = None
     reasoning_source: str | None = None
     items: int | None = None  # pooling requests: the inputs (texts, documents) it carried
+    late_merged: int = 0  # chunk gaps of 0 made by the native reader's late reads (a late read merged two chunks)
+    media: int = 0  # images and audio clips in the prompt: input_tokens_asked counts its text only
 
     @property
     def connection_failed(self) -> bool:
@@ -94,7 +96,14 @@ class RequestRecord:
 
     @property
     def input_drift(self) -> int | None:
-        if self.input_tokens_asked is None or not self.tokens_from_usage or self.input_tokens is None:
+        if self.media or self.input_tokens_asked is None or not self.tokens_from_usage or self.input_tokens is None:
+            return None
+        return self.input_tokens - self.input_tokens_asked
+
+    @property
+    def media_tokens(self) -> int | None:
+        """The prompt tokens of its images and audio: the server's count minus the exact count of the text."""
+        if not self.media or self.input_tokens_asked is None or not self.tokens_from_usage or self.input_tokens is None:
             return None
         return self.input_tokens - self.input_tokens_asked
 
@@ -106,6 +115,8 @@ class RequestRecord:
         data["chunk_offsets"] = ([round(x, 7) for x in offsets] if len(offsets) < 64
                                  else np.round(np.asarray(offsets, dtype=np.float64), 7).tolist())
         data["tpot"] = self.tpot
+        if self.media:
+            data["media_tokens"] = self.media_tokens
         return data
 
 

@@ -64,6 +64,9 @@ class StreamState:
     answer_at: float | None = None
     reasoning_streamed: int = 0
     reasoning_reported: int | None = None
+    #: chunk gaps of 0 that the native thread's late reads made (a read over 1 ms after landing that completed
+    #: two chunks of this stream): the only way a late read moves a measured time
+    late_merged: int = 0
 
     def feed(self, line: bytes, now: float) -> None:
         self.bytes_read += len(line)
@@ -173,7 +176,8 @@ class StreamState:
         offset of the [DONE] line when it saw one. Only on a state nothing was fed yet: its token counts
         by usage difference start from none."""
         (offsets, tokens, response_id, content, reasoning, text, finish_reason, prompt_tokens, completion_tokens,
-         cached_tokens, continuous, done, done_at, answer_at, reasoning_streamed, reasoning_reported) = parsed
+         cached_tokens, continuous, done, done_at, answer_at, reasoning_streamed, reasoning_reported,
+         late_merged) = parsed
         self.chunk_times += offsets
         self.chunk_tokens += tokens
         self.streamed += sum(tokens)
@@ -197,6 +201,7 @@ class StreamState:
         if self.answer_at is None:
             self.answer_at = answer_at
         self.reasoning_streamed += reasoning_streamed
+        self.late_merged += late_merged
         if reasoning_reported is not None:
             self.reasoning_reported = reasoning_reported
         self.done = self.done or done

@@ -12,6 +12,7 @@ where there is none. Either way the Locust row gets the real end-to-end time and
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -41,6 +42,7 @@ class ReadyRequest:
     row: int | None = None  # trace replay: the trace row it replays
     max_tokens: int | None = None  # the body's max_tokens (forced or a cap): a stream far past it is cut
     items: int | None = None  # pooling: the inputs (texts, documents) the body carries
+    media: int = 0  # images and audio clips in the prompt (input_tokens counts its text only)
 
     @property
     def path(self) -> str:
@@ -67,10 +69,16 @@ class BodyDefaults:
 
 
 def ready_request(api: str, model: str, prompt: Prompt, max_tokens: int,
-                  defaults: BodyDefaults = BodyDefaults(), group: str | None = None) -> ReadyRequest:
-    """The run's workload request (built-in users): the prompt as built, the length asked."""
-    return build_request(api, model, prompt.messages if api == "chat" else prompt.text, prompt.tokens, max_tokens,
-                         defaults=defaults, group=group)
+                  defaults: BodyDefaults = BodyDefaults(), group: str | None = None,
+                  media: list[dict[str, Any]] | None = None) -> ReadyRequest:
+    """The run's workload request (built-in users): the prompt as built, the length asked; ``media`` (chat):
+    content parts after the last message's text."""
+    content: Any = prompt.messages if api == "chat" else prompt.text
+    if media:
+        last = content[-1]
+        content = [*content[:-1], {**last, "content": [{"type": "text", "text": last["content"]}, *media]}]
+    ready = build_request(api, model, content, prompt.tokens, max_tokens, defaults=defaults, group=group)
+    return dataclasses.replace(ready, media=len(media)) if media else ready
 
 
 def build_request(api: str, model: str, content: Any, input_tokens: int, max_tokens: int | None, *,
@@ -162,6 +170,8 @@ def stream_request(
         name=name,
         trace_row=req.row,
         ttfo=state.answer_at,
+        late_merged=state.late_merged,
+        media=req.media,
     )
     rec.reasoning_tokens, rec.reasoning_source = reasoning_count(state, count_output)
     if ex.cancelled is not None:

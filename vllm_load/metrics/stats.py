@@ -92,6 +92,9 @@ class LLMStats:
     reasoning_requests: int = 0
     reasoning_by_tokenizer: int = 0
     items: int = 0  # pooling: inputs (texts, documents) of the successful requests
+    late_merged: int = 0  # chunk gaps of 0 made by the native reader's late reads (successful requests)
+    media_items: int = 0  # images and audio clips of the successful requests, and their prompt tokens (the
+    media_tokens: int = 0  # server's count minus the exact text count, where the server gave one)
     backoff_ms: int = 0
     judged: int = 0  # requests judged for goodput (all requests, when per-request SLOs exist)
     errors: Counter = field(default_factory=Counter)  # failures by kind (error_kinds.error_kind)
@@ -186,6 +189,10 @@ class LLMStats:
             self.reasoning_by_tokenizer += rec.reasoning_source == "tokenizer"
         if rec.items:
             self.items += rec.items
+        self.late_merged += rec.late_merged
+        if rec.media:
+            self.media_items += rec.media
+            self.media_tokens += rec.media_tokens or 0
 
     @property
     def pending(self) -> int:
@@ -277,7 +284,7 @@ class LLMStats:
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
                  "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of",
                  "warmup_excluded", "backoffs", "backoff_ms", "reasoning_tokens", "reasoning_requests",
-                 "reasoning_by_tokenizer", "items")
+                 "reasoning_by_tokenizer", "items", "late_merged", "media_items", "media_tokens")
 
     def to_wire(self) -> dict:
         return {
@@ -412,6 +419,8 @@ class LLMStats:
             # chunk gaps of 0: two chunks of a stream under one receive stamp (a late read merges them, or the
             # server wrote them together)
             "shared_stamps": self.hists["itl"].at_most_1ns(),
+            # of those, the ones a late read of the native reader made (the others landed together: the server's)
+            "late_merged_gaps": self.late_merged,
         }
         # outage_after None: no outage windows (the web UI's live table polls this and shows none)
         windows = self.outage_windows(outage_after, now) if outage_after is not None else []
@@ -419,6 +428,10 @@ class LLMStats:
         out["outages"] = [{**w.to_json(), "text": outages.describe(w, start, self.conn_error[1] if w.is_outage else "")}
                           for w in windows]
         out["outage_seconds"] = sum(w.seconds for w in windows if w.is_outage)
+        if self.media_items:  # images and audio: their prompt tokens apart from the text's
+            out["media_items"] = self.media_items
+            out["media_tokens"] = self.media_tokens
+            out["text_input_tokens"] = self.input_tokens - self.media_tokens
         if self.items:  # pooling requests: their inputs, and inputs/s
             out["inputs"] = self.items
             out["input_rate"] = self.items / duration if duration else 0.0

@@ -33,6 +33,9 @@ class RunSummary(TypedDict, total=False):
     metrics: dict[str, dict[str, float]]  # metrics.table key -> count, mean, min, percentiles, max
     outages: list[dict]  # outages.Window.to_json() plus "text"
     outage_seconds: float
+    media_items: int  # images and audio clips sent, their prompt tokens (server's count minus the exact text
+    media_tokens: int  # count) and the text's own
+    text_input_tokens: int
     inputs: int  # pooling requests (embeddings, rerank): the inputs they carried, inputs/s and input tokens/s
     input_rate: float
     input_token_rate: float
@@ -49,6 +52,7 @@ class RunSummary(TypedDict, total=False):
     workers: list[str]
     workers_lost: list[str]
     shared_stamps: int  # chunk gaps of 0: two chunks of a stream under one receive stamp
+    late_merged_gaps: int  # of those, made by the native reader's late reads (the rest landed together)
     workers_lost_at: dict[str, float | None]  # a lost worker -> seconds into the run of its last report (None: none)
     client: dict  # ClientHealth.verdict()
     target_request_rate: float

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_load.metrics.client_health import ClientHealth, ClientMonitor, shared_stamp
+from vllm_load.metrics.client_health import ClientHealth, ClientMonitor, late_merged, shared_stamp
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.plugin.plan import RunPlan
@@ -91,7 +91,7 @@ class Collector:
         # CPU and lag while the server was unreachable or failing every request are the failures' doing
         quiet = [(w["start"], w["end"]) for w in summary["outages"]]
         summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet,
-                                                shared_stamp=shared_stamp(summary))
+                                                shared_stamp=shared_stamp(summary), late_merged=late_merged(summary))
         summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
         if self.plan.trace_rows:  # the schedule kept: the trace's span as intended, and as the requests were sent
             first, last = self.totals.first_start, self.totals.last_start

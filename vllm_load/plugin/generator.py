@@ -29,6 +29,7 @@ from vllm_load.rundir.reqlog import RequestLog
 from vllm_load.workload.arrivals import ArrivalProcess
 from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
+from vllm_load.workload.media import ImageSize, MediaMaker, parse_image_size
 from vllm_load.workload.prompt_pool import PromptPool, token_thread
 from vllm_load.workload.prompts import Prompt, PromptFactory, prompt_api
 from vllm_load.workload.tokenizer import Tokenizer, encode_in_calling_thread, load_tokenizer
@@ -90,6 +91,10 @@ class Generator:
     tickets: int = 0
     counted: int = 0
     ticket_back: Any = None
+    #: images and audio: the prompt thread's maker (the workload's) and the helper thread's (self.llm.image)
+    pool_media: MediaMaker | None = None
+    helper_media: MediaMaker | None = None
+    image_size: ImageSize | None = None
 
     @property
     def source(self) -> str:
@@ -243,7 +248,29 @@ class Generator:
             return self._responses_request()
         prompt, max_tokens = self.new_prompt(api)
         model, group = self.next_model()
-        return ready_request(api, model, prompt, max_tokens, self.defaults, group)
+        return ready_request(api, model, prompt, max_tokens, self.defaults, group,
+                             self._media_parts() if api == "chat" else None)
+
+    def _media_parts(self) -> list[dict[str, Any]] | None:
+        """--images-per-request unique images of --image-size, and a --audio-seconds clip (chat.py), made in the
+        prompt thread."""
+        images = int(getattr(self.opts, "images_per_request", 0) or 0)
+        seconds = float(getattr(self.opts, "audio_seconds", 0.0) or 0.0)
+        if not images and seconds <= 0:
+            return None
+        if self.pool_media is None:
+            self.pool_media = MediaMaker(self.plan.salt, f"{self.source}/pool")
+            self.image_size = parse_image_size(self.opts.image_size)
+        assert self.image_size is not None
+        parts = [self.pool_media.image_part(*self.image_size.sample(self.rng)) for _ in range(images)]
+        return parts + ([self.pool_media.audio_part(seconds)] if seconds > 0 else [])
+
+    def media_part(self, kind: str, *args: Any) -> dict[str, Any]:
+        """A user's own image or clip (``self.llm.image``/``audio``), made in the helper thread."""
+        if self.helper_media is None:
+            self.helper_media = MediaMaker(self.plan.salt, f"{self.source}/helper")
+        make = self.helper_media.image_part if kind == "image" else self.helper_media.audio_part
+        return self.offload(make, *args)
 
     def _responses_request(self) -> ReadyRequest:
         """A Responses API request of the run's workload: a chat prompt as its input items, built

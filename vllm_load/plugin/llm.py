@@ -9,6 +9,7 @@ process's stats (per ``name=`` too), the per-request log and Locust's own table,
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from dataclasses import dataclass
@@ -87,6 +88,20 @@ class LLM:
         first made unique to this run; the assistant turns come from the live replies."""
         return self._generator().conversation()
 
+    def image(self, width: int = 512, height: int = 512) -> dict[str, Any]:
+        """A unique JPEG image as a chat content part (``{"type": "image_url", "image_url": {"url": data URL}}``):
+        put it in a message's content list beside a text part. Made in a helper thread, never on the event loop;
+        no two calls give the same bytes, so the server's multimodal and prefix caches cannot share it."""
+        if not (isinstance(width, int) and isinstance(height, int)) or width < 1 or height < 1:
+            raise ValueError(f"self.llm.image(width={width!r}, height={height!r}): give positive ints")
+        return self._generator().media_part("image", width, height)
+
+    def audio(self, seconds: float = 1.0) -> dict[str, Any]:
+        """A unique 16 kHz WAV clip as a chat content part (``{"type": "input_audio", …}``), as ``image``."""
+        if not isinstance(seconds, (int, float)) or not seconds > 0:
+            raise ValueError(f"self.llm.audio(seconds={seconds!r}): give a positive number of seconds")
+        return self._generator().media_part("audio", float(seconds))
+
     def count_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> int:
         """The prompt tokens of these messages as the server counts them (chat template, generation prompt)."""
         gen = self._generator()
@@ -105,15 +120,18 @@ class LLM:
         """One streaming chat completion. ``max_tokens=N`` asks for exactly N tokens (``ignore_eos``, as the
         built-in users; pass ``ignore_eos=False`` to make it a cap); ``None`` lets the model stop on its own.
         ``body`` keys are merged into the request (``tools``, ``tool_choice``, ``temperature``, ``model`` …)
-        over --extra-body; without ``model`` the run's models take turns (--model a,b)."""
+        over --extra-body; without ``model`` the run's models take turns (--model a,b). A content list with
+        images or audio (``self.llm.image()``, ``self.llm.audio()``) is counted by its text exactly; the server's
+        count beyond it is the media's (``media_tokens`` in the log and summary)."""
         _check_messages(messages)
         gen = self._generator()
-        tokens = self.count_chat(messages, body.get("tools"))
+        text_only, media = _split_media(messages)
+        tokens = self.count_chat(text_only, body.get("tools"))
         _check_max_tokens("chat", max_tokens, tokens, gen.plan.max_model_len)
         model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
         ready = build_request("chat", model, messages, tokens, max_tokens, defaults=gen.defaults, extra=body,
                               group=group)
-        return self.send(ready, name=name)
+        return self.send(dataclasses.replace(ready, media=media) if media else ready, name=name)
 
     def complete(self, prompt: str, *, max_tokens: int | None = None, name: str | None = None,
                  **body: Any) -> Reply:
@@ -272,6 +290,20 @@ def _check_messages(messages: Any, call: str = "chat(messages)") -> None:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not ("content" in m or "tool_calls" in m):
             got = type(m).__name__ if not isinstance(m, dict) else f"keys {sorted(m)}"
             raise TypeError(f"self.llm.{call}: messages[{i}] must be a dict with 'role' and 'content', got {got}")
+
+
+def _split_media(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The messages with each content list made its text (what the run's tokenizer counts exactly), and how
+    many images, audio clips and videos they carry."""
+    out, media = [], 0
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            text = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+            media += sum(1 for p in content if isinstance(p, dict) and p.get("type") != "text")
+            m = {**m, "content": text}
+        out.append(m)
+    return out, media
 
 
 def _check_max_tokens(call: str, max_tokens: Any, input_tokens: int, context: int | None) -> None:

@@ -136,6 +136,12 @@ OPTIONS: tuple[Option, ...] = (
         "'{namespace=\"llm\",pod=~\"vllm-.*\"}' (default: every vllm:* series)"),
     Option("--prometheus-token", "", "bearer token of that Prometheus, when it requires one", is_secret=True),
     Option("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True),
+    Option("--images-per-request", 0, "chat.py: this many unique images (JPEG data URLs) after each prompt's text",
+        type=int, locustfiles=("chat.py",)),
+    Option("--image-size", "512x512", "chat.py: the images' size, WxH; each side a length (256-1024x512), or a list to "
+        "draw from (256x256,1024x768)", locustfiles=("chat.py",)),
+    Option("--audio-seconds", 0.0, "chat.py: one unique audio clip (16 kHz WAV, input_audio) of this many seconds "
+        "after each prompt's text; 0: none", type=float, locustfiles=("chat.py",)),
     Option("--batch-size", 1, "pooling requests: unique texts per embeddings request, documents per rerank request "
         "(each of --input-tokens)", type=int, locustfiles=("embeddings.py", "rerank.py")),
     Option("--emulator-profile", "", "embedded emulator: model vLLM's continuous batching with this cost profile "

@@ -181,6 +181,7 @@ class _WorkloadUser(LLMUser):
 class ChatUser(_WorkloadUser):
     abstract = False
     api = "chat"
+    uses_options = frozenset({"images_per_request", "image_size", "audio_seconds"})
 
 
 class CompletionsUser(_WorkloadUser):

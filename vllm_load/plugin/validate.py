@@ -17,11 +17,11 @@ from vllm_load.plugin.server_wait import parse_duration
 
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
 _AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "drain_timeout": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
-             "emulator_itl": 0.0}
+             "emulator_itl": 0.0, "audio_seconds": 0.0}
 _POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness"}
 #: int options and their least value
 _INT_AT_LEAST = {"prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "batch_size": 1,
-                 "num_requests": 0}
+                 "num_requests": 0, "images_per_request": 0}
 #: may be infinite: vLLM's --burstiness inf is a constant rate
 _INFINITE_OK = {"burstiness"}
 
@@ -56,6 +56,9 @@ def check_numbers(opts: Any) -> None:
                 raise UsageError(f"{o.flag} must be >= {low:g}, got {value:g}")
         elif o.kw.get("type") is int and o.dest in _INT_AT_LEAST and value < _INT_AT_LEAST[o.dest]:
             raise UsageError(f"{o.flag} must be >= {_INT_AT_LEAST[o.dest]}, got {value}")
+    if getattr(opts, "images_per_request", 0):
+        from vllm_load.workload.media import parse_image_size
+        parse_image_size(opts.image_size)
     if getattr(opts, "emulator_reasoning_tokens", ""):
         from vllm_load.workload.lengths import parse_length
         parse_length(opts.emulator_reasoning_tokens, "--emulator-reasoning-tokens")

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any, Callable
 
-from vllm_load.metrics.client_health import shared_stamp
+from vllm_load.metrics.client_health import late_merged, shared_stamp
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
 
 
@@ -109,5 +109,5 @@ def live_summary(totals: Any, start_wall: float, health: Any = None) -> dict:
     if health is not None:
         lag = summary["metrics"].get("send_lag", {})
         summary["client"] = health.verdict(lag.get("p99") if lag.get("count") else None,
-                                           shared_stamp=shared_stamp(summary))
+                                           shared_stamp=shared_stamp(summary), late_merged=late_merged(summary))
     return summary

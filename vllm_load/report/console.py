@@ -121,6 +121,9 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         f"duration {s['duration_s']:.1f} s  request rate {s['request_rate']:.2f}/s  "
         f"output {s['output_tokens']} tok ({s['output_token_rate']:.1f} tok/s)  input {s['input_tokens']} tok"
     )
+    if s.get("media_items"):
+        lines.append(f"media: {s['media_items']} images/clips, {s['media_tokens']} prompt tokens (the server's count "
+                     f"minus the exact text count), text {s['text_input_tokens']} tokens")
     if s.get("inputs"):
         lines.append(f"pooling: {s['inputs']} inputs ({s['input_rate']:.1f}/s, "
                      f"{s['inputs'] / max(1, s['succeeded']):.1f} per request), "

@@ -1,0 +1,14 @@
+"""A test locustfile (not shipped): a user's own multimodal chat through the public API (an image and an audio
+clip beside the text)."""
+
+from locust import task
+
+from vllm_load import LLMUser
+
+
+class Looker(LLMUser):
+    @task
+    def look(self) -> None:
+        content = [{"type": "text", "text": self.llm.text(30)}, self.llm.image(width=280, height=140),
+                   self.llm.audio(seconds=2.0)]
+        self.llm.chat([{"role": "user", "content": content}], max_tokens=6, name="look")
