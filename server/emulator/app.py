@@ -130,6 +130,7 @@ class Emulator:
                  reasoning: Any = None, seed: int = 0, media_cost: media.MediaCost | None = None) -> None:
         self.model = model
         self.media_cost = media_cost or media.MediaCost()  # tokens and encoder time per image, clip, video
+        self.owned_by = "vllm"  # /v1/models' owned_by (--owned-by: another server's, for clients that detect vLLM)
         #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
         #: streamed as vLLM's reasoning parser streams them (``delta.reasoning``) and counted in usage
         self.reasoning = reasoning
@@ -248,7 +249,7 @@ class Emulator:
 
     def _models(self) -> bytes:
         def entry(mid: str, root: str, parent: str | None) -> dict:
-            return {"id": mid, "object": "model", "created": self.created, "owned_by": "vllm",
+            return {"id": mid, "object": "model", "created": self.created, "owned_by": self.owned_by,
                     "root": root, "parent": parent, "max_model_len": self.max_model_len,
                     "permission": [{"id": "modelperm-emulator", "object": "model_permission", "created": self.created,
                                     "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
@@ -645,6 +646,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a reasoning model: each chat answer starts with this many reasoning tokens (N, LOW-HIGH or "
                         "normal:MEAN,STD; within max_tokens), streamed in delta.reasoning as vLLM's reasoning "
                         "parsers do, and counted in usage.completion_tokens_details.reasoning_tokens")
+    p.add_argument("--owned-by", default="vllm",
+                   help="/v1/models' owned_by (e.g. llamacpp: act as a server that is not vLLM, with --reject)")
     p.add_argument("--image-patch", type=int, default=28,
                    help="an image costs one prompt token per PATCHxPATCH pixels (Qwen2-VL's 28)")
     p.add_argument("--audio-tokens-per-second", type=float, default=25.0,
@@ -722,6 +725,7 @@ def main(argv: list[str] | None = None) -> int:
                    seed=args.seed, media_cost=media.MediaCost(max(1, args.image_patch),
                                                                max(0.0, args.audio_tokens_per_second),
                                                                max(0.0, args.encode_seconds)))
+    app.owned_by = args.owned_by
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

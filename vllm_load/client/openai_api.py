@@ -17,6 +17,7 @@ class ServedModel:
     max_model_len: int | None
     all_ids: list[str]
     root: str = ""  # what vLLM loaded (the model's path or hub id), under --served-model-name's alias
+    owned_by: str = ""  # "vllm" from vLLM (and its emulator); llama.cpp, TGI, SGLang, a gateway say otherwise
 
 
 def tls_context(insecure: bool, ca_bundle: str) -> ssl.SSLContext | None:
@@ -84,7 +85,7 @@ def discover_model(host: str, model: str, api_key: str = "", timeout: float = 10
     entry = entries[ids.index(chosen)]
     max_len = entry.get("max_model_len")
     return ServedModel(id=chosen, max_model_len=int(max_len) if max_len else None, all_ids=ids,
-                       root=str(entry.get("root") or ""))
+                       root=str(entry.get("root") or ""), owned_by=str(entry.get("owned_by") or ""))
 
 
 def error_message(body: bytes) -> str:

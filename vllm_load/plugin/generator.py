@@ -141,7 +141,7 @@ class Generator:
         self.tokenizer = load_tokenizer(self.plan.tokenizer)
         self.rng = random.Random(f"{self.plan.draws}/{self.source}/lengths")
         self.headers = request_headers(o)
-        self.defaults = body_defaults(o)
+        self.defaults = body_defaults(o, self.plan.server_kind)
         self.goodput_limits = goodput_thresholds(parse_slo_option(list(self.plan.slos)))
         if o.dataset:
             records = read_records(o.dataset, o.dataset_format, o.dataset_field)

@@ -119,6 +119,11 @@ def _on_init(environment: Any, **_kw: Any) -> None:
             f"{target.tokenizer_source}) max_model_len {target.max_model_len} {lengths}",
             flush=True,
         )
+        if target.server_kind == "openai":
+            print(f"vllm-load: the server is not vLLM (/v1/models owned_by {target.owned_by or 'nothing'!r}; "
+                  "--server-kind vllm overrides): sending standard OpenAI fields only, so output lengths are the "
+                  "model's own up to max_tokens (not forced), and tokens per chunk are counted from the final usage "
+                  "(or the run's tokenizer when there is none)", flush=True)
     except UsageError as exc:
         if environment.web_ui is None or opts.headless:
             _stop_children()

@@ -83,6 +83,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--stop-on-outage", "0", "end the run (exit 1) once an outage has lasted this long (0: never)"),
     Option("--drain-timeout", 30.0, "at the end of a run, seconds to let in-flight streams finish before they are cancelled",
         type=float),
+    Option("--server-kind", "auto", "vllm: send vLLM's fields (ignore_eos, min_tokens, continuous_usage_stats) for exact "
+        "lengths and per-chunk token counts; openai: standard OpenAI fields only (llama.cpp, TGI, SGLang, a gateway); "
+        "auto: vllm when /v1/models says owned_by vllm", choices=["auto", "vllm", "openai"]),
     Option("--no-ignore-eos", False, "do not send ignore_eos/min_tokens (output length is then up to the model)",
         action="store_true"),
     Option("--no-continuous-usage", False, "do not ask for stream_options.continuous_usage_stats (servers that refuse "

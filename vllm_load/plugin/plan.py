@@ -43,6 +43,7 @@ class RunPlan:
     seed: int | None = None  # --seed: lengths, arrivals, dataset order and trace split repeat run after run
     max_model_len: int | None = None  # the served model's context (None: the server did not say)
     num_requests: int = 0  # --num-requests: the run ends once this many (warm-up aside) finished; 0: by time
+    server_kind: str = "vllm"  # "openai": a server that is not vLLM gets standard OpenAI fields only
 
     def share(self, index: int) -> int:
         """Load process ``index``'s part of --num-requests (the first ones take one more when it does not divide)."""
@@ -60,7 +61,8 @@ class RunPlan:
                    backoff_max=target.backoff_max, outage_after=target.outage_after,
                    stop_on_outage=target.stop_on_outage, models=target.models or (target.model,), warmup=target.warmup,
                    processes=max(1, processes), trace_rows=target.trace_rows, trace_span=target.trace_span,
-                   max_model_len=target.max_model_len, num_requests=max(0, int(opts.num_requests)))
+                   max_model_len=target.max_model_len, num_requests=max(0, int(opts.num_requests)),
+                   server_kind=target.server_kind)
 
     @property
     def draws(self) -> str:

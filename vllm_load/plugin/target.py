@@ -38,9 +38,10 @@ def parse_headers(values: list[str] | None) -> dict[str, str]:
     return out
 
 
-def body_defaults(opts: Any) -> BodyDefaults:
+def body_defaults(opts: Any, server_kind: str = "vllm") -> BodyDefaults:
     """--temperature, --no-ignore-eos, --no-continuous-usage and --extra-body (the numbers checked before the run by
-    plugin/validate.py; --extra-body here, one line on bad input)."""
+    plugin/validate.py; --extra-body here, one line on bad input). A server that is not vLLM (``server_kind``
+    "openai") gets standard OpenAI fields only: no ignore_eos/min_tokens, no continuous_usage_stats."""
     extra: Any = {}
     if opts.extra_body:
         try:
@@ -53,8 +54,18 @@ def body_defaults(opts: Any) -> BodyDefaults:
         taken = [k for k in _MEASURED_KEYS if k in extra]
         if taken:
             raise UsageError(f"--extra-body sets {', '.join(taken)}, which the load test sends itself: drop them")
-    return BodyDefaults(temperature=float(opts.temperature), ignore_eos=not opts.no_ignore_eos,
-                        continuous_usage=not opts.no_continuous_usage, extra=tuple(sorted(extra.items())))
+    vllm = server_kind == "vllm"
+    return BodyDefaults(temperature=float(opts.temperature), ignore_eos=vllm and not opts.no_ignore_eos,
+                        continuous_usage=vllm and not opts.no_continuous_usage, extra=tuple(sorted(extra.items())))
+
+
+def server_kind(opts: Any, served: Any) -> str:
+    """--server-kind, or from /v1/models: vLLM says owned_by "vllm"; any other server is sent standard OpenAI
+    fields only (vLLM's ignore_eos, min_tokens and continuous_usage_stats are refused or ignored elsewhere)."""
+    kind = getattr(opts, "server_kind", "auto") or "auto"
+    if kind != "auto":
+        return kind
+    return "vllm" if served.owned_by == "vllm" else "openai"
 
 
 def request_headers(opts: Any) -> dict[str, str]:
@@ -85,6 +96,8 @@ class Target:
     warmup: float = 0.0  # --warmup, seconds
     trace_rows: int = 0  # --trace: its rows, and the seconds its last one is due after the first (at --trace-speed)
     trace_span: float = 0.0
+    server_kind: str = "vllm"  # "vllm", or "openai": standard OpenAI fields only (--server-kind, or /v1/models)
+    owned_by: str = ""  # what /v1/models said
 
 
 def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str] = frozenset({"chat", "completions"})
@@ -150,7 +163,8 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
         print(f"vllm-load: --align-with-server: {checked}", flush=True)
     return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec, backoff_max, outage_after,
                   stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup,
-                  len(trace), trace[-1].at / opts.trace_speed if trace else 0.0)
+                  len(trace), trace[-1].at / opts.trace_speed if trace else 0.0, server_kind(opts, served),
+                  served.owned_by)
 
 
 def _check_trace(opts: Any) -> list:

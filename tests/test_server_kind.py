@@ -1,0 +1,40 @@
+"""A server that is not vLLM: told by /v1/models (owned_by) or --server-kind, it is sent standard OpenAI fields
+only, and every request succeeds where vLLM's fields would be refused (the emulator acting as a strict
+OpenAI-compatible server: another owned_by, and 400 for vLLM's fields)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import ROOT, run_locust
+from vllm_load.rundir.reqlog import read_log
+
+VLLM_FIELDS = "ignore_eos,min_tokens,continuous_usage_stats"
+
+
+def test_a_server_that_is_not_vllm_gets_standard_fields_only(tmp_path, emulator_factory):
+    bodies = tmp_path / "bodies.jsonl"
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.003", "--owned-by", "llamacpp", "--reject", VLLM_FIELDS,
+                           "--request-log", str(bodies))
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+                      "--host", emu.url, "--output-tokens", "12", "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "the server is not vLLM (/v1/models owned_by 'llamacpp'" in res.stdout
+    logs = read_log(run_dir / "requests.jsonl")
+    assert logs and all(r["ok"] and r["tokens_from_usage"] and not r["continuous_usage"] for r in logs)
+    sent = [json.loads(line)["body"] for line in bodies.read_text().splitlines()]
+    assert sent and not any(k in b or k in b.get("stream_options", {}) for b in sent for k in VLLM_FIELDS.split(","))
+    assert all(b["max_tokens"] == 12 and b["stream_options"] == {"include_usage": True} for b in sent)
+    assert json.loads((run_dir / "config.json").read_text())["plan"]["server_kind"] == "openai"
+
+
+def test_server_kind_vllm_overrides_the_detection(tmp_path, emulator_factory):
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.003", "--owned-by", "llamacpp", "--reject", "min_tokens")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "2s",
+                      "--host", emu.url, "--output-tokens", "4", "--server-kind", "vllm", "--run-dir", str(run_dir)],
+                     cwd=tmp_path)
+    logs = read_log(run_dir / "requests.jsonl")
+    # told it is vLLM, the client sends min_tokens, which this server refuses
+    assert logs and all(not r["ok"] and "min_tokens" in r["error"] for r in logs) and res.returncode != 0
