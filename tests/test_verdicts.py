@@ -90,11 +90,11 @@ def test_a_prompt_failure_that_every_request_would_repeat_stops_the_swarm_at_onc
     lf = tmp_path / "badprompts.py"
     lf.write_text(
         "from vllm_load.errors import UsageError\n"
-        "from vllm_load.plugin.generator import Generator\n"
+        "from vllm_load.plugin.request_source import RequestSource\n"
         "from vllm_load.plugin.users import ChatUser  # noqa: F401\n\n"
         "def build_request(self, api):\n"
         "    raise UsageError('record 7 is longer than max_model_len: drop it')\n\n"
-        "Generator.build_request = build_request\n")
+        "RequestSource.build_request = build_request\n")
     res = run_locust(["-f", str(lf), "--headless", "--processes", "2", "-u", "4", "-r", "4", "-t", "60s",
                       "--host", emu.url, "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
     assert res.returncode == 2, (res.stdout[-2000:], res.stderr[-2000:])

@@ -25,6 +25,7 @@ from vllm_load.client.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
 from vllm_load.client.stream import ReadyRequest, StreamCancelled, build_request, stream_request
 from vllm_load.plugin.generator import Generator
+from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.state import STATE
 from vllm_load.plugin.transport_session import transport_for
 from vllm_load.workload.prompt_pool import PromptError
@@ -61,7 +62,7 @@ class LLM:
 
     @property
     def model(self) -> str:
-        return self._generator().plan.model
+        return self._source().plan.model
 
     def text(self, tokens: int) -> str:
         """Text of exactly ``tokens`` tokens under the run's tokenizer when it stands as one message's content,
@@ -69,24 +70,24 @@ class LLM:
         share a prefix the server could cache."""
         if int(tokens) < 1:
             raise ValueError(f"self.llm.text(tokens={tokens}): ask for at least 1 token")
-        return self._generator().text(int(tokens))
+        return self._source().text(int(tokens))
 
     def input_tokens(self) -> int:
         """A length drawn from --input-tokens (N, LOW-HIGH, normal:MEAN,STD), seeded per process."""
-        gen = self._generator()
-        assert gen.input_spec is not None
-        return gen.input_spec.sample(gen.rng)
+        src = self._source()
+        assert src.input_spec is not None
+        return src.input_spec.sample(src.rng)
 
     def output_tokens(self) -> int:
         """A length drawn from --output-tokens (default 64)."""
-        gen = self._generator()
-        assert gen.output_spec is not None
-        return gen.output_spec.sample(gen.rng)
+        src = self._source()
+        assert src.output_spec is not None
+        return src.output_spec.sample(src.rng)
 
     def conversation(self) -> list[str]:
         """The user turns of the next conversation of --dataset (a ShareGPT file: every human turn), the
         first made unique to this run; the assistant turns come from the live replies."""
-        return self._generator().conversation()
+        return self._source().conversation()
 
     def image(self, width: int = 512, height: int = 512) -> dict[str, Any]:
         """A unique JPEG image as a chat content part (``{"type": "image_url", "image_url": {"url": data URL}}``):
@@ -94,25 +95,25 @@ class LLM:
         no two calls give the same bytes, so the server's multimodal and prefix caches cannot share it."""
         if not (isinstance(width, int) and isinstance(height, int)) or width < 1 or height < 1:
             raise ValueError(f"self.llm.image(width={width!r}, height={height!r}): give positive ints")
-        return self._generator().media_part("image", width, height)
+        return self._source().media_part("image", width, height)
 
     def audio(self, seconds: float = 1.0) -> dict[str, Any]:
         """A unique 16 kHz WAV clip as a chat content part (``{"type": "input_audio", …}``), as ``image``."""
         if not isinstance(seconds, (int, float)) or not seconds > 0:
             raise ValueError(f"self.llm.audio(seconds={seconds!r}): give a positive number of seconds")
-        return self._generator().media_part("audio", float(seconds))
+        return self._source().media_part("audio", float(seconds))
 
     def count_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> int:
         """The prompt tokens of these messages as the server counts them (chat template, generation prompt)."""
-        gen = self._generator()
-        assert gen.tokenizer is not None
-        return gen.offload(gen.tokenizer.count_chat, messages, tools)
+        src = self._source()
+        assert src.tokenizer is not None
+        return src.offload(src.tokenizer.count_chat, messages, tools)
 
     def count_prompt(self, prompt: str) -> int:
         """The prompt tokens of a completion prompt as the server counts them (special tokens included)."""
-        gen = self._generator()
-        assert gen.tokenizer is not None
-        return gen.offload(gen.tokenizer.count_completion, prompt)
+        src = self._source()
+        assert src.tokenizer is not None
+        return src.offload(src.tokenizer.count_completion, prompt)
 
     # -- what a task sends -------------------------------------------------------------------------------
     def chat(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None, name: str | None = None,
@@ -124,12 +125,12 @@ class LLM:
         images or audio (``self.llm.image()``, ``self.llm.audio()``) is counted by its text exactly; the server's
         count beyond it is the media's (``media_tokens`` in the log and summary)."""
         _check_messages(messages)
-        gen = self._generator()
+        src = self._source()
         text_only, media = _split_media(messages)
         tokens = self.count_chat(text_only, body.get("tools"))
-        _check_max_tokens("chat", max_tokens, tokens, gen.plan.max_model_len)
-        model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
-        ready = build_request("chat", model, messages, tokens, max_tokens, defaults=gen.defaults, extra=body,
+        _check_max_tokens("chat", max_tokens, tokens, src.plan.max_model_len)
+        model, group = (body.pop("model"), None) if "model" in body else src.next_model()
+        ready = build_request("chat", model, messages, tokens, max_tokens, defaults=src.defaults, extra=body,
                               group=group)
         return self.send(dataclasses.replace(ready, media=media) if media else ready, name=name)
 
@@ -138,12 +139,12 @@ class LLM:
         """One streaming completion of ``prompt``; ``max_tokens`` and ``body`` as in ``chat``."""
         if not isinstance(prompt, str):
             raise TypeError(f"self.llm.complete(prompt): the prompt must be a str, got {type(prompt).__name__}")
-        gen = self._generator()
+        src = self._source()
         tokens = self.count_prompt(prompt)
-        _check_max_tokens("complete", max_tokens, tokens, gen.plan.max_model_len)
-        model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
+        _check_max_tokens("complete", max_tokens, tokens, src.plan.max_model_len)
+        model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         ready = build_request("completions", model, prompt, tokens, max_tokens,
-                              defaults=gen.defaults, extra=body, group=group)
+                              defaults=src.defaults, extra=body, group=group)
         return self.send(ready, name=name)
 
     def respond(self, input: str | list[dict[str, Any]], *, max_output_tokens: int | None = None,  # noqa: A002
@@ -154,16 +155,16 @@ class LLM:
         TTFO, every gap, tokens checked against the usage of ``response.completed``)."""
         messages = [{"role": "user", "content": input}] if isinstance(input, str) else input
         _check_messages(messages, "respond(input)")
-        gen = self._generator()
-        assert gen.tokenizer is not None
+        src = self._source()
+        assert src.tokenizer is not None
         if body.get("instructions"):
             counted = [{"role": "system", "content": body["instructions"]}, *messages]
         else:
             counted = messages
-        tokens = gen.offload(gen.tokenizer.count_responses, counted, body.get("tools"))
-        _check_max_tokens("respond", max_output_tokens, tokens, gen.plan.max_model_len)
-        model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
-        return self.send(responses_request(model, input, tokens, max_output_tokens, defaults=gen.defaults,
+        tokens = src.offload(src.tokenizer.count_responses, counted, body.get("tools"))
+        _check_max_tokens("respond", max_output_tokens, tokens, src.plan.max_model_len)
+        model, group = (body.pop("model"), None) if "model" in body else src.next_model()
+        return self.send(responses_request(model, input, tokens, max_output_tokens, defaults=src.defaults,
                                            extra=body, group=group), name=name)
 
     def embed(self, inputs: str | list[str], *, name: str | None = None, **body: Any) -> Reply:
@@ -174,10 +175,10 @@ class LLM:
         texts = [inputs] if isinstance(inputs, str) else inputs
         if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
             raise TypeError("self.llm.embed(inputs): give a str or a non-empty list of str")
-        gen = self._generator()
-        tokens = gen.offload(count_inputs, gen.tokenizer.count_completion, texts)
-        model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
-        return self.send(embeddings_request(model, texts, tokens, defaults=gen.defaults, extra=body, group=group),
+        src = self._source()
+        tokens = src.offload(count_inputs, src.tokenizer.count_completion, texts)
+        model, group = (body.pop("model"), None) if "model" in body else src.next_model()
+        return self.send(embeddings_request(model, texts, tokens, defaults=src.defaults, extra=body, group=group),
                          name=name)
 
     def rerank(self, query: str, documents: list[str], *, name: str | None = None, **body: Any) -> Reply:
@@ -187,18 +188,18 @@ class LLM:
         if not isinstance(query, str) or not isinstance(documents, list) or not documents \
                 or not all(isinstance(d, str) for d in documents):
             raise TypeError("self.llm.rerank(query, documents): give a str and a non-empty list of str")
-        gen = self._generator()
-        tokens = gen.offload(count_inputs, gen.tokenizer.count_completion, [query, *documents])
-        model, group = (body.pop("model"), None) if "model" in body else gen.next_model()
-        return self.send(rerank_request(model, query, documents, tokens, defaults=gen.defaults, extra=body,
+        src = self._source()
+        tokens = src.offload(count_inputs, src.tokenizer.count_completion, [query, *documents])
+        model, group = (body.pop("model"), None) if "model" in body else src.next_model()
+        return self.send(rerank_request(model, query, documents, tokens, defaults=src.defaults, extra=body,
                                         group=group), name=name)
 
     def prepared(self, api: str = "chat") -> ReadyRequest:
         """The next request of the run's own workload (--input-tokens, --output-tokens, --dataset, …), built
         ahead by the prompt thread: what the built-in users send."""
-        gen = self._generator()
+        src = self._source()
         try:
-            return gen.next_request(api)
+            return src.next_request(api)
         except PromptError:  # the pool told the plugin once, which stops the run: no error storm here
             Generator.park()
             raise  # not reached
@@ -226,7 +227,7 @@ class LLM:
                 rec = pooling_request(self._transport, ready, gen.headers, body=state, **common)
             else:
                 rec = stream_request(self._transport, ready, gen.headers, state=state,
-                                     count_output=gen.count_output if gen.tokenizer else None, **common)
+                                     count_output=gen.requests.count_output if gen.requests else None, **common)
         except StreamCancelled as stop:  # stopped mid-stream: counted as failed, then the stop goes on
             gen.on_record(stop.record)
             raise
@@ -247,6 +248,12 @@ class LLM:
         """Close this user's direct connections (Locust's session closes its own)."""
         if self._transport is not None:
             self._transport.close()
+
+    def _source(self) -> RequestSource:
+        """What this process sends (the run's tokenizer, prompt pools, helper thread)."""
+        source = self._generator().requests
+        assert source is not None
+        return source
 
     def _generator(self) -> Generator:
         """This process's generator; none (the target failed its check) or draining: wait for the stop."""

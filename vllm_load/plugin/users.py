@@ -174,7 +174,7 @@ class _WorkloadUser(LLMUser):
             pool.kill()
 
     def _send_row(self, gen: Generator, ready: Any) -> None:
-        gen.trace_row_sent()
+        gen.requests.trace_row_sent()
         self.llm.send(ready)
 
 

@@ -1,0 +1,272 @@
+"""What a load-generating process sends: the run's workload built ahead in the prompt thread (exact-length
+unique prompts, datasets, trace rows, pooling inputs, images and audio), model rotation, and the helper
+thread's work for users' own requests (texts, token counts, media). One per process, built at the run's
+start from its plan (``Generator.create``); the generator records what comes back."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import gevent
+
+from vllm_load.client.pooling import POOLING, embeddings_request, rerank_request
+from vllm_load.client.responses import responses_request
+from vllm_load.client.stream import BodyDefaults, ReadyRequest, ready_request
+from vllm_load.plugin.plan import RunPlan
+from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS, body_defaults
+from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
+from vllm_load.workload.lengths import parse_length
+from vllm_load.workload.media import ImageSize, MediaMaker, parse_image_size
+from vllm_load.workload.prompt_pool import PromptPool, token_thread
+from vllm_load.workload.prompts import Prompt, PromptFactory, prompt_api
+from vllm_load.workload.tokenizer import load_tokenizer
+
+
+class RequestSource:
+    """The requests of one load-generating process."""
+
+    #: longest wait for the first prompts of the run (a 32k-token prompt takes ~0.2 s to build)
+    FIRST_PROMPT_TIMEOUT = 120.0
+
+    def __init__(self, opts: Any, plan: RunPlan, worker_index: int, on_fatal: Callable[[str], None],
+                 on_trace_done: Callable[[], None], idle: Any) -> None:
+        o = self.opts = opts
+        self.plan = plan
+        #: this process's place in the swarm: what its prompts' content and its random draws derive from, the
+        #: same run after run (a worker's id is new every time)
+        self.source = f"w{worker_index}"
+        self.on_fatal, self.on_trace_done, self.idle = on_fatal, on_trace_done, idle
+        self.input_spec = parse_length(o.input_tokens, "--input-tokens")
+        self.output_spec = parse_length(o.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
+        self.tokenizer = load_tokenizer(plan.tokenizer)
+        self.rng = random.Random(f"{plan.draws}/{self.source}/lengths")
+        self.defaults: BodyDefaults = body_defaults(o, plan.server_kind)  # what every body carries
+        self.factories: dict[str, PromptFactory] = {}
+        self.pools: dict[str, PromptPool] = {}
+        self.dataset: DatasetSource | None = None
+        self.answer_tokens_per_record = 0  # --dataset-batch: output budget per batched record
+        if o.dataset:
+            records = read_records(o.dataset, o.dataset_format, o.dataset_field)
+            self.dataset = DatasetSource(records, f"{plan.draws}/{self.source}", o.dataset_batch)
+            if o.dataset_batch:
+                self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
+                    self.tokenizer, o.dataset_batch)
+        self.trace: list = []  # this process's share of --trace's rows, in time order
+        self.trace_next = self.trace_sent = 0
+        if o.trace:
+            from vllm_load.workload.trace import read_trace, share
+
+            self.trace = share(read_trace(o.trace, o.trace_format), worker_index, plan.processes)
+            if not self.trace:  # more processes than rows: nothing to send here
+                gevent.spawn(self.on_trace_done)
+        #: one native thread for the users' own token work (self.llm.text, counting a history): off the event
+        #: loop like the prompt pool's, and one thread so that the text factory's sequence stays ordered
+        self.helper: Any = None
+        self.text_factory: PromptFactory | None = None
+        self.model_turn = 0  # --model a,b: the next request's model is models[model_turn % len]
+        #: images and audio: the prompt thread's maker (the workload's) and the helper thread's (self.llm.image)
+        self.pool_media: MediaMaker | None = None
+        self.helper_media: MediaMaker | None = None
+        self.image_size: ImageSize | None = None
+
+    def fill_pools(self, apis: frozenset[str]) -> None:
+        """Start each API's pool and wait for its first prompts: the first one of a process pays for the
+        tokenizer's word list and the template probes (0.3-0.5 s), which once made the first open-loop
+        requests of a run leave 300 ms late and the run look untrustworthy."""
+        for api in sorted(apis):
+            self.pool(api)
+        for api in sorted(apis):
+            self.pools[api].ready.wait(self.FIRST_PROMPT_TIMEOUT)
+
+    def pool(self, api: str) -> PromptPool:
+        pool = self.pools.get(api)
+        if pool is None:
+            pool = self.pools[api] = PromptPool(lambda: self.build_request(api), int(self.opts.prompt_pool),
+                                                on_error=lambda exc: self.on_fatal(str(exc)))
+        return pool
+
+    def factory(self, api: str) -> PromptFactory:
+        f = self.factories.get(api)
+        if f is None:
+            assert self.tokenizer is not None
+            f = self.factories[api] = PromptFactory(
+                self.tokenizer, prompt_api(api), self.plan.salt, self.source, self.opts.shared_prefix_tokens
+            )
+        return f
+
+    def offload(self, fn: Any, *args: Any) -> Any:
+        """Run ``fn(*args)`` in the helper thread; this greenlet waits, the other streams go on being read."""
+        if self.helper is None:
+            self.helper = token_thread()
+        result = self.helper.spawn(_capture, fn, args).get()
+        if isinstance(result, _Raised):
+            raise result.exc
+        return result
+
+    def text(self, tokens: int) -> str:
+        """Unique text of exactly ``tokens`` tokens as one chat message's content (as a completion prompt's
+        body when the tokenizer has no chat template); built in the helper thread."""
+        return self.offload(self._make_text, tokens)
+
+    def _helper_factory(self) -> PromptFactory:
+        """The prompt factory of the helper thread (users' own texts), apart from the prompt pools' factories:
+        each factory's sequence is used by one thread only, so no two texts get the same digest words."""
+        assert self.tokenizer is not None
+        if self.text_factory is None:
+            api = "chat" if self.tokenizer.has_chat_template else "completions"
+            self.text_factory = PromptFactory(self.tokenizer, api, self.plan.salt, f"{self.source}/text")  # type: ignore[arg-type]
+        return self.text_factory
+
+    def _content(self, prompt: Prompt) -> str:
+        """A helper-factory prompt's text as one message's content (or as a completion prompt)."""
+        return prompt.messages[-1]["content"] if self._helper_factory().api == "chat" else prompt.text
+
+    def _make_text(self, tokens: int) -> str:
+        f = self._helper_factory()
+        return self._content(f.make(tokens + f.overhead))
+
+    def _unique_first_turn(self, content: str) -> str:
+        return self._content(self._helper_factory().wrap(content))
+
+    def conversation(self) -> list[str]:
+        """The next --dataset conversation's user turns; the first behind this run's unique digest words, so
+        that no two conversations share a prefix (their later turns follow a unique history already)."""
+        if self.dataset is None:
+            raise ValueError("no --dataset: self.llm.conversation() replays a dataset's conversations")
+        turns = self.dataset.next_conversation()
+        turns[0] = self.offload(self._unique_first_turn, turns[0])
+        return turns
+
+    def count_output(self, text: str) -> int:
+        """Output tokens counted here when the server sent no usage."""
+        assert self.tokenizer is not None
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def next_request(self, api: str) -> ReadyRequest:
+        """The next ready request, from the pool that a native thread keeps filled."""
+        return self.pool(api).get()
+
+    def build_request(self, api: str) -> ReadyRequest:
+        """A new request, in the prompt thread: its prompt (exact length, unique), its body's bytes. With a
+        trace, the next row of this process's share (StopIteration after its last)."""
+        if self.opts.trace:
+            return self._trace_request(api)
+        if api in POOLING:
+            return self._pooling_request(api)
+        if api == "responses":
+            return self._responses_request()
+        prompt, max_tokens = self.new_prompt(api)
+        model, group = self.next_model()
+        return ready_request(api, model, prompt, max_tokens, self.defaults, group,
+                             self._media_parts() if api == "chat" else None)
+
+    def _media_parts(self) -> list[dict[str, Any]] | None:
+        """--images-per-request unique images of --image-size, and a --audio-seconds clip (chat.py), made in the
+        prompt thread."""
+        images = int(getattr(self.opts, "images_per_request", 0) or 0)
+        seconds = float(getattr(self.opts, "audio_seconds", 0.0) or 0.0)
+        if not images and seconds <= 0:
+            return None
+        if self.pool_media is None:
+            self.pool_media = MediaMaker(self.plan.salt, f"{self.source}/pool")
+            self.image_size = parse_image_size(self.opts.image_size)
+        assert self.image_size is not None
+        parts = [self.pool_media.image_part(*self.image_size.sample(self.rng)) for _ in range(images)]
+        return parts + ([self.pool_media.audio_part(seconds)] if seconds > 0 else [])
+
+    def media_part(self, kind: str, *args: Any) -> dict[str, Any]:
+        """A user's own image or clip (``self.llm.image``/``audio``), made in the helper thread."""
+        if self.helper_media is None:
+            self.helper_media = MediaMaker(self.plan.salt, f"{self.source}/helper")
+        make = self.helper_media.image_part if kind == "image" else self.helper_media.audio_part
+        return self.offload(make, *args)
+
+    def _responses_request(self) -> ReadyRequest:
+        """A Responses API request of the run's workload: a chat prompt as its input items, built
+        ``special_tokens_added`` short of the asked length, as vLLM adds them to a Responses input."""
+        assert self.input_spec is not None and self.output_spec is not None and self.tokenizer is not None
+        extra = self.tokenizer.special_tokens_added
+        prompt = self.factory("responses").make(self.input_spec.sample(self.rng) - extra)
+        model, group = self.next_model()
+        return responses_request(model, prompt.messages, prompt.tokens + extra, self.output_spec.sample(self.rng),
+                                 defaults=self.defaults, group=group)
+
+    def _pooling_request(self, api: str) -> ReadyRequest:
+        """--batch-size unique texts of --input-tokens each (embeddings), or a query and --batch-size documents
+        (rerank: a bi-encoder's count, the query once)."""
+        assert self.input_spec is not None
+        f, n = self.factory(api), max(1, int(self.opts.batch_size))
+        texts = [f.make(self.input_spec.sample(self.rng)) for _ in range(n + (api == "rerank"))]
+        model, group = self.next_model()
+        tokens = sum(p.tokens for p in texts)
+        if api == "rerank":
+            return rerank_request(model, texts[0].text, [p.text for p in texts[1:]], tokens, defaults=self.defaults,
+                                  group=group)
+        return embeddings_request(model, [p.text for p in texts], tokens, defaults=self.defaults, group=group)
+
+    def _trace_request(self, api: str) -> ReadyRequest:
+        if self.trace_next >= len(self.trace):
+            raise StopIteration
+        row = self.trace[self.trace_next]
+        self.trace_next += 1
+        f = self.factory(api)
+        prompt = (f.from_blocks(row.hash_ids, int(self.opts.trace_block_size), row.input_tokens) if row.hash_ids
+                  else f.make(row.input_tokens))
+        model, group = self.next_model()
+        ready = ready_request(api, model, prompt, row.output_tokens, self.defaults, group)
+        return dataclasses.replace(ready, due=row.at / float(self.opts.trace_speed), row=row.index)
+
+    def trace_row_sent(self) -> None:
+        """One more row of the share is on its way; after the last, wait for them all to come back, then say so."""
+        self.trace_sent += 1
+        if self.trace_sent == len(self.trace):
+            gevent.spawn(self._trace_finished)
+
+    def _trace_finished(self) -> None:
+        self.idle.wait()
+        self.on_trace_done()
+
+    def next_model(self) -> tuple[str, str | None]:
+        """The next request's model, rotating over --model a,b, and its metrics group (None with one model)."""
+        models = self.plan.models or (self.plan.model,)
+        model = models[self.model_turn % len(models)]
+        self.model_turn += 1
+        return model, (model if len(models) > 1 else None)
+
+    def new_prompt(self, api: str) -> tuple[Prompt, int]:
+        """A new prompt (exact length, unique) and the output length to ask for."""
+        assert self.input_spec and self.output_spec
+        if self.dataset is None:
+            prompt = self.factory(api).make(self.input_spec.sample(self.rng))
+            return prompt, self.output_spec.sample(self.rng)
+        content, answer = self.dataset.next_content()
+        prompt = self.factory(api).wrap(content)
+        if self.opts.output_tokens:
+            return prompt, self.output_spec.sample(self.rng)
+        if self.opts.dataset_batch:  # every answer line the instruction asks for, whatever K
+            return prompt, self.answer_tokens_per_record * self.opts.dataset_batch
+        if answer and self.tokenizer is not None:
+            return prompt, max(1, len(self.tokenizer.encode(answer, add_special_tokens=False)))
+        return prompt, self.output_spec.sample(self.rng)
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        if self.helper is not None:
+            self.helper.kill()
+
+
+@dataclass
+class _Raised:
+    exc: BaseException
+
+
+def _capture(fn: Any, args: tuple) -> Any:
+    """Return the exception instead of raising it in the thread: gevent's threadpool would print it."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        return _Raised(exc)
