@@ -1,0 +1,64 @@
+"""The Kubernetes manifests (deploy/kubernetes/): valid against Kubernetes' own schemas (offline, with
+kubernetes-validate), and consistent: workers join the Service the master's port is behind, the web UI is not
+published, every option and flag they give is one the image understands, and the secret comes from a Secret."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.helpers import ROOT
+
+K8S = ROOT / "deploy" / "kubernetes"
+
+
+def _docs() -> list[dict]:
+    return [d for f in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+
+
+@pytest.mark.parametrize("doc", _docs(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+def test_each_manifest_validates_strictly(doc):
+    kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_a_broken_manifest_is_caught():
+    bad = next(d for d in _docs() if d["kind"] == "Deployment")
+    bad = {**bad, "spec": {**bad["spec"], "replicas": "two"}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_workers_join_the_masters_service_and_the_web_ui_stays_private():
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _docs()}
+    service = docs[("Service", "vllm-load-master")]
+    master = docs[("Deployment", "vllm-load-master")]["spec"]["template"]["spec"]["containers"][0]
+    worker = docs[("Deployment", "vllm-load-worker")]["spec"]["template"]["spec"]["containers"][0]
+    assert service["spec"]["selector"] == docs[("Deployment", "vllm-load-master")]["spec"]["selector"]["matchLabels"]
+    cmd = worker["command"]
+    assert cmd[cmd.index("--master-host") + 1] == "vllm-load-master"
+    assert int(cmd[cmd.index("--master-port") + 1]) == service["spec"]["ports"][0]["port"] == 5557
+    assert [p["port"] for p in service["spec"]["ports"]] == [5557] and service["spec"]["type"] == "ClusterIP"
+    assert "--web-host" not in master["command"]  # vllm-load's default: the pod's loopback (port-forward only)
+    for c in (master, worker):
+        assert not any("value" in e and "KEY" in e["name"] for e in c.get("env", []))  # secrets from a Secret
+        assert c["image"] == master["image"]
+
+
+@pytest.mark.parametrize("role", ["master", "worker"])
+def test_the_commands_use_flags_the_image_knows(role, tmp_path):
+    doc = next(d for d in _docs() if d["kind"] == "Deployment" and d["metadata"]["labels"]["role"] == role)
+    cmd = doc["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert cmd[:3] == ["locust", "-f", "locustfiles/chat.py"]
+    # --list: Locust parses the whole command line (vllm-load's options included), lists the users and exits; a
+    # flag that does not exist fails with exit 2 (--help would print before looking at the rest)
+    def parse(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "locust", "-f", str(ROOT / cmd[2]), *cmd[3:], *extra, "--list"],
+                              capture_output=True, text=True, cwd=tmp_path, timeout=60)
+
+    res = parse()
+    assert res.returncode == 0 and "ChatUser" in res.stdout, res.stderr[-2000:]
+    assert parse("--no-such-flag", "1").returncode == 2
