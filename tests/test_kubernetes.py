@@ -26,7 +26,7 @@ def test_each_manifest_validates_strictly(doc):
 
 
 def test_a_broken_manifest_is_caught():
-    bad = next(d for d in _docs() if d["kind"] == "Deployment")
+    bad = next(d for d in _docs() if d["kind"] == "Deployment")  # the workers
     bad = {**bad, "spec": {**bad["spec"], "replicas": "two"}}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, kubernetes_validate.latest_version(), strict=True)
@@ -35,9 +35,19 @@ def test_a_broken_manifest_is_caught():
 def test_workers_join_the_masters_service_and_the_web_ui_stays_private():
     docs = {(d["kind"], d["metadata"]["name"]): d for d in _docs()}
     service = docs[("Service", "vllm-load-master")]
-    master = docs[("Deployment", "vllm-load-master")]["spec"]["template"]["spec"]["containers"][0]
+    job = docs[("Job", "vllm-load-master")]
+    master = job["spec"]["template"]["spec"]["containers"][0]
     worker = docs[("Deployment", "vllm-load-worker")]["spec"]["template"]["spec"]["containers"][0]
-    assert service["spec"]["selector"] == docs[("Deployment", "vllm-load-master")]["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    # a headless gate whose exit code is the Job's result, its run directory on the claimed volume
+    assert "--headless" in master["command"] and job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] in \
+        {n for k, n in docs if k == "PersistentVolumeClaim"}
+    sidecar = docs[("Service", "vllm-load-sidecar")]["spec"]["ports"][0]["port"]
+    config = docs[("ConfigMap", "vllm-load")]["data"]
+    assert config["VLLM_LOAD_SIDECAR_URL"].endswith(f"vllm-load-sidecar:{sidecar}")
+    assert all(not d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0]
+               .get("image", ":x").endswith(":latest") for d in docs.values())  # images pinned to a version
     cmd = worker["command"]
     assert cmd[cmd.index("--master-host") + 1] == "vllm-load-master"
     assert int(cmd[cmd.index("--master-port") + 1]) == service["spec"]["ports"][0]["port"] == 5557
@@ -50,7 +60,7 @@ def test_workers_join_the_masters_service_and_the_web_ui_stays_private():
 
 @pytest.mark.parametrize("role", ["master", "worker"])
 def test_the_commands_use_flags_the_image_knows(role, tmp_path):
-    doc = next(d for d in _docs() if d["kind"] == "Deployment" and d["metadata"]["labels"]["role"] == role)
+    doc = next(d for d in _docs() if d["kind"] in ("Job", "Deployment") and d["metadata"]["labels"]["role"] == role)
     cmd = doc["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[:3] == ["locust", "-f", "locustfiles/chat.py"]
     # --list: Locust parses the whole command line (vllm-load's options included), lists the users and exits; a
