@@ -38,6 +38,14 @@ def test_a_mooncake_trace_replays_each_row_once_on_time_with_its_length_and_pref
     for w in {r["worker"] for r in logs}:
         offsets = [r["start"] - rows[r["trace_row"]]["timestamp"] / 1000 for r in logs if r["worker"] == w]
         assert max(offsets) - min(offsets) < 0.002, (w, max(offsets) - min(offsets))
+    # one run clock for both workers: every row's intended start is the same epoch plus its timestamp, so the
+    # rows leave in trace order (two clocks once sent them 429 ms skewed: 40 inversions in 80 rows)
+    epochs = [r["start"] - rows[r["trace_row"]]["timestamp"] / 1000 for r in logs]
+    assert max(epochs) - min(epochs) < 0.002, max(epochs) - min(epochs)
+    order = [r["trace_row"] for r in sorted(logs, key=lambda r: r["start"] + (r["send_lag"] or 0.0))]
+    assert sum(a > b for a, b in zip(order, order[1:])) == 0
+    clock = stats["summary"]["clock"]  # each worker's offset to the master's clock: one host, one clock
+    assert len(clock) == 2 and all(abs(c["offset_ms"]) <= c["uncertainty_ms"] + 0.5 for c in clock.values()), clock
     assert stats["summary"]["metrics"]["send_lag"]["count"] + stats["summary"]["metrics"]["send_lag_startup"]["count"] == len(rows)
     # prefix sharing as the hash ids predict: the blocks shared with a row sent earlier are in the cache
     sent = sorted(logs, key=lambda r: r["start"] + (r["send_lag"] or 0.0))

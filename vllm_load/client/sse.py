@@ -9,7 +9,7 @@ chunk with non-empty text counts as one token and the final ``usage`` corrects t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import orjson
 
@@ -29,6 +29,29 @@ def overrun_limit(max_tokens: int | None) -> int | None:
     if not max_tokens or max_tokens < 1:
         return None
     return max_tokens + max(OVERRUN_MIN, int(max_tokens * OVERRUN_SHARE))
+
+
+class Parsed(NamedTuple):
+    """What the receive thread's SSE parser (``_sse.c``'s ``sse_result``) made of a body: its positional tuple,
+    named here once (``_rxnative.pyi``); the C side builds it in the same order."""
+
+    offsets: list[float]
+    tokens: list[int]
+    response_id: str | None
+    content: str
+    reasoning: str
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None
+    continuous: bool
+    done: bool
+    done_at: float | None
+    answer_at: float | None
+    reasoning_streamed: int
+    reasoning_reported: int | None
+    late_merged: int
 
 
 @dataclass
@@ -175,36 +198,35 @@ class StreamState:
         made of them (it leaves to ``feed`` every line it is not certain of, and the lines after it); the
         offset of the [DONE] line when it saw one. Only on a state nothing was fed yet: its token counts
         by usage difference start from none."""
-        (offsets, tokens, response_id, content, reasoning, text, finish_reason, prompt_tokens, completion_tokens,
-         cached_tokens, continuous, done, done_at, answer_at, reasoning_streamed, reasoning_reported,
-         late_merged) = parsed
-        self.chunk_times += offsets
-        self.chunk_tokens += tokens
-        self.streamed += sum(tokens)
+        p = Parsed._make(parsed)  # a tuple of another length (a stale build) fails here, by name
+        self.chunk_times += p.offsets
+        self.chunk_tokens += p.tokens
+        self.streamed += sum(p.tokens)
         if self.response_id is None:
-            self.response_id = response_id
-        if content:
-            self.content_parts.append(content)
-        if reasoning:
-            self.reasoning_parts.append(reasoning)
-        if text:
-            self.text_parts.append(text)
-        if finish_reason is not None:
-            self.finish_reason = finish_reason
-        if prompt_tokens is not None:
-            self.prompt_tokens = prompt_tokens
-        if completion_tokens is not None:
-            self.completion_tokens = completion_tokens
-        if cached_tokens is not None:
-            self.cached_tokens = cached_tokens
-        self.continuous_usage = self.continuous_usage or continuous
+            self.response_id = p.response_id
+        if p.content:
+            self.content_parts.append(p.content)
+        if p.reasoning:
+            self.reasoning_parts.append(p.reasoning)
+        if p.text:
+            self.text_parts.append(p.text)
+        if p.finish_reason is not None:
+            self.finish_reason = p.finish_reason
+        if p.prompt_tokens is not None:
+            self.prompt_tokens = p.prompt_tokens
+        if p.completion_tokens is not None:
+            self.completion_tokens = p.completion_tokens
+        if p.cached_tokens is not None:
+            self.cached_tokens = p.cached_tokens
+        self.continuous_usage = self.continuous_usage or p.continuous
         if self.answer_at is None:
-            self.answer_at = answer_at
-        self.reasoning_streamed += reasoning_streamed
-        self.late_merged += late_merged
-        if reasoning_reported is not None:
-            self.reasoning_reported = reasoning_reported
-        self.done = self.done or done
+            self.answer_at = p.answer_at
+        self.reasoning_streamed += p.reasoning_streamed
+        self.late_merged += p.late_merged
+        if p.reasoning_reported is not None:
+            self.reasoning_reported = p.reasoning_reported
+        self.done = self.done or p.done
+        done_at = p.done_at
         self._check_limit()
         return done_at
 

@@ -13,6 +13,7 @@ from vllm_load.metrics.client_health import ClientHealth, ClientMonitor, late_me
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.plugin.plan import RunPlan
+from vllm_load.plugin.run_clock import MasterClock
 from vllm_load.plugin.target import Target, public_options
 from vllm_load.rundir.files import FORMAT_VERSION, write_json
 from vllm_load.workload.datasets import records_per_request
@@ -34,11 +35,14 @@ class Collector:
     end_wall: float | None = None
     drained: bool = False  # the end-of-run drain has been done
     results: RunSummary | None = None  # what write_results wrote (the run's end writes them once)
+    clock: MasterClock = field(default_factory=MasterClock)  # the run's epoch, and the workers' offsets to it
 
     @classmethod
     def create(cls, opts: Any, plan: RunPlan) -> Collector:
         plan.files.path.mkdir(parents=True, exist_ok=True)
-        return cls(opts=opts, plan=plan)
+        col = cls(opts=opts, plan=plan)
+        col.clock.reset(plan.processes)  # the epoch is fixed once this many workers are ready
+        return col
 
     def write_config(self, target: Target | None) -> None:
         info = {
@@ -93,6 +97,8 @@ class Collector:
         summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet,
                                                 shared_stamp=shared_stamp(summary), late_merged=late_merged(summary))
         summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
+        if self.clock.ready:  # each worker's offset to the master's clock, and its uncertainty
+            summary["clock"] = self.clock.summary()
         if self.plan.trace_rows:  # the schedule kept: the trace's span as intended, and as the requests were sent
             first, last = self.totals.first_start, self.totals.last_start
             summary["trace"] = {"rows": self.plan.trace_rows,

@@ -21,6 +21,7 @@ from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin import gc_control
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.request_source import RequestSource
+from vllm_load.plugin.run_clock import WorkerClock
 from vllm_load.plugin.target import request_headers
 from vllm_load.plugin.warmup import warm_up
 from vllm_load.rundir.reqlog import RequestLog
@@ -68,6 +69,7 @@ class Generator:
     counted: int = 0
     ticket_back: Any = None
     requests: RequestSource | None = None  # what it sends (plugin/request_source.py)
+    clock: WorkerClock = field(default_factory=WorkerClock)  # the run's epoch, shared by every load process
 
     @property
     def source(self) -> str:
@@ -121,6 +123,11 @@ class Generator:
         if changed:
             self.rate_changed, old = gevent.event.Event(), self.rate_changed
             old.set()
+
+    def schedule_start(self) -> float:
+        """When this process's schedules (trace rows, open-loop arrivals) count from, on the perf_counter clock:
+        the run's epoch, once the master fixed it (a local run: its own start)."""
+        return self.clock.start_perf(self.start_perf)
 
     def current_rate(self) -> float:
         """The open-loop rate now: the sweep step's in a rate sweep, else --request-rate (0: closed loop)."""

@@ -236,6 +236,9 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
                                                  on_trace_done=lambda: wire.trace_done(environment))
         if role == "local":  # one process: the collector's totals are the generator's own stats
             col.totals, col.step_stats, col.start_wall = gen.stats, gen.step_stats, gen.start_wall
+            gen.clock.start_local()
+        else:  # ready: its offset to the master's clock, then READY; the master sends the epoch
+            gevent.spawn(gen.clock.measure, environment.runner)
     if role != "worker":
         if STATE.watcher is not None:
             STATE.watcher.kill(block=False)

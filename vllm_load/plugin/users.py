@@ -102,8 +102,8 @@ class LLMUser(FastHttpUser):
         arrivals = gen.arrival_process()
         pool = Pool(max(1, int(gen.opts.max_concurrency)))
         tasks = [getattr(t, "_vllm_load_inner", t) for t in self.tasks]
-        next_at = begun = time.perf_counter()
-        run_start = gen.start_perf
+        run_start = gen.schedule_start()  # the run's epoch: every process's arrivals on one clock
+        next_at = begun = max(run_start, time.perf_counter())
         try:
             while not gen.draining:
                 arrivals.rate = gen.current_rate() / gen.total_users()
@@ -155,7 +155,7 @@ class _WorkloadUser(LLMUser):
         """--trace: this process's rows, each sent at its due time from the run's start (several users share
         the rows in order), each timed from that intended start; then wait for the run's end."""
         pool = Pool(max(1, int(gen.opts.max_concurrency)))
-        run_start = gen.start_perf
+        run_start = gen.schedule_start()  # the run's epoch: every process's rows on one clock
         try:
             while not gen.draining:
                 ready = self.llm.prepared(self.api)

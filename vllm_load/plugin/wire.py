@@ -13,6 +13,7 @@ from locust import events
 from locust.runners import MasterRunner, WorkerRunner
 
 from vllm_load.metrics.stats import LLMStats
+from vllm_load.plugin import run_clock
 from vllm_load.plugin.plan import PLAN, RunPlan
 from vllm_load.errors import EXIT_BAD_INPUT
 from vllm_load.plugin.state import STATE
@@ -242,15 +243,28 @@ def _on_worker_report(client_id: str, data: dict, **_kw: Any) -> None:
             col.health.add(client_id, data["vllm_load_client"])
 
 
+def _worker_clock() -> run_clock.WorkerClock:
+    gen = STATE.generator
+    return gen.clock if gen is not None else run_clock.WorkerClock()  # a stray message before the run: dropped
+
+
+def _master_clock() -> run_clock.MasterClock:
+    return STATE.collector.clock if STATE.collector is not None else run_clock.MasterClock()
+
+
 def register(environment: Any, role: str) -> None:
     """Register this process's end of the wire (at init)."""
     runner = environment.runner
     if role == "worker":
+        runner.register_message(run_clock.PONG, lambda msg, **kw: _worker_clock().on_pong(msg.data))
+        runner.register_message(run_clock.EPOCH, lambda msg, **kw: _worker_clock().on_epoch(msg.data))
         runner.register_message(FLUSH, lambda msg, **kw: _worker_flush(environment, msg), concurrent=True)
         runner.register_message(STEP, lambda msg, **kw: _worker_step(msg))
         runner.register_message(RESET, lambda msg, **kw: _worker_reset(environment))
         runner.register_message(PLAN, lambda msg, **kw: _receive_plan(msg))
     elif role == "master":
+        runner.register_message(run_clock.PING, lambda msg, **kw: _master_clock().on_ping(runner, msg))
+        runner.register_message(run_clock.READY, lambda msg, **kw: _master_clock().on_ready(runner, msg))
         runner.register_message(FLUSHED, lambda msg, **kw: _master_flushed(environment, msg))
         runner.register_message(FATAL, lambda msg, **kw: fatal(environment, str(msg.data["message"]),
                                                                 int(msg.data["code"])))

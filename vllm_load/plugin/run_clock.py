@@ -1,0 +1,108 @@
+"""One run clock for every load process: the instant a run's schedules (trace rows, open-loop arrivals) count
+from, fixed by the master once every worker is ready, on the master's clock.
+
+Each process used to start its own clock when its prompt pool was full: a trace split over two processes went
+out 429 ms skewed, rows 1, 0, 3, 2, … (40 inversions in 80 rows), while send lag said p50 1.1 ms. Now:
+1. a worker, its generator ready (pools primed), estimates its offset to the master's wall clock over Locust's
+   message channel: PINGS round trips, keeping the one of least delay (offset = the master's stamp minus the
+   midpoint of the worker's send and receive; uncertainty = half that round trip), then says READY;
+2. once every load process of the plan is ready, the master fixes the epoch LEAD_S ahead on its clock and
+   sends it (EPOCH) to all;
+3. each worker turns the epoch into its own clock (minus its offset) and its schedules start there. A worker
+   that was late to it sends late, and its send lag says so.
+A local runner's epoch is its own start. The offsets and their uncertainty are in the summary (``clock``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import gevent
+from gevent.event import AsyncResult, Event
+
+log = logging.getLogger("vllm_load")
+
+PING, PONG, READY, EPOCH = "vllm_load_clock_ping", "vllm_load_clock_pong", "vllm_load_ready", "vllm_load_epoch"
+PINGS = 8
+#: from the master's decision to the epoch: the EPOCH message's way to every worker (a few ms on a LAN)
+LEAD_S = 0.2
+#: the longest a schedule waits for its epoch before it starts on its own clock (and says so)
+WAIT_S = 60.0
+
+
+class WorkerClock:
+    """A worker's (or local runner's) view of the run clock."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0  # master clock minus this clock, seconds
+        self.uncertainty = 0.0  # half the round trip of the sample kept
+        self.epoch = AsyncResult()  # the epoch on this process's wall clock
+        self._pongs: list[tuple[float, float, float]] = []
+        self._pong = Event()
+
+    def start_local(self) -> None:
+        """A local runner: one process, one clock; the epoch is now."""
+        self.epoch.set(time.time())
+
+    def measure(self, runner: Any) -> None:
+        """Estimate the offset over PINGS round trips, then say READY (runs in its own greenlet)."""
+        for _ in range(PINGS):
+            self._pong.clear()
+            runner.send_message(PING, {"t1": time.time()})
+            if not self._pong.wait(5.0):
+                break
+        if self._pongs:
+            t1, tm, t2 = min(self._pongs, key=lambda p: p[2] - p[0])
+            self.offset, self.uncertainty = tm - (t1 + t2) / 2, (t2 - t1) / 2
+        runner.send_message(READY, {"offset": self.offset, "uncertainty": self.uncertainty})
+
+    def on_pong(self, data: dict) -> None:
+        self._pongs.append((float(data["t1"]), float(data["tm"]), time.time()))
+        self._pong.set()
+
+    def on_epoch(self, data: dict) -> None:
+        self.epoch.set(float(data["epoch"]) - self.offset)
+
+    def start_perf(self, fallback: float) -> float:
+        """The epoch on the perf_counter clock (schedules count on it); waits for it. Without an epoch in WAIT_S
+        (a master too old to send one), ``fallback`` (this process's own start), said once in the log."""
+        try:
+            epoch = self.epoch.get(timeout=WAIT_S)
+        except gevent.Timeout:
+            log.warning("vllm-load: no run epoch from the master in %.0f s: this worker's schedule starts on its "
+                        "own clock", WAIT_S)
+            self.epoch.set(None)
+            return fallback
+        if epoch is None:
+            return fallback
+        return time.perf_counter() + (epoch - time.time())
+
+
+class MasterClock:
+    """The master's side: answers pings, collects READY, fixes and sends the epoch."""
+
+    def __init__(self) -> None:
+        self.ready: dict[str, dict] = {}  # worker -> its offset and uncertainty
+        self.expected = 0
+        self.epoch: float | None = None
+
+    def reset(self, expected: int) -> None:
+        self.ready, self.expected, self.epoch = {}, expected, None
+
+    def on_ping(self, runner: Any, msg: Any) -> None:
+        runner.send_message(PONG, {"t1": msg.data["t1"], "tm": time.time()}, client_id=msg.node_id)
+
+    def on_ready(self, runner: Any, msg: Any) -> None:
+        self.ready[msg.node_id] = {"offset": float(msg.data["offset"]), "uncertainty": float(msg.data["uncertainty"])}
+        if self.epoch is None and len(self.ready) >= self.expected:
+            self.epoch = time.time() + LEAD_S
+            runner.send_message(EPOCH, {"epoch": self.epoch})
+        elif self.epoch is not None:  # a worker that joins a running run starts on the run's epoch
+            runner.send_message(EPOCH, {"epoch": self.epoch}, client_id=msg.node_id)
+
+    def summary(self) -> dict:
+        """``clock`` in the summary: each worker's offset to the master and its uncertainty, in ms."""
+        return {w: {"offset_ms": round(v["offset"] * 1000, 3), "uncertainty_ms": round(v["uncertainty"] * 1000, 3)}
+                for w, v in sorted(self.ready.items())}
