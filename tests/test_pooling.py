@@ -39,11 +39,12 @@ def test_pooling_locustfiles_send_exact_unique_inputs(tmp_path, api, batch, text
 
 def test_a_users_own_embed_and_rerank_calls(tmp_path):
     res, logs, s = _run(tmp_path, ROOT / "tests" / "locustfiles" / "pooling.py")
-    by_name = {n: [r for r in logs if r["name"] == n] for n in ("embed", "rerank")}
-    assert by_name["embed"] and by_name["rerank"] and all(r["ok"] for r in logs), [r["error"] for r in logs][:3]
+    by_name = {n: [r for r in logs if r["name"] == n] for n in ("embed", "rerank", "score")}
+    assert all(by_name.values()) and all(r["ok"] for r in logs), [r["error"] for r in logs][:3]
+    assert all(r["input_tokens"] == r["input_tokens_asked"] and r["items"] == 3 for r in by_name["score"])
     assert all(r["input_tokens"] == r["input_tokens_asked"] and r["items"] == 5 for r in by_name["embed"])
     assert all(r["input_tokens"] == r["input_tokens_asked"] and r["items"] == 4 for r in by_name["rerank"])
-    assert set(s["names"]) == {"embed", "rerank"}
+    assert set(s["names"]) == {"embed", "rerank", "score"}
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
 
 

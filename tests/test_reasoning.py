@@ -33,6 +33,9 @@ def test_a_reasoning_model_reports_ttfo_after_its_thinking(tmp_path):
     m = s["metrics"]
     assert m["ttfo"]["p50"] - m["ttft"]["p50"] == pytest.approx(THINK * ITL, abs=0.005)
     assert m["reasoning_tokens"]["min"] == m["reasoning_tokens"]["max"] == THINK
+    # the gaps within each phase: 31 while thinking, 15 in the answer, per request, each ~ITL
+    assert m["itl_reasoning"]["count"] == (THINK - 1) * len(logs) and m["itl_answer"]["count"] == (OUT - THINK - 1) * len(logs)
+    assert m["itl_reasoning"]["p50"] == pytest.approx(ITL, abs=0.002) and m["itl_answer"]["p50"] == pytest.approx(ITL, abs=0.002)
     assert "TTFO (first answer token) (ms)" in res.stdout and f"reasoning: {THINK * len(logs)} of the output" in res.stdout
     (check,) = out["slo"]
     assert check["slo"] == "ttfo.p99<=2s" and check["passed"] and check["value"] == pytest.approx(m["ttfo"]["p99"])
@@ -45,4 +48,4 @@ def test_a_model_that_does_not_reason_shows_no_reasoning_rows(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     logs = [r for f in run_dir.glob("requests*.jsonl") for r in read_log(f)]
     assert logs and all(r["ttfo"] == r["ttft"] and r["reasoning_tokens"] is None for r in logs)
-    assert "TTFO" not in res.stdout and "reasoning:" not in res.stdout
+    assert "TTFO" not in res.stdout and "reasoning:" not in res.stdout and "while reasoning" not in res.stdout

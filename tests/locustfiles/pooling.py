@@ -18,3 +18,6 @@ class Rag(LLMUser):
         ranked = self.llm.rerank(question, passages, name="rerank", top_n=2)
         if ranked.ok:
             assert len(ranked.data["results"]) == 2, ranked.data
+        scored = self.llm.score(question, passages[:3], name="score")
+        if scored.ok:
+            assert [d["index"] for d in scored.data["data"]] == [0, 1, 2], scored.data

@@ -42,6 +42,16 @@ def rerank_request(model: str, query: str, documents: list[str], input_tokens: i
     return ReadyRequest("rerank", orjson.dumps(body), input_tokens, None, group, items=len(documents))
 
 
+def score_request(model: str, queries: str | list[str], documents: list[str], input_tokens: int | None, *,
+                  defaults: BodyDefaults = BodyDefaults(), extra: dict[str, Any] | None = None,
+                  group: str | None = None) -> ReadyRequest:
+    """``POST /v1/score``: each document scored against the query (or query i against document i)."""
+    body: dict[str, Any] = {"model": model, "queries": queries, "documents": documents}
+    body.update(dict(defaults.extra))
+    body.update(extra or {})
+    return ReadyRequest("score", orjson.dumps(body), input_tokens, None, group, items=len(documents))
+
+
 def pooling_request(transport: Transport, req: ReadyRequest, headers: dict[str, str], *,
                     intended_start: float | None = None, worker: str = "", step: int | None = None,
                     startup: bool = False, name: str | None = None,

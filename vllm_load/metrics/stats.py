@@ -7,6 +7,7 @@ counters, per-second counts), so the master's totals equal the union of all work
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -40,6 +41,21 @@ OTHER_NAMES = "(other names)"
 def name_order(name: str) -> list:
     """'turn 2' before 'turn 10': digits compare as numbers."""
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
+
+
+def _phase_gaps(recs: list[RequestRecord]) -> tuple[list[float], list[float]]:
+    """The chunk gaps of reasoning requests within their thinking and within their answer (the gap that crosses
+    from one to the other is in neither); nothing for requests that did not reason."""
+    thinking: list[float] = []
+    answering: list[float] = []
+    for r in recs:
+        if r.reasoning_tokens is None:
+            continue
+        o = r.chunk_offsets
+        k = bisect.bisect_left(o, r.ttfo) if r.ttfo is not None else len(o)
+        thinking += [o[i] - o[i - 1] for i in range(1, k)]
+        answering += [o[i] - o[i - 1] for i in range(k + 1, len(o))]
+    return thinking, answering
 
 
 def _new_hists() -> dict[str, Histogram]:
@@ -229,6 +245,9 @@ class LLMStats:
         h["ttft"].record_many([r.ttft for r in ok if r.ttft is not None])
         h["ttfo"].record_many([r.ttfo for r in ok if r.ttfo is not None])
         h["reasoning_tokens"].record_many([r.reasoning_tokens for r in ok if r.reasoning_tokens is not None])
+        thinking, answering = _phase_gaps(ok)
+        h["itl_reasoning"].record_many(thinking)
+        h["itl_answer"].record_many(answering)
         h["tpot"].record_many([t for r in ok if (t := r.tpot) is not None])
         h["output_tps"].record_many([t for r in ok if (t := r.output_tps) is not None])
         h["input_tokens"].record_many([r.input_tokens for r in ok if r.input_tokens is not None])

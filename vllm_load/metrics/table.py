@@ -24,6 +24,9 @@ METRICS: tuple[Metric, ...] = (
     # each gap over the tokens its chunk carried (one value per token)
     Metric("itl", "ITL (per chunk)", "ms", 1000.0, latency=True),
     Metric("itl_token", "ITL per token", "ms", 1000.0, latency=True),
+    # a reasoning model's chunk gaps within each phase (the switch from thinking to answer is in neither)
+    Metric("itl_reasoning", "ITL while reasoning (per chunk)", "ms", 1000.0, latency=True),
+    Metric("itl_answer", "ITL of the answer (per chunk)", "ms", 1000.0, latency=True),
     Metric("tpot", "TPOT", "ms", 1000.0, latency=True),
     Metric("e2e", "E2E latency", "ms", 1000.0, latency=True),
     Metric("output_tps", "Output tok/s per request", "tok/s", 1.0, hist_scale=1000.0),
@@ -34,7 +37,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("reasoning_tokens", "Reasoning tokens", "tok", 1.0, hist_scale=1.0),
 )
 #: rows shown only when the run had reasoning (otherwise TTFO repeats TTFT)
-REASONING_ONLY = ("ttfo", "reasoning_tokens")
+REASONING_ONLY = ("ttfo", "reasoning_tokens", "itl_reasoning", "itl_answer")
 BY_KEY = {m.key: m for m in METRICS}
 #: the latency metrics, in the table's order (SLO names, stats' per-request times)
 LATENCY = tuple(m.key for m in METRICS if m.latency)

@@ -19,7 +19,8 @@ import gevent
 from gevent import getcurrent
 
 from vllm_load.client.exchange import JsonBody, Transport
-from vllm_load.client.pooling import POOLING, count_inputs, embeddings_request, pooling_request, rerank_request
+from vllm_load.client.pooling import (POOLING, count_inputs, embeddings_request, pooling_request, rerank_request,
+                                      score_request)
 from vllm_load.client.reply import Reply
 from vllm_load.client.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
@@ -193,6 +194,22 @@ class LLM:
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         return self.send(rerank_request(model, query, documents, tokens, defaults=src.defaults, extra=body,
                                         group=group), name=name)
+
+    def score(self, queries: str | list[str], documents: list[str], *, name: str | None = None, **body: Any) -> Reply:
+        """One ``/v1/score`` request: each document scored against the query (a str), or query i against document i
+        (a list as long as ``documents``); ``Reply.data["data"][i]["score"]``. Input tokens are checked as a
+        bi-encoder counts them (each text once), as ``rerank``."""
+        qs = [queries] if isinstance(queries, str) else queries
+        if not isinstance(qs, list) or not qs or not all(isinstance(q, str) for q in qs) \
+                or not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents) \
+                or len(qs) not in (1, len(documents)):
+            raise TypeError("self.llm.score(queries, documents): give a str (or as many str as documents) and a "
+                            "non-empty list of str")
+        src = self._source()
+        tokens = src.offload(count_inputs, src.tokenizer.count_completion, [*qs, *documents])
+        model, group = (body.pop("model"), None) if "model" in body else src.next_model()
+        return self.send(score_request(model, queries, documents, tokens, defaults=src.defaults, extra=body,
+                                       group=group), name=name)
 
     def prepared(self, api: str = "chat") -> ReadyRequest:
         """The next request of the run's own workload (--input-tokens, --output-tokens, --dataset, …), built
