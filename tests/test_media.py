@@ -62,3 +62,33 @@ def test_a_users_own_image_and_audio(tmp_path):
     assert logs and all(r["ok"] and r["media"] == 2 for r in logs), [r["error"] for r in logs][:3]
     # 280x140: 10x5 patches; 2 s of audio: 50
     assert all(r["media_tokens"] == 50 + 50 for r in logs)
+
+
+def test_images_and_clips_from_folders(tmp_path, emulator_factory):
+    """--images-from / --audio-from: the files, in turn; the emulator charges each by its own size and length."""
+    import io
+    import wave
+
+    from PIL import Image
+
+    folder = tmp_path / "pics"
+    folder.mkdir()
+    for name, size in (("a.png", (56, 56)), ("b.jpg", (112, 28))):
+        Image.new("RGB", size, (200, 10, 10)).save(folder / name)
+    (folder / "notes.txt").write_text("not an image")
+    clip = tmp_path / "clip.wav"
+    with wave.open(str(clip), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000), w.writeframes(b"\0\0" * 16000)  # 1 s
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.003")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+                      "--host", emu.url, "--images-per-request", "1", "--images-from", str(folder), "--audio-from",
+                      str(clip), "--input-tokens", "40", "--output-tokens", "4", "--run-dir", str(run_dir)],
+                     cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    # a.png: 2x2 patches, b.jpg: 4x1; 1 s of audio: 25 tokens
+    assert logs and {r["media_tokens"] for r in logs} == {4 + 25}, sorted({r["media_tokens"] for r in logs})
+    bad = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "2s", "--host", emu.url,
+                      "--images-per-request", "1", "--images-from", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
+    assert bad.returncode == 2 and "--images-from" in bad.stderr and "no " in bad.stderr

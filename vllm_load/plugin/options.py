@@ -143,6 +143,10 @@ OPTIONS: tuple[Option, ...] = (
         type=int, locustfiles=("chat.py",)),
     Option("--image-size", "512x512", "chat.py: the images' size, WxH; each side a length (256-1024x512), or a list to "
         "draw from (256x256,1024x768)", locustfiles=("chat.py",)),
+    Option("--images-from", "", "chat.py: the images come from this file or folder (jpg, png, webp, gif, bmp), in "
+        "turn, instead of being generated: a file sent twice can hit vLLM's multimodal cache", locustfiles=("chat.py",)),
+    Option("--audio-from", "", "chat.py: one clip per request from this file or folder (wav, mp3), in turn, instead "
+        "of --audio-seconds' generated ones", locustfiles=("chat.py",)),
     Option("--audio-seconds", 0.0, "chat.py: one unique audio clip (16 kHz WAV, input_audio) of this many seconds "
         "after each prompt's text; 0: none", type=float, locustfiles=("chat.py",)),
     Option("--batch-size", 1, "pooling requests: unique texts per embeddings request, documents per rerank request "

@@ -19,7 +19,7 @@ from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS, body_defaults
 from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.workload.lengths import parse_length
-from vllm_load.workload.media import ImageSize, MediaMaker, parse_image_size
+from vllm_load.workload.media import AUDIO_TYPES, IMAGE_TYPES, ImageSize, MediaFiles, MediaMaker, parse_image_size
 from vllm_load.workload.prompt_pool import PromptPool, token_thread
 from vllm_load.workload.prompts import Prompt, PromptFactory, prompt_api
 from vllm_load.workload.tokenizer import load_tokenizer
@@ -71,6 +71,8 @@ class RequestSource:
         self.pool_media: MediaMaker | None = None
         self.helper_media: MediaMaker | None = None
         self.image_size: ImageSize | None = None
+        self.image_files: MediaFiles | None = None  # --images-from, --audio-from
+        self.audio_files: MediaFiles | None = None
 
     def fill_pools(self, apis: frozenset[str]) -> None:
         """Start each API's pool and wait for its first prompts: the first one of a process pays for the
@@ -164,18 +166,29 @@ class RequestSource:
                              self._media_parts() if api == "chat" else None)
 
     def _media_parts(self) -> list[dict[str, Any]] | None:
-        """--images-per-request unique images of --image-size, and a --audio-seconds clip (chat.py), made in the
-        prompt thread."""
-        images = int(getattr(self.opts, "images_per_request", 0) or 0)
-        seconds = float(getattr(self.opts, "audio_seconds", 0.0) or 0.0)
-        if not images and seconds <= 0:
+        """--images-per-request images (generated at --image-size, or --images-from's files) and one clip
+        (--audio-seconds generated, or --audio-from's files) for chat.py, made in the prompt thread."""
+        o = self.opts
+        images = int(getattr(o, "images_per_request", 0) or 0)
+        seconds = float(getattr(o, "audio_seconds", 0.0) or 0.0)
+        audio_files = getattr(o, "audio_from", "")
+        if not images and seconds <= 0 and not audio_files:
             return None
         if self.pool_media is None:
             self.pool_media = MediaMaker(self.plan.salt, f"{self.source}/pool")
-            self.image_size = parse_image_size(self.opts.image_size)
+            self.image_size = parse_image_size(o.image_size)
+            rng = random.Random(f"{self.plan.draws}/{self.source}/media")
+            self.image_files = (MediaFiles(o.images_from, IMAGE_TYPES, "--images-from", rng)
+                                if getattr(o, "images_from", "") else None)
+            self.audio_files = MediaFiles(audio_files, AUDIO_TYPES, "--audio-from", rng) if audio_files else None
         assert self.image_size is not None
-        parts = [self.pool_media.image_part(*self.image_size.sample(self.rng)) for _ in range(images)]
-        return parts + ([self.pool_media.audio_part(seconds)] if seconds > 0 else [])
+        parts = [self.image_files.part() if self.image_files is not None
+                 else self.pool_media.image_part(*self.image_size.sample(self.rng)) for _ in range(images)]
+        if self.audio_files is not None:
+            parts.append(self.audio_files.part())
+        elif seconds > 0:
+            parts.append(self.pool_media.audio_part(seconds))
+        return parts
 
     def media_part(self, kind: str, *args: Any) -> dict[str, Any]:
         """A user's own image or clip (``self.llm.image``/``audio``), made in the helper thread."""

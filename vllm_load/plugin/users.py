@@ -181,7 +181,7 @@ class _WorkloadUser(LLMUser):
 class ChatUser(_WorkloadUser):
     abstract = False
     api = "chat"
-    uses_options = frozenset({"images_per_request", "image_size", "audio_seconds"})
+    uses_options = frozenset({"images_per_request", "image_size", "audio_seconds", "images_from", "audio_from"})
 
 
 class CompletionsUser(_WorkloadUser):

@@ -56,9 +56,17 @@ def check_numbers(opts: Any) -> None:
                 raise UsageError(f"{o.flag} must be >= {low:g}, got {value:g}")
         elif o.kw.get("type") is int and o.dest in _INT_AT_LEAST and value < _INT_AT_LEAST[o.dest]:
             raise UsageError(f"{o.flag} must be >= {_INT_AT_LEAST[o.dest]}, got {value}")
-    if getattr(opts, "images_per_request", 0):
-        from vllm_load.workload.media import parse_image_size
+    if getattr(opts, "images_per_request", 0) or getattr(opts, "images_from", "") or getattr(opts, "audio_from", ""):
+        import random
+
+        from vllm_load.workload.media import AUDIO_TYPES, IMAGE_TYPES, MediaFiles, parse_image_size
         parse_image_size(opts.image_size)
+        if opts.images_from:
+            MediaFiles(opts.images_from, IMAGE_TYPES, "--images-from", random.Random())
+            if not opts.images_per_request:
+                raise UsageError("--images-from needs --images-per-request N: how many of its images each request carries")
+        if opts.audio_from:
+            MediaFiles(opts.audio_from, AUDIO_TYPES, "--audio-from", random.Random())
     if getattr(opts, "emulator_reasoning_tokens", ""):
         from vllm_load.workload.lengths import parse_length
         parse_length(opts.emulator_reasoning_tokens, "--emulator-reasoning-tokens")

@@ -50,6 +50,38 @@ def parse_image_size(spec: str, option: str = "--image-size") -> ImageSize:
     return ImageSize(tuple(choices), str(spec))
 
 
+IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp",
+               ".gif": "image/gif", ".bmp": "image/bmp"}
+AUDIO_TYPES = {".wav": "wav", ".mp3": "mp3"}
+
+
+class MediaFiles:
+    """``--images-from`` / ``--audio-from``: a file, or a folder's files of the known types, sent as they are, in
+    turn (seeded order per process). Unlike generated media, a file sent twice can hit vLLM's multimodal cache."""
+
+    def __init__(self, path: str, kinds: dict[str, str], option: str, rng: random.Random) -> None:
+        from pathlib import Path
+
+        root = Path(path)
+        files = sorted(p for p in (root.iterdir() if root.is_dir() else [root]) if p.suffix.lower() in kinds)
+        if not root.exists() or not files:
+            raise UsageError(f"{option} {path}: no {'/'.join(sorted(kinds))} file there: give a file or a folder of them")
+        rng.shuffle(files)
+        self.files, self.kinds, self.next = files, kinds, 0
+        self._cache: dict = {}
+
+    def part(self) -> dict[str, Any]:
+        path = self.files[self.next % len(self.files)]
+        self.next += 1
+        data = self._cache.get(path)
+        if data is None:
+            data = self._cache[path] = base64.b64encode(path.read_bytes()).decode()
+        kind = self.kinds[path.suffix.lower()]
+        if kind.startswith("image/"):
+            return {"type": "image_url", "image_url": {"url": f"data:{kind};base64,{data}"}}
+        return {"type": "input_audio", "input_audio": {"data": data, "format": kind}}
+
+
 @dataclass
 class MediaMaker:
     """One per thread that makes media (a process's prompt thread, its helper thread): ``source`` keeps their
