@@ -34,6 +34,9 @@ def test_pooling_locustfiles_send_exact_unique_inputs(tmp_path, api, batch, text
     assert s["inputs"] == batch * len(logs) and s["input_drift_requests"] == 0
     assert s["input_rate"] == pytest.approx(s["inputs"] / s["duration_s"])
     assert f"pooling: {batch * len(logs)} inputs" in res.stdout
+    result = json.loads((tmp_path / "run" / "vllm-result.json").read_text())  # as vllm bench serve's pooling result
+    assert result["total_input_sequences"] == s["inputs"] and "mean_ttft_ms" not in result
+    assert result["input_sequence_throughput"] == pytest.approx(s["input_rate"]) and "median_e2el_ms" in result
     assert "TTFT" not in res.stdout and "Output tokens" not in res.stdout and "tokens per text" in res.stdout
 
 

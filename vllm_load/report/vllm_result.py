@@ -23,6 +23,8 @@ from vllm_load.rundir.reqlog import read_log
 #: vLLM's names of our metric keys, and the statistics written for each (``median`` is p50)
 _METRICS = (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2el", "e2e"))
 _PERCENTILES = ("p50", "p90", "p95", "p99", "p99.9")
+#: keys a pooling result (vLLM's EmbedBenchmarkMetrics) does not have
+_GENERATION_KEYS = ("total_output_tokens", "output_throughput", "max_output_tokens_per_s", "request_goodput", "rtfx")
 
 
 def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
@@ -75,6 +77,11 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         out[f"std_{vname}_ms"] = m.get("std", 0.0) * 1000 if has else 0.0
         for p in _PERCENTILES:
             out[f"{p}_{vname}_ms"] = m[p] * 1000 if has else 0.0
+    if api in ("embeddings", "rerank", "score"):  # vLLM's pooling result: inputs, no generation keys
+        out["total_input_sequences"] = int(s.get("inputs", 0))
+        out["input_sequence_throughput"] = float(s.get("input_rate", 0.0))
+        for key in [k for k in out if k.endswith(("_ttft_ms", "_tpot_ms", "_itl_ms")) or k in _GENERATION_KEYS]:
+            del out[key]
     out["latencies"] = [r["e2e"] for r in logs]
     out["queue_times"] = [r.get("send_lag") or 0.0 for r in logs]
     if detailed:
