@@ -121,3 +121,49 @@ def test_readme_command_1_on_a_quiet_machine_is_not_flagged(tmp_path):
     data = json.loads((run_dir / "summary.json").read_text())
     assert res.returncode == 0 and data["valid"], (data["summary"]["client"], res.stdout[-1500:])
     assert "UNTRUSTWORTHY" not in res.stdout
+
+
+def test_an_embedded_emulator_that_fell_behind_is_named_not_read_as_a_slow_server():
+    h = ClientHealth()
+    h.add("local", {"cpu": 20.0, "lag": 0.001, "streams": 16})
+    assert not h.verdict(emulator=(10_000, 3))["saturated"]  # 0.03 %: nothing to say
+    small = h.verdict(emulator=(10_000, 40))
+    assert not small["saturated"] and "40 of its 10000 chunks (0.4%) came over 10 ms late" in small["notes"][0]
+    v = h.verdict(emulator=(10_000, 900))
+    assert v["saturated"] and v["cause"] == "emulator" and "a starved emulator, not a slow server" in v["reasons"][0]
+    assert "--host" in v["advice"]
+
+
+def test_a_starved_embedded_emulator_makes_the_run_untrustworthy(tmp_path):
+    """The embedded emulator stopped (SIGSTOP) for 0.3 s at a time mid-run: its chunks come late by its own
+    schedule, and the run says so (exit 5) instead of reporting a slow server."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.helpers import ROOT, wait_for
+
+    run_dir = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u",
+                          "4", "-r", "4", "-t", "5s", "--output-tokens", "32", "--run-dir", str(run_dir)],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    try:
+        emu = wait_for(lambda: next((c for c in psutil.Process(p.pid).children(recursive=True)
+                                     if "emulator" in " ".join(c.cmdline())), None), what="the embedded emulator")
+        wait_for(lambda: (run_dir / "requests.jsonl").exists() and (run_dir / "requests.jsonl").stat().st_size > 0,
+                 what="the first requests")
+        for _ in range(4):
+            emu.send_signal(signal.SIGSTOP)
+            time.sleep(0.3)  # the stall itself, not a wait for something to happen
+            emu.send_signal(signal.SIGCONT)
+            time.sleep(0.3)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 5, out[-3000:] + err[-2000:]
+    assert "the embedded emulator fell behind its own schedule" in out and "Cause: emulator" in out, out[-3000:]

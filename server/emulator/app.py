@@ -117,6 +117,10 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
             429: "Too Many Requests", 500: "Internal Server Error", 503: "Service Unavailable"}
 
 
+#: a chunk produced this long after its schedule's due time counts as late: the emulator itself fell behind
+LATE_S = 0.010
+
+
 class DropConnection(Exception):
     """Raised inside a streaming body: the server closes the connection without ending the stream."""
 
@@ -130,6 +134,8 @@ class Emulator:
                  reasoning: Any = None, seed: int = 0, media_cost: media.MediaCost | None = None) -> None:
         self.model = model
         self.media_cost = media_cost or media.MediaCost()  # tokens and encoder time per image, clip, video
+        #: chunks produced on a schedule, and those produced over LATE_S after it (vllm_emulator:* in /metrics)
+        self.emitted = self.late = 0
         self.owned_by = "vllm"  # /v1/models' owned_by (--owned-by: another server's, for clients that detect vLLM)
         #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
         #: streamed as vLLM's reasoning parser streams them (``delta.reasoning``) and counted in usage
@@ -298,6 +304,8 @@ class Emulator:
 
     def _update_gauges(self) -> None:
         m = self.metrics
+        m.l(m.emissions).set(self.emitted)
+        m.l(m.late_emissions).set(self.late)
         m.l(m.running).set(self.engine.running)
         m.l(m.waiting).set(self.engine.waiting)
         m.l(m.kv_usage).set(self.engine.kv_usage)
@@ -523,6 +531,10 @@ class Emulator:
                 for _ in range(em.tokens):
                     m.l(m.itl).observe(gap)
             prev = em.offset
+            if em.due is not None:  # how late this process wrote it against its own schedule (a starved emulator)
+                self.emitted += 1
+                if em.offset - em.due > LATE_S:
+                    self.late += 1
             # a reasoning model's chunk is its thinking, its answer, or (at the switch) two chunks: one of each
             thinking = min(em.tokens, max(0, out_spec.reasoning - out))
             for n, kind, piece in ((thinking, "reasoning", "".join(parts[:thinking])),

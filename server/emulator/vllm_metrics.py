@@ -61,7 +61,11 @@ class VllmMetrics:
         self.decode = h("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", REQUEST_BUCKETS)
         self.req_prompt = h("vllm:request_prompt_tokens", "Number of prefill tokens processed.", TOKEN_BUCKETS)
         self.req_generation = h("vllm:request_generation_tokens", "Number of generation tokens processed.", TOKEN_BUCKETS)
-        for m in (self.running, self.waiting, self.kv_usage):
+        # the emulator's own: chunks produced on its schedule, and those produced over 10 ms late (a starved
+        # emulator, e.g. one that shares the client's cores: vllm-load says so instead of blaming the server)
+        self.emissions = g("vllm_emulator:emissions", "Chunks produced on the emulator's own schedule.")
+        self.late_emissions = g("vllm_emulator:late_emissions", "Chunks produced over 10 ms after they were due.")
+        for m in (self.running, self.waiting, self.kv_usage, self.emissions, self.late_emissions):
             m.labels(**self.labels).set(0)
         # like vLLM, expose every series from the start (a scrape before any traffic sees zeros)
         for m in (self.prefix_queries, self.prefix_hits, self.preemptions, self.prompt_tokens, self.generation_tokens,

@@ -53,7 +53,31 @@ ADVICE = {
     "schedule": "add workers, or raise --max-concurrency",
     "host": "the reader thread was not scheduled in time with this process's CPU low and no other process "
             "waiting: the host (a VM's vCPU, power saving) held it; measure on another host",
+    "emulator": "the embedded emulator shares these cores with the client: lower the load, give it cores of its "
+                "own, or measure a real server with --host",
 }
+#: the embedded emulator fell behind when this share of its chunks came over 10 ms after their due time (a note
+#: from EMULATOR_NOTE): its times then describe a starved emulator, not a slow server
+EMULATOR_LATE = 0.05
+EMULATOR_NOTE = 0.001
+
+
+def emulator_lateness(url: str, timeout: float = 2.0) -> tuple[int, int] | None:
+    """The embedded emulator's chunks produced on its schedule and those over 10 ms late, from its /metrics
+    (None: it could not say)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout).read().decode()
+    except (OSError, ValueError):
+        return None
+    got = {f.name: sum(x.value for x in f.samples) for f in text_string_to_metric_families(text)
+           if f.name in ("vllm_emulator:emissions", "vllm_emulator:late_emissions")}
+    if len(got) < 2:
+        return None
+    return int(got["vllm_emulator:emissions"]), int(got["vllm_emulator:late_emissions"])
 
 
 def _run_delay() -> float:
@@ -179,7 +203,8 @@ class ClientHealth:
         self.reports.setdefault(worker, []).append(report)
 
     def verdict(self, send_lag_p99: float | None = None, quiet: list[tuple[float, float]] | None = None,
-                shared_stamp: float = 1.0, late_merged: float | None = None) -> dict:
+                shared_stamp: float = 1.0, late_merged: float | None = None,
+                emulator: tuple[int, int] | None = None) -> dict:
         """``quiet``: spans (wall clock) of outages and failure storms, whose reports are not judged.
         ``shared_stamp``: the share of chunk gaps that were 0 (two chunks of a stream under one stamp). A late
         read can move a measured gap only by merging a stream's chunks under one stamp, and a percentile only
@@ -228,12 +253,21 @@ class ClientHealth:
                     causes.append(read_cause(late))
                 else:
                     notes.append(f"{said}: {what}, too few to move any percentile reported")
+        if emulator is not None and emulator[0]:
+            share = emulator[1] / emulator[0]
+            said = (f"the embedded emulator fell behind its own schedule: {emulator[1]} of its {emulator[0]} chunks "
+                    f"({share:.1%}) came over 10 ms late")
+            if share >= EMULATOR_LATE:
+                reasons.append(said + " (it shares these cores): the times describe a starved emulator, not a slow server")
+                causes.append("emulator")
+            elif share >= EMULATOR_NOTE:
+                notes.append(said)
         if send_lag_p99 is not None and send_lag_p99 >= SEND_LAG_LIMIT:
             reasons.append(f"open loop: requests left {send_lag_p99 * 1000:.0f} ms late at p99")
             causes.append("schedule")
         all_rows = [r for rows in self.reports.values() for r in rows]
         # the most specific cause decides the advice: contention explains a lagging schedule too
-        order = ("contention", "client", "blocked", "host", "schedule")
+        order = ("emulator", "contention", "client", "blocked", "host", "schedule")
         cause = next((c for c in order if c in causes), None)
         return {
             "saturated": bool(reasons),
