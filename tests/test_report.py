@@ -130,3 +130,24 @@ def test_compare_flags_a_real_change_and_not_noise(tmp_path, capsys):
     page = (tmp_path / "cmp" / "compare.html").read_text()
     assert "data:image/png;base64," in page and "id='metrics'" in page
     assert cli_main(["compare", str(a), str(tmp_path / "missing")]) == 2
+
+
+def test_compare_says_how_the_runs_differ_before_any_metric(tmp_path, capsys):
+    """Two runs of 8 and 4 users, one against the emulator: that is said first, so a moved request rate is read
+    with its cause; equal setups say nothing of the kind."""
+    from vllm_load.cli import main as cli_main
+    from vllm_load.report.compare import compare
+    from vllm_load.rundir.files import load_run
+
+    a = make_run_dir(tmp_path / "a", users=8)
+    b = make_run_dir(tmp_path / "b", users=4, emulator=False)
+    same = make_run_dir(tmp_path / "same", users=8)
+    assert compare(load_run(a), load_run(same))["differs"] == []
+    differs = {d["what"]: (d["a"], d["b"]) for d in compare(load_run(a), load_run(b))["differs"]}
+    assert differs["--num-users"] == (8, 4) and differs["target"][0] == "the embedded EMULATOR"
+    assert "--api-key" not in differs  # secrets and run names are no setup
+    assert cli_main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("  the runs differ in") and any("--num-users: A 8  B 4" in line for line in out)
+    assert "## The runs differ in" in (tmp_path / "cmp" / "compare.md").read_text()
+    assert "id='differs'" in (tmp_path / "cmp" / "compare.html").read_text()

@@ -34,6 +34,43 @@ def window_noise(run: Run, key: str) -> float | None:
     return math.sqrt(sum((m - mean) ** 2 for m in medians) / (len(medians) - 1))
 
 
+#: options that name a run rather than set it up: a difference in them is no difference in setup
+_NAMING = {"run_dir", "salt", "seed", "csv_prefix", "html_file", "json_file", "junit", "logfile", "api_key",
+           "sidecar_token", "prometheus_token", "web_port", "metrics_port", "master_port", "master_bind_port",
+           "config", "locustfile"}
+
+
+def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
+    """How the two runs were set up differently, said before any metric: the target and its kind, the load
+    (users, rate, workers), every option given differently, and whether each run could be trusted. A -53 %
+    request rate between runs of 8 and 4 users is the users' doing, not the server's."""
+    ca, cb = a.config, b.config
+    pa, pb = ca.get("plan", {}), cb.get("plan", {})
+
+    def kind(c: dict) -> str:
+        return "the embedded EMULATOR" if c.get("target_is_emulator") else f"{c.get('host')} ({c.get('model')})"
+
+    def trust(run: Run) -> str:
+        client = run.summary.get("client") or {}
+        return "untrustworthy: " + "; ".join(client.get("reasons", [])) if client.get("saturated") else "trusted"
+
+    out: list[dict[str, Any]] = []
+    for what, va, vb in (("target", kind(ca), kind(cb)), ("tokenizer", ca.get("tokenizer"), cb.get("tokenizer")),
+                         ("users", pa.get("total_users"), pb.get("total_users")),
+                         ("load processes", pa.get("processes"), pb.get("processes")),
+                         ("workers that reported", len(a.summary.get("workers") or []),
+                          len(b.summary.get("workers") or [])),
+                         ("server kind", pa.get("server_kind", "vllm"), pb.get("server_kind", "vllm")),
+                         ("trust", trust(a), trust(b))):
+        if va != vb:
+            out.append({"what": what, "a": va, "b": vb})
+    oa, ob = ca.get("options", {}), cb.get("options", {})
+    for key in sorted(set(oa) | set(ob)):
+        if key not in _NAMING and oa.get(key) != ob.get(key):
+            out.append({"what": f"--{key.replace('_', '-')}", "a": oa.get(key), "b": ob.get(key)})
+    return out
+
+
 def compare(a: Run, b: Run) -> dict[str, Any]:
     rows = []
     for m in METRICS:
@@ -64,7 +101,8 @@ def compare(a: Run, b: Run) -> dict[str, Any]:
     for text in list(dict.fromkeys([*slo_a, *slo_b])):
         verdicts.append({"slo": text, "a": slo_a.get(text), "b": slo_b.get(text),
                          "changed": slo_a.get(text) != slo_b.get(text)})
-    return {"a": str(a.path), "b": str(b.path), "metrics": rows, "rates": rates, "slos": verdicts}
+    return {"a": str(a.path), "b": str(b.path), "differs": setup_differences(a, b), "metrics": rows, "rates": rates,
+            "slos": verdicts}
 
 
 def _verdicts(run: Run) -> dict[str, bool]:
@@ -83,7 +121,12 @@ def _verdict(v: bool | None) -> str:
 
 
 def render_markdown(c: dict) -> str:
-    lines = [f"# vllm-load compare", "", f"A: `{c['a']}`  ", f"B: `{c['b']}`", "",
+    lines = [f"# vllm-load compare", "", f"A: `{c['a']}`  ", f"B: `{c['b']}`", ""]
+    if c.get("differs"):
+        lines += ["## The runs differ in", "", "| | A | B |", "|---|---|---|"]
+        lines += [f"| {d['what']} | {d['a']} | {d['b']} |" for d in c["differs"]]
+        lines += ["", "Changes below may be these differences' doing, not the server's.", ""]
+    lines += [
              "A change is **flagged** when it exceeds the histograms' error (0.1 %) and twice the runs' own "
              "window-to-window noise (TTFT, ITL per token, E2E; the others: the histograms' error only).", "",
              "| metric | stat | A | B | change | % | noise | |", "|---|---|---|---|---|---|---|---|"]
@@ -105,13 +148,18 @@ def render_markdown(c: dict) -> str:
 def render_console(c: dict) -> str:
     flagged = [r for r in c["metrics"] if r["significant"]]
     out = [f"vllm-load compare: A {c['a']}  B {c['b']}"]
+    differs = c.get("differs") or []
+    for d in differs:
+        out.append(f"  the runs differ in {d['what']}: A {d['a']}  B {d['b']}")
+    if differs:
+        out.append("  (changes below may be these differences' doing, not the server's)")
     for r in flagged:
         pct = "" if r["pct"] is None else f" ({r['pct']:+.1f}%)"
         out.append(f"  changed: {r['title']} {r['stat']} {_fmt(r['a'])} -> {_fmt(r['b'])} {r['unit']}{pct}")
     for v in c["slos"]:
         if v["changed"]:
             out.append(f"  SLO {v['slo']}: {_verdict(v['a'])} -> {_verdict(v['b'])}")
-    if len(out) == 1:
+    if not flagged and not any(v["changed"] for v in c["slos"]):
         out.append("  no change beyond the histograms' error and the runs' own noise")
     return "\n".join(out)
 
@@ -139,9 +187,15 @@ def render_html(c: dict, a: Run, b: Run) -> str:
                        f"<td>{_fmt(r['noise'])}</td><td>{'changed' if r['significant'] else ''}</td></tr>")
     slo_rows = "".join(f"<tr><td>{html.escape(v['slo'])}</td><td>{_verdict(v['a'])}</td><td>{_verdict(v['b'])}</td>"
                        f"<td>{'changed' if v['changed'] else ''}</td></tr>" for v in c["slos"])
+    differs = ("<h2>The runs differ in</h2><table id='differs'><tr><th></th><th>A</th><th>B</th></tr>"
+               + "".join(f"<tr class='fail'><td>{html.escape(str(d['what']))}</td><td>{html.escape(str(d['a']))}</td>"
+                         f"<td>{html.escape(str(d['b']))}</td></tr>" for d in c["differs"])
+               + "</table><p>Changes below may be these differences' doing, not the server's.</p>"
+               if c.get("differs") else "")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load compare</title><style>{_CSS}</style>"
             f"</head><body><h1>vllm-load compare</h1><p>A: {html.escape(c['a'])}<br>B: {html.escape(c['b'])}</p>"
-            "<table id='metrics'><tr><th>metric</th><th>stat</th><th>A</th><th>B</th><th>change</th><th>%</th>"
+            + differs
+            + "<table id='metrics'><tr><th>metric</th><th>stat</th><th>A</th><th>B</th><th>change</th><th>%</th>"
             f"<th>noise</th><th></th></tr>{''.join(md_rows)}</table>"
             + (f"<h2>SLOs</h2><table id='slos'><tr><th>SLO</th><th>A</th><th>B</th><th></th></tr>{slo_rows}</table>"
                if c["slos"] else "")
