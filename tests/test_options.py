@@ -31,3 +31,19 @@ def test_vllm_load_options_prints_every_option_with_its_env_and_default(capsys):
         assert f"{o.flag}  (default: " in out and o.env in out, o.flag
     assert "--input-tokens  (default: 128; env VLLM_LOAD_INPUT_TOKENS)" in out
     assert "--align-with-server  (default: off;" in out
+
+
+def test_options_are_grouped_each_in_exactly_one_group(capsys):
+    from vllm_load.plugin.options import GROUPS
+
+    grouped = [f for flags in GROUPS.values() for f in flags]
+    assert sorted(grouped) == sorted(o.flag for o in OPTIONS)  # each once, none missing, none invented
+    assert cli_main(["options"]) == 0
+    out = capsys.readouterr().out
+    heads = [g.upper() for g in ("target", "workload", "load shape", "request body", "datasets and traces",
+                                 "SLOs and gates", "outputs", "server side", "emulator")]
+    positions = [out.index(f"\n{h}\n") if f"\n{h}\n" in out else out.index(f"{h}\n") for h in heads]
+    assert positions == sorted(positions)
+    # an option's group holds it: --burstiness sits under LOAD SHAPE, before REQUEST BODY
+    assert out.index("LOAD SHAPE") < out.index("--burstiness") < out.index("REQUEST BODY")
+    assert "--turns  (default: 3; env VLLM_LOAD_TURNS; multiturn.py only)" in out

@@ -161,6 +161,31 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+#: `vllm-load options` groups (and the order it prints them in): every option is in exactly one
+GROUPS: dict[str, tuple[str, ...]] = {
+    "target": ("--model", "--tokenizer", "--api-key", "--ca-bundle", "--insecure", "--wait-for-server",
+               "--server-kind", "--align-with-server", "--request-timeout"),
+    "workload": ("--input-tokens", "--output-tokens", "--shared-prefix-tokens", "--seed", "--salt", "--prompt-pool",
+                 "--turns", "--turn-input-tokens", "--think-time", "--tool-rounds", "--tool-result-tokens",
+                 "--batch-size"),
+    "images and audio": ("--images-per-request", "--image-size", "--images-from", "--audio-from", "--audio-seconds"),
+    "load shape": ("--num-requests", "--warmup", "--request-rate", "--burstiness", "--ramp-up", "--max-concurrency",
+                   "--sweep", "--sweep-mode", "--sweep-users", "--step-duration", "--stop-on-slo-miss",
+                   "--drain-timeout"),
+    "request body": ("--no-ignore-eos", "--no-continuous-usage", "--temperature", "--extra-body", "--header"),
+    "datasets and traces": ("--dataset", "--dataset-format", "--dataset-field", "--dataset-batch",
+                            "--dataset-answer-tokens", "--trace", "--trace-format", "--trace-speed",
+                            "--trace-block-size"),
+    "SLOs and gates": ("--slo", "--min-requests", "--allow-untrustworthy", "--junit", "--retry-backoff-max",
+                       "--outage-after", "--stop-on-outage"),
+    "outputs": ("--run-dir", "--save-detailed", "--metrics-port", "--metrics-host"),
+    "server side": ("--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
+                    "--prometheus-token"),
+    "emulator": ("--emulator-profile", "--emulator-ttft", "--emulator-itl", "--emulator-tokens-per-chunk",
+                 "--emulator-reasoning-tokens"),
+}
+
+
 def add_arguments(parser: Any) -> None:
     # Locust's own add_argument (not an argument group) understands is_secret/include_in_web_ui.
     for o in OPTIONS:
@@ -171,9 +196,14 @@ def add_arguments(parser: Any) -> None:
 
 
 def describe() -> str:
-    """`vllm-load options`: every option with its default, environment variable and meaning."""
+    """`vllm-load options`: every option, by group, with its default, environment variable and meaning."""
+    by_flag = {o.flag: o for o in OPTIONS}
     rows = []
-    for o in OPTIONS:
-        default = "off" if o.kw.get("action") == "store_true" else ("" if o.default in ("", [], None) else o.default)
-        rows.append(f"{o.flag}  (default: {default if default != '' else '-'}; env {o.env})\n    {o.help}")
-    return "\n".join(rows)
+    for group, flags in GROUPS.items():
+        rows.append(f"\n{group.upper()}")
+        for flag in flags:
+            o = by_flag[flag]
+            default = "off" if o.kw.get("action") == "store_true" else ("" if o.default in ("", [], None) else o.default)
+            only = f"; {', '.join(o.locustfiles)} only" if o.locustfiles else ""
+            rows.append(f"{o.flag}  (default: {default if default != '' else '-'}; env {o.env}{only})\n    {o.help}")
+    return "\n".join(rows).lstrip("\n")
