@@ -155,3 +155,23 @@ def test_a_load_generator_encodes_in_its_own_low_priority_thread(monkeypatch):
     assert caller_share() < 0.5  # the pool's threads did the work
     encode_in_calling_thread()
     assert caller_share() > 0.9
+
+
+def test_a_system_message_counts_on_the_emulator_as_the_tokenizer_says(emulator_factory):
+    """The built-in template puts a system message before the last user message (Mistral's v0.3 template);
+    it once counted 0 tokens."""
+    import json
+    import urllib.request
+
+    from vllm_load.workload.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("builtin:mistral-7b-v0.1")
+    user = [{"role": "user", "content": "hello there"}]
+    with_system = [{"role": "system", "content": "you answer in one short line"}, *user]
+    assert tok.count_chat(with_system) > tok.count_chat(user)
+    assert tok.render_chat(with_system).startswith("<s>[INST] you answer in one short line\n\nhello there")
+    emu = emulator_factory()
+    body = json.dumps({"messages": with_system, "max_tokens": 1}).encode()
+    req = urllib.request.Request(emu.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    usage = json.loads(urllib.request.urlopen(req, timeout=10).read())["usage"]
+    assert usage["prompt_tokens"] == tok.count_chat(with_system)

@@ -28,11 +28,19 @@ BUILTIN_MISTRAL = "builtin:mistral-7b-v0.1"
 BUILTIN_TEKKEN = "builtin:mistral-tekken"
 EMULATOR_MODEL = "emulator/mistral-7b-v0.1"
 #: Mistral's instruct template, with the v3 tokenizer's tool markers spelled as text (v0.1's vocabulary has
-#: no control tokens for them): the tools offered, an assistant's tool calls and the tool results all count.
+#: no control tokens for them): the tools offered, an assistant's tool calls and the tool results all count. A
+#: system message goes before the last user message's text, as Mistral's v0.3 template puts it (v0.1's had no
+#: system branch and counted it as 0 tokens).
 MISTRAL_CHAT_TEMPLATE = (
     "{{ bos_token }}{% if tools %}{{ '[AVAILABLE_TOOLS] ' + (tools | tojson) + ' [/AVAILABLE_TOOLS]' }}{% endif %}"
+    "{% set ns = namespace(system='', last_user=-1) %}"
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{% set ns.system = ns.system + message['content'] %}"
+    "{% elif message['role'] == 'user' %}{% set ns.last_user = loop.index0 %}{% endif %}{% endfor %}"
     "{% for message in messages %}"
-    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% if message['role'] == 'user' %}{% if loop.index0 == ns.last_user and ns.system %}"
+    "{{ '[INST] ' + ns.system + '\\n\\n' + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% endif %}"
     "{% elif message['role'] == 'assistant' %}"
     "{% if message.get('tool_calls') %}{{ '[TOOL_CALLS] ' + (message['tool_calls'] | tojson) + eos_token }}"
     "{% else %}{{ (message['content'] or '') + eos_token }}{% endif %}"
