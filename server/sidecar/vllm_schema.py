@@ -26,6 +26,9 @@ GAUGES = {
     "prefix_cache_hit_rate_gauge": ("vllm:gpu_prefix_cache_hit_rate",),
     "avg_prompt_throughput": ("vllm:avg_prompt_throughput_toks_per_s",),
     "avg_generation_throughput": ("vllm:avg_generation_throughput_toks_per_s",),
+    # the emulator's own (not vLLM's): chunks produced on its schedule, and those over 10 ms late
+    "emulator_chunks": ("vllm_emulator:emissions",),
+    "emulator_late_chunks": ("vllm_emulator:late_emissions",),
 }
 COUNTERS = {
     "preemptions_total": ("vllm:num_preemptions",),

@@ -62,22 +62,17 @@ EMULATOR_LATE = 0.05
 EMULATOR_NOTE = 0.001
 
 
-def emulator_lateness(url: str, timeout: float = 2.0) -> tuple[int, int] | None:
-    """The embedded emulator's chunks produced on its schedule and those over 10 ms late, from its /metrics
-    (None: it could not say)."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        text = urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout).read().decode()
-    except (OSError, ValueError):
-        return None
-    got = {f.name: sum(x.value for x in f.samples) for f in text_string_to_metric_families(text)
-           if f.name in ("vllm_emulator:emissions", "vllm_emulator:late_emissions")}
-    if len(got) < 2:
-        return None
-    return int(got["vllm_emulator:emissions"]), int(got["vllm_emulator:late_emissions"])
+def emulator_finding(chunks: int | None, late: int | None) -> tuple[str | None, bool]:
+    """What the embedded emulator's own lateness says (from the server series: its chunks produced on schedule
+    and those over 10 ms late in the run's window), and whether it disowns the run's numbers."""
+    if not chunks or late is None:
+        return None, False
+    share = late / chunks
+    said = (f"the embedded emulator fell behind its own schedule: {late:.0f} of its {chunks:.0f} chunks ({share:.1%}) "
+            "came over 10 ms late")
+    if share >= EMULATOR_LATE:
+        return said + " (it shares these cores): the times describe a starved emulator, not a slow server", True
+    return (said, False) if share >= EMULATOR_NOTE else (None, False)
 
 
 def _run_delay() -> float:
@@ -253,14 +248,12 @@ class ClientHealth:
                     causes.append(read_cause(late))
                 else:
                     notes.append(f"{said}: {what}, too few to move any percentile reported")
-        if emulator is not None and emulator[0]:
-            share = emulator[1] / emulator[0]
-            said = (f"the embedded emulator fell behind its own schedule: {emulator[1]} of its {emulator[0]} chunks "
-                    f"({share:.1%}) came over 10 ms late")
-            if share >= EMULATOR_LATE:
-                reasons.append(said + " (it shares these cores): the times describe a starved emulator, not a slow server")
+        if emulator is not None:
+            said, severe = emulator_finding(*emulator)
+            if said and severe:
+                reasons.append(said)
                 causes.append("emulator")
-            elif share >= EMULATOR_NOTE:
+            elif said:
                 notes.append(said)
         if send_lag_p99 is not None and send_lag_p99 >= SEND_LAG_LIMIT:
             reasons.append(f"open loop: requests left {send_lag_p99 * 1000:.0f} ms late at p99")

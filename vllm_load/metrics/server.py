@@ -24,10 +24,13 @@ def server_summary(series: list[dict]) -> dict | None:
     if queries is None:  # V0 servers only have a hit-rate gauge
         rates = [s["prefix_cache_hit_rate_gauge"] for s in series if s.get("prefix_cache_hit_rate_gauge") is not None]
         gauge_rate = max(rates) if rates else None
-    return {
+    out = {
         "kv_cache_usage.max": mx("kv_cache_usage"),
         "waiting.max": mx("waiting"),
         "running.max": mx("running"),
         "preemptions": delta("preemptions_total"),
         "prefix_cache_hit_rate": (hits / queries) if queries else 0.0 if queries == 0 else gauge_rate,
     }
+    if last.get("emulator_chunks") is not None:  # the embedded emulator's own lateness over the window
+        out["emulator_chunks"], out["emulator_late_chunks"] = delta("emulator_chunks"), delta("emulator_late_chunks")
+    return out

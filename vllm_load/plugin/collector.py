@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_load.metrics.client_health import ClientHealth, ClientMonitor, emulator_lateness, late_merged, shared_stamp
+from vllm_load.metrics.client_health import ClientHealth, ClientMonitor, late_merged, shared_stamp
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.plugin.plan import RunPlan
@@ -36,15 +36,12 @@ class Collector:
     drained: bool = False  # the end-of-run drain has been done
     results: RunSummary | None = None  # what write_results wrote (the run's end writes them once)
     clock: MasterClock = field(default_factory=MasterClock)  # the run's epoch, and the workers' offsets to it
-    emulator_start: tuple[int, int] | None = None  # the embedded emulator's chunks and late chunks at the start
 
     @classmethod
     def create(cls, opts: Any, plan: RunPlan) -> Collector:
         plan.files.path.mkdir(parents=True, exist_ok=True)
         col = cls(opts=opts, plan=plan)
         col.clock.reset(plan.processes)  # the epoch is fixed once this many workers are ready
-        if plan.is_emulator:  # the embedded emulator's own lateness counts from here
-            col.emulator_start = emulator_lateness(plan.host)
         return col
 
     def write_config(self, target: Target | None) -> None:
@@ -97,15 +94,8 @@ class Collector:
         send_lag = summary["metrics"].get("send_lag", {})
         # CPU and lag while the server was unreachable or failing every request are the failures' doing
         quiet = [(w["start"], w["end"]) for w in summary["outages"]]
-        emulator = None
-        if self.emulator_start is not None:  # how late the embedded emulator ran against its own schedule
-            now = emulator_lateness(self.plan.host)
-            if now is not None:
-                emulator = (now[0] - self.emulator_start[0], now[1] - self.emulator_start[1])
-                summary["emulator"] = {"chunks": emulator[0], "late_chunks": emulator[1]}
         summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet,
-                                                shared_stamp=shared_stamp(summary), late_merged=late_merged(summary),
-                                                emulator=emulator)
+                                                shared_stamp=shared_stamp(summary), late_merged=late_merged(summary))
         summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
         if self.clock.ready:  # each worker's offset to the master's clock, and its uncertainty
             summary["clock"] = self.clock.summary()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from vllm_load.metrics.client_health import ADVICE, emulator_finding
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import render_table
 from vllm_load.rundir.files import RunDir, write_json
@@ -47,10 +48,25 @@ def validity_checks(summary: RunSummary, slos: list[SLO], min_requests: int = 1)
 TRUST = "the load generator kept time (trustworthy)"
 
 
+def judge_emulator(summary: dict, server: dict | None) -> None:
+    """The embedded emulator's own lateness (``server``: the sidecar's window of its chunks and late chunks) joins
+    the client's verdict (``summary["client"]``): a starved emulator disowns the run's numbers as a starved client
+    would, and every medium says so."""
+    said, severe = emulator_finding((server or {}).get("emulator_chunks"), (server or {}).get("emulator_late_chunks"))
+    if not said:
+        return
+    client = summary.setdefault("client", {})
+    if severe:
+        client.update(saturated=True, reasons=[said, *(client.get("reasons") or [])], cause="emulator",
+                      advice=ADVICE["emulator"])
+    else:
+        client["notes"] = [*(client.get("notes") or []), said]
+
+
 def trust_check(summary: dict, allow: bool = False) -> Check:
     """Can the numbers be trusted to describe the server? Not when the client could not keep time
-    (``summary["client"]``) or a worker was lost mid-run; ``allow`` (--allow-untrustworthy) accepts such a run,
-    and says so."""
+    (``summary["client"]``, with the embedded emulator's own lateness: ``judge_emulator``) or a worker was lost
+    mid-run; ``allow`` (--allow-untrustworthy) accepts such a run, and says so."""
     client = summary.get("client") or {}
     reasons = list(client.get("reasons") or [])
     lost = summary.get("workers_lost") or []
@@ -117,6 +133,7 @@ def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, t
     validity checks, the trust check last among them)."""
     checks = evaluate(slos, summary, server)
     validity = validity_checks(summary, slos, min_requests)
+    judge_emulator(summary, server)
     trust = trust_check(summary, allow_untrustworthy)
     code = exit_code(summary, checks, slos, validity, trust)
     validity = [*validity, trust]
