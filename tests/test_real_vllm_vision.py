@@ -5,34 +5,18 @@ for every request (Idefics3 expands an image into <fake_token_around_image><glob
 <fake_token_around_image>, 7 tokens, and its content join adds a newline)."""
 
 import json
-import os
-import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, free_port, run_locust
+from tests.helpers import REAL_VLLM_DIR, ROOT, run_locust, serve_real_vllm
 from vllm_load.rundir.reqlog import read_log
 
-REAL_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
-SCRIPT = ROOT / "tests" / "real_vllm" / "real-vllm-cpu.sh"
-pytestmark = pytest.mark.skipif(not REAL_DIR, reason="no real vLLM installed (.ci/run installs one when it can)")
+pytestmark = pytest.mark.skipif(not REAL_VLLM_DIR, reason="no real vLLM installed (.ci/run installs one when it can)")
 
 
 @pytest.fixture(scope="module")
 def vision_vllm():
-    model = os.path.join(REAL_DIR, "tiny-vision")
-    port = free_port()
-    env = dict(os.environ, R=REAL_DIR, PORT=str(port))
-    if not os.path.exists(os.path.join(model, "model.safetensors")):
-        built = subprocess.run(["bash", str(SCRIPT), "vision"], env=env, capture_output=True, text=True, timeout=400)
-        assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
-    started = subprocess.run(["bash", str(SCRIPT), "serve", model, "tiny-vlm"], env=env, capture_output=True,
-                             text=True, timeout=400)
-    try:
-        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
-        yield f"http://127.0.0.1:{port}", model
-    finally:
-        subprocess.run(["bash", str(SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+    yield from serve_real_vllm("tiny-vision", "tiny-vlm", build="vision")
 
 
 def test_real_vllm_images_are_counted_apart_from_the_exact_text(tmp_path, vision_vllm):

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from vllm_load.client.sse import StreamError, StreamState
+from vllm_load.client.sse import StreamError, StreamState, json_object
 from vllm_load.client.stream import BodyDefaults, ReadyRequest
 
 #: the answer's and the thinking's delta events
@@ -40,13 +40,7 @@ class ResponsesState(StreamState):
             raise StreamError(f"malformed SSE line: {line[:80]!r}")
         if self.done:
             raise StreamError("data after response.completed")
-        payload = line[5:].strip()
-        try:
-            data = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            raise StreamError(f"malformed SSE JSON: {payload[:80]!r}") from None
-        if not isinstance(data, dict):
-            raise StreamError(f"malformed SSE JSON: {payload[:80]!r}")
+        data = json_object(line[5:].strip())
         kind = data.get("type")
         if kind == TEXT_DELTA or kind in REASONING_DELTAS:
             delta = data.get("delta") or ""

@@ -31,6 +31,17 @@ def overrun_limit(max_tokens: int | None) -> int | None:
     return max_tokens + max(OVERRUN_MIN, int(max_tokens * OVERRUN_SHARE))
 
 
+def json_object(payload: bytes) -> dict:
+    """An SSE event's JSON object, or the StreamError that names what came instead."""
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        raise StreamError(f"malformed SSE JSON: {payload[:80]!r}") from None
+    if not isinstance(data, dict):
+        raise StreamError(f"malformed SSE JSON: {payload[:80]!r}")
+    return data
+
+
 class Parsed(NamedTuple):
     """What the receive thread's SSE parser (``_sse.c``'s ``sse_result``) made of a body: its positional tuple,
     named here once (``_rxnative.pyi``); the C side builds it in the same order."""
@@ -106,12 +117,7 @@ class StreamState:
             return
         if self.done:
             raise StreamError("data after [DONE]")
-        try:
-            data = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            raise StreamError(f"malformed SSE JSON: {payload[:80]!r}") from None
-        if not isinstance(data, dict):
-            raise StreamError(f"malformed SSE JSON: {payload[:80]!r}")
+        data = json_object(payload)
         if self.response_id is None:
             self.response_id = data.get("id")
         error = data.get("error")
