@@ -14,7 +14,7 @@ import orjson
 
 from vllm_load.client.exchange import Clock, JsonBody, Transport
 from vllm_load.client.record import RequestRecord
-from vllm_load.client.stream import BodyDefaults, ReadyRequest, StreamCancelled
+from vllm_load.client.stream import BodyDefaults, ReadyRequest, StreamCancelled, exchanged
 
 #: the pooling APIs and how many inputs a body carries (for inputs/s)
 POOLING = frozenset({"embeddings", "rerank", "score"})
@@ -66,23 +66,12 @@ def pooling_request(transport: Transport, req: ReadyRequest, headers: dict[str, 
     prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     from_usage = isinstance(prompt, int) and not isinstance(prompt, bool)
     rec = RequestRecord(
-        api=req.api,
-        start=clock.start_wall,
-        e2e=ex.e2e,
-        ok=ex.error is None,
-        error=ex.error,
-        status=ex.status,
+        **exchanged(req, clock, ex, intended_start, worker, step, startup, name),
         input_tokens_asked=req.input_tokens,
         input_tokens=prompt if from_usage else req.input_tokens,
         output_tokens=None,  # none generated: no output-token row, rate or TPOT
         tokens_from_usage=from_usage,
-        send_lag=None if intended_start is None else max(0.0, clock.now_perf - clock.t0),
-        worker=worker,
-        step=step,
-        startup=startup,
         response_id=(body.data or {}).get("id") if body.data else None,
-        retry_after=ex.retry_after,
-        name=name,
         items=req.items,
     )
     if ex.cancelled is not None:

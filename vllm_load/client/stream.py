@@ -19,7 +19,7 @@ from typing import Any, Callable
 import orjson
 from gevent import GreenletExit
 
-from vllm_load.client.exchange import Clock, Transport
+from vllm_load.client.exchange import Clock, Exchange, Transport
 from vllm_load.client.record import RequestRecord
 from vllm_load.client.sse import StreamState
 from vllm_load.workload.prompts import Prompt
@@ -143,12 +143,7 @@ def stream_request(
     offsets = state.chunk_times
     tokens_from_usage = state.completion_tokens is not None and state.prompt_tokens is not None
     rec = RequestRecord(
-        api=req.api,
-        start=clock.start_wall,
-        e2e=ex.e2e,
-        ok=ex.error is None,
-        error=ex.error,
-        status=ex.status,
+        **exchanged(req, clock, ex, intended_start, worker, step, startup, name),
         ttft=offsets[0] if offsets else None,
         chunk_offsets=offsets,
         chunk_tokens=state.chunk_tokens,
@@ -160,14 +155,8 @@ def stream_request(
         tokens_from_usage=tokens_from_usage,
         continuous_usage=state.continuous_usage,
         finish_reason=state.finish_reason,
-        send_lag=None if intended_start is None else max(0.0, clock.now_perf - clock.t0),
-        worker=worker,
-        step=step,
-        startup=startup,
         response_id=state.response_id,
-        retry_after=ex.retry_after,
         cached_tokens=state.cached_tokens,
-        name=name,
         trace_row=req.row,
         ttfo=state.answer_at,
         late_merged=state.late_merged,
@@ -177,6 +166,15 @@ def stream_request(
     if ex.cancelled is not None:
         raise StreamCancelled(rec) from ex.cancelled
     return rec
+
+
+def exchanged(req: ReadyRequest, clock: Clock, ex: Exchange, intended_start: float | None, worker: str,
+              step: int | None, startup: bool, name: str | None) -> dict[str, Any]:
+    """The record's fields every request type fills the same way: when it started, how its exchange went, and
+    where it belongs (worker, step, name)."""
+    return {"api": req.api, "start": clock.start_wall, "e2e": ex.e2e, "ok": ex.error is None, "error": ex.error,
+            "status": ex.status, "retry_after": ex.retry_after, "worker": worker, "step": step, "startup": startup,
+            "name": name, "send_lag": None if intended_start is None else max(0.0, clock.now_perf - clock.t0)}
 
 
 def reasoning_count(state: StreamState, count: Callable[[str], int] | None) -> tuple[int | None, str | None]:
