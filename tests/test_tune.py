@@ -172,3 +172,16 @@ def _pgid(pid):
         return os.getpgid(pid)
     except ProcessLookupError:
         return None
+
+
+def test_tune_against_a_running_server_with_probes_that_end_by_count(tmp_path, emulator_factory):
+    """--host (no --serve): the search runs against the running server (its output folder made for the sidecar:
+    it once failed there); `-- --num-requests 30` ends every probe after 30 requests, well before its 60 s."""
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.002")
+    res = tune("--host", emu.url, "--slo", "ttft.p99<=1s", "--max-level", "2", "--probe-duration", "60s",
+               "--probe-warmup", "0.5s", "--out", str(tmp_path / "tune"), "--", "-f",
+               str(ROOT / "locustfiles" / "chat.py"), "--output-tokens", "8", "--num-requests", "30", cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    probes = [json.loads(p.read_text())["summary"] for p in (tmp_path / "tune").rglob("summary.json")]
+    assert len(probes) == 2 and all(s["requests"] == 30 and s["duration_s"] < 30 for s in probes), \
+        [(s["requests"], s["duration_s"]) for s in probes]

@@ -137,6 +137,7 @@ def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: li
     result: dict = {"params": params, "status": "ok", "reason": "", "capacity": None, "goodput": None, "probes": []}
     server = None
     sidecar = None
+    cdir.mkdir(parents=True, exist_ok=True)  # the sidecar writes its series here (with --host, nothing else made it)
     try:
         if args.serve:
             port = free_port()
