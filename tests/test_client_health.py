@@ -124,12 +124,20 @@ def test_readme_command_1_on_a_quiet_machine_is_not_flagged(tmp_path):
 
 
 def test_an_embedded_emulator_that_fell_behind_is_named_not_read_as_a_slow_server():
+    from vllm_load.report.results import judge_emulator
+
     h = ClientHealth()
     h.add("local", {"cpu": 20.0, "lag": 0.001, "streams": 16})
-    assert not h.verdict(emulator=(10_000, 3))["saturated"]  # 0.03 %: nothing to say
-    small = h.verdict(emulator=(10_000, 40))
+
+    def verdict(chunks: int, late: int) -> dict:  # the client's verdict, with the sidecar's window of the emulator
+        summary = {"client": h.verdict()}
+        judge_emulator(summary, {"emulator_chunks": chunks, "emulator_late_chunks": late})
+        return summary["client"]
+
+    assert not verdict(10_000, 3)["saturated"]  # 0.03 %: nothing to say
+    small = verdict(10_000, 40)
     assert not small["saturated"] and "40 of its 10000 chunks (0.4%) came over 10 ms late" in small["notes"][0]
-    v = h.verdict(emulator=(10_000, 900))
+    v = verdict(10_000, 900)
     assert v["saturated"] and v["cause"] == "emulator" and "a starved emulator, not a slow server" in v["reasons"][0]
     assert "--host" in v["advice"]
 

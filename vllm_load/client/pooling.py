@@ -14,7 +14,7 @@ import orjson
 
 from vllm_load.client.exchange import Clock, JsonBody, Transport
 from vllm_load.client.record import RequestRecord
-from vllm_load.client.stream import BodyDefaults, ReadyRequest, StreamCancelled, exchanged
+from vllm_load.client.stream import BodyDefaults, ReadyRequest, StreamCancelled, exchanged, merge_body
 
 #: the pooling APIs and how many inputs a body carries (for inputs/s)
 POOLING = frozenset({"embeddings", "rerank", "score"})
@@ -24,11 +24,8 @@ def embeddings_request(model: str, inputs: list[str], input_tokens: int, *,
                        defaults: BodyDefaults = BodyDefaults(), extra: dict[str, Any] | None = None,
                        group: str | None = None) -> ReadyRequest:
     """``POST /v1/embeddings`` of ``inputs`` (each a text), counted together as ``input_tokens`` (each with the
-    tokenizer's special tokens, as vLLM counts a prompt). --extra-body and ``extra`` merge over it."""
-    body: dict[str, Any] = {"model": model, "input": inputs}
-    body.update(dict(defaults.extra))
-    body.update(extra or {})
-    return ReadyRequest("embeddings", orjson.dumps(body), input_tokens, None, group, items=len(inputs))
+    tokenizer's special tokens, as vLLM counts a prompt)."""
+    return _pooling("embeddings", {"input": inputs}, len(inputs), model, input_tokens, defaults, extra, group)
 
 
 def rerank_request(model: str, query: str, documents: list[str], input_tokens: int | None, *,
@@ -36,20 +33,24 @@ def rerank_request(model: str, query: str, documents: list[str], input_tokens: i
                    group: str | None = None) -> ReadyRequest:
     """``POST /v1/rerank``: ``query`` against ``documents``. ``input_tokens``: what the server will count when
     it is known (a bi-encoder counts the query once, a cross-encoder once per document), else None."""
-    body: dict[str, Any] = {"model": model, "query": query, "documents": documents}
-    body.update(dict(defaults.extra))
-    body.update(extra or {})
-    return ReadyRequest("rerank", orjson.dumps(body), input_tokens, None, group, items=len(documents))
+    return _pooling("rerank", {"query": query, "documents": documents}, len(documents), model, input_tokens,
+                    defaults, extra, group)
 
 
 def score_request(model: str, queries: str | list[str], documents: list[str], input_tokens: int | None, *,
                   defaults: BodyDefaults = BodyDefaults(), extra: dict[str, Any] | None = None,
                   group: str | None = None) -> ReadyRequest:
     """``POST /v1/score``: each document scored against the query (or query i against document i)."""
-    body: dict[str, Any] = {"model": model, "queries": queries, "documents": documents}
-    body.update(dict(defaults.extra))
-    body.update(extra or {})
-    return ReadyRequest("score", orjson.dumps(body), input_tokens, None, group, items=len(documents))
+    return _pooling("score", {"queries": queries, "documents": documents}, len(documents), model, input_tokens,
+                    defaults, extra, group)
+
+
+def _pooling(api: str, fields: dict[str, Any], items: int, model: str, input_tokens: int | None,
+             defaults: BodyDefaults, extra: dict[str, Any] | None, group: str | None) -> ReadyRequest:
+    """A pooling body: the model and the API's fields, --extra-body and ``extra`` merged over them."""
+    body: dict[str, Any] = {"model": model, **fields}
+    merge_body(body, defaults, extra, None)
+    return ReadyRequest(api, orjson.dumps(body), input_tokens, None, group, items=items)
 
 
 def pooling_request(transport: Transport, req: ReadyRequest, headers: dict[str, str], *,

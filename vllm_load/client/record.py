@@ -94,18 +94,21 @@ class RequestRecord:
             return None
         return self.output_tokens / self.e2e
 
-    @property
-    def input_drift(self) -> int | None:
-        if self.media or self.input_tokens_asked is None or not self.tokens_from_usage or self.input_tokens is None:
+    def _beyond_asked(self) -> int | None:
+        """The server's prompt tokens minus the count made before sending (None without the server's usage)."""
+        if self.input_tokens_asked is None or not self.tokens_from_usage or self.input_tokens is None:
             return None
         return self.input_tokens - self.input_tokens_asked
 
     @property
+    def input_drift(self) -> int | None:
+        """A text-only prompt's difference from what was asked: the tokenizers disagree."""
+        return None if self.media else self._beyond_asked()
+
+    @property
     def media_tokens(self) -> int | None:
         """The prompt tokens of its images and audio: the server's count minus the exact count of the text."""
-        if not self.media or self.input_tokens_asked is None or not self.tokens_from_usage or self.input_tokens is None:
-            return None
-        return self.input_tokens - self.input_tokens_asked
+        return self._beyond_asked() if self.media else None
 
     def to_json(self) -> dict[str, Any]:
         # a shallow dict: dataclasses.asdict deep-copies every list (1 ms for a 512-token request)

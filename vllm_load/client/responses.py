@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 import orjson
 
-from vllm_load.client.sse import StreamError, StreamState, json_object
-from vllm_load.client.stream import BodyDefaults, ReadyRequest
+from vllm_load.client.sse import StreamError, StreamState, data_of, json_object
+from vllm_load.client.stream import BodyDefaults, ReadyRequest, int_or_none, merge_body
 
 #: the answer's and the thinking's delta events
 TEXT_DELTA = "response.output_text.delta"
@@ -33,14 +33,12 @@ class ResponsesState(StreamState):
 
     def feed(self, line: bytes, now: float) -> None:
         self.bytes_read += len(line)
-        line = line.strip()
-        if not line or line[:1] == b":" or line.startswith((b"event:", b"id:", b"retry:")):
+        payload = data_of(line)
+        if payload is None:
             return
-        if not line.startswith(b"data:"):
-            raise StreamError(f"malformed SSE line: {line[:80]!r}")
         if self.done:
             raise StreamError("data after response.completed")
-        data = json_object(line[5:].strip())
+        data = json_object(payload)
         kind = data.get("type")
         if kind == TEXT_DELTA or kind in REASONING_DELTAS:
             delta = data.get("delta") or ""
@@ -96,16 +94,11 @@ def responses_request(model: str, text: Any, input_tokens: int, max_output_token
     by the caller as ``input_tokens``. With ``max_output_tokens`` and ``ignore_eos`` (vLLM's extra field; the
     Responses API has no ``min_tokens``) the answer has exactly that many tokens."""
     body: dict[str, Any] = {"model": model, "input": text, "stream": True, "temperature": defaults.temperature}
-    forced = defaults.ignore_eos and max_output_tokens is not None
     if max_output_tokens is not None:
         body["max_output_tokens"] = max_output_tokens
-    body.update(dict(defaults.extra))
-    if extra:
-        forced = forced and extra.get("ignore_eos", True) is not False
-        body.update(extra)
+    forced = merge_body(body, defaults, extra, max_output_tokens)
     if forced:
         body["ignore_eos"] = True
     body["stream"] = True
-    cap = body.get("max_output_tokens")
     return ReadyRequest("responses", orjson.dumps(body), input_tokens, max_output_tokens if forced else None, group,
-                        max_tokens=cap if isinstance(cap, int) and not isinstance(cap, bool) else None)
+                        max_tokens=int_or_none(body.get("max_output_tokens")))

@@ -31,6 +31,19 @@ def overrun_limit(max_tokens: int | None) -> int | None:
     return max_tokens + max(OVERRUN_MIN, int(max_tokens * OVERRUN_SHARE))
 
 
+def data_of(line: bytes) -> bytes | None:
+    """An SSE line's ``data:`` payload; None for what carries none (an event separator, a comment such as a
+    keep-alive, an ``event:``/``id:``/``retry:`` field); StreamError for anything else."""
+    line = line.strip()
+    if not line or line[:1] == b":":
+        return None
+    if not line.startswith(b"data:"):
+        if line.startswith((b"event:", b"id:", b"retry:")):
+            return None
+        raise StreamError(f"malformed SSE line: {line[:80]!r}")
+    return line[5:].strip()
+
+
 def json_object(payload: bytes) -> dict:
     """An SSE event's JSON object, or the StreamError that names what came instead."""
     try:
@@ -104,14 +117,9 @@ class StreamState:
 
     def feed(self, line: bytes, now: float) -> None:
         self.bytes_read += len(line)
-        line = line.strip()
-        if not line or line[:1] == b":":
-            return  # event separator or SSE comment (keep-alive)
-        if not line.startswith(b"data:"):
-            if line.startswith((b"event:", b"id:", b"retry:")):
-                return
-            raise StreamError(f"malformed SSE line: {line[:80]!r}")
-        payload = line[5:].strip()
+        payload = data_of(line)
+        if payload is None:
+            return
         if payload == b"[DONE]":
             self.done = True
             return

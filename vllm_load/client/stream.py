@@ -94,12 +94,7 @@ def build_request(api: str, model: str, content: Any, input_tokens: int, max_tok
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     body["messages" if api == "chat" else "prompt"] = content
-    forced = defaults.ignore_eos and max_tokens is not None
-    if defaults.extra:
-        body.update(defaults.extra)
-    if extra:
-        forced = forced and extra.get("ignore_eos", True) is not False
-        body.update(extra)
+    forced = merge_body(body, defaults, extra, max_tokens)
     if forced:
         body["ignore_eos"] = True
         body["min_tokens"] = max_tokens
@@ -108,9 +103,25 @@ def build_request(api: str, model: str, content: Any, input_tokens: int, max_tok
     body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     if defaults.continuous_usage:
         body["stream_options"]["continuous_usage_stats"] = True
-    cap = body.get("max_completion_tokens") or body.get("max_tokens")
     return ReadyRequest(api, orjson.dumps(body), input_tokens, max_tokens if forced else None, group,
-                        max_tokens=cap if isinstance(cap, int) and not isinstance(cap, bool) else None)
+                        max_tokens=int_or_none(body.get("max_completion_tokens") or body.get("max_tokens")))
+
+
+def merge_body(body: dict[str, Any], defaults: BodyDefaults, extra: dict[str, Any] | None,
+               asked: int | None) -> bool:
+    """--extra-body, then the caller's own keys, over ``body``; whether the length ``asked`` is then forced
+    (``ignore_eos`` on, and not turned off by ``extra``). Every request type's body goes through it."""
+    forced = defaults.ignore_eos and asked is not None
+    body.update(defaults.extra)
+    if extra:
+        forced = forced and extra.get("ignore_eos", True) is not False
+        body.update(extra)
+    return forced
+
+
+def int_or_none(value: Any) -> int | None:
+    """A body's length cap when it is an int (a bool is not one)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def stream_request(

@@ -198,8 +198,7 @@ class ClientHealth:
         self.reports.setdefault(worker, []).append(report)
 
     def verdict(self, send_lag_p99: float | None = None, quiet: list[tuple[float, float]] | None = None,
-                shared_stamp: float = 1.0, late_merged: float | None = None,
-                emulator: tuple[int, int] | None = None) -> dict:
+                shared_stamp: float = 1.0, late_merged: float | None = None) -> dict:
         """``quiet``: spans (wall clock) of outages and failure storms, whose reports are not judged.
         ``shared_stamp``: the share of chunk gaps that were 0 (two chunks of a stream under one stamp). A late
         read can move a measured gap only by merging a stream's chunks under one stamp, and a percentile only
@@ -248,19 +247,12 @@ class ClientHealth:
                     causes.append(read_cause(late))
                 else:
                     notes.append(f"{said}: {what}, too few to move any percentile reported")
-        if emulator is not None:
-            said, severe = emulator_finding(*emulator)
-            if said and severe:
-                reasons.append(said)
-                causes.append("emulator")
-            elif said:
-                notes.append(said)
         if send_lag_p99 is not None and send_lag_p99 >= SEND_LAG_LIMIT:
             reasons.append(f"open loop: requests left {send_lag_p99 * 1000:.0f} ms late at p99")
             causes.append("schedule")
         all_rows = [r for rows in self.reports.values() for r in rows]
         # the most specific cause decides the advice: contention explains a lagging schedule too
-        order = ("emulator", "contention", "client", "blocked", "host", "schedule")
+        order = ("contention", "client", "blocked", "host", "schedule")
         cause = next((c for c in order if c in causes), None)
         return {
             "saturated": bool(reasons),

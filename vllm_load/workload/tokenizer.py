@@ -178,9 +178,10 @@ class Tokenizer:
         with the tokenizer's special tokens (a BOS-adding tokenizer: one more than the same chat request)."""
         return self.count_chat(messages, tools) + self.special_tokens_added
 
-    @property
+    @functools.cached_property
     def special_tokens_added(self) -> int:
-        """How many tokens encoding with special tokens adds to a text (0 with a mistral-common tokenizer)."""
+        """How many tokens encoding with special tokens adds to a text (0 with a mistral-common tokenizer): counted
+        once, for every Responses request after."""
         if self.mistral_common:
             return 0
         return len(self.encode("a", add_special_tokens=True)) - len(self.encode("a", add_special_tokens=False))
