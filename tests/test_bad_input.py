@@ -50,6 +50,7 @@ CASES = [
     (SWEEP, ["--sweep", "2,4", "--num-requests", "10"], "--num-requests ends one run, not a sweep's steps"),
     (CHAT, ["--emulator-reasoning-tokens", "lots"], "--emulator-reasoning-tokens 'lots' is not a length"),
     (ROOT_LF + "embeddings.py", ["--batch-size", "0"], "--batch-size must be >= 1"),
+    (CHAT, ["--images-per-request", "1", "--image-size", "512by512"], "--image-size '512by512' is not WxH"),
     (CHAT, ["--batch-size", "4"], "--batch-size is read by locustfiles/embeddings.py or locustfiles/rerank.py only"),
 ]
 
