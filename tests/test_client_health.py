@@ -18,8 +18,29 @@ def test_verdict_rules():
     lagging = ClientHealth()
     lagging.add("w2", {"cpu": 10.0, "lag": 0.2, "streams": 1})
     assert "event loop lagged 200 ms" in lagging.verdict()["reasons"][0]
-    assert ClientHealth().verdict(send_lag_p99=0.3)["reasons"] == ["open loop: requests left 300 ms late at p99"]
+    assert ClientHealth().verdict(send_lag_p99=0.3)["reasons"] == [
+        "open loop: requests left 300 ms late at p99 (peak own CPU 0%, waited up to 0 ms for a CPU in a second, "
+        "steal 0%)"]
     assert not ClientHealth().verdict(send_lag_p99=0.001)["saturated"]
+
+
+def test_a_late_schedule_names_its_cause_from_the_same_runs_evidence():
+    def late(*reports, cap=0):
+        h = ClientHealth()
+        for worker, report in reports:
+            h.add(worker, {"lag": 0.001, **report})
+        return h.verdict(send_lag_p99=0.12, cap=cap)
+
+    hot = late(("w1", {"cpu": 97.0, "streams": 3}), cap=64)
+    assert hot["cause"] == "client" and "peak own CPU 97%" in hot["reasons"][-1]
+    crowded = late(("w1", {"cpu": 30.0, "streams": 3, "wait": 0.25}), cap=64)
+    assert crowded["cause"] == "contention" and "waited up to 250 ms for a CPU" in crowded["reasons"][-1]
+    # every slot of the cap busy, over two workers: the cap held the arrivals back
+    full = late(("w1", {"cpu": 20.0, "streams": 32}), ("w2", {"cpu": 25.0, "streams": 32}), cap=64)
+    assert full["cause"] == "cap" and "at most 64 of 64 stream slots in flight" in full["reasons"][-1]
+    assert "--max-concurrency" in full["advice"]
+    room = late(("w1", {"cpu": 20.0, "streams": 10}), cap=64)
+    assert room["cause"] == "schedule"
 
 
 def test_a_native_reader_that_read_late_marks_the_run():

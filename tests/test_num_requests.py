@@ -37,3 +37,23 @@ def test_warm_up_requests_do_not_count(tmp_path):
     assert warm and len(logs) - len(warm) == 30
     s = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert s["requests"] == 30 and s["warmup_excluded"] == len(warm)
+
+
+def test_each_sweep_step_ends_after_exactly_n_requests(tmp_path):
+    """--num-requests in a sweep: every step ends once its own N requests finished across both processes (the
+    steps take no --step-duration: the default 60 s would fail the deadline), and each step's vLLM JSON says N."""
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--processes", "2", "--sweep", "2,6",
+                      "--num-requests", "15", "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path,
+                     timeout=50)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = _logs(run_dir)
+    assert sorted({r["step"] for r in logs}) == [0, 1]
+    assert [sum(r["step"] == k and not r["warmup"] for r in logs) for k in (0, 1)] == [15, 15]
+    for k in (0, 1):
+        assert f"sweep step {k}: 15 requests completed (--num-requests)" in res.stdout
+    steps = sorted((run_dir / "steps").iterdir())
+    assert [d.name for d in steps] == ["00-users-2", "01-users-6"]
+    for d in steps:
+        assert json.loads((d / "llm_stats.json").read_text())["summary"]["requests"] == 15
+        assert json.loads((d / "vllm-result.json").read_text())["completed"] == 15

@@ -172,11 +172,19 @@ def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, 
             seen.append(query)
             value = {"running": 3, "waiting": 1, "kv_cache": 0.42, "preemptions": 0, "prefix_cache_hits": 50,
                      "prefix_cache_queries": 100}
+            # speculative decoding: 10 drafts of 3 tokens, 20 accepted (8, 7 and 5 at positions 0-2), per second
+            value.update({"spec_decode_num_drafts": 10, "spec_decode_num_draft_tokens": 30,
+                          "spec_decode_num_accepted_tokens_total": 20})
             v = next((val for k, val in value.items() if k in query), 7)
-            points = [[start + i, str(v * (i + 1) if "_total" in query and "rate(" not in query else v)]
-                      for i in range(int(end - start) + 1)]
-            body = json.dumps({"status": "success", "data": {"resultType": "matrix",
-                                                             "result": [{"metric": {}, "values": points}]}}).encode()
+
+            def points(v):
+                return [[start + i, str(v * (i + 1) if "_total" in query and "rate(" not in query else v)]
+                        for i in range(int(end - start) + 1)]
+
+            result = [{"metric": {}, "values": points(v)}]
+            if "by (position)" in query:
+                result = [{"metric": {"position": str(p)}, "values": points(n)} for p, n in enumerate((8, 7, 5))]
+            body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.end_headers()
@@ -201,5 +209,12 @@ def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, 
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["server"]["kv_cache_usage.max"] == 0.42 and summary["server"]["running.max"] == 3
         assert summary["server"]["prefix_cache_hit_rate"] == 0.5
+        spec = summary["server"]["spec_decode"]
+        assert spec["acceptance_rate"] == pytest.approx(200 / 3) and spec["acceptance_length"] == pytest.approx(3.0)
+        assert spec["per_position_acceptance_rates"] == pytest.approx([0.8, 0.7, 0.5])
+        result = json.loads((run_dir / "vllm-result.json").read_text())
+        assert result["spec_decode_acceptance_length"] == pytest.approx(3.0)
+        assert result["spec_decode_num_drafts"] == spec["num_drafts"] > 0
+        assert "speculative decoding (server): acceptance rate 66.7%  acceptance length 3.00" in res.stdout
     finally:
         prom.shutdown()

@@ -153,6 +153,9 @@ class Emulator:
         self.engine = engine
         self.api_key = api_key
         self.metrics = VllmMetrics(model, naming)
+        self._spec_seen: dict = {}  # the speculative counters as of the last scrape
+        if getattr(engine, "spec", None) is not None:
+            self.metrics.enable_spec_decode(engine.spec.tokens)
         self.prefix_cache = PrefixCache(engine.cfg.block_size, engine.cfg.num_gpu_blocks)
         self._preemptions_seen = 0
         self.created = int(time.time())
@@ -316,6 +319,17 @@ class Emulator:
         if new > 0:
             m.l(m.preemptions).inc(new)
             self._preemptions_seen += new
+        spec = getattr(self.engine, "spec", None)
+        if spec is not None:  # counters: what the drafts did since the last scrape
+            seen = self._spec_seen
+            for metric, now, key in ((m.spec_drafts, spec.drafts, "drafts"),
+                                     (m.spec_draft_tokens, spec.draft_tokens, "draft_tokens"),
+                                     (m.spec_accepted, spec.accepted, "accepted")):
+                m.l(metric).inc(now - seen.get(key, 0))
+                seen[key] = now
+            for pos, now in enumerate(spec.per_pos):
+                m.spec_per_pos.labels(position=str(pos), **m.labels).inc(now - seen.get(pos, 0))
+                seen[pos] = now
 
     # -- generation -----------------------------------------------------------------------------
     def _generate(self, start_response: Start, chat: bool, body: dict, fault: str | None = None,
@@ -658,6 +672,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a reasoning model: each chat answer starts with this many reasoning tokens (N, LOW-HIGH or "
                         "normal:MEAN,STD; within max_tokens), streamed in delta.reasoning as vLLM's reasoning "
                         "parsers do, and counted in usage.completion_tokens_details.reasoning_tokens")
+    p.add_argument("--spec-tokens", type=int, default=0,
+                   help="speculative decoding: each decode step drafts this many tokens (vLLM's "
+                        "num_speculative_tokens) and yields 1 + the accepted ones; vllm:spec_decode_* counted (0: off)")
+    p.add_argument("--spec-acceptance", type=float, default=0.7,
+                   help="the chance that a draft position is accepted, given the positions before it were")
     p.add_argument("--owned-by", default="vllm",
                    help="/v1/models' owned_by (e.g. llamacpp: act as a server that is not vLLM, with --reject)")
     p.add_argument("--image-patch", type=int, default=28,
@@ -716,6 +735,10 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.max_num_seqs, args.max_num_batched_tokens, args.num_gpu_blocks, args.block_size) < 1 or args.time_scale <= 0:
         sys.stderr.write("emulator: error: scheduler sizes must be >= 1 and --time-scale > 0\n")
         return 2
+    if args.spec_tokens < 0 or not 0.0 <= args.spec_acceptance <= 1.0 or (args.spec_tokens and args.profile):
+        sys.stderr.write("emulator: error: --spec-tokens must be >= 0 and --spec-acceptance within 0..1; speculative "
+                         "decoding runs on the fixed schedule (not with --profile)\n")
+        return 2
     engine: FixedScheduleEngine | BatchingEngine
     if args.profile:
         engine = BatchingEngine(SchedulerConfig(cost=PROFILES[args.profile], max_num_seqs=args.max_num_seqs,
@@ -726,7 +749,8 @@ def main(argv: list[str] | None = None) -> int:
         engine = FixedScheduleEngine(EngineConfig(ttft=args.ttft, itl=args.itl, prefill_per_token=args.prefill_per_token,
                                                   tokens_per_chunk=args.tokens_per_chunk, jitter=args.jitter,
                                                   lockstep=args.lockstep, seed=args.seed, itl_cycle=cycle,
-                                                  num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size))
+                                                  num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
+                                                  spec_tokens=args.spec_tokens, spec_acceptance=args.spec_acceptance))
     timing_log = open(args.timing_log, "a", buffering=1) if args.timing_log else None  # noqa: SIM115 (lives as long as the server)
     request_log = open(args.request_log, "a", buffering=1) if args.request_log else None  # noqa: SIM115
     app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults,

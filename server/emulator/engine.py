@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import gevent
@@ -33,6 +33,41 @@ class EngineConfig:
     #: a GPU's decode steps are not all alike: the token gaps cycle through these (seconds) instead of ITL;
     #: with lockstep the global grid's steps do (every stream emits at the same step ends)
     itl_cycle: tuple[float, ...] = ()
+    spec_tokens: int = 0  # speculative decoding: draft tokens proposed per decode step (0: off)
+    spec_acceptance: float = 0.7  # the chance that each draft position is accepted, given the ones before it were
+
+
+@dataclass
+class SpecDecode:
+    """Speculative decoding's arithmetic and vLLM's counters for it. Each decode step drafts ``tokens`` tokens;
+    position j is accepted with probability ``acceptance`` if every position before it was, so a step yields
+    1 + accepted tokens (the target model's own plus the accepted drafts) in the time of one step, as vLLM's
+    emits them in one chunk. Counted as vLLM counts them (vllm:spec_decode_num_drafts, _num_draft_tokens,
+    _num_accepted_tokens, _num_accepted_tokens_per_pos{position}); a step cut short by max_tokens counts the
+    tokens it emitted."""
+
+    tokens: int
+    acceptance: float
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+    per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.per_pos = [0] * self.tokens
+
+    def step(self, rng: random.Random, remaining: int) -> int:
+        """One decode step: how many tokens it yields (at most ``remaining``)."""
+        accepted = 0
+        while accepted < self.tokens and rng.random() < self.acceptance:
+            accepted += 1
+        n = min(1 + accepted, remaining)
+        self.drafts += 1
+        self.draft_tokens += self.tokens
+        self.accepted += n - 1
+        for j in range(n - 1):
+            self.per_pos[j] += 1
+        return n
 
 
 @dataclass
@@ -54,6 +89,7 @@ class FixedScheduleEngine:
         self.preemptions = 0
         self.kv_tokens = 0
         self._requests = 0
+        self.spec = SpecDecode(cfg.spec_tokens, cfg.spec_acceptance) if cfg.spec_tokens > 0 else None
 
     def _grid_at(self, due: float) -> float:
         """The first global step end at or after ``due`` (the grid starts at the clock's zero, so every
@@ -89,7 +125,9 @@ class FixedScheduleEngine:
             return value * (1.0 + cfg.jitter * (2.0 * rng.random() - 1.0)) if rng else value
 
         first = spread(cfg.ttft + cfg.prefill_per_token * prompt_tokens)
-        k = max(1, cfg.tokens_per_chunk)
+        spec = self.spec
+        drafts = random.Random(f"{cfg.seed}/spec/{self._requests}") if spec is not None else None
+        k = 1 if spec is not None else max(1, cfg.tokens_per_chunk)  # with drafts a chunk is one step's tokens
         self.running += 1
         self.kv_tokens += prompt_tokens
         try:
@@ -97,7 +135,10 @@ class FixedScheduleEngine:
             due = arrival + first
             while produced < max_tokens:
                 n = min(k, max_tokens - produced)
-                if produced:
+                if produced and spec is not None and drafts is not None:  # one decode step, whatever its drafts added
+                    n = spec.step(drafts, max_tokens - produced)
+                    due += cfg.itl_cycle[produced % len(cfg.itl_cycle)] if cfg.itl_cycle else spread(cfg.itl)
+                elif produced:
                     if cfg.itl_cycle:
                         due += sum(cfg.itl_cycle[(produced + j) % len(cfg.itl_cycle)] for j in range(n))
                     else:

@@ -75,6 +75,22 @@ class VllmMetrics:
         for reason in ("stop", "length", "abort", "error"):
             self.success.labels(finished_reason=reason, **self.labels)
 
+    def enable_spec_decode(self, positions: int) -> None:
+        """vLLM's speculative-decoding counters, which it exposes only when a drafter is configured."""
+        labels = list(self.labels)
+        self.spec_drafts = Counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", labels,
+                                   registry=self.registry)
+        self.spec_draft_tokens = Counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", labels,
+                                         registry=self.registry)
+        self.spec_accepted = Counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", labels,
+                                     registry=self.registry)
+        self.spec_per_pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+                                    labels + ["position"], registry=self.registry)
+        for m in (self.spec_drafts, self.spec_draft_tokens, self.spec_accepted):
+            m.labels(**self.labels)
+        for pos in range(positions):
+            self.spec_per_pos.labels(position=str(pos), **self.labels)
+
     def l(self, metric):  # noqa: E743 - short accessor used on every token
         # labels() costs a dict build and a lock per call: ~10 % of the emulator's CPU per chunk
         child = self._children.get(id(metric))

@@ -36,7 +36,13 @@ COUNTERS = {
     "generation_tokens_total": ("vllm:generation_tokens",),
     "prefix_cache_queries_total": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
     "prefix_cache_hits_total": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+    # speculative decoding (only when the server runs a drafter)
+    "spec_drafts_total": ("vllm:spec_decode_num_drafts",),
+    "spec_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens",),
+    "spec_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens",),
 }
+#: accepted draft tokens per draft position: schema key -> position -> total
+PER_POSITION = {"spec_accepted_per_pos_total": "vllm:spec_decode_num_accepted_tokens_per_pos"}
 HISTOGRAMS = {
     "ttft": ("vllm:time_to_first_token_seconds",),
     "itl": ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
@@ -69,6 +75,14 @@ def parse_metrics(text: str) -> dict[str, Any]:
             if fam and fam.samples:
                 out[key] = sum(s.value for s in fam.samples if s.name.endswith("_total"))
                 break
+    for key, name in PER_POSITION.items():
+        fam = families.get(name)
+        if fam and fam.samples:
+            per: dict[str, float] = {}
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    per[s.labels.get("position", "")] = per.get(s.labels.get("position", ""), 0.0) + s.value
+            out[key] = per
     fam = families.get("vllm:request_success")
     if fam:
         reasons: dict[str, float] = {}

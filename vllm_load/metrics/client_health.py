@@ -25,7 +25,6 @@ import gevent
 import psutil
 
 from vllm_load.client import native
-from vllm_load.plugin import gc_control
 
 CPU_LIMIT = 90.0
 LAG_LIMIT = 0.050
@@ -51,6 +50,8 @@ ADVICE = {
                   "elsewhere or on other cores (more processes here make it worse)",
     "blocked": "the client's own loop was blocked (a blocking call in a user task, or a pause): see the log",
     "schedule": "add workers, or raise --max-concurrency",
+    "cap": "every stream slot of --max-concurrency was busy, so arrivals waited for one: the server is slower than "
+           "the offered rate allows at that cap: raise --max-concurrency, or lower --request-rate",
     "host": "the reader thread was not scheduled in time with this process's CPU low and no other process "
             "waiting: the host (a VM's vCPU, power saving) held it; measure on another host",
     "emulator": "the embedded emulator shares these cores with the client: lower the load, give it cores of its "
@@ -75,6 +76,19 @@ def emulator_finding(chunks: int | None, late: int | None) -> tuple[str | None, 
     return (said, False) if share >= EMULATOR_NOTE else (None, False)
 
 
+def silent_workers(summary: dict) -> str | None:
+    """The sentence for workers Locust marked missing (no heartbeat for ~3 s) that came back, or None. Locust
+    takes their users away while they are missing, and stops the test when every worker is."""
+    lost = set(summary.get("workers_lost") or [])
+    silent = {w: t for w, t in (summary.get("workers_missing") or {}).items() if w not in lost}
+    if not silent:
+        return None
+    named = ", ".join(f"{w} ({t:.1f} s into the run)" for w, t in sorted(silent.items(), key=lambda kv: kv[1]))
+    every = len(silent) >= len(summary.get("workers") or silent)
+    return (f"worker(s) sent no heartbeat for 3 s (their loop was blocked or their host starved) and Locust marked "
+            f"them missing: {named}" + ("; with every worker missing Locust stopped the test" if every else ""))
+
+
 def _run_delay() -> float:
     """Seconds the main (event-loop) thread has spent runnable but waiting for a CPU, since it began."""
     try:
@@ -90,6 +104,7 @@ class ClientMonitor:
 
     in_flight: Callable[[], int]
     sink: Callable[[dict], None] | None = None  # local runner: hand a report over every 3 s
+    tick: Callable[[], None] = lambda: None  # each second's chore of the process (its garbage collection)
     cpu_max: float = 0.0
     lag_max: float = 0.0
     streams_max: int = 0
@@ -124,7 +139,7 @@ class ClientMonitor:
                 self.steal_max = max(self.steal_max, float(getattr(psutil.cpu_times_percent(None), "steal", 0.0)))
                 self.streams_max = max(self.streams_max, int(self.in_flight()))
                 self._take_reads()
-                gc_control.collect_if_due(force=True)  # a loop too busy to idle still collects
+                self.tick()
                 ticks += 1
                 if self.sink is not None and ticks % 3 == 0:  # the same cadence as Locust's worker reports
                     self.sink(self.take())
@@ -198,7 +213,7 @@ class ClientHealth:
         self.reports.setdefault(worker, []).append(report)
 
     def verdict(self, send_lag_p99: float | None = None, quiet: list[tuple[float, float]] | None = None,
-                shared_stamp: float = 1.0, late_merged: float | None = None) -> dict:
+                shared_stamp: float = 1.0, late_merged: float | None = None, cap: int = 0) -> dict:
         """``quiet``: spans (wall clock) of outages and failure storms, whose reports are not judged.
         ``shared_stamp``: the share of chunk gaps that were 0 (two chunks of a stream under one stamp). A late
         read can move a measured gap only by merging a stream's chunks under one stamp, and a percentile only
@@ -247,12 +262,13 @@ class ClientHealth:
                     causes.append(read_cause(late))
                 else:
                     notes.append(f"{said}: {what}, too few to move any percentile reported")
-        if send_lag_p99 is not None and send_lag_p99 >= SEND_LAG_LIMIT:
-            reasons.append(f"open loop: requests left {send_lag_p99 * 1000:.0f} ms late at p99")
-            causes.append("schedule")
         all_rows = [r for rows in self.reports.values() for r in rows]
+        if send_lag_p99 is not None and send_lag_p99 >= SEND_LAG_LIMIT:
+            reason, cause = self._send_lag(send_lag_p99, all_rows, cap)
+            reasons.append(reason)
+            causes.append(cause)
         # the most specific cause decides the advice: contention explains a lagging schedule too
-        order = ("contention", "client", "blocked", "host", "schedule")
+        order = ("contention", "client", "blocked", "host", "cap", "schedule")
         cause = next((c for c in order if c in causes), None)
         return {
             "saturated": bool(reasons),
@@ -270,3 +286,20 @@ class ClientHealth:
             "readers": sorted({r["reader"] for r in all_rows if "reader" in r}),
             "read_lag_max": max((r.get("read_lag", 0.0) for r in all_rows), default=0.0),
         }
+
+    def _send_lag(self, p99: float, rows: list[dict], cap: int) -> tuple[str, str]:
+        """An open loop's late sends, with the evidence over the run that tells their cause: a worker's own CPU at
+        its limit, others on these cores (the loop's wait for a CPU, the VM's steal), every stream slot busy."""
+        cpu = max((r["cpu"] for r in rows), default=0.0)
+        wait = max((r.get("wait", 0.0) for r in rows), default=0.0)
+        steal = max((r.get("steal", 0.0) for r in rows), default=0.0)
+        # each worker's peak; summed, the most the swarm can have held at once
+        streams = sum(max((r["streams"] for r in worker), default=0) for worker in self.reports.values())
+        said = (f"open loop: requests left {p99 * 1000:.0f} ms late at p99 (peak own CPU {cpu:.0f}%, waited up to "
+                f"{wait * 1000:.0f} ms for a CPU in a second, steal {steal:.0f}%"
+                + (f", at most {streams} of {cap} stream slots in flight)" if cap else ")"))
+        if cpu >= CPU_LIMIT:
+            return said, "client"
+        if wait >= CONTENTION_WAIT_S or steal >= STEAL_LIMIT:
+            return said, "contention"
+        return said, "cap" if cap and streams >= cap else "schedule"

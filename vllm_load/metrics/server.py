@@ -33,4 +33,30 @@ def server_summary(series: list[dict]) -> dict | None:
     }
     if last.get("emulator_chunks") is not None:  # the embedded emulator's own lateness over the window
         out["emulator_chunks"], out["emulator_late_chunks"] = delta("emulator_chunks"), delta("emulator_late_chunks")
+    spec = spec_decode(first, last)
+    if spec is not None:
+        out["spec_decode"] = spec
     return out
+
+
+def spec_decode(first: dict, last: dict) -> dict | None:
+    """Speculative decoding over a window, as ``vllm bench serve`` computes it from /metrics before and after a
+    run: acceptance rate = accepted / draft tokens (%), acceptance length = 1 + accepted / drafts, and per draft
+    position the accepted share of drafts. None when the server drafted nothing in the window."""
+    keys = ("spec_drafts_total", "spec_draft_tokens_total", "spec_accepted_tokens_total")
+    if any(last.get(k) is None or first.get(k) is None for k in keys):
+        return None
+    drafts, draft_tokens, accepted = (last[k] - first[k] for k in keys)
+    if draft_tokens <= 0:
+        return None
+    before, after = first.get("spec_accepted_per_pos_total") or {}, last.get("spec_accepted_per_pos_total") or {}
+    positions = sorted(set(before) | set(after), key=lambda p: int(p) if str(p).isdigit() else 0)
+    return {
+        "num_drafts": int(drafts),
+        "draft_tokens": int(draft_tokens),
+        "accepted_tokens": int(accepted),
+        "acceptance_rate": accepted / draft_tokens * 100,
+        "acceptance_length": 1 + accepted / drafts if drafts > 0 else 0.0,
+        "per_position_acceptance_rates": [(after.get(p, before.get(p, 0)) - before.get(p, 0)) / drafts
+                                          for p in positions] if drafts > 0 else [],
+    }

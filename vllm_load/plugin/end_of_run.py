@@ -61,6 +61,13 @@ def _write_sweep(col: Collector) -> None:
     print(f"vllm-load: sweep of {len(dirs)} steps: {best} ({page})", flush=True)
 
 
+def watch_heartbeats(runner: Any, col: Collector) -> None:
+    """A master notes each worker Locust marks missing, and when (Locust's check runs every second)."""
+    while True:
+        gevent.sleep(0.5)
+        col.note_missing(runner)
+
+
 def watch_outages(environment: Any, col: Collector) -> None:
     """Say on the console (and the web UI) when the server becomes unreachable and when it is back, from the
     merged counts (on a master: as of the workers' last reports, every 3 s); --stop-on-outage ends the run."""

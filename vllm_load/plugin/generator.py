@@ -60,7 +60,9 @@ class Generator:
     folder: Any = None  # greenlet folding finished requests into the stats while the loop is idle
     #: a failure every request would repeat (prompts cannot be built): the plugin stops the run with it
     on_fatal: Any = field(default=lambda message, code=EXIT_BAD_INPUT: None)
-    on_trace_done: Any = field(default=lambda: None)  # told once every row of the share is sent and back
+    #: told once every row of the share is sent and back, or the --num-requests share finished (with the sweep
+    #: step it finished in, None outside a sweep)
+    on_trace_done: Any = field(default=lambda step=None: None)
     step_started: float = 0.0  # wall time the current sweep step began (its warm-up counts from there)
     #: --num-requests: this process's share, the tickets held by requests started (a warm-up request gives its
     #: ticket back when it finishes), the counted requests finished, and an event set when a ticket comes back
@@ -105,7 +107,8 @@ class Generator:
         warm_up()  # before the heap is frozen: what it loads is start-up heap too
         # before the loop-lag monitor starts: the one full collection here takes ~0.1 s
         gc_control.freeze_startup_heap()  # collections run from _fold_when_idle instead
-        rt.monitor = ClientMonitor(lambda: rt.in_flight, health_sink)  # local: reports go straight to the collector
+        # each second: a loop too busy to idle still collects
+        rt.monitor = ClientMonitor(lambda: rt.in_flight, health_sink, tick=lambda: gc_control.collect_if_due(force=True))  # local: reports go straight to the collector
         rt.monitor.start()
         rt.folder = gevent.spawn(rt._fold_when_idle)
         return rt
@@ -120,6 +123,10 @@ class Generator:
         changed = rate != self.step_rate
         self.step, self.step_rate = step, rate
         self.step_started = time.time()
+        if self.plan.num_requests:  # --num-requests counts each step apart: its share starts over
+            self.counted = self.tickets = 0
+            self.ticket_back, back = gevent.event.Event(), self.ticket_back
+            back.set()  # users that waited for a ticket of the last step take this one's
         if changed:
             self.rate_changed, old = gevent.event.Event(), self.rate_changed
             old.set()
@@ -209,7 +216,7 @@ class Generator:
     def on_record(self, rec: RequestRecord) -> None:
         self.end_request()
         if self.in_warmup(rec):
-            if self.plan.num_requests:
+            if self.plan.num_requests and rec.step == self.step:  # a past step's ticket is not this step's
                 self._give_back()
             rec.warmup = True
             self.stats.warmup_excluded += 1
@@ -228,10 +235,10 @@ class Generator:
             self.step_stats.setdefault(rec.step, LLMStats()).add(rec)
         if self.reqlog:
             self.reqlog.write(rec)
-        if self.plan.num_requests:
+        if self.plan.num_requests and rec.step == self.step:  # a request of a past sweep step counts there only
             self.counted += 1
-            if self.counted == self.quota:  # this process's share finished: the run ends once every share has
-                gevent.spawn(self.on_trace_done)
+            if self.counted == self.quota:  # this process's share finished: the run (or the sweep step) ends once
+                gevent.spawn(self.on_trace_done, self.step)  # every share has
 
     #: chunks folded per slice: the longest a slice holds the loop. With the Python reader (no native
     #: build, or a TLS target) a slice delays the chunks that land meanwhile (256: ~0.5 ms); with the native

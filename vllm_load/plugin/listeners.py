@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import gevent.pool
 import gevent.ssl
 from locust import events
 
@@ -49,6 +50,8 @@ def _emulator_args(opts: Any) -> list[str]:
             "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk), "--enable-prompt-tokens-details"]
     if opts.emulator_reasoning_tokens:
         args += ["--reasoning-tokens", opts.emulator_reasoning_tokens]
+    if opts.emulator_spec_tokens:
+        args += ["--spec-tokens", str(opts.emulator_spec_tokens), "--spec-acceptance", str(opts.emulator_spec_acceptance)]
     return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])
 
 
@@ -233,17 +236,22 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         STATE.generator = gen = Generator.create(role, opts, plan, worker_id, _apis(environment),
                                                  on_fatal=functools.partial(wire.fatal, environment),
                                                  health_sink=sink, worker_index=index if index >= 0 else 0,
-                                                 on_trace_done=lambda: wire.trace_done(environment))
+                                                 on_trace_done=functools.partial(wire.trace_done, environment))
         if role == "local":  # one process: the collector's totals are the generator's own stats
             col.totals, col.step_stats, col.start_wall = gen.stats, gen.step_stats, gen.start_wall
             gen.clock.start_local()
         else:  # ready: its offset to the master's clock, then READY; the master sends the epoch
+            if STATE.worker_step is not None and environment.shape_class is not None:
+                gen.set_step(*STATE.worker_step)  # announced before this generator was made
             gevent.spawn(gen.clock.measure, environment.runner)
     if role != "worker":
         if STATE.watcher is not None:
             STATE.watcher.kill(block=False)
         STATE.outage_now = STATE.outage_stop = None
-        STATE.watcher = gevent.spawn(end_of_run.watch_outages, environment, col)
+        STATE.watcher = gevent.pool.Group()
+        STATE.watcher.spawn(end_of_run.watch_outages, environment, col)
+        if role == "master":
+            STATE.watcher.spawn(end_of_run.watch_heartbeats, environment.runner, col)
     if role != "worker" and environment.web_ui is not None and plan.sidecar_url:
         if STATE.live_server is not None:
             STATE.live_server.stop()

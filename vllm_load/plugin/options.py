@@ -52,7 +52,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--save-detailed", False, "vllm-result.json also holds the per-request arrays (input_lens, output_lens, "
         "ttfts, itls, latencies, errors …), as vllm bench serve --save-detailed", action="store_true"),
     Option("--num-requests", 0, "end the run once this many requests finished, across all workers (warm-up aside), as "
-        "vllm bench serve --num-prompts; 0: the run ends by -t", type=int),
+        "vllm bench serve --num-prompts; in a --sweep, each step ends after this many (its --step-duration unused); "
+        "0: the run ends by -t", type=int),
     Option("--warmup", "0", "requests started in the first DURATION of the run (and of each sweep step) are sent and "
         "logged as warm-up, and left out of every metric, SLO and plot (the report says how many), e.g. 30s"),
     Option("--seed", -1, "repeatable runs: the same lengths, arrival times, dataset order and trace split every run "
@@ -158,6 +159,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--emulator-tokens-per-chunk", 1, "embedded emulator: tokens per SSE chunk", type=int),
     Option("--emulator-reasoning-tokens", "", "embedded emulator: a reasoning model whose chat answers start with "
         "this many reasoning tokens (N, LOW-HIGH or normal:MEAN,STD), streamed as vLLM's reasoning parsers do"),
+    Option("--emulator-spec-tokens", 0, "embedded emulator: speculative decoding, drafting this many tokens per "
+        "decode step (vllm:spec_decode_* counted; the run reports acceptance rate and length); 0: off", type=int),
+    Option("--emulator-spec-acceptance", 0.7, "embedded emulator: the chance that a draft position is accepted, "
+        "given the positions before it were", type=float),
 )
 
 
@@ -182,7 +187,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "server side": ("--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
                     "--prometheus-token"),
     "emulator": ("--emulator-profile", "--emulator-ttft", "--emulator-itl", "--emulator-tokens-per-chunk",
-                 "--emulator-reasoning-tokens"),
+                 "--emulator-reasoning-tokens", "--emulator-spec-tokens", "--emulator-spec-acceptance"),
 }
 
 

@@ -25,6 +25,11 @@ QUERIES = {
     "generation_tokens_rate": "sum(rate(vllm:generation_tokens_total{sel}[15s]))",
     "prefix_cache_queries_total": "sum(vllm:prefix_cache_queries_total{sel})",
     "prefix_cache_hits_total": "sum(vllm:prefix_cache_hits_total{sel})",
+    "spec_drafts_total": "sum(vllm:spec_decode_num_drafts_total{sel})",
+    "spec_draft_tokens_total": "sum(vllm:spec_decode_num_draft_tokens_total{sel})",
+    "spec_accepted_tokens_total": "sum(vllm:spec_decode_num_accepted_tokens_total{sel})",
+    # one series per draft position: the sample holds {position: total}
+    "spec_accepted_per_pos_total": "sum by (position) (vllm:spec_decode_num_accepted_tokens_per_pos_total{sel})",
 }
 
 
@@ -50,8 +55,13 @@ def fetch_range(url: str, selector: str, start: float, end: float, token: str = 
         if data.get("status") != "success":
             return [], f"Prometheus at {url} refused {query}: {data.get('error', data.get('status'))}"
         for series in data.get("data", {}).get("result", []):
+            position = (series.get("metric") or {}).get("position")
             for t, value in series.get("values", []):
-                by_time.setdefault(float(t), {"t": float(t), "source": "prometheus"})[key] = float(value)
+                sample = by_time.setdefault(float(t), {"t": float(t), "source": "prometheus"})
+                if position is None:
+                    sample[key] = float(value)
+                else:
+                    sample.setdefault(key, {})[position] = float(value)
     samples = [by_time[t] for t in sorted(by_time)]
     if not samples:
         return [], f"Prometheus at {url} has no vLLM series for {sel or 'any target'} in the run's window"

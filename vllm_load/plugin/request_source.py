@@ -41,7 +41,11 @@ class RequestSource:
         self.on_fatal, self.on_trace_done, self.idle = on_fatal, on_trace_done, idle
         self.input_spec = parse_length(o.input_tokens, "--input-tokens")
         self.output_spec = parse_length(o.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
-        self.tokenizer = load_tokenizer(plan.tokenizer)
+        # Off the event loop: loading a tokenizer is ~1 s of CPU (transformers' import, a SentencePiece
+        # conversion) and a dataset may be large. On a loop it blocked Locust's heartbeats: with 10 CPU hogs on
+        # 2 cores both workers of `--processes 2` went quiet for over 3 s at spawn and Locust stopped the test
+        # (2 of 2 runs); see tests/test_busy_host.py.
+        self.tokenizer = off_loop(load_tokenizer, plan.tokenizer)
         self.rng = random.Random(f"{plan.draws}/{self.source}/lengths")
         self.defaults: BodyDefaults = body_defaults(o, plan.server_kind)  # what every body carries
         self.factories: dict[str, PromptFactory] = {}
@@ -49,7 +53,7 @@ class RequestSource:
         self.dataset: DatasetSource | None = None
         self.answer_tokens_per_record = 0  # --dataset-batch: output budget per batched record
         if o.dataset:
-            records = read_records(o.dataset, o.dataset_format, o.dataset_field)
+            records = off_loop(read_records, o.dataset, o.dataset_format, o.dataset_field)
             self.dataset = DatasetSource(records, f"{plan.draws}/{self.source}", o.dataset_batch)
             if o.dataset_batch:
                 self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
@@ -59,7 +63,7 @@ class RequestSource:
         if o.trace:
             from vllm_load.workload.trace import read_trace, share
 
-            self.trace = share(read_trace(o.trace, o.trace_format), worker_index, plan.processes)
+            self.trace = share(off_loop(read_trace, o.trace, o.trace_format), worker_index, plan.processes)
             if not self.trace:  # more processes than rows: nothing to send here
                 gevent.spawn(self.on_trace_done)
         #: one native thread for the users' own token work (self.llm.text, counting a history): off the event
@@ -270,6 +274,16 @@ class RequestSource:
             pool.close()
         if self.helper is not None:
             self.helper.kill()
+
+
+def off_loop(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` in a native thread of gevent's hub while this greenlet waits: the loop (Locust's heartbeats,
+    its messages) keeps running. Start-up work only, at the loop's priority; a run's own work goes to the helper
+    thread."""
+    result = gevent.get_hub().threadpool.spawn(_capture, fn, args).get()
+    if isinstance(result, _Raised):
+        raise result.exc
+    return result
 
 
 @dataclass

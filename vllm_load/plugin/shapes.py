@@ -44,6 +44,33 @@ class SweepShape(LoadTestShape):
         if options.sweep_users < 1:
             raise UsageError(f"--sweep-users must be >= 1, got {options.sweep_users}")
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.count_ends: list[float] = []
+
+    def reset_time(self) -> None:
+        """A run starts (Locust calls this before the shape's first tick): its steps start over."""
+        from vllm_load.plugin.state import STATE
+
+        super().reset_time()
+        self.count_ends: list[float] = []  # --num-requests: the run time each finished step ended at
+        STATE.steps_done = {}
+
+    def step_ends(self, levels: list[float], t: float) -> list[float]:
+        """The run times at which the finished steps ended: every --step-duration, or (with --num-requests) when
+        every load process finished its share of the step's N requests."""
+        from vllm_load.plugin.state import STATE
+
+        opts: Any = self.runner.environment.parsed_options
+        if not getattr(opts, "num_requests", 0):
+            duration = float(opts.step_duration)
+            return [(i + 1) * duration for i in range(min(int(t // duration), len(levels)))]
+        ends = self.count_ends
+        processes = STATE.plan.processes if STATE.plan is not None else 1
+        while len(ends) < len(levels) and STATE.steps_done.get(len(ends), 0) >= processes:
+            ends.append(t)
+        return ends
+
     def tick(self) -> tuple[int, float] | None:
         from vllm_load.plugin import end_of_run, wire
 
@@ -51,16 +78,16 @@ class SweepShape(LoadTestShape):
         if not opts.sweep:
             raise UsageError("locustfiles/sweep.py needs --sweep LEVELS, e.g. --sweep 8,16,32")
         levels = parse_levels(opts.sweep)
-        duration = float(opts.step_duration)
         t = self.get_run_time()
-        step = int(t // duration)
+        ends = self.step_ends(levels, t)
+        step = len(ends)
         if opts.stop_on_slo_miss:
             # judge every finished step whose workers' reports are in (judge_step remembers verdicts)
-            for done in range(min(step, len(levels))):
-                if t >= (done + 1) * duration + JUDGE_DELAY and not end_of_run.judge_step(done):
+            for done, end in enumerate(ends):
+                if t >= end + JUDGE_DELAY and not end_of_run.judge_step(done):
                     return None
         if step >= len(levels):
-            if opts.stop_on_slo_miss and t - len(levels) * duration < JUDGE_DELAY:
+            if opts.stop_on_slo_miss and t - ends[-1] < JUDGE_DELAY:
                 return (0, 100.0)  # let the last step's reports arrive before its verdict
             return None
         level = levels[step]

@@ -34,7 +34,9 @@ class _State:
     outage_now: str | None = None  # an outage going on right now, as the console said it
     outage_stop: str | None = None  # --stop-on-outage ended the run with this reason
     trace_done: int = 0  # load processes that replayed their share of the trace (master / local)
-    watcher: Any = None  # greenlet watching for outages (master / local)
+    worker_step: tuple | None = None  # a worker: the sweep step (and rate) the master announced last
+    steps_done: dict = {}  # sweep step -> load processes that finished their --num-requests share in it
+    watcher: Any = None  # greenlets watching for outages and silent workers (master / local)
     live_server: LiveServer | None = None  # the sidecar's samples while the web UI shows a run
     environment: Any = None  # this process's Locust environment (some events do not pass it)
     plan: RunPlan | None = None  # the run's plan: decided here (master/local) or received (worker)

@@ -70,6 +70,11 @@ def check_numbers(opts: Any) -> None:
     if getattr(opts, "emulator_reasoning_tokens", ""):
         from vllm_load.workload.lengths import parse_length
         parse_length(opts.emulator_reasoning_tokens, "--emulator-reasoning-tokens")
+    spec = getattr(opts, "emulator_spec_tokens", 0)
+    if spec < 0 or not 0.0 <= getattr(opts, "emulator_spec_acceptance", 0.7) <= 1.0:
+        raise UsageError("--emulator-spec-tokens must be >= 0 and --emulator-spec-acceptance within 0..1")
+    if spec and getattr(opts, "emulator_profile", ""):
+        raise UsageError("--emulator-spec-tokens runs on the emulator's fixed schedule: drop --emulator-profile")
     if not 0 <= opts.metrics_port <= 65535:
         raise UsageError(f"--metrics-port {opts.metrics_port} is no TCP port: give 1-65535 (0: off)")
 
@@ -94,9 +99,9 @@ def check_run(opts: Any, *, headless: bool, shape: Any) -> None:
     if getattr(opts, "num_requests", 0):
         if opts.trace:
             raise UsageError("--num-requests with --trace: a trace ends with its last row; drop one of them")
-        if shape is not None:
-            raise UsageError("--num-requests ends one run, not a sweep's steps: drop it, or run a locustfile "
-                             "without a load shape")
+        if shape is not None and not opts.sweep:
+            raise UsageError("--num-requests ends a run or each step of a --sweep; a locustfile's own load shape "
+                             "ends when it says: drop one of them")
     if warmup and length and warmup >= length:
         raise UsageError(f"--warmup {opts.warmup} is not shorter than {what} ({length:g} s): nothing would be "
                          "measured; shorten --warmup or lengthen the run")

@@ -61,14 +61,20 @@ def _on_spawning_complete(user_count: int = 0, **_kw: Any) -> None:
                 part.reset_metrics()
 
 
-def trace_done(environment: Any) -> None:
+def trace_done(environment: Any, step: int | None = None) -> None:
     """This process finished its share of the run (its trace rows, or its --num-requests share, sent and
-    back): a worker tells the master; the master (or a local runner) ends the run once every load process has."""
+    back): a worker tells the master; the master (or a local runner) ends the run once every load process has.
+    In a sweep (``step``) the share is the step's: the sweep shape moves on once every process finished it."""
     if isinstance(environment.runner, WorkerRunner):
-        environment.runner.send_message(TRACE_DONE, None)
+        environment.runner.send_message(TRACE_DONE, {"step": step})
+        return
+    plan = STATE.plan
+    if step is not None:
+        STATE.steps_done[step] = STATE.steps_done.get(step, 0) + 1
+        if plan is not None and STATE.steps_done[step] == plan.processes:
+            print(f"vllm-load: sweep step {step}: {plan.num_requests} requests completed (--num-requests)", flush=True)
         return
     STATE.trace_done += 1
-    plan = STATE.plan
     if plan is None or STATE.trace_done < plan.processes:
         return
     if plan.num_requests:
@@ -126,8 +132,12 @@ def begin_step(environment: Any, step: int, level: float) -> None:
 
 
 def _worker_step(msg: Any) -> None:
+    """The master's new sweep step. Its first step comes before the worker's spawn message, so before its
+    generator: kept, and applied when the generator is made (its requests were left untagged before, and a
+    sweep over workers had an empty first step)."""
+    STATE.worker_step = (int(msg.data["step"]), float(msg.data["rate"]))
     if STATE.generator is not None:
-        STATE.generator.set_step(int(msg.data["step"]), float(msg.data["rate"]))
+        STATE.generator.set_step(*STATE.worker_step)
 
 
 def _worker_flush(environment: Any, msg: Any, **_kw: Any) -> None:
@@ -268,4 +278,4 @@ def register(environment: Any, role: str) -> None:
         runner.register_message(FLUSHED, lambda msg, **kw: _master_flushed(environment, msg))
         runner.register_message(FATAL, lambda msg, **kw: fatal(environment, str(msg.data["message"]),
                                                                 int(msg.data["code"])))
-        runner.register_message(TRACE_DONE, lambda msg, **kw: trace_done(environment))
+        runner.register_message(TRACE_DONE, lambda msg, **kw: trace_done(environment, (msg.data or {}).get("step")))

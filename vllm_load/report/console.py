@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vllm_load.metrics.histogram import PERCENTILES
+from vllm_load.metrics.client_health import silent_workers
 from vllm_load.metrics.table import BY_KEY, METRICS, REASONING_ONLY
 
 COLUMNS = [f"p{p:g}" for p in PERCENTILES] + ["max"]
@@ -100,7 +101,16 @@ SERVER_MISSING = ("server side: missing (no sidecar data for this run: start pyt
 def render_server(server: dict | None) -> str:
     if not server:
         return SERVER_MISSING
-    return "server side (sidecar): " + "  ".join(f"{t} {v}" for t, v in server_cells(server))
+    line = "server side (sidecar): " + "  ".join(f"{t} {v}" for t, v in server_cells(server))
+    return line + ("\n" + spec_line(server["spec_decode"]) if server.get("spec_decode") else "")
+
+
+def spec_line(spec: dict) -> str:
+    """Speculative decoding in one line, with vLLM's definitions (``vllm bench serve`` prints the same numbers)."""
+    per = ", ".join(f"{r:.2f}" for r in spec["per_position_acceptance_rates"])
+    return (f"speculative decoding (server): acceptance rate {spec['acceptance_rate']:.1f}%  acceptance length "
+            f"{spec['acceptance_length']:.2f}  drafts {spec['num_drafts']}  draft tokens {spec['draft_tokens']}  "
+            f"accepted {spec['accepted_tokens']}" + (f"  per position {per}" if per else ""))
 
 
 def render_table(summary: dict, title: str = "LLM metrics", server: dict | None | bool = False) -> str:
@@ -179,6 +189,8 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
                          else f"{w} (last report {at[w]:.1f} s in)" for w in s["workers_lost"])
         lines.append(f"WARNING: worker(s) lost mid-run, no final report: {lost} "
                      "(their requests after their last report, at most 3 s, are missing here but in their logs)")
+    if silent_workers(s):
+        lines.append(f"WARNING: {silent_workers(s)}")
     if s["input_drift_requests"]:
         lines.append(
             f"WARNING: {s['input_drift_requests']} requests had a prompt length different from what was asked "

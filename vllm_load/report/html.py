@@ -20,9 +20,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows  # noqa: E402
+from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, spec_line, table_rows  # noqa: E402
 from vllm_load.metrics.histogram import Histogram  # noqa: E402
 from vllm_load.report.results import TRUST, finish  # noqa: E402
+from vllm_load.metrics.client_health import silent_workers  # noqa: E402
 from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.metrics.table import BY_KEY  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run, write_json  # noqa: E402
@@ -181,9 +182,12 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
     if server:
         parts.append("<div id='server-side'>" + _table(["server (sidecar)", "value"], [[t, v] for t, v in server_cells(server)])
                      + "</div>")
+        if server.get("spec_decode"):
+            parts.append(f"<p id='spec-decode'>{html.escape(spec_line(server['spec_decode']))}</p>")
     else:
         parts.append("<p id='server-missing'><b>Server side missing:</b> no sidecar series in this run directory "
                      "(start <code>python -m server.sidecar</code> beside vLLM and pass --sidecar-url).</p>")
+    parts.append("<h2>Client side</h2>")
     rows = table_rows(s)
     parts.append(_table(["metric", "count", "mean", *COLUMNS], [[r["metric"], r["count"], r["mean"], *(r[c] for c in COLUMNS)] for r in rows]))
     named = name_rows(s)
@@ -201,6 +205,9 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
         parts.append("<div class='banner' id='workers-lost'><b>Worker(s) lost mid-run:</b> "
                      f"{html.escape(', '.join(s['workers_lost']))}. Their requests after their last report (at most "
                      "3 s) are missing from these numbers; their per-request logs have them.</div>")
+    if silent_workers(s):
+        parts.append(f"<div class='banner' id='workers-missing'><b>Silent workers:</b> {html.escape(silent_workers(s))}"
+                     ".</div>")
     if s["errors"]:
         parts.append("<h2>Failures</h2>" + _table(["reason", "count"], [[html.escape(k), v] for k, v in s["errors"].items()]))
     parts.append("<h2>Client and server over time</h2>")

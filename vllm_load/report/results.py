@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_load.metrics.client_health import ADVICE, emulator_finding
+from vllm_load.metrics.client_health import ADVICE, emulator_finding, silent_workers
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import render_table
 from vllm_load.rundir.files import RunDir, write_json
@@ -75,11 +75,19 @@ def trust_check(summary: dict, allow: bool = False) -> Check:
         named = ", ".join(w if w not in at else f"{w} (never reported)" if at[w] is None
                           else f"{w} (last report {at[w]:.1f} s into the run)" for w in lost)
         reasons.append(f"worker(s) lost mid-run, their requests after their last report missing here: {named}")
+    silent = silent_workers(summary)
+    if silent:
+        reasons.append(silent)
     if not reasons:
         return Check(TRUST, 1.0, True, "the load generator kept time" + (
             f" ({len(client['notes'])} note(s): {'; '.join(client['notes'])})" if client.get("notes") else ""))
-    cause = client.get("cause") if client.get("reasons") else "lost"
-    advice = client.get("advice") if client.get("reasons") else "see why the worker stopped reporting (its log)"
+    if client.get("reasons"):
+        cause, advice = client.get("cause"), client.get("advice")
+    elif lost:
+        cause, advice = "lost", "see why the worker stopped reporting (its log)"
+    else:
+        cause, advice = "silent", ("a worker's loop was held for seconds (a blocking call in a task, or a host too busy "
+                                   "to run it): see its log, or run the load on a quieter host")
     detail = f"UNTRUSTWORTHY: {'; '.join(reasons)}. Cause: {cause}: {advice}"
     if allow:
         detail += " (accepted with --allow-untrustworthy)"

@@ -9,7 +9,8 @@ token-bearing chunks; ``request_goodput`` is good requests per second (None with
 0 in a closed loop). ``max_concurrent_requests`` is computed as vLLM computes it (the most requests alive at any
 time within one second, over one-second buckets: 33-56 at --max-concurrency 8 on a real vLLM), and the true
 peak of open streams is ``max_concurrent_streams``. A sweep step's ``request_rate``/``max_concurrency`` are its
-own level's. With ``--save-detailed`` the other per-request arrays come from the per-request logs too (vLLM's
+own level's. A server that drafts (speculative decoding) adds vLLM's ``spec_decode_*`` keys, over the run's window.
+With ``--save-detailed`` the other per-request arrays come from the per-request logs too (vLLM's
 ``generated_texts`` are not kept by vllm-load: they are empty strings).
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from vllm_load.metrics.server import server_summary
 from vllm_load.rundir.reqlog import read_log
 
 #: vLLM's names of our metric keys, and the statistics written for each (``median`` is p50)
@@ -84,6 +86,11 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
             del out[key]
     out["latencies"] = [r["e2e"] for r in logs]
     out["queue_times"] = [r.get("send_lag") or 0.0 for r in logs]
+    spec = (server_summary(run.server) or {}).get("spec_decode") if run.server else None
+    if spec:  # the keys vllm bench serve writes when the server drafts (from the sidecar's window, not two scrapes)
+        for key in ("acceptance_rate", "acceptance_length", "num_drafts", "draft_tokens", "accepted_tokens",
+                    "per_position_acceptance_rates"):
+            out[f"spec_decode_{key}"] = spec[key]
     if detailed:
         ok = logs
         out["input_lens"] = [r.get("input_tokens") or 0 for r in ok]

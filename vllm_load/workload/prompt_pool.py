@@ -41,11 +41,12 @@ def yield_the_core() -> None:
             pass
 
 
-def token_thread() -> ThreadPool:
+def token_thread(yield_now: bool = True) -> ThreadPool:
     """One native thread for work off the event loop (prompts, users' token work, the request log), at a lower
-    priority than the loop."""
+    priority than the loop (``yield_now=False``: from when its owner says, see ``PromptPool``)."""
     pool = ThreadPool(1)
-    pool.spawn(yield_the_core)  # its first task: one thread, so every later one runs at that priority
+    if yield_now:
+        pool.spawn(yield_the_core)  # its first task: one thread, so every later one runs at that priority
     return pool
 
 
@@ -73,7 +74,10 @@ class PromptPool:
         self.items: deque[Any] = deque()  # ready items; END or the failure stays last, for every later get
         self.batch = max(1, min(8, self.size // 4))  # the first batch, and the least a refill makes
         self.low = self.size - self.batch  # at most this many left: the producer refills up to size
-        self.threads = token_thread()  # one thread: the factory's sequence numbers stay ordered
+        # one thread: the factory's sequence numbers stay ordered. Its first batch (the tokenizer's word list,
+        # the template probes) runs at the loop's priority, before anything is timed: at nice 10 beside 10 CPU
+        # hogs on 2 cores it got ~1 % of a core, and a 12 s run of `--processes 2` sent nothing.
+        self.threads = token_thread(yield_now=False)
         self.error: BaseException | None = None
         self.on_error = on_error
         self.ready = gevent.event.Event()  # set once the first prompts (or the failure) are in the pool
@@ -85,8 +89,9 @@ class PromptPool:
         first = True
         while True:
             count = self.batch if first else self.size - len(self.items)
-            first = False
             items = self.threads.spawn(self._make_batch, count).get()
+            if first:
+                self.threads.spawn(yield_the_core)
             if isinstance(items, tuple):  # the source ended: what was made, then END for every later get
                 self.items.extend(items)
                 self.items.append(END)
@@ -101,6 +106,7 @@ class PromptPool:
                 return
             self.items.extend(items)
             self._filled()
+            first = False
             if len(self.items) > self.low:
                 self.wanted.clear()
                 self.wanted.wait()
