@@ -50,6 +50,8 @@ CASES = [
     (CHAT, ["--emulator-reasoning-tokens", "lots"], "--emulator-reasoning-tokens 'lots' is not a length"),
     (CHAT, ["--emulator-spec-tokens", "2", "--emulator-spec-acceptance", "1.5"], "--emulator-spec-acceptance within 0..1"),
     (CHAT, ["--emulator-spec-tokens", "2", "--emulator-profile", "cpu-tiny"], "drop --emulator-profile"),
+    (CHAT, ["--metric-percentiles", "50,abc"], "--metric-percentiles '50,abc' must list percentiles between 0 and 100"),
+    (CHAT, ["--metric-percentiles", "50,100"], "must list percentiles between 0 and 100"),
     (ROOT_LF + "embeddings.py", ["--batch-size", "0"], "--batch-size must be >= 1"),
     (CHAT, ["--images-per-request", "1", "--image-size", "512by512"], "--image-size '512by512' is not WxH"),
     (CHAT, ["--batch-size", "4"], "--batch-size is read by locustfiles/embeddings.py or locustfiles/rerank.py only"),

@@ -23,6 +23,24 @@ except ImportError:  # built without a C compiler: the numpy path below
 #: Range of a latency histogram, in nanoseconds: 1 ns .. 1 hour.
 _LOWEST, _HIGHEST, _DIGITS = 1, 3_600_000_000_000, 3
 PERCENTILES = (50.0, 90.0, 95.0, 99.0, 99.9)
+
+
+def percentile_key(p: float) -> str:
+    """A percentile's key in summaries and vLLM's JSON: p50, p99.9 (vLLM's ``p{int or float}``)."""
+    return f"p{p:g}"
+
+
+def parse_percentiles(text: str, flag: str = "--metric-percentiles") -> tuple[float, ...]:
+    """vLLM's --metric-percentiles: a comma list, each above 0 and below 100 (the maximum is always shown)."""
+    try:
+        values = tuple(float(x) for x in str(text).split(",") if x.strip())
+    except ValueError:
+        values = ()
+    if not values or not all(0 < v < 100 for v in values):
+        from vllm_load.errors import UsageError
+
+        raise UsageError(f"{flag} {text!r} must list percentiles between 0 and 100, e.g. {flag} 25,50,99,99.9")
+    return tuple(sorted(set(values)))
 _SMALL = 12
 
 
@@ -166,12 +184,12 @@ class Histogram:
     def mean(self) -> float:
         return self.total / self.count if self.count else 0.0
 
-    def summary(self) -> dict[str, float]:
+    def summary(self, percentiles: tuple[float, ...] = PERCENTILES) -> dict[str, float]:
         out = {"count": self.count, "mean": self.mean, "min": self.min if self.count else 0.0}
         hdr = self.counters() if self.count else None
         out["std"] = hdr.get_stddev() / self.scale if hdr is not None else 0.0
-        for p in PERCENTILES:
-            out[f"p{p:g}"] = self.percentile(p, hdr)
+        for p in percentiles:
+            out[percentile_key(p)] = self.percentile(p, hdr)
         out["max"] = self.max if self.count else 0.0
         return out
 

@@ -41,7 +41,7 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq,
 }
 _UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, "%": 0.01, "": 1.0, "tok/s": 1.0, "req/s": 1.0, "tok": 1.0}
-_SPEC = re.compile(r"^\s*([a-z_][a-z0-9_.]*?)(?:\[([^\]]+)\])?(?:\.(p50|p90|p95|p99|p99\.9|max|mean|min))?\s*"
+_SPEC = re.compile(r"^\s*([a-z_][a-z0-9_.]*?)(?:\[([^\]]+)\])?(?:\.(p\d{1,2}(?:\.\d+)?|max|mean|min))?\s*"
                    r"(<=|>=|==|<|>)\s*([0-9]*\.?[0-9]+)\s*(ms|us|s|%|tok/s|req/s|tok)?\s*$")
 
 

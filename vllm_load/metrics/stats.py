@@ -16,7 +16,7 @@ import numpy as np
 
 from vllm_load.metrics import outages
 from vllm_load.metrics.error_kinds import MAX_KINDS, OTHER, error_kind
-from vllm_load.metrics.histogram import Histogram
+from vllm_load.metrics.histogram import PERCENTILES, Histogram, percentile_key
 from vllm_load.metrics import fold as folding
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.table import METRICS
@@ -394,9 +394,12 @@ class LLMStats:
         return outages.find_windows(self.ok_buckets, self.conn_buckets, self.fail_buckets, min_seconds, now)
 
     def summary(self, duration: float | None = None, records_per_request: int = 0,
-                outage_after: float | None = 2.0, now: float | None = None) -> RunSummary:
+                outage_after: float | None = 2.0, now: float | None = None,
+                percentiles: tuple[float, ...] = PERCENTILES, shown: tuple[float, ...] = PERCENTILES) -> RunSummary:
         """``records_per_request``: dataset records each request carries (``--dataset-batch``), for the
-        records/s that a batching comparison is about; 0 when prompts are not dataset records."""
+        records/s that a batching comparison is about; 0 when prompts are not dataset records. ``percentiles``:
+        those computed (the run's --metric-percentiles, the standard ones and its SLOs'); ``shown``: the columns
+        every medium shows (``summary["percentiles"]``)."""
         if duration is None:
             duration = (self.last_end - self.first_start) if self.first_start is not None else 0.0
         ok = self.requests - self.failures
@@ -434,7 +437,8 @@ class LLMStats:
             "backoff_s": self.backoff_ms / 1000.0,
             "errors": dict(self.errors.most_common()),
             "error_examples": {k: self.error_examples.get(k, k) for k in self.errors},
-            "metrics": {k: h.summary() for k, h in self.hists.items()},
+            "metrics": {k: h.summary(percentiles) for k, h in self.hists.items()},
+            "percentiles": [percentile_key(p) for p in shown],
             # chunk gaps of 0: two chunks of a stream under one receive stamp (a late read merges them, or the
             # server wrote them together)
             "shared_stamps": self.hists["itl"].at_most_1ns(),
@@ -460,6 +464,6 @@ class LLMStats:
             out["records"] = ok * records_per_request
             out["record_rate"] = ok * records_per_request / duration if duration else 0.0
         if self.names:
-            out["names"] = {n: self.names[n].summary(duration, records_per_request, None, now)
+            out["names"] = {n: self.names[n].summary(duration, records_per_request, None, now, percentiles, shown)
                             for n in sorted(self.names, key=name_order)}
         return out

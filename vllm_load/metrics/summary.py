@@ -47,6 +47,7 @@ class RunSummary(TypedDict, total=False):
     warmup_excluded: int  # requests started during --warmup, left out of every number here
     backoffs: int  # closed loop: waits before a next request after a server error (and their total, seconds)
     backoff_s: float
+    percentiles: list[str]  # the percentile columns every medium shows (--metric-percentiles; the standard five)
     names: dict[str, dict]  # name= -> the same summary for that group's requests (only when names were used)
     # completed by the collector at the end of a run
     workers: list[str]

@@ -88,7 +88,8 @@ class Collector:
         end = end or self.end_wall or time.time()
         summary = self.totals.summary(duration=max(1e-9, end - self.measured_from),
                                       records_per_request=records_per_request(
-            self.opts.dataset, self.opts.dataset_batch), outage_after=self.plan.outage_after, now=end)
+            self.opts.dataset, self.opts.dataset_batch), outage_after=self.plan.outage_after, now=end,
+            percentiles=self.plan.computed_percentiles, shown=self.plan.shown_percentiles)
         summary["workers"] = sorted(self.workers_seen)
         summary["workers_lost"] = list(self.workers_lost)
         # how far into the run each lost worker last reported: its requests after that are in its log only

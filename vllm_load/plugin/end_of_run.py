@@ -37,7 +37,8 @@ def judge_step(step: int) -> bool:
 
     level, start, end = col.step_bounds.get(step, [0, 0.0, None])
     stats = col.step_stats.get(step, LLMStats())
-    checks = evaluate(STATE.slos, stats.summary(duration=max((end or time.time()) - start, 1e-9)))
+    checks = evaluate(STATE.slos, stats.summary(duration=max((end or time.time()) - start, 1e-9),
+                                                percentiles=col.plan.computed_percentiles))
     ok = all(c.passed for c in checks)
     STATE.step_verdicts[step] = ok
     if not ok:

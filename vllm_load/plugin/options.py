@@ -51,6 +51,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--run-dir", "", "where the run's files go (default: reports/<run id>)"),
     Option("--save-detailed", False, "vllm-result.json also holds the per-request arrays (input_lens, output_lens, "
         "ttfts, itls, latencies, errors …), as vllm bench serve --save-detailed", action="store_true"),
+    Option("--metric-percentiles", "", "the percentiles shown (console, summary, report, vllm-result.json), as vllm "
+        "bench serve's option, e.g. 25,50,99,99.9; computed exactly from the histograms; default 50,90,95,99,99.9"),
     Option("--num-requests", 0, "end the run once this many requests finished, across all workers (warm-up aside), as "
         "vllm bench serve --num-prompts; in a --sweep, each step ends after this many (its --step-duration unused); "
         "0: the run ends by -t", type=int),
@@ -183,7 +185,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                             "--trace-block-size"),
     "SLOs and gates": ("--slo", "--min-requests", "--allow-untrustworthy", "--junit", "--retry-backoff-max",
                        "--outage-after", "--stop-on-outage"),
-    "outputs": ("--run-dir", "--save-detailed", "--metrics-port", "--metrics-host"),
+    "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--metrics-port", "--metrics-host"),
     "server side": ("--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
                     "--prometheus-token"),
     "emulator": ("--emulator-profile", "--emulator-ttft", "--emulator-itl", "--emulator-tokens-per-chunk",

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_load.metrics.histogram import PERCENTILES, parse_percentiles
 from vllm_load.plugin.target import Target
 from vllm_load.rundir.files import RunDir
 
@@ -44,6 +45,20 @@ class RunPlan:
     max_model_len: int | None = None  # the served model's context (None: the server did not say)
     num_requests: int = 0  # --num-requests: the run ends once this many (warm-up aside) finished; 0: by time
     server_kind: str = "vllm"  # "openai": a server that is not vLLM gets standard OpenAI fields only
+    percentiles: tuple[float, ...] = ()  # --metric-percentiles: the columns every medium shows (): the standard five
+
+    @property
+    def shown_percentiles(self) -> tuple[float, ...]:
+        return self.percentiles or PERCENTILES
+
+    @property
+    def computed_percentiles(self) -> tuple[float, ...]:
+        """What the summary computes from the exact histograms: the standard five (compare and the web UI read
+        them), the shown ones, and each SLO's (ttft.p75<=1s needs p75)."""
+        from vllm_load.metrics.slo import parse_slo
+
+        wanted = {p for text in self.slos for p in [parse_slo(text).stat] if p.startswith("p")}
+        return tuple(sorted({*PERCENTILES, *self.percentiles, *(float(p[1:]) for p in wanted)}))
 
     def share(self, index: int) -> int:
         """Load process ``index``'s part of --num-requests (the first ones take one more when it does not divide)."""
@@ -62,7 +77,8 @@ class RunPlan:
                    stop_on_outage=target.stop_on_outage, models=target.models or (target.model,), warmup=target.warmup,
                    processes=max(1, processes), trace_rows=target.trace_rows, trace_span=target.trace_span,
                    max_model_len=target.max_model_len, num_requests=max(0, int(opts.num_requests)),
-                   server_kind=target.server_kind)
+                   server_kind=target.server_kind,
+                   percentiles=parse_percentiles(opts.metric_percentiles) if opts.metric_percentiles else ())
 
     @property
     def draws(self) -> str:
@@ -83,4 +99,5 @@ class RunPlan:
 
     @classmethod
     def from_wire(cls, data: dict) -> RunPlan:
-        return cls(**{**data, "slos": tuple(data.get("slos") or ()), "models": tuple(data.get("models") or ())})
+        return cls(**{**data, "slos": tuple(data.get("slos") or ()), "models": tuple(data.get("models") or ()),
+                      "percentiles": tuple(data.get("percentiles") or ())})

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-from vllm_load.metrics.histogram import PERCENTILES
+from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers
 from vllm_load.metrics.table import BY_KEY, METRICS, REASONING_ONLY
 
-COLUMNS = [f"p{p:g}" for p in PERCENTILES] + ["max"]
+COLUMNS = [percentile_key(p) for p in PERCENTILES] + ["max"]
+
+
+def columns(summary: dict) -> list[str]:
+    """The table's statistic columns: the run's percentiles (--metric-percentiles, else the standard five), max."""
+    return [*(summary.get("percentiles") or COLUMNS[:-1]), "max"]
 
 
 def fmt_number(value: float) -> str:
@@ -26,7 +31,7 @@ def table_rows(summary: dict) -> list[dict]:
         if not m or not m["count"] or (key in REASONING_ONLY and not reasoned):
             continue
         row = {"metric": f"{title} ({unit})", "count": m["count"], "mean": fmt_number(m["mean"] * factor)}
-        row.update({c: fmt_number(m[c] * factor) for c in COLUMNS})
+        row.update({c: fmt_number(m[c] * factor) for c in columns(summary) if c in m})
         rows.append(row)
     return rows
 
@@ -117,7 +122,7 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
     """The client's table and totals; with ``server`` (a server summary, or None for "missing") the
     server's line too."""
     rows = table_rows(summary)
-    head = ["metric", "count", "mean", *COLUMNS]
+    head = ["metric", "count", "mean", *columns(summary)]
     widths = {h: max(len(h), *(len(str(r[h])) for r in rows)) if rows else len(h) for h in head}
     lines = [title]
     lines.append("  ".join(h.ljust(widths[h]) if h == "metric" else h.rjust(widths[h]) for h in head))

@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, spec_line, table_rows  # noqa: E402
+from vllm_load.report.console import NAME_HEAD, columns, name_rows, server_cells, spec_line, table_rows  # noqa: E402
 from vllm_load.metrics.histogram import Histogram  # noqa: E402
 from vllm_load.report.results import TRUST, finish  # noqa: E402
 from vllm_load.metrics.client_health import silent_workers  # noqa: E402
@@ -189,7 +189,9 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
                      "(start <code>python -m server.sidecar</code> beside vLLM and pass --sidecar-url).</p>")
     parts.append("<h2>Client side</h2>")
     rows = table_rows(s)
-    parts.append(_table(["metric", "count", "mean", *COLUMNS], [[r["metric"], r["count"], r["mean"], *(r[c] for c in COLUMNS)] for r in rows]))
+    cols = columns(s)
+    parts.append(_table(["metric", "count", "mean", *cols], [[r["metric"], r["count"], r["mean"], *(r.get(c, "") for c in cols)]
+                                                          for r in rows]))
     named = name_rows(s)
     if named:
         parts.append("<h2>By name</h2><div id='by-name'>"

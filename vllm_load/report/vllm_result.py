@@ -77,8 +77,8 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         out[f"mean_{vname}_ms"] = m["mean"] * 1000 if has else 0.0
         out[f"median_{vname}_ms"] = m["p50"] * 1000 if has else 0.0
         out[f"std_{vname}_ms"] = m.get("std", 0.0) * 1000 if has else 0.0
-        for p in _PERCENTILES:
-            out[f"{p}_{vname}_ms"] = m[p] * 1000 if has else 0.0
+        for p in s.get("percentiles") or _PERCENTILES:  # vLLM writes those of its --metric-percentiles
+            out[f"{p}_{vname}_ms"] = m[p] * 1000 if has and p in m else 0.0
     if api in ("embeddings", "rerank", "score"):  # vLLM's pooling result: inputs, no generation keys
         out["total_input_sequences"] = int(s.get("inputs", 0))
         out["input_sequence_throughput"] = float(s.get("input_rate", 0.0))

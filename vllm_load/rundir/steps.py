@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.workload.datasets import records_per_request
+from vllm_load.metrics.histogram import PERCENTILES
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.rundir.files import RunDir, load_series, write_json
 
@@ -17,6 +18,8 @@ def write_step_dirs(run_dir: Path, step_stats: dict[int, LLMStats], bounds: dict
     rd = RunDir(run_dir)
     config = json.loads(rd.config.read_text())
     series = load_series(rd.server)
+    shown = tuple(config.get("plan", {}).get("percentiles") or ()) or PERCENTILES  # the run's --metric-percentiles
+    computed = tuple(sorted({*PERCENTILES, *shown}))
     dirs = []
     for step in sorted(bounds):
         level, start, end = bounds[step]
@@ -30,7 +33,7 @@ def write_step_dirs(run_dir: Path, step_stats: dict[int, LLMStats], bounds: dict
         write_json(sd.config, cfg, indent=2)
         opts = config.get("options", {})
         summary = stats.summary(duration=max(end - start, 1e-9), records_per_request=records_per_request(
-            opts.get("dataset") or "", opts.get("dataset_batch") or 0))
+            opts.get("dataset") or "", opts.get("dataset_batch") or 0), percentiles=computed, shown=shown)
         write_json(sd.stats, {"run_id": cfg["run_id"], "start": start, "end": end, "summary": summary,
                               "stats": stats.to_wire()})
         window = [s for s in series if start <= s["t"] <= end]
