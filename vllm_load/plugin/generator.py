@@ -25,7 +25,7 @@ from vllm_load.plugin.run_clock import WorkerClock
 from vllm_load.plugin.target import request_headers
 from vllm_load.plugin.warmup import warm_up
 from vllm_load.rundir.reqlog import RequestLog
-from vllm_load.workload.arrivals import ArrivalProcess
+from vllm_load.workload.arrivals import ArrivalProcess, ramp_rate
 from vllm_load.workload.tokenizer import encode_in_calling_thread
 
 #: GIL switch interval in load-generating processes (seconds)
@@ -68,6 +68,7 @@ class Generator:
     #: ticket back when it finishes), the counted requests finished, and an event set when a ticket comes back
     quota: int = 0
     tickets: int = 0
+    tickets_taken: int = 0  # every ticket taken so far (a --ramp-up-strategy over --num-requests ramps by it)
     counted: int = 0
     ticket_back: Any = None
     requests: RequestSource | None = None  # what it sends (plugin/request_source.py)
@@ -137,9 +138,17 @@ class Generator:
         return self.clock.start_perf(self.start_perf)
 
     def current_rate(self) -> float:
-        """The open-loop rate now: the sweep step's in a rate sweep, else --request-rate (0: closed loop)."""
+        """The open-loop rate now: the sweep step's in a rate sweep, the ramp's (--ramp-up-strategy), else
+        --request-rate (0: closed loop)."""
         if self.step is not None and self.opts.sweep_mode == "rate":
             return self.step_rate
+        if self.plan.ramp:
+            strategy, start, end, seconds = self.plan.ramp
+            if seconds:  # over the run's -t, from the run's epoch
+                progress = (time.perf_counter() - self.schedule_start()) / seconds
+            else:  # over --num-requests: this process's share of it (every process ramps alike)
+                progress = self.tickets_taken / max(1, self.quota - 1)
+            return ramp_rate(strategy, start, end, progress)
         return float(self.opts.request_rate)
 
     def total_users(self) -> int:
@@ -165,6 +174,7 @@ class Generator:
                 if self.draining:
                     self.park()
             self.tickets += 1
+            self.tickets_taken += 1
         self.in_flight += 1
         self.idle.clear()
 

@@ -262,7 +262,7 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         cls.insecure = bool(opts.insecure)
         if opts.ca_bundle and not opts.insecure:
             cls.ssl_context_factory = functools.partial(_ca_bundle_context, opts.ca_bundle)
-        if opts.request_rate > 0 or opts.trace:  # open loop: one user holds many streams, each on its own connection
+        if opts.request_rate > 0 or opts.trace or opts.ramp_up_strategy:  # open loop: one user holds many streams
             cls.concurrency = max(1, int(opts.max_concurrency))
     if STATE.last_step is not None and environment.shape_class is not None and role != "worker":
         wire.begin_step(*STATE.last_step)

@@ -67,6 +67,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("--request-rate", 0.0, "open loop: total requests/s over all users and workers (0: closed loop, one "
         "request in flight per user)", type=float),
     Option("--burstiness", 1.0, "open loop: gamma shape of inter-arrival times (1 = Poisson)", type=float),
+    Option("--ramp-up-strategy", "", "open loop: the rate goes from --ramp-up-start-rps to --ramp-up-end-rps over the "
+        "run (-t, or --num-requests' count), linear or exponential, as vllm bench serve's option",
+        choices=["", "linear", "exponential"]),
+    Option("--ramp-up-start-rps", 0.0, "--ramp-up-strategy: the total rate at the run's start (req/s)", type=float),
+    Option("--ramp-up-end-rps", 0.0, "--ramp-up-strategy: the total rate at the run's end (req/s)", type=float),
     Option("--ramp-up", 0.0, "open loop: seconds over which the rate grows linearly to --request-rate "
         "(closed loop ramps with Locust's own -r/--spawn-rate)", type=float),
     Option("--max-concurrency", 1000, "open loop: most requests in flight per user (more arrivals are sent late)",
@@ -176,7 +181,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
                  "--turns", "--turn-input-tokens", "--think-time", "--tool-rounds", "--tool-result-tokens",
                  "--batch-size"),
     "images and audio": ("--images-per-request", "--image-size", "--images-from", "--audio-from", "--audio-seconds"),
-    "load shape": ("--num-requests", "--warmup", "--request-rate", "--burstiness", "--ramp-up", "--max-concurrency",
+    "load shape": ("--num-requests", "--warmup", "--request-rate", "--burstiness", "--ramp-up", "--ramp-up-strategy",
+                   "--ramp-up-start-rps", "--ramp-up-end-rps", "--max-concurrency",
                    "--sweep", "--sweep-mode", "--sweep-users", "--step-duration", "--stop-on-slo-miss",
                    "--drain-timeout"),
     "request body": ("--no-ignore-eos", "--no-continuous-usage", "--temperature", "--extra-body", "--header"),

@@ -46,6 +46,8 @@ class RunPlan:
     num_requests: int = 0  # --num-requests: the run ends once this many (warm-up aside) finished; 0: by time
     server_kind: str = "vllm"  # "openai": a server that is not vLLM gets standard OpenAI fields only
     percentiles: tuple[float, ...] = ()  # --metric-percentiles: the columns every medium shows (): the standard five
+    #: --ramp-up-strategy: (strategy, start req/s, end req/s, seconds it ramps over; 0: over --num-requests)
+    ramp: tuple = ()
 
     @property
     def shown_percentiles(self) -> tuple[float, ...]:
@@ -78,7 +80,9 @@ class RunPlan:
                    processes=max(1, processes), trace_rows=target.trace_rows, trace_span=target.trace_span,
                    max_model_len=target.max_model_len, num_requests=max(0, int(opts.num_requests)),
                    server_kind=target.server_kind,
-                   percentiles=parse_percentiles(opts.metric_percentiles) if opts.metric_percentiles else ())
+                   percentiles=parse_percentiles(opts.metric_percentiles) if opts.metric_percentiles else (),
+                   ramp=(opts.ramp_up_strategy, float(opts.ramp_up_start_rps), float(opts.ramp_up_end_rps),
+                         0.0 if opts.num_requests else float(opts.run_time or 0)) if opts.ramp_up_strategy else ())
 
     @property
     def draws(self) -> str:
@@ -100,4 +104,4 @@ class RunPlan:
     @classmethod
     def from_wire(cls, data: dict) -> RunPlan:
         return cls(**{**data, "slos": tuple(data.get("slos") or ()), "models": tuple(data.get("models") or ()),
-                      "percentiles": tuple(data.get("percentiles") or ())})
+                      "percentiles": tuple(data.get("percentiles") or ()), "ramp": tuple(data.get("ramp") or ())})

@@ -16,7 +16,7 @@ from vllm_load.plugin.options import OPTIONS
 from vllm_load.plugin.server_wait import parse_duration
 
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
-_AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "drain_timeout": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
+_AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ramp_up_end_rps": 0.0, "drain_timeout": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
              "emulator_itl": 0.0, "audio_seconds": 0.0}
 _POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness"}
 #: int options and their least value
@@ -105,9 +105,26 @@ def check_run(opts: Any, *, headless: bool, shape: Any) -> None:
         if shape is not None and not opts.sweep:
             raise UsageError("--num-requests ends a run or each step of a --sweep; a locustfile's own load shape "
                              "ends when it says: drop one of them")
+    if getattr(opts, "ramp_up_strategy", ""):
+        check_ramp(opts, shape)
     if warmup and length and warmup >= length:
         raise UsageError(f"--warmup {opts.warmup} is not shorter than {what} ({length:g} s): nothing would be "
                          "measured; shorten --warmup or lengthen the run")
+
+
+def check_ramp(opts: Any, shape: Any) -> None:
+    """--ramp-up-strategy: an open loop of its own, over a known length."""
+    strategy, start, end = opts.ramp_up_strategy, opts.ramp_up_start_rps, opts.ramp_up_end_rps
+    if not end > 0 or (strategy == "exponential" and not start > 0):
+        raise UsageError(f"--ramp-up-strategy {strategy} needs --ramp-up-end-rps > 0"
+                         + (" and --ramp-up-start-rps > 0" if strategy == "exponential" else ""))
+    clash = [flag for flag, given in (("--request-rate", opts.request_rate), ("--ramp-up", opts.ramp_up),
+                                      ("--trace", opts.trace), ("a load shape", shape is not None)) if given]
+    if clash:
+        raise UsageError(f"--ramp-up-strategy sets the rate from --ramp-up-start-rps to --ramp-up-end-rps: drop "
+                         f"{clash[0]}")
+    if not opts.run_time and not getattr(opts, "num_requests", 0):
+        raise UsageError("--ramp-up-strategy ramps over the run: give -t (e.g. -t 60s) or --num-requests N")
 
 
 def check_options(environment: Any) -> None:

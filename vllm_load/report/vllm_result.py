@@ -84,6 +84,11 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         out["input_sequence_throughput"] = float(s.get("input_rate", 0.0))
         for key in [k for k in out if k.endswith(("_ttft_ms", "_tpot_ms", "_itl_ms")) or k in _GENERATION_KEYS]:
             del out[key]
+    if opts.get("ramp_up_strategy"):  # vLLM's keys for a ramped rate
+        out["ramp_up_strategy"] = opts["ramp_up_strategy"]
+        out["ramp_up_start_rps"] = opts.get("ramp_up_start_rps")
+        out["ramp_up_end_rps"] = opts.get("ramp_up_end_rps")
+        out["request_rate"], out["max_concurrency"] = "inf", None
     out["latencies"] = [r["e2e"] for r in logs]
     out["queue_times"] = [r.get("send_lag") or 0.0 for r in logs]
     spec = (server_summary(run.server) or {}).get("spec_decode") if run.server else None

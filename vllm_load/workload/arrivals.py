@@ -40,3 +40,18 @@ class ArrivalProcess:
             return 1.0 / rate
         theta = 1.0 / (rate * self.burstiness)
         return self.rng.gammavariate(self.burstiness, theta)
+
+
+RAMP_STRATEGIES = ("linear", "exponential")
+
+
+def ramp_rate(strategy: str, start: float, end: float, progress: float) -> float:
+    """vLLM's --ramp-up-strategy: the total rate at ``progress`` (0..1) through the run, from ``start`` to ``end``
+    req/s: linear start + (end - start)·x, exponential start·(end/start)^x (vLLM's request i of N: x = i/(N-1)). A
+    rate of 0 (a linear ramp from 0) is 1 % of ``end``: a process at rate 0 would never send its next request."""
+    x = min(1.0, max(0.0, progress))
+    if strategy == "exponential":
+        rate = start * (end / start) ** x
+    else:
+        rate = start + (end - start) * x
+    return max(rate, 0.01 * end)

@@ -1,0 +1,76 @@
+"""--ramp-up-strategy linear|exponential (vllm bench serve's ramp): the open loop's rate goes from
+--ramp-up-start-rps to --ramp-up-end-rps over the run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import ROOT, run_locust
+from vllm_load.rundir.reqlog import read_log
+from vllm_load.workload.arrivals import ramp_rate
+
+
+def test_the_rate_follows_vllms_formulas():
+    # vLLM: request i of N at start + (end - start)·i/(N-1), or start·(end/start)^(i/(N-1))
+    assert ramp_rate("linear", 2, 20, 0.0) == 2 and ramp_rate("linear", 2, 20, 0.5) == 11
+    assert ramp_rate("linear", 2, 20, 1.7) == 20  # past the end: the end rate
+    assert ramp_rate("exponential", 2, 32, 0.5) == pytest.approx(8.0)
+    assert ramp_rate("exponential", 2, 32, 0.25) == pytest.approx(4.0)
+    assert ramp_rate("linear", 0, 10, 0.0) == pytest.approx(0.1)  # a rate of 0 would never send again
+
+
+def _starts(run_dir):
+    return sorted(r["start"] for f in run_dir.glob("requests*.jsonl") for r in read_log(f))
+
+
+def _expected(strategy, start, end, users=2, seconds=6.0, until=6.0):
+    """Each user's arrivals with constant gaps (--burstiness inf), each gap drawn at the rate of the moment it
+    starts, as vLLM draws request i's delay at request i's rate: the sends in each half of the run."""
+    halves = [0, 0]
+    for _ in range(users):
+        t = 0.0
+        while True:
+            t += users / ramp_rate(strategy, start, end, t / seconds)
+            if t > until:
+                break
+            halves[t >= seconds / 2] += 1
+    return halves
+
+
+@pytest.mark.parametrize("strategy,start,end", [("linear", 2, 20), ("exponential", 2, 32)])
+def test_a_ramped_run_sends_what_the_ramp_says(tmp_path, strategy, start, end):
+    """With --burstiness inf (vLLM's constant gaps) the sends in each half of a 6 s run are the ramp's (the
+    integrals are 19.5/46.5 for linear 2 -> 20 req/s and 13/52 for exponential 2 -> 32; a gap drawn at the rate of
+    its start lags a rising ramp, as vLLM's do)."""
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
+                      "--ramp-up-strategy", strategy, "--ramp-up-start-rps", str(start), "--ramp-up-end-rps", str(end),
+                      "--burstiness", "inf", "--output-tokens", "4", "--emulator-ttft", "0.005",
+                      "--emulator-itl", "0.002", "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    starts = _starts(run_dir)
+    t0 = json.loads((run_dir / "llm_stats.json").read_text())["start"]  # the schedule's start (its epoch)
+    # up to the last send: the run's -t counts from Locust's start, a little before the schedule's
+    halves = _expected(strategy, start, end, until=max(starts) - t0 + 0.001)
+    first = sum(s - t0 < 3.0 for s in starts)
+    second = sum(3.0 <= s - t0 < 6.0 for s in starts)
+    assert first == pytest.approx(halves[0], abs=2) and second == pytest.approx(halves[1], abs=3), (first, second, halves)
+    result = json.loads((run_dir / "vllm-result.json").read_text())
+    assert (result["ramp_up_strategy"], result["ramp_up_start_rps"], result["ramp_up_end_rps"]) == (strategy, start, end)
+    assert result["request_rate"] == "inf"
+
+
+def test_a_ramp_over_a_request_count_ends_at_the_end_rate(tmp_path):
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1",
+                      "--num-requests", "21", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "4",
+                      "--ramp-up-end-rps", "40", "--burstiness", "inf", "--output-tokens", "4",
+                      "--emulator-ttft", "0.005", "--emulator-itl", "0.002", "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    starts = _starts(run_dir)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(starts) == 21
+    # request i leaves at rate 4 + 36·i/20: the first gap 1/4 s, the last 1/38.2 s
+    assert gaps[0] == pytest.approx(1 / 4, abs=0.02) and gaps[-1] == pytest.approx(1 / 38.2, abs=0.01)
