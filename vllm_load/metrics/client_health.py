@@ -156,7 +156,7 @@ class ClientMonitor:
         self._take_reads()  # up to now, not only to the last tick
         out = {"t": time.time(), "reader": native.reader_name(), "read_lag": self.read_lag_max,
                "reads": self.reads, "late_reads": self.late_reads, "cpu": self.cpu_max, "lag": self.lag_max,
-               "streams": self.streams_max, "wait": self.wait_max,
+               "streams": self.streams_max, "in_flight": int(self.in_flight()), "wait": self.wait_max,
                "steal": self.steal_max, "cpu_at_lag": self.cpu_at_lag, "wait_at_lag": self.wait_at_lag}
         self.cpu_max = self.lag_max = self.wait_max = self.steal_max = self.cpu_at_lag = self.wait_at_lag = 0.0
         self.streams_max = self.reads = self.late_reads = 0

@@ -117,6 +117,9 @@ class LLMStats:
     error_examples: dict = field(default_factory=dict)  # kind -> its first raw reason
     _tokens_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> output tokens
     done_per_second: Counter = field(default_factory=Counter)  # int(wall second) -> finished requests
+    #: int(wall second of the first token) -> the TTFTs' sum and count (the saturation detector's TTFT trend)
+    ttft_per_second: Counter = field(default_factory=Counter)
+    first_tokens_per_second: Counter = field(default_factory=Counter)
     _windows: dict = field(default_factory=lambda: defaultdict(dict))  # window start -> metric -> Histogram
     first_start: float | None = None
     last_start: float | None = None
@@ -184,6 +187,10 @@ class LLMStats:
                 self.fail_buckets[b] += 1
             return
         self.ok_buckets[b] += 1
+        if rec.ttft is not None and self.timeline:
+            second = int(rec.start + rec.ttft)
+            self.ttft_per_second[second] += rec.ttft
+            self.first_tokens_per_second[second] += 1
         if rec.input_tokens is not None:
             self.input_tokens += rec.input_tokens
         if rec.output_tokens is not None:
@@ -314,6 +321,8 @@ class LLMStats:
             "error_examples": self.error_examples,
             "tokens_per_second": {str(k): v for k, v in self.tokens_per_second.items()},
             "done_per_second": {str(k): v for k, v in self.done_per_second.items()},
+            "ttft_per_second": {str(k): v for k, v in self.ttft_per_second.items()},
+            "first_tokens_per_second": {str(k): v for k, v in self.first_tokens_per_second.items()},
             "windows": {str(w): {m: h.to_wire() for m, h in ms.items()} for w, ms in self.windows.items()},
             "first_start": self.first_start,
             "last_start": self.last_start,
@@ -337,6 +346,8 @@ class LLMStats:
         s.error_examples = dict(data.get("error_examples") or {})
         s._tokens_per_second = Counter({int(k): v for k, v in data["tokens_per_second"].items()})
         s.done_per_second = Counter({int(k): v for k, v in data["done_per_second"].items()})
+        s.ttft_per_second = Counter({int(k): v for k, v in data.get("ttft_per_second", {}).items()})
+        s.first_tokens_per_second = Counter({int(k): v for k, v in data.get("first_tokens_per_second", {}).items()})
         for w, ms in data["windows"].items():
             s.windows[int(w)] = {m: Histogram.from_wire(h) for m, h in ms.items()}
         s.first_start, s.last_end = data["first_start"], data["last_end"]
@@ -362,6 +373,8 @@ class LLMStats:
             self.count_error(other.error_examples.get(kind, kind), n, kind)
         self.tokens_per_second.update(other.tokens_per_second)
         self.done_per_second.update(other.done_per_second)
+        self.ttft_per_second.update(other.ttft_per_second)
+        self.first_tokens_per_second.update(other.first_tokens_per_second)
         for k in self._BUCKETS:
             getattr(self, k).update(getattr(other, k))
         self.conn_error = max(self.conn_error, other.conn_error, key=lambda e: e[0])

@@ -34,6 +34,7 @@ class Collector:
     #: worker -> seconds into the run when Locust first marked it missing (no heartbeat for ~3 s: a blocked loop
     #: or a starved host; with every worker missing Locust stops the test)
     workers_missing: dict = field(default_factory=dict)
+    saturation: Any = None  # metrics/saturation.Finding: when the server stopped keeping up (None: it kept up)
     start_wall: float = field(default_factory=time.time)
     end_wall: float | None = None
     drained: bool = False  # the end-of-run drain has been done
@@ -96,6 +97,7 @@ class Collector:
         summary["workers_lost_at"] = {w: round(self.last_report[w] - self.start_wall, 1) if w in self.last_report
                                       else None for w in self.workers_lost}  # None: it never reported
         summary["workers_missing"] = dict(self.workers_missing)
+        summary["saturation"] = self.saturation.to_json() if self.saturation is not None else None
         if monitor is not None:  # local: what the monitor saw since its last 3 s report
             last = monitor.take()
             if last["cpu"] or last["lag"] or last["streams"]:
@@ -130,5 +132,6 @@ class Collector:
         for s in self.step_stats.values():
             s.__init__()  # type: ignore[misc]
         self.health = ClientHealth()
+        self.saturation = None
         self.workers_seen = set()
         self.start_wall = time.time()

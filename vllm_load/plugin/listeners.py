@@ -25,7 +25,7 @@ from vllm_load.errors import UsageError, die
 from vllm_load.metrics.prometheus import registry_for
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.client.pooling import POOLING
-from vllm_load.plugin import end_of_run, interrupt, log_repeats, options, ui_guard, validate, webui, wire
+from vllm_load.plugin import end_of_run, interrupt, log_repeats, options, saturation_watch, ui_guard, validate, webui, wire
 from vllm_load.plugin.embedded import start_emulator, start_sidecar
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.generator import Generator
@@ -52,6 +52,8 @@ def _emulator_args(opts: Any) -> list[str]:
         args += ["--reasoning-tokens", opts.emulator_reasoning_tokens]
     if opts.emulator_spec_tokens:
         args += ["--spec-tokens", str(opts.emulator_spec_tokens), "--spec-acceptance", str(opts.emulator_spec_acceptance)]
+    if opts.emulator_max_num_seqs:
+        args += ["--max-num-seqs", str(opts.emulator_max_num_seqs)]
     return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])
 
 
@@ -252,10 +254,11 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         STATE.watcher.spawn(end_of_run.watch_outages, environment, col)
         if role == "master":
             STATE.watcher.spawn(end_of_run.watch_heartbeats, environment.runner, col)
-    if role != "worker" and environment.web_ui is not None and plan.sidecar_url:
+        STATE.watcher.spawn(saturation_watch.watch, environment, col, bool(opts.stop_over_saturated))
+    if role != "worker" and plan.sidecar_url:  # the web UI's server side, and the saturation watch's queue
         if STATE.live_server is not None:
             STATE.live_server.stop()
-        STATE.live_server = LiveServer(plan.sidecar_url, col.start_wall, opts.sidecar_token)
+        STATE.live_server = LiveServer(plan.sidecar_url, col.start_wall, opts.sidecar_token, interval=2.0)
     for cls in environment.user_classes:
         cls.network_timeout = float(opts.request_timeout)
         # Locust's FastHttpUser skips certificate checks unless told: vllm-load verifies unless --insecure

@@ -72,6 +72,8 @@ OPTIONS: tuple[Option, ...] = (
         choices=["", "linear", "exponential"]),
     Option("--ramp-up-start-rps", 0.0, "--ramp-up-strategy: the total rate at the run's start (req/s)", type=float),
     Option("--ramp-up-end-rps", 0.0, "--ramp-up-strategy: the total rate at the run's end (req/s)", type=float),
+    Option("--stop-over-saturated", False, "end the run (or the sweep) once the server stops keeping up: its queue and "
+        "TTFT both rising with significance (always detected and reported; this stops there)", action="store_true"),
     Option("--ramp-up", 0.0, "open loop: seconds over which the rate grows linearly to --request-rate "
         "(closed loop ramps with Locust's own -r/--spawn-rate)", type=float),
     Option("--max-concurrency", 1000, "open loop: most requests in flight per user (more arrivals are sent late)",
@@ -161,6 +163,8 @@ OPTIONS: tuple[Option, ...] = (
         "(each of --input-tokens)", type=int, locustfiles=("embeddings.py", "rerank.py")),
     Option("--emulator-profile", "", "embedded emulator: model vLLM's continuous batching with this cost profile "
         "(a100-llama8b, h100-llama8b, cpu-tiny) instead of the fixed TTFT/ITL schedule"),
+    Option("--emulator-max-num-seqs", 0, "embedded emulator with --emulator-profile: sequences per batch (vLLM's "
+        "--max-num-seqs; a small one gives a small capacity); 0: the emulator's 256", type=int),
     Option("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float),
     Option("--emulator-itl", 0.01, "embedded emulator: inter-token delay, seconds", type=float),
     Option("--emulator-tokens-per-chunk", 1, "embedded emulator: tokens per SSE chunk", type=int),
@@ -182,7 +186,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                  "--batch-size"),
     "images and audio": ("--images-per-request", "--image-size", "--images-from", "--audio-from", "--audio-seconds"),
     "load shape": ("--num-requests", "--warmup", "--request-rate", "--burstiness", "--ramp-up", "--ramp-up-strategy",
-                   "--ramp-up-start-rps", "--ramp-up-end-rps", "--max-concurrency",
+                   "--ramp-up-start-rps", "--ramp-up-end-rps", "--stop-over-saturated", "--max-concurrency",
                    "--sweep", "--sweep-mode", "--sweep-users", "--step-duration", "--stop-on-slo-miss",
                    "--drain-timeout"),
     "request body": ("--no-ignore-eos", "--no-continuous-usage", "--temperature", "--extra-body", "--header"),
@@ -194,8 +198,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--metrics-port", "--metrics-host"),
     "server side": ("--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
                     "--prometheus-token"),
-    "emulator": ("--emulator-profile", "--emulator-ttft", "--emulator-itl", "--emulator-tokens-per-chunk",
-                 "--emulator-reasoning-tokens", "--emulator-spec-tokens", "--emulator-spec-acceptance"),
+    "emulator": ("--emulator-profile", "--emulator-max-num-seqs", "--emulator-ttft", "--emulator-itl",
+                 "--emulator-tokens-per-chunk", "--emulator-reasoning-tokens", "--emulator-spec-tokens", "--emulator-spec-acceptance"),
 }
 
 

@@ -196,6 +196,8 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
                      "(their requests after their last report, at most 3 s, are missing here but in their logs)")
     if silent_workers(s):
         lines.append(f"WARNING: {silent_workers(s)}")
+    if s.get("saturation"):
+        lines.append(f"OVER-SATURATED: {s['saturation']['text']}")
     if s["input_drift_requests"]:
         lines.append(
             f"WARNING: {s['input_drift_requests']} requests had a prompt length different from what was asked "

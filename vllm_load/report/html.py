@@ -86,6 +86,13 @@ def timeline_png(run: Run) -> str:
         for a in axes:
             a.axvspan(w["start"] - run.start, w["end"] - run.start, color="#d62728" if w["outage"] else "#ff7f0e",
                       alpha=0.15, label=None)
+    sat = run.summary.get("saturation")
+    if sat:  # where the server stopped keeping up: the onset, and the evidence's end
+        for a in axes:
+            a.axvline(sat["onset_s"], color="#9467bd", linestyle="--", linewidth=1)
+            a.axvspan(sat["onset_s"], sat["at_s"], color="#9467bd", alpha=0.08)
+        axes[0].annotate("over-saturated", (sat["onset_s"], 1), xycoords=("data", "axes fraction"), fontsize=7,
+                         color="#9467bd", va="top")
     axes[-1].set_xlabel("seconds since the run started")
     return _png(fig)
 
@@ -200,6 +207,9 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
         parts.append("<div class='banner' id='client-saturated'><b>Untrustworthy run: the load generator could not "
                      f"keep time (cause: {html.escape(str(s['client'].get('cause') or 'client'))}).</b> {html.escape('; '.join(s['client']['reasons']))}. "
                      f"{html.escape(s['client'].get('advice') or 'add workers')}.</div>")
+    if s.get("saturation"):
+        parts.append(f"<div class='banner' id='saturation'><b>Over-saturated:</b> {html.escape(s['saturation']['text'])} "
+                     "(dashed on the timeline).</div>")
     if s.get("outages"):
         parts.append("<div class='banner' id='outages'><b>Outages and failure storms</b> (shaded on the timeline):<br>"
                      + "<br>".join(html.escape(w["text"]) for w in s["outages"]) + "</div>")
