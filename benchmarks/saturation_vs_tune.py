@@ -38,12 +38,14 @@ def tune(tmp: Path, probe: str) -> tuple[float | None, float, int]:
     emu = Proc(["-m", "server.emulator", "--port", str(free_port()), "--profile", "cpu-tiny", "--max-num-seqs", "2"])
     try:
         t0 = time.monotonic()
-        subprocess.run([sys.executable, "-m", "vllm_load.cli", "tune", "--host", emu.url, "--search", "rate",
+        out = subprocess.run([sys.executable, "-m", "vllm_load.cli", "tune", "--host", emu.url, "--search", "rate",
                         "--slo", "ttft.p99<=2s", "--start-level", "2", "--max-level", "64", "--probe-duration", probe,
                         "--probe-warmup", "5s" if probe == "30s" else "2s", "--rate-users", "4", "--out", str(tmp / "tune"), "--", "-f",
                         str(ROOT / "locustfiles/chat.py"), "--output-tokens", "64"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=1200)
+                             cwd=ROOT, capture_output=True, text=True, timeout=1200)
         wall = time.monotonic() - t0
+        if not (tmp / "tune" / "tune.json").exists():
+            raise SystemExit(f"tune failed (exit {out.returncode}): {(out.stdout + out.stderr)[-2000:]}")
     finally:
         emu.stop()
     config = json.loads((tmp / "tune" / "tune.json").read_text())["configs"][0]

@@ -50,6 +50,7 @@ CASES = [
     (CHAT, ["--emulator-reasoning-tokens", "lots"], "--emulator-reasoning-tokens 'lots' is not a length"),
     (CHAT, ["--emulator-spec-tokens", "2", "--emulator-spec-acceptance", "1.5"], "--emulator-spec-acceptance within 0..1"),
     (CHAT, ["--emulator-spec-tokens", "2", "--emulator-profile", "cpu-tiny"], "drop --emulator-profile"),
+    (CHAT, ["--otlp-endpoint", "collector:4318"], "--otlp-endpoint 'collector:4318' is not an http(s) URL"),
     (CHAT, ["--metric-percentiles", "50,abc"], "--metric-percentiles '50,abc' must list percentiles between 0 and 100"),
     (CHAT, ["--metric-percentiles", "50,100"], "must list percentiles between 0 and 100"),
     (CHAT, ["--ramp-up-strategy", "exponential", "--ramp-up-end-rps", "10"], "and --ramp-up-start-rps > 0"),

@@ -26,7 +26,7 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 from .engine import EngineConfig, FixedScheduleEngine
 from .scheduler import PROFILES, BatchingEngine, SchedulerConfig
 from .faults import FaultPlan, parse_fault
-from . import media, pooling, responses
+from . import dcgm, media, pooling, responses
 from .prefix_cache import PrefixCache
 from .vllm_metrics import VllmMetrics
 from vllm_load.client import rxstamp
@@ -172,6 +172,9 @@ class Emulator:
         try:
             if path == "/health":
                 return self._reply(start_response, 200, b"", "text/plain")
+            if path == "/dcgm/metrics" and self.engine.power is not None:
+                body = self.engine.power.exposition(self.engine.running)
+                return self._reply(start_response, 200, body, "text/plain; version=0.0.4")
             if path == "/metrics":
                 self._update_gauges()
                 return self._reply(start_response, 200, self.metrics.exposition(), "text/plain; version=0.0.4")
@@ -677,6 +680,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "num_speculative_tokens) and yields 1 + the accepted ones; vllm:spec_decode_* counted (0: off)")
     p.add_argument("--spec-acceptance", type=float, default=0.7,
                    help="the chance that a draft position is accepted, given the positions before it were")
+    p.add_argument("--dcgm", action="store_true",
+                   help="serve GPU telemetry as NVIDIA's DCGM exporter does at /dcgm/metrics, from a power model: "
+                        "--dcgm-idle-watts + --dcgm-watts-per-seq per running sequence (energy counted exactly)")
+    p.add_argument("--dcgm-idle-watts", type=float, default=60.0)
+    p.add_argument("--dcgm-watts-per-seq", type=float, default=4.0)
     p.add_argument("--owned-by", default="vllm",
                    help="/v1/models' owned_by (e.g. llamacpp: act as a server that is not vLLM, with --reject)")
     p.add_argument("--image-patch", type=int, default=28,
@@ -751,6 +759,8 @@ def main(argv: list[str] | None = None) -> int:
                                                   lockstep=args.lockstep, seed=args.seed, itl_cycle=cycle,
                                                   num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
                                                   spec_tokens=args.spec_tokens, spec_acceptance=args.spec_acceptance))
+    if args.dcgm:
+        engine.power = dcgm.PowerModel(idle_w=max(0.0, args.dcgm_idle_watts), per_seq_w=max(0.0, args.dcgm_watts_per_seq))
     timing_log = open(args.timing_log, "a", buffering=1) if args.timing_log else None  # noqa: SIM115 (lives as long as the server)
     request_log = open(args.request_log, "a", buffering=1) if args.request_log else None  # noqa: SIM115
     app = Emulator(args.model, tok, args.max_model_len, engine, api_key=args.api_key, faults=faults,

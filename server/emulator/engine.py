@@ -90,6 +90,7 @@ class FixedScheduleEngine:
         self.kv_tokens = 0
         self._requests = 0
         self.spec = SpecDecode(cfg.spec_tokens, cfg.spec_acceptance) if cfg.spec_tokens > 0 else None
+        self.power = None  # dcgm.PowerModel (--dcgm): told before the running count changes
 
     def _grid_at(self, due: float) -> float:
         """The first global step end at or after ``due`` (the grid starts at the clock's zero, so every
@@ -128,6 +129,8 @@ class FixedScheduleEngine:
         spec = self.spec
         drafts = random.Random(f"{cfg.seed}/spec/{self._requests}") if spec is not None else None
         k = 1 if spec is not None else max(1, cfg.tokens_per_chunk)  # with drafts a chunk is one step's tokens
+        if self.power is not None:
+            self.power.advance(self.running + 1)
         self.running += 1
         self.kv_tokens += prompt_tokens
         try:
@@ -153,5 +156,7 @@ class FixedScheduleEngine:
                 self.kv_tokens += n
                 yield Emission(now - arrival, n, now, due=at - arrival)
         finally:
+            if self.power is not None:
+                self.power.advance(self.running - 1)
             self.running -= 1
             self.kv_tokens -= prompt_tokens + produced

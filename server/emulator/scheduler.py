@@ -80,6 +80,7 @@ class BatchingEngine:
         self.steps = 0
         self.model_time = 0.0  # sum of unscaled step times: the engine's own clock, free of host jitter
         self.tokens_out = 0
+        self.power = None  # dcgm.PowerModel (--dcgm): told the running count at every step
         self._wake = Event()
         self._loop = gevent.spawn(self._run)
 
@@ -182,10 +183,14 @@ class BatchingEngine:
         next_at = time.perf_counter()
         while True:
             if not self.running_seqs and not self.waiting_seqs:
+                if self.power is not None:
+                    self.power.advance(0)
                 self._wake.clear()
                 self._wake.wait()
                 next_at = time.perf_counter()
             batch = self._schedule()
+            if self.power is not None:
+                self.power.advance(len(self.running_seqs))
             step = self._step_time(batch)
             self.model_time += step / self.cfg.time_scale
             next_at = max(next_at, time.perf_counter() - 0.05) + step

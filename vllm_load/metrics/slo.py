@@ -32,6 +32,7 @@ RUN_METRICS = {
     "error_rate": "%", "goodput": "req/s", "good_request_fraction": "%", "output_token_rate": "tok/s",
     "request_rate": "req/s",
     "input_drift": "tok", "output_tps": "tok/s", "outage.seconds": "s",
+    "energy_per_token": "J", "energy_per_request": "J",  # GPU telemetry (--dcgm-url)
 }
 SERVER_METRICS = {
     "server.kv_cache_usage.max": "%", "server.preemptions": "count", "server.waiting.max": "count",
@@ -40,9 +41,10 @@ SERVER_METRICS = {
 _OPS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt, "==": operator.eq,
 }
-_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, "%": 0.01, "": 1.0, "tok/s": 1.0, "req/s": 1.0, "tok": 1.0}
+_UNITS = {"ms": 1e-3, "s": 1.0, "us": 1e-6, "%": 0.01, "": 1.0, "tok/s": 1.0, "req/s": 1.0, "tok": 1.0, "J": 1.0,
+          "mJ": 1e-3}
 _SPEC = re.compile(r"^\s*([a-z_][a-z0-9_.]*?)(?:\[([^\]]+)\])?(?:\.(p\d{1,2}(?:\.\d+)?|max|mean|min))?\s*"
-                   r"(<=|>=|==|<|>)\s*([0-9]*\.?[0-9]+)\s*(ms|us|s|%|tok/s|req/s|tok)?\s*$")
+                   r"(<=|>=|==|<|>)\s*([0-9]*\.?[0-9]+)\s*(ms|us|s|%|tok/s|req/s|tok|mJ|J)?\s*$")
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,9 @@ def parse_slo(text: str) -> SLO:
             raise UsageError(f"SLO {text!r}: {metric} is a percentage, e.g. {metric}{op}1%")
         if expected == "%" and unit == "":
             unit = "%" if value > 1 else ""
-        if expected not in ("%", "count") and unit not in ("", expected) and not (metric == "input_drift" and unit == "%"):
+        if expected == "J" and unit == "mJ":
+            pass
+        elif expected not in ("%", "count") and unit not in ("", expected) and not (metric == "input_drift" and unit == "%"):
             raise UsageError(f"SLO {text!r}: {metric} is in {expected}, e.g. {metric}{op}10")
         if metric == "input_drift" and unit == "%":  # the share of requests that drifted, not tokens
             stat = "share"
@@ -224,6 +228,12 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
         return float(summary["input_drift_max_abs"]), ""
     if slo.metric == "outage.seconds":
         return float(summary.get("outage_seconds", 0.0)), ""
+    if slo.metric in ("energy_per_token", "energy_per_request"):
+        energy = summary.get("energy")
+        key = "energy_per_output_token_j" if slo.metric == "energy_per_token" else "energy_per_request_j"
+        if not energy or energy.get(key) is None:
+            return None, summary.get("energy_missing") or "no GPU telemetry (give --dcgm-url)"
+        return float(energy[key]), ""
     if slo.metric in ("output_token_rate", "request_rate", "output_tps"):
         return float(summary[slo.metric if slo.metric != "output_tps" else "output_token_rate"]), ""
     if not server:
@@ -241,6 +251,8 @@ def _show(slo: SLO, value: float) -> str:
         return f"{value * 1000:.2f} ms"
     if slo.metric == "goodput":
         return f"{value:.2f} good req/s"
+    if RUN_METRICS.get(slo.metric) == "J":
+        return f"{value:.3f} J"
     if slo.metric in ("error_rate", "good_request_fraction") or SERVER_METRICS.get(slo.metric) == "%" or slo.stat == "share":
         return f"{value * 100:.2f}%"
     return f"{value:.2f}"

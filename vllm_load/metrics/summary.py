@@ -55,6 +55,8 @@ class RunSummary(TypedDict, total=False):
     shared_stamps: int  # chunk gaps of 0: two chunks of a stream under one receive stamp
     late_merged_gaps: int  # of those, made by the native reader's late reads (the rest landed together)
     workers_lost_at: dict[str, float | None]  # a lost worker -> seconds into the run of its last report (None: none)
+    energy: dict | None  # metrics/energy.energy_summary over the run's window (--dcgm-url)
+    energy_missing: str  # why a run with --dcgm-url has no energy block
     saturation: dict | None  # metrics/saturation.Finding.to_json(): when the server stopped keeping up
     workers_missing: dict[str, float]  # a worker Locust marked missing (no heartbeat ~3 s) -> seconds into the run
     client: dict  # ClientHealth.verdict()

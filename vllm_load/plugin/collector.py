@@ -15,7 +15,8 @@ from vllm_load.metrics.summary import RunSummary
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.run_clock import MasterClock
 from vllm_load.plugin.target import Target, public_options
-from vllm_load.rundir.files import FORMAT_VERSION, write_json
+from vllm_load.metrics.energy import energy_summary
+from vllm_load.rundir.files import FORMAT_VERSION, write_json, write_series
 from vllm_load.workload.datasets import records_per_request
 
 
@@ -34,6 +35,7 @@ class Collector:
     #: worker -> seconds into the run when Locust first marked it missing (no heartbeat for ~3 s: a blocked loop
     #: or a starved host; with every worker missing Locust stops the test)
     workers_missing: dict = field(default_factory=dict)
+    dcgm: Any = None  # plugin/dcgm_source.DcgmPoller (--dcgm-url): GPU telemetry through the run
     saturation: Any = None  # metrics/saturation.Finding: when the server stopped keeping up (None: it kept up)
     start_wall: float = field(default_factory=time.time)
     end_wall: float | None = None
@@ -77,6 +79,9 @@ class Collector:
     def write_results(self, monitor: ClientMonitor | None = None) -> RunSummary:
         """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
         end = self.end_wall or time.time()
+        if self.dcgm is not None:  # its last read, past the run's end, closes the window
+            self.dcgm.stop()
+            write_series(self.plan.files.dcgm, self.dcgm.samples)
         summary = self.summarise(monitor, end)
         data = {"run_id": self.plan.run_id, "start": self.start_wall, "end": end, "summary": summary,
                 "stats": self.totals.to_wire()}
@@ -98,6 +103,11 @@ class Collector:
                                       else None for w in self.workers_lost}  # None: it never reported
         summary["workers_missing"] = dict(self.workers_missing)
         summary["saturation"] = self.saturation.to_json() if self.saturation is not None else None
+        if self.dcgm is not None:
+            summary["energy"] = energy_summary(self.dcgm.samples, self.measured_from, end, summary["output_tokens"],
+                                               summary["succeeded"])
+            if summary["energy"] is None:
+                summary["energy_missing"] = self.dcgm.error or "no GPU telemetry in the run's window"
         if monitor is not None:  # local: what the monitor saw since its last 3 s report
             last = monitor.take()
             if last["cpu"] or last["lag"] or last["streams"]:

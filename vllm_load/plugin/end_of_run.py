@@ -170,6 +170,22 @@ def _table_title(col: Collector) -> str:
     return f"vllm-load LLM metrics, run {col.plan.run_id}{banner}"
 
 
+def _export_otlp(col: Collector, opts: Any) -> None:
+    """--otlp-endpoint: the run's metrics to an OpenTelemetry collector, once; a failure is said, not fatal."""
+    if not getattr(opts, "otlp_endpoint", ""):
+        return
+    from vllm_load.report.otlp import export
+
+    why = export(opts.otlp_endpoint, col.totals, col.measured_from, col.end_wall or time.time(),
+                 {"vllm_load.run_id": col.plan.run_id, "vllm_load.model": col.plan.model,
+                  "vllm_load.target": "emulator" if col.plan.is_emulator else col.plan.host},
+                 {"Authorization": f"Bearer {opts.otlp_token}"} if opts.otlp_token else None)
+    if why:
+        log.warning("vllm-load: the metrics did not go over OTLP: %s", why)
+    else:
+        print(f"vllm-load: metrics sent over OTLP to {opts.otlp_endpoint}", flush=True)
+
+
 def _finish_unwritten(environment: Any, col: Collector) -> None:
     """The end of a run whose directory could not take its files: the table and verdict from memory."""
     from vllm_load.metrics.slo import evaluate
@@ -195,6 +211,7 @@ def _finish(environment: Any, col: Collector) -> None:
     """The end of a run: results, server side, reports, the console's table and verdict, the exit code."""
     if col.results is None:  # test_stop wrote them already, after the drain (a signal skips test_stop)
         col.write_results(_local_monitor())
+    _export_otlp(col, environment.parsed_options)
     if not col.plan.files.server.exists():
         _collect_server_side(col, environment.parsed_options)
     from vllm_load.report.html import build  # matplotlib is loaded only at the end of a run

@@ -52,6 +52,8 @@ def _emulator_args(opts: Any) -> list[str]:
         args += ["--reasoning-tokens", opts.emulator_reasoning_tokens]
     if opts.emulator_spec_tokens:
         args += ["--spec-tokens", str(opts.emulator_spec_tokens), "--spec-acceptance", str(opts.emulator_spec_acceptance)]
+    if opts.emulator_dcgm:
+        args += ["--dcgm"]
     if opts.emulator_max_num_seqs:
         args += ["--max-num-seqs", str(opts.emulator_max_num_seqs)]
     return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])
@@ -255,6 +257,12 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         if role == "master":
             STATE.watcher.spawn(end_of_run.watch_heartbeats, environment.runner, col)
         STATE.watcher.spawn(saturation_watch.watch, environment, col, bool(opts.stop_over_saturated))
+        dcgm_url = opts.dcgm_url or (plan.host.rstrip("/") + "/dcgm/metrics" if plan.is_emulator and opts.emulator_dcgm
+                                     else "")
+        if dcgm_url:
+            from vllm_load.plugin.dcgm_source import DcgmPoller
+
+            col.dcgm = DcgmPoller(dcgm_url)
     if role != "worker" and plan.sidecar_url:  # the web UI's server side, and the saturation watch's queue
         if STATE.live_server is not None:
             STATE.live_server.stop()

@@ -143,11 +143,18 @@ OPTIONS: tuple[Option, ...] = (
         "the web UI they are on its port, /metrics); 0: off", type=int),
     Option("--metrics-host", "127.0.0.1", "address of --metrics-port (0.0.0.0 exposes it beyond this host)"),
     Option("--sidecar-url", "", "the sidecar (python -m server.sidecar) beside vLLM; its series lands in the run dir (auto with the emulator)"),
+    Option("--dcgm-url", "", "GPU telemetry: a DCGM exporter's /metrics, read every second on the client's clock; "
+        "the run reports energy (J), average power, energy per output token and per request, tokens per joule "
+        "(SLO: energy_per_token<=0.5J), e.g. http://dcgm-exporter:9400/metrics"),
     Option("--prometheus-url", "", "read the server side from this Prometheus (which scrapes vLLM) over the run's "
         "window, instead of a sidecar, e.g. http://prometheus.monitoring:9090"),
     Option("--prometheus-selector", "", "the label selector of vLLM's series in that Prometheus, e.g. "
         "'{namespace=\"llm\",pod=~\"vllm-.*\"}' (default: every vllm:* series)"),
     Option("--prometheus-token", "", "bearer token of that Prometheus, when it requires one", is_secret=True),
+    Option("--otlp-endpoint", "", "at the run's end, send its LLM metrics over OpenTelemetry (OTLP/HTTP) to this "
+        "collector, e.g. http://otel-collector:4318 (the Prometheus export's names and buckets; pip install "
+        "'vllm-load[otel]')"),
+    Option("--otlp-token", "", "bearer token of that collector, when it requires one", is_secret=True),
     Option("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True),
     Option("--images-per-request", 0, "chat.py: this many unique images (JPEG data URLs) after each prompt's text",
         type=int, locustfiles=("chat.py",)),
@@ -165,6 +172,8 @@ OPTIONS: tuple[Option, ...] = (
         "(a100-llama8b, h100-llama8b, cpu-tiny) instead of the fixed TTFT/ITL schedule"),
     Option("--emulator-max-num-seqs", 0, "embedded emulator with --emulator-profile: sequences per batch (vLLM's "
         "--max-num-seqs; a small one gives a small capacity); 0: the emulator's 256", type=int),
+    Option("--emulator-dcgm", False, "embedded emulator: serve GPU telemetry as NVIDIA's DCGM exporter does, from a "
+        "power model (idle 60 W + 4 W per running sequence), and read it as --dcgm-url", action="store_true"),
     Option("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float),
     Option("--emulator-itl", 0.01, "embedded emulator: inter-token delay, seconds", type=float),
     Option("--emulator-tokens-per-chunk", 1, "embedded emulator: tokens per SSE chunk", type=int),
@@ -195,10 +204,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
                             "--trace-block-size"),
     "SLOs and gates": ("--slo", "--min-requests", "--allow-untrustworthy", "--junit", "--retry-backoff-max",
                        "--outage-after", "--stop-on-outage"),
-    "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--metrics-port", "--metrics-host"),
+    "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token", "--metrics-port", "--metrics-host"),
     "server side": ("--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
-                    "--prometheus-token"),
-    "emulator": ("--emulator-profile", "--emulator-max-num-seqs", "--emulator-ttft", "--emulator-itl",
+                    "--prometheus-token", "--dcgm-url"),
+    "emulator": ("--emulator-profile", "--emulator-max-num-seqs", "--emulator-dcgm", "--emulator-ttft", "--emulator-itl",
                  "--emulator-tokens-per-chunk", "--emulator-reasoning-tokens", "--emulator-spec-tokens", "--emulator-spec-acceptance"),
 }
 

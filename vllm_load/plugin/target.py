@@ -20,7 +20,7 @@ from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
 #: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
 DEFAULT_OUTPUT_TOKENS = "64"
 #: Option names never written to disk or logs.
-SECRET_OPTIONS = ("api_key", "sidecar_token", "prometheus_token")
+SECRET_OPTIONS = ("api_key", "sidecar_token", "prometheus_token", "otlp_token")
 #: body keys the measurement itself sets: --extra-body may not take them over
 _MEASURED_KEYS = ("stream", "messages", "prompt")
 

@@ -25,7 +25,8 @@ from vllm_load.client.openai_api import is_credential_header
 log = logging.getLogger("vllm_load")
 
 #: secret option -> the option holding the URL it is sent to ("host": Locust's own --host)
-SECRETS: dict[str, str] = {"api_key": "host", "sidecar_token": "sidecar_url", "prometheus_token": "prometheus_url"}
+SECRETS: dict[str, str] = {"api_key": "host", "sidecar_token": "sidecar_url", "prometheus_token": "prometheus_url",
+                           "otlp_token": "otlp_endpoint"}
 #: what the UI binds when --web-host is not given
 DEFAULT_WEB_HOST = "127.0.0.1"
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -70,6 +70,12 @@ def check_numbers(opts: Any) -> None:
     if getattr(opts, "emulator_reasoning_tokens", ""):
         from vllm_load.workload.lengths import parse_length
         parse_length(opts.emulator_reasoning_tokens, "--emulator-reasoning-tokens")
+    if getattr(opts, "otlp_endpoint", ""):
+        parts = urlsplit(opts.otlp_endpoint)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise UsageError(f"--otlp-endpoint {opts.otlp_endpoint!r} is not an http(s) URL, e.g. http://127.0.0.1:4318")
+        from vllm_load.report.otlp import check_available
+        check_available()
     if getattr(opts, "metric_percentiles", ""):
         from vllm_load.metrics.histogram import parse_percentiles
         parse_percentiles(opts.metric_percentiles)

@@ -36,7 +36,7 @@ def window_noise(run: Run, key: str) -> float | None:
 
 #: options that name a run rather than set it up: a difference in them is no difference in setup
 _NAMING = {"run_dir", "salt", "seed", "csv_prefix", "html_file", "json_file", "junit", "logfile", "api_key",
-           "sidecar_token", "prometheus_token", "web_port", "metrics_port", "master_port", "master_bind_port",
+           "sidecar_token", "prometheus_token", "otlp_token", "otlp_endpoint", "web_port", "metrics_port", "master_port", "master_bind_port",
            "config", "locustfile"}
 
 

@@ -110,6 +110,21 @@ def render_server(server: dict | None) -> str:
     return line + ("\n" + spec_line(server["spec_decode"]) if server.get("spec_decode") else "")
 
 
+def energy_line(s: dict) -> str:
+    """GPU energy in one line (--dcgm-url), or why it is missing."""
+    e = s.get("energy")
+    if not e:
+        return f"energy: missing ({s.get('energy_missing')})"
+
+    def num(key: str, fmt: str) -> str:
+        return format(e[key], fmt) if e.get(key) is not None else "n/a"
+
+    return (f"energy (DCGM, {e['gpus']} GPU{'s' if e['gpus'] != 1 else ''}, from the {e['source']}): "
+            f"{e['energy_j']:.0f} J, average power {e['average_power_w']:.0f} W, "
+            f"{num('energy_per_output_token_j', '.4f')} J per output token, "
+            f"{num('output_tokens_per_joule', '.2f')} tokens/J, {num('energy_per_request_j', '.2f')} J per request")
+
+
 def spec_line(spec: dict) -> str:
     """Speculative decoding in one line, with vLLM's definitions (``vllm bench serve`` prints the same numbers)."""
     per = ", ".join(f"{r:.2f}" for r in spec["per_position_acceptance_rates"])
@@ -198,6 +213,8 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         lines.append(f"WARNING: {silent_workers(s)}")
     if s.get("saturation"):
         lines.append(f"OVER-SATURATED: {s['saturation']['text']}")
+    if s.get("energy") or s.get("energy_missing"):
+        lines.append(energy_line(s))
     if s["input_drift_requests"]:
         lines.append(
             f"WARNING: {s['input_drift_requests']} requests had a prompt length different from what was asked "

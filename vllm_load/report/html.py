@@ -20,7 +20,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from vllm_load.report.console import NAME_HEAD, columns, name_rows, server_cells, spec_line, table_rows  # noqa: E402
+from vllm_load.report.console import NAME_HEAD, columns, energy_line, name_rows, server_cells, spec_line, table_rows  # noqa: E402
 from vllm_load.metrics.histogram import Histogram  # noqa: E402
 from vllm_load.report.results import TRUST, finish  # noqa: E402
 from vllm_load.metrics.client_health import silent_workers  # noqa: E402
@@ -207,6 +207,8 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
         parts.append("<div class='banner' id='client-saturated'><b>Untrustworthy run: the load generator could not "
                      f"keep time (cause: {html.escape(str(s['client'].get('cause') or 'client'))}).</b> {html.escape('; '.join(s['client']['reasons']))}. "
                      f"{html.escape(s['client'].get('advice') or 'add workers')}.</div>")
+    if s.get("energy") or s.get("energy_missing"):
+        parts.append(f"<p id='energy'>{html.escape(energy_line(s))}</p>")
     if s.get("saturation"):
         parts.append(f"<div class='banner' id='saturation'><b>Over-saturated:</b> {html.escape(s['saturation']['text'])} "
                      "(dashed on the timeline).</div>")

@@ -84,6 +84,8 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         out["input_sequence_throughput"] = float(s.get("input_rate", 0.0))
         for key in [k for k in out if k.endswith(("_ttft_ms", "_tpot_ms", "_itl_ms")) or k in _GENERATION_KEYS]:
             del out[key]
+    if s.get("energy"):  # vllm-load's own: GPU energy over the run (--dcgm-url)
+        out["energy"] = dict(s["energy"])
     if s.get("saturation"):  # vllm-load's own: where the server stopped keeping up (vLLM has no such key)
         sat = s["saturation"]
         out["over_saturation"] = {k: sat[k] for k in ("onset_s", "at_s", "offered", "offered_unit", "capacity_rps",

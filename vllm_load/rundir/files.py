@@ -26,6 +26,7 @@ class RunDir:
     config = property(lambda self: self.path / "config.json")  # target, plan, options (no secrets)
     stats = property(lambda self: self.path / "llm_stats.json")  # exact summary and raw histograms
     server = property(lambda self: self.path / "server.jsonl")  # the sidecar's samples, on our clock
+    dcgm = property(lambda self: self.path / "dcgm.jsonl")  # GPU telemetry (--dcgm-url), on our clock
     summary_json = property(lambda self: self.path / "summary.json")
     summary_md = property(lambda self: self.path / "summary.md")
     junit = property(lambda self: self.path / "junit.xml")
