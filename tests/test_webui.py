@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 
 from tests.helpers import ROOT, free_port, wait_for
@@ -127,6 +128,75 @@ def test_live_charts_render_the_runs_series_in_headless_chromium(tmp_path, emula
             assert int(points[chart]) > 0 and int(painted[chart]) > 500, (chart, points, painted)
         rows = json.loads(get(base + "/stats/requests")[1])["extended_stats"][0]["data"]
         assert any(r["mean"] == "/vllm-load/live" for r in rows)  # the LLM tab links the page
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _chromium(tmp_path, url: str, budget_ms: int = 6000) -> str:
+    import shutil
+
+    import pytest
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must install chromium (.ci/run does)")
+        pytest.skip("chromium is not installed (CI installs it)")
+    out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                          f"--user-data-dir={tmp_path / 'profile'}", f"--virtual-time-budget={budget_ms}",
+                          "--dump-dom", url], capture_output=True, text=True, timeout=90)
+    return out.stdout
+
+
+def _ui(tmp_path, *args: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/chat.py"),
+                             "--web-host", "127.0.0.1", "--web-port", str(port), "--output-tokens", "8",
+                             "--run-dir", str(tmp_path / "run"), *args],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _target_row(base: str) -> dict | None:
+    try:
+        rows = json.loads(get(base + "/stats/requests")[1])["extended_stats"][0]["data"]
+    except OSError:
+        return None
+    return rows[0] if rows and rows[0]["metric"] == "Target" else None
+
+
+def test_the_llm_tab_names_the_emulator_in_a_browser(tmp_path):
+    """No --host: the LLM tab's first row says the target is the built-in EMULATOR (rendered by the UI's own
+    code in headless Chromium, the tab opened by its ?tab= link)."""
+    proc, base = _ui(tmp_path, "--autostart", "-u", "1", "-r", "1", "-t", "30s", "--autoquit", "5")
+    try:
+        row = wait_for(lambda: _target_row(base), timeout=60, what="the web UI with its target", poll=0.2)
+        assert row["count"] == "EMULATOR" and "not a real vLLM" in row["mean"]
+        wait_for(lambda: "TTFT (ms)" in get(base + "/stats/requests")[1], timeout=60, what="the run's first rows")
+        dom = _chromium(tmp_path, base + "/?tab=llm", budget_ms=8000)
+        import re
+
+        shown = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"<script.*?</script>", "", dom, flags=re.S)).split())
+        assert "EMULATOR" in shown and "the built-in emulator: results describe it" in shown, shown[:1500]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_swarm_to_a_dead_host_is_refused_where_it_was_started(tmp_path):
+    """The reason comes back in /swarm's answer, which the UI shows beside its start button; nothing starts."""
+    proc, base = _ui(tmp_path)
+    try:
+        wait_for(lambda: _target_row(base), timeout=60, what="the web UI with its target", poll=0.2)
+        dead = f"http://127.0.0.1:{free_port()}"
+        form = urllib.parse.urlencode({"user_count": 1, "spawn_rate": 1, "host": dead}).encode()
+        with urllib.request.urlopen(urllib.request.Request(base + "/swarm", data=form), timeout=60) as r:
+            answer = json.loads(r.read())
+        assert answer["success"] is False and dead in answer["message"], answer
+        assert json.loads(get(base + "/stats/requests")[1])["state"] == "ready"  # nothing started
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -135,6 +135,8 @@ def _on_test_stop(environment: Any, **_kw: Any) -> None:
                 from vllm_load.report.html import build
 
                 STATE.report = str(build(col.plan.files.path).report)
+                print(f"vllm-load: run {col.plan.run_id} stopped: report {STATE.report} (the LLM tab links it)",
+                      flush=True)
         except (OSError, OutputError) as exc:  # no traceback out of Locust's handler: quitting gives the verdict
             _output_failed(exc)
 

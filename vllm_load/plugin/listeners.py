@@ -59,6 +59,23 @@ def _emulator_args(opts: Any) -> list[str]:
     return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])
 
 
+def _swarm_check(environment: Any, host: str) -> str | None:
+    """The web UI's start: the target the form names, checked before Locust starts anything (None: it passed)."""
+    if STATE.target is not None and STATE.target.host == host and not STATE.target_error:
+        return None
+    before = environment.host
+    environment.host = host
+    try:
+        _check_target(environment)
+        STATE.target_error = None
+        return None
+    except UsageError as exc:
+        STATE.target_error = str(exc)
+        return str(exc)
+    finally:
+        environment.host = before  # Locust sets it from the form itself when the swarm goes on
+
+
 def _apis(environment: Any) -> frozenset[str]:
     """The APIs the run's user classes send ("chat", "completions")."""
     return frozenset(a for a in (getattr(c, "api", None) for c in environment.user_classes) if a)
@@ -141,7 +158,8 @@ def _on_init(environment: Any, **_kw: Any) -> None:
     registry = registry_for(lambda: STATE.collector.totals if STATE.collector is not None else None)
     webui.install(environment, _live_summary, STATE.slos, lambda: STATE.report,
                   lambda: STATE.fatal or STATE.target_error or (STATE.outage_now and f"OUTAGE: {STATE.outage_now}"),
-                  metrics_registry=lambda: registry, live_source=_live_series)
+                  metrics_registry=lambda: registry, live_source=_live_series, target_source=lambda: STATE.target,
+                  swarm_check=functools.partial(_swarm_check, environment))
     if opts.metrics_port:
         _serve_metrics(registry, opts.metrics_host, int(opts.metrics_port))
     # The blocking start-up above (tokenizer, embedded emulator: seconds) left libev's cached clock

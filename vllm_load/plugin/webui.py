@@ -14,7 +14,9 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
             report_source: Callable[[], str | None] = lambda: None,
             error_source: Callable[[], str | None] = lambda: None,
             metrics_registry: Callable[[], Any] = lambda: None,
-            live_source: Callable[[], dict] = lambda: {}) -> None:
+            live_source: Callable[[], dict] = lambda: {},
+            target_source: Callable[[], Any] = lambda: None,
+            swarm_check: Callable[[str], str | None] = lambda host: None) -> None:
     web_ui = environment.web_ui
     if web_ui is None:
         return
@@ -26,7 +28,17 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
                                                {"key": "llm_names", "structure": by_name}]
     web_ui.template_args["extended_csv_files"] = [{"href": "/vllm-load/llm_stats.csv", "title": "LLM metrics (exact)"}]
 
-    from flask import Response, request
+    from flask import Response, jsonify, request
+
+    @web_ui.app.before_request
+    def _check_swarm() -> Any:
+        """A swarm against a target that fails its check is refused where the user pressed start, with the reason
+        (Locust would answer "Swarming started" and the run would stop at once, the error on the LLM tab only)."""
+        if request.method == "POST" and request.path.rstrip("/").endswith("/swarm"):
+            why = swarm_check(request.form.get("host") or environment.host or "")
+            if why:
+                return jsonify({"success": False, "message": f"vllm-load: {why}", "host": environment.host})
+        return None
 
     @web_ui.app.route("/vllm-load/report")
     def _report() -> Any:
@@ -93,6 +105,12 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
             if summary["input_drift_requests"]:
                 rows.append({"metric": "PROMPT LENGTH DRIFT (requests, max)", "count": summary["input_drift_requests"],
                              "mean": summary["input_drift_max_abs"]})
+        target = target_source()
+        if target is not None:  # what the numbers describe: the built-in emulator, or the server and its model
+            rows.insert(0, {"metric": "Target", "count": "EMULATOR" if target.is_emulator else target.server_kind,
+                            "mean": f"{target.host} model {target.model}" + (
+                                " (the built-in emulator: results describe it, not a real vLLM; --host points at a "
+                                "server)" if target.is_emulator else "")})
         error = error_source()
         if error:  # a target that failed its check, or a run stopped by a failure every request would repeat
             rows.insert(0, {"metric": "ERROR", "count": "", "mean": error})
