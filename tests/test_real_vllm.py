@@ -116,7 +116,11 @@ def test_responses_api_against_real_vllm(tmp_path, real_vllm, locustfile):
     logs = read_log(run_dir / "requests.jsonl")
     assert len(logs) >= 4 and all(r["ok"] and r["api"] == "responses" for r in logs), [r["error"] for r in logs][:3]
     assert all(r["tokens_from_usage"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
-    assert all(r["ttft"] is not None and r["ttfo"] == r["ttft"] and r["response_id"].startswith("resp_") for r in logs)
+    assert all(r["ttfo"] == r["ttft"] and r["response_id"].startswith("resp_") for r in logs)
+    # the fixture's random model can answer a request with tokens that all decode to no text: vLLM then sends no
+    # text delta, and there is no first token to stamp (seen once in a full suite): most requests carry text
+    timed = [r for r in logs if r["ttft"] is not None]
+    assert len(timed) >= len(logs) / 2 and all(0 < r["ttft"] <= r["e2e"] for r in timed)
     want = {None: 10, "string input": 8, "messages": 12}
     assert all(r["output_tokens"] == want[r["name"]] for r in logs)
 

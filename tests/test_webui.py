@@ -171,15 +171,19 @@ def _target_row(base: str) -> dict | None:
 def test_the_llm_tab_names_the_emulator_in_a_browser(tmp_path):
     """No --host: the LLM tab's first row says the target is the built-in EMULATOR (rendered by the UI's own
     code in headless Chromium, the tab opened by its ?tab= link)."""
-    proc, base = _ui(tmp_path, "--autostart", "-u", "1", "-r", "1", "-t", "30s", "--autoquit", "5")
+    proc, base = _ui(tmp_path, "--autostart", "-u", "1", "-r", "1", "-t", "120s", "--autoquit", "5")
     try:
         row = wait_for(lambda: _target_row(base), timeout=60, what="the web UI with its target", poll=0.2)
         assert row["count"] == "EMULATOR" and "not a real vLLM" in row["mean"]
         wait_for(lambda: "TTFT (ms)" in get(base + "/stats/requests")[1], timeout=60, what="the run's first rows")
-        dom = _chromium(tmp_path, base + "/?tab=llm", budget_ms=8000)
         import re
 
-        shown = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"<script.*?</script>", "", dom, flags=re.S)).split())
+        def rendered() -> str | None:  # the page as the UI's code drew it (once its first poll of the stats is in)
+            dom = _chromium(tmp_path, base + "/?tab=llm", budget_ms=8000)
+            shown = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"<script.*?</script>", "", dom, flags=re.S)).split())
+            return shown if "TTFT (ms)" in shown else None
+
+        shown = wait_for(rendered, timeout=90, what="the LLM tab drawn in Chromium", poll=1.0)
         assert "EMULATOR" in shown and "the built-in emulator: results describe it" in shown, shown[:1500]
     finally:
         proc.terminate()

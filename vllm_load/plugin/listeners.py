@@ -11,9 +11,11 @@ import functools
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import gevent
 import gevent.pool
@@ -60,20 +62,23 @@ def _emulator_args(opts: Any) -> list[str]:
 
 
 def _swarm_check(environment: Any, host: str) -> str | None:
-    """The web UI's start: the target the form names, checked before Locust starts anything (None: it passed)."""
+    """The web UI's start, before Locust starts anything: the form's host must be a URL whose server accepts a
+    connection (None: go on; the full check, with the options the form sets, runs at the run's start as before).
+    Only a TCP connect: nothing is sent, so no credential goes to a host the form just named."""
     if STATE.target is not None and STATE.target.host == host and not STATE.target_error:
         return None
-    before = environment.host
-    environment.host = host
     try:
-        _check_target(environment)
-        STATE.target_error = None
-        return None
+        validate.check_host(host)
     except UsageError as exc:
-        STATE.target_error = str(exc)
         return str(exc)
-    finally:
-        environment.host = before  # Locust sets it from the form itself when the swarm goes on
+    parts = urlsplit(host)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=3.0):
+            return None
+    except OSError as exc:
+        return (f"the target {host} is not reachable ({exc.strerror or exc}): start the server there, or give "
+                "another host")
 
 
 def _apis(environment: Any) -> frozenset[str]:
