@@ -108,8 +108,8 @@ class Generator:
         warm_up()  # before the heap is frozen: what it loads is start-up heap too
         # before the loop-lag monitor starts: the one full collection here takes ~0.1 s
         gc_control.freeze_startup_heap()  # collections run from _fold_when_idle instead
-        # each second: a loop too busy to idle still collects
-        rt.monitor = ClientMonitor(lambda: rt.in_flight, health_sink, tick=lambda: gc_control.collect_if_due(force=True))  # local: reports go straight to the collector
+        # local: reports go straight to the collector; each second a loop too busy to idle still collects
+        rt.monitor = ClientMonitor(lambda: rt.in_flight, health_sink, tick=lambda: gc_control.collect_if_due(force=True))
         rt.monitor.start()
         rt.folder = gevent.spawn(rt._fold_when_idle)
         return rt
