@@ -47,5 +47,9 @@ def test_a_run_shows_the_percentiles_asked_for_in_every_medium(tmp_path):
     vllm = json.loads((run_dir / "vllm-result.json").read_text())
     assert vllm["p25_ttft_ms"] == pytest.approx(ttft["p25"] * 1000) and "p75_e2el_ms" in vllm
     assert "p90_ttft_ms" not in vllm  # as vLLM: only the percentiles asked for
+    # the console's last line says what to do next (the run was against the built-in emulator)
+    assert res.stdout.rstrip().splitlines()[-1] == (
+        f"next: open {run_dir / 'report.html'} in a browser; compare with another run: vllm-load compare {run_dir} "
+        "OTHER; measure a real server: --host http://HOST:8000")
     html = (run_dir / "report.html").read_text()
     assert "<th>p25</th>" in html and "<th>p90</th>" not in html

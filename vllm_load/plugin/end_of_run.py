@@ -251,5 +251,14 @@ def _finish(environment: Any, col: Collector) -> None:
     if built.checks:
         sys.stdout.write(render_checks(built.checks) + "\n")
     sys.stdout.write(f"vllm-load: report {built.report} (exit code {code})\n")
+    sys.stdout.write(_next_steps(col, built.report) + "\n")
     sys.stdout.flush()
     environment.process_exit_code = code
+
+
+def _next_steps(col: Collector, report: Any) -> str:
+    """One line of what to do next: open the report, compare with another run, point at a real server."""
+    hints = [f"open {report} in a browser", f"compare with another run: vllm-load compare {col.plan.files.path} OTHER"]
+    if col.plan.is_emulator:
+        hints.append("measure a real server: --host http://HOST:8000")
+    return "next: " + "; ".join(hints)
