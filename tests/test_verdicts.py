@@ -128,6 +128,10 @@ def test_validity_rules():
     empty = {**base, "requests": 3, "succeeded": 0, "input_drift_requests": 0}
     assert not validity_checks(empty, [])[0].passed
     assert validity_checks({**base, "succeeded": 4}, [], min_requests=5)[0].passed is False
+    # a swarm whose processes were still starting when it ended says so (32 processes on 2 cores, 20 s: 0 ready)
+    starting = {**base, "requests": 0, "succeeded": 0, "processes": 32, "processes_ready": 5}
+    assert "only 5 of its 32 load processes were ready when it ended" in validity_checks(starting, [])[0].detail
+    assert "load processes" not in validity_checks({**starting, "processes_ready": 32}, [])[0].detail
     assert parse_slo("input_drift<=100%").stat == "share" and parse_slo("input_drift<=3").stat == ""
 
 

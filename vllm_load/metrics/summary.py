@@ -58,6 +58,8 @@ class RunSummary(TypedDict, total=False):
     energy: dict | None  # metrics/energy.energy_summary over the run's window (--dcgm-url)
     energy_missing: str  # why a run with --dcgm-url has no energy block
     saturation: dict | None  # metrics/saturation.Finding.to_json(): when the server stopped keeping up
+    processes: int  # a swarm: its load processes at the start, and how many got ready (sent READY to the master)
+    processes_ready: int
     workers_missing: dict[str, float]  # a worker Locust marked missing (no heartbeat ~3 s) -> seconds into the run
     client: dict  # ClientHealth.verdict()
     target_request_rate: float

@@ -35,6 +35,7 @@ class Collector:
     #: worker -> seconds into the run when Locust first marked it missing (no heartbeat for ~3 s: a blocked loop
     #: or a starved host; with every worker missing Locust stops the test)
     workers_missing: dict = field(default_factory=dict)
+    swarm: bool = False  # a master's (its load processes are workers, each READY before the epoch)
     dcgm: Any = None  # plugin/dcgm_source.DcgmPoller (--dcgm-url): GPU telemetry through the run
     saturation: Any = None  # metrics/saturation.Finding: when the server stopped keeping up (None: it kept up)
     start_wall: float = field(default_factory=time.time)
@@ -119,6 +120,8 @@ class Collector:
                                                 shared_stamp=shared_stamp(summary), late_merged=late_merged(summary),
                                                 cap=self.plan.total_users * int(self.opts.max_concurrency))
         summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
+        if self.swarm:  # how many of its load processes got ready (the epoch waits for all)
+            summary["processes"], summary["processes_ready"] = self.clock.expected, len(self.clock.ready)
         if self.clock.ready:  # each worker's offset to the master's clock, and its uncertainty
             summary["clock"] = self.clock.summary()
         if self.plan.trace_rows:  # the schedule kept: the trace's span as intended, and as the requests were sent

@@ -257,6 +257,7 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     plan = wire.worker_plan() if role == "worker" else wire.decide_plan(environment)
     if role != "worker":
         STATE.collector = col = Collector.create(opts, plan)
+        col.swarm = role == "master"
     if role != "master":
         sink = (lambda report: col.health.add("local", report)) if role == "local" else None
         index = getattr(environment.runner, "worker_index", 0)

@@ -26,6 +26,11 @@ def validity_checks(summary: RunSummary, slos: list[SLO], min_requests: int = 1)
             detail = f"{ok} requests succeeded"
         elif not summary["requests"]:
             detail = f"no request completed: the run measured nothing (--min-requests {min_requests})"
+            ready, processes = summary.get("processes_ready"), summary.get("processes")
+            if ready is not None and processes and ready < processes:
+                detail += (f"; only {ready} of its {processes} load processes were ready when it ended (each loads "
+                           "the tokenizer and fills its prompt pools first, and the schedule starts once all are): "
+                           "give the run longer (-t), or fewer processes on these cores")
         else:
             detail = (f"only {ok} of {summary['requests']} requests succeeded: the run measured "
                       f"{'nothing' if not ok else 'too little'} (--min-requests {min_requests})")
