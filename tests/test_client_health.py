@@ -196,3 +196,19 @@ def test_a_starved_embedded_emulator_makes_the_run_untrustworthy(tmp_path):
             p.kill()
     assert p.returncode == 5, out[-3000:] + err[-2000:]
     assert "the embedded emulator fell behind its own schedule" in out and "Cause: emulator" in out, out[-3000:]
+
+
+def test_many_workers_with_harmless_late_reads_give_one_note():
+    h = ClientHealth()
+    for i in range(5):
+        h.add(f"w{i}", {"cpu": 3.0, "lag": 0.001, "streams": 2, "reader": "native", "read_lag": 0.006 + i / 1000,
+                        "reads": 8000, "late_reads": 3})
+    v = h.verdict(late_merged=0.0001)
+    assert not v["saturated"] and len(v["notes"]) == 1
+    assert v["notes"][0].startswith("5 of 5 workers read a chunk late (at most 10.0 ms after it landed)")
+    assert "w4: the native reader read a chunk 10.0 ms" in v["notes"][0]
+    two = ClientHealth()
+    for i in range(2):
+        two.add(f"w{i}", {"cpu": 3.0, "lag": 0.001, "streams": 2, "reader": "native", "read_lag": 0.006,
+                          "reads": 8000, "late_reads": 3})
+    assert len(two.verdict(late_merged=0.0001)["notes"]) == 2  # a few are each said

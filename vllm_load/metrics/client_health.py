@@ -226,6 +226,7 @@ class ClientHealth:
         reasons: list[str] = []
         causes: list[str] = []
         notes: list[str] = []
+        quiet_late: list[tuple[str, float, str]] = []  # late reads too few to matter: (worker, worst, its note)
         for worker, all_rows in sorted(self.reports.items()):
             # a report covers the 3 s before its stamp; reports without one (older) always count
             rows = [r for r in all_rows if not any(a <= r.get("t", -1e18) <= b + 3.0 for a, b in quiet or [])]
@@ -261,7 +262,15 @@ class ClientHealth:
                     reasons.append(f"{said}: {why}: enough to move p99.9")
                     causes.append(read_cause(late))
                 else:
-                    notes.append(f"{said}: {what}, too few to move any percentile reported")
+                    quiet_late.append((worker, late["read_lag"], f"{said}: {what}, too few to move any percentile "
+                                                                   "reported"))
+        if len(quiet_late) > 2:  # a swarm's many workers: one line, not one per worker (32 workers gave 18 lines)
+            worst = max(quiet_late, key=lambda q: q[1])
+            notes.append(f"{len(quiet_late)} of {len(self.reports)} workers read a chunk late (at most "
+                         f"{worst[1] * 1000:.1f} ms after it landed), too few to move any percentile reported; the "
+                         f"worst: {worst[2]}")
+        else:
+            notes += [q[2] for q in quiet_late]
         all_rows = [r for rows in self.reports.values() for r in rows]
         if send_lag_p99 is not None and send_lag_p99 >= SEND_LAG_LIMIT:
             reason, cause = self._send_lag(send_lag_p99, all_rows, cap)
