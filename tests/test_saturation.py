@@ -52,9 +52,9 @@ def test_a_long_but_flat_ttft_or_a_queue_alone_is_not():
 
 def test_a_ramp_finds_the_capacity_tune_finds(tmp_path):
     """The embedded emulator with a small capacity: one exponential ramp with --stop-over-saturated against
-    `vllm-load tune --search rate` on the same profile (TTFT p99 <= 2 s). The tune's probes here are 8 s, a
-    quarter of its default, and the ramp still takes less time; against the tune's defaults it takes about a
-    fifth (benchmarks/saturation_vs_tune.py)."""
+    `vllm-load tune --search rate` on the same profile (TTFT p99 <= 2 s): the ramp's capacity against the most the
+    tune's passing probes completed. The tune's probes here are 8 s, a quarter of its default, and the ramp still
+    takes less time; against the tune's defaults it takes about a fifth (benchmarks/saturation_vs_tune.py)."""
     t0 = time.monotonic()
     run_dir = tmp_path / "ramp"
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "45s",
@@ -83,8 +83,12 @@ def test_a_ramp_finds_the_capacity_tune_finds(tmp_path):
     finally:
         emu.stop()
     assert tune.returncode == 0, tune.stdout[-3000:] + tune.stderr[-3000:]
-    capacity = json.loads((tmp_path / "tune" / "tune.json").read_text())["configs"][0]["capacity"]
-    assert sat["capacity_rps"] == pytest.approx(capacity, rel=0.15), (sat, capacity)
+    config = json.loads((tmp_path / "tune" / "tune.json").read_text())["configs"][0]
+    # what the tune's probes completed at most, per second, at a level that met the SLO: the server's throughput as
+    # the bisection measured it (its level alone varies with the probe's length: 8 s probes under a loaded suite
+    # passed 16 req/s on this ~12 req/s server once, before the queue had built)
+    carried = max(p["request_rate"] for p in config["probes"] if p["passed"])
+    assert sat["capacity_rps"] == pytest.approx(carried, rel=0.15), (sat, carried, config["capacity"])
     assert sat["offered"] >= sat["capacity_rps"] * 0.9  # the onset came as the ramp passed the capacity, not before
     assert ramp_s < tune_s, (ramp_s, tune_s)
 
