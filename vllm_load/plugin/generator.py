@@ -25,7 +25,7 @@ from vllm_load.plugin.run_clock import WorkerClock
 from vllm_load.plugin.target import request_headers
 from vllm_load.plugin.warmup import warm_up
 from vllm_load.rundir.reqlog import RequestLog
-from vllm_load.workload.arrivals import ArrivalProcess, ramp_rate
+from vllm_load.workload.arrivals import ArrivalProcess
 from vllm_load.workload.tokenizer import encode_in_calling_thread
 
 #: GIL switch interval in load-generating processes (seconds)
@@ -142,13 +142,8 @@ class Generator:
         --request-rate (0: closed loop)."""
         if self.step is not None and self.opts.sweep_mode == "rate":
             return self.step_rate
-        if self.plan.ramp:
-            strategy, start, end, seconds = self.plan.ramp
-            if seconds:  # over the run's -t, from the run's epoch
-                progress = (time.perf_counter() - self.schedule_start()) / seconds
-            else:  # over --num-requests: this process's share of it (every process ramps alike)
-                progress = self.tickets_taken / max(1, self.quota - 1)
-            return ramp_rate(strategy, start, end, progress)
+        if self.plan.ramp:  # over --num-requests: by this process's share (every process ramps alike)
+            return self.plan.ramp_rate(time.perf_counter() - self.schedule_start(), self.tickets_taken, self.quota)
         return float(self.opts.request_rate)
 
     def total_users(self) -> int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.metrics.histogram import PERCENTILES, parse_percentiles
+from vllm_load.workload.arrivals import ramp_rate
 from vllm_load.plugin.target import Target
 from vllm_load.rundir.files import RunDir
 
@@ -48,6 +49,13 @@ class RunPlan:
     percentiles: tuple[float, ...] = ()  # --metric-percentiles: the columns every medium shows (): the standard five
     #: --ramp-up-strategy: (strategy, start req/s, end req/s, seconds it ramps over; 0: over --num-requests)
     ramp: tuple = ()
+
+    def ramp_rate(self, elapsed: float, sent: int, share: int) -> float:
+        """--ramp-up-strategy's total rate ``elapsed`` seconds after the run's epoch (a ramp over -t), or after
+        ``sent`` of ``share`` requests (a ramp over --num-requests: a process's share, or the whole count)."""
+        strategy, start, end, seconds = self.ramp
+        progress = elapsed / seconds if seconds else sent / max(1, share - 1)
+        return ramp_rate(strategy, start, end, progress)
 
     @property
     def shown_percentiles(self) -> tuple[float, ...]:

@@ -15,7 +15,6 @@ import gevent
 from vllm_load.metrics.saturation import Finding, detect
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.state import STATE
-from vllm_load.workload.arrivals import ramp_rate
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +28,7 @@ def offered_level(environment: Any, col: Collector, now: float) -> tuple[float, 
     if col.step is not None and opts.sweep_mode == "rate" and col.step in col.step_bounds:
         return float(col.step_bounds[col.step][0]), "req/s"
     if plan.ramp:
-        strategy, start, end, seconds = plan.ramp
-        epoch = col.clock.epoch or col.start_wall
-        progress = (now - epoch) / seconds if seconds else col.totals.requests / max(1, plan.num_requests - 1)
-        return ramp_rate(strategy, start, end, progress), "req/s"
+        return plan.ramp_rate(now - (col.clock.epoch or col.start_wall), col.totals.requests, plan.num_requests), "req/s"
     if opts.request_rate:
         return float(opts.request_rate), "req/s"
     return float(getattr(environment.runner, "user_count", 0) or 0), "users"

@@ -209,8 +209,9 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
                          else f"{w} (last report {at[w]:.1f} s in)" for w in s["workers_lost"])
         lines.append(f"WARNING: worker(s) lost mid-run, no final report: {lost} "
                      "(their requests after their last report, at most 3 s, are missing here but in their logs)")
-    if silent_workers(s):
-        lines.append(f"WARNING: {silent_workers(s)}")
+    silent = silent_workers(s)
+    if silent:
+        lines.append(f"WARNING: {silent}")
     if s.get("saturation"):
         lines.append(f"OVER-SATURATED: {s['saturation']['text']}")
     if s.get("energy") or s.get("energy_missing"):

@@ -219,8 +219,9 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
         parts.append("<div class='banner' id='workers-lost'><b>Worker(s) lost mid-run:</b> "
                      f"{html.escape(', '.join(s['workers_lost']))}. Their requests after their last report (at most "
                      "3 s) are missing from these numbers; their per-request logs have them.</div>")
-    if silent_workers(s):
-        parts.append(f"<div class='banner' id='workers-missing'><b>Silent workers:</b> {html.escape(silent_workers(s))}"
+    silent = silent_workers(s)
+    if silent:
+        parts.append(f"<div class='banner' id='workers-missing'><b>Silent workers:</b> {html.escape(silent)}"
                      ".</div>")
     if s["errors"]:
         parts.append("<h2>Failures</h2>" + _table(["reason", "count"], [[html.escape(k), v] for k, v in s["errors"].items()]))
