@@ -55,6 +55,8 @@ CASES = [
     (CHAT, ["--metric-percentiles", "50,100"], "must list percentiles between 0 and 100"),
     (CHAT, ["--ramp-up-strategy", "exponential", "--ramp-up-end-rps", "10"], "and --ramp-up-start-rps > 0"),
     (CHAT, ["--ramp-up-strategy", "linear", "--ramp-up-end-rps", "10", "--request-rate", "5"], "drop --request-rate"),
+    (CHAT, ["--ramp-up-strategy", "linear", "--ramp-up-end-rps", "10", "--ramp-up-end-users", "8"], "drop one pair"),
+    (CHAT, ["--ramp-up-strategy", "exponential", "--ramp-up-end-users", "8"], "--ramp-up-start-users >= 1"),
     (ROOT_LF + "embeddings.py", ["--batch-size", "0"], "--batch-size must be >= 1"),
     (CHAT, ["--images-per-request", "1", "--image-size", "512by512"], "--image-size '512by512' is not WxH"),
     (CHAT, ["--batch-size", "4"], "--batch-size is read by locustfiles/embeddings.py or locustfiles/rerank.py only"),

@@ -74,3 +74,40 @@ def test_a_ramp_over_a_request_count_ends_at_the_end_rate(tmp_path):
     assert len(starts) == 21
     # request i leaves at rate 4 + 36·i/20: the first gap 1/4 s, the last 1/38.2 s
     assert gaps[0] == pytest.approx(1 / 4, abs=0.02) and gaps[-1] == pytest.approx(1 / 38.2, abs=0.01)
+
+
+def test_the_users_ramp_follows_the_same_curves():
+    from vllm_load.plugin.shapes import UsersRamp
+    from vllm_load.workload.arrivals import ramp_users
+
+    assert [ramp_users("exponential", 1, 16, x / 4) for x in range(5)] == [1, 2, 4, 8, 16]
+    assert [ramp_users("linear", 0, 8, x / 4) for x in range(5)] == [1, 2, 4, 6, 8]  # never 0 users
+    ramp = UsersRamp("exponential", 2, 32, 8.0)
+    assert ramp.users_at(0.0) == 2 and ramp.users_at(4.0) == 8 and ramp.users_at(99.0) == 32
+
+
+def test_a_closed_loop_ramps_its_users(tmp_path):
+    """--ramp-up-strategy with --ramp-up-*-users (no rate): Locust's user count, as its own history records it each
+    second, climbs the exponential curve from 1 to 16 users over the run, on chat.py with no shape of its own."""
+    import csv
+
+    from vllm_load.plugin.shapes import UsersRamp
+
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "8s", "--ramp-up-strategy",
+                      "exponential", "--ramp-up-start-users", "1", "--ramp-up-end-users", "16", "--output-tokens", "4",
+                      "--emulator-ttft", "0.01", "--emulator-itl", "0.005", "--run-dir", str(run_dir),
+                      "--csv", str(tmp_path / "locust"), "--csv-full-history"], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = [r for r in csv.DictReader(open(tmp_path / "locust_stats_history.csv")) if r["Name"] == "Aggregated"]
+    counts = [int(r["User Count"]) for r in rows]
+    while counts and counts[-1] == 0:  # the rows after the run stopped its users
+        counts.pop()
+    curve = {UsersRamp("exponential", 1, 16, 8.0).users_at(t / 10) for t in range(81)}
+    assert counts and all(c in curve | {0} for c in counts), counts  # only the curve's own steps
+    assert counts == sorted(counts), counts  # it climbs, never drops mid-run
+    assert counts[0] <= 2 and max(counts) >= 8, counts  # 1 at the start, 11 by 7 s (a row a second)
+    result = json.loads((run_dir / "vllm-result.json").read_text())
+    assert (result["ramp_up_strategy"], result["ramp_up_start_users"], result["ramp_up_end_users"]) == (
+        "exponential", 1, 16)
+    assert result["ramp_up_start_rps"] is None and result["completed"] > 0

@@ -32,7 +32,9 @@ from vllm_load.plugin.embedded import start_emulator, start_sidecar
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.server_side import LiveServer
+from vllm_load.plugin.plan import ramps_rate
 from vllm_load.plugin.server_wait import parse_duration, wait_for_server
+from vllm_load.plugin.shapes import UsersRamp
 from vllm_load.plugin.state import STATE, role as role_of
 from vllm_load.plugin.target import Target, resolve_target
 from vllm_load.rundir.files import check_writable, free_text
@@ -128,6 +130,11 @@ def _on_init(environment: Any, **_kw: Any) -> None:
                 STATE.sidecar = start_sidecar(STATE.emulator.url, private_temp_file("sidecar", ".jsonl"))
                 STATE.sidecar_url = STATE.sidecar.url
         wait = parse_duration(opts.wait_for_server, "--wait-for-server")
+        if opts.ramp_up_strategy and not ramps_rate(opts):  # the closed loop's users ramp: a shape of the plugin's
+            shape = UsersRamp(opts.ramp_up_strategy, int(opts.ramp_up_start_users), int(opts.ramp_up_end_users),
+                              float(opts.run_time))
+            shape.runner = environment.runner
+            environment.shape_class = shape
     except UsageError as exc:
         _stop_children()
         die(str(exc))
@@ -297,7 +304,7 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         cls.insecure = bool(opts.insecure)
         if opts.ca_bundle and not opts.insecure:
             cls.ssl_context_factory = functools.partial(_ca_bundle_context, opts.ca_bundle)
-        if opts.request_rate > 0 or opts.trace or opts.ramp_up_strategy:  # open loop: one user holds many streams
+        if opts.request_rate > 0 or opts.trace or ramps_rate(opts):  # open loop: one user holds many streams
             cls.concurrency = max(1, int(opts.max_concurrency))
     if STATE.last_step is not None and environment.shape_class is not None and role != "worker":
         wire.begin_step(*STATE.last_step)

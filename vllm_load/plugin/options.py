@@ -68,10 +68,14 @@ OPTIONS: tuple[Option, ...] = (
         "request in flight per user)", type=float),
     Option("--burstiness", 1.0, "open loop: gamma shape of inter-arrival times (1 = Poisson)", type=float),
     Option("--ramp-up-strategy", "", "open loop: the rate goes from --ramp-up-start-rps to --ramp-up-end-rps over the "
-        "run (-t, or --num-requests' count), linear or exponential, as vllm bench serve's option",
+        "run (-t, or --num-requests' count), linear or exponential, as vllm bench serve's option; closed loop: the "
+        "users go from --ramp-up-start-users to --ramp-up-end-users over -t",
         choices=["", "linear", "exponential"]),
     Option("--ramp-up-start-rps", 0.0, "--ramp-up-strategy: the total rate at the run's start (req/s)", type=float),
     Option("--ramp-up-end-rps", 0.0, "--ramp-up-strategy: the total rate at the run's end (req/s)", type=float),
+    Option("--ramp-up-start-users", 0, "--ramp-up-strategy, closed loop: the users at the run's start (-u is unused)",
+        type=int),
+    Option("--ramp-up-end-users", 0, "--ramp-up-strategy, closed loop: the users at the run's end", type=int),
     Option("--stop-over-saturated", False, "end the run (or the sweep) once the server stops keeping up: its queue and "
         "TTFT both rising with significance (always detected and reported; this stops there)", action="store_true"),
     Option("--ramp-up", 0.0, "open loop: seconds over which the rate grows linearly to --request-rate "
@@ -195,7 +199,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
                  "--batch-size"),
     "images and audio": ("--images-per-request", "--image-size", "--images-from", "--audio-from", "--audio-seconds"),
     "load shape": ("--num-requests", "--warmup", "--request-rate", "--burstiness", "--ramp-up", "--ramp-up-strategy",
-                   "--ramp-up-start-rps", "--ramp-up-end-rps", "--stop-over-saturated", "--max-concurrency",
+                   "--ramp-up-start-rps", "--ramp-up-end-rps", "--ramp-up-start-users", "--ramp-up-end-users",
+                   "--stop-over-saturated", "--max-concurrency",
                    "--sweep", "--sweep-mode", "--sweep-users", "--step-duration", "--stop-on-slo-miss",
                    "--drain-timeout"),
     "request body": ("--no-ignore-eos", "--no-continuous-usage", "--temperature", "--extra-body", "--header"),

@@ -22,6 +22,12 @@ from vllm_load.rundir.files import RunDir
 PLAN = "vllm_load_plan"
 
 
+def ramps_rate(opts: Any) -> bool:
+    """--ramp-up-strategy over the rate (the open loop), not over the users (``ramp_up_*_users``: the closed loop)."""
+    return bool(opts.ramp_up_strategy) and not (getattr(opts, "ramp_up_end_users", 0)
+                                               or getattr(opts, "ramp_up_start_users", 0))
+
+
 @dataclass(frozen=True)
 class RunPlan:
     run_id: str
@@ -90,7 +96,7 @@ class RunPlan:
                    server_kind=target.server_kind,
                    percentiles=parse_percentiles(opts.metric_percentiles) if opts.metric_percentiles else (),
                    ramp=(opts.ramp_up_strategy, float(opts.ramp_up_start_rps), float(opts.ramp_up_end_rps),
-                         0.0 if opts.num_requests else float(opts.run_time or 0)) if opts.ramp_up_strategy else ())
+                         0.0 if opts.num_requests else float(opts.run_time or 0)) if ramps_rate(opts) else ())
 
     @property
     def draws(self) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 from locust import LoadTestShape
 
 from vllm_load.errors import UsageError
+from vllm_load.workload.arrivals import ramp_users
 
 #: Seconds after a step ends before it is judged: workers report every 3 s.
 JUDGE_DELAY = 3.5
@@ -94,3 +95,23 @@ class SweepShape(LoadTestShape):
         wire.begin_step(self.runner.environment, step, level)
         users = int(level) if opts.sweep_mode == "users" else int(opts.sweep_users)
         return users, float(max(users, 1))
+
+
+class UsersRamp(LoadTestShape):
+    """The closed loop's --ramp-up-strategy: the users go from --ramp-up-start-users to --ramp-up-end-users over -t,
+    linearly or exponentially, re-targeted every second (Locust ticks its shape each second); installed by the
+    plugin, so any locustfile ramps without a shape of its own."""
+
+    def __init__(self, strategy: str, start: int, end: int, seconds: float) -> None:
+        super().__init__()
+        self.strategy, self.start, self.end, self.seconds = strategy, start, end, seconds
+
+    def users_at(self, t: float) -> int:
+        return ramp_users(self.strategy, self.start, self.end, t / self.seconds)
+
+    def tick(self) -> tuple[int, float] | None:
+        t = self.get_run_time()
+        if t >= self.seconds:
+            return None
+        users = self.users_at(t)
+        return users, float(max(users, 1))  # each step's new users start within a second

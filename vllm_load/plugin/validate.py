@@ -14,13 +14,14 @@ from urllib.parse import urlsplit
 from vllm_load.errors import UsageError
 from vllm_load.plugin.options import OPTIONS
 from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.plugin.shapes import UsersRamp
 
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
 _AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ramp_up_end_rps": 0.0, "drain_timeout": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
              "emulator_itl": 0.0, "audio_seconds": 0.0}
 _POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness"}
 #: int options and their least value
-_INT_AT_LEAST = {"emulator_max_num_seqs": 0, "prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "batch_size": 1,
+_INT_AT_LEAST = {"ramp_up_start_users": 0, "ramp_up_end_users": 0, "emulator_max_num_seqs": 0, "prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "batch_size": 1,
                  "num_requests": 0, "images_per_request": 0}
 #: may be infinite: vLLM's --burstiness inf is a constant rate
 _INFINITE_OK = {"burstiness"}
@@ -119,16 +120,28 @@ def check_run(opts: Any, *, headless: bool, shape: Any) -> None:
 
 
 def check_ramp(opts: Any, shape: Any) -> None:
-    """--ramp-up-strategy: an open loop of its own, over a known length."""
+    """--ramp-up-strategy: an open loop of its own (a rate ramp) or the closed loop's users, over a known length."""
     strategy, start, end = opts.ramp_up_strategy, opts.ramp_up_start_rps, opts.ramp_up_end_rps
-    if not end > 0 or (strategy == "exponential" and not start > 0):
+    users = getattr(opts, "ramp_up_end_users", 0) or getattr(opts, "ramp_up_start_users", 0)
+    if users and (start or end):
+        raise UsageError("--ramp-up-strategy ramps either the rate (--ramp-up-*-rps, open loop) or the users "
+                         "(--ramp-up-*-users, closed loop): drop one pair")
+    if users:
+        first, last = opts.ramp_up_start_users, opts.ramp_up_end_users
+        if last < 1 or (strategy == "exponential" and first < 1):
+            raise UsageError(f"--ramp-up-strategy {strategy} needs --ramp-up-end-users >= 1"
+                             + (" and --ramp-up-start-users >= 1" if strategy == "exponential" else ""))
+    elif not end > 0 or (strategy == "exponential" and not start > 0):
         raise UsageError(f"--ramp-up-strategy {strategy} needs --ramp-up-end-rps > 0"
-                         + (" and --ramp-up-start-rps > 0" if strategy == "exponential" else ""))
+                         + (" and --ramp-up-start-rps > 0" if strategy == "exponential" else "")
+                         + " (or --ramp-up-start-users/--ramp-up-end-users for the closed loop)")
     clash = [flag for flag, given in (("--request-rate", opts.request_rate), ("--ramp-up", opts.ramp_up),
                                       ("--trace", opts.trace), ("a load shape", shape is not None)) if given]
     if clash:
-        raise UsageError(f"--ramp-up-strategy sets the rate from --ramp-up-start-rps to --ramp-up-end-rps: drop "
-                         f"{clash[0]}")
+        raise UsageError(f"--ramp-up-strategy sets the {'users' if users else 'rate'} from its start to its end: "
+                         f"drop {clash[0]}")
+    if users and not opts.run_time:
+        raise UsageError("--ramp-up-strategy ramps the users over the run's time: give -t (e.g. -t 60s)")
     if not opts.run_time and not getattr(opts, "num_requests", 0):
         raise UsageError("--ramp-up-strategy ramps over the run: give -t (e.g. -t 60s) or --num-requests N")
 
@@ -139,6 +152,8 @@ def check_options(environment: Any) -> None:
     check_numbers(opts)
     check_host(environment.host)
     shape = environment.shape_class
+    if isinstance(shape, UsersRamp):  # the plugin's own, for --ramp-up-strategy over users
+        shape = None
     classes = [*environment.user_classes, *([type(shape)] if shape is not None else [])]
     check_locustfile_options(opts, classes)
     check_run(opts, headless=bool(opts.headless or getattr(opts, "autostart", False)), shape=shape)

@@ -94,6 +94,9 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         out["ramp_up_strategy"] = opts["ramp_up_strategy"]
         out["ramp_up_start_rps"] = opts.get("ramp_up_start_rps")
         out["ramp_up_end_rps"] = opts.get("ramp_up_end_rps")
+        if opts.get("ramp_up_end_users"):  # the closed loop's ramp (vLLM's ramp is over the rate only)
+            out.update(ramp_up_start_rps=None, ramp_up_end_rps=None, ramp_up_start_users=opts["ramp_up_start_users"],
+                       ramp_up_end_users=opts["ramp_up_end_users"])
         out["request_rate"], out["max_concurrency"] = "inf", None
     out["latencies"] = [r["e2e"] for r in logs]
     out["queue_times"] = [r.get("send_lag") or 0.0 for r in logs]

@@ -55,3 +55,11 @@ def ramp_rate(strategy: str, start: float, end: float, progress: float) -> float
     else:
         rate = start + (end - start) * x
     return max(rate, 0.01 * end)
+
+
+def ramp_users(strategy: str, start: int, end: int, progress: float) -> int:
+    """The closed loop's --ramp-up-strategy: the user count at ``progress`` (0..1), from ``start`` to ``end`` users,
+    with the rate ramp's curves, rounded; never below 1 (a run of 0 users would measure nothing)."""
+    x = min(1.0, max(0.0, progress))
+    users = start * (end / start) ** x if strategy == "exponential" else start + (end - start) * x
+    return max(1, round(users))
