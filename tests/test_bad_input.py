@@ -57,6 +57,8 @@ CASES = [
     (CHAT, ["--ramp-up-strategy", "linear", "--ramp-up-end-rps", "10", "--request-rate", "5"], "drop --request-rate"),
     (CHAT, ["--ramp-up-strategy", "linear", "--ramp-up-end-rps", "10", "--ramp-up-end-users", "8"], "drop one pair"),
     (CHAT, ["--ramp-up-strategy", "exponential", "--ramp-up-end-users", "8"], "--ramp-up-start-users >= 1"),
+    (CHAT, ["--dcgm-selector", "{gpu=\"0\"}"], "give --prometheus-url"),
+    (CHAT, ["--prometheus-url", "http://127.0.0.1:9", "--dcgm-selector", "gpu=0"], "is not a label selector"),
     (ROOT_LF + "embeddings.py", ["--batch-size", "0"], "--batch-size must be >= 1"),
     (CHAT, ["--images-per-request", "1", "--image-size", "512by512"], "--image-size '512by512' is not WxH"),
     (CHAT, ["--batch-size", "4"], "--batch-size is read by locustfiles/embeddings.py or locustfiles/rerank.py only"),

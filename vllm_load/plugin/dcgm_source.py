@@ -1,5 +1,6 @@
-"""GPU telemetry during a run (--dcgm-url): a DCGM exporter's /metrics read every second by the master (or local
-runner) on its own clock, kept for the run's end (``dcgm.jsonl`` and the summary's energy block)."""
+"""GPU telemetry during a run: a DCGM exporter's /metrics read every second by the master (or local runner) on its
+own clock (--dcgm-url), or the same fields read at the run's end from a Prometheus that scrapes the exporter
+(--prometheus-url with --dcgm-selector); kept for the run's end (``dcgm.jsonl`` and the summary's energy block)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,34 @@ class DcgmPoller:
     def stop(self) -> None:
         self._greenlet.kill(block=False)
         self.read()  # the run's end, read once more: the window's last edge lies between two samples
+
+
+class PrometheusDcgm:
+    """The DCGM fields of the GPUs ``selector`` picks, read from Prometheus over the run's window when it stops (the
+    poller's ``samples``/``error``/``stop`` shape). Prometheus holds the exporter's scrapes (every 15-30 s as usually
+    configured): the energy counter at the window's edges is its last scrape before each, so the energy is exact to
+    a scrape interval at either edge; a run of many scrape intervals is what makes the figure meaningful."""
+
+    def __init__(self, url: str, selector: str, token: str, start: float) -> None:
+        self.url, self.selector, self.token, self.start = url, selector.strip(), token, start
+        self.samples: list[dict[str, Any]] = []
+        self.error: str | None = None
+
+    def stop(self) -> None:
+        from vllm_load.plugin.prometheus_source import query_range
+
+        by_time: dict[float, dict[str, Any]] = {}
+        for name, key in FIELDS.items():
+            result, why = query_range(self.url, f"{name}{self.selector}", self.start - 2, time.time() + 1, self.token)
+            if why:
+                self.error = why
+                return
+            for series in result:
+                labels = series.get("metric") or {}
+                gpu = labels.get("UUID") or f"{labels.get('Hostname', '')}/{labels.get('gpu', '0')}"
+                for t, value in series.get("values", []):
+                    sample = by_time.setdefault(float(t), {"t": float(t), "gpus": {}})
+                    sample["gpus"].setdefault(gpu, {})[key] = float(value)
+        self.samples = [by_time[t] for t in sorted(by_time)]
+        if not self.samples:
+            self.error = f"Prometheus at {self.url} has no DCGM_FI_DEV_* series for {self.selector or 'any GPU'}"

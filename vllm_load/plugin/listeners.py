@@ -294,6 +294,10 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
             from vllm_load.plugin.dcgm_source import DcgmPoller
 
             col.dcgm = DcgmPoller(dcgm_url)
+        elif opts.dcgm_selector:  # the same fields from a Prometheus that scrapes the exporter, at the run's end
+            from vllm_load.plugin.dcgm_source import PrometheusDcgm
+
+            col.dcgm = PrometheusDcgm(opts.prometheus_url, opts.dcgm_selector, opts.prometheus_token, col.start_wall)
     if role != "worker" and plan.sidecar_url:  # the web UI's server side, and the saturation watch's queue
         if STATE.live_server is not None:
             STATE.live_server.stop()

@@ -154,6 +154,9 @@ OPTIONS: tuple[Option, ...] = (
         "window, instead of a sidecar, e.g. http://prometheus.monitoring:9090"),
     Option("--prometheus-selector", "", "the label selector of vLLM's series in that Prometheus, e.g. "
         "'{namespace=\"llm\",pod=~\"vllm-.*\"}' (default: every vllm:* series)"),
+    Option("--dcgm-selector", "", "GPU telemetry through --prometheus-url (instead of --dcgm-url): the label selector "
+        "of the serving GPUs' DCGM_FI_DEV_* series, read over the run's window at its end, e.g. "
+        "'{Hostname=\"gpu-node-1\"}' ('{}': every GPU that Prometheus has)"),
     Option("--prometheus-token", "", "bearer token of that Prometheus, when it requires one", is_secret=True),
     Option("--otlp-endpoint", "", "at the run's end, send its LLM metrics over OpenTelemetry (OTLP/HTTP) to this "
         "collector, e.g. http://otel-collector:4318 (the Prometheus export's names and buckets; pip install "
@@ -211,7 +214,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                        "--outage-after", "--stop-on-outage"),
     "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token", "--metrics-port", "--metrics-host"),
     "server side": ("--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
-                    "--prometheus-token", "--dcgm-url"),
+                    "--prometheus-token", "--dcgm-url", "--dcgm-selector"),
     "emulator": ("--emulator-profile", "--emulator-max-num-seqs", "--emulator-dcgm", "--emulator-ttft", "--emulator-itl",
                  "--emulator-tokens-per-chunk", "--emulator-reasoning-tokens", "--emulator-spec-tokens", "--emulator-spec-acceptance"),
 }

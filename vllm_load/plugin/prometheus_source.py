@@ -33,28 +33,45 @@ QUERIES = {
 }
 
 
+def check_selector(selector: str, flag: str = "--prometheus-selector") -> str | None:
+    """None, or why ``selector`` is not a PromQL label selector."""
+    sel = selector.strip()
+    if sel and not (sel.startswith("{") and sel.endswith("}")):
+        return f"{flag} {selector!r} is not a label selector like '{{pod=~\"vllm.*\"}}'"
+    return None
+
+
+def query_range(url: str, query: str, start: float, end: float, token: str = "", step: float = 1.0,
+                timeout: float = 15.0) -> tuple[list[dict], str | None]:
+    """(the matrix's series, None) or ([], why not): one ``/api/v1/query_range`` call."""
+    params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step})
+    req = urllib.request.Request(url.rstrip("/") + "/api/v1/query_range?" + params,
+                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return [], f"Prometheus at {url} answered HTTP {exc.code} to {query}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return [], f"Prometheus at {url} cannot be read ({getattr(exc, 'reason', exc)})"
+    if data.get("status") != "success":
+        return [], f"Prometheus at {url} refused {query}: {data.get('error', data.get('status'))}"
+    return data.get("data", {}).get("result", []), None
+
+
 def fetch_range(url: str, selector: str, start: float, end: float, token: str = "", step: float = 1.0,
                 timeout: float = 15.0) -> tuple[list[dict], str | None]:
     """(samples on our clock, None) or ([], why the server side is missing)."""
-    sel = selector.strip() or ""
-    if sel and not (sel.startswith("{") and sel.endswith("}")):
-        return [], f"--prometheus-selector {selector!r} is not a label selector like '{{pod=~\"vllm.*\"}}'"
+    why = check_selector(selector)
+    if why:
+        return [], why
+    sel = selector.strip()
     by_time: dict[float, dict] = {}
     for key, template in QUERIES.items():
-        query = template.replace("{sel}", sel)
-        params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step})
-        req = urllib.request.Request(url.rstrip("/") + "/api/v1/query_range?" + params,
-                                     headers={"Authorization": f"Bearer {token}"} if token else {})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                data = json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            return [], f"Prometheus at {url} answered HTTP {exc.code} to {query}"
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            return [], f"Prometheus at {url} cannot be read ({getattr(exc, 'reason', exc)})"
-        if data.get("status") != "success":
-            return [], f"Prometheus at {url} refused {query}: {data.get('error', data.get('status'))}"
-        for series in data.get("data", {}).get("result", []):
+        result, why = query_range(url, template.replace("{sel}", sel), start, end, token, step, timeout)
+        if why:
+            return [], why
+        for series in result:
             position = (series.get("metric") or {}).get("position")
             for t, value in series.get("values", []):
                 sample = by_time.setdefault(float(t), {"t": float(t), "source": "prometheus"})

@@ -77,6 +77,14 @@ def check_numbers(opts: Any) -> None:
             raise UsageError(f"--otlp-endpoint {opts.otlp_endpoint!r} is not an http(s) URL, e.g. http://127.0.0.1:4318")
         from vllm_load.report.otlp import check_available
         check_available()
+    if getattr(opts, "dcgm_selector", ""):
+        if not opts.prometheus_url or opts.dcgm_url:
+            raise UsageError("--dcgm-selector reads the GPUs through --prometheus-url: give --prometheus-url, and "
+                             "drop --dcgm-url (which reads the exporter itself)")
+        from vllm_load.plugin.prometheus_source import check_selector
+        why = check_selector(opts.dcgm_selector, "--dcgm-selector")
+        if why:
+            raise UsageError(why)
     if getattr(opts, "metric_percentiles", ""):
         from vllm_load.metrics.histogram import parse_percentiles
         parse_percentiles(opts.metric_percentiles)
