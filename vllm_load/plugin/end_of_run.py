@@ -250,6 +250,10 @@ def _finish(environment: Any, col: Collector) -> None:
                          "them; the log shows each kind once)\n")
     if built.checks:
         sys.stdout.write(render_checks(built.checks) + "\n")
+    from vllm_load.report.trackers import log_run  # --mlflow-uri, --wandb-project: what the directory holds
+
+    for line in log_run(environment.parsed_options, col.plan.files.path):
+        sys.stdout.write(line + "\n")
     sys.stdout.write(f"vllm-load: report {built.report} (exit code {code})\n")
     sys.stdout.write(_next_steps(col, built.report) + "\n")
     sys.stdout.flush()

@@ -162,6 +162,12 @@ OPTIONS: tuple[Option, ...] = (
         "collector, e.g. http://otel-collector:4318 (the Prometheus export's names and buckets; pip install "
         "'vllm-load[otel]')"),
     Option("--otlp-token", "", "bearer token of that collector, when it requires one", is_secret=True),
+    Option("--mlflow-uri", "", "at the run's end, log it to MLflow at this tracking URI (its options, numbers, verdict "
+        "and report), e.g. http://mlflow:5000 (pip install 'vllm-load[mlflow]')"),
+    Option("--mlflow-experiment", "vllm-load", "--mlflow-uri: the experiment the run goes into"),
+    Option("--wandb-project", "", "at the run's end, log it to this Weights & Biases project (its options, numbers, "
+        "verdict and report; WANDB_API_KEY or WANDB_MODE=offline from the environment; pip install "
+        "'vllm-load[wandb]')"),
     Option("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True),
     Option("--images-per-request", 0, "chat.py: this many unique images (JPEG data URLs) after each prompt's text",
         type=int, locustfiles=("chat.py",)),
@@ -212,7 +218,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
                             "--trace-block-size"),
     "SLOs and gates": ("--slo", "--min-requests", "--allow-untrustworthy", "--junit", "--retry-backoff-max",
                        "--outage-after", "--stop-on-outage"),
-    "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token", "--metrics-port", "--metrics-host"),
+    "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token",
+                "--mlflow-uri", "--mlflow-experiment", "--wandb-project", "--metrics-port", "--metrics-host"),
     "server side": ("--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
                     "--prometheus-token", "--dcgm-url", "--dcgm-selector"),
     "emulator": ("--emulator-profile", "--emulator-max-num-seqs", "--emulator-dcgm", "--emulator-ttft", "--emulator-itl",

@@ -77,6 +77,9 @@ def check_numbers(opts: Any) -> None:
             raise UsageError(f"--otlp-endpoint {opts.otlp_endpoint!r} is not an http(s) URL, e.g. http://127.0.0.1:4318")
         from vllm_load.report.otlp import check_available
         check_available()
+    if getattr(opts, "mlflow_uri", "") or getattr(opts, "wandb_project", ""):
+        from vllm_load.report.trackers import check_available as trackers_available
+        trackers_available(opts)
     if getattr(opts, "dcgm_selector", ""):
         if not opts.prometheus_url or opts.dcgm_url:
             raise UsageError("--dcgm-selector reads the GPUs through --prometheus-url: give --prometheus-url, and "
