@@ -163,13 +163,14 @@ def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, 
 
     from tests.helpers import ROOT, run_locust
 
-    seen = []
+    seen, asked = [], []
 
     class FakePrometheus(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
             q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
             query, start, end = q["query"][0], float(q["start"][0]), float(q["end"][0])
             seen.append(query)
+            asked.append((query, end))
             value = {"running": 3, "waiting": 1, "kv_cache": 0.42, "preemptions": 0, "prefix_cache_hits": 50,
                      "prefix_cache_queries": 100}
             # speculative decoding: 10 drafts of 3 tokens, 20 accepted (8, 7 and 5 at positions 0-2), per second
@@ -204,6 +205,9 @@ def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, 
                           "--run-dir", str(run_dir)], cwd=tmp_path)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         assert any('vllm:kv_cache_usage_perc{pod=~"vllm.*"}' in q for q in seen)
+        # read live during the run too (the web UI's server side, the saturation watch's queue), not only at its end
+        run_end = json.loads((run_dir / "llm_stats.json").read_text())["end"]
+        assert any(q.startswith("sum(vllm:num_requests_waiting") and end < run_end for q, end in asked), asked
         series = [json.loads(line) for line in (run_dir / "server.jsonl").read_text().splitlines()]
         assert series and all(s["source"] == "prometheus" and s["running"] == 3 for s in series)
         summary = json.loads((run_dir / "summary.json").read_text())

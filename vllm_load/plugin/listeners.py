@@ -298,10 +298,12 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
             from vllm_load.plugin.dcgm_source import PrometheusDcgm
 
             col.dcgm = PrometheusDcgm(opts.prometheus_url, opts.dcgm_selector, opts.prometheus_token, col.start_wall)
-    if role != "worker" and plan.sidecar_url:  # the web UI's server side, and the saturation watch's queue
-        if STATE.live_server is not None:
+    if role != "worker" and (plan.sidecar_url or opts.prometheus_url):  # the web UI's server side, the saturation
+        if STATE.live_server is not None:                                  # watch's queue
             STATE.live_server.stop()
-        STATE.live_server = LiveServer(plan.sidecar_url, col.start_wall, opts.sidecar_token, interval=2.0)
+        STATE.live_server = (LiveServer.prometheus(opts.prometheus_url, opts.prometheus_selector, col.start_wall,
+                                                   opts.prometheus_token, interval=2.0) if opts.prometheus_url else
+                             LiveServer.sidecar(plan.sidecar_url, col.start_wall, opts.sidecar_token, interval=2.0))
     for cls in environment.user_classes:
         cls.network_timeout = float(opts.request_timeout)
         # Locust's FastHttpUser skips certificate checks unless told: vllm-load verifies unless --insecure

@@ -7,6 +7,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Callable
 
 from vllm_load.rundir.files import write_series
 
@@ -59,23 +60,35 @@ def fetch_series(sidecar_url: str, start: float, end: float, out: Path, token: s
 
 
 class LiveServer:
-    """The server side while a run goes on, for the web UI: new samples fetched every ``interval``
-    seconds (only what arrived since the last poll), summarised like the end-of-run report."""
+    """The server side while a run goes on, for the web UI and the saturation watch: new samples fetched every
+    ``interval`` seconds (only what arrived since the last poll), summarised like the end-of-run report.
+    ``fetch(since, until)`` is the source: the sidecar's series (``sidecar``) or a Prometheus' (``prometheus``)."""
 
-    def __init__(self, sidecar_url: str, start: float, token: str = "", interval: float = 5.0) -> None:
+    def __init__(self, fetch: Callable[[float, float], tuple[list[dict], str | None]], start: float,
+                 interval: float = 5.0) -> None:
         import gevent
 
-        self.url, self.token, self.interval = sidecar_url, token, interval
+        self.fetch, self.interval = fetch, interval
         self.samples: list[dict] = []
         self.since = start
         self.why: str | None = "no sample yet"
         self._greenlet = gevent.spawn(self._poll)
 
+    @classmethod
+    def sidecar(cls, url: str, start: float, token: str = "", interval: float = 5.0) -> "LiveServer":
+        return cls(lambda since, until: fetch_samples(url, since, until, token, timeout=5.0), start, interval)
+
+    @classmethod
+    def prometheus(cls, url: str, selector: str, start: float, token: str = "", interval: float = 5.0) -> "LiveServer":
+        from vllm_load.plugin.prometheus_source import fetch_range
+
+        return cls(lambda since, until: fetch_range(url, selector, since, until, token, timeout=5.0), start, interval)
+
     def _poll(self) -> None:
         import gevent
 
         while True:
-            new, why = fetch_samples(self.url, self.since, time.time() + 1, self.token, timeout=5.0)
+            new, why = self.fetch(self.since, time.time() + 1)
             new = [s for s in new if s["t"] > self.since]
             if new:
                 self.samples.extend(new)
