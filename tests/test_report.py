@@ -42,7 +42,8 @@ def make_run_dir(path, users=4, emulator=True, with_server=True, slo=("ttft.p99<
 
 def test_report_files_and_content(tmp_path):
     run = make_run_dir(tmp_path / "run-a")
-    code, html_path, checks = build(run, ["ttft.p99<=500ms", "server.prefix_cache_hit_rate<=0%", "server.kv_cache_usage.max<=10%"])[:3]
+    built = build(run, ["ttft.p99<=500ms", "server.prefix_cache_hit_rate<=0%", "server.kv_cache_usage.max<=10%"])
+    code, html_path, checks = built.verdict.exit_code, built.report, built.verdict.checks
     assert code == 3  # KV usage reached 29%
     assert [c.passed for c in checks] == [True, True, False]
     page = html_path.read_text()
@@ -59,7 +60,8 @@ def test_report_files_and_content(tmp_path):
 
 def test_report_says_when_the_server_side_is_missing(tmp_path):
     run = make_run_dir(tmp_path / "run-b", emulator=False, with_server=False)
-    code, html_path, checks = build(run)[:3]  # the run's own SLOs, from config.json
+    built = build(run)  # the run's own SLOs, from config.json
+    code, html_path, checks = built.verdict.exit_code, built.report, built.verdict.checks
     assert code == 0 and [c.slo for c in checks] == ["ttft.p99<=500ms"]
     page = html_path.read_text()
     assert "server-missing" in page and "emulator-banner" not in page

@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         codes = []
         for d in args.run_dirs:
             built = build(d, args.slo, args.junit if len(args.run_dirs) == 1 else "")
-            print(f"{built.report}  (exit code {built.code})")
-            codes.append(built.code)
+            print(f"{built.report}  (exit code {built.verdict.exit_code})")
+            codes.append(built.verdict.exit_code)
         if len(args.run_dirs) > 1:
             out = Path(args.out or Path("reports") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}")
             print(build_sweep(args.run_dirs, out, args.slo)[0])

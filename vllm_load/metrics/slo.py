@@ -270,16 +270,6 @@ def evaluate(slos: list[SLO], summary: dict, server: dict | None = None) -> list
     return checks
 
 
-def render_checks(checks: list[Check]) -> str:
-    if not checks:
-        return ""
-    width = max(len(c.slo) for c in checks)
-    lines = ["SLO verdict: " + ("PASS" if all(c.passed for c in checks) else "FAIL")]
-    for c in checks:
-        lines.append(f"  {'PASS' if c.passed else 'FAIL'}  {c.slo.ljust(width)}  {c.detail}")
-    return "\n".join(lines)
-
-
 def junit_xml(checks: list[Check], suite: str = "vllm-load SLOs", validity: list[Check] | None = None) -> str:
     """One test case per SLO (class vllm_load.metrics.slo) and per validity check (class vllm_load.run)."""
     from xml.sax.saxutils import quoteattr

@@ -14,7 +14,7 @@ from locust import events
 
 from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
 from vllm_load.metrics.outages import LiveOutage, describe
-from vllm_load.metrics.slo import render_checks
+from vllm_load.metrics.verdict import judge, render_checks
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.server_side import fetch_series
@@ -27,24 +27,21 @@ log = logging.getLogger("vllm_load")
 
 
 def judge_step(step: int) -> bool:
-    """Did a finished sweep step meet every SLO (client metrics)? Remembered once judged."""
+    """Did a finished sweep step meet every SLO (client metrics)? Judged once (its ``Verdict`` kept in STATE)."""
     col = STATE.collector
     if col is None:
         return True
-    if step in STATE.step_verdicts:
-        return STATE.step_verdicts[step]
-    from vllm_load.metrics.slo import evaluate
-
-    level, start, end = col.step_bounds.get(step, [0, 0.0, None])
-    stats = col.step_stats.get(step, LLMStats())
-    checks = evaluate(STATE.slos, stats.summary(duration=max((end or time.time()) - start, 1e-9),
-                                                percentiles=col.plan.computed_percentiles))
-    ok = all(c.passed for c in checks)
-    STATE.step_verdicts[step] = ok
-    if not ok:
-        missed = ", ".join(c.slo for c in checks if not c.passed)
-        print(f"vllm-load: sweep step {step} ({level:g}) missed {missed}: stopping the sweep", flush=True)
-    return ok
+    if step not in STATE.step_verdicts:
+        level, start, end = col.step_bounds.get(step, [0, 0.0, None])
+        stats = col.step_stats.get(step, LLMStats())
+        summary = stats.summary(duration=max((end or time.time()) - start, 1e-9),
+                                percentiles=col.plan.computed_percentiles)
+        verdict = judge(summary, list(STATE.slos), min_requests=0, allow_untrustworthy=True)
+        STATE.step_verdicts[step] = verdict
+        if verdict.slo_passed is False:
+            missed = ", ".join(c.slo for c in verdict.checks if not c.passed)
+            print(f"vllm-load: sweep step {step} ({level:g}) missed {missed}: stopping the sweep", flush=True)
+    return STATE.step_verdicts[step].slo_passed is not False
 
 
 def _write_sweep(col: Collector) -> None:
@@ -190,19 +187,14 @@ def _export_otlp(col: Collector, opts: Any) -> None:
 
 def _finish_unwritten(environment: Any, col: Collector) -> None:
     """The end of a run whose directory could not take its files: the table and verdict from memory."""
-    from vllm_load.metrics.slo import evaluate
-    from vllm_load.report.results import trust_check, validity_checks
-
     summary = col.results if col.results is not None else col.summarise(_local_monitor())
-    checks = evaluate(STATE.slos, summary)
     opts = environment.parsed_options
-    validity = [*validity_checks(summary, STATE.slos, int(opts.min_requests)),
-                trust_check(summary, bool(opts.allow_untrustworthy))]
+    verdict = judge(summary, list(STATE.slos), None, int(opts.min_requests), bool(opts.allow_untrustworthy))
     sys.stdout.write("\n" + render_table(summary, _table_title(col)) + "\n")
-    if render_validity(validity):
-        sys.stdout.write(render_validity(validity) + "\n")
-    if checks:
-        sys.stdout.write(render_checks(checks) + "\n")
+    if render_validity(verdict):
+        sys.stdout.write(render_validity(verdict) + "\n")
+    if verdict.checks:
+        sys.stdout.write(render_checks(verdict.checks) + "\n")
     sys.stdout.write(f"vllm-load: the run was stopped: {STATE.fatal}\n")
     sys.stdout.write(f"vllm-load: the run directory {col.plan.files.path} is incomplete (exit code {EXIT_OUTPUT})\n")
     sys.stdout.flush()
@@ -223,7 +215,7 @@ def _finish(environment: Any, col: Collector) -> None:
 
     _write_sweep(col)
     built = build(col.plan.files.path, junit=environment.parsed_options.junit)
-    code = STATE.fatal_code if STATE.fatal else built.code
+    code = STATE.fatal_code if STATE.fatal else built.verdict.exit_code
     exceptions = sum(row["count"] for row in environment.runner.exceptions.values())
     if code == EXIT_OK and exceptions:  # Locust's own rule, which our exit code would otherwise mask
         code = EXIT_ERRORS
@@ -239,8 +231,8 @@ def _finish(environment: Any, col: Collector) -> None:
     stopped = STATE.fatal or STATE.outage_stop
     if stopped:
         sys.stdout.write(f"vllm-load: the run was stopped: {stopped}\n")
-    elif render_validity(built.validity):
-        sys.stdout.write(render_validity(built.validity) + "\n")
+    elif render_validity(built.verdict):
+        sys.stdout.write(render_validity(built.verdict) + "\n")
     through_client = environment.runner.stats.total.num_requests
     if not built.summary["requests"] and through_client:
         sys.stdout.write(f"vllm-load: no self.llm request completed; the {through_client} requests Locust counted went "
@@ -248,8 +240,8 @@ def _finish(environment: Any, col: Collector) -> None:
     if exceptions:
         sys.stdout.write(f"vllm-load: user tasks raised {exceptions} exceptions (Locust's error report lists "
                          "them; the log shows each kind once)\n")
-    if built.checks:
-        sys.stdout.write(render_checks(built.checks) + "\n")
+    if built.verdict.checks:
+        sys.stdout.write(render_checks(built.verdict.checks) + "\n")
     from vllm_load.report.trackers import log_run  # --mlflow-uri, --wandb-project: what the directory holds
 
     for line in log_run(environment.parsed_options, col.plan.files.path):

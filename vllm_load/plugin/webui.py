@@ -97,9 +97,11 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
                 rows.append({"metric": "Server side", "count": "", "mean": "missing (no sidecar data yet)"})
             if slos:
                 from vllm_load.metrics.slo import evaluate
+                from vllm_load.metrics.verdict import word
 
+                # a live preview of the SLOs on the numbers so far; the run's verdict is judged once, at its end
                 for c in evaluate(slos, summary, summary.get("server")):
-                    rows.append({"metric": f"SLO {c.slo}", "count": "PASS" if c.passed else "FAIL", "mean": c.detail})
+                    rows.append({"metric": f"SLO {c.slo}", "count": word(c.passed), "mean": c.detail})
             if report_source():
                 rows.append({"metric": "Report of the last run", "count": "", "mean": "/vllm-load/report"})
             if summary["input_drift_requests"]:

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from vllm_load.metrics.verdict import Verdict, word
 from vllm_load.metrics.table import METRICS
 from vllm_load.report.console import fmt_number
 from vllm_load.rundir.files import Run, load_run
@@ -50,7 +51,11 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
     def kind(c: dict) -> str:
         return "the embedded EMULATOR" if c.get("target_is_emulator") else f"{c.get('host')} ({c.get('model')})"
 
-    def trust(run: Run) -> str:
+    def trust(run: Run) -> str:  # the run's own verdict (summary.json); a run not yet judged: its client's
+        verdict = Verdict.load(run.path)
+        if verdict is not None:
+            return f"untrustworthy: {verdict.trust.detail.removeprefix('UNTRUSTWORTHY: ')}" if verdict.distrusted \
+                else "trusted"
         client = run.summary.get("client") or {}
         return "untrustworthy: " + "; ".join(client.get("reasons", [])) if client.get("saturated") else "trusted"
 
@@ -106,10 +111,8 @@ def compare(a: Run, b: Run) -> dict[str, Any]:
 
 
 def _verdicts(run: Run) -> dict[str, bool]:
-    path = run.path / "summary.json"
-    if not path.exists():
-        return {}
-    return {c["slo"]: bool(c["passed"]) for c in json.loads(path.read_text()).get("slo", [])}
+    verdict = Verdict.load(run.path)
+    return {} if verdict is None else {c.slo: c.passed for c in verdict.checks}
 
 
 def _fmt(v: float | None) -> str:
@@ -117,7 +120,7 @@ def _fmt(v: float | None) -> str:
 
 
 def _verdict(v: bool | None) -> str:
-    return "-" if v is None else "PASS" if v else "FAIL"
+    return "-" if v is None else word(v)
 
 
 def render_markdown(c: dict) -> str:

@@ -22,14 +22,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from vllm_load.report.console import NAME_HEAD, columns, energy_line, name_rows, server_cells, spec_line, table_rows  # noqa: E402
 from vllm_load.metrics.histogram import Histogram  # noqa: E402
-from vllm_load.report.results import TRUST, finish  # noqa: E402
+from vllm_load.metrics.verdict import Verdict, word  # noqa: E402
+from vllm_load.report.results import finish  # noqa: E402
 from vllm_load.metrics.client_health import silent_workers  # noqa: E402
 from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.metrics.table import BY_KEY  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run, write_json  # noqa: E402
 from vllm_load.report.csv_export import llm_stats_csv  # noqa: E402
 from vllm_load.report.vllm_result import vllm_result  # noqa: E402
-from vllm_load.metrics.slo import Check, parse_slo_option  # noqa: E402
+from vllm_load.metrics.slo import parse_slo_option  # noqa: E402
 
 
 # -- plots -----------------------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def _table(head: list[str], rows: list[list[Any]]) -> str:
     return f"<table><tr>{th}</tr>{body}</table>"
 
 
-def render_html(run: Run, checks: list[Check], validity: list[Check] | None = None) -> str:
+def render_html(run: Run, verdict: Verdict) -> str:
     s = run.summary
     server = server_summary(run.server)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load {html.escape(run.path.name)}</title>"
@@ -155,20 +156,18 @@ def render_html(run: Run, checks: list[Check], validity: list[Check] | None = No
     if run.is_emulator:
         parts.append("<div class='banner' id='emulator-banner'><b>Target: the built-in vLLM EMULATOR</b>, "
                      "not a real vLLM server. These numbers describe the emulator's configured schedule.</div>")
-    bad = [c for c in validity or [] if not c.passed and c.slo != TRUST]
-    if bad:
+    if verdict.invalid:
         parts.append("<div class='banner' id='run-invalid'><b>Run invalid:</b> "
-                     + "<br>".join(html.escape(c.detail) for c in bad) + "</div>")
-    distrust = [c for c in validity or [] if not c.passed and c.slo == TRUST]
-    if distrust:  # the reasons stand in the client-health box below; here the verdict a gate reads
+                     + "<br>".join(html.escape(c.detail) for c in verdict.invalid) + "</div>")
+    if not verdict.trust.passed:  # the reasons stand in the client-health box below; here the verdict a gate reads
         parts.append("<div class='banner' id='run-untrustworthy'><b>Untrustworthy run (exit code 5):</b> the load "
                      "generator could not keep time or lost a worker; --allow-untrustworthy accepts it</div>")
-    if checks:
-        ok = all(c.passed for c in checks)
-        parts.append(f"<h2>SLO verdict: <span class='{'pass' if ok else 'fail'}' id='verdict'>{'PASS' if ok else 'FAIL'}</span></h2>")
+    if verdict.checks:
+        ok = bool(verdict.slo_passed)
+        parts.append(f"<h2>SLO verdict: <span class='{word(ok).lower()}' id='verdict'>{word(ok)}</span></h2>")
         parts.append(_table(["SLO", "result", "detail"], [[html.escape(c.slo),
-                     f"<span class='{'pass' if c.passed else 'fail'}'>{'PASS' if c.passed else 'FAIL'}</span>",
-                     html.escape(c.detail)] for c in checks]))
+                     f"<span class='{word(c.passed).lower()}'>{word(c.passed)}</span>",
+                     html.escape(c.detail)] for c in verdict.checks]))
     parts.append("<h2>Summary</h2>")
     parts.append(_table(["", ""], [
         ["target", html.escape(str(run.config.get("host")))], ["model", html.escape(str(run.config.get("model")))],
@@ -261,12 +260,10 @@ def _options_split(opts: dict) -> tuple[list, list]:
 
 
 class Built(NamedTuple):
-    """What ``build`` decided: the exit code, where the report is, and the checks behind the code."""
+    """What ``build`` decided: the run's verdict, where the report is, and what it was judged on."""
 
-    code: int
+    verdict: Verdict
     report: Path
-    checks: list[Check]
-    validity: list[Check]
     summary: dict
     server: dict | None
 
@@ -280,12 +277,11 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     title = f"vllm-load run {run.config.get('run_id')}" + (" (target: built-in EMULATOR)" if run.is_emulator else "")
     server = server_summary(run.server)
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
-    code, checks, validity = finish(run.path, run.summary, slos, server, title, junit, min_requests,
-                                    bool(opts.get("allow_untrustworthy")))
+    verdict = finish(run.path, run.summary, slos, server, title, junit, min_requests,
+                     bool(opts.get("allow_untrustworthy")))
     rd = RunDir(run.path)
     out = rd.report
-    out.write_text(render_html(run, checks, validity))
+    out.write_text(render_html(run, verdict))
     write_json(rd.vllm_result, vllm_result(run, detailed=bool(opts.get("save_detailed"))), indent=1)
     rd.llm_csv.write_text(llm_stats_csv(run.summary))
-    return Built(code, out, checks, validity, run.summary, server)
-
+    return Built(verdict, out, run.summary, server)

@@ -11,19 +11,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from vllm_load.metrics.slo import evaluate, parse_slo_option  # noqa: E402
+from vllm_load.metrics.slo import parse_slo_option  # noqa: E402
+from vllm_load.metrics.verdict import Verdict, judge, word  # noqa: E402
 from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.report.html import _CSS, _png, _table  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
 
 
 def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[bool | None]:
-    """Per run: True/False when it has SLOs (its own, or ``slo_texts``), None when it has none."""
+    """Per run: True/False when it has SLOs, None when it has none: the verdict its summary.json keeps, or, with
+    ``slo_texts`` (other SLOs than the runs were judged on), judged anew."""
     out: list[bool | None] = []
     for r in runs:
-        slos = parse_slo_option(slo_texts or r.slo_texts)
-        checks = evaluate(slos, r.summary, server_summary(r.server))
-        out.append(all(c.passed for c in checks) if checks else None)
+        verdict = None if slo_texts else Verdict.load(r.path)
+        if verdict is None:
+            verdict = judge(r.summary, parse_slo_option(slo_texts or r.slo_texts), server_summary(r.server))
+        out.append(verdict.slo_passed)
     return out
 
 
@@ -52,7 +55,7 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
                      f"{r.summary['output_token_rate']:.1f}", ms("ttft", "mean"), ms("ttft", "p99"), ms("itl", "p99"),
                      ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%",
                      "" if pre is None else f"{pre:g}", "" if hit is None else f"{hit * 100:.1f}%", r.summary["failed"],
-                     "" if verdict is None else ("PASS" if verdict else "FAIL")])
+                     "" if verdict is None else word(verdict)])
     passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
     best = (f"Largest {level} meeting every SLO: {max(passing)}" if passing
             else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")

@@ -11,6 +11,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from vllm_load.metrics.verdict import Verdict
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 
 
@@ -97,11 +98,11 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
         v = m.get(key) or {}
         return v.get(stat) if v.get("count") else None
 
-    missed = tuple(f"{c['slo']} ({c['detail']})" for c in data.get("slo", []) if not c["passed"])
-    invalid = "; ".join(c["detail"] for c in data.get("validity", []) if not c["passed"])
-    trust = (data.get("trust") or {}).get("detail", "")
-    untrustworthy = trust.removeprefix("UNTRUSTWORTHY: ").removesuffix(" (accepted with --allow-untrustworthy)") \
-        if trust.startswith("UNTRUSTWORTHY") else ""
+    verdict = Verdict.from_json(data)  # the probe run's own, as its summary.json keeps it
+    missed = tuple(f"{c.slo} ({c.detail})" for c in verdict.checks if not c.passed)
+    invalid = "; ".join(c.detail for c in verdict.validity if not c.passed)
+    untrustworthy = verdict.trust.detail.removeprefix("UNTRUSTWORTHY: ").removesuffix(
+        " (accepted with --allow-untrustworthy)") if verdict.distrusted else ""
     return Probe(level=level, passed=code == 0, code=code, run_dir=str(run_dir), request_rate=s["request_rate"],
                  output_token_rate=s["output_token_rate"],
                  goodput=s.get("goodput") if s.get("goodput") is not None else s["request_rate"],

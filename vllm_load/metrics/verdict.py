@@ -1,0 +1,209 @@
+"""A run's verdict, decided once: its SLO checks, its validity checks (the trust check last) and its exit code, kept
+in ``summary.json`` and rendered by every medium (console, summary.md, JUnit, report, web UI, sweep, compare, tune),
+none of which judges again. "PASS" and "FAIL" are spelled here only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_load.errors import EXIT_ERRORS, EXIT_INVALID, EXIT_OK, EXIT_SLO_MISS, EXIT_UNTRUSTWORTHY
+from vllm_load.metrics.client_health import ADVICE, emulator_finding, silent_workers
+from vllm_load.metrics.slo import SLO, Check, evaluate
+from vllm_load.metrics.summary import RunSummary
+
+PASS, FAIL = "PASS", "FAIL"
+
+
+def word(passed: bool) -> str:
+    """How every medium writes a check's result."""
+    return PASS if passed else FAIL
+
+
+#: Share of requests whose prompt length may differ from what was asked before the run is invalid
+#: (a wrong tokenizer drifts on nearly every request; a right one on none: 0 of 17,856 measured).
+DRIFT_LIMIT = 0.01
+
+
+def validity_checks(summary: RunSummary, slos: list[SLO], min_requests: int = 1) -> list[Check]:
+    """What must hold for the numbers to mean anything, SLOs or not: the run measured something, and
+    it measured the prompts it meant to send. An ``input_drift`` SLO replaces the default drift check."""
+    out: list[Check] = []
+    if min_requests > 0:
+        ok = summary["succeeded"]
+        if ok >= min_requests:
+            detail = f"{ok} requests succeeded"
+        elif not summary["requests"]:
+            detail = f"no request completed: the run measured nothing (--min-requests {min_requests})"
+            ready, processes = summary.get("processes_ready"), summary.get("processes")
+            if ready is not None and processes and ready < processes:
+                detail += (f"; only {ready} of its {processes} load processes were ready when it ended (each loads "
+                           "the tokenizer and fills its prompt pools first, and the schedule starts once all are): "
+                           "give the run longer (-t), or fewer processes on these cores")
+        else:
+            detail = (f"only {ok} of {summary['requests']} requests succeeded: the run measured "
+                      f"{'nothing' if not ok else 'too little'} (--min-requests {min_requests})")
+        out.append(Check(f"requests succeeded >= {min_requests}", float(ok), ok >= min_requests, detail))
+    if not any(s.metric == "input_drift" for s in slos):
+        measured = summary["succeeded"] - summary["usage_missing"]
+        drifted = summary["input_drift_requests"]
+        share = drifted / measured if measured else 0.0
+        passed = share <= DRIFT_LIMIT
+        detail = f"{drifted} of {measured} requests with server usage drifted"
+        if not passed:
+            detail = (f"{drifted} of {measured} requests ({share:.1%}) had a prompt length other than asked (max "
+                      f"{summary['input_drift_max_abs']} tokens): the tokenizer does not match the server's: pass "
+                      "--tokenizer with the server's own (or --slo 'input_drift<=100%' to accept drift)")
+        out.append(Check(f"prompt-length drift <= {DRIFT_LIMIT:.0%} of requests", share, passed, detail))
+    return out
+
+
+#: the trust check's name (a JUnit test case of class vllm_load.run, beside the validity checks)
+TRUST = "the load generator kept time (trustworthy)"
+
+
+def judge_emulator(summary: dict, server: dict | None) -> None:
+    """The embedded emulator's own lateness (``server``: the sidecar's window of its chunks and late chunks) joins
+    the client's verdict (``summary["client"]``): a starved emulator disowns the run's numbers as a starved client
+    would, and every medium says so."""
+    said, severe = emulator_finding((server or {}).get("emulator_chunks"), (server or {}).get("emulator_late_chunks"))
+    if not said:
+        return
+    client = summary.setdefault("client", {})
+    if severe:
+        client.update(saturated=True, reasons=[said, *(client.get("reasons") or [])], cause="emulator",
+                      advice=ADVICE["emulator"])
+    else:
+        client["notes"] = [*(client.get("notes") or []), said]
+
+
+def trust_check(summary: dict, allow: bool = False) -> Check:
+    """Can the numbers be trusted to describe the server? Not when the client could not keep time
+    (``summary["client"]``, with the embedded emulator's own lateness: ``judge_emulator``) or a worker was lost
+    mid-run; ``allow`` (--allow-untrustworthy) accepts such a run, and says so."""
+    client = summary.get("client") or {}
+    reasons = list(client.get("reasons") or [])
+    lost = summary.get("workers_lost") or []
+    if lost:
+        at = summary.get("workers_lost_at") or {}
+        named = ", ".join(w if w not in at else f"{w} (never reported)" if at[w] is None
+                          else f"{w} (last report {at[w]:.1f} s into the run)" for w in lost)
+        reasons.append(f"worker(s) lost mid-run, their requests after their last report missing here: {named}")
+    silent = silent_workers(summary)
+    if silent:
+        reasons.append(silent)
+    if not reasons:
+        return Check(TRUST, 1.0, True, "the load generator kept time" + (
+            f" ({len(client['notes'])} note(s): {'; '.join(client['notes'])})" if client.get("notes") else ""))
+    if client.get("reasons"):
+        cause, advice = client.get("cause"), client.get("advice")
+    elif lost:
+        cause, advice = "lost", "see why the worker stopped reporting (its log)"
+    else:
+        cause, advice = "silent", ("a worker's loop was held for seconds (a blocking call in a task, or a host too busy "
+                                   "to run it): see its log, or run the load on a quieter host")
+    detail = f"UNTRUSTWORTHY: {'; '.join(reasons)}. Cause: {cause}: {advice}"
+    if allow:
+        detail += " (accepted with --allow-untrustworthy)"
+    return Check(TRUST, 0.0, allow, detail)
+
+
+def exit_code(summary: dict, checks: list[Check], slos: list[SLO], validity: list[Check] | None = None,
+              trust: Check | None = None) -> int:
+    """4 when the run is invalid (measured nothing, or the wrong prompts); 5 when it is untrustworthy (and not
+    accepted); 3 when an SLO is missed; else 1 when a request failed (unless an error_rate SLO governs); else 0."""
+    if validity and any(not c.passed for c in validity):
+        return EXIT_INVALID
+    if trust is not None and not trust.passed:
+        return EXIT_UNTRUSTWORTHY
+    if any(not c.passed for c in checks):
+        return EXIT_SLO_MISS
+    if summary["failed"] and not any(s.metric in ("error_rate", "goodput", "good_request_fraction") for s in slos):
+        return EXIT_ERRORS
+    return EXIT_OK
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a run (or a sweep step) was judged: ``checks`` the SLOs, ``validity`` what must hold for its numbers to
+    mean anything (the trust check last), ``exit_code`` what a gate reads."""
+
+    checks: tuple[Check, ...]
+    validity: tuple[Check, ...]
+    exit_code: int
+
+    @property
+    def slo_passed(self) -> bool | None:
+        """True or False when the run has SLOs, None when it has none."""
+        return all(c.passed for c in self.checks) if self.checks else None
+
+    @property
+    def trust(self) -> Check:
+        return self.validity[-1]
+
+    @property
+    def valid(self) -> bool:
+        return all(c.passed for c in self.validity)
+
+    @property
+    def invalid(self) -> list[Check]:
+        """The failed validity checks other than trust: the run measured nothing, or the wrong prompts."""
+        return [c for c in self.validity if not c.passed and c.slo != TRUST]
+
+    @property
+    def untrustworthy(self) -> str:
+        """Why the run's numbers cannot be trusted ('' when they can, or when --allow-untrustworthy accepted them)."""
+        t = self.trust
+        return "" if t.passed else t.detail.removeprefix("UNTRUSTWORTHY: ")
+
+    @property
+    def distrusted(self) -> bool:
+        """The trust check found a reason, accepted or not (its detail says so either way)."""
+        return self.trust.detail.startswith("UNTRUSTWORTHY")
+
+    def to_json(self) -> dict[str, Any]:
+        """``summary.json``'s verdict keys (format unchanged since they were first written)."""
+        passed = self.slo_passed
+        return {"exit_code": self.exit_code, "slo": [c.to_json() for c in self.checks],
+                "validity": [c.to_json() for c in self.validity], "valid": self.valid, "trust": self.trust.to_json(),
+                "verdict": None if passed is None else ("pass" if passed else "fail")}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Verdict":
+        validity = tuple(Check(**c) for c in data.get("validity") or [])
+        if not validity or validity[-1].slo != TRUST:  # an older summary.json: its trust check stood apart
+            validity += (Check(**data["trust"]) if data.get("trust") else Check(TRUST, 1.0, True, ""),)
+        return cls(tuple(Check(**c) for c in data.get("slo") or []), validity, int(data.get("exit_code", 0)))
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> "Verdict | None":
+        """The verdict a run directory's ``summary.json`` keeps (None before the run's end wrote it)."""
+        import json
+
+        path = Path(run_dir) / "summary.json"
+        try:
+            return cls.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+
+def judge(summary: dict, slos: list[SLO], server: dict | None = None, min_requests: int = 1,
+          allow_untrustworthy: bool = False) -> Verdict:
+    """The one place a run is judged (``judge_emulator`` adds the emulator's lateness to ``summary`` first)."""
+    checks = evaluate(slos, summary, server)
+    validity = validity_checks(summary, slos, min_requests)
+    judge_emulator(summary, server)
+    trust = trust_check(summary, allow_untrustworthy)
+    return Verdict(tuple(checks), (*validity, trust), exit_code(summary, checks, slos, validity, trust))
+
+
+def render_checks(checks: list[Check] | tuple[Check, ...]) -> str:
+    """The SLO verdict on the console: its word, then one line per SLO."""
+    if not checks:
+        return ""
+    width = max(len(c.slo) for c in checks)
+    lines = ["SLO verdict: " + word(all(c.passed for c in checks))]
+    for c in checks:
+        lines.append(f"  {word(c.passed)}  {c.slo.ljust(width)}  {c.detail}")
+    return "\n".join(lines)
