@@ -8,8 +8,11 @@ succeeds and vllm-load reads sockets in Python (``vllm-load native`` says which 
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("vllm_load.client._rxnative", ["vllm_load/client/_rxnative.c", "vllm_load/client/_sse.c"],
-                             depends=["vllm_load/client/_sse.h"], extra_compile_args=["-O2", "-std=gnu11"],
+setup(ext_modules=[Extension("vllm_load.client._rxnative", [f"vllm_load/client/{f}.c" for f in (
+                                 "_rxnative", "_rx_body", "_rx_thread", "_sse", "_json_scan")],
+                             depends=["vllm_load/client/_rx.h", "vllm_load/client/_sse.h",
+                                      "vllm_load/client/_json_scan.h"],
+                             extra_compile_args=["-O2", "-std=gnu11", "-fvisibility=hidden"],
                              optional=True),
                   Extension("vllm_load.metrics._hdrnative", ["vllm_load/metrics/_hdrnative.c"],
                             extra_compile_args=["-O2", "-std=gnu11"], optional=True)])

@@ -1,4 +1,4 @@
-"""The native receive thread (``_rxnative.c``, with ``_sse.c``): its typed boundary. Python reads it only
+"""The native receive thread (``_rxnative.c``, ``_rx_thread.c``, ``_rx_body.c``, with ``_sse.c``): its typed boundary. Python reads it only
 through ``client/native.py`` (the hub) and ``client/direct.py`` (sends, heads); a body's parsed SSE comes
 back as the positional tuple ``sse.Parsed`` names, in one place (``StreamState.absorb``)."""
 

@@ -13,45 +13,14 @@
  * then raises or parses as it always did. The JSON is validated as orjson validates it (UTF-8, control
  * characters, surrogate escapes, number grammar, infinities) before anything of the line is kept.
  */
-#include "_sse.h"
+#include "_json_scan.h"
 
-#include <locale.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DEPTH 64 /* deeper JSON is left to Python (orjson allows 1,024) */
-
-enum { P_OK = 0, P_NO = 1, P_MEM = -1 }; /* parsed / leave the line to Python / out of memory */
-
-/* JSON's numbers read in the C locale, whatever locale a user's locustfile set (a decimal comma would end
- * "1.5e400" at its point) */
-static locale_t c_numeric;
-static pthread_once_t c_numeric_once = PTHREAD_ONCE_INIT;
-
-static void make_c_numeric(void) {
-    c_numeric = newlocale(LC_NUMERIC_MASK, "C", (locale_t)0);
-}
-
-static int buf_add(sse_buf *b, const char *p, size_t n) {
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n)
-            cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q)
-            return P_MEM;
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, p, n);
-    b->len += n;
-    return P_OK;
-}
-
 sse_state *sse_new(double start_wall) {
-    pthread_once(&c_numeric_once, make_c_numeric);
+    js_init();
     sse_state *st = calloc(1, sizeof(sse_state));
     if (st) {
         st->start_wall = start_wall;
@@ -73,304 +42,6 @@ void sse_free(sse_state *st) {
     free(st);
 }
 
-/* ---- a validating JSON scanner over one line ---- */
-
-typedef struct {
-    const unsigned char *p, *end;
-    int depth;
-} cur_t;
-
-static void ws(cur_t *c) {
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r'))
-        c->p++;
-}
-
-static int hex4(const unsigned char *p, unsigned *v) {
-    unsigned x = 0;
-    for (int i = 0; i < 4; i++) {
-        unsigned char h = p[i];
-        x <<= 4;
-        if (h >= '0' && h <= '9')
-            x |= h - '0';
-        else if (h >= 'a' && h <= 'f')
-            x |= h - 'a' + 10;
-        else if (h >= 'A' && h <= 'F')
-            x |= h - 'A' + 10;
-        else
-            return 0;
-    }
-    *v = x;
-    return 1;
-}
-
-static int put_utf8(sse_buf *out, unsigned cp) {
-    char b[4];
-    size_t n;
-    if (cp < 0x80) {
-        b[0] = (char)cp;
-        n = 1;
-    } else if (cp < 0x800) {
-        b[0] = (char)(0xC0 | (cp >> 6));
-        b[1] = (char)(0x80 | (cp & 0x3F));
-        n = 2;
-    } else if (cp < 0x10000) {
-        b[0] = (char)(0xE0 | (cp >> 12));
-        b[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        b[2] = (char)(0x80 | (cp & 0x3F));
-        n = 3;
-    } else {
-        b[0] = (char)(0xF0 | (cp >> 18));
-        b[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-        b[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        b[3] = (char)(0x80 | (cp & 0x3F));
-        n = 4;
-    }
-    return buf_add(out, b, n);
-}
-
-/* the length of a valid UTF-8 sequence at p (no overlongs, no surrogates, at most U+10FFFF), 0 if invalid */
-static size_t utf8_len(const unsigned char *p, const unsigned char *end) {
-    unsigned char c = p[0];
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF)
-        n = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
-        n = 3;
-        if (c == 0xE0)
-            lo = 0xA0;
-        else if (c == 0xED)
-            hi = 0x9F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        n = 4;
-        if (c == 0xF0)
-            lo = 0x90;
-        else if (c == 0xF4)
-            hi = 0x8F;
-    } else
-        return 0;
-    if ((size_t)(end - p) < n)
-        return 0;
-    if (p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t i = 2; i < n; i++)
-        if (p[i] < 0x80 || p[i] > 0xBF)
-            return 0;
-    return n;
-}
-
-/* a string at c->p (its opening quote); its decoded UTF-8 appended to out when out is not NULL */
-static int string(cur_t *c, sse_buf *out) {
-    const unsigned char *p = c->p + 1, *end = c->end;
-    while (p < end) {
-        const unsigned char *run = p;
-        while (p < end && *p >= 0x20 && *p < 0x80 && *p != '"' && *p != '\\')
-            p++;
-        if (out && p > run && buf_add(out, (const char *)run, (size_t)(p - run)))
-            return P_MEM;
-        if (p >= end)
-            return P_NO;
-        unsigned char ch = *p;
-        if (ch == '"') {
-            c->p = p + 1;
-            return P_OK;
-        }
-        if (ch < 0x20)
-            return P_NO; /* orjson: unexpected control character in string */
-        if (ch >= 0x80) {
-            size_t n = utf8_len(p, end);
-            if (!n)
-                return P_NO;
-            if (out && buf_add(out, (const char *)p, n))
-                return P_MEM;
-            p += n;
-            continue;
-        }
-        /* an escape */
-        if (p + 1 >= end)
-            return P_NO;
-        unsigned char e = p[1];
-        char one;
-        switch (e) {
-        case '"': one = '"'; break;
-        case '\\': one = '\\'; break;
-        case '/': one = '/'; break;
-        case 'b': one = '\b'; break;
-        case 'f': one = '\f'; break;
-        case 'n': one = '\n'; break;
-        case 'r': one = '\r'; break;
-        case 't': one = '\t'; break;
-        case 'u': {
-            unsigned cp, lo;
-            if (end - p < 6 || !hex4(p + 2, &cp))
-                return P_NO;
-            p += 6;
-            if (cp >= 0xDC00 && cp <= 0xDFFF)
-                return P_NO; /* a low surrogate first */
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || !hex4(p + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF)
-                    return P_NO; /* no low surrogate after a high one */
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                p += 6;
-            }
-            if (out && put_utf8(out, cp))
-                return P_MEM;
-            continue;
-        }
-        default:
-            return P_NO;
-        }
-        if (out && buf_add(out, &one, 1))
-            return P_MEM;
-        p += 2;
-    }
-    return P_NO;
-}
-
-/* a number; *iv set and *is_int 1 when it is an integer of at most 18 digits (a Python int for certain) */
-static int number(cur_t *c, long long *iv, int *is_int) {
-    const unsigned char *p = c->p, *end = c->end, *start = p;
-    int neg = 0, frac = 0, digits = 0;
-    long long v = 0;
-    if (p < end && *p == '-') {
-        neg = 1;
-        p++;
-    }
-    if (p >= end || *p < '0' || *p > '9')
-        return P_NO;
-    if (*p == '0') {
-        p++;
-        digits = 1;
-        if (p < end && *p >= '0' && *p <= '9')
-            return P_NO; /* a leading zero */
-    } else {
-        while (p < end && *p >= '0' && *p <= '9') {
-            if (digits < 18)
-                v = v * 10 + (*p - '0');
-            digits++;
-            p++;
-        }
-    }
-    if (p < end && *p == '.') {
-        frac = 1;
-        p++;
-        if (p >= end || *p < '0' || *p > '9')
-            return P_NO;
-        while (p < end && *p >= '0' && *p <= '9')
-            p++;
-    }
-    if (p < end && (*p == 'e' || *p == 'E')) {
-        frac = 1;
-        p++;
-        if (p < end && (*p == '+' || *p == '-'))
-            p++;
-        if (p >= end || *p < '0' || *p > '9')
-            return P_NO;
-        while (p < end && *p >= '0' && *p <= '9')
-            p++;
-    }
-    c->p = p;
-    *is_int = !frac && digits <= 18;
-    *iv = neg ? -v : v;
-    if (frac || digits > 18) { /* orjson refuses a number that is infinite as a double */
-        char tmp[512];
-        size_t n = (size_t)(p - start);
-        if (n >= sizeof tmp)
-            return P_NO;
-        memcpy(tmp, start, n);
-        tmp[n] = 0;
-        if (!c_numeric || isinf(strtod_l(tmp, NULL, c_numeric)))
-            return P_NO;
-    }
-    return P_OK;
-}
-
-static int literal(cur_t *c, const char *word) {
-    size_t n = strlen(word);
-    if ((size_t)(c->end - c->p) < n || memcmp(c->p, word, n) != 0)
-        return P_NO;
-    c->p += n;
-    return P_OK;
-}
-
-static int skip_value(cur_t *c);
-
-/* a container's opening bracket (open) at c->p, taken with the space after it; *more: it is not empty (an
- * empty one is taken whole) */
-static int open_bracket(cur_t *c, unsigned char open, int *more) {
-    unsigned char close = open == '{' ? '}' : ']';
-    if (c->p >= c->end || *c->p != open)
-        return P_NO;
-    if (++c->depth > MAX_DEPTH)
-        return P_NO;
-    c->p++;
-    ws(c);
-    *more = !(c->p < c->end && *c->p == close);
-    if (!*more) {
-        c->p++;
-        c->depth--;
-    }
-    return P_OK;
-}
-
-/* after a member or an element: a comma (*more: another follows) or the closing bracket (taken) */
-static int next_in(cur_t *c, unsigned char close, int *more) {
-    ws(c);
-    if (c->p >= c->end)
-        return P_NO;
-    if (*c->p == ',') {
-        c->p++;
-        ws(c);
-        *more = 1;
-        return P_OK;
-    }
-    if (*c->p != close)
-        return P_NO;
-    c->p++;
-    c->depth--;
-    *more = 0;
-    return P_OK;
-}
-
-/* an object or array whose opening bracket is at c->p, validated and skipped */
-static int skip_container(cur_t *c) {
-    unsigned char close = *c->p == '{' ? '}' : ']';
-    int object = close == '}', more, rc;
-    if ((rc = open_bracket(c, *c->p, &more)))
-        return rc;
-    while (more) {
-        if (object) {
-            if (c->p >= c->end || *c->p != '"')
-                return P_NO;
-            if ((rc = string(c, NULL)))
-                return rc;
-            ws(c);
-            if (c->p >= c->end || *c->p != ':')
-                return P_NO;
-            c->p++;
-            ws(c);
-        }
-        if ((rc = skip_value(c)) || (rc = next_in(c, close, &more)))
-            return rc;
-    }
-    return P_OK;
-}
-
-static int skip_value(cur_t *c) {
-    if (c->p >= c->end)
-        return P_NO;
-    long long iv;
-    int is_int;
-    switch (*c->p) {
-    case '"': return string(c, NULL);
-    case '{':
-    case '[': return skip_container(c);
-    case 't': return literal(c, "true");
-    case 'f': return literal(c, "false");
-    case 'n': return literal(c, "null");
-    default: return number(c, &iv, &is_int);
-    }
-}
 
 /* ---- the fields of one line ---- */
 
@@ -390,7 +61,7 @@ static int key(cur_t *c, const char *const *names, int *k) {
     if (c->p >= c->end || *c->p != '"')
         return P_NO;
     const unsigned char *start = c->p + 1;
-    int rc = string(c, NULL);
+    int rc = js_string(c, NULL);
     if (rc)
         return rc;
     size_t n = (size_t)(c->p - 1 - start);
@@ -403,21 +74,21 @@ static int key(cur_t *c, const char *const *names, int *k) {
             break;
         }
     }
-    ws(c);
+    js_ws(c);
     if (c->p >= c->end || *c->p != ':')
         return P_NO;
     c->p++;
-    ws(c);
+    js_ws(c);
     return P_OK;
 }
 
 /* an object's members: call at its '{'; *more tells whether a member follows */
 static int obj_open(cur_t *c, int *more) {
-    return open_bracket(c, '{', more);
+    return js_open_bracket(c, '{', more);
 }
 
 static int obj_next(cur_t *c, int *more) {
-    return next_in(c, '}', more);
+    return js_next_in(c, '}', more);
 }
 
 static int is_null(cur_t *c) {
@@ -430,7 +101,7 @@ static int int_value(cur_t *c, long long *v) {
     int is_int;
     if (c->p >= c->end || *c->p < '0' || *c->p > '9')
         return P_NO;
-    int rc = number(c, v, &is_int);
+    int rc = js_number(c, v, &is_int);
     return rc ? rc : (is_int ? P_OK : P_NO);
 }
 
@@ -444,7 +115,7 @@ static int str_or_null(cur_t *c, sse_buf *out, int *present) {
     if (c->p >= c->end || *c->p != '"')
         return P_NO;
     *present = 1;
-    return string(c, out);
+    return js_string(c, out);
 }
 
 typedef int (*member_fn)(cur_t *c, line_t *L, int k);
@@ -472,7 +143,7 @@ static int members(cur_t *c, line_t *L, const char *const *names, int nullable, 
             seen |= 1u << k;
             rc = on(c, L, k);
         } else {
-            rc = skip_value(c);
+            rc = js_skip_value(c);
         }
         if (rc)
             return rc;
@@ -555,14 +226,14 @@ static int choices(cur_t *c, line_t *L) {
         c->p += 4;
         return P_OK;
     }
-    int more, rc = open_bracket(c, '[', &more);
+    int more, rc = js_open_bracket(c, '[', &more);
     if (rc || !more)
         return rc;
     rc = members(c, L, CHOICE, 0, NULL, choice_member);
     if (rc)
         return rc;
     L->nchoices = 1;
-    ws(c);
+    js_ws(c);
     if (c->p >= c->end || *c->p != ']')
         return P_NO; /* several choices (n > 1): Python's */
     c->p++;
@@ -587,7 +258,7 @@ static int top(cur_t *c, line_t *L) {
     int rc = members(c, L, TOP, 0, NULL, top_member);
     if (rc)
         return rc;
-    ws(c);
+    js_ws(c);
     return c->p == c->end ? P_OK : P_NO;
 }
 
@@ -648,7 +319,7 @@ static double offset_of(const sse_state *st, int64_t ns) {
 static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
     int rc;
     if (!st->has_id && L->id_str) {
-        if ((rc = buf_add(&st->id, L->id.p ? L->id.p : "", L->id.len)))
+        if ((rc = sse_buf_add(&st->id, L->id.p ? L->id.p : "", L->id.len)))
             return rc;
         st->has_id = 1;
     }
@@ -676,15 +347,15 @@ static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
         if (L->delta_truthy) {
             /* content or "", then reasoning_content or reasoning or "" */
             sse_buf *reasoning = L->reasoning_content.len ? &L->reasoning_content : &L->reasoning;
-            if (L->content.len && (rc = buf_add(&st->content, L->content.p, L->content.len)))
+            if (L->content.len && (rc = sse_buf_add(&st->content, L->content.p, L->content.len)))
                 return rc;
-            if (reasoning->len && (rc = buf_add(&st->reasoning, reasoning->p, reasoning->len)))
+            if (reasoning->len && (rc = sse_buf_add(&st->reasoning, reasoning->p, reasoning->len)))
                 return rc;
             text = L->content.len ? &L->content : reasoning;
             answer = L->content.len > 0; /* tool calls, an answer too, are Python's */
         } else {
             text = &L->text;
-            if (text->len && (rc = buf_add(&st->content, text->p, text->len)))
+            if (text->len && (rc = sse_buf_add(&st->content, text->p, text->len)))
                 return rc;
             answer = text->len > 0;
         }
@@ -692,11 +363,11 @@ static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
             st->has_answer = 1;
             st->answer_at = offset_of(st, stamp_ns);
         }
-        if (text->len && (rc = buf_add(&st->text, text->p, text->len)))
+        if (text->len && (rc = sse_buf_add(&st->text, text->p, text->len)))
             return rc;
         if (L->finish.len) {
             st->finish.len = 0;
-            if ((rc = buf_add(&st->finish, L->finish.p, L->finish.len)))
+            if ((rc = sse_buf_add(&st->finish, L->finish.p, L->finish.len)))
                 return rc;
         }
         if (!have_new)
