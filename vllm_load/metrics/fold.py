@@ -6,10 +6,12 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
+import bisect
 
 import numpy as np
 
 from vllm_load.client.record import RequestRecord
+from vllm_load.metrics.histogram import Histogram
 
 
 @dataclass
@@ -56,3 +58,70 @@ def gaps(c: Chunks, ok: np.ndarray) -> tuple[np.ndarray, ...]:
     itl_n = np.concatenate([c.toks[f] - 1, n[keep]])
     itl_rec = np.concatenate([c.rec_of[f], c.rec_of[j][keep]])
     return gaps, itl, itl_n, itl_rec
+
+def _phase_gaps(recs: list[RequestRecord]) -> tuple[list[float], list[float]]:
+    """The chunk gaps of reasoning requests within their thinking and within their answer (the gap that crosses
+    from one to the other is in neither); nothing for requests that did not reason."""
+    thinking: list[float] = []
+    answering: list[float] = []
+    for r in recs:
+        if r.reasoning_tokens is None:
+            continue
+        o = r.chunk_offsets
+        k = bisect.bisect_left(o, r.ttfo) if r.ttfo is not None else len(o)
+        thinking += [o[i] - o[i - 1] for i in range(1, k)]
+        answering += [o[i] - o[i - 1] for i in range(k + 1, len(o))]
+    return thinking, answering
+
+
+def record(hists: dict[str, Histogram], windows: dict | None, tokens_per_second: Counter | None,
+           recs: list[RequestRecord], window_s: int = 10) -> None:
+    """Record a batch of finished requests: every histogram the metric table names, vectorised over the batch; with
+    ``windows``/``tokens_per_second`` (a run's totals, not a name's group) the per-window histograms of each
+    ``window_s`` of request starts and the output tokens of each wall second."""
+    h = hists
+    h["send_lag"].record_many([r.send_lag for r in recs if r.send_lag is not None and not r.startup])
+    h["send_lag_startup"].record_many([r.send_lag for r in recs if r.send_lag is not None and r.startup])
+    chunks = Chunks.of(recs)
+    starts = np.array([r.start for r in recs])
+    if tokens_per_second is not None:
+        per_second(tokens_per_second, starts, chunks)
+    ok_mask = np.array([r.ok for r in recs], dtype=bool)
+    ok = [r for r in recs if r.ok]
+    if not ok:
+        return
+    h["e2e"].record_many([r.e2e for r in ok])
+    h["ttft"].record_many([r.ttft for r in ok if r.ttft is not None])
+    h["ttfo"].record_many([r.ttfo for r in ok if r.ttfo is not None])
+    h["reasoning_tokens"].record_many([r.reasoning_tokens for r in ok if r.reasoning_tokens is not None])
+    thinking, answering = _phase_gaps(ok)
+    h["itl_reasoning"].record_many(thinking)
+    h["itl_answer"].record_many(answering)
+    h["tpot"].record_many([t for r in ok if (t := r.tpot) is not None])
+    h["output_tps"].record_many([t for r in ok if (t := r.output_tps) is not None])
+    h["input_tokens"].record_many([r.input_tokens for r in ok if r.input_tokens is not None])
+    h["output_tokens"].record_many([r.output_tokens for r in ok if r.output_tokens is not None])
+    chunk_gaps, itl, itl_n, itl_rec = gaps(chunks, ok_mask)
+    h["itl"].record_many(chunk_gaps)
+    h["itl_token"].record_many(itl, itl_n)
+    if windows is None:
+        return
+    # per window (by request start): e2e and ttft of each ok request, itl of each of its tokens
+    e2e = np.array([r.e2e for r in recs])
+    ttft = np.array([np.nan if r.ttft is None else r.ttft for r in recs])
+    win_of = (starts // window_s).astype(np.int64) * window_s
+    for w in np.unique(win_of[ok_mask]).tolist():
+        mine = ok_mask & (win_of == w)
+        in_win = mine[itl_rec]
+        for metric, values, weights in (
+            ("e2e", e2e[mine], None),
+            ("ttft", ttft[mine & ~np.isnan(ttft)], None),
+            ("itl_token", itl[in_win], itl_n[in_win]),
+        ):
+            if not values.size:
+                continue
+            win = windows[w]
+            hist = win.get(metric)
+            if hist is None:
+                hist = win[metric] = Histogram()
+            hist.record_many(values, weights)

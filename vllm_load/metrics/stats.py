@@ -7,18 +7,15 @@ counters, per-second counts), so the master's totals equal the union of all work
 
 from __future__ import annotations
 
-import bisect
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from vllm_load.metrics import outages
 from vllm_load.metrics.error_kinds import MAX_KINDS, OTHER, error_kind
-from vllm_load.metrics.histogram import PERCENTILES, Histogram, percentile_key
+from vllm_load.metrics.histogram import PERCENTILES, Histogram
 from vllm_load.metrics import fold as folding
-from vllm_load.metrics.summary import RunSummary
+from vllm_load.metrics.summary import (  # noqa: F401  (upgrade_summary: where readers found it first)
+    NAMES_VERSION, RunSummary, summarise, upgrade_summary, upgrade_wire)
 from vllm_load.metrics.table import METRICS
 from vllm_load.client.record import RequestRecord
 
@@ -28,60 +25,14 @@ WINDOW_S = 10
 #: Windows this much older than the newest are packed (a late request still unpacks its window).
 PACK_AFTER_S = 60
 WINDOW_METRICS = ("ttft", "itl_token", "e2e")
-#: the wire's metric names: 2 since itl means the per-chunk gap (vLLM's) and itl_token the per-token one
-NAMES_VERSION = 2
-#: metric keys before that: the old name -> today's
-_OLD_NAMES = {"itl": "itl_token", "itl_chunk": "itl"}
 #: distinct name= groups kept apart (each holds ~10 histograms); further names share one group, as a
 #: locustfile naming every request uniquely would otherwise grow memory without bound
 MAX_NAMES = 100
 OTHER_NAMES = "(other names)"
 
 
-def name_order(name: str) -> list:
-    """'turn 2' before 'turn 10': digits compare as numbers."""
-    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
-
-
-def _phase_gaps(recs: list[RequestRecord]) -> tuple[list[float], list[float]]:
-    """The chunk gaps of reasoning requests within their thinking and within their answer (the gap that crosses
-    from one to the other is in neither); nothing for requests that did not reason."""
-    thinking: list[float] = []
-    answering: list[float] = []
-    for r in recs:
-        if r.reasoning_tokens is None:
-            continue
-        o = r.chunk_offsets
-        k = bisect.bisect_left(o, r.ttfo) if r.ttfo is not None else len(o)
-        thinking += [o[i] - o[i - 1] for i in range(1, k)]
-        answering += [o[i] - o[i - 1] for i in range(k + 1, len(o))]
-    return thinking, answering
-
-
 def _new_hists() -> dict[str, Histogram]:
     return {m.key: Histogram(scale=m.hist_scale) for m in METRICS}
-
-
-def upgrade_wire(data: dict) -> dict:
-    """Run dirs written before vLLM's names (itl per token, itl_chunk per chunk) read with today's names."""
-    if data.get("names_version", 1) >= NAMES_VERSION:
-        return data
-    data = dict(data)
-    data["hists"] = {_OLD_NAMES.get(k, k): v for k, v in data.get("hists", {}).items()}
-    data["windows"] = {w: {_OLD_NAMES.get(m, m): h for m, h in ms.items()} for w, ms in data.get("windows", {}).items()}
-    return data
-
-
-def upgrade_summary(summary: dict) -> dict:
-    """The same for a saved summary: metric keys, and goodput (then a share) as good_request_fraction."""
-    if "good_request_fraction" in summary or "metrics" not in summary:
-        return summary
-    out = dict(summary)
-    out["metrics"] = {_OLD_NAMES.get(k, k): v for k, v in summary["metrics"].items()}
-    out["good_request_fraction"] = summary.get("goodput")
-    duration = summary.get("duration_s") or 0.0
-    out["goodput"] = summary.get("good_requests", 0) / duration if summary.get("goodput") is not None and duration else None
-    return out
 
 
 @dataclass
@@ -237,52 +188,8 @@ class LLMStats:
                 n += len(recs[k].chunk_offsets) + 1
                 k += 1
             recs, self._pending = recs[:k], recs[k:]
-        h = self._hists
-        h["send_lag"].record_many([r.send_lag for r in recs if r.send_lag is not None and not r.startup])
-        h["send_lag_startup"].record_many([r.send_lag for r in recs if r.send_lag is not None and r.startup])
-        chunks = folding.Chunks.of(recs)
-        starts = np.array([r.start for r in recs])
-        if self.timeline:
-            folding.per_second(self._tokens_per_second, starts, chunks)
-        ok_mask = np.array([r.ok for r in recs], dtype=bool)
-        ok = [r for r in recs if r.ok]
-        if not ok:
-            return
-        h["e2e"].record_many([r.e2e for r in ok])
-        h["ttft"].record_many([r.ttft for r in ok if r.ttft is not None])
-        h["ttfo"].record_many([r.ttfo for r in ok if r.ttfo is not None])
-        h["reasoning_tokens"].record_many([r.reasoning_tokens for r in ok if r.reasoning_tokens is not None])
-        thinking, answering = _phase_gaps(ok)
-        h["itl_reasoning"].record_many(thinking)
-        h["itl_answer"].record_many(answering)
-        h["tpot"].record_many([t for r in ok if (t := r.tpot) is not None])
-        h["output_tps"].record_many([t for r in ok if (t := r.output_tps) is not None])
-        h["input_tokens"].record_many([r.input_tokens for r in ok if r.input_tokens is not None])
-        h["output_tokens"].record_many([r.output_tokens for r in ok if r.output_tokens is not None])
-        gaps, itl, itl_n, itl_rec = folding.gaps(chunks, ok_mask)
-        h["itl"].record_many(gaps)
-        h["itl_token"].record_many(itl, itl_n)
-        if not self.timeline:
-            return
-        # per window (by request start): e2e and ttft of each ok request, itl of each of its tokens
-        e2e = np.array([r.e2e for r in recs])
-        ttft = np.array([np.nan if r.ttft is None else r.ttft for r in recs])
-        win_of = (starts // WINDOW_S).astype(np.int64) * WINDOW_S
-        for w in np.unique(win_of[ok_mask]).tolist():
-            mine = ok_mask & (win_of == w)
-            in_win = mine[itl_rec]
-            for metric, values, weights in (
-                ("e2e", e2e[mine], None),
-                ("ttft", ttft[mine & ~np.isnan(ttft)], None),
-                ("itl_token", itl[in_win], itl_n[in_win]),
-            ):
-                if not values.size:
-                    continue
-                win = self._windows[w]
-                hist = win.get(metric)
-                if hist is None:
-                    hist = win[metric] = Histogram()
-                hist.record_many(values, weights)
+        folding.record(self._hists, self._windows if self.timeline else None,
+                       self._tokens_per_second if self.timeline else None, recs, WINDOW_S)
         self._pack_old_windows()
 
     def _pack_old_windows(self) -> None:
@@ -409,74 +316,5 @@ class LLMStats:
     def summary(self, duration: float | None = None, records_per_request: int = 0,
                 outage_after: float | None = 2.0, now: float | None = None,
                 percentiles: tuple[float, ...] = PERCENTILES, shown: tuple[float, ...] = PERCENTILES) -> RunSummary:
-        """``records_per_request``: dataset records each request carries (``--dataset-batch``), for the
-        records/s that a batching comparison is about; 0 when prompts are not dataset records. ``percentiles``:
-        those computed (the run's --metric-percentiles, the standard ones and its SLOs'); ``shown``: the columns
-        every medium shows (``summary["percentiles"]``)."""
-        if duration is None:
-            duration = (self.last_end - self.first_start) if self.first_start is not None else 0.0
-        ok = self.requests - self.failures
-        with_usage = ok - self.usage_missing
-        out: RunSummary = {
-            "requests": self.requests,
-            "succeeded": ok,
-            "failed": self.failures,
-            "error_rate": self.failures / self.requests if self.requests else 0.0,
-            "duration_s": duration,
-            "request_rate": ok / duration if duration else 0.0,
-            # arrivals per second between the first and the last request's (intended) start
-            "send_rate": (self.requests - 1) / (self.last_start - self.first_start)
-            if self.requests > 1 and self.last_start and self.first_start and self.last_start > self.first_start else 0.0,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "output_token_rate": self.output_tokens / duration if duration else 0.0,
-            "usage_missing": self.usage_missing,
-            "input_drift_requests": self.drift_requests,
-            "input_drift_max_abs": self.drift_max_abs,
-            "input_drift_fraction": self.drift_requests / with_usage if with_usage > 0 else 0.0,
-            "output_mismatch": self.output_mismatch,
-            "reasoning_tokens": self.reasoning_tokens,
-            "reasoning_requests": self.reasoning_requests,
-            "reasoning_by_tokenizer": self.reasoning_by_tokenizer,
-            # the server's prefix-cache hits as its usage reported them per request (None: it reported none)
-            "cached_tokens": self.cached_tokens if self.cached_of else None,
-            "cached_fraction": self.cached_tokens / self.cached_of if self.cached_of else None,
-            # vllm bench serve's goodput: requests/s that met every per-request SLO; and their share
-            "goodput": self.good / duration if self.judged and duration else None,
-            "good_request_fraction": self.good / self.judged if self.judged else None,
-            "good_requests": self.good,
-            "warmup_excluded": self.warmup_excluded,
-            "backoffs": self.backoffs,
-            "backoff_s": self.backoff_ms / 1000.0,
-            "errors": dict(self.errors.most_common()),
-            "error_examples": {k: self.error_examples.get(k, k) for k in self.errors},
-            "metrics": {k: h.summary(percentiles) for k, h in self.hists.items()},
-            "percentiles": [percentile_key(p) for p in shown],
-            # chunk gaps of 0: two chunks of a stream under one receive stamp (a late read merges them, or the
-            # server wrote them together)
-            "shared_stamps": self.hists["itl"].at_most_1ns(),
-            # of those, the ones a late read of the native reader made (the others landed together: the server's)
-            "late_merged_gaps": self.late_merged,
-        }
-        # outage_after None: no outage windows (the web UI's live table polls this and shows none)
-        windows = self.outage_windows(outage_after, now) if outage_after is not None else []
-        start = self.first_start or 0.0
-        out["outages"] = [{**w.to_json(), "text": outages.describe(w, start, self.conn_error[1] if w.is_outage else "")}
-                          for w in windows]
-        out["outage_seconds"] = sum(w.seconds for w in windows if w.is_outage)
-        if self.media_items:  # images and audio: their prompt tokens apart from the text's
-            out["media_items"] = self.media_items
-            out["media_tokens"] = self.media_tokens
-            out["text_input_tokens"] = self.input_tokens - self.media_tokens
-        if self.items:  # pooling requests: their inputs, and inputs/s
-            out["inputs"] = self.items
-            out["input_rate"] = self.items / duration if duration else 0.0
-            out["input_token_rate"] = self.input_tokens / duration if duration else 0.0
-        if records_per_request:
-            out["records_per_request"] = records_per_request
-            out["records"] = ok * records_per_request
-            out["record_rate"] = ok * records_per_request / duration if duration else 0.0
-        if self.names:
-            out["names"] = {n: self.names[n].summary(duration, records_per_request, None, now, percentiles, shown)
-                            for n in sorted(self.names, key=name_order)}
-        return out
+        """The run's summary of these totals (``metrics/summary.summarise``)."""
+        return summarise(self, duration, records_per_request, outage_after, now, percentiles, shown)
