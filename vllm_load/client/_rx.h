@@ -111,6 +111,7 @@ typedef struct {
 
 #define HEAD_MAX 65536 /* a response's header block larger than this is not an inference server's */
 #define DECLINED 4      /* body_state of an expected head left to the event loop (not a 200 we can take) */
+#define LATE_NS 1000000 /* a read later than this after its segment landed counts as late (1 ms) */
 
 static inline int64_t monotonic_ns(void) {
     struct timespec ts;

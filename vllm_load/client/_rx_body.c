@@ -535,7 +535,7 @@ void rx_read_one(Reader *r, int fd, stream_t *s, char *buf) {
         if (lag > r->lag_max_ns)
             r->lag_max_ns = lag;
         r->lag_reads++;
-        late = lag > 1000000; /* 1 ms: native.LATE_S */
+        late = lag > LATE_NS;
         r->late_reads += late;
     } else {
         stamp = realtime_ns(); /* no kernel stamp: this thread reads at once, so its clock is close */

@@ -685,5 +685,10 @@ PyMODINIT_FUNC PyInit__rxnative(void) {
         Py_DECREF(m);
         return NULL;
     }
+    /* the constants Python reads from here, not from copies of its own */
+    if (PyModule_AddIntConstant(m, "DECLINED", DECLINED) < 0 || PyModule_AddIntConstant(m, "LATE_NS", LATE_NS) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
     return m;
 }

@@ -10,6 +10,11 @@ Lines = list[tuple[bytes, Stamp]]
 #:  continuous_usage, done, done_at, answer_at, reasoning_streamed, reasoning_reported, late_merged): sse.Parsed
 ParsedTuple = tuple[Any, ...]
 
+#: BodyOutcome.state of an expected answer whose head the thread left to the event loop (``Reader.expect``)
+DECLINED: int
+#: a read later than this after its segment landed counts as late (ns)
+LATE_NS: int
+
 class Reader:
     """One per process: a C thread reading every watched socket as data lands (epoll, kernel stamps)."""
 

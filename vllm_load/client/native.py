@@ -24,55 +24,16 @@ from typing import Any
 from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
 
-try:
-    from vllm_load.client import _rxnative
-except ImportError:  # not built (no compiler at install time, not Linux)
-    _rxnative = None
+from vllm_load.client.reader_choice import (  # noqa: F401  (the choice, where callers found it first)
+    DECLINED, ENV, LATE_S, _rxnative, built, describe, enabled, python_lag, reader_name)
 
-ENV = "VLLM_LOAD_NATIVE"
 #: how often waits are checked against their socket's timeout (Locust's network_timeout: 600 s by default)
 SWEEP_S = 0.1
-#: a read later than this after its segment landed counts as late (the C thread's threshold too)
-LATE_S = 0.001
 #: the longest stretch the hub hands news to greenlets before it lets due timers and other I/O run: each
 #: switch records a request and sends the next (~85 us), and a wave of 256 completions handed over at once
 #: kept an open-loop arrival or a heartbeat due meanwhile waiting behind all of them (turnover.py, 256
 #: streams: 14 and 7 loop stalls over 2 ms in 10 s, max 3.9 ms; 4 and 4, max 2.9 ms with it)
 HANDOFF_S = 0.001
-#: BodyOutcome.state of an expected answer whose head the thread left to the event loop (``expect``)
-DECLINED = 4
-
-
-def built() -> bool:
-    """The C extension is importable."""
-    return _rxnative is not None
-
-
-def enabled() -> bool:
-    """This process reads streams with the native thread (built, and not turned off)."""
-    return built() and os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-def describe() -> str:
-    """One paragraph for ``vllm-load native``: the reader in use, and how to get the other."""
-    if enabled():
-        reader = _rxnative.Reader()
-        for _ in range(100):  # the thread sets its priority as it starts
-            if reader.stats()["priority"] != "starting":
-                break
-            time.sleep(0.001)
-        return (f"native reader: in use ({_rxnative.__file__}). A C thread reads every streaming socket as "
-                f"each chunk lands, at {reader.stats()['priority']}; {ENV}=0 switches to the Python reader.")
-    if built():
-        return f"Python reader: in use because {ENV}={os.environ.get(ENV)!r}; unset it for the native reader."
-    return ("Python reader: in use because the native reader was not built (it needs Linux, a C compiler and "
-            "Python's headers at install time: apt install gcc python3-dev, then pip install -e . again). "
-            "The Python reader is exact while the client's loop keeps up with every stream.")
-
-
-def reader_name() -> str:
-    """What run metadata and ``vllm-load native`` report: "native" or "python"."""
-    return "native" if enabled() else "python"
 
 
 @dataclass(slots=True)
@@ -321,31 +282,6 @@ def reads() -> NativeReads | None:
     if _started() is None:
         _reads = NativeReads()
     return _reads
-
-
-class PythonReadLag:
-    """The same measure for the Python reader: how long after landing (kernel stamp) ``RxSocket.recv``
-    read each segment. A read later than a stream's token gap is where its chunks merged."""
-
-    __slots__ = ("max", "reads", "late")
-
-    def __init__(self) -> None:
-        self.max, self.reads, self.late = 0.0, 0, 0
-
-    def note(self, lag: float) -> None:
-        self.reads += 1
-        if lag > self.max:
-            self.max = lag
-        if lag > LATE_S:
-            self.late += 1
-
-    def take(self) -> tuple[float, int, int]:
-        out = (self.max, self.reads, self.late)
-        self.max, self.reads, self.late = 0.0, 0, 0
-        return out
-
-
-python_lag = PythonReadLag()
 
 
 def take_lag() -> tuple[float, int, int]:

@@ -1,0 +1,76 @@
+"""Which reader a process uses: the native receive thread (the ``_rxnative`` extension, when built and not turned
+off with ``VLLM_LOAD_NATIVE=0``) or Python's; what ``vllm-load native`` says of it; and how late the Python reader
+read (the native thread measures its own)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+try:
+    from vllm_load.client import _rxnative
+except ImportError:  # not built (no compiler at install time, not Linux)
+    _rxnative = None
+
+ENV = "VLLM_LOAD_NATIVE"
+#: a read later than this after its segment landed counts as late: the C thread's threshold (1 ms)
+LATE_S = _rxnative.LATE_NS / 1e9 if _rxnative is not None else 0.001
+#: BodyOutcome.state of an expected answer whose head the thread left to the event loop (``expect``), as C says
+DECLINED = _rxnative.DECLINED if _rxnative is not None else 4
+
+
+def built() -> bool:
+    """The C extension is importable."""
+    return _rxnative is not None
+
+
+def enabled() -> bool:
+    """This process reads streams with the native thread (built, and not turned off)."""
+    return built() and os.environ.get(ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def describe() -> str:
+    """One paragraph for ``vllm-load native``: the reader in use, and how to get the other."""
+    if enabled():
+        reader = _rxnative.Reader()
+        for _ in range(100):  # the thread sets its priority as it starts
+            if reader.stats()["priority"] != "starting":
+                break
+            time.sleep(0.001)
+        return (f"native reader: in use ({_rxnative.__file__}). A C thread reads every streaming socket as "
+                f"each chunk lands, at {reader.stats()['priority']}; {ENV}=0 switches to the Python reader.")
+    if built():
+        return f"Python reader: in use because {ENV}={os.environ.get(ENV)!r}; unset it for the native reader."
+    return ("Python reader: in use because the native reader was not built (it needs Linux, a C compiler and "
+            "Python's headers at install time: apt install gcc python3-dev, then pip install -e . again). "
+            "The Python reader is exact while the client's loop keeps up with every stream.")
+
+
+def reader_name() -> str:
+    """What run metadata and ``vllm-load native`` report: "native" or "python"."""
+    return "native" if enabled() else "python"
+
+
+class PythonReadLag:
+    """The same measure for the Python reader: how long after landing (kernel stamp) ``RxSocket.recv``
+    read each segment. A read later than a stream's token gap is where its chunks merged."""
+
+    __slots__ = ("max", "reads", "late")
+
+    def __init__(self) -> None:
+        self.max, self.reads, self.late = 0.0, 0, 0
+
+    def note(self, lag: float) -> None:
+        self.reads += 1
+        if lag > self.max:
+            self.max = lag
+        if lag > LATE_S:
+            self.late += 1
+
+    def take(self) -> tuple[float, int, int]:
+        out = (self.max, self.reads, self.late)
+        self.max, self.reads, self.late = 0.0, 0, 0
+        return out
+
+
+python_lag = PythonReadLag()
