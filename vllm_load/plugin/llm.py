@@ -26,6 +26,7 @@ from vllm_load.client.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
 from vllm_load.client.stream import ReadyRequest, StreamCancelled, build_request, stream_request
 from vllm_load.plugin.generator import Generator
+from vllm_load.plugin.llm_checks import check_max_tokens, check_messages, split_media
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.state import STATE
 from vllm_load.plugin.transport_session import transport_for
@@ -125,11 +126,11 @@ class LLM:
         over --extra-body; without ``model`` the run's models take turns (--model a,b). A content list with
         images or audio (``self.llm.image()``, ``self.llm.audio()``) is counted by its text exactly; the server's
         count beyond it is the media's (``media_tokens`` in the log and summary)."""
-        _check_messages(messages)
+        check_messages(messages)
         src = self._source()
-        text_only, media = _split_media(messages)
+        text_only, media = split_media(messages)
         tokens = self.count_chat(text_only, body.get("tools"))
-        _check_max_tokens("chat", max_tokens, tokens, src.plan.max_model_len)
+        check_max_tokens("chat", max_tokens, tokens, src.plan.max_model_len)
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         ready = build_request("chat", model, messages, tokens, max_tokens, defaults=src.defaults, extra=body,
                               group=group)
@@ -142,7 +143,7 @@ class LLM:
             raise TypeError(f"self.llm.complete(prompt): the prompt must be a str, got {type(prompt).__name__}")
         src = self._source()
         tokens = self.count_prompt(prompt)
-        _check_max_tokens("complete", max_tokens, tokens, src.plan.max_model_len)
+        check_max_tokens("complete", max_tokens, tokens, src.plan.max_model_len)
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         ready = build_request("completions", model, prompt, tokens, max_tokens,
                               defaults=src.defaults, extra=body, group=group)
@@ -155,7 +156,7 @@ class LLM:
         asks for exactly N tokens (``ignore_eos``), ``None`` lets the model stop. Timed like ``chat`` (TTFT,
         TTFO, every gap, tokens checked against the usage of ``response.completed``)."""
         messages = [{"role": "user", "content": input}] if isinstance(input, str) else input
-        _check_messages(messages, "respond(input)")
+        check_messages(messages, "respond(input)")
         src = self._source()
         assert src.tokenizer is not None
         if body.get("instructions"):
@@ -163,7 +164,7 @@ class LLM:
         else:
             counted = messages
         tokens = src.offload(src.tokenizer.count_responses, counted, body.get("tools"))
-        _check_max_tokens("respond", max_output_tokens, tokens, src.plan.max_model_len)
+        check_max_tokens("respond", max_output_tokens, tokens, src.plan.max_model_len)
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         return self.send(responses_request(model, input, tokens, max_output_tokens, defaults=src.defaults,
                                            extra=body, group=group), name=name)
@@ -302,43 +303,3 @@ class LLM:
 
     def end_due(self) -> None:
         self._due.pop(getcurrent(), None)
-
-
-def _check_messages(messages: Any, call: str = "chat(messages)") -> None:
-    """``self.llm.chat``'s messages, checked at the call (transformers' own error named a character of a string)."""
-    if not isinstance(messages, list) or not messages:
-        got = type(messages).__name__ if not isinstance(messages, list) else "an empty list"
-        raise TypeError(f"self.llm.{call}: messages must be a non-empty list of {{'role': ..., 'content': ...}} "
-                        f"dicts, got {got}")
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not ("content" in m or "tool_calls" in m):
-            got = type(m).__name__ if not isinstance(m, dict) else f"keys {sorted(m)}"
-            raise TypeError(f"self.llm.{call}: messages[{i}] must be a dict with 'role' and 'content', got {got}")
-
-
-def _split_media(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-    """The messages with each content list made its text (what the run's tokenizer counts exactly), and how
-    many images, audio clips and videos they carry."""
-    out, media = [], 0
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            text = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-            media += sum(1 for p in content if isinstance(p, dict) and p.get("type") != "text")
-            m = {**m, "content": text}
-        out.append(m)
-    return out, media
-
-
-def _check_max_tokens(call: str, max_tokens: Any, input_tokens: int, context: int | None) -> None:
-    """A positive int within what the served model's context leaves after the prompt, or None: checked at the
-    call, instead of thousands of HTTP 400s from the server."""
-    if max_tokens is None:
-        return
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"self.llm.{call}(max_tokens={max_tokens!r}): give a positive int, or None to let the model "
-                         "stop on its own")
-    if context is not None and input_tokens + max_tokens > context:
-        raise ValueError(f"self.llm.{call}(max_tokens={max_tokens}): with the prompt's {input_tokens} tokens it "
-                         f"exceeds the served model's context of {context} tokens; ask for at most "
-                         f"{max(0, context - input_tokens)}")
