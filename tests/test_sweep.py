@@ -61,3 +61,40 @@ def test_rate_sweep_changes_the_open_loop_rate_per_step(tmp_path, emulator_facto
     assert 32 <= first_second <= 48, first_second
     # the levels are request rates, and the sweep table says so (they were once called a concurrency)
     assert "| request rate |" in (run_dir / "sweep.md").read_text().splitlines()[2]
+
+
+def test_the_private_locust_call_a_worker_flush_relies_on_is_there():
+    """A worker's flush sends its final report with WorkerRunner._send_stats (private; checked against Locust
+    2.40-2.47, setup.cfg's bounds): a Locust without it must fail here, not lose every worker's last numbers."""
+    import inspect
+
+    from locust.runners import WorkerRunner
+
+    assert callable(getattr(WorkerRunner, "_send_stats", None))
+    assert list(inspect.signature(WorkerRunner._send_stats).parameters) == ["self"]
+
+
+def test_a_sweep_owns_its_steps_windows_stats_and_verdicts():
+    from vllm_load.metrics.slo import parse_slo_option
+    from vllm_load.plugin.sweep import Sweep
+    from vllm_load.client.record import RequestRecord
+
+    sweep = Sweep("rate")
+    assert sweep.begin(0, 4.0, now=100.0, warmup=2.0) and not sweep.begin(0, 4.0, now=101.0, warmup=2.0)
+    assert sweep.begin(1, 8.0, now=110.0, warmup=2.0)
+    assert (sweep.steps[0].start, sweep.steps[0].end, sweep.steps[1].start) == (102.0, 110.0, 112.0)
+    assert sweep.current_level() == 8.0 and sweep.unit == "req/s"
+    fast = RequestRecord(api="chat", start=103.0, ok=True, e2e=0.1, ttft=0.05, output_tokens=4, chunk_offsets=[0.05, 0.1],
+                         chunk_tokens=[2, 2])
+    slow = RequestRecord(api="chat", start=113.0, ok=True, e2e=2.0, ttft=1.5, output_tokens=4, chunk_offsets=[1.5, 2.0],
+                         chunk_tokens=[2, 2])
+    delta = type(sweep.steps[0].stats)()
+    delta.add(fast)
+    sweep.merge(0, delta)
+    delta = type(sweep.steps[0].stats)()
+    delta.add(slow)
+    sweep.merge(1, delta)
+    slos = parse_slo_option(["ttft.p99<=1s"])
+    first, second = sweep.judge(0, slos, (50.0, 99.0)), sweep.judge(1, slos, (50.0, 99.0))
+    assert first.slo_passed is True and second.slo_passed is False
+    assert sweep.judge(1, [], (50.0,)) is second  # judged once: kept with the step

@@ -14,6 +14,7 @@ from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.run_clock import MasterClock
+from vllm_load.plugin.sweep import Sweep
 from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
 from vllm_load.rundir.files import FORMAT_VERSION, write_json, write_series
@@ -25,9 +26,7 @@ class Collector:
     opts: Any  # Locust's parsed options, read only
     plan: RunPlan
     totals: LLMStats = field(default_factory=LLMStats)  # master: merge of worker deltas; local: the generator's
-    step_stats: dict = field(default_factory=dict)  # step -> LLMStats, merged likewise
-    step_bounds: dict = field(default_factory=dict)  # step -> [level, start wall, end wall]
-    step: int | None = None  # the sweep step announced last
+    sweep: Sweep | None = None  # --sweep: its steps, their windows, merged stats and verdicts
     health: ClientHealth = field(default_factory=ClientHealth)
     workers_seen: set = field(default_factory=set)
     workers_lost: list = field(default_factory=list)  # workers that never sent their final report
@@ -47,7 +46,7 @@ class Collector:
     @classmethod
     def create(cls, opts: Any, plan: RunPlan) -> Collector:
         plan.files.path.mkdir(parents=True, exist_ok=True)
-        col = cls(opts=opts, plan=plan)
+        col = cls(opts=opts, plan=plan, sweep=Sweep(plan.sweep_kind) if plan.sweep_kind else None)
         col.clock.reset(plan.processes)  # the epoch is fixed once this many workers are ready
         return col
 
@@ -142,8 +141,8 @@ class Collector:
     def reset_metrics(self) -> None:
         """Locust's --reset-stats / the web UI's Reset: the merged metrics start over with Locust's table."""
         self.totals.__init__()  # type: ignore[misc]
-        for s in self.step_stats.values():
-            s.__init__()  # type: ignore[misc]
+        if self.sweep is not None:
+            self.sweep.reset()
         self.health = ClientHealth()
         self.saturation = None
         self.workers_seen = set()

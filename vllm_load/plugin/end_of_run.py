@@ -15,7 +15,6 @@ from locust import events
 from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
 from vllm_load.metrics.outages import LiveOutage, describe
 from vllm_load.metrics.verdict import judge, render_checks
-from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.server_side import fetch_series
 from vllm_load.plugin.state import STATE
@@ -29,30 +28,25 @@ log = logging.getLogger("vllm_load")
 def judge_step(step: int) -> bool:
     """Did a finished sweep step meet every SLO (client metrics)? Judged once (its ``Verdict`` kept in STATE)."""
     col = STATE.collector
-    if col is None:
+    if col is None or col.sweep is None:
         return True
-    if step not in STATE.step_verdicts:
-        level, start, end = col.step_bounds.get(step, [0, 0.0, None])
-        stats = col.step_stats.get(step, LLMStats())
-        summary = stats.summary(duration=max((end or time.time()) - start, 1e-9),
-                                percentiles=col.plan.computed_percentiles)
-        verdict = judge(summary, list(STATE.slos), min_requests=0, allow_untrustworthy=True)
-        STATE.step_verdicts[step] = verdict
-        if verdict.slo_passed is False:
-            missed = ", ".join(c.slo for c in verdict.checks if not c.passed)
-            print(f"vllm-load: sweep step {step} ({level:g}) missed {missed}: stopping the sweep", flush=True)
-    return STATE.step_verdicts[step].slo_passed is not False
+    known = col.sweep.steps.get(step) is not None and col.sweep.steps[step].verdict is not None
+    verdict = col.sweep.judge(step, list(STATE.slos), col.plan.computed_percentiles)
+    if not known and verdict.slo_passed is False:
+        missed = ", ".join(c.slo for c in verdict.checks if not c.passed)
+        print(f"vllm-load: sweep step {step} ({col.sweep.steps[step].level:g}) missed {missed}: stopping the sweep",
+              flush=True)
+    return verdict.slo_passed is not False
 
 
 def _write_sweep(col: Collector) -> None:
-    if not col.step_bounds:
+    if col.sweep is None or not col.sweep.steps:
         return
     from vllm_load.report.html import build
     from vllm_load.report.sweep import build_sweep
     from vllm_load.rundir.steps import write_step_dirs
 
-    dirs = write_step_dirs(col.plan.files.path, col.step_stats, col.step_bounds, col.opts.sweep_mode,
-                           col.end_wall or time.time())
+    dirs = write_step_dirs(col.plan.files.path, col.sweep, col.end_wall or time.time())
     for d in dirs:
         build(d)
     page, best = build_sweep(dirs, col.plan.files.path)

@@ -140,14 +140,14 @@ class Generator:
     def current_rate(self) -> float:
         """The open-loop rate now: the sweep step's in a rate sweep, the ramp's (--ramp-up-strategy), else
         --request-rate (0: closed loop)."""
-        if self.step is not None and self.opts.sweep_mode == "rate":
+        if self.step is not None and self.plan.sweep_kind == "rate":
             return self.step_rate
         if self.plan.ramp:  # over --num-requests: by this process's share (every process ramps alike)
             return self.plan.ramp_rate(time.perf_counter() - self.schedule_start(), self.tickets_taken, self.quota)
         return float(self.opts.request_rate)
 
     def total_users(self) -> int:
-        if self.step is not None and self.opts.sweep_mode == "rate":
+        if self.step is not None and self.plan.sweep_kind == "rate":
             return max(1, int(self.opts.sweep_users))
         return self.plan.total_users
 

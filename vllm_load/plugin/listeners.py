@@ -257,7 +257,6 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
             gevent.spawn(environment.runner.stop)
             return
     _close_run()
-    STATE.step_verdicts = {}
     if role != "worker":
         STATE.fatal = None
     worker_id = getattr(environment.runner, "client_id", "local")
@@ -273,7 +272,9 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
                                                  health_sink=sink, worker_index=index if index >= 0 else 0,
                                                  on_trace_done=functools.partial(wire.trace_done, environment))
         if role == "local":  # one process: the collector's totals are the generator's own stats
-            col.totals, col.step_stats, col.start_wall = gen.stats, gen.step_stats, gen.start_wall
+            col.totals, col.start_wall = gen.stats, gen.start_wall
+            if col.sweep is not None:  # and each step's stats are the generator's own per-step stats
+                col.sweep.stats_source = gen.step_stats
             gen.clock.start_local()
         else:  # ready: its offset to the master's clock, then READY; the master sends the epoch
             if STATE.worker_step is not None and environment.shape_class is not None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from vllm_load.metrics.histogram import PERCENTILES, parse_percentiles
 from vllm_load.workload.arrivals import ramp_rate
+from vllm_load.plugin.sweep import parse_levels
 from vllm_load.plugin.target import Target
 from vllm_load.rundir.files import RunDir
 
@@ -55,6 +56,9 @@ class RunPlan:
     percentiles: tuple[float, ...] = ()  # --metric-percentiles: the columns every medium shows (): the standard five
     #: --ramp-up-strategy: (strategy, start req/s, end req/s, seconds it ramps over; 0: over --num-requests)
     ramp: tuple = ()
+    #: --sweep: "users" or "rate" (what a step's level is), and its levels; "" and (): no sweep
+    sweep_kind: str = ""
+    sweep_levels: tuple = ()
 
     def ramp_rate(self, elapsed: float, sent: int, share: int) -> float:
         """--ramp-up-strategy's total rate ``elapsed`` seconds after the run's epoch (a ramp over -t), or after
@@ -96,7 +100,9 @@ class RunPlan:
                    server_kind=target.server_kind,
                    percentiles=parse_percentiles(opts.metric_percentiles) if opts.metric_percentiles else (),
                    ramp=(opts.ramp_up_strategy, float(opts.ramp_up_start_rps), float(opts.ramp_up_end_rps),
-                         0.0 if opts.num_requests else float(opts.run_time or 0)) if ramps_rate(opts) else ())
+                         0.0 if opts.num_requests else float(opts.run_time or 0)) if ramps_rate(opts) else (),
+                   sweep_kind=opts.sweep_mode if getattr(opts, "sweep", "") else "",
+                   sweep_levels=tuple(parse_levels(opts.sweep)) if getattr(opts, "sweep", "") else ())
 
     @property
     def draws(self) -> str:
@@ -118,4 +124,5 @@ class RunPlan:
     @classmethod
     def from_wire(cls, data: dict) -> RunPlan:
         return cls(**{**data, "slos": tuple(data.get("slos") or ()), "models": tuple(data.get("models") or ()),
-                      "percentiles": tuple(data.get("percentiles") or ()), "ramp": tuple(data.get("ramp") or ())})
+                      "percentiles": tuple(data.get("percentiles") or ()), "ramp": tuple(data.get("ramp") or ()),
+                      "sweep_levels": tuple(data.get("sweep_levels") or ())})

@@ -25,8 +25,8 @@ LAG_MASTER_S, LAG_LOCAL_S = 4.0, 1.0
 def offered_level(environment: Any, col: Collector, now: float) -> tuple[float, str]:
     """The load offered now: the open loop's total rate (a sweep step's, the ramp's, --request-rate), else users."""
     opts, plan = col.opts, col.plan
-    if col.step is not None and opts.sweep_mode == "rate" and col.step in col.step_bounds:
-        return float(col.step_bounds[col.step][0]), "req/s"
+    if col.sweep is not None and col.sweep.kind == "rate" and col.sweep.current_level() is not None:
+        return float(col.sweep.current_level()), "req/s"
     if plan.ramp:
         return plan.ramp_rate(now - (col.clock.epoch or col.start_wall), col.totals.requests, plan.num_requests), "req/s"
     if opts.request_rate:

@@ -15,20 +15,11 @@ from typing import Any
 from locust import LoadTestShape
 
 from vllm_load.errors import UsageError
+from vllm_load.plugin.sweep import parse_levels  # noqa: F401  (sweep.py's locustfile reads it here)
 from vllm_load.workload.arrivals import ramp_users
 
 #: Seconds after a step ends before it is judged: workers report every 3 s.
 JUDGE_DELAY = 3.5
-
-
-def parse_levels(text: str) -> list[float]:
-    try:
-        levels = [float(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        levels = []
-    if not levels or not all(0 < v < float("inf") for v in levels):
-        raise UsageError(f"--sweep {text!r} must list positive levels, e.g. --sweep 64,128,256")
-    return levels
 
 
 class SweepShape(LoadTestShape):

@@ -21,7 +21,6 @@ class _State:
     slos: list = []
     report: str | None = None  # path of the last run's report.html
     flushed: set = set()  # workers that sent their final report
-    step_verdicts: dict = {}  # sweep step -> its Verdict (judged once, when it ended)
     last_step: tuple | None = None  # the sweep step the shape announced last
     emulator: ChildServer | None = None
     emulator_log: Any = None  # the embedded emulator's log file (copied into each run directory)

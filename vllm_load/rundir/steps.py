@@ -8,12 +8,10 @@ from typing import Any
 
 from vllm_load.workload.datasets import records_per_request
 from vllm_load.metrics.histogram import PERCENTILES
-from vllm_load.metrics.stats import LLMStats
 from vllm_load.rundir.files import RunDir, load_series, write_json
 
 
-def write_step_dirs(run_dir: Path, step_stats: dict[int, LLMStats], bounds: dict[int, list], mode: str,
-                    end_wall: float) -> list[Path]:
+def write_step_dirs(run_dir: Path, sweep: Any, end_wall: float) -> list[Path]:
     """One run directory per step (config, exact stats, the step's server window) under run_dir/steps/."""
     rd = RunDir(run_dir)
     config = json.loads(rd.config.read_text())
@@ -21,10 +19,10 @@ def write_step_dirs(run_dir: Path, step_stats: dict[int, LLMStats], bounds: dict
     shown = tuple(config.get("plan", {}).get("percentiles") or ()) or PERCENTILES  # the run's --metric-percentiles
     computed = tuple(sorted({*PERCENTILES, *shown}))
     dirs = []
-    for step in sorted(bounds):
-        level, start, end = bounds[step]
-        end = end or end_wall
-        stats = step_stats.get(step, LLMStats())
+    mode = sweep.kind
+    for step in sorted(sweep.steps):
+        s = sweep.steps[step]
+        level, start, end, stats = s.level, s.start, s.end or end_wall, s.stats
         sd = rd.step(step, mode, level)
         d = sd.path
         d.mkdir(parents=True, exist_ok=True)
