@@ -17,7 +17,7 @@ from vllm_load.plugin.run_clock import MasterClock
 from vllm_load.plugin.sweep import Sweep
 from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
-from vllm_load.rundir.files import FORMAT_VERSION, write_json, write_series
+from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.workload.datasets import records_per_request
 
 
@@ -65,7 +65,7 @@ class Collector:
             "plan": self.plan.to_wire(),
             "options": public_options(self.opts),
         }
-        write_json(self.plan.files.config, info, indent=2)
+        self.plan.files.write(self.plan.files.config, info, indent=2)
 
     @property
     def measured_from(self) -> float:
@@ -81,11 +81,11 @@ class Collector:
         end = self.end_wall or time.time()
         if self.dcgm is not None:  # its last read, past the run's end, closes the window
             self.dcgm.stop()
-            write_series(self.plan.files.dcgm, self.dcgm.samples)
+            self.plan.files.write_series(self.plan.files.dcgm, self.dcgm.samples)
         summary = self.summarise(monitor, end)
         data = {"run_id": self.plan.run_id, "start": self.start_wall, "end": end, "summary": summary,
                 "stats": self.totals.to_wire()}
-        write_json(self.plan.files.stats, data)
+        self.plan.files.write(self.plan.files.stats, data)
         return summary
 
     def summarise(self, monitor: ClientMonitor | None = None, end: float | None = None) -> RunSummary:

@@ -90,17 +90,16 @@ def _collect_server_side(col: Collector, opts: Any) -> None:
     if opts.prometheus_url:  # a Prometheus that scrapes vLLM already: no sidecar needed
         from vllm_load.plugin.prometheus_source import collect
 
-        why = collect(opts.prometheus_url, opts.prometheus_selector, col.start_wall, col.end_wall,
-                      col.plan.files.server, opts.prometheus_token)
-        if why:
-            log.warning("vllm-load: server side missing from the report: %s", why)
+        samples, why = collect(opts.prometheus_url, opts.prometheus_selector, col.start_wall, col.end_wall,
+                               opts.prometheus_token)
+    elif col.plan.sidecar_url:
+        samples, why = fetch_series(col.plan.sidecar_url, col.start_wall, col.end_wall, opts.sidecar_token)
+    else:
         return
-    if not col.plan.sidecar_url:
-        return
-    why = fetch_series(col.plan.sidecar_url, col.start_wall, col.end_wall, col.plan.files.server,
-                       opts.sidecar_token)
     if why:
         log.warning("vllm-load: server side missing from the report: %s", why)
+    else:
+        col.plan.files.write_series(col.plan.files.server, samples)
 
 
 def _output_failed(exc: BaseException) -> None:
@@ -217,7 +216,7 @@ def _finish(environment: Any, col: Collector) -> None:
         code = EXIT_ERRORS
     STATE.report = str(built.report)
     if STATE.emulator_log is not None and STATE.emulator_log.exists():  # its log, beside the run's numbers
-        shutil.copyfile(STATE.emulator_log, col.plan.files.path / "emulator.log")
+        col.plan.files.copy_in(STATE.emulator_log, "emulator.log")
     prefix = getattr(environment.parsed_options, "csv_prefix", None)
     if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
         shutil.copyfile(col.plan.files.llm_csv, f"{prefix}_llm_stats.csv")

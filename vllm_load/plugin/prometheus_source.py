@@ -9,9 +9,8 @@ import json
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
 
-from vllm_load.rundir.files import write_series
+
 
 #: sample key -> PromQL over vLLM 0.32's names ({sel} is the selector); the sidecar's keys
 QUERIES = {
@@ -85,10 +84,6 @@ def fetch_range(url: str, selector: str, start: float, end: float, token: str = 
     return samples, None
 
 
-def collect(url: str, selector: str, start: float, end: float, out: Path, token: str = "") -> str | None:
-    """Write the run's window (2 s either side) to ``out`` in the sidecar's shape; None, or why not."""
-    samples, why = fetch_range(url, selector, start - 2, end + 2, token)
-    if why:
-        return why
-    write_series(out, samples)
-    return None
+def collect(url: str, selector: str, start: float, end: float, token: str = "") -> tuple[list[dict], str | None]:
+    """The run's window (2 s either side) in the sidecar's shape, or why not."""
+    return fetch_range(url, selector, start - 2, end + 2, token)

@@ -6,10 +6,9 @@ import json
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
+
 from typing import Callable
 
-from vllm_load.rundir.files import write_series
 
 from vllm_load.client.openai_api import auth_header
 from vllm_load.metrics.server import server_summary
@@ -49,14 +48,10 @@ def fetch_samples(sidecar_url: str, start: float, end: float, token: str = "", t
     return samples, None
 
 
-def fetch_series(sidecar_url: str, start: float, end: float, out: Path, token: str = "", timeout: float = 15.0) -> str | None:
-    """Write the run's window (2 s either side) to ``out`` (server.jsonl) and return None, or return why
-    the server side is missing."""
-    samples, why = fetch_samples(sidecar_url, start - 2, end + 2, token, timeout)
-    if why:
-        return why
-    write_series(out, samples)
-    return None
+def fetch_series(sidecar_url: str, start: float, end: float, token: str = "",
+                 timeout: float = 15.0) -> tuple[list[dict], str | None]:
+    """The run's window (2 s either side), or why the server side is missing."""
+    return fetch_samples(sidecar_url, start - 2, end + 2, token, timeout)
 
 
 class LiveServer:

@@ -27,7 +27,7 @@ from vllm_load.report.results import finish  # noqa: E402
 from vllm_load.metrics.client_health import silent_workers  # noqa: E402
 from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.metrics.table import BY_KEY  # noqa: E402
-from vllm_load.rundir.files import Run, RunDir, load_run, write_json  # noqa: E402
+from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
 from vllm_load.report.csv_export import llm_stats_csv  # noqa: E402
 from vllm_load.report.vllm_result import vllm_result  # noqa: E402
 from vllm_load.metrics.slo import parse_slo_option  # noqa: E402
@@ -281,7 +281,7 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
                      bool(opts.get("allow_untrustworthy")))
     rd = RunDir(run.path)
     out = rd.report
-    out.write_text(render_html(run, verdict))
-    write_json(rd.vllm_result, vllm_result(run, detailed=bool(opts.get("save_detailed"))), indent=1)
-    rd.llm_csv.write_text(llm_stats_csv(run.summary))
+    rd.write(out, render_html(run, verdict))
+    rd.write(rd.vllm_result, vllm_result(run, detailed=bool(opts.get("save_detailed"))), indent=1)
+    rd.write(rd.llm_csv, llm_stats_csv(run.summary))
     return Built(verdict, out, run.summary, server)

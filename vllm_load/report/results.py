@@ -8,7 +8,7 @@ from vllm_load.metrics.slo import SLO, junit_xml
 from vllm_load.metrics.verdict import (  # noqa: F401  (the verdict's parts, where callers found them first)
     DRIFT_LIMIT, TRUST, Verdict, exit_code, judge, judge_emulator, render_checks, trust_check, validity_checks, word)
 from vllm_load.report.console import render_table
-from vllm_load.rundir.files import RunDir, write_json
+from vllm_load.rundir.files import RunDir
 
 def render_validity(verdict: Verdict) -> str:
     """Console lines for the checks that failed (nothing when the run is valid)."""
@@ -38,11 +38,11 @@ def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, t
     verdict = judge(summary, slos, server, min_requests, allow_untrustworthy)
     data = {"title": title, **verdict.to_json(), "summary": summary, "server": server}
     rd = RunDir(run_dir)
-    write_json(rd.summary_json, data, indent=2)
-    rd.summary_md.write_text(summary_markdown(summary, verdict, title, server))
+    rd.write(rd.summary_json, data, indent=2)
+    rd.write(rd.summary_md, summary_markdown(summary, verdict, title, server))
     if verdict.checks or junit_path or not verdict.valid:
         xml = junit_xml(list(verdict.checks), validity=list(verdict.validity))
-        rd.junit.write_text(xml)
+        rd.write(rd.junit, xml)
         if junit_path:
             Path(junit_path).parent.mkdir(parents=True, exist_ok=True)
             Path(junit_path).write_text(xml)

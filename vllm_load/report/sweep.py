@@ -76,7 +76,8 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
             + ("<div class='banner'>Some runs targeted the built-in EMULATOR.</div>" if any(r.is_emulator for r in runs) else "")
             + f"<h2 id='best'>{html.escape(best)}</h2>"
             + _table(head, rows) + f"<img alt='sweep' src='data:image/png;base64,{_png(fig)}'></body></html>")
-    RunDir(out_dir).sweep_html.write_text(page)
+    rd = RunDir(out_dir)
+    rd.write(rd.sweep_html, page)
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    RunDir(out_dir).sweep_md.write_text(f"**{best}**\n\n" + "\n".join(md) + "\n")
-    return RunDir(out_dir).sweep_html, best
+    rd.write(rd.sweep_md, f"**{best}**\n\n" + "\n".join(md) + "\n")
+    return rd.sweep_html, best

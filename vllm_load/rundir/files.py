@@ -1,5 +1,6 @@
-"""The run directory: the one place that knows its file names (``RunDir``), writes its JSON atomically, and
-reads a run back (config, exact stats and summary, the sidecar's series) for reports and comparisons."""
+"""The run directory: the one place that knows its file names and writes them (``RunDir``: each file whole or
+not at all), and reads a run back (config, exact stats and summary, the sidecar's series) for reports and
+comparisons. Renderers return text; only a ``RunDir`` writes it (the per-request logs: ``reqlog.py``)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,26 @@ class RunDir:
     def step(self, step: int, mode: str, level: float) -> RunDir:
         return RunDir(self.steps / f"{step:02d}-{mode}-{level:g}")
 
+    def write(self, file: Path, content: Any, indent: int | None = None) -> Path:
+        """One of this directory's files (``self.report``, ``self.summary_json``, …), written whole or not at all
+        (a report rebuilt mid-run never reads half a file): text as it is, anything else as JSON."""
+        if file.parent != self.path:
+            raise ValueError(f"{file} is not a file of the run directory {self.path}")
+        self.path.mkdir(parents=True, exist_ok=True)
+        _replace(file.with_name(file.name + ".tmp"), content if isinstance(content, str)
+                 else json.dumps(content, indent=indent), file)
+        return file
+
+    def write_series(self, file: Path, samples: list[dict]) -> Path:
+        """A series of samples (``self.server``, ``self.dcgm``) as JSON lines."""
+        return self.write(file, "".join(json.dumps(s) + "\n" for s in samples))
+
+    def copy_in(self, source: Path, name: str) -> Path:
+        """A file made elsewhere (the embedded emulator's log) kept beside the run's numbers."""
+        target = self.path / name
+        shutil.copyfile(source, target)
+        return target
+
 
 def check_writable(path: Path, option: str = "--run-dir") -> int:
     """Before the run: ``path`` is, or can be made, a directory this process can write; returns its free bytes.
@@ -72,11 +93,6 @@ def check_writable(path: Path, option: str = "--run-dir") -> int:
 def free_text(free: int) -> str:
     """Free bytes as the console says them."""
     return f"{free / 1e9:.1f} GB free" if free >= 1e9 else f"{free / 1e6:.0f} MB free"
-
-
-def write_json(path: Path, data: Any, indent: int | None = None) -> None:
-    """Written whole or not at all: a reader (a report rebuilt mid-run) never sees half a file."""
-    _replace(path.with_name(path.name + ".tmp"), json.dumps(data, indent=indent), path)
 
 
 def _replace(tmp: Path, text: str, path: Path) -> None:
@@ -115,11 +131,6 @@ class Run:
         o = self.config.get("options", {})
         value = o.get("vllm_load_step_users") or o.get("num_users") or o.get("users")
         return int(value) if isinstance(value, float) and value.is_integer() else value
-
-
-def write_series(out: Path, samples: list[dict]) -> None:
-    """The server side's samples as ``server.jsonl``, written atomically (a reader never sees half of it)."""
-    _replace(out.with_suffix(".tmp"), "".join(json.dumps(s) + "\n" for s in samples), out)
 
 
 def load_run(path: str | Path) -> Run:

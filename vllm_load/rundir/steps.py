@@ -8,7 +8,7 @@ from typing import Any
 
 from vllm_load.workload.datasets import records_per_request
 from vllm_load.metrics.histogram import PERCENTILES
-from vllm_load.rundir.files import RunDir, load_series, write_json
+from vllm_load.rundir.files import RunDir, load_series
 
 
 def write_step_dirs(run_dir: Path, sweep: Any, end_wall: float) -> list[Path]:
@@ -25,17 +25,16 @@ def write_step_dirs(run_dir: Path, sweep: Any, end_wall: float) -> list[Path]:
         level, start, end, stats = s.level, s.start, s.end or end_wall, s.stats
         sd = rd.step(step, mode, level)
         d = sd.path
-        d.mkdir(parents=True, exist_ok=True)
         cfg: dict[str, Any] = {**config, "run_id": f"{config['run_id']}/step{step:02d}", "sweep_step": step}
         cfg["options"] = {**config.get("options", {}), "vllm_load_step_users": level, "sweep_level_kind": mode}
-        write_json(sd.config, cfg, indent=2)
+        sd.write(sd.config, cfg, indent=2)
         opts = config.get("options", {})
         summary = stats.summary(duration=max(end - start, 1e-9), records_per_request=records_per_request(
             opts.get("dataset") or "", opts.get("dataset_batch") or 0), percentiles=computed, shown=shown)
-        write_json(sd.stats, {"run_id": cfg["run_id"], "start": start, "end": end, "summary": summary,
-                              "stats": stats.to_wire()})
+        sd.write(sd.stats, {"run_id": cfg["run_id"], "start": start, "end": end, "summary": summary,
+                            "stats": stats.to_wire()})
         window = [s for s in series if start <= s["t"] <= end]
         if window:
-            sd.server.write_text("".join(json.dumps(s) + "\n" for s in window))
+            sd.write_series(sd.server, window)
         dirs.append(d)
     return dirs
