@@ -34,7 +34,7 @@ def test_a_wheel_installed_outside_the_checkout_runs_the_chat_locustfile(tmp_pat
         if sys.platform.startswith("linux"):  # the wheel's build compiled the native reader
             for ext in ("vllm_load/client/_rxnative", "vllm_load/metrics/_hdrnative"):
                 assert any(n.startswith(ext) and n.endswith(".so") for n in zf.namelist()), ext
-    for dep in ("locust", "gevent", "orjson", "transformers", "hdrhistogram", "prometheus_client"):
+    for dep in ("locust", "gevent", "orjson", "transformers", "hdrhistogram", "prometheus_client", "Jinja2"):
         assert f"Requires-Dist: {dep}" in meta, dep
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path)
@@ -60,3 +60,5 @@ def test_a_wheel_installed_outside_the_checkout_runs_the_chat_locustfile(tmp_pat
     assert "EMULATOR" in res.stdout and "(exit code 0)" in res.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())["summary"]
     assert summary["succeeded"] > 0 and summary["failed"] == 0
+    report = (tmp_path / "run" / "report.html").read_text()  # its template and chart script came in the wheel
+    assert "id='verdict-block'" in report and "uPlot" in report and 'id="chart-data"' in report

@@ -47,7 +47,15 @@ def test_report_files_and_content(tmp_path):
     assert code == 3  # KV usage reached 29%
     assert [c.passed for c in checks] == [True, True, False]
     page = html_path.read_text()
-    assert len(re.findall(r"<img alt='[a-z]+' src='data:image/png;base64,", page)) == 2
+    charts = json.loads(re.search(r'<script type="application/json" id="chart-data">(.*?)</script>', page, re.S)[1])
+    assert [c["id"] for c in charts["timeline"]] == ["latency", "throughput", "server-requests", "server-kv",
+                                                     "server-tokens", "server-prefix"]
+    assert [c["id"] for c in charts["distributions"]] == ["dist-ttft", "dist-itl", "dist-tpot", "dist-e2e"]
+    ttft = charts["distributions"][0]["series"][0]["values"]
+    assert ttft[0] == pytest.approx(50.0, abs=0.1) and ttft[-1] == pytest.approx(59.0, abs=0.1)  # p0 .. p99.9, ms
+    # every chunk carried one token: ITL per chunk and per token are one row, and one line, and it is said
+    assert len(charts["distributions"][1]["series"]) == 1 and "id='itl-note'" in page
+    assert page.index("id='verdict-block'") < page.index("id='client-side'") < page.index("id='server-side'")
     assert "id='emulator-banner'" in page and "id='verdict'>FAIL" in page
     assert "server-missing" not in page
     summary = json.loads((run / "summary.json").read_text())
@@ -88,24 +96,48 @@ def chromium():
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def test_report_renders_with_images_in_headless_chromium(tmp_path):
+def test_report_renders_its_verdict_and_interactive_charts_in_headless_chromium(tmp_path):
+    """The page as a browser draws it: the verdict block on the first screen, above the client and server
+    sections; every chart drawn by uPlot with its axis labels and legend (offline: nothing is fetched); a
+    screenshot of the first screen is taken as a person would see it."""
     browser = chromium()
     if browser is None:
         if os.environ.get("CI"):
             pytest.fail("CI must install chromium (.ci/run does)")
         pytest.skip("chromium is not installed (CI installs it)")
     run = make_run_dir(tmp_path / "run-c")
-    html_path = build(run).report
+    html_path = build(run, ["ttft.p99<=500ms", "server.kv_cache_usage.max<=10%"]).report
     probe = tmp_path / "probe.html"
-    script = ("<script>window.addEventListener('load',()=>{document.body.setAttribute('data-images',"
-              "[...document.images].filter(i=>i.complete&&i.naturalWidth>200).length)})</script></body>")
+    script = ("<script>window.addEventListener('load',()=>{const b=document.body,top=id=>Math.round("
+              "document.getElementById(id).getBoundingClientRect().top);"
+              "b.setAttribute('data-verdict-top',top('verdict-block'));b.setAttribute('data-client-top',top('client-side'));"
+              "b.setAttribute('data-server-top',top('server-side'));"
+              "b.setAttribute('data-canvases',document.querySelectorAll('.uplot canvas').length);"
+              "b.setAttribute('data-axis-labels',window.vllmLoadCharts.map(p=>p.axes.map(a=>a.label).join('/')).join('|'));"
+              "b.setAttribute('data-inked',[...document.querySelectorAll('.uplot canvas')].filter(c=>{"
+              "const d=c.getContext('2d').getImageData(0,0,c.width,c.height).data;let n=0;"
+              "for(let i=3;i<d.length;i+=4)if(d[i])n++;return n>1000}).length);"
+              "b.setAttribute('data-legend',[...document.querySelectorAll('.u-legend .u-label')].map(e=>e.textContent).join('|'))})"
+              "</script></body>")
     probe.write_text(html_path.read_text().replace("</body>", script))
-    out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                          f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", probe.as_uri()],
-                         capture_output=True, text=True, timeout=90)
-    assert 'data-images="2"' in out.stdout, out.stderr[-2000:]
-    assert "SLO verdict" in out.stdout
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"]
+    out = subprocess.run([*flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=90)
+    dom = out.stdout
+    attr = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', dom.split("<body", 1)[1].split(">", 1)[0]))
+    assert attr, out.stderr[-2000:]
+    assert int(attr["verdict-top"]) < 900 and int(attr["verdict-top"]) < int(attr["client-top"]) < int(attr["server-top"])
+    assert 'id="timeline-charts" data-drawn="6"' in dom and 'id="distributions-charts" data-drawn="4"' in dom
+    assert int(attr["canvases"]) == 10 and int(attr["inked"]) == 10  # ten charts, each with lines and axes drawn
+    labels = attr["axis-labels"].split("|")
+    assert labels[0] == "seconds since the run started/ms" and labels[-1] == "percentile/ms", labels
+    assert "seconds since the run started/%" in labels  # KV-cache usage and the prefix-cache hit rate
+    assert "TTFT p99 (ms)" in attr["legend"] and "KV-cache usage %" in attr["legend"]
+    assert ">FAIL</span>" in dom and "Exit code <b>3</b>" in dom
+    shot = tmp_path / "first-screen.png"
+    subprocess.run([*flags, f"--screenshot={shot}", html_path.as_uri()], capture_output=True, timeout=90)
+    assert shot.exists() and shot.stat().st_size > 20_000  # a drawn page, not a blank one
 
 
 def test_compare_flags_a_real_change_and_not_noise(tmp_path, capsys):

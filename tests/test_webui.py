@@ -48,7 +48,7 @@ def test_llm_tab_live_rows_slo_status_server_side_and_report_link(tmp_path, emul
         assert "TTFT (ms)" in names and "Output tok/s (live, last 10 s)" in names
         assert any(r["metric"] == "SLO ttft.p99<=2s" and r["count"] == "PASS" for r in rows)
         assert any(r["metric"] == "Server: prefix-cache hit rate" and r["mean"] == "0.0%" for r in rows)
-        assert "SLO verdict" in report and "data:image/png;base64," in report
+        assert "SLO verdict" in report and "id=\"chart-data\"" in report
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -110,7 +110,8 @@ def test_live_charts_render_the_runs_series_in_headless_chromium(tmp_path, emula
             data = json.loads(get(base + "/vllm-load/live.json")[1])
         except OSError:
             return None
-        return data if data["t"] and data["tps"] and data["server_t"] else None
+        ids = {c["id"] for c in data["charts"]}
+        return data if {"latency", "throughput", "server-requests", "server-kv"} <= ids else None
 
     try:
         wait_for(series, timeout=60, what="client and server series in /vllm-load/live.json", poll=0.5)
@@ -122,10 +123,11 @@ def test_live_charts_render_the_runs_series_in_headless_chromium(tmp_path, emula
         assert 'data-refreshed="1"' in dom, out.stderr[-2000:]
         import re
 
-        points = dict(re.findall(r'id="points-(\w+)">(\d+)<', dom))
-        painted = dict(re.findall(r'id="cv-(\w+)"[^>]*data-painted="(\d+)"', dom))
-        for chart in ("ttft", "itl", "tps", "kv", "queue"):
+        points = dict(re.findall(r'id="chart-([\w-]+)"[^>]*data-points="(\d+)"', dom))
+        painted = dict(re.findall(r'id="chart-([\w-]+)"[^>]*data-painted="(\d+)"', dom))
+        for chart in ("latency", "throughput", "server-requests", "server-kv"):  # drawn by uPlot, with data
             assert int(points[chart]) > 0 and int(painted[chart]) > 500, (chart, points, painted)
+        assert dom.count('class="uplot') >= 4 and "TTFT p99 (ms)" in dom  # a legend with units
         rows = json.loads(get(base + "/stats/requests")[1])["extended_stats"][0]["data"]
         assert any(r["mean"] == "/vllm-load/live" for r in rows)  # the LLM tab links the page
     finally:

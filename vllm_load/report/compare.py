@@ -167,8 +167,19 @@ def render_console(c: dict) -> str:
     return "\n".join(out)
 
 
+def _cdf(h: Any) -> tuple[list[float], list[float]]:
+    """A histogram's CDF: (values in ms, share of values at or below)."""
+    xs, ys, seen = [], [], 0
+    hdr = h.counters()
+    for item in hdr.get_recorded_iterator():
+        seen += item.count_added_in_this_iter_step
+        xs.append(item.value_iterated_to / h.scale * 1000)
+        ys.append(seen / hdr.get_total_count())
+    return xs, ys
+
+
 def render_html(c: dict, a: Run, b: Run) -> str:
-    from vllm_load.report.html import _CSS, _cdf, _png, plt
+    from vllm_load.report.html import _CSS, _png, plt
 
     fig, axes = plt.subplots(1, 4, figsize=(14, 3))
     for ax, key in zip(axes, ("ttft", "itl", "tpot", "e2e")):

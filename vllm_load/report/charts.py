@@ -1,0 +1,124 @@
+"""The report's interactive charts as data: each a title, axis labels with units, an x grid and named series, which
+``static/charts.js`` draws with uPlot (values on hover, drag to zoom, double-click to reset, click a legend entry to
+hide its series). Client and server share one time axis, seconds since the run started; outages and an
+over-saturation finding are marked on every timeline chart."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from vllm_load.metrics.table import BY_KEY
+from vllm_load.rundir.files import Run
+
+#: the distributions' x axis: "nines" (-log10 of the share above), so p50, p90, p99 and p99.9 sit evenly apart
+NINES = [round(i * 0.02, 2) for i in range(0, 151)]  # 0 .. 3 nines (p0 .. p99.9)
+NINES_TICKS = {0.0: "p0", 0.301: "p50", 1.0: "p90", 2.0: "p99", 3.0: "p99.9"}
+
+
+def _chart(cid: str, title: str, x_label: str, y_label: str, x: list[float], series: list[dict[str, Any]],
+           y_range: tuple[float, float] | None = None, kind: str = "time") -> dict[str, Any]:
+    return {"id": cid, "title": title, "x_label": x_label, "y_label": y_label, "x": x, "series": series,
+            "y_range": y_range, "kind": kind}
+
+
+def _round(values: list[float | None], digits: int = 3) -> list[float | None]:
+    return [None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, digits) for v in values]
+
+
+def prefix_hit_rates(series: list[dict]) -> list[tuple[float, float]]:
+    """(time, share of the prompt tokens looked up in the interval that hit the prefix cache)."""
+    out = []
+    for a, b in zip(series, series[1:]):
+        q0, q1 = a.get("prefix_cache_queries_total"), b.get("prefix_cache_queries_total")
+        h0, h1 = a.get("prefix_cache_hits_total"), b.get("prefix_cache_hits_total")
+        if None not in (q0, q1, h0, h1) and q1 > q0:
+            out.append((b["t"], (h1 - h0) / (q1 - q0)))
+    return out
+
+
+def timeline(run: Run) -> list[dict[str, Any]]:
+    """Client latency per 10 s window and output tokens/s; beneath, the server's requests, KV cache, token rates and
+    prefix-cache hit rate (when the run directory holds its series)."""
+    return timeline_of(run.stats, run.start, run.server)
+
+
+def timeline_of(s: Any, t0: float, server: list[dict]) -> list[dict[str, Any]]:
+    """``timeline`` of an ``LLMStats`` and the server's samples: a finished run's, or a running one's (the web UI's
+    live charts draw the same charts)."""
+    out = []
+    wins = sorted(s.windows)
+    series = []
+    for metric in ("ttft", "itl_token"):
+        got = [(w, s.windows[w].get(metric)) for w in wins]
+        for p in (50, 99):
+            series.append({"label": f"{BY_KEY[metric].title} p{p}", "dash": metric != "ttft",
+                           "values": _round([h.percentile(p) * 1000 if h is not None and h.count else None
+                                             for _, h in got])})
+    if wins:
+        out.append(_chart("latency", "Client latency per 10 s window (by request start)", "seconds since the run started",
+                          "ms", [w + 5 - t0 for w in wins], series))
+    secs = sorted(s.tokens_per_second)
+    if secs:
+        out.append(_chart("throughput", "Output tokens per second (client)", "seconds since the run started", "tok/s",
+                          [x - t0 for x in secs], [{"label": "output tok/s",
+                                                    "values": [s.tokens_per_second[x] for x in secs]}]))
+    if server:
+        t = [round(x["t"] - t0, 3) for x in server]
+
+        def col(key: str, scale: float = 1.0) -> list[float | None]:
+            return _round([None if x.get(key) is None else x[key] * scale for x in server])
+        out.append(_chart("server-requests", "Server: requests running and waiting", "seconds since the run started",
+                          "requests", t, [{"label": "running", "values": col("running")},
+                                          {"label": "waiting", "values": col("waiting")}]))
+        out.append(_chart("server-kv", "Server: KV-cache usage", "seconds since the run started", "%", t,
+                          [{"label": "KV-cache usage %", "values": col("kv_cache_usage", 100.0)}], (0.0, 100.0)))
+        if any(x.get("preemptions_rate") for x in server):
+            out.append(_chart("server-preemptions", "Server: preemptions", "seconds since the run started", "per s", t,
+                              [{"label": "preemptions/s", "values": col("preemptions_rate")}]))
+        out.append(_chart("server-tokens", "Server: token rates", "seconds since the run started", "tok/s", t,
+                          [{"label": "prompt tok/s", "values": col("prompt_tokens_rate")},
+                           {"label": "generation tok/s", "values": col("generation_tokens_rate")}]))
+        hits = prefix_hit_rates(server)
+        if hits:
+            out.append(_chart("server-prefix", "Server: prefix-cache hit rate", "seconds since the run started", "%",
+                              [round(x - t0, 3) for x, _ in hits],
+                              [{"label": "prefix-cache hit rate %", "values": _round([100 * r for _, r in hits])}],
+                              (0.0, 100.0)))
+    return out
+
+
+def distributions(run: Run) -> list[dict[str, Any]]:
+    """Each latency metric's value at every percentile, p0 to p99.9, on a "nines" axis: the tail is as wide as the
+    body. ITL per chunk and per token share a chart (one line when every chunk carried one token)."""
+    out = []
+    grid = [100.0 * (1 - 10 ** -n) for n in NINES]
+    for key, extra in (("ttft", None), ("itl", "itl_token"), ("tpot", None), ("e2e", None)):
+        h = run.stats.hists[key]
+        if not h.count:
+            continue
+        series = [{"label": BY_KEY[key].title, "values": _round(curve(h, grid))}]
+        other = run.stats.hists[extra] if extra else None
+        if other is not None and other.count and not _same(h, other):
+            series.append({"label": BY_KEY[extra].title, "dash": True, "values": _round(curve(other, grid))})
+        out.append(_chart(f"dist-{key}", f"{BY_KEY[key].title} by percentile", "percentile", "ms", NINES, series,
+                          kind="nines"))
+    return out
+
+
+def curve(h: Any, grid: list[float]) -> list[float]:
+    """The histogram's value in ms at each percentile of ``grid``."""
+    return [v * 1000 for v in h.percentiles(grid)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two histograms with the same count and percentiles (ITL per chunk and per token, one token per chunk)."""
+    return a.count == b.count and all(a.percentile(p) == b.percentile(p) for p in (1, 50, 90, 99, 99.9, 100))
+
+
+def markers(run: Run) -> dict[str, Any]:
+    """What every timeline chart marks: outage and failure-storm spans, the over-saturation onset and its span."""
+    sat = run.summary.get("saturation")
+    return {"spans": [{"from": w["start"] - run.start, "to": w["end"] - run.start,
+                       "kind": "outage" if w["outage"] else "storm"} for w in run.summary.get("outages", [])],
+            "saturation": {"from": sat["onset_s"], "to": sat["at_s"]} if sat else None}
