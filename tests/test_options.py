@@ -47,3 +47,21 @@ def test_options_are_grouped_each_in_exactly_one_group(capsys):
     # an option's group holds it: --burstiness sits under LOAD SHAPE, before REQUEST BODY
     assert out.index("LOAD SHAPE") < out.index("--burstiness") < out.index("REQUEST BODY")
     assert "--turns  (default: 3; env VLLM_LOAD_TURNS; multiturn.py only)" in out
+
+
+def test_the_subcommands_help_shows_defaults_descriptions_and_examples(capsys):
+    import pytest
+
+    from vllm_load.cli import main as cli_main
+
+    with pytest.raises(SystemExit):
+        cli_main(["tune", "--help"])
+    tune = capsys.readouterr().out
+    assert "(default: 30s)" in tune and "(default: concurrency)" in tune
+    assert "example (the embedded emulator's max_num_seqs" in tune and "--grid max_num_seqs=4,8" in tune
+    with pytest.raises(SystemExit):
+        cli_main(["compare", "--help"])
+    compare = capsys.readouterr().out
+    assert "What changed from run A to run B" in compare and "the baseline" in compare
+    assert cli_main(["options"]) == 0
+    assert "hf:PATH" in capsys.readouterr().out

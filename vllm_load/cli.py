@@ -32,9 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     rp.add_argument("--junit", default="", help="also write the JUnit XML here")
     rp.add_argument("--out", default="", help="with several runs: where the sweep report goes")
     cp = sub.add_parser("compare", help="what changed from run A to run B (every metric and SLO verdict), flagging "
-                        "changes beyond the histograms' error and the runs' own noise; writes compare.md/.html/.json")
-    cp.add_argument("run_a")
-    cp.add_argument("run_b")
+                        "changes beyond the histograms' error and the runs' own noise; writes compare.md/.html/.json",
+                        description="What changed from run A to run B: first how the two were set up differently "
+                        "(target, users, workers, options, trust), then every metric's mean and percentiles and every "
+                        "SLO verdict, a change flagged only beyond the histograms' error and twice the runs' own "
+                        "window-to-window noise. Writes compare.md, compare.html and compare.json.",
+                        epilog="example: vllm-load compare reports/RUN_A reports/RUN_B")
+    cp.add_argument("run_a", help="the run directory compared from (the baseline)")
+    cp.add_argument("run_b", help="the run directory compared with it")
     cp.add_argument("--out", default="", help="where the comparison goes (default: RUN_B/compare)")
     lp = sub.add_parser("locustfile", help="print the path of a shipped locustfile: locust -f \"$(vllm-load locustfile chat)\"")
     lp.add_argument("name", choices=LOCUSTFILES)

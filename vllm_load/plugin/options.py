@@ -110,7 +110,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--header", [], "an HTTP header 'Name: value' on every request (repeatable); values of credential-like "
         "names (Authorization, *token*, *key*, cookie …) are never logged or written", action="append",
         include_in_web_ui=False),
-    Option("--dataset", "", "take prompts from this file (ShareGPT .json, .jsonl, .csv) instead of synthetic text"),
+    Option("--dataset", "", "take prompts from this file (ShareGPT .json, .jsonl, .csv), or from a Hugging Face "
+        "dataset saved locally (hf:PATH, a save_to_disk folder; hf:NAME reads the Hub's, which needs network; "
+        "pip install 'vllm-load[hf]'), instead of synthetic text"),
     Option("--dataset-format", "", "sharegpt, jsonl or csv (default: from the file extension)"),
     Option("--dataset-field", "", "JSONL field or CSV column holding the text (default: text / first column)"),
     Option("--dataset-batch", 0, "classify this many dataset records per prompt under one instruction (1 = the same "
