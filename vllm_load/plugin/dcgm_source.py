@@ -4,6 +4,7 @@ own clock (--dcgm-url), or the same fields read at the run's end from a Promethe
 
 from __future__ import annotations
 
+import http.client
 import time
 import urllib.error
 import urllib.request
@@ -43,7 +44,7 @@ class DcgmPoller:
         try:
             with urllib.request.urlopen(self.url, timeout=5.0) as resp:
                 text = resp.read().decode()
-        except (urllib.error.URLError, OSError, ValueError) as exc:
+        except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
             self.error = f"DCGM exporter {self.url} cannot be read ({getattr(exc, 'reason', exc)})"
             return
         gpus = parse(text)

@@ -5,6 +5,7 @@ a deployment: gauges summed, KV usage the maximum, counters summed)."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.parse
@@ -51,8 +52,8 @@ def query_range(url: str, query: str, start: float, end: float, token: str = "",
             data = json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return [], f"Prometheus at {url} answered HTTP {exc.code} to {query}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return [], f"Prometheus at {url} cannot be read ({getattr(exc, 'reason', exc)})"
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:
+        return [], f"Prometheus at {url} cannot be read ({getattr(exc, 'reason', exc) or type(exc).__name__})"
     if data.get("status") != "success":
         return [], f"Prometheus at {url} refused {query}: {data.get('error', data.get('status'))}"
     return data.get("data", {}).get("result", []), None

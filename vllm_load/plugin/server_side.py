@@ -1,14 +1,14 @@
-"""Fetch the sidecar's series for a run's window into the run directory, on the client's clock."""
+"""The server side's samples on the client's clock: the sidecar's series for a run's window, and while a run goes
+on (``LiveServer``: the sidecar's or a Prometheus')."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
 import urllib.request
-
 from typing import Callable
-
 
 from vllm_load.client.openai_api import auth_header
 from vllm_load.metrics.server import server_summary
@@ -35,8 +35,9 @@ def fetch_samples(sidecar_url: str, start: float, end: float, token: str = "", t
         t1 = time.time()
         offset = float(health["now"]) - (t0 + t1) / 2  # sidecar clock minus ours
         body = _get(f"{base}/series?start={start + offset}&end={end + offset}", token, timeout)
-    except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-        return [], f"sidecar {sidecar_url} unreachable ({getattr(exc, 'reason', exc)})"
+    except (urllib.error.URLError, OSError, ValueError, KeyError, http.client.HTTPException) as exc:
+        # HTTPException: a sidecar stopping mid-answer (IncompleteRead) at a run's end
+        return [], f"sidecar {sidecar_url} unreachable ({getattr(exc, 'reason', exc) or type(exc).__name__})"
     samples = []
     for raw in body.decode().splitlines():
         sample = json.loads(raw)
