@@ -185,3 +185,18 @@ def test_tune_against_a_running_server_with_probes_that_end_by_count(tmp_path, e
     probes = [json.loads(p.read_text())["summary"] for p in (tmp_path / "tune").rglob("summary.json")]
     assert len(probes) == 2 and all(s["requests"] == 30 and s["duration_s"] < 30 for s in probes), \
         [(s["requests"], s["duration_s"]) for s in probes]
+
+
+def test_a_serve_program_installed_beside_this_python_is_found_off_the_path(monkeypatch):
+    """``.venv/bin/vllm-load tune --serve 'vllm-load-emulator …'`` without the venv activated: the emulator is
+    started from the venv's bin (it said "cannot start 'vllm-load-emulator'" before)."""
+    import sys
+    from pathlib import Path
+
+    from vllm_load.tune.server import render
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    argv = render("vllm-load-emulator --port {port}", {}, 8123)
+    beside = Path(sys.executable).parent / "vllm-load-emulator"
+    assert argv == ([str(beside), "--port", "8123"] if beside.exists() else ["vllm-load-emulator", "--port", "8123"])
+    assert render("no-such-program-here --port {port}", {}, 1)[0] == "no-such-program-here"

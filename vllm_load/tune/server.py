@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
+import shutil
 import signal
 import socket
 import subprocess
@@ -33,7 +35,17 @@ def render(template: str, params: dict[str, object], port: int) -> list[str]:
                          f"(they are: port, {', '.join(params) or 'none'})") from None
     except (IndexError, ValueError) as exc:
         raise UsageError(f"--serve {template!r} is not a valid template ({exc}): write e.g. 'vllm serve M --port {{port}}'") from None
-    return shlex.split(text)
+    return with_program_found(shlex.split(text))
+
+
+def with_program_found(argv: list[str]) -> list[str]:
+    """A program not on PATH but installed beside this Python (``.venv/bin/vllm-load tune`` run without activating
+    the venv: its ``vllm-load-emulator`` and ``vllm`` are there) is started from there."""
+    if argv and "/" not in argv[0] and shutil.which(argv[0]) is None:
+        beside = Path(sys.executable).parent / argv[0]
+        if beside.is_file() and os.access(beside, os.X_OK):
+            return [str(beside), *argv[1:]]
+    return argv
 
 
 @dataclass
