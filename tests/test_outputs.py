@@ -196,3 +196,25 @@ def test_the_vllm_result_writes_latencies_and_queue_times_always_and_vllms_concu
     assert ours["max_concurrent_requests"] >= ours["max_concurrent_streams"] >= 1
     one_at_a_time = [{"ok": True, "start": 100.0 + 0.6 * i, "e2e": 0.55} for i in range(5)]
     assert _alive_per_second(one_at_a_time) == 3 and _peak(one_at_a_time) == 1  # second 1 sees 3 of them
+
+
+def test_the_console_ends_with_one_block_after_locusts_tables_and_says_each_thing_once(tmp_path):
+    """A two-process run, stdout and stderr in one stream as a terminal shows them: the stop says what it waits
+    for; Locust's early "not all reports received" alarm and its workers' own "Shutting down" lines are gone; the
+    vllm-load block (table, report, next steps) comes after Locust's last table and ends the output."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT as root
+
+    out = subprocess.run([sys.executable, "-m", "locust", "-f", str(root / "locustfiles/chat.py"), "--headless",
+                          "-u", "4", "-r", "4", "-t", "5s", "--processes", "2", "--output-tokens", "32",
+                          "--run-dir", str(tmp_path / "run")], cwd=tmp_path, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    assert out.count("Shutting down (exit code 0)") == 1, out[-3000:]
+    assert "not all reports received" not in out
+    assert "vllm-load: stopping: waiting for 2 worker(s) to finish their requests in flight" in out
+    assert out.index("Response time percentiles") < out.index("vllm-load LLM metrics, run")
+    assert out.rstrip().splitlines()[-1].startswith("next: open ")
+    assert "ITL (per chunk = per token) (ms)" in out and "ITL per token (ms)" not in out  # one token per chunk

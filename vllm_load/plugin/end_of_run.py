@@ -220,29 +220,48 @@ def _finish(environment: Any, col: Collector) -> None:
     prefix = getattr(environment.parsed_options, "csv_prefix", None)
     if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
         shutil.copyfile(col.plan.files.llm_csv, f"{prefix}_llm_stats.csv")
-    sys.stdout.write("\n" + render_table(built.summary, _table_title(col), server=built.server) + "\n")
+    lines: list[str] = []  # the end-of-run block, printed once, after Locust's own last tables
+    say = lines.append
+    say("\n" + render_table(built.summary, _table_title(col), server=built.server) + "\n")
     stopped = STATE.fatal or STATE.outage_stop
     if stopped:
-        sys.stdout.write(f"vllm-load: the run was stopped: {stopped}\n")
+        say(f"vllm-load: the run was stopped: {stopped}\n")
     elif render_validity(built.verdict):
-        sys.stdout.write(render_validity(built.verdict) + "\n")
+        say(render_validity(built.verdict) + "\n")
     through_client = environment.runner.stats.total.num_requests
     if not built.summary["requests"] and through_client:
-        sys.stdout.write(f"vllm-load: no self.llm request completed; the {through_client} requests Locust counted went "
-                         "through self.client, which is not LLM-timed: send LLM requests with self.llm.chat/complete\n")
+        say(f"vllm-load: no self.llm request completed; the {through_client} requests Locust counted went "
+            "through self.client, which is not LLM-timed: send LLM requests with self.llm.chat/complete\n")
     if exceptions:
-        sys.stdout.write(f"vllm-load: user tasks raised {exceptions} exceptions (Locust's error report lists "
-                         "them; the log shows each kind once)\n")
+        say(f"vllm-load: user tasks raised {exceptions} exceptions (Locust's error report lists "
+            "them; the log shows each kind once)\n")
     if built.verdict.checks:
-        sys.stdout.write(render_checks(built.verdict.checks) + "\n")
+        say(render_checks(built.verdict.checks) + "\n")
     from vllm_load.report.trackers import log_run  # --mlflow-uri, --wandb-project: what the directory holds
 
     for line in log_run(environment.parsed_options, col.plan.files.path):
-        sys.stdout.write(line + "\n")
-    sys.stdout.write(f"vllm-load: report {built.report} (exit code {code})\n")
-    sys.stdout.write(_next_steps(col, built.report) + "\n")
-    sys.stdout.flush()
+        say(line + "\n")
+    say(f"vllm-load: report {built.report} (exit code {code})\n")
+    say(_next_steps(col, built.report) + "\n")
+    _print_after_locust("".join(lines))
     environment.process_exit_code = code
+
+
+def _print_after_locust(block: str) -> None:
+    """The end-of-run block goes out after Locust's final tables (printed after the quitting event, then the quit
+    event fires): one readable block at the very end of a headless run's output, not between Locust's tables."""
+    STATE.end_block = block
+    if not STATE.end_block_hooked:
+        events.quit.add_listener(_on_quit)
+        STATE.end_block_hooked = True
+
+
+def _on_quit(**_kw: Any) -> None:
+    if STATE.end_block:
+        sys.stderr.flush()  # Locust's tables (stderr) first
+        sys.stdout.write(STATE.end_block)
+        sys.stdout.flush()
+        STATE.end_block = ""
 
 
 def _next_steps(col: Collector, report: Any) -> str:

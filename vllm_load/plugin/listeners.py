@@ -104,6 +104,7 @@ def _on_init(environment: Any, **_kw: Any) -> None:
     interrupt.install()
     STATE.environment = environment
     role = role_of(environment)
+    log_repeats.quiet(role)
     wire.register(environment, role)
     if role == "worker" or environment.parsed_options is None:
         return

@@ -64,3 +64,31 @@ def install() -> RepeatFilter:
         if _FILTER not in logger.filters:
             logger.addFilter(_FILTER)
     return _FILTER
+
+
+#: Locust's lines that alarm or repeat for nothing in vllm-load's runs: (role, logger, message start)
+QUIET = (
+    # a master says this ~1 s after the spawn, before its workers' first reports (every 3 s) arrive; when they
+    # never do, the run's own verdict says how many load processes were ready
+    ("master", "locust.runners", "Spawning is complete and report waittime is expired, but not all reports"),
+    # each worker of --processes says it too: with the master's, three "Shutting down (exit code 0)" lines
+    ("worker", "locust.main", "Shutting down (exit code 0)"),
+    ("worker", "locust.runners", "Got quit message from master, shutting down"),
+)
+
+
+class QuietFilter(logging.Filter):
+    def __init__(self, starts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno <= logging.INFO and record.getMessage().startswith(self.starts))
+
+
+def quiet(role: str) -> None:
+    """Drop, in this process's role, the Locust lines ``QUIET`` names (idempotent)."""
+    for name in {logger for r, logger, _ in QUIET if r == role}:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, QuietFilter) for f in logger.filters):
+            logger.addFilter(QuietFilter(tuple(m for r, n, m in QUIET if r == role and n == name)))

@@ -20,6 +20,8 @@ class _State:
     target: Target | None = None
     slos: list = []
     report: str | None = None  # path of the last run's report.html
+    end_block: str = ""  # the end-of-run block, printed when Locust quits (after its own last tables)
+    end_block_hooked: bool = False
     flushed: set = set()  # workers that sent their final report
     last_step: tuple | None = None  # the sweep step the shape announced last
     emulator: ChildServer | None = None

@@ -168,6 +168,9 @@ def drain(environment: Any) -> None:
         # a worker Locust marked missing (no heartbeat) cannot answer: do not wait for it, nor for one
         # Locust marks missing while we wait (a worker killed just before the stop; ~4 s, not the timeout)
         clients = _live_workers(runner)
+        if clients:  # what the stop waits for, said (a stop that takes seconds said nothing)
+            print(f"vllm-load: stopping: waiting for {len(clients)} worker(s) to finish their requests in flight "
+                  f"and send their final numbers (at most --drain-timeout {timeout:g} s)", flush=True)
         STATE.flushed = set()
         for cid in clients:
             runner.send_message(FLUSH, None, client_id=cid)
@@ -178,6 +181,9 @@ def drain(environment: Any) -> None:
         if col.workers_lost:
             log.warning("vllm-load: no final report from %d worker(s): %s", len(col.workers_lost), ", ".join(col.workers_lost))
     elif STATE.generator is not None:  # local
+        if STATE.generator.in_flight:
+            print(f"vllm-load: stopping: waiting for {STATE.generator.in_flight} request(s) in flight to finish "
+                  f"(at most --drain-timeout {timeout:g} s)", flush=True)
         if not STATE.generator.drain(timeout):
             log.warning("vllm-load: %d requests still in flight after the drain timeout", STATE.generator.in_flight)
 

@@ -33,7 +33,21 @@ def table_rows(summary: dict) -> list[dict]:
         row = {"metric": f"{title} ({unit})", "count": m["count"], "mean": fmt_number(m["mean"] * factor)}
         row.update({c: fmt_number(m[c] * factor) for c in columns(summary) if c in m})
         rows.append(row)
-    return rows
+    return _one_itl_row(rows, columns(summary))
+
+
+#: the ITL row's title when the gaps per chunk and per token are the same numbers (every chunk carried one token)
+ITL_ONE_ROW = "ITL (per chunk = per token)"
+
+
+def _one_itl_row(rows: list[dict], cols: list[str]) -> list[dict]:
+    """ITL per chunk and per token as one row when every chunk carried one token (they were two identical rows)."""
+    chunk = next((r for r in rows if r["metric"].startswith("ITL (per chunk)")), None)
+    token = next((r for r in rows if r["metric"].startswith("ITL per token")), None)
+    if chunk is None or token is None or any(chunk.get(k) != token.get(k) for k in ("count", "mean", *cols)):
+        return rows
+    chunk["metric"] = chunk["metric"].replace("ITL (per chunk)", ITL_ONE_ROW)
+    return [r for r in rows if r is not token]
 
 
 #: the by-name table's columns: (metric key, statistic, title); times in ms, tokens as means

@@ -22,7 +22,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from vllm_load.report import charts  # noqa: E402
-from vllm_load.report.console import NAME_HEAD, columns, energy_line, name_rows, server_cells, spec_line, table_rows  # noqa: E402
+from vllm_load.report.console import ITL_ONE_ROW, NAME_HEAD, columns, energy_line, name_rows, server_cells, spec_line, table_rows  # noqa: E402
 from vllm_load.report.page import render  # noqa: E402
 from vllm_load.metrics.verdict import Verdict, word  # noqa: E402
 from vllm_load.report.results import finish  # noqa: E402
@@ -105,17 +105,11 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
 
 
 def latency_table(s: dict) -> tuple[tuple[list[str], list[list[Any]]], str]:
-    """(head, rows) of the latency table, and a note when ITL per chunk and per token were one row: every chunk
-    carried one token, so the two are the same numbers."""
+    """(head, rows) of the latency table, and a note when ITL per chunk and per token are one row."""
     cols = columns(s)
     rows = table_rows(s)
-    note = ""
-    chunk = next((r for r in rows if r["metric"].startswith("ITL (per chunk)")), None)
-    token = next((r for r in rows if r["metric"].startswith("ITL per token")), None)
-    if chunk is not None and token is not None and all(chunk.get(k) == token.get(k) for k in ("count", "mean", *cols)):
-        rows = [r for r in rows if r is not token]
-        chunk["metric"] = chunk["metric"].replace("ITL (per chunk)", "ITL (per chunk = per token)")
-        note = "ITL per chunk and per token are one row: every chunk carried one token."
+    note = ("ITL per chunk and per token are one row: every chunk carried one token, so they are the same numbers."
+            if any(r["metric"].startswith(ITL_ONE_ROW) for r in rows) else "")
     return (["metric", "count", "mean", *cols], [[r["metric"], r["count"], r["mean"], *(r.get(c, "") for c in cols)]
                                                   for r in rows]), note
 

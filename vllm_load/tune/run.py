@@ -39,8 +39,8 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=_Help,
         epilog="After --: the options of a normal run, passed to every probe as they are.\n\nexample (the embedded "
         "emulator's max_num_seqs, 8 s probes):\n  vllm-load tune --serve 'vllm-load-emulator --port {port} "
-        "--max-num-seqs {max_num_seqs}' \\\n      --grid max_num_seqs=4,8 --slo 'ttft.p99<=500ms' --probe-duration 8s "
-        "--probe-warmup 2s \\\n      -- --output-tokens 32\nexample (a running server):\n  vllm-load tune --host "
+        "--profile cpu-tiny --max-num-seqs {max_num_seqs}' \\\n      --grid max_num_seqs=2,4 --slo 'ttft.p99<=500ms' --probe-duration 8s "
+        "--probe-warmup 2s \\\n      -- --output-tokens 64\nexample (a running server):\n  vllm-load tune --host "
         "http://HOST:8000 --slo 'ttft.p99<=500ms' --search rate")
     ap.add_argument("--serve", default="", help="the server's command, with {port} and each grid parameter as "
                     "{name}; without it, --host names one running server to search")
