@@ -49,6 +49,9 @@ def test_llm_tab_live_rows_slo_status_server_side_and_report_link(tmp_path, emul
         assert any(r["metric"] == "SLO ttft.p99<=2s" and r["count"] == "PASS" for r in rows)
         assert any(r["metric"] == "Server: prefix-cache hit rate" and r["mean"] == "0.0%" for r in rows)
         assert "SLO verdict" in report and "id=\"chart-data\"" in report
+        stats = json.loads(get(base + "/stats/requests")[1])["extended_stats"]
+        named = next(t["data"] for t in stats if t["key"] == "llm_names")  # chat.py names nothing: the tab says how
+        assert len(named) == 1 and named[0]["c0"].startswith("no request was named yet: give self.llm.chat(")
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -118,6 +118,9 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
             rows.insert(0, {"metric": "ERROR", "count": "", "mean": error})
         data = response.get_json(silent=True) or {}
         named = [{f"c{i}": c for i, c in enumerate(r)} for r in name_rows(summary)] if summary else []
+        if not named:  # an empty tab says how to fill it
+            named = [{"c0": "no request was named yet: give self.llm.chat(..., name=\"turn 1\") a name= (the "
+                            "multiturn.py and agent.py locustfiles name their turns and tool rounds)"}]
         data["extended_stats"] = [{"key": "llm", "data": rows}, {"key": "llm_names", "data": named}]
         response.set_data(json.dumps(data))
         return response
