@@ -32,3 +32,18 @@ def emulator_factory():
 @pytest.fixture
 def sidecar_factory():
     yield from _factory("-m", "server.sidecar", "--listen", "127.0.0.1:0")
+
+
+#: the modules whose tests start real vLLMs, swarms of processes, namespaces, capacity searches or long runs: the
+#: full suite's bulk (`python -m pytest -q -m 'not slow' tests` leaves them out while developing)
+SLOW_MODULES = frozenset({
+    "test_real_vllm", "test_real_vllm_pooling", "test_real_vllm_reasoning", "test_real_vllm_tune",
+    "test_real_vllm_vision", "test_saturation", "test_tune", "test_netns", "test_process_faults", "test_busy_host",
+    "test_faults", "test_compose", "test_kubernetes", "test_packaging", "test_webui", "test_sweep",
+})
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

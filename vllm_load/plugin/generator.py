@@ -117,7 +117,10 @@ class Generator:
     def _prepare_generation(self) -> None:
         self.headers = request_headers(self.opts)
         self.goodput_limits = goodput_thresholds(parse_slo_option(list(self.plan.slos)))
-        self.reqlog = RequestLog(self.plan.files.requests(None if self.role == "local" else self.worker_id))
+        # a worker's log is named by its index in the swarm and its host (its records carry Locust's worker id)
+        host = self.worker_id.rsplit("_", 1)[0] if "_" in self.worker_id else self.worker_id
+        self.reqlog = RequestLog(self.plan.files.requests(None if self.role == "local" else
+                                                          f"w{self.worker_index}-{host}"))
 
     def set_step(self, step: int, rate: float) -> None:
         """Enter a sweep step; open-loop users waiting on a gap drawn at the old rate wake and redraw."""

@@ -39,7 +39,7 @@ class RunDir:
     llm_csv = property(lambda self: self.path / "llm_stats.csv")  # one row per metric and name
 
     def requests(self, worker: str | None) -> Path:
-        """The per-request log: one file for a local run, one per worker in a swarm."""
+        """The per-request log: one file for a local run, one per worker in a swarm (``worker``: "w3-hostname")."""
         if worker is None:
             return self.path / "requests.jsonl"
         return self.path / ("requests-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in worker) + ".jsonl")
