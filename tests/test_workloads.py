@@ -133,3 +133,6 @@ def test_tls_targets_are_verified_unless_told_otherwise(emulator_factory, tmp_pa
         assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
         _, logs = load_run(tmp_path / tag)
         assert logs and all(r["ok"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+        # TLS hides the kernel's stamps: the console says the clock timed the chunks, not the native reader
+        assert "chunks timed by the clock as the client's loop read each line (https://" in ok.stdout
+        assert "kernel stamps)" not in ok.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import Counter
 
 try:
     from vllm_load.client import _rxnative
@@ -74,3 +75,21 @@ class PythonReadLag:
 
 
 python_lag = PythonReadLag()
+
+
+#: how this process's answers were read since the monitor last asked: "native" (the C thread, kernel stamps),
+#: "python" (the Python reader, kernel stamps) or "clock" (timed as the loop read them: TLS, a user's own pool)
+used: Counter = Counter()
+_NAMES = {"native": "native", "stamped": "python", "clock": "clock"}
+
+
+def note_read(reader: str) -> None:
+    """One answer read by ``reader`` (``rxstamp``'s NATIVE, STAMPED or CLOCK)."""
+    used[_NAMES.get(reader, reader)] += 1
+
+
+def take_used() -> list[str]:
+    """The readers that read answers since the last call."""
+    out = sorted(used)
+    used.clear()
+    return out

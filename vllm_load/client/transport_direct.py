@@ -10,6 +10,7 @@ from gevent import GreenletExit
 
 from vllm_load.client.direct import ConnectFailed, Connections
 from vllm_load.client.exchange import Clock, Decoder, Exchange, Report, fault, raise_for, retry_after
+from vllm_load.client.reader_choice import note_read
 from vllm_load.client.native import LineSink
 from vllm_load.client.openai_api import error_message
 
@@ -37,6 +38,7 @@ class DirectTransport:
     def exchange(self, path: str, body: bytes, headers: dict[str, str], decoder: Decoder, clock: Clock,
                  name: str) -> Exchange:
         ex = self._exchange(path, body, headers, decoder, clock)
+        note_read("native")
         if self.report is not None:
             self.report(name, self.url(path), ex.e2e, decoder.bytes_read, ex.error, clock.start_wall)
         return ex

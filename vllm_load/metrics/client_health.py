@@ -24,7 +24,7 @@ from typing import Callable
 import gevent
 import psutil
 
-from vllm_load.client import native
+from vllm_load.client import native, reader_choice
 
 CPU_LIMIT = 90.0
 LAG_LIMIT = 0.050
@@ -154,7 +154,9 @@ class ClientMonitor:
 
     def take(self) -> dict:
         self._take_reads()  # up to now, not only to the last tick
-        out = {"t": time.time(), "reader": native.reader_name(), "read_lag": self.read_lag_max,
+        used = reader_choice.take_used()  # what read this interval's answers (none read: the process's choice)
+        out = {"t": time.time(), "reader": reader_choice.reader_name(), "readers": used or [reader_choice.reader_name()],
+               "read_lag": self.read_lag_max,
                "reads": self.reads, "late_reads": self.late_reads, "cpu": self.cpu_max, "lag": self.lag_max,
                "streams": self.streams_max, "in_flight": int(self.in_flight()), "wait": self.wait_max,
                "steal": self.steal_max, "cpu_at_lag": self.cpu_at_lag, "wait_at_lag": self.wait_at_lag}
@@ -290,9 +292,10 @@ class ClientHealth:
             "cpu_wait_max": max((r.get("wait", 0.0) for r in all_rows), default=0.0),
             "steal_max": max((r.get("steal", 0.0) for r in all_rows), default=0.0),
             "streams_max": max((r["streams"] for r in all_rows), default=0),
-            # which reader timed the chunks: "native" (a C thread reads each chunk as it lands) or "python"
-            # (exact while the loop keeps up; see client/native.py)
-            "readers": sorted({r["reader"] for r in all_rows if "reader" in r}),
+            # which readers timed the chunks: "native" (a C thread reads each chunk as it lands), "python" (kernel
+            # stamps, exact while the loop keeps up; see client/native.py), "clock" (TLS: no kernel stamp)
+            "readers": sorted({x for r in all_rows for x in (r.get("readers") or [r["reader"]] if "reader" in r
+                                                              else [])}),
             "read_lag_max": max((r.get("read_lag", 0.0) for r in all_rows), default=0.0),
         }
 

@@ -22,6 +22,7 @@ from vllm_load.client import rxstamp
 from vllm_load.client.exchange import Clock, Decoder, Exchange, Report, Transport, fault, raise_for, retry_after
 from vllm_load.client.transport_direct import DirectTransport
 from vllm_load.client.openai_api import error_message
+from vllm_load.client.reader_choice import note_read
 from vllm_load.client.rxstamp import CLOCK, NATIVE, STAMPED
 
 
@@ -73,6 +74,7 @@ class SessionTransport:
         """Read a 200's body into ``decoder``; the perf_counter time the answer was complete, or None."""
         sock = raw._sock
         reader = sock.reader if self.rx_sockets else CLOCK
+        note_read(reader)  # what the run says timed its chunks is what did
         if reader != CLOCK:
             clock.sent_at(sock.take_tx())
         t0, start_wall = clock.t0, clock.start_wall

@@ -205,6 +205,11 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
     if readers == ["native"]:
         lines.append(f"chunks timed by the native reader: each read as it landed, at most "
                      f"{s['client'].get('read_lag_max', 0.0) * 1000:.1f} ms after (kernel stamps)")
+    elif "clock" in readers:
+        lines.append("chunks timed by the clock as the client's loop read each line (https:// or a session of the "
+                     "user's own: TLS hides the kernel's stamps): exact while the loop keeps up with every stream"
+                     + (f"; other answers by the {' and '.join(r for r in readers if r != 'clock')} reader"
+                        if len(readers) > 1 else ""))
     elif "python" in readers:
         lines.append("chunks timed by the Python reader (the native one is off or not built: see `vllm-load "
                      "native`): exact while the client's loop keeps up with every stream")
