@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import atexit
 import importlib
 import os
@@ -75,3 +77,18 @@ def start_emulator(extra_args: list[str], log: Path | None = None) -> ChildServe
 def start_sidecar(vllm_url: str, out: Path) -> ChildServer:
     return start_child("sidecar", ["--vllm-url", vllm_url, "--listen", "127.0.0.1:0", "--interval", "1s",
                                           "--out", str(out)])
+
+
+def emulator_args(opts: Any) -> list[str]:
+    """The embedded emulator's command line, from the run's --emulator-* options."""
+    args = ["--ttft", str(opts.emulator_ttft), "--itl", str(opts.emulator_itl),
+            "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk), "--enable-prompt-tokens-details"]
+    if opts.emulator_reasoning_tokens:
+        args += ["--reasoning-tokens", opts.emulator_reasoning_tokens]
+    if opts.emulator_spec_tokens:
+        args += ["--spec-tokens", str(opts.emulator_spec_tokens), "--spec-acceptance", str(opts.emulator_spec_acceptance)]
+    if opts.emulator_dcgm:
+        args += ["--dcgm"]
+    if opts.emulator_max_num_seqs:
+        args += ["--max-num-seqs", str(opts.emulator_max_num_seqs)]
+    return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])

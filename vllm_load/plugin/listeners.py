@@ -27,8 +27,9 @@ from vllm_load.errors import UsageError, die
 from vllm_load.metrics.prometheus import registry_for
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.client.pooling import POOLING
-from vllm_load.plugin import end_of_run, interrupt, log_repeats, options, saturation_watch, ui_guard, validate, webui, wire
-from vllm_load.plugin.embedded import start_emulator, start_sidecar
+from vllm_load.plugin import (end_of_run, interrupt, log_repeats, options, saturation_watch, ui_guard, validate, warmup_reset,
+                              webui, wire)
+from vllm_load.plugin.embedded import emulator_args, start_emulator, start_sidecar
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.server_side import LiveServer
@@ -47,20 +48,6 @@ def _add_options(parser: Any, **_kw: Any) -> None:
     options.add_arguments(parser)
     # Locust's web UI listens on every interface unless told: vllm-load's listens on this host only
     parser.set_defaults(web_host=ui_guard.DEFAULT_WEB_HOST)
-
-
-def _emulator_args(opts: Any) -> list[str]:
-    args = ["--ttft", str(opts.emulator_ttft), "--itl", str(opts.emulator_itl),
-            "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk), "--enable-prompt-tokens-details"]
-    if opts.emulator_reasoning_tokens:
-        args += ["--reasoning-tokens", opts.emulator_reasoning_tokens]
-    if opts.emulator_spec_tokens:
-        args += ["--spec-tokens", str(opts.emulator_spec_tokens), "--spec-acceptance", str(opts.emulator_spec_acceptance)]
-    if opts.emulator_dcgm:
-        args += ["--dcgm"]
-    if opts.emulator_max_num_seqs:
-        args += ["--max-num-seqs", str(opts.emulator_max_num_seqs)]
-    return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])
 
 
 def _swarm_check(environment: Any, host: str) -> str | None:
@@ -120,7 +107,7 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         STATE.sidecar_url = opts.sidecar_url
         if not environment.host:
             STATE.emulator_log = private_temp_file("emulator", ".log")
-            STATE.emulator = start_emulator(_emulator_args(opts), STATE.emulator_log)
+            STATE.emulator = start_emulator(emulator_args(opts), STATE.emulator_log)
             environment.host = STATE.emulator.url
             print(
                 f"vllm-load: no --host given: started the built-in vLLM EMULATOR at {STATE.emulator.url} "
@@ -281,6 +268,10 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
             if STATE.worker_step is not None and environment.shape_class is not None:
                 gen.set_step(*STATE.worker_step)  # announced before this generator was made
             gevent.spawn(gen.clock.measure, environment.runner)
+    if STATE.warmup_reset is not None:
+        STATE.warmup_reset.kill(block=False)
+    window = (lambda: gen.start_wall) if role != "master" else (lambda: col.start_wall)  # the LLM metrics' window
+    STATE.warmup_reset = warmup_reset.reset_after(environment, window, plan.warmup, say=role != "worker")
     if role != "worker":
         if STATE.watcher is not None:
             STATE.watcher.kill(block=False)

@@ -22,6 +22,7 @@ class _State:
     report: str | None = None  # path of the last run's report.html
     end_block: str = ""  # the end-of-run block, printed when Locust quits (after its own last tables)
     end_block_hooked: bool = False
+    warmup_reset: Any = None  # the greenlet that starts Locust's table over when --warmup ends
     flushed: set = set()  # workers that sent their final report
     last_step: tuple | None = None  # the sweep step the shape announced last
     emulator: ChildServer | None = None
