@@ -64,4 +64,6 @@ def test_the_subcommands_help_shows_defaults_descriptions_and_examples(capsys):
     compare = capsys.readouterr().out
     assert "What changed from run A to run B" in compare and "the baseline" in compare
     assert cli_main(["options"]) == 0
-    assert "hf:PATH" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert "hf:PATH" in listed and "--output-tokens  (default: 64;" in listed  # one default, said once
+    assert "multiturn.py: the first user message's" in listed  # what each locustfile does with --input-tokens

@@ -17,8 +17,10 @@ class Option:
     """One option: its flag, default and help, and argparse's extras (type, action, choices, is_secret, …)."""
 
     def __init__(self, flag: str, default: Any, help: str, *, locustfiles: tuple[str, ...] = (),  # noqa: A002
-                 **kw: Any) -> None:
+                 shown_default: str = "", **kw: Any) -> None:
         self.flag, self.default, self.help, self.kw = flag, default, help, kw
+        #: what the default is, said where the option's value is decided later (an empty default that means one)
+        self.shown_default = shown_default
         #: the shipped locustfiles that read it; empty: every run reads it. A user or shape class that reads
         #: such an option names it in its ``uses_options``; given to a run whose classes do not, it is refused.
         self.locustfiles = locustfiles
@@ -37,10 +39,12 @@ OPTIONS: tuple[Option, ...] = (
         "(a base model and its LoRA adapters): requests rotate over them and the metrics are grouped per model"),
     Option("--tokenizer", "", "tokenizer: HF id, local folder, or a built-in one: builtin:mistral-7b-v0.1 (SentencePiece, "
         "the emulator's), builtin:mistral-tekken (Tekken, for vLLM's --tokenizer-mode mistral) (default: the model name)"),
-    Option("--input-tokens", "128", "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD"),
+    Option("--input-tokens", "128", "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD "
+        "(multiturn.py: the first user message's; later turns take --turn-input-tokens and carry the conversation; "
+        "embeddings.py, rerank.py: each text's)"),
     Option("--output-tokens", "", "output length in tokens (forced with ignore_eos/min_tokens): N, LOW-HIGH, "
-        "normal:MEAN,STD (default 64; with --dataset, the dataset's answer length, or the answer lines a --dataset-batch "
-        "instruction asks for)"),
+        "normal:MEAN,STD (with --dataset: the dataset's answer length, or the answer lines a --dataset-batch "
+        "instruction asks for; the pooling locustfiles generate none)", shown_default="64"),
     Option("--wait-for-server", "0", "wait this long (30s, 15m, …) for the server's /health and /v1/models before the "
         "run, with a progress line every 10 s (a vLLM loading its model takes minutes)"),
     Option("--api-key", "", "bearer token for the server (never logged, written or shown in the web UI; default: "
@@ -246,7 +250,8 @@ def describe() -> str:
         rows.append(f"\n{group.upper()}")
         for flag in flags:
             o = by_flag[flag]
-            default = "off" if o.kw.get("action") == "store_true" else ("" if o.default in ("", [], None) else o.default)
+            default = "off" if o.kw.get("action") == "store_true" else o.shown_default or (
+                "" if o.default in ("", [], None) else o.default)
             only = f"; {', '.join(o.locustfiles)} only" if o.locustfiles else ""
             rows.append(f"{o.flag}  (default: {default if default != '' else '-'}; env {o.env}{only})\n    {o.help}")
     return "\n".join(rows).lstrip("\n")
