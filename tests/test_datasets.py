@@ -152,3 +152,24 @@ def test_a_run_sends_the_records_of_a_local_hugging_face_dataset(tmp_path, emula
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     contents = [json.loads(line)["body"]["messages"][-1]["content"] for line in sent.read_text().splitlines()]
     assert len(contents) >= 6 and {c.split("\n", 1)[1] for c in contents} == set(texts)
+
+
+def test_a_hub_dataset_without_the_hub_is_one_line_at_once(tmp_path):
+    """hf:NAME where the Hub cannot be reached (HF_ENDPOINT on a closed port): the local cache only, and one line
+    saying what to do, in seconds (the Hub client retried for 25 s before its error)."""
+    import socket
+    import time
+
+    pytest.importorskip("datasets")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    t0 = time.monotonic()
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
+                      "--dataset", "hf:someone/not-cached", "--run-dir", str(tmp_path / "run")], cwd=tmp_path,
+                     env_extra={"HF_ENDPOINT": f"http://127.0.0.1:{closed}", "HF_HOME": str(tmp_path / "hf")})
+    took = time.monotonic() - t0
+    errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
+    assert res.returncode == 2 and len(errors) == 1, res.stderr[-2000:]
+    assert "is not reachable from here and the dataset is not in the local cache" in errors[0]
+    assert "Retrying" not in res.stderr and took < 20, took

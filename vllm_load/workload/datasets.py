@@ -9,12 +9,17 @@ replayed record never shares a prefix with an earlier request (sharing stays opt
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import functools
 import json
+import os
 import random
+import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+from urllib.parse import urlsplit
 
 from vllm_load.errors import UsageError
 
@@ -93,6 +98,40 @@ def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Recor
     return records
 
 
+def _hub_url() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+@functools.lru_cache(maxsize=None)
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A TCP connection to the Hub (``HF_ENDPOINT``) opens within ``timeout`` (asked once per process)."""
+    parts = urlsplit(_hub_url())
+    try:
+        with socket.create_connection((parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)),
+                                      timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def _offline(datasets: Any) -> Iterator[None]:
+    """The ``datasets`` and ``huggingface_hub`` clients in offline mode for one call (their flags are read at import,
+    so the environment variables are too late here)."""
+    import huggingface_hub.constants as hub
+
+    saved = [(m, k, getattr(m, k)) for m, k in ((datasets.config, "HF_HUB_OFFLINE"),
+                                                 (datasets.config, "HF_DATASETS_OFFLINE"), (hub, "HF_HUB_OFFLINE"))
+             if hasattr(m, k)]
+    for m, k, _ in saved:
+        setattr(m, k, True)
+    try:
+        yield
+    finally:
+        for m, k, v in saved:
+            setattr(m, k, v)
+
+
 def read_hf(spec: str, field: str = "") -> list[Record]:
     """``--dataset hf:NAME_OR_PATH[:split]`` through the ``datasets`` library: a folder written by
     ``save_to_disk``, parquet files (a file or a folder of them), or a hub name (which needs the hub or its
@@ -112,12 +151,18 @@ def read_hf(spec: str, field: str = "") -> list[Record]:
         elif local.suffix == ".parquet" or (local.is_dir() and any(local.glob("*.parquet"))):
             files = [str(local)] if local.is_file() else sorted(str(f) for f in local.glob("*.parquet"))
             ds = datasets.load_dataset("parquet", data_files=files, split=split or "train")
-        else:
+        elif hub_reachable():
             ds = datasets.load_dataset(name, split=split or None)
+        else:  # the local cache only: the Hub's client retried for 25 s (5 retries) before its error
+            with _offline(datasets):
+                ds = datasets.load_dataset(name, split=split or None)
     except Exception as exc:  # datasets raises FileNotFoundError, ConnectionError, ValueError and its own kinds
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise UsageError(f"dataset hf:{spec} cannot be loaded ({first}): give a folder written by save_to_disk, "
-                         "parquet files, or a hub name the machine can reach") from None
+        where = "" if hub_reachable() else (f"; the Hub ({_hub_url()}) is not reachable from here and the dataset is "
+                                            "not in the local cache: save it with save_to_disk where there is "
+                                            "network and pass hf:FOLDER")
+        raise UsageError(f"dataset hf:{spec} cannot be loaded ({first}){where}: give a folder written by "
+                         "save_to_disk, parquet files, or a hub name the machine can reach") from None
     if isinstance(ds, datasets.DatasetDict):
         if split and split not in ds:
             raise UsageError(f"dataset hf:{spec} has no split {split!r} (it has {', '.join(ds)})")
