@@ -185,3 +185,21 @@ def test_compare_says_how_the_runs_differ_before_any_metric(tmp_path, capsys):
     assert out[1].startswith("  the runs differ in") and any("--num-users: A 8  B 4" in line for line in out)
     assert "## The runs differ in" in (tmp_path / "cmp" / "compare.md").read_text()
     assert "id='differs'" in (tmp_path / "cmp" / "compare.html").read_text()
+
+
+def test_compare_flags_a_metric_without_noise_only_beyond_its_stated_threshold(tmp_path, capsys):
+    """Output tokens/s per request has no 10 s windows, so no noise estimate: +2 % is not a change at the default
+    5 %, and is one at --threshold 1%; the output says which threshold judged it."""
+    from vllm_load.report.compare import compare
+    from vllm_load.rundir.files import load_run
+
+    a, b = load_run(make_run_dir(tmp_path / "a")), load_run(make_run_dir(tmp_path / "b"))
+    for stat in ("mean", "p50", "p90", "p99", "p99.9"):
+        b.summary["metrics"]["output_tps"][stat] *= 1.02
+    flagged = lambda c: [r["stat"] for r in c["metrics"] if r["metric"] == "output_tps" and r["significant"]]  # noqa: E731
+    assert flagged(compare(a, b)) == []
+    assert flagged(compare(a, b, threshold=0.01)) == ["mean", "p50", "p90", "p99", "p99.9"]
+    assert cli_main(["compare", str(a.path), str(b.path), "--threshold", "1%", "--out", str(tmp_path / "c")]) == 0
+    assert "beyond 1% (--threshold)" in (tmp_path / "c" / "compare.md").read_text()
+    assert cli_main(["compare", str(a.path), str(b.path), "--threshold", "lots"]) == 2
+    assert "--threshold 'lots' is not a share" in capsys.readouterr().err

@@ -16,6 +16,17 @@ from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sweep", "embeddings", "rerank", "responses")
 
 
+def parse_share(text: str, flag: str) -> float:
+    """A share as the options write one: 5% or 0.05."""
+    try:
+        value = float(text[:-1]) / 100 if text.strip().endswith("%") else float(text)
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} is not a share: give e.g. 5% or 0.05") from None
+    if not 0 <= value < 10:
+        raise UsageError(f"{flag} {text!r} must be a share of at least 0, e.g. 5%")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["tune"]:  # its own parser: the options after -- go to every probe as they are
@@ -41,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     cp.add_argument("run_a", help="the run directory compared from (the baseline)")
     cp.add_argument("run_b", help="the run directory compared with it")
     cp.add_argument("--out", default="", help="where the comparison goes (default: RUN_B/compare)")
+    cp.add_argument("--threshold", default="5%", help="a metric without a noise estimate (no 10 s windows) is "
+                    "flagged only beyond this relative change (default: 5%%)")
     lp = sub.add_parser("locustfile", help="print the path of a shipped locustfile: locust -f \"$(vllm-load locustfile chat)\"")
     lp.add_argument("name", choices=LOCUSTFILES)
     sub.add_parser("options", help="every option of the locustfiles: default, environment variable, meaning "
@@ -65,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_load.report.compare import render_console, run_compare
 
         try:
-            c, out = run_compare(args.run_a, args.run_b, args.out)
+            c, out = run_compare(args.run_a, args.run_b, args.out, parse_share(args.threshold, "--threshold"))
         except UsageError as exc:
             sys.stderr.write(f"vllm-load: error: {exc}\n")
             return EXIT_BAD_INPUT

@@ -4,7 +4,9 @@ Every metric's mean and percentiles, the run's rates and the SLO verdicts, A aga
 when it is larger than both the histograms' error (0.1 % relative, HdrHistogram's 3 significant digits) and
 the runs' own noise: for TTFT, ITL per token and E2E, the spread (standard deviation) of the 10 s windows'
 medians within each run, combined over the two runs (a run that wanders by 5 ms between its own windows
-cannot show a 2 ms change). Metrics without windows are judged by the histograms' error only, and say so.
+cannot show a 2 ms change). Metrics without windows have no noise estimate: a change of theirs is flagged only
+beyond a stated relative threshold (``--threshold``, 5 % by default), and the output says so (two nearly equal runs
+showed 17 "changed" lines of +0.2 % before).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from vllm_load.report.console import fmt_number
 from vllm_load.rundir.files import Run, load_run
 
 HIST_ERROR = 0.001  # relative, HdrHistogram with 3 significant digits
+#: a metric without a noise estimate is flagged only beyond this relative change (--threshold)
+DEFAULT_THRESHOLD = 0.05
 STATS = ("mean", "p50", "p90", "p99", "p99.9")
 RATES = (("request_rate", "request rate", "req/s"), ("output_token_rate", "output tokens/s", "tok/s"),
          ("error_rate", "error rate", "%"), ("goodput", "goodput (good req/s)", "req/s"))
@@ -76,7 +80,8 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
     return out
 
 
-def compare(a: Run, b: Run) -> dict[str, Any]:
+def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
+    """``threshold``: the relative change a metric without a noise estimate must exceed to be flagged."""
     rows = []
     for m in METRICS:
         ma, mb = a.summary["metrics"].get(m.key), b.summary["metrics"].get(m.key)
@@ -88,10 +93,10 @@ def compare(a: Run, b: Run) -> dict[str, Any]:
             va, vb = ma[stat], mb[stat]
             delta = vb - va
             floor = HIST_ERROR * max(abs(va), abs(vb))
-            threshold = max(floor, 2 * noise) if noise is not None else floor
+            limit = max(floor, 2 * noise) if noise is not None else max(floor, threshold * max(abs(va), abs(vb)))
             rows.append({"metric": m.key, "title": m.title, "unit": m.unit, "stat": stat, "a": va * m.scale,
                          "b": vb * m.scale, "delta": delta * m.scale,
-                         "pct": (delta / va * 100) if va else None, "significant": abs(delta) > threshold,
+                         "pct": (delta / va * 100) if va else None, "significant": abs(delta) > limit,
                          "noise": None if noise is None else noise * m.scale})
     rates = []
     for key, title, unit in RATES:
@@ -107,7 +112,7 @@ def compare(a: Run, b: Run) -> dict[str, Any]:
         verdicts.append({"slo": text, "a": slo_a.get(text), "b": slo_b.get(text),
                          "changed": slo_a.get(text) != slo_b.get(text)})
     return {"a": str(a.path), "b": str(b.path), "differs": setup_differences(a, b), "metrics": rows, "rates": rates,
-            "slos": verdicts}
+            "slos": verdicts, "threshold": threshold}
 
 
 def _verdicts(run: Run) -> dict[str, bool]:
@@ -131,7 +136,8 @@ def render_markdown(c: dict) -> str:
         lines += ["", "Changes below may be these differences' doing, not the server's.", ""]
     lines += [
              "A change is **flagged** when it exceeds the histograms' error (0.1 %) and twice the runs' own "
-             "window-to-window noise (TTFT, ITL per token, E2E; the others: the histograms' error only).", "",
+             "window-to-window noise (TTFT, ITL per token, E2E); the others have no noise estimate and are flagged "
+             f"beyond {c.get('threshold', DEFAULT_THRESHOLD):.0%} (--threshold).", "",
              "| metric | stat | A | B | change | % | noise | |", "|---|---|---|---|---|---|---|---|"]
     for r in c["metrics"]:
         pct = "-" if r["pct"] is None else f"{r['pct']:+.1f}%"
@@ -163,7 +169,8 @@ def render_console(c: dict) -> str:
         if v["changed"]:
             out.append(f"  SLO {v['slo']}: {_verdict(v['a'])} -> {_verdict(v['b'])}")
     if not flagged and not any(v["changed"] for v in c["slos"]):
-        out.append("  no change beyond the histograms' error and the runs' own noise")
+        out.append("  no change beyond the histograms' error and the runs' own noise (metrics without a noise "
+                   f"estimate: beyond {c.get('threshold', DEFAULT_THRESHOLD):.0%}, --threshold)")
     return "\n".join(out)
 
 
@@ -216,9 +223,9 @@ def render_html(c: dict, a: Run, b: Run) -> str:
             + f"<h2>Distributions</h2><img alt='cdf' src='data:image/png;base64,{img}'></body></html>")
 
 
-def run_compare(dir_a: str, dir_b: str, out: str = "") -> tuple[dict, Path]:
+def run_compare(dir_a: str, dir_b: str, out: str = "", threshold: float = DEFAULT_THRESHOLD) -> tuple[dict, Path]:
     a, b = load_run(dir_a), load_run(dir_b)
-    c = compare(a, b)
+    c = compare(a, b, threshold)
     target = Path(out) if out else Path(dir_b) / "compare"
     target.mkdir(parents=True, exist_ok=True)
     (target / "compare.md").write_text(render_markdown(c))
