@@ -122,3 +122,36 @@ def markers(run: Run) -> dict[str, Any]:
     return {"spans": [{"from": w["start"] - run.start, "to": w["end"] - run.start,
                        "kind": "outage" if w["outage"] else "storm"} for w in run.summary.get("outages", [])],
             "saturation": {"from": sat["onset_s"], "to": sat["at_s"]} if sat else None}
+
+
+def by_level(runs: list[Any], levels: list[float], level: str) -> list[dict[str, Any]]:
+    """A sweep's throughput and latency against its level (users or req/s): one point per run or step."""
+    def metric(key: str, stat: str) -> list[float | None]:
+        return _round([r.summary["metrics"][key][stat] * 1000 if r.summary["metrics"].get(key, {}).get("count")
+                       else None for r in runs])
+    return [
+        _chart("sweep-throughput", f"Throughput against the {level}", level, "per s", levels,
+               [{"label": "output tok/s", "values": _round([r.summary["output_token_rate"] for r in runs])},
+                {"label": "requests/s", "values": _round([r.summary["request_rate"] for r in runs])}], kind="level"),
+        _chart("sweep-latency", f"Latency against the {level}", level, "ms", levels,
+               [{"label": "TTFT mean", "values": metric("ttft", "mean")},
+                {"label": "TTFT p99", "values": metric("ttft", "p99"), "dash": True},
+                {"label": "E2E mean", "values": metric("e2e", "mean")},
+                {"label": "E2E p99", "values": metric("e2e", "p99"), "dash": True}], kind="level"),
+    ]
+
+
+def a_against_b(a: Run, b: Run) -> list[dict[str, Any]]:
+    """Two runs' distributions overlaid, metric by metric (A solid, B dashed), on the nines axis."""
+    grid = [100.0 * (1 - 10 ** -n) for n in NINES]
+    out = []
+    for key in ("ttft", "itl", "tpot", "e2e"):
+        ha, hb = a.stats.hists[key], b.stats.hists[key]
+        if not ha.count and not hb.count:
+            continue
+        series = [{"label": f"{label} {BY_KEY[key].title}", "dash": label == "B",
+                   "values": _round(curve(h, grid)) if h.count else [None] * len(grid)}
+                  for label, h in (("A", ha), ("B", hb))]
+        out.append(_chart(f"ab-{key}", f"{BY_KEY[key].title} by percentile: A against B", "percentile", "ms", NINES,
+                          series, kind="nines"))
+    return out

@@ -11,7 +11,6 @@ showed 17 "changed" lines of +0.2 % before).
 
 from __future__ import annotations
 
-import html
 import json
 import math
 from pathlib import Path
@@ -129,7 +128,7 @@ def _verdict(v: bool | None) -> str:
 
 
 def render_markdown(c: dict) -> str:
-    lines = [f"# vllm-load compare", "", f"A: `{c['a']}`  ", f"B: `{c['b']}`", ""]
+    lines = ["# vllm-load compare", "", f"A: `{c['a']}`  ", f"B: `{c['b']}`", ""]
     if c.get("differs"):
         lines += ["## The runs differ in", "", "| | A | B |", "|---|---|---|"]
         lines += [f"| {d['what']} | {d['a']} | {d['b']} |" for d in c["differs"]]
@@ -174,53 +173,20 @@ def render_console(c: dict) -> str:
     return "\n".join(out)
 
 
-def _cdf(h: Any) -> tuple[list[float], list[float]]:
-    """A histogram's CDF: (values in ms, share of values at or below)."""
-    xs, ys, seen = [], [], 0
-    hdr = h.counters()
-    for item in hdr.get_recorded_iterator():
-        seen += item.count_added_in_this_iter_step
-        xs.append(item.value_iterated_to / h.scale * 1000)
-        ys.append(seen / hdr.get_total_count())
-    return xs, ys
-
-
 def render_html(c: dict, a: Run, b: Run) -> str:
-    from vllm_load.report.html import _CSS, _png, plt
+    """compare.html (``templates/compare.html.j2``): the setup's differences, every metric, the SLOs, the
+    distributions overlaid (interactive)."""
+    from vllm_load.report import charts
+    from vllm_load.report.page import render
 
-    fig, axes = plt.subplots(1, 4, figsize=(14, 3))
-    for ax, key in zip(axes, ("ttft", "itl", "tpot", "e2e")):
-        for run, label, style in ((a, "A", "-"), (b, "B", "--")):
-            h = run.stats.hists[key]
-            if h.count:
-                ax.plot(*_cdf(h), style, label=label)
-        ax.set_title(f"CDF of {next(m.title for m in METRICS if m.key == key)}")
-        ax.set_xlabel("ms")
-        ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    img = _png(fig)
-    md_rows = []
-    for r in c["metrics"]:
-        cls = " class='fail'" if r["significant"] else ""
-        pct = "-" if r["pct"] is None else f"{r['pct']:+.1f}%"
-        md_rows.append(f"<tr{cls}><td>{html.escape(r['title'])} ({r['unit']})</td><td>{r['stat']}</td>"
-                       f"<td>{_fmt(r['a'])}</td><td>{_fmt(r['b'])}</td><td>{_fmt(r['delta'])}</td><td>{pct}</td>"
-                       f"<td>{_fmt(r['noise'])}</td><td>{'changed' if r['significant'] else ''}</td></tr>")
-    slo_rows = "".join(f"<tr><td>{html.escape(v['slo'])}</td><td>{_verdict(v['a'])}</td><td>{_verdict(v['b'])}</td>"
-                       f"<td>{'changed' if v['changed'] else ''}</td></tr>" for v in c["slos"])
-    differs = ("<h2>The runs differ in</h2><table id='differs'><tr><th></th><th>A</th><th>B</th></tr>"
-               + "".join(f"<tr class='fail'><td>{html.escape(str(d['what']))}</td><td>{html.escape(str(d['a']))}</td>"
-                         f"<td>{html.escape(str(d['b']))}</td></tr>" for d in c["differs"])
-               + "</table><p>Changes below may be these differences' doing, not the server's.</p>"
-               if c.get("differs") else "")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load compare</title><style>{_CSS}</style>"
-            f"</head><body><h1>vllm-load compare</h1><p>A: {html.escape(c['a'])}<br>B: {html.escape(c['b'])}</p>"
-            + differs
-            + "<table id='metrics'><tr><th>metric</th><th>stat</th><th>A</th><th>B</th><th>change</th><th>%</th>"
-            f"<th>noise</th><th></th></tr>{''.join(md_rows)}</table>"
-            + (f"<h2>SLOs</h2><table id='slos'><tr><th>SLO</th><th>A</th><th>B</th><th></th></tr>{slo_rows}</table>"
-               if c["slos"] else "")
-            + f"<h2>Distributions</h2><img alt='cdf' src='data:image/png;base64,{img}'></body></html>")
+    metrics = [{"flagged": r["significant"],
+                "cells": [f"{r['title']} ({r['unit']})", r["stat"], _fmt(r["a"]), _fmt(r["b"]), _fmt(r["delta"]),
+                          "-" if r["pct"] is None else f"{r['pct']:+.1f}%", _fmt(r["noise"]),
+                          "changed" if r["significant"] else ""]} for r in c["metrics"]]
+    return render("compare.html.j2", a=c["a"], b=c["b"], differs=[(d["what"], d["a"], d["b"]) for d in c["differs"]],
+                  threshold=f"{c.get('threshold', DEFAULT_THRESHOLD):.0%}", metrics=metrics,
+                  slos=[(v["slo"], _verdict(v["a"]), _verdict(v["b"]), "changed" if v["changed"] else "")
+                        for v in c["slos"]], charts={"distributions": charts.a_against_b(a, b)})
 
 
 def run_compare(dir_a: str, dir_b: str, out: str = "", threshold: float = DEFAULT_THRESHOLD) -> tuple[dict, Path]:

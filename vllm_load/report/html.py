@@ -3,8 +3,8 @@ interactive charts from ``charts.py``), summary.json/.md, vllm-result.json and l
 
 The charts put client and server on one time axis (seconds since the run started): client TTFT/ITL percentiles
 per window and output tokens/s, the server's running/waiting requests, KV-cache usage, preemptions and token rates
-(from the sidecar's ``server.jsonl``, when present). ``_png``/``_table``/``_CSS`` serve the sweep, compare and
-tune pages (matplotlib images).
+(from the sidecar's ``server.jsonl``, when present). ``_png``/``_table``/``_CSS`` serve the tune page
+(matplotlib images: its curves have an x of their own per configuration).
 """
 
 from __future__ import annotations

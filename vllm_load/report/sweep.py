@@ -3,18 +3,13 @@ largest level whose run met every SLO (how inference teams pick max_num_seqs or 
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
 
 from vllm_load.metrics.slo import parse_slo_option  # noqa: E402
 from vllm_load.metrics.verdict import Verdict, judge, word  # noqa: E402
 from vllm_load.metrics.server import server_summary  # noqa: E402
-from vllm_load.report.html import _CSS, _png, _table  # noqa: E402
+from vllm_load.report import charts  # noqa: E402
+from vllm_load.report.page import render  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
 
 
@@ -50,7 +45,7 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
 
         def ms(k: str, stat: str) -> str:
             return f"{m[k][stat] * 1000:.1f}" if k in m else ""
-        rows.append([html.escape(r.path.name), r.concurrency or "", f"{r.summary['request_rate']:.2f}",
+        rows.append([r.path.name, r.concurrency or "", f"{r.summary['request_rate']:.2f}",
                      *([f"{r.summary.get('record_rate', 0.0):.2f}"] if with_records else []),
                      f"{r.summary['output_token_rate']:.1f}", ms("ttft", "mean"), ms("ttft", "p99"), ms("itl", "p99"),
                      ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%",
@@ -59,23 +54,11 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
     passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
     best = (f"Largest {level} meeting every SLO: {max(passing)}" if passing
             else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 3.5))
-    xs = [r.concurrency or i for i, r in enumerate(runs)]
-    a1.plot(xs, [r.summary["output_token_rate"] for r in runs], "o-")
-    a1.set_xlabel(level)
-    a1.set_ylabel("output tok/s")
-    for key in ("ttft", "e2e"):
-        a2.plot(xs, [r.summary["metrics"].get(key, {}).get("mean", 0) * 1000 for r in runs], "o-", label=f"{key} mean")
-        a2.plot(xs, [r.summary["metrics"].get(key, {}).get("p99", 0) * 1000 for r in runs], "o--", label=f"{key} p99")
-    a2.set_xlabel(level)
-    a2.set_ylabel("ms")
-    a2.legend(fontsize=7)
     out_dir.mkdir(parents=True, exist_ok=True)
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load sweep</title><style>{_CSS}</style>"
-            f"</head><body><h1>vllm-load sweep ({len(runs)} runs)</h1>"
-            + ("<div class='banner'>Some runs targeted the built-in EMULATOR.</div>" if any(r.is_emulator for r in runs) else "")
-            + f"<h2 id='best'>{html.escape(best)}</h2>"
-            + _table(head, rows) + f"<img alt='sweep' src='data:image/png;base64,{_png(fig)}'></body></html>")
+    overall = "pass" if passing else "fail" if any(v is not None for v in verdicts) else "none"
+    page = render("sweep.html.j2", count=len(runs), emulator=any(r.is_emulator for r in runs), best=best,
+                  overall=overall, head=head, rows=rows,
+                  charts={"sweep": charts.by_level(runs, [r.concurrency or i for i, r in enumerate(runs)], level)})
     rd = RunDir(out_dir)
     rd.write(rd.sweep_html, page)
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]

@@ -50,13 +50,13 @@
     title.textContent = spec.title;
     box.appendChild(title);
     host.appendChild(box);
-    var nines = spec.kind === "nines";
-    var series = [{label: nines ? "percentile" : "t (s)", value: function (u, v) {
-      return v == null ? "-" : nines ? "p" + pctOf(v) : v.toFixed(1) + " s"; }}];
+    var nines = spec.kind === "nines", timeline = spec.kind === "time";
+    var series = [{label: nines ? "percentile" : timeline ? "t (s)" : spec.x_label, value: function (u, v) {
+      return v == null ? "-" : nines ? "p" + pctOf(v) : timeline ? v.toFixed(1) + " s" : fmt(v); }}];
     spec.series.forEach(function (s, i) {
       var unit = s.label.indexOf(spec.y_label) >= 0 ? "" : " (" + spec.y_label + ")";
       series.push({label: s.label + unit, stroke: COLORS[i % COLORS.length], width: 1.5,
-                   dash: s.dash ? [6, 3] : undefined, spanGaps: true, points: {show: false},
+                   dash: s.dash ? [6, 3] : undefined, spanGaps: true, points: {show: spec.kind === "level"},
                    value: function (u, v) { return fmt(v); }});
     });
     var xAxis = {label: spec.x_label, labelSize: 20};
@@ -74,8 +74,8 @@
       axes: [xAxis, {label: spec.y_label, labelSize: 20, size: 60,
                      values: function (u, splits) { return splits.map(fmt); }}],
       series: series,
-      cursor: nines ? {} : {sync: {key: sync.key}},
-      hooks: nines ? {} : {draw: [drawMarks]},
+      cursor: timeline ? {sync: {key: sync.key}} : {},
+      hooks: timeline ? {draw: [drawMarks]} : {},
     };
     var plot = new uPlot(opts, [spec.x].concat(spec.series.map(function (s) { return s.values; })), box);
     box.setAttribute("data-points", String(spec.x.length));
@@ -85,10 +85,11 @@
 
   window.vllmLoadDraw = draw;  /* the web UI's live page draws the same charts, and refreshes their data */
   var plots = window.vllmLoadCharts = [];  /* the drawn charts, for a look from the browser's console (and tests) */
-  ["timeline", "distributions"].forEach(function (group) {
+  Object.keys(data).forEach(function (group) {  /* each group of charts into its own <div id="GROUP-charts"> */
     var host = document.getElementById(group + "-charts");
     if (!host) return;
-    (data[group] || []).forEach(function (spec) { plots.push(draw(spec, host)); });
+    if (!Array.isArray(data[group])) return;
+    data[group].forEach(function (spec) { plots.push(draw(spec, host)); });
     host.setAttribute("data-drawn", String(host.querySelectorAll(".uplot").length));
   });
 })();
