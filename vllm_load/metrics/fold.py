@@ -12,6 +12,7 @@ import numpy as np
 
 from vllm_load.client.record import RequestRecord
 from vllm_load.metrics.histogram import Histogram
+from vllm_load.metrics.table import PER_REQUEST_FIELDS
 
 
 @dataclass
@@ -90,17 +91,11 @@ def record(hists: dict[str, Histogram], windows: dict | None, tokens_per_second:
     ok = [r for r in recs if r.ok]
     if not ok:
         return
-    h["e2e"].record_many([r.e2e for r in ok])
-    h["ttft"].record_many([r.ttft for r in ok if r.ttft is not None])
-    h["ttfo"].record_many([r.ttfo for r in ok if r.ttfo is not None])
-    h["reasoning_tokens"].record_many([r.reasoning_tokens for r in ok if r.reasoning_tokens is not None])
-    thinking, answering = _phase_gaps(ok)
+    for key, name in PER_REQUEST_FIELDS:  # the table's one-value-per-request metrics
+        h[key].record_many([v for r in ok if (v := getattr(r, name)) is not None])
+    thinking, answering = _phase_gaps(ok)  # and those derived from the chunks
     h["itl_reasoning"].record_many(thinking)
     h["itl_answer"].record_many(answering)
-    h["tpot"].record_many([t for r in ok if (t := r.tpot) is not None])
-    h["output_tps"].record_many([t for r in ok if (t := r.output_tps) is not None])
-    h["input_tokens"].record_many([r.input_tokens for r in ok if r.input_tokens is not None])
-    h["output_tokens"].record_many([r.output_tokens for r in ok if r.output_tokens is not None])
     chunk_gaps, itl, itl_n, itl_rec = gaps(chunks, ok_mask)
     h["itl"].record_many(chunk_gaps)
     h["itl_token"].record_many(itl, itl_n)

@@ -26,7 +26,7 @@ from vllm_load.errors import UsageError
 from vllm_load.metrics import table
 
 LATENCY = table.LATENCY
-PER_REQUEST = ("ttft", "tpot", "e2e")  # goodput criteria, as in vllm bench serve
+PER_REQUEST = table.GOODPUT  # goodput criteria, as in vllm bench serve: ttft, tpot, e2e
 STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean", "min")
 RUN_METRICS = {
     "error_rate": "%", "goodput": "req/s", "good_request_fraction": "%", "output_token_rate": "tok/s",

@@ -16,7 +16,7 @@ from vllm_load.metrics.histogram import PERCENTILES, Histogram
 from vllm_load.metrics import fold as folding
 from vllm_load.metrics.summary import (  # noqa: F401  (upgrade_summary: where readers found it first)
     NAMES_VERSION, RunSummary, summarise, upgrade_summary, upgrade_wire)
-from vllm_load.metrics.table import METRICS
+from vllm_load.metrics.table import METRICS, WINDOWED
 from vllm_load.client.record import RequestRecord
 
 #: Latency-like histograms (seconds) and per-request output tokens/s.
@@ -24,7 +24,7 @@ from vllm_load.client.record import RequestRecord
 WINDOW_S = 10
 #: Windows this much older than the newest are packed (a late request still unpacks its window).
 PACK_AFTER_S = 60
-WINDOW_METRICS = ("ttft", "itl_token", "e2e")
+WINDOW_METRICS = WINDOWED  # the table's windowed metrics: ttft, itl_token, e2e
 #: distinct name= groups kept apart (each holds ~10 histograms); further names share one group, as a
 #: locustfile naming every request uniquely would otherwise grow memory without bound
 MAX_NAMES = 100
