@@ -82,3 +82,46 @@ def serve_real_vllm(model: str, name: str, *flags: str, build: str = ""):
         yield f"http://127.0.0.1:{env['PORT']}", folder
     finally:
         subprocess.run(["bash", str(REAL_VLLM_SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
+
+
+class FakePrometheus:
+    """A Prometheus-compatible ``/api/v1/query_range`` on 127.0.0.1 standing for kube-prometheus: ``answer(query,
+    start, end)`` gives the matrix's series; every (query, end) asked is kept in ``asked``. A context manager."""
+
+    def __init__(self, answer: Callable[[str, float, float], list]) -> None:
+        import json
+        import threading
+        import urllib.parse
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.asked: list[tuple[str, float]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                query, start, end = q["query"][0], float(q["start"][0]), float(q["end"][0])
+                outer.asked.append((query, end))
+                body = json.dumps({"status": "success", "data": {"resultType": "matrix",
+                                                                 "result": answer(query, start, end)}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def seen(self) -> list[str]:
+        return [q for q, _ in self.asked]
+
+    def __enter__(self) -> "FakePrometheus":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()

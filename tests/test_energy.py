@@ -71,45 +71,25 @@ def test_the_embedded_emulator_serves_its_telemetry_when_asked(tmp_path):
 def test_the_gpus_can_come_through_a_prometheus_that_scrapes_dcgm(tmp_path, emulator_factory):
     """--prometheus-url with --dcgm-selector: a Prometheus-compatible query_range endpoint served here holds two GPUs'
     DCGM series (100 W each, the energy counter rising with it); the run's energy is 200 W over its measured window."""
-    import threading
-    import urllib.parse
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from tests.helpers import FakePrometheus
 
-    seen = []
+    def answer(query, start, end):
+        if not query.startswith("DCGM_FI_DEV_"):
+            return []
+        ts = [start + i for i in range(int(end - start) + 1)]
+        value = {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": lambda t: 100_000.0 * t,  # mJ: 100 W since t=0
+                 "DCGM_FI_DEV_POWER_USAGE": lambda t: 100.0}.get(query.split("{")[0], lambda t: 1.0)
+        return [{"metric": {"UUID": gpu, "Hostname": "node-1"}, "values": [[t, str(value(t))] for t in ts]}
+                for gpu in ("GPU-a", "GPU-b")]
 
-    class FakePrometheus(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
-            query, start, end = q["query"][0], float(q["start"][0]), float(q["end"][0])
-            seen.append(query)
-            result = []
-            if query.startswith("DCGM_FI_DEV_"):
-                ts = [start + i for i in range(int(end - start) + 1)]
-                value = {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": lambda t: 100_000.0 * t,  # mJ: 100 W since t=0
-                         "DCGM_FI_DEV_POWER_USAGE": lambda t: 100.0}.get(query.split("{")[0], lambda t: 1.0)
-                result = [{"metric": {"UUID": gpu, "Hostname": "node-1"}, "values": [[t, str(value(t))] for t in ts]}
-                          for gpu in ("GPU-a", "GPU-b")]
-            body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    prom = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
-    threading.Thread(target=prom.serve_forever, daemon=True).start()
-    try:
+    with FakePrometheus(answer) as prom:
         emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
         run_dir = tmp_path / "run"
         res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-t", "3s",
-                          "--host", emu.url, "--output-tokens", "8", "--prometheus-url",
-                          f"http://127.0.0.1:{prom.server_port}", "--dcgm-selector", '{Hostname="node-1"}',
-                          "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--host", emu.url, "--output-tokens", "8", "--prometheus-url", prom.url,
+                          "--dcgm-selector", '{Hostname="node-1"}', "--run-dir", str(run_dir)], cwd=tmp_path)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    finally:
-        prom.shutdown()
+    seen = prom.seen
     assert 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{Hostname="node-1"}' in seen
     s = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert s["energy"]["gpus"] == 2 and s["energy"]["source"] == "energy counter"

@@ -157,57 +157,36 @@ def test_unreachable_sidecar_does_not_stop_the_run(tmp_path, emulator_factory):
 
 def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, emulator_factory):
     """A Prometheus-compatible query_range endpoint served here stands for kube-prometheus."""
-    import threading
-    import urllib.parse
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from tests.helpers import ROOT, FakePrometheus, run_locust
 
-    from tests.helpers import ROOT, run_locust
+    def answer(query, start, end):
+        value = {"running": 3, "waiting": 1, "kv_cache": 0.42, "preemptions": 0, "prefix_cache_hits": 50,
+                 "prefix_cache_queries": 100}
+        # speculative decoding: 10 drafts of 3 tokens, 20 accepted (8, 7 and 5 at positions 0-2), per second
+        value.update({"spec_decode_num_drafts": 10, "spec_decode_num_draft_tokens": 30,
+                      "spec_decode_num_accepted_tokens_total": 20})
+        v = next((val for k, val in value.items() if k in query), 7)
 
-    seen, asked = [], []
+        def points(v):
+            return [[start + i, str(v * (i + 1) if "_total" in query and "rate(" not in query else v)]
+                    for i in range(int(end - start) + 1)]
 
-    class FakePrometheus(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
-            q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
-            query, start, end = q["query"][0], float(q["start"][0]), float(q["end"][0])
-            seen.append(query)
-            asked.append((query, end))
-            value = {"running": 3, "waiting": 1, "kv_cache": 0.42, "preemptions": 0, "prefix_cache_hits": 50,
-                     "prefix_cache_queries": 100}
-            # speculative decoding: 10 drafts of 3 tokens, 20 accepted (8, 7 and 5 at positions 0-2), per second
-            value.update({"spec_decode_num_drafts": 10, "spec_decode_num_draft_tokens": 30,
-                          "spec_decode_num_accepted_tokens_total": 20})
-            v = next((val for k, val in value.items() if k in query), 7)
+        if "by (position)" in query:
+            return [{"metric": {"position": str(p)}, "values": points(n)} for p, n in enumerate((8, 7, 5))]
+        return [{"metric": {}, "values": points(v)}]
 
-            def points(v):
-                return [[start + i, str(v * (i + 1) if "_total" in query and "rate(" not in query else v)]
-                        for i in range(int(end - start) + 1)]
-
-            result = [{"metric": {}, "values": points(v)}]
-            if "by (position)" in query:
-                result = [{"metric": {"position": str(p)}, "values": points(n)} for p, n in enumerate((8, 7, 5))]
-            body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *a):
-            pass
-
-    prom = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
-    threading.Thread(target=prom.serve_forever, daemon=True).start()
-    try:
+    with FakePrometheus(answer) as prom:
         emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
         run_dir = tmp_path / "run"
         res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--host", emu.url,
-                          "--output-tokens", "4", "--prometheus-url", f"http://127.0.0.1:{prom.server_port}",
+                          "--output-tokens", "4", "--prometheus-url", prom.url,
                           "--prometheus-selector", '{pod=~"vllm.*"}', "--slo", "server.kv_cache_usage.max<=50%",
                           "--run-dir", str(run_dir)], cwd=tmp_path)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
-        assert any('vllm:kv_cache_usage_perc{pod=~"vllm.*"}' in q for q in seen)
+        assert any('vllm:kv_cache_usage_perc{pod=~"vllm.*"}' in q for q in prom.seen)
         # read live during the run too (the web UI's server side, the saturation watch's queue), not only at its end
         run_end = json.loads((run_dir / "llm_stats.json").read_text())["end"]
-        assert any(q.startswith("sum(vllm:num_requests_waiting") and end < run_end for q, end in asked), asked
+        assert any(q.startswith("sum(vllm:num_requests_waiting") and end < run_end for q, end in prom.asked), prom.asked
         series = [json.loads(line) for line in (run_dir / "server.jsonl").read_text().splitlines()]
         assert series and all(s["source"] == "prometheus" and s["running"] == 3 for s in series)
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -220,5 +199,3 @@ def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, 
         assert result["spec_decode_acceptance_length"] == pytest.approx(3.0)
         assert result["spec_decode_num_drafts"] == spec["num_drafts"] > 0
         assert "speculative decoding (server): acceptance rate 66.7%  acceptance length 3.00" in res.stdout
-    finally:
-        prom.shutdown()
