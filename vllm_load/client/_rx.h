@@ -125,6 +125,15 @@ static inline int64_t realtime_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* a message header over one buffer, with room for its control messages (the kernel's stamps) */
+static inline void rx_msghdr(struct msghdr *msg, struct iovec *iov, void *ctl, size_t ctl_len) {
+    memset(msg, 0, sizeof *msg);
+    msg->msg_iov = iov;
+    msg->msg_iovlen = 1;
+    msg->msg_control = ctl;
+    msg->msg_controllen = ctl_len;
+}
+
 /* _rx_body.c: a stream's queues, HTTP/1.1 heads, body decoding (chunked or by length) into lines, and one read */
 void rx_free_segments(stream_t *s);
 seg_t *rx_new_seg(const char *p, size_t n, int64_t stamp);

@@ -492,11 +492,7 @@ void rx_read_one(Reader *r, int fd, stream_t *s, char *buf) {
         struct cmsghdr align;
     } ctl;
     struct msghdr msg;
-    memset(&msg, 0, sizeof msg);
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = ctl.space;
-    msg.msg_controllen = sizeof ctl.space;
+    rx_msghdr(&msg, &iov, ctl.space, sizeof ctl.space);
     ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT);
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)

@@ -24,11 +24,7 @@ static void read_errqueue(int fd, stream_t *s) {
         char data[1];
         struct iovec iov = {data, sizeof data};
         struct msghdr msg;
-        memset(&msg, 0, sizeof msg);
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = ctl.space;
-        msg.msg_controllen = sizeof ctl.space;
+        rx_msghdr(&msg, &iov, ctl.space, sizeof ctl.space);
         if (recvmsg(fd, &msg, MSG_ERRQUEUE | MSG_DONTWAIT) < 0)
             return; /* EAGAIN: drained */
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
