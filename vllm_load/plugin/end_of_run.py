@@ -26,7 +26,7 @@ log = logging.getLogger("vllm_load")
 
 
 def judge_step(step: int) -> bool:
-    """Did a finished sweep step meet every SLO (client metrics)? Judged once (its ``Verdict`` kept in STATE)."""
+    """Did a finished sweep step meet every SLO (client metrics)? Judged once (its ``Verdict`` kept with its Step)."""
     col = STATE.collector
     if col is None or col.sweep is None:
         return True
