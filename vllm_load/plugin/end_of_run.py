@@ -201,7 +201,7 @@ def _finish(environment: Any, col: Collector) -> None:
     _export_otlp(col, environment.parsed_options)
     if not col.plan.files.server.exists():
         _collect_server_side(col, environment.parsed_options)
-    from vllm_load.report.html import build  # matplotlib is loaded only at the end of a run
+    from vllm_load.report.html import build  # the report (Jinja2, its charts) is loaded only at the end of a run
 
     if STATE.generator is not None:
         STATE.generator.flush_log()  # the report reads this process's request log

@@ -3,56 +3,26 @@ interactive charts from ``charts.py``), summary.json/.md, vllm-result.json and l
 
 The charts put client and server on one time axis (seconds since the run started): client TTFT/ITL percentiles
 per window and output tokens/s, the server's running/waiting requests, KV-cache usage, preemptions and token rates
-(from the sidecar's ``server.jsonl``, when present). ``_png``/``_table``/``_CSS`` serve the tune page
-(matplotlib images: its curves have an x of their own per configuration).
+(from the sidecar's ``server.jsonl``, when present).
 """
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from vllm_load.report import charts  # noqa: E402
-from vllm_load.report.console import ITL_ONE_ROW, NAME_HEAD, columns, energy_line, name_rows, server_cells, spec_line, table_rows  # noqa: E402
-from vllm_load.report.page import render  # noqa: E402
-from vllm_load.metrics.verdict import Verdict, word  # noqa: E402
-from vllm_load.report.results import finish  # noqa: E402
-from vllm_load.metrics.client_health import silent_workers  # noqa: E402
-from vllm_load.metrics.server import server_summary  # noqa: E402
-from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
-from vllm_load.report.csv_export import llm_stats_csv  # noqa: E402
-from vllm_load.report.vllm_result import vllm_result  # noqa: E402
-from vllm_load.metrics.slo import parse_slo_option  # noqa: E402
-
-
-# -- plots -----------------------------------------------------------------------------------------
-def _png(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-# -- HTML ------------------------------------------------------------------------------------------
-_CSS = ("body{font-family:sans-serif;margin:24px;max-width:1200px}table{border-collapse:collapse;margin:8px 0}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
-        ".pass{color:#080;font-weight:bold}.fail{color:#c00;font-weight:bold}"
-        ".banner{background:#ffe9a8;border:1px solid #d9a400;padding:8px;margin:8px 0}img{max-width:100%}")
-
-
-def _table(head: list[str], rows: list[list[Any]]) -> str:
-    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
+from vllm_load.report import charts
+from vllm_load.report.console import ITL_ONE_ROW, NAME_HEAD, columns, energy_line, name_rows, server_cells, spec_line, table_rows
+from vllm_load.report.page import render
+from vllm_load.metrics.verdict import Verdict, word
+from vllm_load.report.results import finish
+from vllm_load.metrics.client_health import silent_workers
+from vllm_load.metrics.server import server_summary
+from vllm_load.rundir.files import Run, RunDir, load_run
+from vllm_load.report.csv_export import llm_stats_csv
+from vllm_load.report.vllm_result import vllm_result
+from vllm_load.metrics.slo import parse_slo_option
 
 
 def render_html(run: Run, verdict: Verdict) -> str:

@@ -5,7 +5,9 @@ tokens/s in total)."""
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -119,13 +121,33 @@ def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, A
     return sorted(front, key=lambda p: p[0])
 
 
+#: the tune page's style (its curves are matplotlib images: each configuration's has an x of its own)
+_CSS = ("body{font-family:sans-serif;margin:24px;max-width:1200px}table{border-collapse:collapse;margin:8px 0}"
+        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
+        ".pass{color:#080;font-weight:bold}.fail{color:#c00;font-weight:bold}"
+        ".banner{background:#ffe9a8;border:1px solid #d9a400;padding:8px;margin:8px 0}img{max-width:100%}")
+
+
+def _png(fig: Any) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _table(head: list[str], rows: list[list[Any]]) -> str:
+    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{th}</tr>{body}</table>"
+
+
 def render_html(results: list[dict], best: dict | None, mode: str) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from vllm_load.report.html import _CSS, _png, _table
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4))
     points = []
