@@ -12,11 +12,12 @@ from typing import Any
 import gevent
 from locust import events
 
+from vllm_load.client.openai_api import auth_header
 from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
 from vllm_load.metrics.outages import LiveOutage, describe
 from vllm_load.metrics.verdict import judge, render_checks
 from vllm_load.plugin.collector import Collector
-from vllm_load.plugin.server_side import fetch_series
+from vllm_load.plugin.server_side import fetch_samples
 from vllm_load.plugin.state import STATE
 from vllm_load.plugin.wire import drain, end_run
 from vllm_load.report.console import render_table
@@ -87,13 +88,13 @@ def watch_outages(environment: Any, col: Collector) -> None:
 def _collect_server_side(col: Collector, opts: Any) -> None:
     if col.end_wall is None:
         return
+    start, end = col.start_wall - 2, col.end_wall + 2  # the run's window, 2 s either side
     if opts.prometheus_url:  # a Prometheus that scrapes vLLM already: no sidecar needed
-        from vllm_load.plugin.prometheus_source import collect
+        from vllm_load.plugin.prometheus_source import fetch_range
 
-        samples, why = collect(opts.prometheus_url, opts.prometheus_selector, col.start_wall, col.end_wall,
-                               opts.prometheus_token)
+        samples, why = fetch_range(opts.prometheus_url, opts.prometheus_selector, start, end, opts.prometheus_token)
     elif col.plan.sidecar_url:
-        samples, why = fetch_series(col.plan.sidecar_url, col.start_wall, col.end_wall, opts.sidecar_token)
+        samples, why = fetch_samples(col.plan.sidecar_url, start, end, opts.sidecar_token)
     else:
         return
     if why:
@@ -171,7 +172,7 @@ def _export_otlp(col: Collector, opts: Any) -> None:
     why = export(opts.otlp_endpoint, col.totals, col.measured_from, col.end_wall or time.time(),
                  {"vllm_load.run_id": col.plan.run_id, "vllm_load.model": col.plan.model,
                   "vllm_load.target": "emulator" if col.plan.is_emulator else col.plan.host},
-                 {"Authorization": f"Bearer {opts.otlp_token}"} if opts.otlp_token else None)
+                 auth_header(opts.otlp_token) or None)
     if why:
         log.warning("vllm-load: the metrics did not go over OTLP: %s", why)
     else:

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-
+from vllm_load.client.openai_api import auth_header
 
 #: sample key -> PromQL over vLLM 0.32's names ({sel} is the selector); the sidecar's keys
 QUERIES = {
@@ -46,7 +46,7 @@ def query_range(url: str, query: str, start: float, end: float, token: str = "",
     """(the matrix's series, None) or ([], why not): one ``/api/v1/query_range`` call."""
     params = urllib.parse.urlencode({"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": step})
     req = urllib.request.Request(url.rstrip("/") + "/api/v1/query_range?" + params,
-                                 headers={"Authorization": f"Bearer {token}"} if token else {})
+                                 headers=auth_header(token))
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             data = json.loads(resp.read())
@@ -85,6 +85,3 @@ def fetch_range(url: str, selector: str, start: float, end: float, token: str = 
     return samples, None
 
 
-def collect(url: str, selector: str, start: float, end: float, token: str = "") -> tuple[list[dict], str | None]:
-    """The run's window (2 s either side) in the sidecar's shape, or why not."""
-    return fetch_range(url, selector, start - 2, end + 2, token)

@@ -49,12 +49,6 @@ def fetch_samples(sidecar_url: str, start: float, end: float, token: str = "", t
     return samples, None
 
 
-def fetch_series(sidecar_url: str, start: float, end: float, token: str = "",
-                 timeout: float = 15.0) -> tuple[list[dict], str | None]:
-    """The run's window (2 s either side), or why the server side is missing."""
-    return fetch_samples(sidecar_url, start - 2, end + 2, token, timeout)
-
-
 class LiveServer:
     """The server side while a run goes on, for the web UI and the saturation watch: new samples fetched every
     ``interval`` seconds (only what arrived since the last poll), summarised like the end-of-run report.
