@@ -12,8 +12,9 @@ from vllm_load.metrics.table import BY_KEY
 from vllm_load.rundir.files import Run
 
 #: the distributions' x axis: "nines" (-log10 of the share above), so p50, p90, p99 and p99.9 sit evenly apart
-NINES = [round(i * 0.02, 2) for i in range(0, 151)]  # 0 .. 3 nines (p0 .. p99.9)
-NINES_TICKS = {0.0: "p0", 0.301: "p50", 1.0: "p90", 2.0: "p99", 3.0: "p99.9"}
+NINES = [round(i * 0.02, 2) for i in range(0, 151)]  # 0 .. 3 nines (p0 .. p99.9); charts.js labels p50 .. p99.9
+#: the percentile at each point of that axis
+NINES_PERCENTILES = [100.0 * (1 - 10 ** -n) for n in NINES]
 
 
 def _chart(cid: str, title: str, x_label: str, y_label: str, x: list[float], series: list[dict[str, Any]],
@@ -92,7 +93,7 @@ def distributions(run: Run) -> list[dict[str, Any]]:
     """Each latency metric's value at every percentile, p0 to p99.9, on a "nines" axis: the tail is as wide as the
     body. ITL per chunk and per token share a chart (one line when every chunk carried one token)."""
     out = []
-    grid = [100.0 * (1 - 10 ** -n) for n in NINES]
+    grid = NINES_PERCENTILES
     for key, extra in (("ttft", None), ("itl", "itl_token"), ("tpot", None), ("e2e", None)):
         h = run.stats.hists[key]
         if not h.count:
@@ -143,7 +144,7 @@ def by_level(runs: list[Any], levels: list[float], level: str) -> list[dict[str,
 
 def a_against_b(a: Run, b: Run) -> list[dict[str, Any]]:
     """Two runs' distributions overlaid, metric by metric (A solid, B dashed), on the nines axis."""
-    grid = [100.0 * (1 - 10 ** -n) for n in NINES]
+    grid = NINES_PERCENTILES
     out = []
     for key in ("ttft", "itl", "tpot", "e2e"):
         ha, hb = a.stats.hists[key], b.stats.hists[key]
