@@ -5,7 +5,6 @@ none of which judges again. "PASS" and "FAIL" are spelled here only."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from vllm_load.errors import EXIT_ERRORS, EXIT_INVALID, EXIT_OK, EXIT_SLO_MISS, EXIT_UNTRUSTWORTHY
@@ -59,6 +58,8 @@ def validity_checks(summary: RunSummary, slos: list[SLO], min_requests: int = 1)
     return out
 
 
+#: how the trust check's detail starts when it found a reason, and ends when --allow-untrustworthy accepted it
+UNTRUSTWORTHY, ACCEPTED = "UNTRUSTWORTHY: ", " (accepted with --allow-untrustworthy)"
 #: the trust check's name (a JUnit test case of class vllm_load.run, beside the validity checks)
 TRUST = "the load generator kept time (trustworthy)"
 
@@ -103,9 +104,9 @@ def trust_check(summary: dict, allow: bool = False) -> Check:
     else:
         cause, advice = "silent", ("a worker's loop was held for seconds (a blocking call in a task, or a host too busy "
                                    "to run it): see its log, or run the load on a quieter host")
-    detail = f"UNTRUSTWORTHY: {'; '.join(reasons)}. Cause: {cause}: {advice}"
+    detail = f"{UNTRUSTWORTHY}{'; '.join(reasons)}. Cause: {cause}: {advice}"
     if allow:
-        detail += " (accepted with --allow-untrustworthy)"
+        detail += ACCEPTED
     return Check(TRUST, 0.0, allow, detail)
 
 
@@ -152,15 +153,21 @@ class Verdict:
         return [c for c in self.validity if not c.passed and c.slo != TRUST]
 
     @property
-    def untrustworthy(self) -> str:
-        """Why the run's numbers cannot be trusted ('' when they can, or when --allow-untrustworthy accepted them)."""
-        t = self.trust
-        return "" if t.passed else t.detail.removeprefix("UNTRUSTWORTHY: ")
-
-    @property
     def distrusted(self) -> bool:
         """The trust check found a reason, accepted or not (its detail says so either way)."""
-        return self.trust.detail.startswith("UNTRUSTWORTHY")
+        return self.trust.detail.startswith(UNTRUSTWORTHY)
+
+    @property
+    def distrust_reasons(self) -> str:
+        """Why the run's numbers cannot be trusted, accepted with --allow-untrustworthy or not ('' when they can)."""
+        if not self.distrusted:
+            return ""
+        return self.trust.detail.removeprefix(UNTRUSTWORTHY).removesuffix(ACCEPTED)
+
+    @property
+    def untrustworthy(self) -> str:
+        """Why the run's numbers cannot be trusted ('' when they can, or when --allow-untrustworthy accepted them)."""
+        return "" if self.trust.passed else self.distrust_reasons
 
     def to_json(self) -> dict[str, Any]:
         """``summary.json``'s verdict keys (format unchanged since they were first written)."""
@@ -175,17 +182,6 @@ class Verdict:
         if not validity or validity[-1].slo != TRUST:  # an older summary.json: its trust check stood apart
             validity += (Check(**data["trust"]) if data.get("trust") else Check(TRUST, 1.0, True, ""),)
         return cls(tuple(Check(**c) for c in data.get("slo") or []), validity, int(data.get("exit_code", 0)))
-
-    @classmethod
-    def load(cls, run_dir: str | Path) -> "Verdict | None":
-        """The verdict a run directory's ``summary.json`` keeps (None before the run's end wrote it)."""
-        import json
-
-        path = Path(run_dir) / "summary.json"
-        try:
-            return cls.from_json(json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError, KeyError):
-            return None
 
 
 def judge(summary: dict, slos: list[SLO], server: dict | None = None, min_requests: int = 1,

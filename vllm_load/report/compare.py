@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from vllm_load.metrics.verdict import Verdict, word
+from vllm_load.metrics.verdict import UNTRUSTWORTHY, word
 from vllm_load.metrics.table import METRICS
 from vllm_load.report.console import fmt_number
 from vllm_load.rundir.files import Run, load_run
@@ -55,9 +55,9 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
         return "the embedded EMULATOR" if c.get("target_is_emulator") else f"{c.get('host')} ({c.get('model')})"
 
     def trust(run: Run) -> str:  # the run's own verdict (summary.json); a run not yet judged: its client's
-        verdict = Verdict.load(run.path)
+        verdict = run.verdict
         if verdict is not None:
-            return f"untrustworthy: {verdict.trust.detail.removeprefix('UNTRUSTWORTHY: ')}" if verdict.distrusted \
+            return f"untrustworthy: {verdict.trust.detail.removeprefix(UNTRUSTWORTHY)}" if verdict.distrusted \
                 else "trusted"
         client = run.summary.get("client") or {}
         return "untrustworthy: " + "; ".join(client.get("reasons", [])) if client.get("saturated") else "trusted"
@@ -115,7 +115,7 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
 
 
 def _verdicts(run: Run) -> dict[str, bool]:
-    verdict = Verdict.load(run.path)
+    verdict = run.verdict
     return {} if verdict is None else {c.slo: c.passed for c in verdict.checks}
 
 

@@ -38,7 +38,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
     return render(
         "report.html.j2", name=run.path.name, run_id=str(run.config.get("run_id")), emulator=run.is_emulator,
         host=str(run.config.get("host")), model=str(run.config.get("model")), overall=overall,
-        invalid=verdict.invalid, untrustworthy=verdict.untrustworthy if not verdict.trust.passed else "",
+        invalid=verdict.invalid, untrustworthy=verdict.untrustworthy,
         checks=[{"slo": c.slo, "word": word(c.passed), "detail": c.detail} for c in verdict.checks],
         slo_word=word(bool(verdict.slo_passed)), exit_code=verdict.exit_code,
         summary_rows=summary_rows(s), latency_head=latency[0], latency_rows=latency[1], itl_note=itl_note,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vllm_load.metrics.slo import parse_slo_option  # noqa: E402
-from vllm_load.metrics.verdict import Verdict, judge, word  # noqa: E402
+from vllm_load.metrics.verdict import judge, word  # noqa: E402
 from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.report import charts  # noqa: E402
 from vllm_load.report.page import render  # noqa: E402
@@ -18,7 +18,7 @@ def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[
     ``slo_texts`` (other SLOs than the runs were judged on), judged anew."""
     out: list[bool | None] = []
     for r in runs:
-        verdict = None if slo_texts else Verdict.load(r.path)
+        verdict = None if slo_texts else r.verdict
         if verdict is None:
             verdict = judge(r.summary, parse_slo_option(slo_texts or r.slo_texts), server_summary(r.server))
         out.append(verdict.slo_passed)

@@ -13,6 +13,7 @@ from typing import Any
 
 from vllm_load.errors import UsageError
 from vllm_load.metrics.stats import LLMStats, upgrade_summary
+from vllm_load.metrics.verdict import Verdict
 
 #: written into config.json; a reader of a newer format says so instead of misreading it
 FORMAT_VERSION = 1
@@ -118,6 +119,14 @@ class Run:
     @property
     def is_emulator(self) -> bool:
         return bool(self.config.get("target_is_emulator"))
+
+    @property
+    def verdict(self) -> Verdict | None:
+        """The verdict its ``summary.json`` keeps (None before the run's end wrote it)."""
+        try:
+            return Verdict.from_json(json.loads(RunDir(self.path).summary_json.read_text()))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
 
     @property
     def slo_texts(self) -> list[str]:

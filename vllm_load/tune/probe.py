@@ -101,8 +101,7 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
     verdict = Verdict.from_json(data)  # the probe run's own, as its summary.json keeps it
     missed = tuple(f"{c.slo} ({c.detail})" for c in verdict.checks if not c.passed)
     invalid = "; ".join(c.detail for c in verdict.validity if not c.passed)
-    untrustworthy = verdict.trust.detail.removeprefix("UNTRUSTWORTHY: ").removesuffix(
-        " (accepted with --allow-untrustworthy)") if verdict.distrusted else ""
+    untrustworthy = verdict.distrust_reasons
     return Probe(level=level, passed=code == 0, code=code, run_dir=str(run_dir), request_rate=s["request_rate"],
                  output_token_rate=s["output_token_rate"],
                  goodput=s.get("goodput") if s.get("goodput") is not None else s["request_rate"],
