@@ -33,7 +33,7 @@ from vllm_load.plugin.embedded import emulator_args, start_emulator, start_sidec
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.server_side import LiveServer
-from vllm_load.plugin.plan import ramps_rate
+from vllm_load.plugin.plan import ramp_kind
 from vllm_load.plugin.server_wait import parse_duration, wait_for_server
 from vllm_load.plugin.shapes import UsersRamp
 from vllm_load.plugin.state import STATE, role as role_of
@@ -118,7 +118,7 @@ def _on_init(environment: Any, **_kw: Any) -> None:
                 STATE.sidecar = start_sidecar(STATE.emulator.url, private_temp_file("sidecar", ".jsonl"))
                 STATE.sidecar_url = STATE.sidecar.url
         wait = parse_duration(opts.wait_for_server, "--wait-for-server")
-        if opts.ramp_up_strategy and not ramps_rate(opts):  # the closed loop's users ramp: a shape of the plugin's
+        if ramp_kind(opts) == "users":  # the closed loop's users ramp: a shape of the plugin's
             shape = UsersRamp(opts.ramp_up_strategy, int(opts.ramp_up_start_users), int(opts.ramp_up_end_users),
                               float(opts.run_time))
             shape.runner = environment.runner
@@ -303,7 +303,7 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         cls.insecure = bool(opts.insecure)
         if opts.ca_bundle and not opts.insecure:
             cls.ssl_context_factory = functools.partial(_ca_bundle_context, opts.ca_bundle)
-        if opts.request_rate > 0 or opts.trace or ramps_rate(opts):  # open loop: one user holds many streams
+        if opts.request_rate > 0 or opts.trace or ramp_kind(opts) == "rate":  # open loop: one user holds many streams
             cls.concurrency = max(1, int(opts.max_concurrency))
     if STATE.last_step is not None and environment.shape_class is not None and role != "worker":
         wire.begin_step(*STATE.last_step)

@@ -23,10 +23,12 @@ from vllm_load.rundir.files import RunDir
 PLAN = "vllm_load_plan"
 
 
-def ramps_rate(opts: Any) -> bool:
-    """--ramp-up-strategy over the rate (the open loop), not over the users (``ramp_up_*_users``: the closed loop)."""
-    return bool(opts.ramp_up_strategy) and not (getattr(opts, "ramp_up_end_users", 0)
-                                               or getattr(opts, "ramp_up_start_users", 0))
+def ramp_kind(opts: Any) -> str:
+    """What --ramp-up-strategy ramps: "users" (``--ramp-up-*-users`` given: the closed loop), "rate" (the open loop),
+    or "" (no ramp)."""
+    if not opts.ramp_up_strategy:
+        return ""
+    return "users" if getattr(opts, "ramp_up_end_users", 0) or getattr(opts, "ramp_up_start_users", 0) else "rate"
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ class RunPlan:
                    server_kind=target.server_kind,
                    percentiles=parse_percentiles(opts.metric_percentiles) if opts.metric_percentiles else (),
                    ramp=(opts.ramp_up_strategy, float(opts.ramp_up_start_rps), float(opts.ramp_up_end_rps),
-                         0.0 if opts.num_requests else float(opts.run_time or 0)) if ramps_rate(opts) else (),
+                         0.0 if opts.num_requests else float(opts.run_time or 0)) if ramp_kind(opts) == "rate" else (),
                    sweep_kind=opts.sweep_mode if getattr(opts, "sweep", "") else "",
                    sweep_levels=tuple(parse_levels(opts.sweep)) if getattr(opts, "sweep", "") else ())
 

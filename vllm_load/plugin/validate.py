@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from vllm_load.errors import UsageError
 from vllm_load.plugin.options import OPTIONS
 from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.plugin.plan import ramp_kind
 from vllm_load.plugin.shapes import UsersRamp
 
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
@@ -133,7 +134,7 @@ def check_run(opts: Any, *, headless: bool, shape: Any) -> None:
 def check_ramp(opts: Any, shape: Any) -> None:
     """--ramp-up-strategy: an open loop of its own (a rate ramp) or the closed loop's users, over a known length."""
     strategy, start, end = opts.ramp_up_strategy, opts.ramp_up_start_rps, opts.ramp_up_end_rps
-    users = getattr(opts, "ramp_up_end_users", 0) or getattr(opts, "ramp_up_start_users", 0)
+    users = ramp_kind(opts) == "users"
     if users and (start or end):
         raise UsageError("--ramp-up-strategy ramps either the rate (--ramp-up-*-rps, open loop) or the users "
                          "(--ramp-up-*-users, closed loop): drop one pair")
