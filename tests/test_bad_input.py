@@ -91,6 +91,17 @@ def test_openai_api_key_is_read_when_no_key_is_given(tmp_path):
     assert "k-env" not in with_key.stdout + with_key.stderr + (tmp_path / "run" / "config.json").read_text()
 
 
+def test_a_host_with_credentials_in_it_is_refused_without_echoing_them(tmp_path):
+    """http://user:password@host: one line, exit 2, and the password in no output (the server check echoed the
+    whole URL, and such a URL never reached a server: discovery could not resolve it)."""
+    res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", "http://user:s3cr3tpw@127.0.0.1:9",
+                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
+    assert res.returncode == 2 and len(errors) == 1, res.stderr[-2000:]
+    assert "--host 'http://127.0.0.1:9' carries credentials (user:password@): give the key with --api-key" in errors[0]
+    assert "s3cr3tpw" not in res.stdout + res.stderr
+
+
 @contextlib.contextmanager
 def tiny_filesystem(path: Path, size: str = "200k"):
     """A 200 KB tmpfs at ``path``: (path, None); where mounting is not permitted, a file-size limit of as much

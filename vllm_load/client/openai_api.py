@@ -7,6 +7,7 @@ import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from vllm_load.errors import UsageError
 
@@ -49,6 +50,15 @@ CREDENTIAL_WORDS = ("auth", "token", "key", "secret", "cookie", "password", "ses
 def is_credential_header(name: str) -> bool:
     low = name.lower()
     return any(w in low for w in CREDENTIAL_WORDS)
+
+
+def public_url(url: str) -> str:
+    """A URL as it may be written or shown: without the credentials of ``http://user:password@host`` (which are
+    sent to that host only)."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
 def auth_header(api_key: str) -> dict[str, str]:

@@ -11,6 +11,7 @@ import math
 from typing import Any, Iterable
 from urllib.parse import urlsplit
 
+from vllm_load.client.openai_api import public_url
 from vllm_load.errors import UsageError
 from vllm_load.plugin.options import OPTIONS
 from vllm_load.plugin.server_wait import parse_duration
@@ -39,6 +40,9 @@ def check_host(host: str | None) -> None:
         raise UsageError(f"--host {host!r} is not a URL: write e.g. --host http://127.0.0.1:8000")
     if parts.scheme not in ("http", "https"):
         raise UsageError(f"--host {host!r}: the {parts.scheme}:// scheme is not served; use http:// or https://")
+    if "@" in parts.netloc:  # said without them: the URL would carry them into logs, files and reports
+        raise UsageError(f"--host {public_url(host)!r} carries credentials (user:password@): give the key with "
+                         "--api-key (or a header with --header), not in the URL")
     try:
         parts.port
     except ValueError:

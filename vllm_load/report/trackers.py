@@ -13,8 +13,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
+from vllm_load.client.openai_api import public_url
 from vllm_load.errors import UsageError
 
 #: the run directory's files a tracker keeps (the request logs stay in the directory: they can be large)
@@ -34,23 +34,15 @@ def check_available(opts: Any) -> None:
                 raise UsageError(f"{flag} needs the {module} package: pip install 'vllm-load[{extra}]'") from None
 
 
-def _no_userinfo(url: str) -> str:
-    """A URL without credentials (``https://user:pass@host`` would put them into the tracker)."""
-    parts = urlsplit(url)
-    if not parts.username and not parts.password:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else "")))
-
-
 def params(config: dict, is_emulator: bool) -> dict[str, str]:
     """What the run was: its target, model and every option it set (the rest are at their defaults)."""
     from vllm_load.report.html import _options_split
 
     changed, _ = _options_split(config.get("options", {}))
-    out = {"target": "emulator" if is_emulator else _no_userinfo(str(config.get("host"))),
+    out = {"target": "emulator" if is_emulator else str(config.get("host")),  # config.json's: no credentials
            "model": str(config.get("model")), "run_id": str(config.get("run_id"))}
     for key, value in changed:
-        text = _no_userinfo(value) if key == "host" and isinstance(value, str) else str(value)
+        text = str(value)
         out[key] = text if len(text) <= _PARAM_MAX else text[:_PARAM_MAX - 1] + "…"
     return out
 
@@ -148,7 +140,7 @@ def log_run(opts: Any, run_dir: Path) -> list[str]:
     if getattr(opts, "mlflow_uri", ""):
         try:
             rid = log_mlflow(opts.mlflow_uri, opts.mlflow_experiment or "vllm-load", run_dir)
-            lines.append(f"vllm-load: run logged to MLflow at {_no_userinfo(opts.mlflow_uri)} (experiment "
+            lines.append(f"vllm-load: run logged to MLflow at {public_url(opts.mlflow_uri)} (experiment "
                          f"{opts.mlflow_experiment or 'vllm-load'}, run {rid})")
         except Exception as exc:  # a tracker's fault must not cost the run its exit code
             lines.append(f"vllm-load: the run was not logged to MLflow: {type(exc).__name__}: {exc}".splitlines()[0])
