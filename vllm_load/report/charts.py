@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 from vllm_load.metrics.table import BY_KEY
+from vllm_load.report.console import ITL_ONE_ROW, table_rows
 from vllm_load.rundir.files import Run
 
 #: the distributions' x axis: "nines" (-log10 of the share above), so p50, p90, p99 and p99.9 sit evenly apart
@@ -94,13 +95,15 @@ def distributions(run: Run) -> list[dict[str, Any]]:
     body. ITL per chunk and per token share a chart (one line when every chunk carried one token)."""
     out = []
     grid = NINES_PERCENTILES
-    for key, extra in (("ttft", None), ("itl", "itl_token"), ("tpot", None), ("e2e", None)):
+    # the table's decision: where ITL per chunk and per token are one row, they are one line
+    one_itl = any(r["metric"].startswith(ITL_ONE_ROW) for r in table_rows(run.summary))
+    for key, extra in (("ttft", None), ("itl", None if one_itl else "itl_token"), ("tpot", None), ("e2e", None)):
         h = run.stats.hists[key]
         if not h.count:
             continue
         series = [{"label": BY_KEY[key].title, "values": _round(curve(h, grid))}]
         other = run.stats.hists[extra] if extra else None
-        if other is not None and other.count and not _same(h, other):
+        if other is not None and other.count:
             series.append({"label": BY_KEY[extra].title, "dash": True, "values": _round(curve(other, grid))})
         out.append(_chart(f"dist-{key}", f"{BY_KEY[key].title} by percentile", "percentile", "ms", NINES, series,
                           kind="nines"))
@@ -110,11 +113,6 @@ def distributions(run: Run) -> list[dict[str, Any]]:
 def curve(h: Any, grid: list[float]) -> list[float]:
     """The histogram's value in ms at each percentile of ``grid``."""
     return [v * 1000 for v in h.percentiles(grid)]
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Two histograms with the same count and percentiles (ITL per chunk and per token, one token per chunk)."""
-    return a.count == b.count and all(a.percentile(p) == b.percentile(p) for p in (1, 50, 90, 99, 99.9, 100))
 
 
 def markers(run: Run) -> dict[str, Any]:
