@@ -63,7 +63,14 @@ def test_locustfile_and_sidecar_against_real_vllm(tmp_path, real_vllm, sidecar, 
     assert summary["summary"]["input_drift_requests"] == 0
     assert {"config.json", "llm_stats.json", "requests.jsonl", "server.jsonl", "summary.json", "summary.md",
             "report.html"} <= {p.name for p in run_dir.iterdir()}
-    assert "EMULATOR" not in (run_dir / "report.html").read_text()
+    report = (run_dir / "report.html").read_text()
+    assert "EMULATOR" not in report
+    # what the numbers describe: the server's kind and version, from its own /version
+    import urllib.request
+
+    version = json.loads(urllib.request.urlopen(URL + "/version", timeout=10).read())["version"]
+    kind = json.loads((run_dir / "config.json").read_text())["target_kind"]
+    assert version and kind == f"vLLM {version}" and f"({kind})" in res.stdout + res.stderr and kind in report
 
 
 def _prefix_cache_hits(url: str) -> float:

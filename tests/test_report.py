@@ -178,9 +178,12 @@ def test_compare_says_how_the_runs_differ_before_any_metric(tmp_path, capsys):
     a = make_run_dir(tmp_path / "a", users=8)
     b = make_run_dir(tmp_path / "b", users=4, emulator=False)
     same = make_run_dir(tmp_path / "same", users=8)
+    config = json.loads((b / "config.json").read_text())
+    (b / "config.json").write_text(json.dumps({**config, "server_version": "0.32.1"}))
     assert compare(load_run(a), load_run(same))["differs"] == []
     differs = {d["what"]: (d["a"], d["b"]) for d in compare(load_run(a), load_run(b))["differs"]}
     assert differs["--num-users"] == (8, 4) and differs["target"][0] == "the embedded EMULATOR"
+    assert differs["server version"] == ("unknown", "0.32.1")
     assert "--api-key" not in differs  # secrets and run names are no setup
     assert cli_main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -208,8 +211,9 @@ def test_compare_flags_a_metric_without_noise_only_beyond_its_stated_threshold(t
 
 
 def test_the_sweep_and_compare_pages_draw_their_charts_in_headless_chromium(tmp_path):
-    """The other pages, as a browser draws them: the sweep's throughput and latency against the level, and
-    compare's distributions A against B, each chart drawn (inked canvas) with its legend."""
+    """The other pages, as a browser draws them: the sweep's throughput and latency against the level,
+    compare's distributions A against B, and the tune's curves per configuration, each chart drawn (inked canvas)
+    with its legend."""
     browser = chromium()
     if browser is None:
         if os.environ.get("CI"):
@@ -224,8 +228,19 @@ def test_the_sweep_and_compare_pages_draw_their_charts_in_headless_chromium(tmp_
              "for(let i=3;i<d.length;i+=4)if(d[i])n++;return n>1000}).length);"
              "b.setAttribute('data-legend',[...document.querySelectorAll('.u-legend .u-label')].map(e=>e.textContent).join('|'))})"
              "</script></body>")
+    from vllm_load.tune.probe import Probe
+    from vllm_load.tune.report import write as write_tune
+
+    def tune_probe(level: float, passed: bool) -> dict:
+        return Probe(level, passed, 0 if passed else 3, "run", request_rate=level / 2, output_token_rate=level * 10,
+                     goodput=level / 2, ttft_p99=0.01 * level, tps_per_user=40.0 - level).to_json()
+    (tmp_path / "tune").mkdir()
+    write_tune(tmp_path / "tune", [{"params": {"max_num_seqs": str(k)}, "status": "ok", "reason": "", "capacity": k,
+                                    "goodput": k / 2, "probes": [tune_probe(k, True), tune_probe(2 * k, False)]}
+                                   for k in (4, 8)], "concurrency", ["ttft.p99<=1s"])
     for page, charts, legend in ((tmp_path / "sweep" / "sweep.html", 2, "TTFT p99 (ms)"),
-                                 (tmp_path / "cmp" / "compare.html", 4, "B TTFT (ms)")):
+                                 (tmp_path / "cmp" / "compare.html", 4, "B TTFT (ms)"),
+                                 (tmp_path / "tune" / "tune.html", 2, "Pareto front (SLOs met) (tok/s per request)")):
         copy = page.with_name("probe-" + page.name)
         copy.write_text(page.read_text().replace("</body>", probe))
         out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",

@@ -26,7 +26,9 @@ def test_a_server_that_is_not_vllm_gets_standard_fields_only(tmp_path, emulator_
     sent = [json.loads(line)["body"] for line in bodies.read_text().splitlines()]
     assert sent and not any(k in b or k in b.get("stream_options", {}) for b in sent for k in VLLM_FIELDS.split(","))
     assert all(b["max_tokens"] == 12 and b["stream_options"] == {"include_usage": True} for b in sent)
-    assert json.loads((run_dir / "config.json").read_text())["plan"]["server_kind"] == "openai"
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["plan"]["server_kind"] == "openai"
+    assert config["target_kind"] == "OpenAI-compatible server (owned_by 'llamacpp')"
 
 
 def test_server_kind_vllm_overrides_the_detection(tmp_path, emulator_factory):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -85,7 +86,14 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
     assert "ttft.p99<=200ms" in line4 and "waiting max" in line4
     md = (tmp_path / "tune" / "tune.md").read_text()
     assert "**Recommended: max_num_seqs=64**" in md and "| max_num_seqs=16 | 16 " in md
-    assert "data:image/png;base64," in (tmp_path / "tune" / "tune.html").read_text()
+    page = (tmp_path / "tune" / "tune.html").read_text()
+    charts = json.loads(re.search(r'<script type="application/json" id="chart-data">(.*?)</script>', page, re.S)[1])
+    latency, per_user = charts["tune"]
+    assert [s["label"] for s in latency["series"]] == [f"max_num_seqs={k} TTFT p99" for k in ("4", "16", "64")]
+    # every probe that measured is one point of its configuration's series, at its own tokens/s
+    assert sum(v is not None for s in latency["series"] for v in s["values"]) == sum(
+        p["ttft_p99"] is not None for k in ("4", "16", "64") for p in by[k]["probes"])
+    assert per_user["series"][-1]["label"] == "Pareto front (SLOs met)"
     # --resume re-runs nothing
     probes_before = sorted(p.name for p in (tmp_path / "tune").rglob("probe-*") if p.is_dir())
     split = args.index("--")
@@ -131,7 +139,8 @@ def test_a_tune_never_recommends_untrustworthy_numbers_without_saying_so(tmp_pat
     md = (tmp_path / "tune.md").read_text()
     assert "UNTRUSTWORTHY: 1 of its 2 probes could not be trusted (at 64: w: event loop lagged 80 ms)" in md
     page = (tmp_path / "tune.html").read_text()
-    assert "<table>" in page and "<pre" not in page and "UNTRUSTWORTHY (1 of 2 probes)" in page
+    assert "<table class='t'>" in page and "<pre" not in page and "UNTRUSTWORTHY (1 of 2 probes)" in page
+    assert "class='verdict v-untrustworthy'" in page  # the recommendation's block says its numbers are disowned
 
 
 def test_sigterm_stops_the_tune_its_probe_and_its_server(tmp_path):

@@ -179,17 +179,24 @@ def test_the_llm_tab_names_the_emulator_in_a_browser(tmp_path):
     proc, base = _ui(tmp_path, "--autostart", "-u", "1", "-r", "1", "-t", "120s", "--autoquit", "5")
     try:
         row = wait_for(lambda: _target_row(base), timeout=60, what="the web UI with its target", poll=0.2)
-        assert row["count"] == "EMULATOR" and "not a real vLLM" in row["mean"]
+        assert row["count"] == "EMULATOR (of vLLM 0.32.0)" and "not a real vLLM" in row["mean"]
         wait_for(lambda: "TTFT (ms)" in get(base + "/stats/requests")[1], timeout=60, what="the run's first rows")
         import re
 
+        doms: list[str] = []
+
         def rendered() -> str | None:  # the page as the UI's code drew it (once its first poll of the stats is in)
             dom = _chromium(tmp_path, base + "/?tab=llm", budget_ms=8000)
+            doms.append(dom)
             shown = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"<script.*?</script>", "", dom, flags=re.S)).split())
             return shown if "TTFT (ms)" in shown else None
 
         shown = wait_for(rendered, timeout=90, what="the LLM tab drawn in Chromium", poll=1.0)
         assert "EMULATOR" in shown and "the built-in emulator: results describe it" in shown, shown[:1500]
+        # the header area, on every tab: the target's kind beside Locust's host
+        header = re.search(r"<div id=\"vllm-load-target\"[^>]*>(.*?)</div>", doms[-1], flags=re.S)
+        assert header is not None, doms[-1][-2000:]
+        assert header.group(1).startswith("Target: EMULATOR (of vLLM 0.32.0) · model "), header.group(1)
     finally:
         proc.terminate()
         proc.wait(timeout=30)

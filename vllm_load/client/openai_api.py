@@ -98,6 +98,19 @@ def discover_model(host: str, model: str, api_key: str = "", timeout: float = 10
                        root=str(entry.get("root") or ""), owned_by=str(entry.get("owned_by") or ""))
 
 
+def server_version(host: str, api_key: str = "", timeout: float = 3.0, headers: dict[str, str] | None = None) -> str:
+    """vLLM's version from its /version ({"version": "0.32.0"}), or "" from a server without one (not vLLM, a
+    gateway): shown beside the target and compared between runs, never required."""
+    sent = {k: v for k, v in (headers or {}).items() if k.lower() not in ("content-type", "accept", "accept-encoding")}
+    try:
+        req = urllib.request.Request(host.rstrip("/") + "/version", headers={**sent, **auth_header(api_key)})
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            version = json.loads(resp.read()).get("version")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return ""
+    return str(version)[:40] if isinstance(version, (str, int, float)) else ""
+
+
 def error_message(body: bytes) -> str:
     """The message of a vLLM/OpenAI error body, old ({"message":…}) or new ({"error":{…}}) shape."""
     try:

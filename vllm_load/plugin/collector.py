@@ -60,6 +60,8 @@ class Collector:
             "model": self.plan.model,
             "tokenizer": self.plan.tokenizer,
             "max_model_len": target.max_model_len if target else None,
+            "target_kind": target.kind if target else ("EMULATOR" if self.plan.is_emulator else ""),
+            "server_version": target.server_version if target else "",
             "started": self.start_wall,
             "client_host": socket.gethostname(),
             "plan": self.plan.to_wire(),

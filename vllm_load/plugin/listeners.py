@@ -139,7 +139,7 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         lengths = (f"input {target.input_spec.text} tokens per text" if apis and apis <= POOLING
                    else f"input {target.input_spec.text} output {target.output_spec.text} tokens")
         print(
-            f"vllm-load: target {target.host} model {target.model} tokenizer {target.tokenizer} (from "
+            f"vllm-load: target {target.host} ({target.kind}) model {target.model} tokenizer {target.tokenizer} (from "
             f"{target.tokenizer_source}) max_model_len {target.max_model_len} {lengths}",
             flush=True,
         )

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_load.errors import UsageError
-from vllm_load.client.openai_api import auth_header, discover_model, is_credential_header
+from vllm_load.client.openai_api import auth_header, discover_model, is_credential_header, server_version
 from vllm_load.client.stream import BodyDefaults
 from vllm_load.plugin.server_wait import parse_duration
 from vllm_load.workload.datasets import read_records
@@ -98,6 +98,17 @@ class Target:
     trace_span: float = 0.0
     server_kind: str = "vllm"  # "vllm", or "openai": standard OpenAI fields only (--server-kind, or /v1/models)
     owned_by: str = ""  # what /v1/models said
+    server_version: str = ""  # what /version said ("" when the server has none)
+
+    @property
+    def kind(self) -> str:
+        """What the numbers describe, in a few words: decided here, kept in config.json (``target_kind``) and
+        shown from there (the web UI's header and LLM tab, the console, the report, compare)."""
+        if self.is_emulator:
+            return "EMULATOR" + (f" (of vLLM {self.server_version})" if self.server_version else "")
+        if self.server_kind == "vllm":
+            return f"vLLM {self.server_version}" if self.server_version else "vLLM (version unknown)"
+        return f"OpenAI-compatible server (owned_by {self.owned_by!r})" if self.owned_by else "OpenAI-compatible server"
 
 
 def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str] = frozenset({"chat", "completions"})
@@ -164,7 +175,7 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
     return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec, backoff_max, outage_after,
                   stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup,
                   len(trace), trace[-1].at / opts.trace_speed if trace else 0.0, server_kind(opts, served),
-                  served.owned_by)
+                  served.owned_by, server_version(host, opts.api_key, headers=headers))
 
 
 def _check_trace(opts: Any) -> list:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from html import escape
 from typing import Any, Callable
 
 from vllm_load.metrics.client_health import late_merged, shared_stamp
@@ -39,6 +40,27 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
             if why:
                 return jsonify({"success": False, "message": f"vllm-load: {why}", "host": environment.host})
         return None
+
+    @web_ui.app.after_request
+    def _target_in_header(response: Any) -> Any:
+        """Locust's header shows the host only; what it is (the built-in EMULATOR, vLLM and its version) goes
+        beside it on every tab, so no one reads emulator numbers as a server's."""
+        if request.path != "/" or response.status_code != 200 or response.mimetype != "text/html":
+            return response
+        target = target_source()
+        if target is None:
+            return response
+        text = escape(f"Target: {target.kind} · model {target.model}")
+        emulator = " (results describe the emulator, not a real vLLM: --host points at a server)" \
+            if target.is_emulator else ""
+        style = ("position:fixed;top:0;left:50%;transform:translateX(-50%);z-index:2000;padding:2px 10px;"
+                 "font:600 12px sans-serif;border-radius:0 0 6px 6px;"
+                 + ("background:#f5c542;color:#000" if target.is_emulator else "background:#2e7d32;color:#fff"))
+        banner = f"<div id='vllm-load-target' style='{style}' title='{escape(emulator.strip(' ()'))}'>{text}</div>"
+        body = response.get_data(as_text=True)
+        if "</body>" in body:
+            response.set_data(body.replace("</body>", banner + "</body>", 1))
+        return response
 
     @web_ui.app.route("/vllm-load/report")
     def _report() -> Any:
@@ -109,7 +131,7 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
                              "mean": summary["input_drift_max_abs"]})
         target = target_source()
         if target is not None:  # what the numbers describe: the built-in emulator, or the server and its model
-            rows.insert(0, {"metric": "Target", "count": "EMULATOR" if target.is_emulator else target.server_kind,
+            rows.insert(0, {"metric": "Target", "count": target.kind,
                             "mean": f"{target.host} model {target.model}" + (
                                 " (the built-in emulator: results describe it, not a real vLLM; --host points at a "
                                 "server)" if target.is_emulator else "")})

@@ -18,13 +18,13 @@ NINES = [round(i * 0.02, 2) for i in range(0, 151)]  # 0 .. 3 nines (p0 .. p99.9
 NINES_PERCENTILES = [100.0 * (1 - 10 ** -n) for n in NINES]
 
 
-def _chart(cid: str, title: str, x_label: str, y_label: str, x: list[float], series: list[dict[str, Any]],
+def chart(cid: str, title: str, x_label: str, y_label: str, x: list[float], series: list[dict[str, Any]],
            y_range: tuple[float, float] | None = None, kind: str = "time") -> dict[str, Any]:
     return {"id": cid, "title": title, "x_label": x_label, "y_label": y_label, "x": x, "series": series,
             "y_range": y_range, "kind": kind}
 
 
-def _round(values: list[float | None], digits: int = 3) -> list[float | None]:
+def rounded(values: list[float | None], digits: int = 3) -> list[float | None]:
     return [None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, digits) for v in values]
 
 
@@ -55,37 +55,37 @@ def timeline_of(s: Any, t0: float, server: list[dict]) -> list[dict[str, Any]]:
         got = [(w, s.windows[w].get(metric)) for w in wins]
         for p in (50, 99):
             series.append({"label": f"{BY_KEY[metric].title} p{p}", "dash": metric != "ttft",
-                           "values": _round([h.percentile(p) * 1000 if h is not None and h.count else None
+                           "values": rounded([h.percentile(p) * 1000 if h is not None and h.count else None
                                              for _, h in got])})
     if wins:
-        out.append(_chart("latency", "Client latency per 10 s window (by request start)", "seconds since the run started",
+        out.append(chart("latency", "Client latency per 10 s window (by request start)", "seconds since the run started",
                           "ms", [w + 5 - t0 for w in wins], series))
     secs = sorted(s.tokens_per_second)
     if secs:
-        out.append(_chart("throughput", "Output tokens per second (client)", "seconds since the run started", "tok/s",
+        out.append(chart("throughput", "Output tokens per second (client)", "seconds since the run started", "tok/s",
                           [x - t0 for x in secs], [{"label": "output tok/s",
                                                     "values": [s.tokens_per_second[x] for x in secs]}]))
     if server:
         t = [round(x["t"] - t0, 3) for x in server]
 
         def col(key: str, scale: float = 1.0) -> list[float | None]:
-            return _round([None if x.get(key) is None else x[key] * scale for x in server])
-        out.append(_chart("server-requests", "Server: requests running and waiting", "seconds since the run started",
+            return rounded([None if x.get(key) is None else x[key] * scale for x in server])
+        out.append(chart("server-requests", "Server: requests running and waiting", "seconds since the run started",
                           "requests", t, [{"label": "running", "values": col("running")},
                                           {"label": "waiting", "values": col("waiting")}]))
-        out.append(_chart("server-kv", "Server: KV-cache usage", "seconds since the run started", "%", t,
+        out.append(chart("server-kv", "Server: KV-cache usage", "seconds since the run started", "%", t,
                           [{"label": "KV-cache usage %", "values": col("kv_cache_usage", 100.0)}], (0.0, 100.0)))
         if any(x.get("preemptions_rate") for x in server):
-            out.append(_chart("server-preemptions", "Server: preemptions", "seconds since the run started", "per s", t,
+            out.append(chart("server-preemptions", "Server: preemptions", "seconds since the run started", "per s", t,
                               [{"label": "preemptions/s", "values": col("preemptions_rate")}]))
-        out.append(_chart("server-tokens", "Server: token rates", "seconds since the run started", "tok/s", t,
+        out.append(chart("server-tokens", "Server: token rates", "seconds since the run started", "tok/s", t,
                           [{"label": "prompt tok/s", "values": col("prompt_tokens_rate")},
                            {"label": "generation tok/s", "values": col("generation_tokens_rate")}]))
         hits = prefix_hit_rates(server)
         if hits:
-            out.append(_chart("server-prefix", "Server: prefix-cache hit rate", "seconds since the run started", "%",
+            out.append(chart("server-prefix", "Server: prefix-cache hit rate", "seconds since the run started", "%",
                               [round(x - t0, 3) for x, _ in hits],
-                              [{"label": "prefix-cache hit rate %", "values": _round([100 * r for _, r in hits])}],
+                              [{"label": "prefix-cache hit rate %", "values": rounded([100 * r for _, r in hits])}],
                               (0.0, 100.0)))
     return out
 
@@ -101,11 +101,11 @@ def distributions(run: Run) -> list[dict[str, Any]]:
         h = run.stats.hists[key]
         if not h.count:
             continue
-        series = [{"label": BY_KEY[key].title, "values": _round(curve(h, grid))}]
+        series = [{"label": BY_KEY[key].title, "values": rounded(curve(h, grid))}]
         other = run.stats.hists[extra] if extra else None
         if other is not None and other.count:
-            series.append({"label": BY_KEY[extra].title, "dash": True, "values": _round(curve(other, grid))})
-        out.append(_chart(f"dist-{key}", f"{BY_KEY[key].title} by percentile", "percentile", "ms", NINES, series,
+            series.append({"label": BY_KEY[extra].title, "dash": True, "values": rounded(curve(other, grid))})
+        out.append(chart(f"dist-{key}", f"{BY_KEY[key].title} by percentile", "percentile", "ms", NINES, series,
                           kind="nines"))
     return out
 
@@ -126,13 +126,13 @@ def markers(run: Run) -> dict[str, Any]:
 def by_level(runs: list[Any], levels: list[float], level: str) -> list[dict[str, Any]]:
     """A sweep's throughput and latency against its level (users or req/s): one point per run or step."""
     def metric(key: str, stat: str) -> list[float | None]:
-        return _round([r.summary["metrics"][key][stat] * 1000 if r.summary["metrics"].get(key, {}).get("count")
+        return rounded([r.summary["metrics"][key][stat] * 1000 if r.summary["metrics"].get(key, {}).get("count")
                        else None for r in runs])
     return [
-        _chart("sweep-throughput", f"Throughput against the {level}", level, "per s", levels,
-               [{"label": "output tok/s", "values": _round([r.summary["output_token_rate"] for r in runs])},
-                {"label": "requests/s", "values": _round([r.summary["request_rate"] for r in runs])}], kind="level"),
-        _chart("sweep-latency", f"Latency against the {level}", level, "ms", levels,
+        chart("sweep-throughput", f"Throughput against the {level}", level, "per s", levels,
+               [{"label": "output tok/s", "values": rounded([r.summary["output_token_rate"] for r in runs])},
+                {"label": "requests/s", "values": rounded([r.summary["request_rate"] for r in runs])}], kind="level"),
+        chart("sweep-latency", f"Latency against the {level}", level, "ms", levels,
                [{"label": "TTFT mean", "values": metric("ttft", "mean")},
                 {"label": "TTFT p99", "values": metric("ttft", "p99"), "dash": True},
                 {"label": "E2E mean", "values": metric("e2e", "mean")},
@@ -149,8 +149,8 @@ def a_against_b(a: Run, b: Run) -> list[dict[str, Any]]:
         if not ha.count and not hb.count:
             continue
         series = [{"label": f"{label} {BY_KEY[key].title}", "dash": label == "B",
-                   "values": _round(curve(h, grid)) if h.count else [None] * len(grid)}
+                   "values": rounded(curve(h, grid)) if h.count else [None] * len(grid)}
                   for label, h in (("A", ha), ("B", hb))]
-        out.append(_chart(f"ab-{key}", f"{BY_KEY[key].title} by percentile: A against B", "percentile", "ms", NINES,
+        out.append(chart(f"ab-{key}", f"{BY_KEY[key].title} by percentile: A against B", "percentile", "ms", NINES,
                           series, kind="nines"))
     return out

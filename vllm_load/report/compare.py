@@ -69,6 +69,8 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
                          ("workers that reported", len(a.summary.get("workers") or []),
                           len(b.summary.get("workers") or [])),
                          ("server kind", pa.get("server_kind", "vllm"), pb.get("server_kind", "vllm")),
+                         ("server version", ca.get("server_version") or "unknown",
+                          cb.get("server_version") or "unknown"),
                          ("trust", trust(a), trust(b))):
         if va != vb:
             out.append({"what": what, "a": va, "b": vb})

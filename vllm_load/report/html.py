@@ -37,7 +37,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
                {True: "pass", False: "fail", None: "none"}[verdict.slo_passed])
     return render(
         "report.html.j2", name=run.path.name, run_id=str(run.config.get("run_id")), emulator=run.is_emulator,
-        host=str(run.config.get("host")), model=str(run.config.get("model")), overall=overall,
+        kind=run.target_kind, host=str(run.config.get("host")), model=str(run.config.get("model")), overall=overall,
         invalid=verdict.invalid, untrustworthy=verdict.untrustworthy,
         checks=[{"slo": c.slo, "word": word(c.passed), "detail": c.detail} for c in verdict.checks],
         slo_word=word(bool(verdict.slo_passed)), exit_code=verdict.exit_code,

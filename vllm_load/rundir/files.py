@@ -121,6 +121,11 @@ class Run:
         return bool(self.config.get("target_is_emulator"))
 
     @property
+    def target_kind(self) -> str:
+        """EMULATOR, vLLM 0.32.0, …: decided at the run's start (a run from before it was kept: from the flag)."""
+        return self.config.get("target_kind") or ("EMULATOR" if self.is_emulator else "")
+
+    @property
     def verdict(self) -> Verdict | None:
         """The verdict its ``summary.json`` keeps (None before the run's end wrote it)."""
         try:

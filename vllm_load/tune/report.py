@@ -1,13 +1,10 @@
 """The tune's outputs: a table per configuration and probe, the recommendation with the reason each other
 configuration lost (from the SLO checks and the server's own numbers), ``tune.json``, ``tune.md`` and
 ``tune.html`` (throughput-latency curves per configuration, the Pareto front of tokens/s per user against
-tokens/s in total)."""
+tokens/s in total, drawn as the report's interactive charts)."""
 
 from __future__ import annotations
 
-import base64
-import html
-import io
 import json
 from pathlib import Path
 from typing import Any
@@ -121,73 +118,53 @@ def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, A
     return sorted(front, key=lambda p: p[0])
 
 
-#: the tune page's style (its curves are matplotlib images: each configuration's has an x of its own)
-_CSS = ("body{font-family:sans-serif;margin:24px;max-width:1200px}table{border-collapse:collapse;margin:8px 0}"
-        "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}"
-        ".pass{color:#080;font-weight:bold}.fail{color:#c00;font-weight:bold}"
-        ".banner{background:#ffe9a8;border:1px solid #d9a400;padding:8px;margin:8px 0}img{max-width:100%}")
+def curves(results: list[dict]) -> list[dict[str, Any]]:
+    """The page's two charts as data (``report/charts.py``'s shape): TTFT p99 against output tokens/s, one series
+    per configuration, and tokens/s per user against in total with the Pareto front of the probes that met the
+    SLOs. Each configuration's probes have x values of their own: the charts share the union of them, a
+    configuration's series empty where it has no probe (its line spans the gaps)."""
+    from vllm_load.report.charts import chart, rounded
 
+    measured = [(r, sorted((p for p in r["probes"] if p["ttft_p99"] is not None), key=lambda p: p["level"]))
+                for r in results]
+    measured = [(r, probes) for r, probes in measured if probes]
+    xs = sorted({round(p["output_token_rate"], 3) for _, probes in measured for p in probes})
+    if not xs:
+        return []
+    at = {x: i for i, x in enumerate(xs)}
 
-def _png(fig: Any) -> str:
-    import matplotlib.pyplot as plt
+    def series(probes: list[dict], value: Any) -> list[float | None]:
+        out: list[float | None] = [None] * len(xs)
+        for p in probes:
+            out[at[round(p["output_token_rate"], 3)]] = value(p)
+        return rounded(out)
 
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _table(head: list[str], rows: list[list[Any]]) -> str:
-    th = "".join(f"<th>{html.escape(str(h))}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
+    points = [(p["output_token_rate"], p["tps_per_user"], label(r["params"])) for r, probes in measured
+              for p in probes if p["passed"] and p["tps_per_user"] is not None]
+    front: list[float | None] = [None] * len(xs)
+    for x, y, _ in pareto(points):
+        front[at[round(x, 3)]] = y
+    per_user = [{"label": label(r["params"]), "values": series(probes, lambda p: p["tps_per_user"])}
+                for r, probes in measured]
+    if any(v is not None for v in front):
+        per_user.append({"label": "Pareto front (SLOs met)", "dash": True, "values": rounded(front)})
+    x_label = "output tokens/s (total)"
+    return [chart("tune-latency", "Throughput against TTFT p99, per configuration", x_label, "ms", xs,
+                  [{"label": f"{label(r['params'])} TTFT p99", "values": series(probes, lambda p: p["ttft_p99"] * 1000)}
+                   for r, probes in measured], kind="level"),
+            chart("tune-pareto", "Tokens/s per user against tokens/s in total", x_label, "tok/s per request", xs,
+                  per_user, kind="level")]
 
 
 def render_html(results: list[dict], best: dict | None, mode: str) -> str:
-    import matplotlib
+    from vllm_load.report.page import render
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4))
-    points = []
-    for r in results:
-        probes = sorted((p for p in r["probes"] if p["ttft_p99"] is not None), key=lambda p: p["level"])
-        if not probes:
-            continue
-        ax1.plot([p["output_token_rate"] for p in probes], [p["ttft_p99"] * 1000 for p in probes], marker="o",
-                 label=label(r["params"]))
-        for p in probes:
-            if p["passed"] and p["tps_per_user"] is not None:
-                points.append((p["output_token_rate"], p["tps_per_user"], label(r["params"])))
-        ax2.scatter([p["output_token_rate"] for p in probes], [p["tps_per_user"] or 0 for p in probes], s=12,
-                    label=label(r["params"]))
-    front = pareto(points)
-    if front:
-        ax2.plot([p[0] for p in front], [p[1] for p in front], "k--", label="Pareto front (SLOs met)")
-    ax1.set_xlabel("output tokens/s (total)")
-    ax1.set_ylabel("TTFT p99 (ms)")
-    ax1.set_yscale("log")
-    ax1.set_title("throughput against latency, per configuration")
-    ax2.set_xlabel("output tokens/s (total)")
-    ax2.set_ylabel("output tokens/s per request (median)")
-    ax2.set_title("tokens/s per user against in total")
-    for ax in (ax1, ax2):
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-        ax.grid(alpha=0.3)
-    img = _png(fig)
     unit = "users" if mode == "concurrency" else "req/s"
-
-    def esc(rows: list[list[str]]) -> list[list[str]]:
-        return [[html.escape(c) for c in row] for row in rows]
-
-    head = html.escape(headline(best, unit).replace("**", ""))
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>vllm-load tune</title><style>{_CSS}</style>"
-            f"</head><body><h1>vllm-load tune</h1><p id='recommended'>{head}</p>"
-            f"<img alt='curves' src='data:image/png;base64,{img}'><h2>Configurations</h2>"
-            f"<div id='configs'>{_table(CONFIG_HEAD, esc(config_rows(results, unit)))}</div><h2>Probes</h2>"
-            f"<div id='probes'>{_table(HEAD, esc(probe_rows(results)))}</div></body></html>")
+    overall = "none" if best is None else "untrustworthy" if distrusted(best) else "pass"
+    return render("tune.html.j2", configs=len(results), probes=sum(len(r["probes"]) for r in results),
+                  overall=overall, headline=headline(best, unit).replace("**", ""), config_head=CONFIG_HEAD,
+                  config_rows=config_rows(results, unit), probe_head=HEAD, probe_rows=probe_rows(results),
+                  charts={"tune": curves(results)})
 
 
 def write(out: Path, results: list[dict], mode: str, slos: list[str]) -> dict | None:
