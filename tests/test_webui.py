@@ -196,7 +196,8 @@ def test_the_llm_tab_names_the_emulator_in_a_browser(tmp_path):
         # the header area, on every tab: the target's kind beside Locust's host
         header = re.search(r"<div id=\"vllm-load-target\"[^>]*>(.*?)</div>", doms[-1], flags=re.S)
         assert header is not None, doms[-1][-2000:]
-        assert header.group(1).startswith("Target: EMULATOR (of vLLM 0.32.0) · model "), header.group(1)
+        assert header.group(1).startswith("<span>Target: EMULATOR (of vLLM 0.32.0) · model "), header.group(1)
+        assert "href=\"./vllm-load/live\"" in header.group(1)  # the live charts, one click from any tab
     finally:
         proc.terminate()
         proc.wait(timeout=30)

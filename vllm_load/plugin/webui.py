@@ -53,10 +53,15 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
         text = escape(f"Target: {target.kind} · model {target.model}")
         emulator = " (results describe the emulator, not a real vLLM: --host points at a server)" \
             if target.is_emulator else ""
-        style = ("position:fixed;top:0;left:50%;transform:translateX(-50%);z-index:2000;padding:2px 10px;"
-                 "font:600 12px sans-serif;border-radius:0 0 6px 6px;"
+        # in the header's free middle, between Locust's logo (~210 px) and its host/status block (~520 px)
+        style = ("position:fixed;top:20px;left:230px;max-width:calc(100vw - 760px);overflow:hidden;"
+                 "text-overflow:ellipsis;white-space:nowrap;z-index:2000;padding:3px 10px;"
+                 "font:600 12px sans-serif;border-radius:6px;"
                  + ("background:#f5c542;color:#000" if target.is_emulator else "background:#2e7d32;color:#fff"))
-        banner = f"<div id='vllm-load-target' style='{style}' title='{escape(emulator.strip(' ()'))}'>{text}</div>"
+        links = " · <a href='./vllm-load/live' target='_blank' style='color:inherit'>live charts</a>" \
+                " · <a href='./vllm-load/report' target='_blank' style='color:inherit'>last report</a>"
+        banner = (f"<div id='vllm-load-target' style='{style}' title='{text}{escape(emulator)}'>"
+                  f"<span>{text}</span>{links}</div>")
         body = response.get_data(as_text=True)
         if "</body>" in body:
             response.set_data(body.replace("</body>", banner + "</body>", 1))
