@@ -35,6 +35,8 @@ CASES = [
     (CHAT, ["--metrics-port", "70000"], "--metrics-port 70000 is no TCP port"),
     (CHAT, ["--host", "ftp://127.0.0.1:21"], "the ftp:// scheme is not served; use http:// or https://"),
     (CHAT, ["--host", "127.0.0.1:8000"], "has no scheme: write --host http://127.0.0.1:8000"),
+    (CHAT, ["--host", "http://127.0.0.1:8000,,http://127.0.0.1:8001"], "has an empty entry: separate the targets'"),
+    (CHAT, ["--host", "http://127.0.0.1:8000,127.0.0.1:8001"], "has no scheme: write --host http://127.0.0.1:8001"),
     (CHAT, ["--tokenizer", "builtin:nope"], "the built-ins are builtin:mistral-7b-v0.1 and builtin:mistral-tekken"),
     (CHAT, ["-u", "0"], "-u 0 starts no user"),
     (CHAT, ["--warmup", "30s"], "--warmup 30s is not shorter than the run (-t) (5 s)"),

@@ -58,6 +58,7 @@ class RequestRecord:
     items: int | None = None  # pooling requests: the inputs (texts, documents) it carried
     late_merged: int = 0  # chunk gaps of 0 made by the native reader's late reads (a late read merged two chunks)
     media: int = 0  # images and audio clips in the prompt: input_tokens_asked counts its text only
+    target: str | None = None  # --host a,b: the replica it went to (its metrics are grouped under it too)
 
     @property
     def connection_failed(self) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
+from typing import Any
 import bisect
 
 import numpy as np
@@ -120,3 +121,37 @@ def record(hists: dict[str, Histogram], windows: dict | None, tokens_per_second:
             if hist is None:
                 hist = win[metric] = Histogram()
             hist.record_many(values, weights)
+
+
+def count_success(stats: Any, rec: RequestRecord) -> None:
+    """A successful request's O(1) counters in ``stats`` (an ``LLMStats``), at once on the loop; its histograms
+    wait for ``record``'s vectorised batch."""
+    if rec.ttft is not None and stats.timeline:
+        second = int(rec.start + rec.ttft)
+        stats.ttft_per_second[second] += rec.ttft
+        stats.first_tokens_per_second[second] += 1
+    if rec.input_tokens is not None:
+        stats.input_tokens += rec.input_tokens
+    if rec.output_tokens is not None:
+        stats.output_tokens += rec.output_tokens
+    if rec.cached_tokens is not None and rec.input_tokens is not None:
+        stats.cached_tokens += rec.cached_tokens
+        stats.cached_of += rec.input_tokens
+    if not rec.tokens_from_usage:
+        stats.usage_missing += 1
+    drift = rec.input_drift
+    if drift:
+        stats.drift_requests += 1
+        stats.drift_max_abs = max(stats.drift_max_abs, abs(drift))
+    if rec.output_tokens_asked is not None and rec.output_tokens not in (None, rec.output_tokens_asked):
+        stats.output_mismatch += 1
+    if rec.reasoning_tokens is not None:
+        stats.reasoning_requests += 1
+        stats.reasoning_tokens += rec.reasoning_tokens
+        stats.reasoning_by_tokenizer += rec.reasoning_source == "tokenizer"
+    if rec.items:
+        stats.items += rec.items
+    stats.late_merged += rec.late_merged
+    if rec.media:
+        stats.media_items += rec.media
+        stats.media_tokens += rec.media_tokens or 0

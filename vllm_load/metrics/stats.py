@@ -82,6 +82,8 @@ class LLMStats:
     conn_error: tuple = (0.0, "")  # the latest connection-level failure: (start, reason)
     #: the same metrics per request name (name=): totals of their own, merged exactly like the run's
     names: dict = field(default_factory=dict)
+    #: the same per target (--host a,b): each replica's own totals, outages included
+    targets: dict = field(default_factory=dict)
     timeline: bool = True  # per-second and per-window series (a name's group keeps none: the run's has them)
     _pending: list = field(default_factory=list, repr=False, compare=False)
 
@@ -111,9 +113,21 @@ class LLMStats:
             sub = self.names[name] = LLMStats(timeline=False)
         return sub
 
+    def targeted(self, url: str) -> LLMStats:
+        sub = self.targets.get(url)
+        if sub is None:
+            sub = self.targets[url] = LLMStats(timeline=False)
+        return sub
+
+    def _groups(self) -> list[LLMStats]:
+        return [*self.names.values(), *self.targets.values()]
+
     def add(self, rec: RequestRecord) -> None:
-        if rec.name is not None and self.timeline:
-            self.named(rec.name).add(rec)
+        if self.timeline:  # the run's totals: a request also counts in its name's and its target's group
+            if rec.name is not None:
+                self.named(rec.name).add(rec)
+            if rec.target is not None:
+                self.targeted(rec.target).add(rec)
         self.requests += 1
         end = rec.start + rec.e2e
         self.first_start = rec.start if self.first_start is None else min(self.first_start, rec.start)
@@ -138,44 +152,16 @@ class LLMStats:
                 self.fail_buckets[b] += 1
             return
         self.ok_buckets[b] += 1
-        if rec.ttft is not None and self.timeline:
-            second = int(rec.start + rec.ttft)
-            self.ttft_per_second[second] += rec.ttft
-            self.first_tokens_per_second[second] += 1
-        if rec.input_tokens is not None:
-            self.input_tokens += rec.input_tokens
-        if rec.output_tokens is not None:
-            self.output_tokens += rec.output_tokens
-        if rec.cached_tokens is not None and rec.input_tokens is not None:
-            self.cached_tokens += rec.cached_tokens
-            self.cached_of += rec.input_tokens
-        if not rec.tokens_from_usage:
-            self.usage_missing += 1
-        drift = rec.input_drift
-        if drift:
-            self.drift_requests += 1
-            self.drift_max_abs = max(self.drift_max_abs, abs(drift))
-        if rec.output_tokens_asked is not None and rec.output_tokens not in (None, rec.output_tokens_asked):
-            self.output_mismatch += 1
-        if rec.reasoning_tokens is not None:
-            self.reasoning_requests += 1
-            self.reasoning_tokens += rec.reasoning_tokens
-            self.reasoning_by_tokenizer += rec.reasoning_source == "tokenizer"
-        if rec.items:
-            self.items += rec.items
-        self.late_merged += rec.late_merged
-        if rec.media:
-            self.media_items += rec.media
-            self.media_tokens += rec.media_tokens or 0
+        folding.count_success(self, rec)
 
     @property
     def pending(self) -> int:
-        return len(self._pending) + sum(len(n._pending) for n in self.names.values())
+        return len(self._pending) + sum(len(n._pending) for n in self._groups())
 
     def fold(self, max_values: int | None = None) -> None:
         """Record the pending requests' per-request and per-token values, vectorised over all of them
         (or over the oldest ones holding about ``max_values`` chunks: a slice of bounded time)."""
-        for sub in self.names.values():
+        for sub in self._groups():
             sub.fold(max_values)
         recs = self._pending
         if not recs:
@@ -238,6 +224,7 @@ class LLMStats:
             "conn_error": list(self.conn_error),
             "names": {n: sub.to_wire() for n, sub in self.names.items()},
             "names_version": NAMES_VERSION,
+            **({"targets": {t: sub.to_wire() for t, sub in self.targets.items()}} if self.targets else {}),
         }
 
     @classmethod
@@ -262,15 +249,18 @@ class LLMStats:
         for k in cls._BUCKETS:  # older run dirs have none
             setattr(s, k, Counter({int(b): n for b, n in data.get(k, {}).items()}))
         s.conn_error = tuple(data.get("conn_error", (0.0, "")))
-        for n, wire in data.get("names", {}).items():
-            sub = cls.from_wire(wire)
-            sub.timeline = False
-            s.names[n] = sub
+        for group in ("names", "targets"):
+            for key, wire in data.get(group, {}).items():
+                sub = cls.from_wire(wire)
+                sub.timeline = False
+                getattr(s, group)[key] = sub
         return s
 
     def merge(self, other: LLMStats) -> None:
         for n, sub in other.names.items():
             self.named(n).merge(sub)
+        for t, sub in other.targets.items():
+            self.targeted(t).merge(sub)
         for k, h in other.hists.items():
             self.hists[k].merge(h)
         for k in self._COUNTERS:

@@ -53,6 +53,7 @@ class RunSummary(TypedDict, total=False):
     backoff_s: float
     percentiles: list[str]  # the percentile columns every medium shows (--metric-percentiles; the standard five)
     names: dict[str, dict]  # name= -> the same summary for that group's requests (only when names were used)
+    targets: dict[str, dict]  # --host a,b: each replica's URL -> the same summary for its requests
     # completed by the collector at the end of a run
     workers: list[str]
     workers_lost: list[str]
@@ -176,4 +177,14 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
     if self.names:
         out["names"] = {n: self.names[n].summary(duration, records_per_request, None, now, percentiles, shown)
                         for n in sorted(self.names, key=name_order)}
+    if self.targets:  # --host a,b: each replica's rows, and its outages named as that target's
+        out["targets"] = {t: self.targets[t].summary(duration, records_per_request, None, now, percentiles, shown)
+                          for t in sorted(self.targets)}
+        if outage_after is not None:
+            out["outages"] = [{**w, "text": "every target: " + w["text"]} for w in out["outages"]]
+            for t in sorted(self.targets):
+                sub = self.targets[t]
+                out["outages"] += [{**w.to_json(), "target": t, "text": f"target {t}: " + outages.describe(
+                    w, start, sub.conn_error[1] if w.is_outage else "")} for w in sub.outage_windows(outage_after, now)
+                    if not any(r["start"] <= w.start and w.end <= r["end"] for r in out["outages"] if "target" not in r)]
     return out

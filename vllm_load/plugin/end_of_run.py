@@ -63,26 +63,34 @@ def watch_heartbeats(runner: Any, col: Collector) -> None:
 
 def watch_outages(environment: Any, col: Collector) -> None:
     """Say on the console (and the web UI) when the server becomes unreachable and when it is back, from the
-    merged counts (on a master: as of the workers' last reports, every 3 s); --stop-on-outage ends the run."""
-    stop_after, live = col.plan.stop_on_outage, LiveOutage(col.plan.outage_after)
+    merged counts (on a master: as of the workers' last reports, every 3 s); --stop-on-outage ends the run.
+    With --host a,b each replica is watched too: one that goes down is named, and stops nothing while the
+    others answer."""
+    stop_after = col.plan.stop_on_outage
+    watches: dict[str | None, LiveOutage] = {}
+    down: dict[str | None, str] = {}  # None: the run (every target); else a target's URL
     while True:
         gevent.sleep(1.0)
-        t = col.totals
-        span = live.check(t.ok_buckets, t.conn_buckets, t.fail_buckets, time.time())
-        cur = span if span is not None and span.is_outage else None
-        if cur is not None:
-            text = describe(cur, col.start_wall, col.totals.conn_error[1], live=True)
-            if STATE.outage_now is None:
+        for key, t in [(None, col.totals), *sorted(col.totals.targets.items())]:
+            if key is not None and None in down:  # every target is down: said once, for the run
+                continue
+            live = watches.setdefault(key, LiveOutage(col.plan.outage_after))
+            span = live.check(t.ok_buckets, t.conn_buckets, t.fail_buckets, time.time())
+            cur = span if span is not None and span.is_outage else None
+            if cur is None:
+                if down.pop(key, None) is not None:
+                    print(f"vllm-load: {'the server' if key is None else f'target {key}'} answers again", flush=True)
+                continue
+            text = ("" if key is None else f"target {key}: ") + describe(cur, col.start_wall, t.conn_error[1], live=True)
+            if key not in down:
                 print(f"vllm-load: OUTAGE: {text}", flush=True)
-            STATE.outage_now = text
-            if stop_after and cur.seconds >= stop_after and STATE.outage_stop is None:
+            down[key] = text
+            if key is None and stop_after and cur.seconds >= stop_after and STATE.outage_stop is None:
                 STATE.outage_stop = f"{text}: stopping the run (--stop-on-outage {environment.parsed_options.stop_on_outage})"
                 sys.stderr.write(f"vllm-load: error: {STATE.outage_stop}\n")
                 sys.stderr.flush()
                 end_run(environment)
-        elif STATE.outage_now is not None:
-            print("vllm-load: the server answers again", flush=True)
-            STATE.outage_now = None
+        STATE.outage_now = "; ".join(down.values()) or None
 
 
 def _collect_server_side(col: Collector, opts: Any) -> None:

@@ -73,6 +73,16 @@ class Generator:
     ticket_back: Any = None
     requests: RequestSource | None = None  # what it sends (plugin/request_source.py)
     clock: WorkerClock = field(default_factory=WorkerClock)  # the run's epoch, shared by every load process
+    users_made: int = 0  # this process's users so far: with the worker index, a user's number in the swarm
+
+    def target_for_new_user(self) -> str | None:
+        """--host a,b: the replica of the next user made here, round robin from a start of this process's own
+        (its index): each process spreads its users over every replica, and processes with one user each (or
+        any count the replicas do not divide) start on different ones, so the swarm splits evenly (within one
+        user per process). None with one target."""
+        number = self.users_made + self.worker_index
+        self.users_made += 1
+        return self.plan.target_of(number)
 
     @property
     def source(self) -> str:
@@ -85,7 +95,7 @@ class Generator:
         """A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
         that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
         rt = cls(role=role, opts=opts, plan=plan, worker_id=worker_id, worker_index=worker_index)
-        rt.fold_slice = cls.FOLD_SLICE_NATIVE if Connections.reads_natively(plan.host) else cls.FOLD_SLICE_PYTHON
+        rt.fold_slice = cls.FOLD_SLICE_NATIVE if Connections.reads_natively(plan.urls[0]) else cls.FOLD_SLICE_PYTHON
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
         if on_trace_done is not None:

@@ -37,7 +37,7 @@ from vllm_load.plugin.plan import ramp_kind
 from vllm_load.plugin.server_wait import parse_duration, wait_for_server
 from vllm_load.plugin.shapes import UsersRamp
 from vllm_load.plugin.state import STATE, role as role_of
-from vllm_load.plugin.target import Target, resolve_target
+from vllm_load.plugin.target import Target, resolve_targets
 from vllm_load.rundir.files import check_writable, free_text
 
 log = logging.getLogger("vllm_load")
@@ -57,17 +57,19 @@ def _swarm_check(environment: Any, host: str) -> str | None:
     if STATE.target is not None and STATE.target.host == host and not STATE.target_error:
         return None
     try:
-        validate.check_host(host)
+        hosts = validate.split_hosts(host)
     except UsageError as exc:
         return str(exc)
-    parts = urlsplit(host)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        with socket.create_connection((parts.hostname or "", port), timeout=3.0):
-            return None
-    except OSError as exc:
-        return (f"the target {host} is not reachable ({exc.strerror or exc}): start the server there, or give "
-                "another host")
+    for one in hosts:
+        parts = urlsplit(one)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            with socket.create_connection((parts.hostname or "", port), timeout=3.0):
+                pass
+        except OSError as exc:
+            return (f"the target {one} is not reachable ({exc.strerror or exc}): start the server there, or give "
+                    "another host")
+    return None
 
 
 def _apis(environment: Any) -> frozenset[str]:
@@ -80,7 +82,8 @@ def _check_target(environment: Any) -> Target:
     validate.check_options(environment)  # the web UI may have changed them since start-up
     is_emulator = STATE.emulator is not None and environment.host == STATE.emulator.url
     # check what this locustfile's users will send (a chat run against the chat template's minimum)
-    target = resolve_target(opts, environment.host, is_emulator, _apis(environment) or frozenset({"chat", "completions"}))
+    target = resolve_targets(opts, validate.split_hosts(environment.host), is_emulator,
+                             _apis(environment) or frozenset({"chat", "completions"}))
     STATE.target = target  # what it resolved (model, tokenizer) goes into the run plan
     return target
 
@@ -133,7 +136,8 @@ def _on_init(environment: Any, **_kw: Any) -> None:
             print(warning, flush=True)
     try:
         if wait > 0 and STATE.emulator is None:
-            wait_for_server(environment.host, wait, opts.api_key, say=lambda line: print(line, flush=True))
+            for one in validate.split_hosts(environment.host):
+                wait_for_server(one, wait, opts.api_key, say=lambda line: print(line, flush=True))
         target = _check_target(environment)
         apis = _apis(environment)
         lengths = (f"input {target.input_spec.text} tokens per text" if apis and apis <= POOLING

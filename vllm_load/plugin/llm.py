@@ -55,6 +55,8 @@ class LLM:
         self._due: dict[Any, Due] = {}  # greenlet -> its task's intended start (open loop)
         self._failures = 0  # connection failures in a row (closed-loop backoff)
         self._transport: Transport | None = None  # chosen at the first request (the user's host is set by then)
+        #: the replica this user sends to when --host names several (its records are grouped under it)
+        self._target: str | None = getattr(user, "llm_target", None)
 
     # -- what a task reads ------------------------------------------------------------------------------
     @property
@@ -247,11 +249,13 @@ class LLM:
                 rec = stream_request(self._transport, ready, gen.headers, state=state,
                                      count_output=gen.requests.count_output if gen.requests else None, **common)
         except StreamCancelled as stop:  # stopped mid-stream: counted as failed, then the stop goes on
+            stop.record.target = self._target
             gen.on_record(stop.record)
             raise
         except BaseException:
             gen.end_request(sent=False)
             raise
+        rec.target = self._target
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
             delay = self._backoff(rec, gen.plan.backoff_max)

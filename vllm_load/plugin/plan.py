@@ -61,6 +61,8 @@ class RunPlan:
     #: --sweep: "users" or "rate" (what a step's level is), and its levels; "" and (): no sweep
     sweep_kind: str = ""
     sweep_levels: tuple = ()
+    #: --host's replicas when it names several (``host`` is then their list): users are spread over them
+    hosts: tuple[str, ...] = ()
 
     def ramp_rate(self, elapsed: float, sent: int, share: int) -> float:
         """--ramp-up-strategy's total rate ``elapsed`` seconds after the run's epoch (a ramp over -t), or after
@@ -81,6 +83,15 @@ class RunPlan:
 
         wanted = {p for text in self.slos for p in [parse_slo(text).stat] if p.startswith("p")}
         return tuple(sorted({*PERCENTILES, *self.percentiles, *(float(p[1:]) for p in wanted)}))
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """Every target's URL (one, or --host's replicas)."""
+        return self.hosts or (self.host,)
+
+    def target_of(self, user_number: int) -> str | None:
+        """The replica the run's ``user_number``-th user sends to (round robin), or None with one target."""
+        return self.hosts[user_number % len(self.hosts)] if len(self.hosts) > 1 else None
 
     def share(self, index: int) -> int:
         """Load process ``index``'s part of --num-requests (the first ones take one more when it does not divide)."""
@@ -104,7 +115,8 @@ class RunPlan:
                    ramp=(opts.ramp_up_strategy, float(opts.ramp_up_start_rps), float(opts.ramp_up_end_rps),
                          0.0 if opts.num_requests else float(opts.run_time or 0)) if ramp_kind(opts) == "rate" else (),
                    sweep_kind=opts.sweep_mode if getattr(opts, "sweep", "") else "",
-                   sweep_levels=tuple(parse_levels(opts.sweep)) if getattr(opts, "sweep", "") else ())
+                   sweep_levels=tuple(parse_levels(opts.sweep)) if getattr(opts, "sweep", "") else (),
+                   hosts=target.hosts)
 
     @property
     def draws(self) -> str:
@@ -121,10 +133,11 @@ class RunPlan:
         data = asdict(self)
         data["slos"] = list(self.slos)
         data["models"] = list(self.models)
+        data["hosts"] = list(self.hosts)
         return data
 
     @classmethod
     def from_wire(cls, data: dict) -> RunPlan:
         return cls(**{**data, "slos": tuple(data.get("slos") or ()), "models": tuple(data.get("models") or ()),
                       "percentiles": tuple(data.get("percentiles") or ()), "ramp": tuple(data.get("ramp") or ()),
-                      "sweep_levels": tuple(data.get("sweep_levels") or ())})
+                      "sweep_levels": tuple(data.get("sweep_levels") or ()), "hosts": tuple(data.get("hosts") or ())})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_load.errors import UsageError
@@ -99,6 +99,8 @@ class Target:
     server_kind: str = "vllm"  # "vllm", or "openai": standard OpenAI fields only (--server-kind, or /v1/models)
     owned_by: str = ""  # what /v1/models said
     server_version: str = ""  # what /version said ("" when the server has none)
+    #: the replicas users are spread over (--host a,b): each checked like ``host``; () for one target
+    hosts: tuple[str, ...] = ()
 
     @property
     def kind(self) -> str:
@@ -176,6 +178,23 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
                   stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup,
                   len(trace), trace[-1].at / opts.trace_speed if trace else 0.0, server_kind(opts, served),
                   served.owned_by, server_version(host, opts.api_key, headers=headers))
+
+
+def resolve_targets(opts: Any, hosts: tuple[str, ...], is_emulator: bool, apis: frozenset[str]) -> Target:
+    """``resolve_target`` for --host's list: every replica is checked as one target would be, and each must
+    serve the model the first serves (users spread over them send it the same requests)."""
+    first = resolve_target(opts, hosts[0], is_emulator, apis)
+    if len(hosts) == 1:
+        return first
+    limits = [first.max_model_len]
+    for other in hosts[1:]:
+        checked = resolve_target(opts, other, False, apis)
+        if checked.model != first.model:
+            raise UsageError(f"--host {other} serves {checked.model!r}, not {first.model!r} as {hosts[0]} does: "
+                             "the targets of one run are replicas of one model (pick it with --model)")
+        limits.append(checked.max_model_len)
+    known = [n for n in limits if n]
+    return replace(first, host=",".join(hosts), hosts=hosts, max_model_len=min(known) if known else None)
 
 
 def _check_trace(opts: Any) -> list:

@@ -84,6 +84,11 @@ class LLMUser(FastHttpUser):
         cls.tasks = [_dispatching(t) for t in cls.tasks]
 
     def __init__(self, environment: Any) -> None:
+        gen = STATE.generator
+        #: --host a,b: the replica this user sends every request to (None: the run's one target)
+        self.llm_target = gen.target_for_new_user() if gen is not None else None
+        if self.llm_target is not None:
+            self.host = self.llm_target  # before Locust's session is made for it
         super().__init__(environment)
         self.llm = LLM(self)
         if self.client_pool is None and self.kernel_stamps:  # a pool the user shares between users stays as given

@@ -29,9 +29,26 @@ _INT_AT_LEAST = {"ramp_up_start_users": 0, "ramp_up_end_users": 0, "emulator_max
 _INFINITE_OK = {"burstiness"}
 
 
+def split_hosts(host: str | None) -> tuple[str, ...]:
+    """``--host`` as its targets: one URL, or several separated by commas (replicas of one model; users are
+    spread over them round robin, so a URL listed twice gets twice the users). Each is checked (``check_host``);
+    () without a host."""
+    if not host:
+        return ()
+    hosts = tuple(h.strip() for h in host.split(","))
+    if "" in hosts:
+        raise UsageError(f"--host {host!r} has an empty entry: separate the targets' URLs with single commas")
+    for h in hosts:
+        check_host(h)
+    return hosts
+
+
 def check_host(host: str | None) -> None:
     """http:// or https:// with a host name; the one-line fix otherwise."""
     if not host:
+        return
+    if "," in host:
+        split_hosts(host)
         return
     parts = urlsplit(host)
     if not parts.scheme or not parts.netloc:

@@ -144,13 +144,21 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
         if error:  # a target that failed its check, or a run stopped by a failure every request would repeat
             rows.insert(0, {"metric": "ERROR", "count": "", "mean": error})
         data = response.get_json(silent=True) or {}
-        named = [{f"c{i}": c for i, c in enumerate(r)} for r in name_rows(summary)] if summary else []
+        named = [{f"c{i}": c for i, c in enumerate(r)} for r in _group_rows(summary)] if summary else []
         if not named:  # an empty tab says how to fill it
             named = [{"c0": "no request was named yet: give self.llm.chat(..., name=\"turn 1\") a name= (the "
                             "multiturn.py and agent.py locustfiles name their turns and tool rounds)"}]
         data["extended_stats"] = [{"key": "llm", "data": rows}, {"key": "llm_names", "data": named}]
         response.set_data(json.dumps(data))
         return response
+
+
+def _group_rows(summary: dict) -> list[list[str]]:
+    """The "LLM by name" tab's rows: each name's, then each target's (--host a,b), then the one total."""
+    names, targets = name_rows(summary, "names"), name_rows(summary, "targets")
+    if not names and not targets:
+        return []
+    return [*names[:-1], *([f"target {r[0]}", *r[1:]] for r in targets[:-1]), (names or targets)[-1]]
 
 
 def live_summary(totals: Any, start_wall: float, health: Any = None) -> dict:

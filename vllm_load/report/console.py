@@ -57,9 +57,14 @@ NAME_COLUMNS = (("ttft", "p50", "TTFT p50 ms"), ("ttft", "p99", "TTFT p99 ms"), 
 NAME_HEAD = ["name", "requests", "failed", *(t for _, _, t in NAME_COLUMNS), "cached"]
 
 
-def name_rows(summary: dict) -> list[list[str]]:
-    """One row per request name (name=) and the total, for every medium; empty when no name was used."""
-    names = summary.get("names") or {}
+#: the groups a summary splits its requests into, each with its rows' title and first column's head
+GROUPS = {"names": ("by name (name=)", "name"), "targets": ("by target (--host)", "target")}
+
+
+def name_rows(summary: dict, group: str = "names") -> list[list[str]]:
+    """One row per request name (name=), or per target (--host a,b), and the total, for every medium; empty when
+    the run has no such group."""
+    names = summary.get(group) or {}
     if not names:
         return []
 
@@ -76,16 +81,21 @@ def name_rows(summary: dict) -> list[list[str]]:
     return [row(n, s) for n, s in names.items()] + [row("total", summary)]
 
 
-def render_names(summary: dict) -> str:
-    rows = name_rows(summary)
+def group_head(group: str) -> list[str]:
+    return [GROUPS[group][1], *NAME_HEAD[1:]]
+
+
+def render_names(summary: dict, group: str = "names") -> str:
+    rows = name_rows(summary, group)
     if not rows:
         return ""
-    widths = [max(len(NAME_HEAD[i]), *(len(r[i]) for r in rows)) for i in range(len(NAME_HEAD))]
+    head = group_head(group)
+    widths = [max(len(head[i]), *(len(r[i]) for r in rows)) for i in range(len(head))]
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
-    return "\n".join(["by name (name=)", line(NAME_HEAD), *(line(r) for r in rows)])
+    return "\n".join([GROUPS[group][0], line(head), *(line(r) for r in rows)])
 
 
 #: the server's numbers shown beside the client's: (key of server_summary, title, kind)
@@ -158,8 +168,9 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
     for r in rows:
         lines.append("  ".join(str(r[h]).ljust(widths[h]) if h == "metric" else str(r[h]).rjust(widths[h]) for h in head))
     s = summary
-    if s.get("names"):
-        lines.append(render_names(s))
+    for group in GROUPS:
+        if s.get(group):
+            lines.append(render_names(s, group))
     lines.append(
         f"requests {s['requests']}  succeeded {s['succeeded']}  failed {s['failed']}  "
         f"duration {s['duration_s']:.1f} s  request rate {s['request_rate']:.2f}/s  "

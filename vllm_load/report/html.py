@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vllm_load.report import charts
-from vllm_load.report.console import ITL_ONE_ROW, NAME_HEAD, columns, energy_line, name_rows, server_cells, spec_line, table_rows
+from vllm_load.report.console import (ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head, name_rows, server_cells,
+                                      spec_line, table_rows)
 from vllm_load.report.page import render
 from vllm_load.metrics.verdict import Verdict, word
 from vllm_load.report.results import finish
@@ -42,7 +43,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         checks=[{"slo": c.slo, "word": word(c.passed), "detail": c.detail} for c in verdict.checks],
         slo_word=word(bool(verdict.slo_passed)), exit_code=verdict.exit_code,
         summary_rows=summary_rows(s), latency_head=latency[0], latency_rows=latency[1], itl_note=itl_note,
-        named=name_rows(s), name_head=NAME_HEAD,
+        named=name_rows(s), name_head=NAME_HEAD, by_target=name_rows(s, "targets"), target_head=group_head("targets"),
         client_saturated={"cause": client.get("cause") or "client", "reasons": "; ".join(client.get("reasons") or []),
                           "advice": client.get("advice") or "add workers"} if client.get("saturated") else None,
         saturation=(s.get("saturation") or {}).get("text"), outages=[w["text"] for w in s.get("outages") or []],
