@@ -207,3 +207,37 @@ def test_worker_killed_mid_run_the_master_goes_on_and_says_so(tmp_path, emulator
 
 def summary_start(run_dir):
     return json.loads((run_dir / "llm_stats.json").read_text())["start"]
+
+
+def test_a_worker_joining_mid_run_gets_users_and_its_numbers_merge_exactly(tmp_path, emulator_factory):
+    """Locust gives a worker that joins a running swarm its share of the users; it gets the run plan and the
+    run's epoch like the first ones, and the master's totals equal both workers' logs (nothing counted twice,
+    nothing lost)."""
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
+    run_dir = tmp_path / "run"
+    mport = free_port()
+    master = locust(["-f", str(ROOT / "locustfiles/chat.py"), "--master", "--master-bind-host", "127.0.0.1",
+                     "--master-bind-port", str(mport), "--headless", "--expect-workers", "1", "-u", "4", "-r", "4",
+                     "-t", "120s", "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], tmp_path)
+    worker_args = ["-f", str(ROOT / "locustfiles/chat.py"), "--worker", "--master-host", "127.0.0.1", "--master-port",
+                   str(mport)]
+    workers = [locust(worker_args, tmp_path)]
+    try:
+        wait_for(lambda: [f for f in log_files(run_dir, "requests-*.jsonl") if read_log(f)], what="the first worker")
+        workers.append(locust(worker_args, tmp_path))  # joins the running swarm
+        wait_for(lambda: len([f for f in log_files(run_dir, "requests-*.jsonl") if len(read_log(f)) >= 20]) == 2,
+                 timeout=90, what="the joining worker sending its share")
+        master.send_signal(signal.SIGTERM)
+        out, err = master.communicate(timeout=60)
+    finally:
+        for proc in [master, *workers]:
+            if proc.poll() is None:
+                proc.kill()
+    assert master.returncode == 0, out[-3000:] + err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    per_worker = [read_log(f) for f in run_dir.glob("requests-*.jsonl")]
+    assert len(per_worker) == 2 and all(len(rows) >= 20 for rows in per_worker)
+    measured = [r for rows in per_worker for r in rows if not r.get("warmup")]
+    assert summary["requests"] == len(measured) and summary["failed"] == 0
+    assert summary["output_tokens"] == sum(r["output_tokens"] for r in measured)
+    assert not summary.get("workers_lost") and len(summary["clock"]) == 2  # the joiner measured its offset too

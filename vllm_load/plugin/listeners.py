@@ -96,6 +96,7 @@ def _on_init(environment: Any, **_kw: Any) -> None:
     role = role_of(environment)
     log_repeats.quiet(role)
     wire.register(environment, role)
+    STATE.initialised.set()
     if role == "worker" or environment.parsed_options is None:
         return
     opts = environment.parsed_options
@@ -236,6 +237,12 @@ def _live_summary() -> dict | None:
 @events.test_start.add_listener
 def _on_test_start(environment: Any, **_kw: Any) -> None:
     role = role_of(environment)
+    if not STATE.initialised.is_set():
+        # a worker that joined a running swarm: Locust sent its users as it connected, before this process's
+        # runner existed and its init ran (which registers the run clock's messages); the runner's constructor
+        # and init go on in the main greenlet meanwhile (seen: 2 joins in 6 sent nothing)
+        if not STATE.initialised.wait(60.0):
+            raise RuntimeError("vllm-load: Locust's init did not come within 60 s of this worker's first spawn")
     opts = environment.parsed_options
     if role != "worker" and (STATE.target is None or STATE.target.host != environment.host):
         try:  # the web UI may have changed the host since start-up
@@ -252,7 +259,7 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     if role != "worker":
         STATE.fatal = None
     worker_id = getattr(environment.runner, "client_id", "local")
-    plan = wire.worker_plan() if role == "worker" else wire.decide_plan(environment)
+    plan = wire.worker_plan(environment) if role == "worker" else wire.decide_plan(environment)
     if role != "worker":
         STATE.collector = col = Collector.create(opts, plan)
         col.swarm = role == "master"

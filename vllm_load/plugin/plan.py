@@ -19,7 +19,8 @@ from vllm_load.plugin.sweep import parse_levels
 from vllm_load.plugin.target import Target
 from vllm_load.rundir.files import RunDir
 
-#: master -> worker: the plan, before the run's (or a joining worker's) first spawn message
+#: master -> worker: the plan, in every spawn message (an attribute of the master's parsed options, which Locust
+#: copies into them)
 PLAN = "vllm_load_plan"
 
 

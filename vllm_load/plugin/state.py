@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
+from gevent.event import Event
 from locust.runners import MasterRunner, WorkerRunner
 
 from vllm_load.plugin.embedded import ChildServer
@@ -14,16 +16,18 @@ from vllm_load.plugin.server_side import LiveServer
 from vllm_load.plugin.target import Target
 
 
+@dataclass
 class _State:
-    """Process-wide plugin state (one Locust environment per process)."""
+    """Process-wide plugin state (one Locust environment per process): an instance of its own per process, no
+    value shared through class defaults."""
 
     target: Target | None = None
-    slos: list = []
+    slos: list = field(default_factory=list)
     report: str | None = None  # path of the last run's report.html
     end_block: str = ""  # the end-of-run block, printed when Locust quits (after its own last tables)
     end_block_hooked: bool = False
     warmup_reset: Any = None  # the greenlet that starts Locust's table over when --warmup ends
-    flushed: set = set()  # workers that sent their final report
+    flushed: set = field(default_factory=set)  # workers that sent their final report
     last_step: tuple | None = None  # the sweep step the shape announced last
     emulator: ChildServer | None = None
     emulator_log: Any = None  # the embedded emulator's log file (copied into each run directory)
@@ -37,20 +41,27 @@ class _State:
     outage_stop: str | None = None  # --stop-on-outage ended the run with this reason
     trace_done: int = 0  # load processes that replayed their share of the trace (master / local)
     worker_step: tuple | None = None  # a worker: the sweep step (and rate) the master announced last
-    steps_done: dict = {}  # sweep step -> load processes that finished their --num-requests share in it
+    steps_done: dict = field(default_factory=dict)  # sweep step -> load processes that finished their --num-requests share in it
     watcher: Any = None  # greenlets watching for outages and silent workers (master / local)
     live_server: LiveServer | None = None  # the sidecar's samples while the web UI shows a run
     environment: Any = None  # this process's Locust environment (some events do not pass it)
     plan: RunPlan | None = None  # the run's plan: decided here (master/local) or received (worker)
     sidecar_url: str = ""  # --sidecar-url, or the embedded emulator's sidecar
+    #: set once the plugin's init listener has run (its message handlers registered): a worker joining a running
+    #: swarm gets its spawn message, and so test_start, while Locust still builds its runner, before init
+    initialised: Event = field(default_factory=Event)
 
 
 STATE = _State()
 
 
 def role(environment: Any) -> str:
-    if isinstance(environment.runner, WorkerRunner):
+    runner = environment.runner
+    if runner is None:  # Locust still builds it (a worker's first spawn can come that early): the options say
+        opts = environment.parsed_options
+        return "worker" if getattr(opts, "worker", False) else "master" if getattr(opts, "master", False) else "local"
+    if isinstance(runner, WorkerRunner):
         return "worker"
-    if isinstance(environment.runner, MasterRunner):
+    if isinstance(runner, MasterRunner):
         return "master"
     return "local"

@@ -205,28 +205,21 @@ def decide_plan(environment: Any) -> RunPlan:
     plan = RunPlan.decide(opts, target, [s.text for s in STATE.slos], STATE.sidecar_url, users, processes)
     STATE.plan = plan
     if isinstance(environment.runner, MasterRunner):
-        for client in environment.runner.clients.all:
-            environment.runner.send_message(PLAN, plan.to_wire(), client_id=client.id)
+        # the plan rides in every spawn message: Locust copies the master's custom options into each (the
+        # decision, not an option the user gave). A message of its own raced a joining worker: Locust sends
+        # the joiner its users as it connects, before the worker's init has registered any handler, and the
+        # plan was dropped as an unknown message type (the joiner then never sent: 2 runs in 6 here).
+        setattr(opts, PLAN, plan.to_wire())
     return plan
 
 
-def worker_plan() -> RunPlan:
-    """The plan the master sent before its spawn message (at the run's start, or when this worker joined)."""
-    if STATE.plan is None:
-        raise RuntimeError("vllm-load: a spawn came before the master's run plan (master and worker versions differ?)")
+def worker_plan(environment: Any) -> RunPlan:
+    """The plan that came with the master's spawn message (at the run's start, or when this worker joined)."""
+    data = getattr(environment.parsed_options, PLAN, None)
+    if not data:
+        raise RuntimeError("vllm-load: a spawn came without the master's run plan (master and worker versions differ?)")
+    STATE.plan = RunPlan.from_wire(data)
     return STATE.plan
-
-
-def _receive_plan(msg: Any) -> None:
-    STATE.plan = RunPlan.from_wire(msg.data)
-
-
-@events.worker_connect.add_listener
-def _on_worker_connect(client_id: str, **_kw: Any) -> None:
-    """A worker joining a running swarm gets the plan before Locust sends it its users."""
-    env = STATE.environment
-    if env is not None and STATE.plan is not None and isinstance(env.runner, MasterRunner):
-        env.runner.send_message(PLAN, STATE.plan.to_wire(), client_id=client_id)
 
 
 @events.report_to_master.add_listener
@@ -275,7 +268,6 @@ def register(environment: Any, role: str) -> None:
         runner.register_message(FLUSH, lambda msg, **kw: _worker_flush(environment, msg), concurrent=True)
         runner.register_message(STEP, lambda msg, **kw: _worker_step(msg))
         runner.register_message(RESET, lambda msg, **kw: _worker_reset(environment))
-        runner.register_message(PLAN, lambda msg, **kw: _receive_plan(msg))
     elif role == "master":
         runner.register_message(run_clock.PING, lambda msg, **kw: _master_clock().on_ping(runner, msg))
         runner.register_message(run_clock.READY, lambda msg, **kw: _master_clock().on_ready(runner, msg))
