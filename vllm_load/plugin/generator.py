@@ -298,6 +298,7 @@ class Generator:
             self.monitor.take()
 
     def close(self) -> None:
+        self.clock.stop()
         if self.folder is not None:
             self.folder.kill(block=False)
             gc_control.restore()

@@ -278,7 +278,7 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
         else:  # ready: its offset to the master's clock, then READY; the master sends the epoch
             if STATE.worker_step is not None and environment.shape_class is not None:
                 gen.set_step(*STATE.worker_step)  # announced before this generator was made
-            gevent.spawn(gen.clock.measure, environment.runner)
+            gen.clock.keeper = gevent.spawn(gen.clock.measure, environment.runner)
     if STATE.warmup_reset is not None:
         STATE.warmup_reset.kill(block=False)
     window = (lambda: gen.start_wall) if role != "master" else (lambda: col.start_wall)  # the LLM metrics' window

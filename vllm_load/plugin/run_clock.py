@@ -6,6 +6,8 @@ out 429 ms skewed, rows 1, 0, 3, 2, … (40 inversions in 80 rows), while send l
 1. a worker, its generator ready (pools primed), estimates its offset to the master's wall clock over Locust's
    message channel: PINGS round trips, keeping the one of least delay (offset = the master's stamp minus the
    midpoint of the worker's send and receive; uncertainty = half that round trip), then says READY;
+   It re-estimates the offset every REMEASURE_S, and its schedules follow a move beyond the estimates'
+   uncertainty (``clock`` in the summary says how far each worker's offset drifted);
 2. once every load process of the plan is ready, the master fixes the epoch LEAD_S ahead on its clock and
    sends it (EPOCH) to all;
 3. each worker turns the epoch into its own clock (minus its offset) and its schedules start there. A worker
@@ -25,7 +27,12 @@ from gevent.event import AsyncResult, Event
 log = logging.getLogger("vllm_load")
 
 PING, PONG, READY, EPOCH = "vllm_load_clock_ping", "vllm_load_clock_pong", "vllm_load_ready", "vllm_load_epoch"
+#: worker -> master: a re-estimate of its offset during the run
+REMEASURED = "vllm_load_clock_remeasured"
 PINGS = 8
+#: how often a worker re-estimates its offset during a run: clocks of machines drift (tens of ppm without NTP:
+#: about a millisecond a minute), and a schedule follows a move beyond the estimates' uncertainty
+REMEASURE_S = 30.0
 #: from the master's decision to the epoch: the EPOCH message's way to every worker (a few ms on a LAN)
 LEAD_S = 0.2
 #: the longest a schedule waits for its epoch before it starts on its own clock (and says so)
@@ -38,36 +45,57 @@ class WorkerClock:
     def __init__(self) -> None:
         self.offset = 0.0  # master clock minus this clock, seconds
         self.uncertainty = 0.0  # half the round trip of the sample kept
-        self.epoch = AsyncResult()  # the epoch on this process's wall clock
+        self.epoch = AsyncResult()  # the epoch on the master's wall clock (a local run: its own)
         self._pongs: list[tuple[float, float, float]] = []
         self._pong = Event()
+        self.keeper: Any = None  # the greenlet re-estimating the offset during the run
 
     def start_local(self) -> None:
         """A local runner: one process, one clock; the epoch is now."""
         self.epoch.set(time.time())
 
-    def measure(self, runner: Any) -> None:
-        """Estimate the offset over PINGS round trips, then say READY (runs in its own greenlet)."""
+    def _estimate(self, runner: Any) -> tuple[float, float] | None:
+        """(offset, uncertainty) from PINGS round trips: the one of least delay (None: no answer)."""
+        self._pongs = []
         for _ in range(PINGS):
             self._pong.clear()
             runner.send_message(PING, {"t1": time.time()})
             if not self._pong.wait(5.0):
                 break
-        if self._pongs:
-            t1, tm, t2 = min(self._pongs, key=lambda p: p[2] - p[0])
-            self.offset, self.uncertainty = tm - (t1 + t2) / 2, (t2 - t1) / 2
+        if not self._pongs:
+            return None
+        t1, tm, t2 = min(self._pongs, key=lambda p: p[2] - p[0])
+        return tm - (t1 + t2) / 2, (t2 - t1) / 2
+
+    def measure(self, runner: Any) -> None:
+        """Estimate the offset, say READY, then re-estimate it every REMEASURE_S for the rest of the run (runs in
+        its own greenlet)."""
+        got = self._estimate(runner)
+        if got is not None:
+            self.offset, self.uncertainty = got
         runner.send_message(READY, {"offset": self.offset, "uncertainty": self.uncertainty})
+        while True:
+            gevent.sleep(REMEASURE_S)
+            got = self._estimate(runner)
+            if got is None:
+                continue
+            offset, uncertainty = got
+            # the schedule moves only for a move beyond both estimates' uncertainty (not for their jitter)
+            if abs(offset - self.offset) > uncertainty + self.uncertainty:
+                self.offset, self.uncertainty = offset, uncertainty
+            runner.send_message(REMEASURED, {"offset": offset, "uncertainty": uncertainty, "kept": self.offset})
 
     def on_pong(self, data: dict) -> None:
         self._pongs.append((float(data["t1"]), float(data["tm"]), time.time()))
         self._pong.set()
 
     def on_epoch(self, data: dict) -> None:
-        self.epoch.set(float(data["epoch"]) - self.offset)
+        self.epoch.set(float(data["epoch"]))
 
     def start_perf(self, fallback: float) -> float:
-        """The epoch on the perf_counter clock (schedules count on it); waits for it. Without an epoch in WAIT_S
-        (a master too old to send one), ``fallback`` (this process's own start), said once in the log."""
+        """The epoch on the perf_counter clock (schedules count on it), with the offset as last estimated;
+        waits for it. Without an epoch in WAIT_S (a master too old to send one), ``fallback`` (this process's own
+        start), said once in the log."""
         try:
             epoch = self.epoch.get(timeout=WAIT_S)
         except gevent.Timeout:
@@ -77,7 +105,11 @@ class WorkerClock:
             return fallback
         if epoch is None:
             return fallback
-        return time.perf_counter() + (epoch - time.time())
+        return time.perf_counter() + (epoch - self.offset - time.time())
+
+    def stop(self) -> None:
+        if self.keeper is not None:
+            self.keeper.kill(block=False)
 
 
 class MasterClock:
@@ -94,6 +126,13 @@ class MasterClock:
     def on_ping(self, runner: Any, msg: Any) -> None:
         runner.send_message(PONG, {"t1": msg.data["t1"], "tm": time.time()}, client_id=msg.node_id)
 
+    def on_remeasured(self, msg: Any) -> None:
+        mine = self.ready.get(msg.node_id)
+        if mine is not None:
+            mine["last"] = float(msg.data["offset"])
+            mine["kept"] = float(msg.data["kept"])
+            mine["remeasured"] = mine.get("remeasured", 0) + 1
+
     def on_ready(self, runner: Any, msg: Any) -> None:
         self.ready[msg.node_id] = {"offset": float(msg.data["offset"]), "uncertainty": float(msg.data["uncertainty"])}
         if self.epoch is None and len(self.ready) >= self.expected:
@@ -104,5 +143,10 @@ class MasterClock:
 
     def summary(self) -> dict:
         """``clock`` in the summary: each worker's offset to the master and its uncertainty, in ms."""
-        return {w: {"offset_ms": round(v["offset"] * 1000, 3), "uncertainty_ms": round(v["uncertainty"] * 1000, 3)}
+        def ms(x: float) -> float:
+            return round(x * 1000, 3)
+        return {w: {"offset_ms": ms(v["offset"]), "uncertainty_ms": ms(v["uncertainty"]),
+                    **({"remeasured": v["remeasured"], "offset_last_ms": ms(v["last"]),
+                        "drift_ms": ms(v["last"] - v["offset"]), "schedule_moved_ms": ms(v["kept"] - v["offset"])}
+                       if v.get("remeasured") else {})}
                 for w, v in sorted(self.ready.items())}

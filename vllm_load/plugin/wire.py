@@ -271,6 +271,7 @@ def register(environment: Any, role: str) -> None:
     elif role == "master":
         runner.register_message(run_clock.PING, lambda msg, **kw: _master_clock().on_ping(runner, msg))
         runner.register_message(run_clock.READY, lambda msg, **kw: _master_clock().on_ready(runner, msg))
+        runner.register_message(run_clock.REMEASURED, lambda msg, **kw: _master_clock().on_remeasured(msg))
         runner.register_message(FLUSHED, lambda msg, **kw: _master_flushed(environment, msg))
         runner.register_message(FATAL, lambda msg, **kw: fatal(environment, str(msg.data["message"]),
                                                                 int(msg.data["code"])))
