@@ -192,6 +192,22 @@ def test_compare_says_how_the_runs_differ_before_any_metric(tmp_path, capsys):
     assert "id='differs'" in (tmp_path / "cmp" / "compare.html").read_text()
 
 
+def test_a_plan_is_read_back_as_it_was_kept_and_from_older_or_newer_runs():
+    """config.json's plan is the RunPlan the run decided: equal after the round trip; a field a newer version
+    added is left out, one an older run lacks takes its default."""
+    from vllm_load.rundir.plan import RunPlan
+
+    plan = RunPlan(run_id="r", salt="s", run_dir="d", host="http://a:1,http://b:1", model="m", tokenizer="t",
+                   is_emulator=False, slos=("ttft.p99<=1s",), sidecar_url="", total_users=8, backoff_max=2.0,
+                   outage_after=2.0, stop_on_outage=0.0, hosts=("http://a:1", "http://b:1"), ramp=("linear", 1.0, 4.0, 60.0))
+    wire = json.loads(json.dumps(plan.to_wire()))
+    assert RunPlan.from_wire(wire) == plan and RunPlan.from_wire(wire).urls == ("http://a:1", "http://b:1")
+    newer = {**wire, "a_field_of_a_later_version": 1}
+    older = {k: v for k, v in wire.items() if k not in ("hosts", "sweep_levels", "percentiles")}
+    assert RunPlan.from_wire(newer) == plan
+    assert RunPlan.from_wire(older).hosts == () and RunPlan.from_wire(older).urls == ("http://a:1,http://b:1",)
+
+
 def test_compare_flags_a_metric_without_noise_only_beyond_its_stated_threshold(tmp_path, capsys):
     """Output tokens/s per request has no 10 s windows, so no noise estimate: +2 % is not a change at the default
     5 %, and is one at --threshold 1%; the output says which threshold judged it."""

@@ -64,3 +64,35 @@ def test_the_offset_is_measured_then_followed_when_it_moves_and_not_for_jitter(m
     clock = master.summary()["w1"]
     assert clock["drift_ms"] == pytest.approx(20.0, abs=2.0) and clock["schedule_moved_ms"] == pytest.approx(20.0, abs=2.0)
     assert clock["remeasured"] >= 2
+
+
+def test_the_start_up_heartbeat_grace_holds_until_every_worker_is_ready_and_is_locusts_own_after():
+    """Locust's private HEARTBEAT_LIVENESS (read at each heartbeat) is raised while the run starts and given
+    back when the last worker says READY; this test fails when Locust drops or renames it."""
+    import locust.runners as runners
+
+    normal = runners.HEARTBEAT_LIVENESS
+    assert isinstance(normal, int) and normal > 0
+
+    class Client:
+        heartbeat = normal
+
+    class Runner:
+        clients = type("Clients", (), {"all": [Client(), Client()]})()
+        sent: list = []
+
+        def send_message(self, kind: str, data: dict, client_id: str | None = None) -> None:
+            self.sent.append(kind)
+
+    runner, master = Runner(), MasterClock()
+    master.reset(2, runner)
+    try:
+        assert runners.HEARTBEAT_LIVENESS == run_clock.STARTUP_LIVENESS
+        assert all(c.heartbeat == run_clock.STARTUP_LIVENESS for c in runner.clients.all)
+        master.on_ready(runner, Msg({"offset": 0.0, "uncertainty": 0.001}, "w1"))
+        assert runners.HEARTBEAT_LIVENESS == run_clock.STARTUP_LIVENESS  # one of two: still starting
+        master.on_ready(runner, Msg({"offset": 0.0, "uncertainty": 0.001}, "w2"))
+        assert runners.HEARTBEAT_LIVENESS == normal and runner.sent == [run_clock.EPOCH]
+    finally:
+        master.grace.release()
+    assert runners.HEARTBEAT_LIVENESS == normal

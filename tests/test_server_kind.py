@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from tests.helpers import ROOT, run_locust
+from vllm_load.rundir.files import load_run
 from vllm_load.rundir.reqlog import read_log
 
 VLLM_FIELDS = "ignore_eos,min_tokens,continuous_usage_stats"
@@ -27,7 +28,7 @@ def test_a_server_that_is_not_vllm_gets_standard_fields_only(tmp_path, emulator_
     assert sent and not any(k in b or k in b.get("stream_options", {}) for b in sent for k in VLLM_FIELDS.split(","))
     assert all(b["max_tokens"] == 12 and b["stream_options"] == {"include_usage": True} for b in sent)
     config = json.loads((run_dir / "config.json").read_text())
-    assert config["plan"]["server_kind"] == "openai"
+    assert load_run(run_dir).plan.server_kind == "openai"  # the run plan, read back from config.json
     assert config["target_kind"] == "OpenAI-compatible server (owned_by 'llamacpp')"
 
 

@@ -28,12 +28,13 @@ def _logs(run_dir) -> list[dict]:
     return [r for p in sorted(run_dir.glob("requests*.jsonl")) for r in read_log(p)]
 
 
-def test_two_replicas_share_a_swarms_users_and_each_has_its_rows(tmp_path, emulator_factory):
+def test_two_replicas_share_a_swarms_users_and_each_has_its_rows(tmp_path, emulator_factory, sidecar_factory):
     a, b = (emulator_factory("--ttft", "0.02", "--itl", "0.005").url for _ in range(2))
+    sidecars = [sidecar_factory("--vllm-url", url, "--interval", "500ms").url for url in (a, b)]
     run_dir = tmp_path / "run"
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "4", "-r", "4",
-                      "-t", "6s", "--host", f"{a},{b}", "--output-tokens", "8", "--run-dir", str(run_dir)],
-                     cwd=tmp_path, timeout=180)
+                      "-t", "6s", "--host", f"{a},{b}", "--sidecar-url", ",".join(sidecars), "--output-tokens", "8",
+                      "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     targets = summary["targets"]
@@ -48,6 +49,14 @@ def test_two_replicas_share_a_swarms_users_and_each_has_its_rows(tmp_path, emula
         assert targets[url]["requests"] == by_target[url] == _served(url), (url, targets[url]["requests"])
     assert summary["requests"] == sum(t["requests"] for t in targets.values()) == _served(a) + _served(b)
     assert "by target (--host)" in res.stdout and f"{a} " in res.stdout
+    # one sidecar per replica, merged on the client's clock into the fleet's series: its counters end at the sum
+    # of both replicas' (the sidecars scrape every 0.5 s; the window ends 2 s after the run)
+    series = [json.loads(line) for line in (run_dir / "server.jsonl").read_text().splitlines()]
+    last = series[-1]
+    assert sum(last["request_success_total"].values()) == _served(a) + _served(b) == summary["requests"]
+    assert last["prompt_tokens_total"] == summary["input_tokens"]
+    assert max(s["running"] for s in series) <= 4  # the fleet's running: both replicas' summed, at most the users
+    assert all(x["t"] <= y["t"] for x, y in zip(series, series[1:]))
     assert "id='by-target'" in (run_dir / "report.html").read_text()
 
 

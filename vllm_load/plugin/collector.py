@@ -44,10 +44,10 @@ class Collector:
     clock: MasterClock = field(default_factory=MasterClock)  # the run's epoch, and the workers' offsets to it
 
     @classmethod
-    def create(cls, opts: Any, plan: RunPlan) -> Collector:
+    def create(cls, opts: Any, plan: RunPlan, master_runner: Any = None) -> Collector:
         plan.files.path.mkdir(parents=True, exist_ok=True)
         col = cls(opts=opts, plan=plan, sweep=Sweep(plan.sweep_kind) if plan.sweep_kind else None)
-        col.clock.reset(plan.processes)  # the epoch is fixed once this many workers are ready
+        col.clock.reset(plan.processes, master_runner)  # the epoch is fixed once this many workers are ready
         return col
 
     def write_config(self, target: Target | None) -> None:

@@ -261,7 +261,7 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     worker_id = getattr(environment.runner, "client_id", "local")
     plan = wire.worker_plan(environment) if role == "worker" else wire.decide_plan(environment)
     if role != "worker":
-        STATE.collector = col = Collector.create(opts, plan)
+        STATE.collector = col = Collector.create(opts, plan, environment.runner if role == "master" else None)
         col.swarm = role == "master"
     if role != "master":
         sink = (lambda report: col.health.add("local", report)) if role == "local" else None

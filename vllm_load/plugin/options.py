@@ -152,7 +152,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--metrics-port", 0, "serve the client's metrics in Prometheus' format on this port (headless runs; with "
         "the web UI they are on its port, /metrics); 0: off", type=int),
     Option("--metrics-host", "127.0.0.1", "address of --metrics-port (0.0.0.0 exposes it beyond this host)"),
-    Option("--sidecar-url", "", "the sidecar (python -m server.sidecar) beside vLLM; its series lands in the run dir (auto with the emulator)"),
+    Option("--sidecar-url", "", "the sidecar (python -m server.sidecar) beside vLLM; its series lands in the run dir "
+           "(auto with the emulator); one per replica, comma-separated, with --host a,b: merged into the fleet's"),
     Option("--dcgm-url", "", "GPU telemetry: a DCGM exporter's /metrics, read every second on the client's clock; "
         "the run reports energy (J), average power, energy per output token and per request, tokens per joule "
         "(SLO: energy_per_token<=0.5J), e.g. http://dcgm-exporter:9400/metrics"),

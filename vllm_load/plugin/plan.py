@@ -1,23 +1,19 @@
-"""The run plan: what a run is, decided once on the master (or local runner) when the run starts, and
-shipped to every worker as one message, so that Locust's parsed options stay as the user gave them.
-
-Before it existed, nine values travelled by being written into the parsed options (model, tokenizer,
-SLOs, host, sidecar, run id, salt, run dir, user count) and workers re-derived the rest.
-"""
+"""The run plan decided (``decide``) from the options and the checked target; the plan itself, which a finished
+run reads back from config.json, is ``rundir/plan.RunPlan``."""
 
 from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_load.metrics.histogram import PERCENTILES, parse_percentiles
-from vllm_load.workload.arrivals import ramp_rate
+from vllm_load.metrics.histogram import parse_percentiles
 from vllm_load.plugin.sweep import parse_levels
 from vllm_load.plugin.target import Target
-from vllm_load.rundir.files import RunDir
+from vllm_load.rundir.plan import RunPlan
+
+__all__ = ["PLAN", "RunPlan", "decide", "ramp_kind"]
 
 #: master -> worker: the plan, in every spawn message (an attribute of the master's parsed options, which Locust
 #: copies into them)
@@ -32,78 +28,10 @@ def ramp_kind(opts: Any) -> str:
     return "users" if getattr(opts, "ramp_up_end_users", 0) or getattr(opts, "ramp_up_start_users", 0) else "rate"
 
 
-@dataclass(frozen=True)
-class RunPlan:
-    run_id: str
-    salt: str  # every prompt's digest words derive from it: a new salt, new content, no prefix-cache hit
-    run_dir: str
-    host: str
-    model: str  # the served model, resolved against /v1/models
-    tokenizer: str  # what counts the prompts' tokens
-    is_emulator: bool
-    slos: tuple[str, ...]  # the SLO texts, parsed (files read) on the master
-    sidecar_url: str  # given, or the embedded emulator's sidecar
-    total_users: int  # the open-loop rate is split over this many users
-    backoff_max: float  # seconds: --retry-backoff-max, --outage-after, --stop-on-outage as the target check parsed them
-    outage_after: float
-    stop_on_outage: float
-    models: tuple[str, ...] = ()  # every model requests rotate over (one: ``model``)
-    warmup: float = 0.0  # --warmup seconds: requests started this soon after the run's (or a step's) start are excluded
-    trace_rows: int = 0  # --trace: its rows, and the span they are due over (seconds)
-    trace_span: float = 0.0
-    processes: int = 1  # load-generating processes (workers) at the start: a trace is split over them
-    seed: int | None = None  # --seed: lengths, arrivals, dataset order and trace split repeat run after run
-    max_model_len: int | None = None  # the served model's context (None: the server did not say)
-    num_requests: int = 0  # --num-requests: the run ends once this many (warm-up aside) finished; 0: by time
-    server_kind: str = "vllm"  # "openai": a server that is not vLLM gets standard OpenAI fields only
-    percentiles: tuple[float, ...] = ()  # --metric-percentiles: the columns every medium shows (): the standard five
-    #: --ramp-up-strategy: (strategy, start req/s, end req/s, seconds it ramps over; 0: over --num-requests)
-    ramp: tuple = ()
-    #: --sweep: "users" or "rate" (what a step's level is), and its levels; "" and (): no sweep
-    sweep_kind: str = ""
-    sweep_levels: tuple = ()
-    #: --host's replicas when it names several (``host`` is then their list): users are spread over them
-    hosts: tuple[str, ...] = ()
-
-    def ramp_rate(self, elapsed: float, sent: int, share: int) -> float:
-        """--ramp-up-strategy's total rate ``elapsed`` seconds after the run's epoch (a ramp over -t), or after
-        ``sent`` of ``share`` requests (a ramp over --num-requests: a process's share, or the whole count)."""
-        strategy, start, end, seconds = self.ramp
-        progress = elapsed / seconds if seconds else sent / max(1, share - 1)
-        return ramp_rate(strategy, start, end, progress)
-
-    @property
-    def shown_percentiles(self) -> tuple[float, ...]:
-        return self.percentiles or PERCENTILES
-
-    @property
-    def computed_percentiles(self) -> tuple[float, ...]:
-        """What the summary computes from the exact histograms: the standard five (compare and the web UI read
-        them), the shown ones, and each SLO's (ttft.p75<=1s needs p75)."""
-        from vllm_load.metrics.slo import parse_slo
-
-        wanted = {p for text in self.slos for p in [parse_slo(text).stat] if p.startswith("p")}
-        return tuple(sorted({*PERCENTILES, *self.percentiles, *(float(p[1:]) for p in wanted)}))
-
-    @property
-    def urls(self) -> tuple[str, ...]:
-        """Every target's URL (one, or --host's replicas)."""
-        return self.hosts or (self.host,)
-
-    def target_of(self, user_number: int) -> str | None:
-        """The replica the run's ``user_number``-th user sends to (round robin), or None with one target."""
-        return self.hosts[user_number % len(self.hosts)] if len(self.hosts) > 1 else None
-
-    def share(self, index: int) -> int:
-        """Load process ``index``'s part of --num-requests (the first ones take one more when it does not divide)."""
-        base, extra = divmod(self.num_requests, self.processes)
-        return base + (index % self.processes < extra)
-
-    @classmethod
-    def decide(cls, opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int,
-               processes: int = 1) -> RunPlan:
-        run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-        return cls(run_id=run_id, salt=opts.salt or secrets.token_hex(16), seed=opts.seed if opts.seed >= 0 else None,
+def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int, processes: int = 1) -> RunPlan:
+    """The plan of the run that starts, from the options and the checked target."""
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+    return RunPlan(run_id=run_id, salt=opts.salt or secrets.token_hex(16), seed=opts.seed if opts.seed >= 0 else None,
                    run_dir=opts.run_dir or str(Path("reports") / run_id),
                    host=target.host, model=target.model, tokenizer=target.tokenizer, is_emulator=target.is_emulator,
                    slos=tuple(slos), sidecar_url=sidecar_url, total_users=max(1, int(total_users or 1)),
@@ -118,27 +46,3 @@ class RunPlan:
                    sweep_kind=opts.sweep_mode if getattr(opts, "sweep", "") else "",
                    sweep_levels=tuple(parse_levels(opts.sweep)) if getattr(opts, "sweep", "") else (),
                    hosts=target.hosts)
-
-    @property
-    def draws(self) -> str:
-        """What every random draw of the run is seeded from: --seed (repeatable runs), else the run's salt."""
-        return f"seed {self.seed}" if self.seed is not None else self.salt
-
-    @property
-    def files(self) -> RunDir:
-        """The run directory's files."""
-        return RunDir(Path(self.run_dir))
-
-    def to_wire(self) -> dict:
-        """msgpack/JSON-safe: what the workers receive and config.json keeps."""
-        data = asdict(self)
-        data["slos"] = list(self.slos)
-        data["models"] = list(self.models)
-        data["hosts"] = list(self.hosts)
-        return data
-
-    @classmethod
-    def from_wire(cls, data: dict) -> RunPlan:
-        return cls(**{**data, "slos": tuple(data.get("slos") or ()), "models": tuple(data.get("models") or ()),
-                      "percentiles": tuple(data.get("percentiles") or ()), "ramp": tuple(data.get("ramp") or ()),
-                      "sweep_levels": tuple(data.get("sweep_levels") or ()), "hosts": tuple(data.get("hosts") or ())})

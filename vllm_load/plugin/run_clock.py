@@ -112,6 +112,47 @@ class WorkerClock:
             self.keeper.kill(block=False)
 
 
+#: heartbeats (1 s each) a worker may miss while the run starts, before Locust marks it missing (its own 3 mark
+#: a live worker missing at spawn on a crowded host: 32 workers starting on 2 cores were all marked missing 35 s
+#: into their start-up, and Locust stopped the test before a request was sent)
+STARTUP_LIVENESS = 60
+
+
+class HeartbeatGrace:
+    """Locust's master marks a worker missing after HEARTBEAT_LIVENESS (3) heartbeats without one, and stops the
+    test once all are. A worker's start-up (its tokenizer, its prompt pools) is CPU work that a crowded host
+    stretches past that; so from the run's start until every worker said READY the master allows
+    STARTUP_LIVENESS, then Locust's own again. ``locust.runners.HEARTBEAT_LIVENESS`` is private: read at
+    each heartbeat and each new worker (checked against Locust 2.40-2.47, setup.cfg's bounds;
+    tests/test_run_clock.py fails when it goes)."""
+
+    def __init__(self) -> None:
+        self.normal: int | None = None
+        self.timer: Any = None
+
+    def hold(self, runner: Any) -> None:
+        import locust.runners as runners
+
+        if self.normal is None:
+            self.normal = runners.HEARTBEAT_LIVENESS
+        runners.HEARTBEAT_LIVENESS = STARTUP_LIVENESS
+        for client in runner.clients.all:
+            client.heartbeat = max(client.heartbeat, STARTUP_LIVENESS)
+        if self.timer is not None:
+            self.timer.kill(block=False)
+        self.timer = gevent.spawn_later(STARTUP_LIVENESS, self.release)  # a worker never ready: not for ever
+
+    def release(self) -> None:
+        """Locust's own liveness again (each worker's count falls back to it at its next heartbeat)."""
+        import locust.runners as runners
+
+        if self.normal is not None:
+            runners.HEARTBEAT_LIVENESS, self.normal = self.normal, None
+        if self.timer is not None and self.timer is not gevent.getcurrent():
+            self.timer.kill(block=False)
+        self.timer = None
+
+
 class MasterClock:
     """The master's side: answers pings, collects READY, fixes and sends the epoch."""
 
@@ -119,9 +160,14 @@ class MasterClock:
         self.ready: dict[str, dict] = {}  # worker -> its offset and uncertainty
         self.expected = 0
         self.epoch: float | None = None
+        self.grace = HeartbeatGrace()
 
-    def reset(self, expected: int) -> None:
+    def reset(self, expected: int, runner: Any = None) -> None:
+        """A new run: ``expected`` workers to hear READY from (a master's ``runner``: they get the start-up
+        heartbeat grace until then)."""
         self.ready, self.expected, self.epoch = {}, expected, None
+        if runner is not None:
+            self.grace.hold(runner)
 
     def on_ping(self, runner: Any, msg: Any) -> None:
         runner.send_message(PONG, {"t1": msg.data["t1"], "tm": time.time()}, client_id=msg.node_id)
@@ -138,6 +184,7 @@ class MasterClock:
         if self.epoch is None and len(self.ready) >= self.expected:
             self.epoch = time.time() + LEAD_S
             runner.send_message(EPOCH, {"epoch": self.epoch})
+            self.grace.release()
         elif self.epoch is not None:  # a worker that joins a running run starts on the run's epoch
             runner.send_message(EPOCH, {"epoch": self.epoch}, client_id=msg.node_id)
 

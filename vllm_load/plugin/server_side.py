@@ -22,8 +22,78 @@ def _get(url: str, token: str, timeout: float) -> bytes:
 
 def fetch_samples(sidecar_url: str, start: float, end: float, token: str = "", timeout: float = 15.0
                   ) -> tuple[list[dict], str | None]:
-    """The sidecar's samples from ``start`` to ``end`` (our clock), shifted onto our clock, and why there
-    are none when there are none.
+    """The sidecar's samples from ``start`` to ``end`` on our clock, and why there are none when there are
+    none. ``sidecar_url`` may list one sidecar per replica (``--sidecar-url a,b`` beside ``--host a,b``): each
+    is read onto our clock and the series are merged into the fleet's (``merge_series``); one that cannot be
+    read leaves the server side missing, with its reason (a fleet's sums without it would be wrong)."""
+    urls = [u.strip() for u in sidecar_url.split(",") if u.strip()]
+    if len(urls) < 2:
+        return _fetch_one(sidecar_url, start, end, token, timeout)
+    got = [_fetch_one(u, start, end, token, timeout) for u in urls]
+    whys = [why for _, why in got if why]
+    if whys:
+        return [], "; ".join(whys)
+    return merge_series([series for series, _ in got]), None
+
+
+#: per-replica values that do not add up over replicas: the fleet's is the largest (a cache's usage, a hit-rate
+#: gauge); every other number (requests running and waiting, counters, rates) and histogram bucket is summed
+MAXED = frozenset({"kv_cache_usage", "cpu_cache_usage", "prefix_cache_hit_rate_gauge"})
+
+
+def merge_series(series: list[list[dict]]) -> list[dict]:
+    """Several sidecars' series (each on our clock) as one: at every instant any of them sampled, each
+    one's latest sample so far, merged (``merge_samples``); from the first instant all of them have one."""
+    times = sorted({s["t"] for one in series for s in one})
+    at = [0] * len(series)
+    out = []
+    for t in times:
+        latest = []
+        for k, one in enumerate(series):
+            while at[k] < len(one) and one[at[k]]["t"] <= t:
+                at[k] += 1
+            if at[k] == 0:
+                break
+            latest.append(one[at[k] - 1])
+        else:
+            out.append({**merge_samples(latest), "t": t})
+    return out
+
+
+def merge_samples(samples: list[dict]) -> dict:
+    """One sample of the fleet from one per replica: numbers summed (MAXED: the largest), per-label counters
+    and histogram buckets summed key by key; a field some replica lacks is left out (a partial sum would read
+    as the fleet's)."""
+    out: dict = {}
+    for key in {k for s in samples for k in s} - {"t", "t_server"}:
+        values = [s[key] for s in samples if key in s]
+        if len(values) < len(samples):
+            continue
+        first = values[0]
+        if isinstance(first, bool) or not isinstance(first, (int, float, dict)):
+            out[key] = first  # "source" and the like
+        elif isinstance(first, dict) and key == "histograms":
+            out[key] = {m: {"buckets": _summed_buckets([v[m]["buckets"] for v in values]),
+                            "sum": sum(v[m]["sum"] for v in values), "count": sum(v[m]["count"] for v in values)}
+                        for m in set.intersection(*(set(v) for v in values))}
+        elif isinstance(first, dict):
+            out[key] = {k: sum(v.get(k, 0.0) for v in values) for k in set().union(*values)}
+        else:
+            out[key] = max(values) if key in MAXED else sum(values)
+    return out
+
+
+def _summed_buckets(each: list[list[list[float]]]) -> list[list[float]]:
+    total: dict[float, float] = {}
+    for buckets in each:
+        for le, count in buckets:
+            total[le] = total.get(le, 0.0) + count
+    return [[le, c] for le, c in sorted(total.items())]
+
+
+def _fetch_one(sidecar_url: str, start: float, end: float, token: str, timeout: float
+               ) -> tuple[list[dict], str | None]:
+    """One sidecar's samples, shifted onto our clock.
 
     Sample times are shifted by the clock offset measured against the sidecar's /health (midpoint of
     the round trip), so client and server share the Locust master's clock.

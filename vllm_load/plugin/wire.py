@@ -14,7 +14,7 @@ from locust.runners import MasterRunner, WorkerRunner
 
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin import run_clock
-from vllm_load.plugin.plan import PLAN, RunPlan
+from vllm_load.plugin.plan import PLAN, RunPlan, decide
 from vllm_load.errors import EXIT_BAD_INPUT
 from vllm_load.plugin.state import STATE
 
@@ -202,7 +202,7 @@ def decide_plan(environment: Any) -> RunPlan:
     assert target is not None
     users = getattr(environment.runner, "target_user_count", 0) or getattr(opts, "num_users", 0) or 1
     processes = len(environment.runner.clients.all) if isinstance(environment.runner, MasterRunner) else 1
-    plan = RunPlan.decide(opts, target, [s.text for s in STATE.slos], STATE.sidecar_url, users, processes)
+    plan = decide(opts, target, [s.text for s in STATE.slos], STATE.sidecar_url, users, processes)
     STATE.plan = plan
     if isinstance(environment.runner, MasterRunner):
         # the plan rides in every spawn message: Locust copies the master's custom options into each (the

@@ -49,7 +49,7 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
     (users, rate, workers), every option given differently, and whether each run could be trusted. A -53 %
     request rate between runs of 8 and 4 users is the users' doing, not the server's."""
     ca, cb = a.config, b.config
-    pa, pb = ca.get("plan", {}), cb.get("plan", {})
+    pa, pb = a.plan, b.plan  # None for a run directory without a plan (its rows say "-")
 
     def kind(c: dict) -> str:
         return "the embedded EMULATOR" if c.get("target_is_emulator") else f"{c.get('host')} ({c.get('model')})"
@@ -64,11 +64,12 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
 
     out: list[dict[str, Any]] = []
     for what, va, vb in (("target", kind(ca), kind(cb)), ("tokenizer", ca.get("tokenizer"), cb.get("tokenizer")),
-                         ("users", pa.get("total_users"), pb.get("total_users")),
-                         ("load processes", pa.get("processes"), pb.get("processes")),
+                         ("users", pa and pa.total_users, pb and pb.total_users),
+                         ("load processes", pa and pa.processes, pb and pb.processes),
+                         ("targets", len(pa.urls) if pa else None, len(pb.urls) if pb else None),
                          ("workers that reported", len(a.summary.get("workers") or []),
                           len(b.summary.get("workers") or [])),
-                         ("server kind", pa.get("server_kind", "vllm"), pb.get("server_kind", "vllm")),
+                         ("server kind", pa and pa.server_kind, pb and pb.server_kind),
                          ("server version", ca.get("server_version") or "unknown",
                           cb.get("server_version") or "unknown"),
                          ("trust", trust(a), trust(b))):

@@ -32,14 +32,14 @@ _GENERATION_KEYS = ("total_output_tokens", "output_throughput", "max_output_toke
 def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
     s, cfg = run.summary, run.config
     opts = cfg.get("options", {})
-    plan = cfg.get("plan", {})
+    plan = run.plan
     logs = [r for r in _logs(run) if not r.get("warmup")]
-    api = logs[0]["api"] if logs else plan.get("api") or "chat"
+    api = logs[0]["api"] if logs else "chat"
     backend = {"chat": "openai-chat", "responses": "openai-responses", "embeddings": "openai-embeddings",
                "rerank": "vllm-rerank"}.get(api, "openai")
     duration = float(s.get("duration_s") or 0.0)
     rate = float(opts.get("request_rate") or 0.0)
-    users = plan.get("total_users")
+    users = plan.total_users if plan else None
     if opts.get("sweep_level_kind") == "rate":  # a sweep step: its own level
         rate = float(opts.get("vllm_load_step_users") or 0.0)
     elif opts.get("sweep_level_kind") == "users":

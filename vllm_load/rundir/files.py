@@ -121,6 +121,14 @@ class Run:
         return bool(self.config.get("target_is_emulator"))
 
     @property
+    def plan(self) -> Any:
+        """The run's ``RunPlan`` as config.json kept it (users, processes, targets, SLOs …); None for a run
+        directory without one."""
+        from vllm_load.rundir.plan import RunPlan  # it names RunDir: imported when read
+
+        return RunPlan.from_wire(self.config["plan"]) if self.config.get("plan") else None
+
+    @property
     def target_kind(self) -> str:
         """EMULATOR, vLLM 0.32.0, …: decided at the run's start (a run from before it was kept: from the flag)."""
         return self.config.get("target_kind") or ("EMULATOR" if self.is_emulator else "")

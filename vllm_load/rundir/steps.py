@@ -9,6 +9,7 @@ from typing import Any
 from vllm_load.workload.datasets import records_per_request
 from vllm_load.metrics.histogram import PERCENTILES
 from vllm_load.rundir.files import RunDir, load_series
+from vllm_load.rundir.plan import RunPlan
 
 
 def write_step_dirs(run_dir: Path, sweep: Any, end_wall: float) -> list[Path]:
@@ -16,7 +17,7 @@ def write_step_dirs(run_dir: Path, sweep: Any, end_wall: float) -> list[Path]:
     rd = RunDir(run_dir)
     config = json.loads(rd.config.read_text())
     series = load_series(rd.server)
-    shown = tuple(config.get("plan", {}).get("percentiles") or ()) or PERCENTILES  # the run's --metric-percentiles
+    shown = RunPlan.from_wire(config["plan"]).shown_percentiles  # the run's --metric-percentiles
     computed = tuple(sorted({*PERCENTILES, *shown}))
     dirs = []
     mode = sweep.kind
