@@ -215,11 +215,12 @@ def test_two_sidecars_series_merge_into_the_fleets_on_one_clock():
     a = [sample(10.0, 2, 0.5, 100.0, [[0.1, 1.0], [1.0, 2.0]], {"spec_drafts_total": 5.0}),
          sample(11.0, 3, 0.6, 200.0, [[0.1, 2.0], [1.0, 4.0]], {"spec_drafts_total": 6.0})]
     b = [sample(10.5, 1, 0.2, 50.0, [[0.1, 0.0], [1.0, 1.0]]), sample(11.5, 4, 0.9, 70.0, [[0.1, 1.0], [1.0, 1.0]])]
+    b[1]["request_success_total"]["abort"] = 1.0  # a reason only one replica has seen yet
     merged = merge_series([a, b])
     assert [m["t"] for m in merged] == [10.5, 11.0, 11.5]  # from the first instant both have a sample
     first, second, third = merged
     assert first["running"] == 3 and first["prompt_tokens_total"] == 150.0 and first["kv_cache_usage"] == 0.5
     assert second["running"] == 4 and second["prompt_tokens_total"] == 250.0 and second["kv_cache_usage"] == 0.6
-    assert third["running"] == 7 and third["kv_cache_usage"] == 0.9 and third["request_success_total"] == {"length": 27.0}
+    assert third["running"] == 7 and third["kv_cache_usage"] == 0.9 and third["request_success_total"] == {"length": 27.0, "abort": 1.0}
     assert third["histograms"]["ttft"] == {"buckets": [[0.1, 3.0], [1.0, 5.0]], "sum": 2.0, "count": 5.0}
     assert "spec_drafts_total" not in third and "t_server" not in third and third["source"] == "metrics"

@@ -8,7 +8,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Callable
+from typing import Any, Callable
 
 from vllm_load.client.openai_api import auth_header
 from vllm_load.metrics.server import server_summary
@@ -61,34 +61,30 @@ def merge_series(series: list[list[dict]]) -> list[dict]:
 
 
 def merge_samples(samples: list[dict]) -> dict:
-    """One sample of the fleet from one per replica: numbers summed (MAXED: the largest), per-label counters
-    and histogram buckets summed key by key; a field some replica lacks is left out (a partial sum would read
-    as the fleet's)."""
-    out: dict = {}
-    for key in {k for s in samples for k in s} - {"t", "t_server"}:
-        values = [s[key] for s in samples if key in s]
-        if len(values) < len(samples):
-            continue
-        first = values[0]
-        if isinstance(first, bool) or not isinstance(first, (int, float, dict)):
-            out[key] = first  # "source" and the like
-        elif isinstance(first, dict) and key == "histograms":
-            out[key] = {m: {"buckets": _summed_buckets([v[m]["buckets"] for v in values]),
-                            "sum": sum(v[m]["sum"] for v in values), "count": sum(v[m]["count"] for v in values)}
-                        for m in set.intersection(*(set(v) for v in values))}
-        elif isinstance(first, dict):
-            out[key] = {k: sum(v.get(k, 0.0) for v in values) for k in set().union(*values)}
-        else:
-            out[key] = max(values) if key in MAXED else sum(values)
-    return out
+    """One sample of the fleet from one per replica (``_merged``); a field some replica lacks is left out (a
+    partial sum would read as the fleet's)."""
+    keys = set.intersection(*(set(s) for s in samples)) - {"t", "t_server"}
+    return {key: _merged(key, [s[key] for s in samples]) for key in keys}
 
 
-def _summed_buckets(each: list[list[list[float]]]) -> list[list[float]]:
-    total: dict[float, float] = {}
-    for buckets in each:
-        for le, count in buckets:
-            total[le] = total.get(le, 0.0) + count
-    return [[le, c] for le, c in sorted(total.items())]
+def _merged(key: str, values: list) -> Any:
+    """Numbers summed (MAXED keys: the largest); dicts key by key (per-label counters, a label one replica has
+    not seen counting 0 there; histograms); histogram
+    buckets ([bound, count] pairs) summed by bound; anything else (a source's name) as the first replica has it."""
+    first = values[0]
+    if isinstance(first, (int, float)) and not isinstance(first, bool):
+        return max(values) if key in MAXED else sum(values)
+    if isinstance(first, dict) and all(isinstance(v, dict) for v in values):
+        if all(isinstance(x, (int, float)) for v in values for x in v.values()):  # counters by label: a label
+            return {k: sum(v.get(k, 0.0) for v in values) for k in set().union(*values)}  # one lacks is its 0
+        return merge_samples(values)
+    if key == "buckets" and all(isinstance(v, list) for v in values):
+        total: dict[float, float] = {}
+        for buckets in values:
+            for le, count in buckets:
+                total[le] = total.get(le, 0.0) + count
+        return [[le, c] for le, c in sorted(total.items())]
+    return first
 
 
 def _fetch_one(sidecar_url: str, start: float, end: float, token: str, timeout: float
