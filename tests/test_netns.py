@@ -87,6 +87,16 @@ def in_ns(ns: str, args: list[str], **kw) -> subprocess.Popen:
     return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, *args], env=env, cwd=ROOT, text=True, **kw)
 
 
+def _stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
 def test_master_and_two_workers_on_separate_hosts(hosts, tmp_path):
     (m_ns, m_ip), (a_ns, _), (b_ns, _) = hosts["m"], hosts["a"], hosts["b"]
     emu = in_ns(m_ns, ["-m", "server.emulator", "--host", m_ip, "--port", "0", "--ttft", "0.01", "--itl", "0.002"],
@@ -108,13 +118,7 @@ def test_master_and_two_workers_on_separate_hosts(hosts, tmp_path):
         out, err = master.communicate(timeout=120)
         assert master.returncode == 0, err[-3000:]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        _stop(procs)
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     logs = {f.name: read_log(f) for f in run_dir.glob("requests-*.jsonl")}
     assert len(logs) == 2 and all(rows for rows in logs.values())  # both hosts sent load
@@ -139,16 +143,6 @@ def _get_in(ns: str, url: str) -> str:
 
 def _lines(path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def test_eight_workers_over_four_hosts_and_two_replicas_one_of_which_goes_down(tmp_path):
