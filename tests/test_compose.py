@@ -21,7 +21,11 @@ def test_services_and_scalable_workers():
     assert core == {"vllm", "sidecar", "master", "worker"}
     worker = compose["services"]["worker"]
     assert "container_name" not in worker and "ports" not in worker  # --scale worker=N must work
-    assert compose["services"]["vllm"]["image"].startswith("vllm/vllm-openai")
+    assert compose["services"]["vllm"]["image"].startswith("vllm/vllm-openai:v")
+    # every image pinned to a version; the default model is one that needs no gated-model token
+    images = [svc["image"] for svc in compose["services"].values() if "image" in svc]  # the rest: built here
+    assert len(images) == 3 and not [i for i in images if i.endswith(":latest") or ":" not in i], images
+    assert "${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}" in compose["services"]["vllm"]["command"]
     assert any("./reports:" in v for v in compose["services"]["master"]["volumes"])
 
 
