@@ -93,6 +93,8 @@ def test_the_start_up_heartbeat_grace_holds_until_every_worker_is_ready_and_is_l
         assert runners.HEARTBEAT_LIVENESS == run_clock.STARTUP_LIVENESS  # one of two: still starting
         master.on_ready(runner, Msg({"offset": 0.0, "uncertainty": 0.001}, "w2"))
         assert runners.HEARTBEAT_LIVENESS == normal and runner.sent == [run_clock.EPOCH]
+        # every worker's count is Locust's again at once (a worker held right now must be missed in 3 s, not 60)
+        assert all(c.heartbeat == normal for c in runner.clients.all)
     finally:
         master.grace.release()
     assert runners.HEARTBEAT_LIVENESS == normal

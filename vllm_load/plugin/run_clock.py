@@ -49,6 +49,7 @@ class WorkerClock:
         self._pongs: list[tuple[float, float, float]] = []
         self._pong = Event()
         self.keeper: Any = None  # the greenlet re-estimating the offset during the run
+        self._perf_epoch: float | None = None  # the master's epoch on this process's perf clock, before the offset
 
     def start_local(self) -> None:
         """A local runner: one process, one clock; the epoch is now."""
@@ -105,7 +106,11 @@ class WorkerClock:
             return fallback
         if epoch is None:
             return fallback
-        return time.perf_counter() + (epoch - self.offset - time.time())
+        if self._perf_epoch is None:  # the epoch on the perf clock, read once: two clocks read at every call
+            # differ by whatever preempted the process between the reads (ms on a loaded host), and an open loop
+            # that follows its epoch would follow that noise
+            self._perf_epoch = time.perf_counter() + (epoch - time.time())
+        return self._perf_epoch - self.offset
 
     def stop(self) -> None:
         if self.keeper is not None:
@@ -129,10 +134,12 @@ class HeartbeatGrace:
     def __init__(self) -> None:
         self.normal: int | None = None
         self.timer: Any = None
+        self.runner: Any = None
 
     def hold(self, runner: Any) -> None:
         import locust.runners as runners
 
+        self.runner = runner
         if self.normal is None:
             self.normal = runners.HEARTBEAT_LIVENESS
         runners.HEARTBEAT_LIVENESS = STARTUP_LIVENESS
@@ -143,11 +150,15 @@ class HeartbeatGrace:
         self.timer = gevent.spawn_later(STARTUP_LIVENESS, self.release)  # a worker never ready: not for ever
 
     def release(self) -> None:
-        """Locust's own liveness again (each worker's count falls back to it at its next heartbeat)."""
+        """Locust's own liveness again, for every worker at once: a worker's count left at the grace would let a
+        loop held right after the start go unnoticed for a minute (each count falls to Locust's at the next
+        heartbeat; a held worker sends none)."""
         import locust.runners as runners
 
         if self.normal is not None:
             runners.HEARTBEAT_LIVENESS, self.normal = self.normal, None
+            for client in self.runner.clients.all if self.runner is not None else ():
+                client.heartbeat = min(client.heartbeat, runners.HEARTBEAT_LIVENESS)
         if self.timer is not None and self.timer is not gevent.getcurrent():
             self.timer.kill(block=False)
         self.timer = None
