@@ -218,7 +218,11 @@ def test_a_worker_joining_mid_run_gets_users_and_its_numbers_merge_exactly(tmp_p
     mport = free_port()
     master = locust(["-f", str(ROOT / "locustfiles/chat.py"), "--master", "--master-bind-host", "127.0.0.1",
                      "--master-bind-port", str(mport), "--headless", "--expect-workers", "1", "-u", "4", "-r", "4",
-                     "-t", "120s", "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], tmp_path)
+                     "-t", "120s", "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir),
+                     # the joiner starts (tokenizer, pools: CPU) on the 2 cores the running worker times its streams
+                     # on; the verdict may rightly call that untrustworthy (1 run in 8 here: a 79 ms loop lag). Joins
+                     # in a real swarm come on machines of their own; what this test checks is the merge
+                     "--allow-untrustworthy"], tmp_path)
     worker_args = ["-f", str(ROOT / "locustfiles/chat.py"), "--worker", "--master-host", "127.0.0.1", "--master-port",
                    str(mport)]
     workers = [locust(worker_args, tmp_path)]
