@@ -30,7 +30,8 @@ def _logs(run_dir) -> list[dict]:
 
 def test_two_replicas_share_a_swarms_users_and_each_has_its_rows(tmp_path, emulator_factory, sidecar_factory):
     a, b = (emulator_factory("--ttft", "0.02", "--itl", "0.005").url for _ in range(2))
-    sidecars = [sidecar_factory("--vllm-url", url, "--interval", "500ms").url for url in (a, b)]
+    sidecars = [sidecar_factory("--vllm-url", url, "--interval", "500ms", "--out", str(tmp_path / f"side{k}.jsonl")).url
+                for k, url in enumerate((a, b))]
     run_dir = tmp_path / "run"
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "4", "-r", "4",
                       "-t", "6s", "--host", f"{a},{b}", "--sidecar-url", ",".join(sidecars), "--output-tokens", "8",
