@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
@@ -161,16 +162,23 @@ def test_server_killed_and_restarted_mid_run(tmp_path):
     assert all(x.startswith(("connection failed", "connection closed mid-stream", "connection error")) for x in reasons), reasons
 
 
-def test_worker_killed_mid_run_the_master_goes_on_and_says_so(tmp_path, emulator_factory):
+def _swarm(tmp_path: Path, emulator_factory: Any, run_dir: Path, expect: int, *extra: str
+           ) -> tuple[subprocess.Popen, Callable[[], subprocess.Popen]]:
+    """A master on 127.0.0.1 (4 users, -t 120s, against a fresh emulator) and how to start one of its workers."""
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
-    run_dir = tmp_path / "run"
     mport = free_port()
     master = locust(["-f", str(ROOT / "locustfiles/chat.py"), "--master", "--master-bind-host", "127.0.0.1",
-                     "--master-bind-port", str(mport), "--headless", "--expect-workers", "2", "-u", "4", "-r", "4",
-                     "-t", "120s", "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir),
-                     "--drain-timeout", "60"], tmp_path)
-    workers = [locust(["-f", str(ROOT / "locustfiles/chat.py"), "--worker", "--master-host", "127.0.0.1",
-                       "--master-port", str(mport)], tmp_path) for _ in range(2)]
+                     "--master-bind-port", str(mport), "--headless", "--expect-workers", str(expect), "-u", "4",
+                     "-r", "4", "-t", "120s", "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir),
+                     *extra], tmp_path)
+    return master, lambda: locust(["-f", str(ROOT / "locustfiles/chat.py"), "--worker", "--master-host", "127.0.0.1",
+                                   "--master-port", str(mport)], tmp_path)
+
+
+def test_worker_killed_mid_run_the_master_goes_on_and_says_so(tmp_path, emulator_factory):
+    run_dir = tmp_path / "run"
+    master, worker = _swarm(tmp_path, emulator_factory, run_dir, 2, "--drain-timeout", "60")
+    workers = [worker(), worker()]
     try:
         wait_for(lambda: len(log_files(run_dir, "requests-*.jsonl")) == 2
                  and all(read_log(f) for f in log_files(run_dir, "requests-*.jsonl")), what="both workers sending")
@@ -213,22 +221,15 @@ def test_a_worker_joining_mid_run_gets_users_and_its_numbers_merge_exactly(tmp_p
     """Locust gives a worker that joins a running swarm its share of the users; it gets the run plan and the
     run's epoch like the first ones, and the master's totals equal both workers' logs (nothing counted twice,
     nothing lost)."""
-    emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
     run_dir = tmp_path / "run"
-    mport = free_port()
-    master = locust(["-f", str(ROOT / "locustfiles/chat.py"), "--master", "--master-bind-host", "127.0.0.1",
-                     "--master-bind-port", str(mport), "--headless", "--expect-workers", "1", "-u", "4", "-r", "4",
-                     "-t", "120s", "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir),
-                     # the joiner starts (tokenizer, pools: CPU) on the 2 cores the running worker times its streams
-                     # on; the verdict may rightly call that untrustworthy (1 run in 8 here: a 79 ms loop lag). Joins
-                     # in a real swarm come on machines of their own; what this test checks is the merge
-                     "--allow-untrustworthy"], tmp_path)
-    worker_args = ["-f", str(ROOT / "locustfiles/chat.py"), "--worker", "--master-host", "127.0.0.1", "--master-port",
-                   str(mport)]
-    workers = [locust(worker_args, tmp_path)]
+    # the joiner starts (tokenizer, pools: CPU) on the 2 cores the running worker times its streams on; the verdict
+    # may rightly call that untrustworthy (1 run in 8 here: a 79 ms loop lag). Joins in a real swarm come on
+    # machines of their own; what this test checks is the merge
+    master, worker = _swarm(tmp_path, emulator_factory, run_dir, 1, "--allow-untrustworthy")
+    workers = [worker()]
     try:
         wait_for(lambda: [f for f in log_files(run_dir, "requests-*.jsonl") if read_log(f)], what="the first worker")
-        workers.append(locust(worker_args, tmp_path))  # joins the running swarm
+        workers.append(worker())  # joins the running swarm
         wait_for(lambda: len([f for f in log_files(run_dir, "requests-*.jsonl") if len(read_log(f)) >= 20]) == 2,
                  timeout=90, what="the joining worker sending its share")
         master.send_signal(signal.SIGTERM)

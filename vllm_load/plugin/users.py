@@ -32,9 +32,6 @@ from vllm_load.client import rxstamp
 from vllm_load.workload.prompt_pool import END
 
 logger = logging.getLogger(__name__)
-#: an open-loop schedule follows its epoch's moves beyond this (seconds); below it is the jitter of reading two
-#: clocks, which would otherwise add up arrival after arrival
-MOVE_S = 1e-4
 
 
 def _run(task_: Any, user: Any) -> None:
@@ -115,9 +112,9 @@ class LLMUser(FastHttpUser):
         try:
             while not gen.draining:
                 arrivals.rate = gen.current_rate() / gen.total_users()
-                moved = gen.schedule_start() - run_start  # a re-estimated offset moves the run's epoch
-                if abs(moved) > MOVE_S:
-                    run_start, next_at = run_start + moved, next_at + moved
+                # a re-estimated offset moves the run's epoch (it moves only then: run_clock reads it once)
+                moved = gen.schedule_start() - run_start
+                run_start, next_at = run_start + moved, next_at + moved
                 next_at += arrivals.next_gap(next_at - run_start)
                 rate_changed = gen.rate_changed
                 delay = next_at - time.perf_counter()
