@@ -29,6 +29,7 @@ class ChildServer:
                 self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait(timeout=5)  # reaped: not left a zombie beside the run that started it
 
 
 def server_package() -> str:

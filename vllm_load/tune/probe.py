@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -13,6 +12,7 @@ from pathlib import Path
 
 from vllm_load.metrics.verdict import Verdict
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
+from vllm_load.tune.children import spawning, stop_group
 
 
 @dataclass
@@ -54,36 +54,24 @@ def run_probe(locust_args: list[str], url: str, level: float, mode: str, slos: l
         argv += ["--slo", s]
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as log:
-        # its own process group: a tune stopped by a signal stops the probe with everything it started
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ),
-                                start_new_session=True)
+        proc = None
         try:
+            with spawning():  # its own process group: a tune stopped by a signal stops the probe and all it started
+                proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ),
+                                        start_new_session=True)
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             stop_group(proc)
             code = -1
         except BaseException:
-            stop_group(proc)
+            if proc is not None:
+                stop_group(proc)
             raise
     if code == EXIT_BAD_INPUT:
         tail = (run_dir.parent / f"{run_dir.name}.log").read_text(errors="replace")
         line = next((ln for ln in tail.splitlines() if ln.startswith("vllm-load: error:")), "see the probe's log")
         raise UsageError(f"a probe was refused: {line.removeprefix('vllm-load: error: ')}")
     return read_probe(level, code, run_dir)
-
-
-def stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM to the process group ``proc`` leads, SIGKILL after ``grace`` seconds if it is still there."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def read_probe(level: float, code: int, run_dir: Path) -> Probe:

@@ -27,6 +27,7 @@ from vllm_load.tune.probe import run_probe
 from vllm_load.tune.report import label, trust_note, why_lost, write
 from vllm_load.tune.search import CapacitySearch
 from vllm_load.tune.server import ServerProcess, free_port, render
+from vllm_load.tune.children import Stopped, installed, spawning
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -161,7 +162,8 @@ def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: li
             url = args.host
         from vllm_load.plugin.embedded import start_sidecar
 
-        sidecar = start_sidecar(url, cdir / "server-series.jsonl")
+        with spawning():  # a signal now would leave the sidecar started and not yet held
+            sidecar = start_sidecar(url, cdir / "server-series.jsonl")
         search = CapacitySearch(start=args.start_level, max_level=args.max_level, tolerance=tolerance,
                                 integer=args.search == "concurrency")
         while (level := search.next_level()) is not None:
@@ -197,9 +199,9 @@ def main(argv: list[str]) -> int:
     else:
         ours, locust_args = argv, []
     args = parser().parse_args(ours)
-    previous = signal.signal(signal.SIGTERM, _stopped)  # SIGTERM's default would skip every `finally` below
     try:
-        return tune(args, locust_args)
+        with installed():
+            return tune(args, locust_args)
     except UsageError as exc:
         sys.stderr.write(f"vllm-load: error: {exc}\n")
         return EXIT_BAD_INPUT
@@ -208,13 +210,3 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(f"vllm-load tune: stopped by {sig}: the probe under way and the server it started were "
                          "stopped; --resume goes on from the configurations already measured\n")
         return 128 + (signal.SIGTERM if isinstance(exc, Stopped) else signal.SIGINT)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-class Stopped(BaseException):
-    """SIGTERM, raised where the tune is so that each ``finally`` stops what it started."""
-
-
-def _stopped(_signum: int, _frame: object) -> None:
-    raise Stopped()

@@ -7,7 +7,6 @@ import os
 import shlex
 import sys
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from vllm_load.errors import UsageError
 from vllm_load.plugin.server_wait import probe
+from vllm_load.tune.children import spawning, stop_group
 
 
 def free_port() -> int:
@@ -60,7 +60,8 @@ class ServerProcess:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             try:
-                self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                with spawning():  # held by self before a signal can leave it running
+                    self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             except OSError as exc:
                 return f"cannot start {self.argv[0]!r}: {exc.strerror or exc}"
         deadline = time.monotonic() + ready_timeout
@@ -85,16 +86,8 @@ class ServerProcess:
         return None
 
     def stop(self, grace: float = 30.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=10)
-        except ProcessLookupError:
-            pass
+        if self.proc is not None:
+            stop_group(self.proc, grace)
 
     def last_log_line(self) -> str:
         try:
