@@ -48,42 +48,61 @@ typedef struct seg {
     char data[];
 } seg_t;
 
+/* raw mode: the bytes as read, in segments with their stamps (a head, or a body the event loop decodes) */
 typedef struct {
-    uint32_t gen;
-    int active, eof, err, ready, paused;
-    size_t queued;
     seg_t *head, *tail;
-    int64_t tx_ns; /* the kernel's stamp of the latest send's last byte leaving (0: none yet) */
-    int hdr_match;   /* pop: how much of a header block's end (CRLF CRLF) the bytes popped so far end with */
-    /* body mode: the thread decodes the response body (chunked or not) and splits it into lines */
-    int body;        /* 0: raw segments; 1: a streamed body is being parsed into lines */
-    int chunked;     /* Transfer-Encoding: chunked */
-    int64_t left;    /* bytes left: of the current chunk (chunked) or of Content-Length (-1: until close) */
-    int cstate;      /* chunked decoder state */
-    int after_lf;    /* the state after C_LF's line feed */
-    int body_state;  /* 0 running, 1 complete, 2 closed before the end, 3 malformed */
-    uint64_t body_bytes;
+    size_t queued;
+    int paused;    /* reading stopped past PAUSE_BYTES queued, resumed below half */
+    int hdr_match; /* pop: how much of a header block's end (CRLF CRLF) the bytes popped so far end with */
+} rx_raw_t;
+
+/* body mode: the thread decodes the response body (chunked or by length) and splits it into lines */
+typedef struct {
+    int on;        /* 0: raw segments; 1: a streamed body is being parsed into lines */
+    int chunked;   /* Transfer-Encoding: chunked */
+    int64_t left;  /* bytes left: of the current chunk (chunked) or of Content-Length (-1: until close) */
+    int cstate;    /* chunked decoder state */
+    int after_lf;  /* the state after C_LF's line feed */
+    int state;     /* 0 running, 1 complete, 2 closed before the end, 3 malformed, DECLINED */
+    uint64_t bytes;
     char *line;
     size_t linelen, linecap;
     seg_t *lhead, *ltail; /* complete lines, each with the stamp of the read that completed it */
     int nlines;
-    /* an SSE body this thread parses itself (_sse.c): its lines stay here until the body ends, or until a
-     * line the parser leaves to Python, from which on lines are queued as above */
+} rx_body_t;
+
+/* parse mode: an SSE body this thread parses itself (_sse.c); its lines stay here until the body ends, or until
+ * a line the parser leaves to Python, from which on lines are queued as in body mode */
+typedef struct {
     sse_state *sse;
-    int parsing;
-    int64_t last_read_ns; /* monotonic: a parsed body shows the event loop no activity, so timeouts ask */
-    /* expect(): the thread takes a 200 response's header block itself and goes on into its body, so the
-     * event loop hears of the request once, at its end (the head wait was a second wake per request) */
-    int expecting;
-    int exp_match;      /* how much of CRLF CRLF the raw bytes scanned so far end with */
-    size_t exp_seen;    /* raw bytes scanned so far for the header block's end */
-    double exp_start;   /* the request's start (time.time() clock) */
-    int exp_from_send;  /* closed loop: offsets count from the kernel's stamp of the send, as the loop does */
-    long long exp_limit; /* the parser's token limit (sse_state.limit; 0: none) */
+    int on;
+} rx_parse_t;
+
+/* expect mode: the thread takes a 200 response's header block itself and goes on into its body, so the event
+ * loop hears of the request once, at its end (the head wait was a second wake per request) */
+typedef struct {
+    int on;
+    int match;          /* how much of CRLF CRLF the raw bytes scanned so far end with */
+    size_t seen;        /* raw bytes scanned so far for the header block's end */
+    double start;       /* the request's start (time.time() clock) */
+    int from_send;      /* closed loop: offsets count from the kernel's stamp of the send, as the loop does */
+    long long limit;    /* the parser's token limit (sse_state.limit; 0: none) */
     int accepted;       /* the head was taken here: */
     int acc_chunked, acc_keep;
     int64_t acc_length;
     double acc_start;   /* the start the body's offsets count from */
+} rx_expect_t;
+
+/* one watched socket: what every mode shares, then each mode's own state */
+typedef struct {
+    uint32_t gen;
+    int active, eof, err, ready;
+    int64_t tx_ns;        /* the kernel's stamp of the latest send's last byte leaving (0: none yet) */
+    int64_t last_read_ns; /* monotonic: a parsed body shows the event loop no activity, so timeouts ask */
+    rx_raw_t raw;
+    rx_body_t body;
+    rx_parse_t parse;
+    rx_expect_t exp;
 } stream_t;
 
 /* C_LF: a CR was read, an LF must follow, then the state in after_lf (C_END: the body is complete) */

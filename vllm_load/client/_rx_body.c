@@ -4,27 +4,27 @@
 #include "_rx.h"
 
 void rx_free_segments(stream_t *s) {
-    seg_t *g = s->head;
+    seg_t *g = s->raw.head;
     while (g) {
         seg_t *n = g->next;
         free(g);
         g = n;
     }
-    s->head = s->tail = NULL;
-    s->queued = 0;
-    for (g = s->lhead; g;) {
+    s->raw.head = s->raw.tail = NULL;
+    s->raw.queued = 0;
+    for (g = s->body.lhead; g;) {
         seg_t *n = g->next;
         free(g);
         g = n;
     }
-    s->lhead = s->ltail = NULL;
-    s->nlines = 0;
-    free(s->line);
-    s->line = NULL;
-    s->linelen = s->linecap = 0;
-    sse_free(s->sse);
-    s->sse = NULL;
-    s->parsing = 0;
+    s->body.lhead = s->body.ltail = NULL;
+    s->body.nlines = 0;
+    free(s->body.line);
+    s->body.line = NULL;
+    s->body.linelen = s->body.linecap = 0;
+    sse_free(s->parse.sse);
+    s->parse.sse = NULL;
+    s->parse.on = 0;
 }
 
 seg_t *rx_new_seg(const char *p, size_t n, int64_t stamp) {
@@ -69,40 +69,40 @@ static int add_lines(stream_t *s, const char *p, size_t n, int64_t stamp) {
     while (n) {
         const char *nl = memchr(p, '\n', n);
         size_t take = nl ? (size_t)(nl - p) + 1 : n;
-        if (s->linelen + take > s->linecap) {
-            size_t cap = s->linecap ? s->linecap : 1024;
-            while (cap < s->linelen + take)
+        if (s->body.linelen + take > s->body.linecap) {
+            size_t cap = s->body.linecap ? s->body.linecap : 1024;
+            while (cap < s->body.linelen + take)
                 cap *= 2;
-            char *b = realloc(s->line, cap);
+            char *b = realloc(s->body.line, cap);
             if (!b)
                 return -1;
-            s->line = b;
-            s->linecap = cap;
+            s->body.line = b;
+            s->body.linecap = cap;
         }
-        memcpy(s->line + s->linelen, p, take);
-        s->linelen += take;
+        memcpy(s->body.line + s->body.linelen, p, take);
+        s->body.linelen += take;
         p += take;
         n -= take;
         if (nl) {
-            size_t len = s->linelen;
-            int blank = len == 1 || (len == 2 && s->line[0] == '\r');
-            if (!blank && s->parsing) {
-                int rc = sse_line(s->sse, s->line, len, stamp);
+            size_t len = s->body.linelen;
+            int blank = len == 1 || (len == 2 && s->body.line[0] == '\r');
+            if (!blank && s->parse.on) {
+                int rc = sse_line(s->parse.sse, s->body.line, len, stamp);
                 if (rc == SSE_NOMEM)
                     return -1;
                 if (rc == SSE_OK)
                     blank = 1; /* taken: nothing for the Python side */
                 else
-                    s->parsing = 0; /* this line and the rest are Python's */
+                    s->parse.on = 0; /* this line and the rest are Python's */
             }
             if (!blank) { /* event separators carry nothing: they stay out of the Python side's work */
-                seg_t *g = rx_new_seg(s->line, len, stamp);
+                seg_t *g = rx_new_seg(s->body.line, len, stamp);
                 if (!g)
                     return -1;
-                rx_append_seg(&s->lhead, &s->ltail, g);
-                s->nlines++;
+                rx_append_seg(&s->body.lhead, &s->body.ltail, g);
+                s->body.nlines++;
             }
-            s->linelen = 0;
+            s->body.linelen = 0;
         }
     }
     return 0;
@@ -122,42 +122,42 @@ static int hexval(char c) {
  * response's, left raw) */
 static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
     size_t i = 0;
-    if (!s->chunked) {
+    if (!s->body.chunked) {
         size_t take = n;
-        if (s->left >= 0 && (int64_t)take > s->left)
-            take = (size_t)s->left;
+        if (s->body.left >= 0 && (int64_t)take > s->body.left)
+            take = (size_t)s->body.left;
         if (add_lines(s, p, take, stamp) < 0) {
-            s->body_state = 3;
+            s->body.state = 3;
             return n;
         }
-        s->body_bytes += take;
-        if (s->left >= 0) {
-            s->left -= (int64_t)take;
-            if (!s->left)
-                s->body_state = 1;
+        s->body.bytes += take;
+        if (s->body.left >= 0) {
+            s->body.left -= (int64_t)take;
+            if (!s->body.left)
+                s->body.state = 1;
         }
         return take;
     }
-    while (i < n && s->body_state == 0) {
+    while (i < n && s->body.state == 0) {
         char c = p[i];
-        switch (s->cstate) {
+        switch (s->body.cstate) {
         case C_SIZE: {
             int v = hexval(c);
             if (v >= 0) {
-                if (s->left > ((int64_t)1 << 40)) {
-                    s->body_state = 3;
+                if (s->body.left > ((int64_t)1 << 40)) {
+                    s->body.state = 3;
                     return n;
                 }
-                s->left = s->left * 16 + v;
+                s->body.left = s->body.left * 16 + v;
             } else if (c == ';' || c == ' ' || c == '\t') {
-                s->cstate = C_EXT;
+                s->body.cstate = C_EXT;
             } else if (c == '\r') {
-                s->cstate = C_LF;
-                s->after_lf = s->left ? C_DATA : C_TRAILER;
+                s->body.cstate = C_LF;
+                s->body.after_lf = s->body.left ? C_DATA : C_TRAILER;
             } else if (c == '\n') {
-                s->cstate = s->left ? C_DATA : C_TRAILER;
+                s->body.cstate = s->body.left ? C_DATA : C_TRAILER;
             } else {
-                s->body_state = 3;
+                s->body.state = 3;
                 return n;
             }
             i++;
@@ -165,61 +165,61 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
         }
         case C_EXT:
             if (c == '\n')
-                s->cstate = s->left ? C_DATA : C_TRAILER;
+                s->body.cstate = s->body.left ? C_DATA : C_TRAILER;
             i++;
             break;
         case C_DATA: {
             size_t take = n - i;
-            if ((int64_t)take > s->left)
-                take = (size_t)s->left;
+            if ((int64_t)take > s->body.left)
+                take = (size_t)s->body.left;
             if (add_lines(s, p + i, take, stamp) < 0) {
-                s->body_state = 3;
+                s->body.state = 3;
                 return n;
             }
-            s->body_bytes += take;
-            s->left -= (int64_t)take;
+            s->body.bytes += take;
+            s->body.left -= (int64_t)take;
             i += take;
-            if (!s->left)
-                s->cstate = C_DATA_CR;
+            if (!s->body.left)
+                s->body.cstate = C_DATA_CR;
             break;
         }
         case C_DATA_CR:
             if (c == '\r') {
-                s->cstate = C_LF;
-                s->after_lf = C_SIZE;
+                s->body.cstate = C_LF;
+                s->body.after_lf = C_SIZE;
             } else if (c == '\n') {
-                s->cstate = C_SIZE;
+                s->body.cstate = C_SIZE;
             } else {
-                s->body_state = 3;
+                s->body.state = 3;
                 return n;
             }
             i++;
             break;
         case C_TRAILER: /* after the last chunk: trailer lines until an empty one */
             if (c == '\r') {
-                s->cstate = C_LF;
-                s->after_lf = C_END;
+                s->body.cstate = C_LF;
+                s->body.after_lf = C_END;
             } else if (c == '\n') {
-                s->body_state = 1;
+                s->body.state = 1;
             } else {
-                s->cstate = C_TRAILER_LINE;
+                s->body.cstate = C_TRAILER_LINE;
             }
             i++;
             break;
         case C_LF:
             if (c != '\n') {
-                s->body_state = 3;
+                s->body.state = 3;
                 return n;
             }
-            if (s->after_lf == C_END)
-                s->body_state = 1;
+            if (s->body.after_lf == C_END)
+                s->body.state = 1;
             else
-                s->cstate = s->after_lf;
+                s->body.cstate = s->body.after_lf;
             i++;
             break;
         case C_TRAILER_LINE:
             if (c == '\n')
-                s->cstate = C_TRAILER;
+                s->body.cstate = C_TRAILER;
             i++;
             break;
         }
@@ -232,8 +232,8 @@ static int queue_raw(Reader *r, stream_t *s, const char *p, size_t n, int64_t st
     seg_t *g = rx_new_seg(p, n, stamp);
     if (!g)
         return -1;
-    rx_append_seg(&s->head, &s->tail, g);
-    s->queued += n;
+    rx_append_seg(&s->raw.head, &s->raw.tail, g);
+    s->raw.queued += n;
     r->segments++;
     return 0;
 }
@@ -259,8 +259,8 @@ int rx_header_cut(int *matched, const char *p, size_t n, size_t *take) {
 
 /* with the lock held: a stream paused for a full queue is read again once its queue fell below half */
 static void resume(Reader *r, int fd, stream_t *s) {
-    if (s->paused && s->queued < PAUSE_BYTES / 2 && !s->eof && !s->err) {
-        s->paused = 0;
+    if (s->raw.paused && s->raw.queued < PAUSE_BYTES / 2 && !s->eof && !s->err) {
+        s->raw.paused = 0;
         rx_arm(r, fd, s);
     }
 }
@@ -268,7 +268,7 @@ static void resume(Reader *r, int fd, stream_t *s) {
 /* with the lock held: copy the first n queued raw bytes to dst, leaving them queued; how many were copied */
 size_t rx_peek_raw(const stream_t *s, char *dst, size_t n) {
     size_t at = 0;
-    for (const seg_t *g = s->head; g && at < n; g = g->next) {
+    for (const seg_t *g = s->raw.head; g && at < n; g = g->next) {
         size_t take = g->len - g->off;
         if (take > n - at)
             take = n - at;
@@ -281,17 +281,17 @@ size_t rx_peek_raw(const stream_t *s, char *dst, size_t n) {
 /* with the lock held: drop the first n queued raw bytes (n at most what is queued) */
 void rx_drop_raw(Reader *r, int fd, stream_t *s, size_t n) {
     while (n) {
-        seg_t *g = s->head;
+        seg_t *g = s->raw.head;
         size_t take = g->len - g->off;
         if (take > n)
             take = n;
         g->off += take;
-        s->queued -= take;
+        s->raw.queued -= take;
         n -= take;
         if (g->off == g->len) {
-            s->head = g->next;
-            if (!s->head)
-                s->tail = NULL;
+            s->raw.head = g->next;
+            if (!s->raw.head)
+                s->raw.tail = NULL;
             free(g);
         }
     }
@@ -303,40 +303,40 @@ void rx_drop_raw(Reader *r, int fd, stream_t *s, size_t n) {
  * (chunked, or `length` bytes, or until close when length < 0) into lines, and with `parse` parses them as
  * SSE; what the thread already read of it is decoded at once */
 void rx_start_body(Reader *r, int fd, stream_t *s, int chunked, long long length, sse_state *parse) {
-    sse_free(s->sse); /* a previous answer's, never taken */
-    s->sse = parse;
-    s->parsing = parse != NULL;
+    sse_free(s->parse.sse); /* a previous answer's, never taken */
+    s->parse.sse = parse;
+    s->parse.on = parse != NULL;
     seg_t *g;
-    while ((g = s->lhead)) { /* a previous answer's lines nobody took */
-        s->lhead = g->next;
+    while ((g = s->body.lhead)) { /* a previous answer's lines nobody took */
+        s->body.lhead = g->next;
         free(g);
     }
-    s->ltail = NULL;
-    s->nlines = 0;
-    s->linelen = 0;
-    s->body = 1;
-    s->chunked = chunked;
-    s->left = chunked ? 0 : length;
-    s->cstate = C_SIZE;
-    s->body_state = (!chunked && length == 0) ? 1 : 0;
-    s->body_bytes = 0;
-    while ((g = s->head) && s->body_state == 0) {
+    s->body.ltail = NULL;
+    s->body.nlines = 0;
+    s->body.linelen = 0;
+    s->body.on = 1;
+    s->body.chunked = chunked;
+    s->body.left = chunked ? 0 : length;
+    s->body.cstate = C_SIZE;
+    s->body.state = (!chunked && length == 0) ? 1 : 0;
+    s->body.bytes = 0;
+    while ((g = s->raw.head) && s->body.state == 0) {
         size_t n = g->len - g->off;
         size_t used = body_feed(s, g->data + g->off, n, g->stamp_ns);
-        s->queued -= used;
+        s->raw.queued -= used;
         g->off += used;
         if (g->off == g->len) {
-            s->head = g->next;
-            if (!s->head)
-                s->tail = NULL;
+            s->raw.head = g->next;
+            if (!s->raw.head)
+                s->raw.tail = NULL;
             free(g);
         }
     }
-    if (s->body_state == 0 && s->eof) {
-        s->body_state = (!chunked && length < 0) ? 1 : 2;
+    if (s->body.state == 0 && s->eof) {
+        s->body.state = (!chunked && length < 0) ? 1 : 2;
     }
-    if (s->body_state != 0)
-        s->body = 0;
+    if (s->body.state != 0)
+        s->body.on = 0;
     resume(r, fd, s);
 }
 
@@ -420,8 +420,8 @@ static int parse_head(const char *p, size_t n, int *chunked, int64_t *length, in
 /* with the lock held: the expected head is not one this thread takes (or the connection ended before it):
  * the event loop reads it from the raw queue as it reads any other */
 void rx_decline(Reader *r, int fd, stream_t *s) {
-    s->expecting = 0;
-    s->body_state = DECLINED;
+    s->exp.on = 0;
+    s->body.state = DECLINED;
     mark_ready(r, fd, s);
 }
 
@@ -437,49 +437,49 @@ static void accept_head(Reader *r, int fd, stream_t *s, size_t len) {
     int64_t length;
     int ok = rx_peek_raw(s, blk, len) == len && parse_head(blk, len, &chunked, &length, &keep);
     free(blk);
-    double start = s->exp_start;
-    if (s->exp_from_send && s->tx_ns) { /* exchange.py's Clock.sent_at, on the same double */
+    double start = s->exp.start;
+    if (s->exp.from_send && s->tx_ns) { /* exchange.py's Clock.sent_at, on the same double */
         double tx = stamp_seconds(s->tx_ns);
         if (tx >= start)
             start = tx;
     }
     sse_state *parse = ok ? sse_new(start) : NULL;
     if (parse)
-        parse->limit = s->exp_limit;
+        parse->limit = s->exp.limit;
     if (!parse) {
         rx_decline(r, fd, s);
         return;
     }
     rx_drop_raw(r, fd, s, len); /* the header block off the raw queue */
-    s->expecting = 0;
-    s->accepted = 1;
-    s->acc_chunked = chunked;
-    s->acc_keep = keep;
-    s->acc_length = length;
-    s->acc_start = start;
+    s->exp.on = 0;
+    s->exp.accepted = 1;
+    s->exp.acc_chunked = chunked;
+    s->exp.acc_keep = keep;
+    s->exp.acc_length = length;
+    s->exp.acc_start = start;
     rx_start_body(r, fd, s, chunked, length, parse);
-    if (!s->parsing || s->body_state || s->nlines || s->err || s->eof)
+    if (!s->parse.on || s->body.state || s->body.nlines || s->err || s->eof)
         mark_ready(r, fd, s);
 }
 
 /* with the lock held: n more raw bytes (the last n queued) of an expected response: has its head ended? */
 void rx_expect_scan(Reader *r, int fd, stream_t *s, const char *p, size_t n) {
     size_t take;
-    if (rx_header_cut(&s->exp_match, p, n, &take)) {
-        accept_head(r, fd, s, s->exp_seen + take);
+    if (rx_header_cut(&s->exp.match, p, n, &take)) {
+        accept_head(r, fd, s, s->exp.seen + take);
         return;
     }
-    s->exp_seen += n;
-    if (s->exp_seen > HEAD_MAX)
+    s->exp.seen += n;
+    if (s->exp.seen > HEAD_MAX)
         rx_decline(r, fd, s);
 }
 
 /* with the lock held: bytes that arrived while the body is parsed */
 static void body_bytes_in(Reader *r, stream_t *s, const char *p, size_t n, int64_t stamp) {
     size_t used = body_feed(s, p, n, stamp);
-    if (s->body_state != 0) {
-        s->body = 0; /* what follows the body is raw again (a keep-alive connection's next answer) */
-        if (used < n && s->body_state == 1)
+    if (s->body.state != 0) {
+        s->body.on = 0; /* what follows the body is raw again (a keep-alive connection's next answer) */
+        if (used < n && s->body.state == 1)
             queue_raw(r, s, p + used, n - used, stamp);
     }
 }
@@ -499,19 +499,19 @@ void rx_read_one(Reader *r, int fd, stream_t *s, char *buf) {
             return;
         s->err = errno;
         epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);
-        if (s->expecting)
+        if (s->exp.on)
             rx_decline(r, fd, s);
         mark_ready(r, fd, s);
         return;
     }
     if (n == 0) { /* end of stream: stop watching, or level-triggered epoll reports it forever */
         s->eof = 1;
-        if (s->body) { /* a body read until close ends here; any other is cut short */
-            s->body_state = (!s->chunked && s->left < 0) ? 1 : 2;
-            s->body = 0;
+        if (s->body.on) { /* a body read until close ends here; any other is cut short */
+            s->body.state = (!s->body.chunked && s->body.left < 0) ? 1 : 2;
+            s->body.on = 0;
         }
         epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);
-        if (s->expecting)
+        if (s->exp.on)
             rx_decline(r, fd, s);
         mark_ready(r, fd, s);
         return;
@@ -536,31 +536,31 @@ void rx_read_one(Reader *r, int fd, stream_t *s, char *buf) {
     } else {
         stamp = realtime_ns(); /* no kernel stamp: this thread reads at once, so its clock is close */
     }
-    if (s->sse)
-        s->sse->late = late; /* the chunks this read completes: a gap of 0 among them is this read's doing */
+    if (s->parse.sse)
+        s->parse.sse->late = late; /* the chunks this read completes: a gap of 0 among them is this read's doing */
     r->bytes += (uint64_t)n;
     s->last_read_ns = monotonic_ns();
-    if (s->body) {
+    if (s->body.on) {
         body_bytes_in(r, s, buf, (size_t)n, stamp);
         /* a body parsed here has news for the event loop only once it ended, or once it has lines */
-        if (!s->parsing || s->body_state || s->nlines)
+        if (!s->parse.on || s->body.state || s->body.nlines)
             mark_ready(r, fd, s);
         return;
     }
     if (queue_raw(r, s, buf, (size_t)n, stamp) < 0) {
         s->err = ENOMEM;
         epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);
-        if (s->expecting)
+        if (s->exp.on)
             rx_decline(r, fd, s);
         mark_ready(r, fd, s);
         return;
     }
-    if (s->expecting) { /* no news for the event loop until the head is taken or left to it */
+    if (s->exp.on) { /* no news for the event loop until the head is taken or left to it */
         rx_expect_scan(r, fd, s, buf, (size_t)n);
         return;
     }
-    if (s->queued > PAUSE_BYTES && !s->paused) {
-        s->paused = 1;
+    if (s->raw.queued > PAUSE_BYTES && !s->raw.paused) {
+        s->raw.paused = 1;
         epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);
     }
     mark_ready(r, fd, s);

@@ -50,7 +50,7 @@ static void handle_event(Reader *r, const struct epoll_event *ev, char *buf) {
         return; /* unwatched, or an event of a closed fd whose number was reused */
     if (ev->events & EPOLLERR)
         read_errqueue(fd, s); /* before the data: the request left before its answer came */
-    if (!s->paused)
+    if (!s->raw.paused)
         rx_read_one(r, fd, s, buf);
 }
 

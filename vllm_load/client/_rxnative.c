@@ -135,7 +135,7 @@ static PyObject *Reader_unwatch(Reader *r, PyObject *arg) {
     pthread_mutex_lock(&r->lock);
     stream_t *s = get_stream(r, fd);
     if (s) {
-        if (!s->eof && !s->err && !s->paused)
+        if (!s->eof && !s->err && !s->raw.paused)
             epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);
         rx_free_segments(s);
         s->active = 0;
@@ -167,7 +167,7 @@ static PyObject *Reader_pop(Reader *r, PyObject *args) {
     stream_t *s = lock_stream(r, fd);
     if (!s)
         return NULL;
-    seg_t *g = s->head;
+    seg_t *g = s->raw.head;
     if (!g) {
         int err = s->err, eof = s->eof;
         pthread_mutex_unlock(&r->lock);
@@ -184,7 +184,7 @@ static PyObject *Reader_pop(Reader *r, PyObject *args) {
         take = (size_t)maxlen;
     /* a read stops at the end of a header block: the HTTP parser then holds the headers only, and a
      * streamed body can be handed to this thread (Reader.body) with nothing of it parsed yet */
-    rx_header_cut(&s->hdr_match, g->data + g->off, take, &take);
+    rx_header_cut(&s->raw.hdr_match, g->data + g->off, take, &take);
     double stamp = stamp_seconds(g->stamp_ns);
     PyObject *data = take_raw(r, fd, s, take);
     pthread_mutex_unlock(&r->lock);
@@ -205,7 +205,7 @@ static PyObject *Reader_head(Reader *r, PyObject *arg) {
         return NULL;
     size_t seen = 0, found = 0;
     int matched = 0;
-    for (seg_t *g = s->head; g && !found && seen <= HEAD_MAX; g = g->next) {
+    for (seg_t *g = s->raw.head; g && !found && seen <= HEAD_MAX; g = g->next) {
         size_t take;
         int ended = rx_header_cut(&matched, g->data + g->off, g->len - g->off, &take);
         seen += take;
@@ -278,7 +278,7 @@ static PyObject *Reader_body(Reader *r, PyObject *args) {
         sse_free(parse);
         return NULL;
     }
-    s->expecting = 0;
+    s->exp.on = 0;
     rx_start_body(r, fd, s, chunked, length, parse);
     pthread_mutex_unlock(&r->lock);
     Py_RETURN_NONE;
@@ -299,25 +299,25 @@ static PyObject *Reader_expect(Reader *r, PyObject *args) {
     stream_t *s = lock_stream(r, fd);
     if (!s)
         return NULL;
-    s->body = 0;
-    s->body_state = 0;
-    s->body_bytes = 0;
-    s->accepted = 0;
+    s->body.on = 0;
+    s->body.state = 0;
+    s->body.bytes = 0;
+    s->exp.accepted = 0;
     s->tx_ns = 0;
-    s->expecting = 1;
-    s->exp_match = 0;
-    s->exp_seen = 0;
-    s->exp_start = start_wall;
-    s->exp_from_send = from_send;
-    s->exp_limit = limit;
+    s->exp.on = 1;
+    s->exp.match = 0;
+    s->exp.seen = 0;
+    s->exp.start = start_wall;
+    s->exp.from_send = from_send;
+    s->exp.limit = limit;
     s->last_read_ns = monotonic_ns(); /* a timeout counts from the send */
-    for (seg_t *g = s->head, *next; g && s->expecting; g = next) { /* a dirty connection's bytes */
+    for (seg_t *g = s->raw.head, *next; g && s->exp.on; g = next) { /* a dirty connection's bytes */
         next = g->next; /* taking the head frees the segments it spans */
         rx_expect_scan(r, fd, s, g->data + g->off, g->len - g->off);
     }
-    if (s->expecting && (s->err || s->eof))
+    if (s->exp.on && (s->err || s->eof))
         rx_decline(r, fd, s);
-    int settled = !s->expecting;
+    int settled = !s->exp.on;
     pthread_mutex_unlock(&r->lock);
     return PyBool_FromLong(settled);
 }
@@ -328,9 +328,9 @@ static PyObject *Reader_accepted(Reader *r, PyObject *arg) {
     stream_t *s = lock_arg(r, arg, &fd);
     if (!s)
         return NULL;
-    int got = s->accepted, chunked = s->acc_chunked, keep = s->acc_keep;
-    long long length = s->acc_length;
-    double start = s->acc_start;
+    int got = s->exp.accepted, chunked = s->exp.acc_chunked, keep = s->exp.acc_keep;
+    long long length = s->exp.acc_length;
+    double start = s->exp.acc_start;
     pthread_mutex_unlock(&r->lock);
     if (!got)
         Py_RETURN_NONE;
@@ -350,27 +350,27 @@ typedef struct {
  * left a line to Python, once the connection failed, or when `flush` asks for it (the request stops) */
 static void take_lines(stream_t *s, int fd, took_t *t, int flush) {
     t->sse = NULL;
-    if (s->sse && (flush || !s->parsing || s->body_state || s->err || s->eof)) {
-        t->sse = s->sse;
-        s->sse = NULL;
-        s->parsing = 0;
+    if (s->parse.sse && (flush || !s->parse.on || s->body.state || s->err || s->eof)) {
+        t->sse = s->parse.sse;
+        s->parse.sse = NULL;
+        s->parse.on = 0;
     }
-    if (s->body_state != 0 && s->linelen) {
-        seg_t *last = rx_new_seg(s->line, s->linelen, realtime_ns());
+    if (s->body.state != 0 && s->body.linelen) {
+        seg_t *last = rx_new_seg(s->body.line, s->body.linelen, realtime_ns());
         if (last) {
-            rx_append_seg(&s->lhead, &s->ltail, last);
-            s->nlines++;
+            rx_append_seg(&s->body.lhead, &s->body.ltail, last);
+            s->body.nlines++;
         }
-        s->linelen = 0;
+        s->body.linelen = 0;
     }
     t->fd = fd;
-    t->lines = s->lhead;
-    t->nlines = s->nlines;
-    t->state = s->body_state;
+    t->lines = s->body.lhead;
+    t->nlines = s->body.nlines;
+    t->state = s->body.state;
     t->err = s->err;
-    t->body_bytes = s->body_bytes;
-    s->lhead = s->ltail = NULL;
-    s->nlines = 0;
+    t->body_bytes = s->body.bytes;
+    s->body.lhead = s->body.ltail = NULL;
+    s->body.nlines = 0;
 }
 
 /* without the lock: a parsed body's result (None when there is none), freeing it */
@@ -472,7 +472,7 @@ static PyObject *Reader_pending(Reader *r, PyObject *arg) {
         return NULL;
     pthread_mutex_lock(&r->lock);
     stream_t *s = get_stream(r, fd);
-    int pending = s ? (s->head || s->eof || s->err) : 0;
+    int pending = s ? (s->raw.head || s->eof || s->err) : 0;
     pthread_mutex_unlock(&r->lock);
     return PyBool_FromLong(pending);
 }
