@@ -152,8 +152,9 @@ def test_an_embedded_emulator_that_fell_behind_is_named_not_read_as_a_slow_serve
 
     def verdict(chunks: int, late: int) -> dict:  # the client's verdict, with the sidecar's window of the emulator
         summary = {"client": h.verdict()}
-        judge_emulator(summary, {"emulator_chunks": chunks, "emulator_late_chunks": late})
-        return summary["client"]
+        judged = judge_emulator(summary, {"emulator_chunks": chunks, "emulator_late_chunks": late})
+        assert judge_emulator(judged, {"emulator_chunks": chunks, "emulator_late_chunks": late}) is judged  # once
+        return judged["client"]
 
     assert not verdict(10_000, 3)["saturated"]  # 0.03 %: nothing to say
     small = verdict(10_000, 40)

@@ -95,7 +95,7 @@ def test_stats_delta_shipping_is_lossless():
             master.merge(LLMStats.from_wire(worker.take_delta()))
     master.merge(LLMStats.from_wire(worker.take_delta()))
     assert worker.requests == 0
-    a, b = master.summary(10.0), everything.summary(10.0)
+    a, b = dict(master.summary(10.0)), dict(everything.summary(10.0))
     ma, mb = a.pop("metrics"), b.pop("metrics")
     assert a == b
     assert ma.keys() == mb.keys()

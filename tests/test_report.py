@@ -30,7 +30,7 @@ def make_run_dir(path, users=4, emulator=True, with_server=True, slo=("ttft.p99<
         "run_id": path.name, "host": "http://127.0.0.1:1", "target_is_emulator": emulator, "model": "m",
         "options": {"api_key": "***", "num_users": users, "slo": list(slo)}}))
     (path / "llm_stats.json").write_text(json.dumps({
-        "run_id": path.name, "start": t0, "end": t0 + 31, "summary": stats.summary(duration=31.0),
+        "run_id": path.name, "start": t0, "end": t0 + 31, "summary": stats.summary(duration=31.0).to_json(),
         "stats": stats.to_wire()}))
     if with_server:
         lines = [{"t": t0 + s, "running": min(s, 4), "waiting": 0, "kv_cache_usage": 0.01 * s, "preemptions_total": 0,

@@ -15,7 +15,8 @@ from vllm_load.metrics.error_kinds import MAX_KINDS, OTHER, error_kind
 from vllm_load.metrics.histogram import PERCENTILES, Histogram
 from vllm_load.metrics import fold as folding
 from vllm_load.metrics.summary import (  # noqa: F401  (upgrade_summary: where readers found it first)
-    NAMES_VERSION, RunSummary, summarise, upgrade_summary, upgrade_wire)
+    NAMES_VERSION, RunSummary, upgrade_summary, upgrade_wire)
+from vllm_load.metrics.summarise import summarise
 from vllm_load.metrics.table import METRICS, WINDOWED
 from vllm_load.client.record import RequestRecord
 

@@ -5,6 +5,7 @@ none of which judges again. "PASS" and "FAIL" are spelled here only."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from vllm_load.errors import EXIT_ERRORS, EXIT_INVALID, EXIT_OK, EXIT_SLO_MISS, EXIT_UNTRUSTWORTHY
@@ -64,19 +65,21 @@ UNTRUSTWORTHY, ACCEPTED = "UNTRUSTWORTHY: ", " (accepted with --allow-untrustwor
 TRUST = "the load generator kept time (trustworthy)"
 
 
-def judge_emulator(summary: dict, server: dict | None) -> None:
-    """The embedded emulator's own lateness (``server``: the sidecar's window of its chunks and late chunks) joins
-    the client's verdict (``summary["client"]``): a starved emulator disowns the run's numbers as a starved client
-    would, and every medium says so."""
+def judge_emulator(summary: Mapping[str, Any], server: dict | None) -> Mapping[str, Any]:
+    """``summary`` with the embedded emulator's own lateness (``server``: the sidecar's window of its chunks and
+    late chunks) joined to the client's verdict (``summary["client"]``): a starved emulator disowns the run's
+    numbers as a starved client would, and every medium says so. Judged once: a summary that has it already
+    is returned as it is."""
     said, severe = emulator_finding((server or {}).get("emulator_chunks"), (server or {}).get("emulator_late_chunks"))
-    if not said:
-        return
-    client = summary.setdefault("client", {})
+    client = dict(summary.get("client") or {})
+    if not said or said in (client.get("reasons") or []) or said in (client.get("notes") or []):
+        return summary
     if severe:
         client.update(saturated=True, reasons=[said, *(client.get("reasons") or [])], cause="emulator",
                       advice=ADVICE["emulator"])
     else:
         client["notes"] = [*(client.get("notes") or []), said]
+    return summary.replace(client=client) if isinstance(summary, RunSummary) else {**summary, "client": client}
 
 
 def trust_check(summary: dict, allow: bool = False) -> Check:
@@ -186,10 +189,10 @@ class Verdict:
 
 def judge(summary: dict, slos: list[SLO], server: dict | None = None, min_requests: int = 1,
           allow_untrustworthy: bool = False) -> Verdict:
-    """The one place a run is judged (``judge_emulator`` adds the emulator's lateness to ``summary`` first)."""
+    """The one place a run is judged (with the emulator's lateness added to the client's: ``judge_emulator``)."""
     checks = evaluate(slos, summary, server)
     validity = validity_checks(summary, slos, min_requests)
-    judge_emulator(summary, server)
+    summary = judge_emulator(summary, server)
     trust = trust_check(summary, allow_untrustworthy)
     return Verdict(tuple(checks), (*validity, trust), exit_code(summary, checks, slos, validity, trust))
 

@@ -98,18 +98,19 @@ class Collector:
                                       records_per_request=records_per_request(
             self.opts.dataset, self.opts.dataset_batch), outage_after=self.plan.outage_after, now=end,
             percentiles=self.plan.computed_percentiles, shown=self.plan.shown_percentiles)
-        summary["workers"] = sorted(self.workers_seen)
-        summary["workers_lost"] = list(self.workers_lost)
+        done: dict = {}  # what the collector knows beyond the totals, added to the summary once at the end
+        done["workers"] = sorted(self.workers_seen)
+        done["workers_lost"] = list(self.workers_lost)
         # how far into the run each lost worker last reported: its requests after that are in its log only
-        summary["workers_lost_at"] = {w: round(self.last_report[w] - self.start_wall, 1) if w in self.last_report
-                                      else None for w in self.workers_lost}  # None: it never reported
-        summary["workers_missing"] = dict(self.workers_missing)
-        summary["saturation"] = self.saturation.to_json() if self.saturation is not None else None
+        done["workers_lost_at"] = {w: round(self.last_report[w] - self.start_wall, 1) if w in self.last_report
+                                   else None for w in self.workers_lost}  # None: it never reported
+        done["workers_missing"] = dict(self.workers_missing)
+        done["saturation"] = self.saturation.to_json() if self.saturation is not None else None
         if self.dcgm is not None:
-            summary["energy"] = energy_summary(self.dcgm.samples, self.measured_from, end, summary["output_tokens"],
-                                               summary["succeeded"])
-            if summary["energy"] is None:
-                summary["energy_missing"] = self.dcgm.error or "no GPU telemetry in the run's window"
+            done["energy"] = energy_summary(self.dcgm.samples, self.measured_from, end, summary["output_tokens"],
+                                            summary["succeeded"])
+            if done["energy"] is None:
+                done["energy_missing"] = self.dcgm.error or "no GPU telemetry in the run's window"
         if monitor is not None:  # local: what the monitor saw since its last 3 s report
             last = monitor.take()
             if last["cpu"] or last["lag"] or last["streams"]:
@@ -117,20 +118,21 @@ class Collector:
         send_lag = summary["metrics"].get("send_lag", {})
         # CPU and lag while the server was unreachable or failing every request are the failures' doing
         quiet = [(w["start"], w["end"]) for w in summary["outages"]]
-        summary["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet,
-                                                shared_stamp=shared_stamp(summary), late_merged=late_merged(summary),
-                                                cap=self.plan.total_users * int(self.opts.max_concurrency))
-        summary["target_request_rate"] = float(self.opts.request_rate or 0.0)
+        done["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet,
+                                             shared_stamp=shared_stamp(summary), late_merged=late_merged(summary),
+                                             cap=self.plan.total_users * int(self.opts.max_concurrency))
+        done["target_request_rate"] = float(self.opts.request_rate or 0.0)
         if self.swarm:  # how many of its load processes got ready (the epoch waits for all)
-            summary["processes"], summary["processes_ready"] = self.clock.expected, len(self.clock.ready)
+            done["processes"], done["processes_ready"] = self.clock.expected, len(self.clock.ready)
         if self.clock.ready:  # each worker's offset to the master's clock, and its uncertainty
-            summary["clock"] = self.clock.summary()
+            done["clock"] = self.clock.summary()
         if self.plan.trace_rows:  # the schedule kept: the trace's span as intended, and as the requests were sent
             first, last = self.totals.first_start, self.totals.last_start
-            summary["trace"] = {"rows": self.plan.trace_rows,
-                                "sent": summary["requests"] + summary.get("warmup_excluded", 0),
-                                "intended_s": self.plan.trace_span,
-                                "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
+            done["trace"] = {"rows": self.plan.trace_rows,
+                             "sent": summary["requests"] + summary.get("warmup_excluded", 0),
+                             "intended_s": self.plan.trace_span,
+                             "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
+        summary = summary.replace(**done)
         self.results = summary  # the verdict is given from it even when the disk refuses the file
         return summary
 

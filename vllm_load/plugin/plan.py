@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.metrics.histogram import parse_percentiles
-from vllm_load.plugin.sweep import parse_levels
+from vllm_load.plugin.sweep import SweepSpec
 from vllm_load.plugin.target import Target
 from vllm_load.rundir.plan import RunPlan
 
@@ -31,6 +31,7 @@ def ramp_kind(opts: Any) -> str:
 def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int, processes: int = 1) -> RunPlan:
     """The plan of the run that starts, from the options and the checked target."""
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+    sweep = SweepSpec.of(opts)
     return RunPlan(run_id=run_id, salt=opts.salt or secrets.token_hex(16), seed=opts.seed if opts.seed >= 0 else None,
                    run_dir=opts.run_dir or str(Path("reports") / run_id),
                    host=target.host, model=target.model, tokenizer=target.tokenizer, is_emulator=target.is_emulator,
@@ -43,6 +44,5 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
                    percentiles=parse_percentiles(opts.metric_percentiles) if opts.metric_percentiles else (),
                    ramp=(opts.ramp_up_strategy, float(opts.ramp_up_start_rps), float(opts.ramp_up_end_rps),
                          0.0 if opts.num_requests else float(opts.run_time or 0)) if ramp_kind(opts) == "rate" else (),
-                   sweep_kind=opts.sweep_mode if getattr(opts, "sweep", "") else "",
-                   sweep_levels=tuple(parse_levels(opts.sweep)) if getattr(opts, "sweep", "") else (),
+                   sweep_kind=sweep.kind if sweep else "", sweep_levels=sweep.levels if sweep else (),
                    hosts=target.hosts)

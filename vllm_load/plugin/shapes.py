@@ -15,7 +15,7 @@ from typing import Any
 from locust import LoadTestShape
 
 from vllm_load.errors import UsageError
-from vllm_load.plugin.sweep import parse_levels  # noqa: F401  (sweep.py's locustfile reads it here)
+from vllm_load.plugin.sweep import SweepSpec
 from vllm_load.workload.arrivals import ramp_users
 
 #: Seconds after a step ends before it is judged: workers report every 3 s.
@@ -30,22 +30,24 @@ class SweepShape(LoadTestShape):
     @classmethod
     def check_options(cls, options: Any) -> None:
         """Before the run (the shape's ticks run in a greenlet, where a bad level would be a traceback)."""
-        if not options.sweep:
+        if not SweepSpec.of(options):
             raise UsageError("locustfiles/sweep.py needs --sweep LEVELS, e.g. --sweep 8,16,32")
-        parse_levels(options.sweep)
         if options.sweep_users < 1:
             raise UsageError(f"--sweep-users must be >= 1, got {options.sweep_users}")
 
     def __init__(self) -> None:
         super().__init__()
         self.count_ends: list[float] = []
+        self.spec: SweepSpec | None = None
 
     def reset_time(self) -> None:
-        """A run starts (Locust calls this before the shape's first tick): its steps start over."""
+        """A run starts (Locust calls this before the shape's first tick, and before the run plan exists): its
+        steps start over, from the options as they are now (the web UI may have changed them)."""
         from vllm_load.plugin.state import STATE
 
         super().reset_time()
         self.count_ends: list[float] = []  # --num-requests: the run time each finished step ended at
+        self.spec = SweepSpec.of(self.runner.environment.parsed_options)
         STATE.steps_done = {}
 
     def step_ends(self, levels: list[float], t: float) -> list[float]:
@@ -55,7 +57,7 @@ class SweepShape(LoadTestShape):
 
         opts: Any = self.runner.environment.parsed_options
         if not getattr(opts, "num_requests", 0):
-            duration = float(opts.step_duration)
+            duration = self.spec.step_duration if self.spec else float(opts.step_duration)
             return [(i + 1) * duration for i in range(min(int(t // duration), len(levels)))]
         ends = self.count_ends
         processes = STATE.plan.processes if STATE.plan is not None else 1
@@ -66,25 +68,25 @@ class SweepShape(LoadTestShape):
     def tick(self) -> tuple[int, float] | None:
         from vllm_load.plugin import end_of_run, wire
 
-        opts: Any = self.runner.environment.parsed_options
-        if not opts.sweep:
+        spec = self.spec or SweepSpec.of(self.runner.environment.parsed_options)
+        if spec is None:
             raise UsageError("locustfiles/sweep.py needs --sweep LEVELS, e.g. --sweep 8,16,32")
-        levels = parse_levels(opts.sweep)
+        levels = list(spec.levels)
         t = self.get_run_time()
         ends = self.step_ends(levels, t)
         step = len(ends)
-        if opts.stop_on_slo_miss:
+        if spec.stop_on_miss:
             # judge every finished step whose workers' reports are in (judge_step remembers verdicts)
             for done, end in enumerate(ends):
                 if t >= end + JUDGE_DELAY and not end_of_run.judge_step(done):
                     return None
         if step >= len(levels):
-            if opts.stop_on_slo_miss and t - ends[-1] < JUDGE_DELAY:
+            if spec.stop_on_miss and t - ends[-1] < JUDGE_DELAY:
                 return (0, 100.0)  # let the last step's reports arrive before its verdict
             return None
         level = levels[step]
         wire.begin_step(self.runner.environment, step, level)
-        users = int(level) if opts.sweep_mode == "users" else int(opts.sweep_users)
+        users = spec.users_at(level)
         return users, float(max(users, 1))
 
 

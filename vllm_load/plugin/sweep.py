@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from vllm_load.errors import UsageError
 from vllm_load.metrics.stats import LLMStats
+from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.verdict import Verdict, judge
 
 
@@ -22,6 +23,32 @@ def parse_levels(text: str) -> list[float]:
     return levels
 
 
+@dataclass(frozen=True)
+class SweepSpec:
+    """What --sweep asks, read from the options once: the shape ticks through it, the run plan carries its kind
+    and levels to the workers and the run directory."""
+
+    kind: str  # "users": a level is a user count (closed loop); "rate": requests/s over ``users`` users
+    levels: tuple[float, ...]
+    users: int  # --sweep-users (rate sweeps)
+    step_duration: float  # seconds per step (with --num-requests a step ends on its count instead)
+    stop_on_miss: bool  # --stop-on-slo-miss
+
+    @classmethod
+    def of(cls, opts: object) -> SweepSpec | None:
+        """None without --sweep; one line (UsageError) for bad levels."""
+        text = getattr(opts, "sweep", "")
+        if not text:
+            return None
+        return cls(kind=str(getattr(opts, "sweep_mode", "users")), levels=tuple(parse_levels(text)),
+                   users=int(getattr(opts, "sweep_users", 1)), step_duration=float(getattr(opts, "step_duration", 0)),
+                   stop_on_miss=bool(getattr(opts, "stop_on_slo_miss", False)))
+
+    def users_at(self, level: float) -> int:
+        """A step's user count: the level itself, or --sweep-users for a rate step."""
+        return int(level) if self.kind == "users" else self.users
+
+
 @dataclass
 class Step:
     """One level of a sweep: ``start`` is after its warm-up (its requests before that are in no number); ``end``
@@ -33,7 +60,7 @@ class Step:
     stats: LLMStats = field(default_factory=LLMStats)
     verdict: Verdict | None = None
 
-    def summary(self, percentiles: tuple[float, ...], now: float | None = None) -> dict:
+    def summary(self, percentiles: tuple[float, ...], now: float | None = None) -> RunSummary:
         return self.stats.summary(duration=max((self.end or now or time.time()) - self.start, 1e-9),
                                   percentiles=percentiles)
 

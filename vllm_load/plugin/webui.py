@@ -162,10 +162,11 @@ def _group_rows(summary: dict) -> list[list[str]]:
 
 
 def live_summary(totals: Any, start_wall: float, health: Any = None) -> dict:
+    """What the web UI polls: the summary so far (as JSON) with the last seconds' output rate."""
     summary = totals.summary(duration=max(time.time() - start_wall, 1e-9), outage_after=None)
-    summary["live_output_tps"] = totals.recent_output_tps(time.time())
     if health is not None:
         lag = summary["metrics"].get("send_lag", {})
-        summary["client"] = health.verdict(lag.get("p99") if lag.get("count") else None,
-                                           shared_stamp=shared_stamp(summary), late_merged=late_merged(summary))
-    return summary
+        summary = summary.replace(client=health.verdict(lag.get("p99") if lag.get("count") else None,
+                                                        shared_stamp=shared_stamp(summary),
+                                                        late_merged=late_merged(summary)))
+    return {**summary.to_json(), "live_output_tps": totals.recent_output_tps(time.time())}

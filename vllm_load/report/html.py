@@ -16,7 +16,7 @@ from vllm_load.report import charts
 from vllm_load.report.console import (ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head, name_rows, server_cells,
                                       spec_line, table_rows)
 from vllm_load.report.page import render
-from vllm_load.metrics.verdict import Verdict, word
+from vllm_load.metrics.verdict import Verdict, judge_emulator, word
 from vllm_load.report.results import finish
 from vllm_load.metrics.client_health import silent_workers
 from vllm_load.metrics.server import server_summary
@@ -121,6 +121,7 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     slos = parse_slo_option(texts)
     title = f"vllm-load run {run.config.get('run_id')}" + (" (target: built-in EMULATOR)" if run.is_emulator else "")
     server = server_summary(run.server)
+    run.summary = judge_emulator(run.summary, server)  # the client's verdict with the emulator's own lateness
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
     verdict = finish(run.path, run.summary, slos, server, title, junit, min_requests,
                      bool(opts.get("allow_untrustworthy")))

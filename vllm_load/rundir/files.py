@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.errors import UsageError
-from vllm_load.metrics.stats import LLMStats, upgrade_summary
+from vllm_load.metrics.stats import LLMStats
+from vllm_load.metrics.summary import RunSummary, json_default
 from vllm_load.metrics.verdict import Verdict
 
 #: written into config.json; a reader of a newer format says so instead of misreading it
@@ -55,7 +56,7 @@ class RunDir:
             raise ValueError(f"{file} is not a file of the run directory {self.path}")
         self.path.mkdir(parents=True, exist_ok=True)
         _replace(file.with_name(file.name + ".tmp"), content if isinstance(content, str)
-                 else json.dumps(content, indent=indent), file)
+                 else json.dumps(content, indent=indent, default=json_default), file)
         return file
 
     def write_series(self, file: Path, samples: list[dict]) -> Path:
@@ -113,7 +114,7 @@ class Run:
     start: float
     end: float
     stats: LLMStats
-    summary: dict
+    summary: RunSummary
     server: list[dict]
 
     @property
@@ -166,7 +167,8 @@ def load_run(path: str | Path) -> Run:
     if int(config.get("format", 1)) > FORMAT_VERSION:
         raise UsageError(f"{p} was written by a newer vllm-load (run-dir format {config['format']}): upgrade to read it")
     server = load_series(RunDir(p).server)
-    return Run(p, config, data["start"], data["end"], LLMStats.from_wire(data["stats"]), upgrade_summary(data["summary"]), server)
+    return Run(p, config, data["start"], data["end"], LLMStats.from_wire(data["stats"]),
+               RunSummary.from_json(data["summary"]), server)
 
 
 def load_series(path: Path) -> list[dict]:

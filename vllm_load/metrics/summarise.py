@@ -1,0 +1,96 @@
+"""An ``LLMStats``' totals summed up into a ``RunSummary``: counts, rates, each metric's percentiles, outages, and
+the same per name and per target."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_load.metrics import outages
+from vllm_load.metrics.histogram import PERCENTILES, percentile_key
+from vllm_load.metrics.summary import RunSummary, name_order
+
+
+def summarise(self: Any, duration: float | None = None, records_per_request: int = 0,
+              outage_after: float | None = 2.0, now: float | None = None,
+              percentiles: tuple[float, ...] = PERCENTILES, shown: tuple[float, ...] = PERCENTILES) -> RunSummary:
+    """An ``LLMStats``' summary (``self``: its totals). ``records_per_request``: dataset records each request carries (``--dataset-batch``), for the
+    records/s that a batching comparison is about; 0 when prompts are not dataset records. ``percentiles``:
+    those computed (the run's --metric-percentiles, the standard ones and its SLOs'); ``shown``: the columns
+    every medium shows (``summary["percentiles"]``)."""
+    if duration is None:
+        duration = (self.last_end - self.first_start) if self.first_start is not None else 0.0
+    ok = self.requests - self.failures
+    with_usage = ok - self.usage_missing
+    out: dict[str, Any] = {
+        "requests": self.requests,
+        "succeeded": ok,
+        "failed": self.failures,
+        "error_rate": self.failures / self.requests if self.requests else 0.0,
+        "duration_s": duration,
+        "request_rate": ok / duration if duration else 0.0,
+        # arrivals per second between the first and the last request's (intended) start
+        "send_rate": (self.requests - 1) / (self.last_start - self.first_start)
+        if self.requests > 1 and self.last_start and self.first_start and self.last_start > self.first_start else 0.0,
+        "input_tokens": self.input_tokens,
+        "output_tokens": self.output_tokens,
+        "output_token_rate": self.output_tokens / duration if duration else 0.0,
+        "usage_missing": self.usage_missing,
+        "input_drift_requests": self.drift_requests,
+        "input_drift_max_abs": self.drift_max_abs,
+        "input_drift_fraction": self.drift_requests / with_usage if with_usage > 0 else 0.0,
+        "output_mismatch": self.output_mismatch,
+        "reasoning_tokens": self.reasoning_tokens,
+        "reasoning_requests": self.reasoning_requests,
+        "reasoning_by_tokenizer": self.reasoning_by_tokenizer,
+        # the server's prefix-cache hits as its usage reported them per request (None: it reported none)
+        "cached_tokens": self.cached_tokens if self.cached_of else None,
+        "cached_fraction": self.cached_tokens / self.cached_of if self.cached_of else None,
+        # vllm bench serve's goodput: requests/s that met every per-request SLO; and their share
+        "goodput": self.good / duration if self.judged and duration else None,
+        "good_request_fraction": self.good / self.judged if self.judged else None,
+        "good_requests": self.good,
+        "warmup_excluded": self.warmup_excluded,
+        "backoffs": self.backoffs,
+        "backoff_s": self.backoff_ms / 1000.0,
+        "errors": dict(self.errors.most_common()),
+        "error_examples": {k: self.error_examples.get(k, k) for k in self.errors},
+        "metrics": {k: h.summary(percentiles) for k, h in self.hists.items()},
+        "percentiles": [percentile_key(p) for p in shown],
+        # chunk gaps of 0: two chunks of a stream under one receive stamp (a late read merges them, or the
+        # server wrote them together)
+        "shared_stamps": self.hists["itl"].at_most_1ns(),
+        # of those, the ones a late read of the native reader made (the others landed together: the server's)
+        "late_merged_gaps": self.late_merged,
+    }
+    # outage_after None: no outage windows (the web UI's live table polls this and shows none)
+    windows = self.outage_windows(outage_after, now) if outage_after is not None else []
+    start = self.first_start or 0.0
+    out["outages"] = [{**w.to_json(), "text": outages.describe(w, start, self.conn_error[1] if w.is_outage else "")}
+                      for w in windows]
+    out["outage_seconds"] = sum(w.seconds for w in windows if w.is_outage)
+    if self.media_items:  # images and audio: their prompt tokens apart from the text's
+        out["media_items"] = self.media_items
+        out["media_tokens"] = self.media_tokens
+        out["text_input_tokens"] = self.input_tokens - self.media_tokens
+    if self.items:  # pooling requests: their inputs, and inputs/s
+        out["inputs"] = self.items
+        out["input_rate"] = self.items / duration if duration else 0.0
+        out["input_token_rate"] = self.input_tokens / duration if duration else 0.0
+    if records_per_request:
+        out["records_per_request"] = records_per_request
+        out["records"] = ok * records_per_request
+        out["record_rate"] = ok * records_per_request / duration if duration else 0.0
+    if self.names:
+        out["names"] = {n: self.names[n].summary(duration, records_per_request, None, now, percentiles, shown)
+                        for n in sorted(self.names, key=name_order)}
+    if self.targets:  # --host a,b: each replica's rows, and its outages named as that target's
+        out["targets"] = {t: self.targets[t].summary(duration, records_per_request, None, now, percentiles, shown)
+                          for t in sorted(self.targets)}
+        if outage_after is not None:
+            out["outages"] = [{**w, "text": "every target: " + w["text"]} for w in out["outages"]]
+            for t in sorted(self.targets):
+                sub = self.targets[t]
+                out["outages"] += [{**w.to_json(), "target": t, "text": f"target {t}: " + outages.describe(
+                    w, start, sub.conn_error[1] if w.is_outage else "")} for w in sub.outage_windows(outage_after, now)
+                    if not any(r["start"] <= w.start and w.end <= r["end"] for r in out["outages"] if "target" not in r)]
+    return RunSummary(**out)
