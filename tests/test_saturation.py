@@ -84,12 +84,19 @@ def test_a_ramp_finds_the_capacity_tune_finds(tmp_path):
         emu.stop()
     assert tune.returncode == 0, tune.stdout[-3000:] + tune.stderr[-3000:]
     config = json.loads((tmp_path / "tune" / "tune.json").read_text())["configs"][0]
-    # what the tune's probes completed at most, per second, at a level that met the SLO: the server's throughput as
-    # the bisection measured it (its level alone varies with the probe's length: 8 s probes under a loaded suite
-    # passed 16 req/s on this ~12 req/s server once, before the queue had built)
-    carried = max(p["request_rate"] for p in config["probes"] if p["passed"])
+    # what the tune's probes completed at most, per second: the server's throughput as the bisection measured it. The
+    # ramp's capacity is what the server completed while saturated, which an overloaded probe measures too; the
+    # passing probes alone once said 10.27 req/s where the missed ones at 15 and 16 completed 10.67-10.74 and the
+    # ramp 12.0 (the full suite, stop 43). A passing probe's level alone varies with the probe's length: 8 s probes
+    # under a loaded suite passed 16 req/s on this ~12 req/s server once, before the queue had built.
+    carried = max(p["request_rate"] for p in config["probes"])
     assert sat["capacity_rps"] == pytest.approx(carried, rel=0.15), (sat, carried, config["capacity"])
-    assert sat["offered"] >= sat["capacity_rps"] * 0.9  # the onset came as the ramp passed the capacity, not before
+    # the onset came as the ramp passed the capacity, not before: the capacity lies between what was offered when
+    # the queue started growing and what was offered when that was detected (the window is 5-8 s long, and this
+    # ramp grows 20x over 45 s: 1.5x in 6 s; the onset alone sat at 0.80-0.88x the capacity in 3 runs of 4 today)
+    offered_at_detection = sat["offered"] * (40 / 2) ** ((sat["at_s"] - sat["onset_s"]) / 45)
+    assert sat["offered"] <= sat["capacity_rps"] * 1.15 and sat["capacity_rps"] <= offered_at_detection, \
+        (sat, offered_at_detection)
     assert ramp_s < tune_s, (ramp_s, tune_s)
 
 
