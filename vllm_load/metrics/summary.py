@@ -93,7 +93,7 @@ class RunSummary(Mapping[str, Any]):
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer format, kept as read
 
     def __getitem__(self, key: str) -> Any:
-        if key in _FIELDS:
+        if key in _KNOWN:
             value = getattr(self, key)
             if value is not ABSENT:
                 return value
@@ -123,11 +123,11 @@ class RunSummary(Mapping[str, Any]):
         if isinstance(data, RunSummary):
             return data
         data = upgrade_summary({k: v for k, v in data.items() if k != "format"})
-        known = {k: v for k, v in data.items() if k in _FIELDS}
+        known = {k: v for k, v in data.items() if k in _KNOWN}
         for group in ("names", "targets"):
             if isinstance(known.get(group), dict):
                 known[group] = {n: cls.from_json(g) for n, g in known[group].items()}
-        return cls(**known, extra={k: v for k, v in data.items() if k not in _FIELDS})
+        return cls(**known, extra={k: v for k, v in data.items() if k not in _KNOWN})
 
 
 def _plain(value: Any) -> Any:
@@ -145,7 +145,8 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-_FIELDS = tuple(f.name for f in fields(RunSummary) if f.name != "extra")
+_FIELDS = tuple(f.name for f in fields(RunSummary) if f.name != "extra")  # in order: the file's key order
+_KNOWN = frozenset(_FIELDS)
 
 
 #: the wire's metric names: 2 since itl means the per-chunk gap (vLLM's) and itl_token the per-token one

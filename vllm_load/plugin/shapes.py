@@ -50,14 +50,14 @@ class SweepShape(LoadTestShape):
         self.spec = SweepSpec.of(self.runner.environment.parsed_options)
         STATE.steps_done = {}
 
-    def step_ends(self, levels: list[float], t: float) -> list[float]:
+    def step_ends(self, spec: SweepSpec, t: float) -> list[float]:
         """The run times at which the finished steps ended: every --step-duration, or (with --num-requests) when
         every load process finished its share of the step's N requests."""
         from vllm_load.plugin.state import STATE
 
-        opts: Any = self.runner.environment.parsed_options
-        if not getattr(opts, "num_requests", 0):
-            duration = self.spec.step_duration if self.spec else float(opts.step_duration)
+        levels = spec.levels
+        if not getattr(self.runner.environment.parsed_options, "num_requests", 0):
+            duration = spec.step_duration
             return [(i + 1) * duration for i in range(min(int(t // duration), len(levels)))]
         ends = self.count_ends
         processes = STATE.plan.processes if STATE.plan is not None else 1
@@ -73,7 +73,7 @@ class SweepShape(LoadTestShape):
             raise UsageError("locustfiles/sweep.py needs --sweep LEVELS, e.g. --sweep 8,16,32")
         levels = list(spec.levels)
         t = self.get_run_time()
-        ends = self.step_ends(levels, t)
+        ends = self.step_ends(spec, t)
         step = len(ends)
         if spec.stop_on_miss:
             # judge every finished step whose workers' reports are in (judge_step remembers verdicts)
