@@ -707,7 +707,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vllm_load.lifeline import from_environment
+
+    from_environment()  # embedded in a run: gone with it, however it ends
     args = build_parser().parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        sys.stderr.write(f"emulator: error: --port {args.port} is no TCP port: give 1-65535 (0: a free one)\n")
+        return 2
     if args.ttft < 0 or args.itl < 0 or args.tokens_per_chunk < 1 or args.max_model_len < 1:
         sys.stderr.write("emulator: error: --ttft/--itl must be >= 0, --tokens-per-chunk and --max-model-len >= 1\n")
         return 2

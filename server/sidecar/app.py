@@ -10,6 +10,7 @@ sidecar's clock, so a Locust master on another machine can put both sides on one
 from __future__ import annotations
 
 import argparse
+import math
 import hmac
 import ipaddress
 import json
@@ -34,8 +35,8 @@ def parse_interval(text: str) -> float:
         value = float(t[:-2]) / 1000 if t.endswith("ms") else float(t[:-1]) if t.endswith("s") else float(t)
     except ValueError:
         raise ValueError(f"--interval {text!r} is not a duration: use e.g. 1s, 500ms or 2") from None
-    if value <= 0:
-        raise ValueError(f"--interval must be positive, got {text!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"--interval must be a positive finite duration, got {text!r}")
     return value
 
 
@@ -153,12 +154,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait-for-server", default="0",
                     help="wait this long (30s, 15m, …) for vLLM's /health before serving, with a progress line every 10 s")
     args = ap.parse_args(argv)
+    from vllm_load.lifeline import from_environment
+
+    from_environment()  # embedded in a run: gone with it, however it ends
     try:
         interval = parse_interval(args.interval)
         host, _, port_text = args.listen.rpartition(":")
         port = int(port_text)
+        if not 0 <= port <= 65535:
+            raise ValueError(port_text)
     except ValueError as exc:
-        sys.stderr.write(f"sidecar: error: {exc if 'interval' in str(exc) else '--listen must be HOST:PORT'}\n")
+        sys.stderr.write(f"sidecar: error: {exc if 'interval' in str(exc) else '--listen must be HOST:PORT, the port 0-65535'}\n")
         return 2
     from vllm_load.errors import UsageError
     from vllm_load.plugin.server_wait import parse_duration, wait_for_server

@@ -7,9 +7,10 @@ import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from vllm_load.errors import UsageError
+from vllm_load.redact import redact_urls
 
 
 @dataclass
@@ -55,10 +56,7 @@ def is_credential_header(name: str) -> bool:
 def public_url(url: str) -> str:
     """A URL as it may be written or shown: without the credentials of ``http://user:password@host`` (which are
     sent to that host only)."""
-    parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    return redact_urls(url)
 
 
 def auth_header(api_key: str) -> dict[str, str]:

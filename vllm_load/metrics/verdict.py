@@ -26,10 +26,17 @@ def word(passed: bool) -> str:
 DRIFT_LIMIT = 0.01
 
 
-def validity_checks(summary: RunSummary, slos: list[SLO], min_requests: int = 1) -> list[Check]:
-    """What must hold for the numbers to mean anything, SLOs or not: the run measured something, and
-    it measured the prompts it meant to send. An ``input_drift`` SLO replaces the default drift check."""
+def validity_checks(summary: RunSummary, slos: list[SLO], min_requests: int = 1, num_requests: int = 0) -> list[Check]:
+    """What must hold for the numbers to mean anything, SLOs or not: the run measured something, as many requests
+    as --num-requests asked (a run that -t ended at 18 of 1,000,000 is not the run asked for), and the prompts it
+    meant to send. An ``input_drift`` SLO replaces the default drift check."""
     out: list[Check] = []
+    if num_requests > 0:
+        done = summary["requests"]
+        out.append(Check(f"requests finished >= --num-requests {num_requests}", float(done), done >= num_requests,
+                         f"{done} of the {num_requests} requests asked finished" + (
+                             "" if done >= num_requests else " before the run ended (-t, or a stop): give it longer, "
+                             "or ask for fewer")))
     if min_requests > 0:
         ok = summary["succeeded"]
         if ok >= min_requests:
@@ -188,10 +195,10 @@ class Verdict:
 
 
 def judge(summary: dict, slos: list[SLO], server: dict | None = None, min_requests: int = 1,
-          allow_untrustworthy: bool = False) -> Verdict:
+          allow_untrustworthy: bool = False, num_requests: int = 0) -> Verdict:
     """The one place a run is judged (with the emulator's lateness added to the client's: ``judge_emulator``)."""
     checks = evaluate(slos, summary, server)
-    validity = validity_checks(summary, slos, min_requests)
+    validity = validity_checks(summary, slos, min_requests, num_requests)
     summary = judge_emulator(summary, server)
     trust = trust_check(summary, allow_untrustworthy)
     return Verdict(tuple(checks), (*validity, trust), exit_code(summary, checks, slos, validity, trust))

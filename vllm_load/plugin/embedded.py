@@ -14,6 +14,7 @@ from pathlib import Path
 
 import gevent
 
+from vllm_load import lifeline
 from vllm_load.errors import UsageError
 
 
@@ -47,7 +48,7 @@ def start_child(module: str, args: list[str], timeout: float = 60.0, log: Path |
     """Run ``python -m PACKAGE.MODULE ARGS`` (it binds 127.0.0.1) and wait for its "listening on URL" line."""
     package = importlib.import_module(server_package())
     root = str(Path(package.__file__).resolve().parent.parent)
-    env = dict(os.environ)
+    env = lifeline.child_env(dict(os.environ))  # it dies with this process, whatever kills it
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     module = f"{package.__name__}.{module}"
     err = open(log, "ab") if log is not None else None  # noqa: SIM115 (the child holds it)

@@ -4,15 +4,18 @@ the report, the console's last lines and the exit code."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import sys
 import time
 from typing import Any
 
 import gevent
+import gevent.event
 from locust import events
 
-from vllm_load.client.openai_api import auth_header
+from vllm_load.client.openai_api import auth_header, public_url
+from vllm_load.redact import redact_urls
 from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
 from vllm_load.metrics.outages import LiveOutage, describe
 from vllm_load.metrics.verdict import judge, render_checks
@@ -147,6 +150,28 @@ def _local_monitor() -> Any:
 
 @events.quitting.add_listener
 def _on_quitting(environment: Any, **_kw: Any) -> None:
+    """The end of the run, once: a second signal during it waits for it (Locust runs a shutdown per SIGTERM, and
+    two wrote two different summaries), a third quits at once."""
+    if STATE.ending is not None:
+        STATE.end_signals += 1
+        if STATE.end_signals >= 2:
+            sys.stderr.write("vllm-load: a third signal: quitting now; the run's files may be incomplete\n")
+            sys.stderr.flush()
+            os._exit(EXIT_ERRORS)
+        sys.stderr.write("vllm-load: the run's end is being written: waiting for it (another signal quits now)\n")
+        sys.stderr.flush()
+        STATE.ending.wait()
+        return
+    STATE.ending = gevent.event.Event()
+    try:
+        _end(environment)
+    finally:
+        STATE.ending.set()
+
+
+def _end(environment: Any) -> None:
+    if STATE.master_pid is not None and os.getppid() != STATE.master_pid:
+        print("vllm-load: worker: its --processes master is gone: stopped", flush=True)
     col = STATE.collector
     if col is not None:
         # SIGTERM/SIGINT fire quitting before Locust stops the users: drain here too (no-op after a stop)
@@ -182,16 +207,17 @@ def _export_otlp(col: Collector, opts: Any) -> None:
                   "vllm_load.target": "emulator" if col.plan.is_emulator else col.plan.host},
                  auth_header(opts.otlp_token) or None)
     if why:
-        log.warning("vllm-load: the metrics did not go over OTLP: %s", why)
+        log.warning("vllm-load: the metrics did not go over OTLP: %s", redact_urls(why))
     else:
-        print(f"vllm-load: metrics sent over OTLP to {opts.otlp_endpoint}", flush=True)
+        print(f"vllm-load: metrics sent over OTLP to {public_url(opts.otlp_endpoint)}", flush=True)
 
 
 def _finish_unwritten(environment: Any, col: Collector) -> None:
     """The end of a run whose directory could not take its files: the table and verdict from memory."""
     summary = col.results if col.results is not None else col.summarise(_local_monitor())
     opts = environment.parsed_options
-    verdict = judge(summary, list(STATE.slos), None, int(opts.min_requests), bool(opts.allow_untrustworthy))
+    verdict = judge(summary, list(STATE.slos), None, int(opts.min_requests), bool(opts.allow_untrustworthy),
+                    0 if col.plan.sweep_kind else col.plan.num_requests)
     sys.stdout.write("\n" + render_table(summary, _table_title(col)) + "\n")
     if render_validity(verdict):
         sys.stdout.write(render_validity(verdict) + "\n")

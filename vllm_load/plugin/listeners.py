@@ -20,15 +20,16 @@ from urllib.parse import urlsplit
 import gevent
 import gevent.pool
 import gevent.ssl
-from locust import events
+from locust import events, runners
 
 from vllm_load.client.openai_api import tls_context, use_tls_context
 from vllm_load.errors import UsageError, die
 from vllm_load.metrics.prometheus import registry_for
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.client.pooling import POOLING
-from vllm_load.plugin import (end_of_run, interrupt, log_repeats, options, saturation_watch, ui_guard, validate, warmup_reset,
-                              webui, wire)
+from vllm_load import lifeline
+from vllm_load.plugin import (end_of_run, interrupt, log_repeats, options, saturation_watch, ui_guard, validate,
+                              warmup_reset, web_gate, webui, wire, worker_secrets)
 from vllm_load.plugin.embedded import emulator_args, start_emulator, start_sidecar
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.generator import Generator
@@ -41,13 +42,17 @@ from vllm_load.plugin.target import Target, resolve_targets
 from vllm_load.rundir.files import check_writable, free_text
 
 log = logging.getLogger("vllm_load")
+#: seconds without the master's heartbeat (sent every second) before a worker stops: a killed master's remote
+#: workers kept sending for Locust's 60 s; a master busy writing a report goes quiet for well under this
+MASTER_SILENCE_S = 15
 
 
 @events.init_command_line_parser.add_listener
 def _add_options(parser: Any, **_kw: Any) -> None:
     options.add_arguments(parser)
-    # Locust's web UI listens on every interface unless told: vllm-load's listens on this host only
-    parser.set_defaults(web_host=ui_guard.DEFAULT_WEB_HOST)
+    # Locust's web UI and master listen on every interface unless told: vllm-load's on this host only (workers on
+    # other machines need --master-bind-host given, and the master says its port is unauthenticated)
+    parser.set_defaults(web_host=ui_guard.DEFAULT_WEB_HOST, master_bind_host=ui_guard.DEFAULT_WEB_HOST)
 
 
 def _swarm_check(environment: Any, host: str) -> str | None:
@@ -96,11 +101,21 @@ def _on_init(environment: Any, **_kw: Any) -> None:
     role = role_of(environment)
     log_repeats.quiet(role)
     wire.register(environment, role)
-    STATE.initialised.set()
-    if role == "worker" or environment.parsed_options is None:
-        return
     opts = environment.parsed_options
+    if role == "worker" and opts is not None:
+        _init_worker(opts)
+    STATE.initialised.set()
+    if role == "worker" or opts is None:
+        return
     try:
+        worker_secrets.read_key_file(opts)
+        if environment.web_ui is not None:  # first: every other hook of the UI comes after the gate
+            _install_gate(environment, opts)
+        if role == "master":
+            worker_secrets.guard_spawn_messages()
+            warning = ui_guard.master_warning(opts.master_bind_host, int(opts.master_bind_port))
+            if warning:
+                print(warning, flush=True)
         validate.check_options(environment)  # before anything starts: one line, exit 2
         # the run directory can hold the run's files (its default is decided per run, under reports/)
         check_writable(Path(opts.run_dir) if opts.run_dir else Path("reports"), "--run-dir" if opts.run_dir
@@ -171,6 +186,29 @@ def _on_init(environment: Any, **_kw: Any) -> None:
     # behind; Locust arms its --run-time timer next, relative to that stale "now", and a 3 s run
     # ended 0.1 s after it began. Refresh the clock so the run lasts what was asked.
     gevent.get_hub().loop.update_now()
+
+
+def _init_worker(opts: Any) -> None:
+    """A worker reads its own secrets (the master sends none) and dies with a --processes master."""
+    try:
+        worker_secrets.read_key_file(opts)
+    except UsageError as exc:
+        die(str(exc))
+    STATE.own_headers = worker_secrets.OwnHeaders(opts)
+    if getattr(opts, "processes", None):  # a fork of the master: it goes when the master goes, however killed
+        STATE.master_pid = os.getppid()
+        lifeline.die_with_parent(STATE.master_pid)
+    # a remote worker whose master went silent stops after this long, not Locust's 60 s (its own line says so)
+    runners.MASTER_HEARTBEAT_TIMEOUT = MASTER_SILENCE_S
+
+
+def _install_gate(environment: Any, opts: Any) -> None:
+    password = ""
+    if opts.web_login:
+        password, source = web_gate.login_password(opts, private_temp_file)
+        print(f"vllm-load: --web-login: the password is in {source}", flush=True)
+    names = web_gate.allowed_names(opts.web_host, tuple(opts.web_allowed_host or ()))
+    web_gate.install(environment, names, validate.check_options, password)
 
 
 def _ca_bundle_context(ca_bundle: str, cafile: Any = None, **_kw: Any) -> Any:
@@ -259,6 +297,8 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     if role != "worker":
         STATE.fatal = None
     worker_id = getattr(environment.runner, "client_id", "local")
+    if role == "worker" and STATE.own_headers is not None:  # the spawn message replaced --header without them
+        STATE.own_headers.restore(opts)
     plan = wire.worker_plan(environment) if role == "worker" else wire.decide_plan(environment)
     if role != "worker":
         STATE.collector = col = Collector.create(opts, plan, environment.runner if role == "master" else None)

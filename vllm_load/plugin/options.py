@@ -17,8 +17,12 @@ class Option:
     """One option: its flag, default and help, and argparse's extras (type, action, choices, is_secret, …)."""
 
     def __init__(self, flag: str, default: Any, help: str, *, locustfiles: tuple[str, ...] = (),  # noqa: A002
-                 shown_default: str = "", **kw: Any) -> None:
+                 shown_default: str = "", web: bool = True, **kw: Any) -> None:
         self.flag, self.default, self.help, self.kw = flag, default, help, kw
+        #: settable from the web UI's form: not an option that names a file or folder on this machine, or a
+        #: destination that receives credentials from the environment (a page that drives the form could point
+        #: them anywhere; plugin/web_gate.py refuses a field the form does not show)
+        self.web = web
         #: what the default is, said where the option's value is decided later (an empty default that means one)
         self.shown_default = shown_default
         #: the shipped locustfiles that read it; empty: every run reads it. A user or shape class that reads
@@ -38,7 +42,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--model", "", "model to request (default: the server's first /v1/models id); several, comma-separated "
         "(a base model and its LoRA adapters): requests rotate over them and the metrics are grouped per model"),
     Option("--tokenizer", "", "tokenizer: HF id, local folder, or a built-in one: builtin:mistral-7b-v0.1 (SentencePiece, "
-        "the emulator's), builtin:mistral-tekken (Tekken, for vLLM's --tokenizer-mode mistral) (default: the model name)"),
+        "the emulator's), builtin:mistral-tekken (Tekken, for vLLM's --tokenizer-mode mistral) (default: the model name)", web=False),
     Option("--input-tokens", "128", "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD "
         "(multiturn.py: the first user message's; later turns take --turn-input-tokens and carry the conversation; "
         "embeddings.py, rerank.py: each text's)"),
@@ -49,10 +53,12 @@ OPTIONS: tuple[Option, ...] = (
         "run, with a progress line every 10 s (a vLLM loading its model takes minutes)"),
     Option("--api-key", "", "bearer token for the server (never logged, written or shown in the web UI; default: "
         "$OPENAI_API_KEY, as OpenAI's clients read it)", is_secret=True),
-    Option("--ca-bundle", "", "https:// targets: verify the server's certificate against these CA certificates (PEM)"),
+    Option("--api-key-file", "", "read the bearer token from this file (each process reads its own: a master sends "
+        "no secret to its workers; give every worker this, VLLM_LOAD_API_KEY or OPENAI_API_KEY)", web=False),
+    Option("--ca-bundle", "", "https:// targets: verify the server's certificate against these CA certificates (PEM)", web=False),
     Option("--insecure", False, "https:// targets: do not verify the server's certificate (a self-signed test server)",
         action="store_true"),
-    Option("--run-dir", "", "where the run's files go (default: reports/<run id>)"),
+    Option("--run-dir", "", "where the run's files go (default: reports/<run id>)", web=False),
     Option("--save-detailed", False, "vllm-result.json also holds the per-request arrays (input_lens, output_lens, "
         "ttfts, itls, latencies, errors …), as vllm bench serve --save-detailed", action="store_true"),
     Option("--metric-percentiles", "", "the percentiles shown (console, summary, report, vllm-result.json), as vllm "
@@ -113,10 +119,10 @@ OPTIONS: tuple[Option, ...] = (
         "keys win)"),
     Option("--header", [], "an HTTP header 'Name: value' on every request (repeatable); values of credential-like "
         "names (Authorization, *token*, *key*, cookie …) are never logged or written", action="append",
-        include_in_web_ui=False),
+        web=False),
     Option("--dataset", "", "take prompts from this file (ShareGPT .json, .jsonl, .csv), or from a Hugging Face "
         "dataset saved locally (hf:PATH, a save_to_disk folder; hf:NAME reads the Hub's, which needs network; "
-        "pip install 'vllm-load[hf]'), instead of synthetic text"),
+        "pip install 'vllm-load[hf]'), instead of synthetic text", web=False),
     Option("--dataset-format", "", "sharegpt, jsonl or csv (default: from the file extension)"),
     Option("--dataset-field", "", "JSONL field or CSV column holding the text (default: text / first column)"),
     Option("--dataset-batch", 0, "classify this many dataset records per prompt under one instruction (1 = the same "
@@ -124,7 +130,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("--dataset-answer-tokens", 0, "with --dataset-batch: answer tokens per record (default: the tokens of the "
         "longest answer line the instruction asks for)", type=int),
     Option("--trace", "", "replay a trace: each row sent once by the whole swarm at its timestamp (from the run's "
-        "start, latency counted from there), with its input and output length; the run ends with the trace"),
+        "start, latency counted from there), with its input and output length; the run ends with the trace", web=False),
     Option("--trace-format", "", "mooncake (JSON lines: timestamp ms, input_length, output_length, hash_ids) or csv "
         "(timestamp, input and output length: BurstGPT's and Azure's column names work) (default: from the extension)"),
     Option("--trace-speed", 1.0, "replay this many times faster than recorded (0.5: half speed)", type=float),
@@ -143,15 +149,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
         action="store_true"),
     Option("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",
-        action="append", include_in_web_ui=False),
+        action="append", web=False),
     Option("--min-requests", 1, "fewer successful requests than this make the run fail (exit 4): a gate must not pass "
         "on a run that measured nothing", type=int),
     Option("--allow-untrustworthy", False, "accept a run the tool calls untrustworthy (the client could not keep "
         "time, or a worker was lost): exit by the SLOs instead of with code 5", action="store_true"),
-    Option("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)"),
+    Option("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)", web=False),
     Option("--metrics-port", 0, "serve the client's metrics in Prometheus' format on this port (headless runs; with "
-        "the web UI they are on its port, /metrics); 0: off", type=int),
-    Option("--metrics-host", "127.0.0.1", "address of --metrics-port (0.0.0.0 exposes it beyond this host)"),
+        "the web UI they are on its port, /metrics); 0: off", type=int, web=False),
+    Option("--metrics-host", "127.0.0.1", "address of --metrics-port (0.0.0.0 exposes it beyond this host)", web=False),
     Option("--sidecar-url", "", "the sidecar (python -m server.sidecar) beside vLLM; its series lands in the run dir "
            "(auto with the emulator); one per replica, comma-separated, with --host a,b: merged into the fleet's"),
     Option("--dcgm-url", "", "GPU telemetry: a DCGM exporter's /metrics, read every second on the client's clock; "
@@ -167,23 +173,28 @@ OPTIONS: tuple[Option, ...] = (
     Option("--prometheus-token", "", "bearer token of that Prometheus, when it requires one", is_secret=True),
     Option("--otlp-endpoint", "", "at the run's end, send its LLM metrics over OpenTelemetry (OTLP/HTTP) to this "
         "collector, e.g. http://otel-collector:4318 (the Prometheus export's names and buckets; pip install "
-        "'vllm-load[otel]')"),
+        "'vllm-load[otel]')", web=False),
     Option("--otlp-token", "", "bearer token of that collector, when it requires one", is_secret=True),
     Option("--mlflow-uri", "", "at the run's end, log it to MLflow at this tracking URI (its options, numbers, verdict "
-        "and report), e.g. http://mlflow:5000 (pip install 'vllm-load[mlflow]')"),
-    Option("--mlflow-experiment", "vllm-load", "--mlflow-uri: the experiment the run goes into"),
+        "and report), e.g. http://mlflow:5000 (pip install 'vllm-load[mlflow]')", web=False),
+    Option("--mlflow-experiment", "vllm-load", "--mlflow-uri: the experiment the run goes into", web=False),
     Option("--wandb-project", "", "at the run's end, log it to this Weights & Biases project (its options, numbers, "
         "verdict and report; WANDB_API_KEY or WANDB_MODE=offline from the environment; pip install "
-        "'vllm-load[wandb]')"),
+        "'vllm-load[wandb]')", web=False),
     Option("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True),
+    Option("--web-allowed-host", [], "a host name the web UI answers to besides 127.0.0.1, localhost and --web-host "
+        "(a name in front of it: a proxy, a tunnel's name); repeatable; other Host headers are refused",
+        action="append", web=False),
+    Option("--web-password-file", "", "--web-login's password, from this file (or $VLLM_LOAD_WEB_PASSWORD; without "
+        "either, one is made for the run and its file named at start-up)", web=False),
     Option("--images-per-request", 0, "chat.py: this many unique images (JPEG data URLs) after each prompt's text",
         type=int, locustfiles=("chat.py",)),
     Option("--image-size", "512x512", "chat.py: the images' size, WxH; each side a length (256-1024x512), or a list to "
         "draw from (256x256,1024x768)", locustfiles=("chat.py",)),
     Option("--images-from", "", "chat.py: the images come from this file or folder (jpg, png, webp, gif, bmp), in "
-        "turn, instead of being generated: a file sent twice can hit vLLM's multimodal cache", locustfiles=("chat.py",)),
+        "turn, instead of being generated: a file sent twice can hit vLLM's multimodal cache", locustfiles=("chat.py",), web=False),
     Option("--audio-from", "", "chat.py: one clip per request from this file or folder (wav, mp3), in turn, instead "
-        "of --audio-seconds' generated ones", locustfiles=("chat.py",)),
+        "of --audio-seconds' generated ones", locustfiles=("chat.py",), web=False),
     Option("--audio-seconds", 0.0, "chat.py: one unique audio clip (16 kHz WAV, input_audio) of this many seconds "
         "after each prompt's text; 0: none", type=float, locustfiles=("chat.py",)),
     Option("--batch-size", 1, "pooling requests: unique texts per embeddings request, documents per rerank request "
@@ -208,7 +219,7 @@ OPTIONS: tuple[Option, ...] = (
 
 #: `vllm-load options` groups (and the order it prints them in): every option is in exactly one
 GROUPS: dict[str, tuple[str, ...]] = {
-    "target": ("--model", "--tokenizer", "--api-key", "--ca-bundle", "--insecure", "--wait-for-server",
+    "target": ("--model", "--tokenizer", "--api-key", "--api-key-file", "--ca-bundle", "--insecure", "--wait-for-server",
                "--server-kind", "--align-with-server", "--request-timeout"),
     "workload": ("--input-tokens", "--output-tokens", "--shared-prefix-tokens", "--seed", "--salt", "--prompt-pool",
                  "--turns", "--turn-input-tokens", "--think-time", "--tool-rounds", "--tool-result-tokens",
@@ -227,6 +238,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                        "--outage-after", "--stop-on-outage"),
     "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token",
                 "--mlflow-uri", "--mlflow-experiment", "--wandb-project", "--metrics-port", "--metrics-host"),
+    "web UI": ("--web-allowed-host", "--web-password-file"),
     "server side": ("--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
                     "--prometheus-token", "--dcgm-url", "--dcgm-selector"),
     "emulator": ("--emulator-profile", "--emulator-max-num-seqs", "--emulator-dcgm", "--emulator-ttft", "--emulator-itl",
@@ -240,7 +252,8 @@ def add_arguments(parser: Any) -> None:
         default = o.default
         if o.dest == "api_key":  # the variable every OpenAI client reads; VLLM_LOAD_API_KEY and --api-key win
             default = os.environ.get("OPENAI_API_KEY", "")
-        parser.add_argument(o.flag, default=default, env_var=o.env, help=f"{o.help} [env {o.env}]", **o.kw)
+        extra = {} if o.web else {"include_in_web_ui": False}
+        parser.add_argument(o.flag, default=default, env_var=o.env, help=f"{o.help} [env {o.env}]", **o.kw, **extra)
 
 
 def describe() -> str:

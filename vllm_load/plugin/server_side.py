@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable
 
-from vllm_load.client.openai_api import auth_header
+from vllm_load.client.openai_api import auth_header, public_url
 from vllm_load.metrics.server import server_summary
 
 
@@ -101,9 +101,12 @@ def _fetch_one(sidecar_url: str, start: float, end: float, token: str, timeout: 
         t1 = time.time()
         offset = float(health["now"]) - (t0 + t1) / 2  # sidecar clock minus ours
         body = _get(f"{base}/series?start={start + offset}&end={end + offset}", token, timeout)
+    except urllib.error.HTTPError as exc:  # it answered: say what, not "unreachable"
+        fix = (": give --sidecar-token (the sidecar's --token)" if exc.code in (401, 403) else "")
+        return [], f"sidecar {public_url(sidecar_url)} refused the read (HTTP {exc.code} {exc.reason}){fix}"
     except (urllib.error.URLError, OSError, ValueError, KeyError, http.client.HTTPException) as exc:
         # HTTPException: a sidecar stopping mid-answer (IncompleteRead) at a run's end
-        return [], f"sidecar {sidecar_url} unreachable ({getattr(exc, 'reason', exc) or type(exc).__name__})"
+        return [], f"sidecar {public_url(sidecar_url)} unreachable ({getattr(exc, 'reason', exc) or type(exc).__name__})"
     samples = []
     for raw in body.decode().splitlines():
         sample = json.loads(raw)
@@ -111,7 +114,7 @@ def _fetch_one(sidecar_url: str, start: float, end: float, token: str, timeout: 
         sample["t"] = sample["t"] - offset
         samples.append(sample)
     if not samples:
-        return [], f"sidecar {sidecar_url} had no samples for the run's window (last error: {health.get('last_error')})"
+        return [], f"sidecar {public_url(sidecar_url)} had no samples for the run's window (last error: {health.get('last_error')})"
     return samples, None
 
 

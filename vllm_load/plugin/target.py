@@ -12,6 +12,7 @@ from vllm_load.errors import UsageError
 from vllm_load.client.openai_api import auth_header, discover_model, is_credential_header, server_version
 from vllm_load.client.stream import BodyDefaults
 from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.plugin.worker_secrets import SECRET_OPTIONS
 from vllm_load.workload.datasets import read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
 from vllm_load.workload.prompts import PromptFactory, prompt_api
@@ -19,8 +20,6 @@ from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
 
 #: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
 DEFAULT_OUTPUT_TOKENS = "64"
-#: Option names never written to disk or logs.
-SECRET_OPTIONS = ("api_key", "sidecar_token", "prometheus_token", "otlp_token")
 #: body keys the measurement itself sets: --extra-body may not take them over
 _MEASURED_KEYS = ("stream", "messages", "prompt")
 

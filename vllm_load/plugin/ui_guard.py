@@ -55,6 +55,17 @@ def bind_warning(web_host: str, web_login: bool) -> str | None:
             "Locust's --web-login")
 
 
+def master_warning(bind_host: str, port: int) -> str | None:
+    """The one line a master says when its worker port is reachable beyond this host (None on loopback)."""
+    if bind_host in _LOOPBACK:
+        return None
+    where = "every interface" if bind_host in ("", "*", "0.0.0.0", "::") else bind_host
+    return (f"vllm-load: warning: the master's port {port} listens on {where}, unauthenticated: any process that "
+            "reaches it can join as a worker and receive the run's options (never its secrets: each worker reads its "
+            "own --api-key-file or VLLM_LOAD_API_KEY). Keep it on a private network, or bind 127.0.0.1 and reach it "
+            f"over an SSH tunnel (ssh -N -L {port}:127.0.0.1:{port} MASTER on each worker's machine)")
+
+
 class SecretGuard:
     """Keeps the secrets of one process's parsed options out of its web UI (see the module's docstring)."""
 

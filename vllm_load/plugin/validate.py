@@ -25,6 +25,9 @@ _POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness"}
 #: int options and their least value
 _INT_AT_LEAST = {"ramp_up_start_users": 0, "ramp_up_end_users": 0, "emulator_max_num_seqs": 0, "prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "batch_size": 1,
                  "num_requests": 0, "images_per_request": 0}
+#: the most each takes: every prompt's media is made before the run, --prompt-pool of them per process (10,000
+#: images per request, or an hour of audio, outlasted -t in start-up alone); more is no load a server is sized for
+_AT_MOST = {"images_per_request": 64, "audio_seconds": 120.0}
 #: may be infinite: vLLM's --burstiness inf is a constant rate
 _INFINITE_OK = {"burstiness"}
 
@@ -79,6 +82,9 @@ def check_numbers(opts: Any) -> None:
                 raise UsageError(f"{o.flag} must be >= {low:g}, got {value:g}")
         elif o.kw.get("type") is int and o.dest in _INT_AT_LEAST and value < _INT_AT_LEAST[o.dest]:
             raise UsageError(f"{o.flag} must be >= {_INT_AT_LEAST[o.dest]}, got {value}")
+        if o.dest in _AT_MOST and isinstance(value, (int, float)) and value > _AT_MOST[o.dest]:
+            raise UsageError(f"{o.flag} {value:g} is more than {_AT_MOST[o.dest]:g}, the most a request carries here "
+                             "(each prompt's media is made before the run): give less")
     if getattr(opts, "images_per_request", 0) or getattr(opts, "images_from", "") or getattr(opts, "audio_from", ""):
         import random
 
@@ -118,8 +124,24 @@ def check_numbers(opts: Any) -> None:
         raise UsageError("--emulator-spec-tokens must be >= 0 and --emulator-spec-acceptance within 0..1")
     if spec and getattr(opts, "emulator_profile", ""):
         raise UsageError("--emulator-spec-tokens runs on the emulator's fixed schedule: drop --emulator-profile")
+    check_sidecars(getattr(opts, "sidecar_url", ""))
     if not 0 <= opts.metrics_port <= 65535:
         raise UsageError(f"--metrics-port {opts.metrics_port} is no TCP port: give 1-65535 (0: off)")
+
+
+def check_sidecars(value: str) -> None:
+    """--sidecar-url: http(s) URLs, each once (one replica's sidecar listed twice summed that replica twice)."""
+    if not value:
+        return
+    urls = [u.strip().rstrip("/") for u in str(value).split(",")]
+    for u in urls:
+        parts = urlsplit(u)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise UsageError(f"--sidecar-url {public_url(u)!r} is not an http(s) URL, e.g. http://127.0.0.1:9101")
+    twice = next((u for i, u in enumerate(urls) if u in urls[:i]), None)
+    if twice is not None:
+        raise UsageError(f"--sidecar-url lists {public_url(twice)} twice: one sidecar per replica, each once (its "
+                         "series would be summed twice)")
 
 
 def check_locustfile_options(opts: Any, classes: Iterable[Any]) -> None:

@@ -123,8 +123,11 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     server = server_summary(run.server)
     run.summary = judge_emulator(run.summary, server)  # the client's verdict with the emulator's own lateness
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
+    plan = run.plan
+    # a sweep's --num-requests is each step's (judged there); a run's is the whole run's
+    asked = plan.num_requests if plan is not None and not plan.sweep_kind else 0
     verdict = finish(run.path, run.summary, slos, server, title, junit, min_requests,
-                     bool(opts.get("allow_untrustworthy")))
+                     bool(opts.get("allow_untrustworthy")), asked)
     rd = RunDir(run.path)
     out = rd.report
     rd.write(out, render_html(run, verdict))

@@ -19,6 +19,9 @@ from vllm_load.errors import UsageError
 
 #: the run directory's files a tracker keeps (the request logs stay in the directory: they can be large)
 ARTIFACTS = ("report.html", "summary.json", "vllm-result.json", "config.json")
+#: seconds a tracker may take at the end of a run before it is given up (said): an unreachable --mlflow-uri kept
+#: a 6 s run alive 258 s in MLflow's own retries
+TRACKER_TIMEOUT_S = 8.0
 #: MLflow keeps a param's value up to 6,000 characters; longer ones (a long --slo list) are cut with a mark
 _PARAM_MAX = 500
 
@@ -134,20 +137,30 @@ def log_wandb(project: str, run_dir: Path) -> str:
     return tracked.id
 
 
-def log_run(opts: Any, run_dir: Path) -> list[str]:
-    """Every tracker the options name; one line per tracker of what happened (a failure is said, never fatal)."""
+def log_run(opts: Any, run_dir: Path, timeout: float = TRACKER_TIMEOUT_S) -> list[str]:
+    """Every tracker the options name; one line per tracker of what happened (a failure or a tracker that took
+    longer than ``timeout`` seconds is said, never fatal)."""
+    import gevent
+
+    # MLflow retries an unreachable server for minutes by default: one try, bounded, and the bound above it
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(int(timeout)))
     lines = []
+    jobs = []
     if getattr(opts, "mlflow_uri", ""):
-        try:
-            rid = log_mlflow(opts.mlflow_uri, opts.mlflow_experiment or "vllm-load", run_dir)
-            lines.append(f"vllm-load: run logged to MLflow at {public_url(opts.mlflow_uri)} (experiment "
-                         f"{opts.mlflow_experiment or 'vllm-load'}, run {rid})")
-        except Exception as exc:  # a tracker's fault must not cost the run its exit code
-            lines.append(f"vllm-load: the run was not logged to MLflow: {type(exc).__name__}: {exc}".splitlines()[0])
+        experiment = opts.mlflow_experiment or "vllm-load"
+        jobs.append(("MLflow", lambda: log_mlflow(opts.mlflow_uri, experiment, run_dir),
+                     f"MLflow at {public_url(opts.mlflow_uri)} (experiment {experiment}"))
     if getattr(opts, "wandb_project", ""):
+        jobs.append(("W&B", lambda: log_wandb(opts.wandb_project, run_dir), f"W&B (project {opts.wandb_project}"))
+    for name, job, where in jobs:
         try:
-            rid = log_wandb(opts.wandb_project, run_dir)
-            lines.append(f"vllm-load: run logged to W&B (project {opts.wandb_project}, run {rid})")
-        except Exception as exc:
-            lines.append(f"vllm-load: the run was not logged to W&B: {type(exc).__name__}: {exc}".splitlines()[0])
+            with gevent.Timeout(timeout, TimeoutError(f"no answer within {timeout:g} s")):
+                rid = job()
+            lines.append(f"vllm-load: run logged to {where}, run {rid})")
+        except BaseException as exc:  # noqa: BLE001 - a tracker's fault must not cost the run its exit code
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            lines.append(public_url(f"vllm-load: the run was not logged to {name}: {type(exc).__name__}: {exc}"
+                                    .splitlines()[0]))
     return lines

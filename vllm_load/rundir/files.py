@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.errors import UsageError
+from vllm_load.redact import redact_urls
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary, json_default
 from vllm_load.metrics.verdict import Verdict
@@ -55,8 +56,8 @@ class RunDir:
         if file.parent != self.path:
             raise ValueError(f"{file} is not a file of the run directory {self.path}")
         self.path.mkdir(parents=True, exist_ok=True)
-        _replace(file.with_name(file.name + ".tmp"), content if isinstance(content, str)
-                 else json.dumps(content, indent=indent, default=json_default), file)
+        text = content if isinstance(content, str) else json.dumps(content, indent=indent, default=json_default)
+        _replace(file.with_name(file.name + ".tmp"), redact_urls(text), file)
         return file
 
     def write_series(self, file: Path, samples: list[dict]) -> Path:

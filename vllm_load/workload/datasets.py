@@ -45,12 +45,40 @@ def guess_format(path: Path) -> str:
 HF_PREFIX = "hf:"
 
 
-def read_input_text(path: Path, kind: str, option: str) -> str:
-    """A user's input file (a dataset, a trace) as text, or one line saying why it cannot be read."""
+#: the longest line a line-based input (JSON lines, CSV) may have: a file with no line end was read whole into
+#: memory, however large; 16 MiB holds any prompt a served context takes
+MAX_LINE_BYTES = 16 << 20
+
+
+def read_input_text(path: Path, kind: str, option: str, max_line: int | None = None) -> str:
+    """A user's input file (a dataset, a trace) as text, or one line saying why it cannot be read; with
+    ``max_line``, read in pieces and refused at the first line longer than that (before it is all in memory)."""
     try:
-        return path.read_text(encoding="utf-8")
+        if max_line is None:
+            return path.read_text(encoding="utf-8")
+        parts: list[bytes] = []
+        run, line = 0, 1  # bytes of the line being read, and its number
+        with path.open("rb") as fh:
+            while piece := fh.read(1 << 20):
+                for i, segment in enumerate(piece.split(b"\n")):
+                    run = run + len(segment) if i == 0 else len(segment)
+                    line += i > 0
+                    if run > max_line:
+                        raise UsageError(f"{kind} {path}: line {line} is longer than {max_line >> 20} MiB: one "
+                                         f"record per line (check {option}, and its format)")
+                parts.append(piece)
+        return b"".join(parts).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{kind} {path}: cannot be read ({exc.__class__.__name__}: {exc}): check {option}") from None
+
+
+def csv_rows(raw: str, path: Path, fail: Any) -> tuple[list[str], list[dict]]:
+    """A CSV input's columns and rows; a field over the csv module's limit is one line (no traceback)."""
+    reader = csv.DictReader(raw.splitlines())
+    try:
+        return list(reader.fieldnames or []), list(reader)
+    except csv.Error as exc:
+        raise fail(path, f"line {reader.line_num} is not CSV this reader takes ({exc})") from None
 
 
 def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Record]:
@@ -61,7 +89,7 @@ def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Recor
     fmt = fmt or guess_format(p)
     if fmt not in FORMATS:
         raise UsageError(f"--dataset-format {fmt!r} is unknown: use one of {', '.join(FORMATS)}")
-    raw = read_input_text(p, "dataset", "--dataset")
+    raw = read_input_text(p, "dataset", "--dataset", None if fmt == "sharegpt" else MAX_LINE_BYTES)
     records: list[Record] = []
     if fmt == "sharegpt":
         try:
@@ -87,12 +115,11 @@ def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Recor
             if isinstance(obj, dict) and isinstance(obj.get(key), str) and obj[key].strip():
                 records.append(Record(text=obj[key]))
     else:
-        reader = csv.DictReader(raw.splitlines())
-        columns = reader.fieldnames or []
+        columns, table = csv_rows(raw, p, _fail)
         key = field or (columns[0] if columns else "")
         if key not in columns:
             raise _fail(p, f"has no column {key!r} (columns: {', '.join(columns)}): set --dataset-field")
-        records = [Record(text=row[key]) for row in reader if row.get(key, "").strip()]
+        records = [Record(text=row[key]) for row in table if (row.get(key) or "").strip()]
     if not records:
         raise _fail(p, f"holds no usable {fmt} records" + (f" with field {field!r}" if field else ""))
     return records

@@ -14,14 +14,14 @@ goes to load process ``i % processes`` (``share``), the same split on every run.
 
 from __future__ import annotations
 
-import csv
+import math
 import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from vllm_load.errors import UsageError
-from vllm_load.workload.datasets import read_input_text
+from vllm_load.workload.datasets import MAX_LINE_BYTES, csv_rows, read_input_text
 
 FORMATS = ("mooncake", "csv")
 _CSV_COLUMNS = {
@@ -54,7 +54,7 @@ def read_trace(path: str | Path, fmt: str = "") -> list[TraceRow]:
     fmt = fmt or guess_format(p)
     if fmt not in FORMATS:
         raise UsageError(f"--trace-format {fmt!r} is unknown: use one of {', '.join(FORMATS)}")
-    raw = read_input_text(p, "trace", "--trace")
+    raw = read_input_text(p, "trace", "--trace", MAX_LINE_BYTES)
     rows: list[tuple[float, int, int, tuple[int, ...]]] = []
     if fmt == "mooncake":
         for n, line in enumerate(raw.splitlines(), 1):
@@ -64,26 +64,28 @@ def read_trace(path: str | Path, fmt: str = "") -> list[TraceRow]:
                 obj = json.loads(line)
                 rows.append((float(obj["timestamp"]) / 1000.0, int(obj["input_length"]), int(obj["output_length"]),
                              tuple(int(h) for h in obj.get("hash_ids") or ())))
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, OverflowError):
                 raise _fail(p, f"line {n} is not a Mooncake row (timestamp ms, input_length, output_length, "
                                "hash_ids)") from None
     else:
-        reader = csv.DictReader(raw.splitlines())
-        columns = reader.fieldnames or []
+        columns, table = csv_rows(raw, p, _fail)
         pick = {}
         for key, names in _CSV_COLUMNS.items():
             found = [c for c in names if c in columns]
             if not found:
                 raise _fail(p, f"has no {key} column (one of {', '.join(names)}; it has {', '.join(columns)})")
             pick[key] = found[0]
-        for n, row in enumerate(reader, 2):
+        for n, row in enumerate(table, 2):
             try:
                 rows.append((_seconds(row[pick["at"]]), int(float(row[pick["input"]])),
                              int(float(row[pick["output"]])), ()))
-            except (ValueError, TypeError):
+            except (ValueError, TypeError, OverflowError):
                 raise _fail(p, f"line {n} has no number or time where {', '.join(pick.values())} are expected") from None
     if not rows:
         raise _fail(p, "holds no rows")
+    odd = next((n for n, r in enumerate(rows, 1) if not math.isfinite(r[0])), None)
+    if odd is not None:  # sorted, a NaN would land anywhere; an infinite time is never due
+        raise _fail(p, f"row {odd} has the time {rows[odd - 1][0]}: every row needs a finite timestamp")
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
     out = [TraceRow(i, at - t0, inp, outp, hashes) for i, (at, inp, outp, hashes) in enumerate(rows)]

@@ -1,0 +1,79 @@
+"""Secrets stay in the process that was given them.
+
+Locust copies the master's parsed options into every spawn message, in clear, to whatever joined its port: any
+process that connected as a worker received ``--api-key``, ``--sidecar-token`` and credential ``--header`` values.
+Here the master's spawn messages carry no secret option and no credential header; each process reads its own
+(``--api-key``, ``--api-key-file``, ``VLLM_LOAD_API_KEY``/``OPENAI_API_KEY``, ``--header``), and a worker puts its own
+credential headers back beside the master's others. A ``--processes`` worker is a fork of the master: it has them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_load.client.openai_api import is_credential_header
+from vllm_load.errors import UsageError
+
+#: options never sent to a worker, written, logged or shown
+SECRET_OPTIONS = ("api_key", "sidecar_token", "prometheus_token", "otlp_token")
+#: where a master says how a remote worker gets the key
+WORKER_KEY_HINT = "give each worker --api-key-file, VLLM_LOAD_API_KEY or OPENAI_API_KEY (the master sends no secret)"
+
+
+def credential_headers(headers: list[str] | None) -> list[str]:
+    return [h for h in headers or [] if is_credential_header(str(h).partition(":")[0])]
+
+
+def scrub(options: dict) -> dict:
+    """A spawn message's options without secrets: the secret options left out, credential headers removed."""
+    out = {k: v for k, v in options.items() if k not in SECRET_OPTIONS}
+    if out.get("header"):
+        out["header"] = [h for h in out["header"] if h not in credential_headers(out["header"])]
+    return out
+
+
+def guard_spawn_messages() -> None:
+    """A master's spawn messages leave without secrets (Locust builds them from ``vars(parsed_options)``; its rpc
+    server is the one place every message to a worker passes, and it is remade on a reset, so its class is
+    wrapped; locust<2.50, setup.cfg)."""
+    from locust.rpc.zmqrpc import Server
+
+    if getattr(Server.send_to_client, "_vllm_load_scrubbed", False):
+        return
+    send = Server.send_to_client
+
+    def send_to_client(self: Any, msg: Any) -> Any:
+        if msg.type == "spawn" and isinstance(msg.data, dict) and isinstance(msg.data.get("parsed_options"), dict):
+            msg.data = {**msg.data, "parsed_options": scrub(msg.data["parsed_options"])}
+        return send(self, msg)
+
+    send_to_client._vllm_load_scrubbed = True  # type: ignore[attr-defined]
+    Server.send_to_client = send_to_client  # type: ignore[method-assign]
+
+
+def read_key_file(opts: Any) -> None:
+    """--api-key-file: the key, read by this process from its own file (it wins over --api-key and the
+    environment); one line and exit 2 when it cannot be read."""
+    path = getattr(opts, "api_key_file", "")
+    if not path:
+        return
+    try:
+        with open(path, encoding="utf-8") as fh:
+            key = fh.read().strip()
+    except OSError as exc:
+        raise UsageError(f"--api-key-file {path}: {exc.strerror or exc}") from None
+    if not key:
+        raise UsageError(f"--api-key-file {path} is empty: write the key in it")
+    opts.api_key = key
+
+
+class OwnHeaders:
+    """A worker's own credential headers, kept from start-up: a spawn message (which carries none) replaces the
+    parsed ``--header`` list, and these are put back beside the master's other headers."""
+
+    def __init__(self, opts: Any) -> None:
+        self.kept = credential_headers(getattr(opts, "header", None))
+
+    def restore(self, opts: Any) -> None:
+        now = list(getattr(opts, "header", None) or [])
+        opts.header = now + [h for h in self.kept if h not in now]
