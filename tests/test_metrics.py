@@ -106,20 +106,46 @@ def test_stats_delta_shipping_is_lossless():
 
 
 def test_open_loop_arrivals_rate_burstiness_and_ramp():
-    import random as _random
-
-    from vllm_load.workload.arrivals import ArrivalProcess
+    from vllm_load.workload.arrivals import ArrivalSequence, constant_gap, time_ramp_gap
 
     for burstiness in (1.0, 0.5, 4.0):
-        p = ArrivalProcess(20.0, burstiness, _random.Random(1))
-        gaps = [p.next_gap() for _ in range(20000)]
+        seq = ArrivalSequence(constant_gap(20.0), burstiness, "seed")
+        times = [seq.next() for _ in range(20001)]
+        gaps = [b - a for a, b in zip(times, times[1:])]
         mean = sum(gaps) / len(gaps)
         var = sum((g - mean) ** 2 for g in gaps) / len(gaps)
-        assert mean == pytest.approx(1 / 20, rel=0.03)
+        assert times[0] == 0.0 and mean == pytest.approx(1 / 20, rel=0.03)  # request 0 at the start, as vLLM's
         # gamma(k): coefficient of variation 1/sqrt(k): Poisson 1, burstier above, more regular below
         assert (var ** 0.5) / mean == pytest.approx(1 / burstiness ** 0.5, rel=0.05)
-    ramp = ArrivalProcess(10.0, 1.0, _random.Random(2), ramp_up=10.0)
-    assert ramp.rate_at(0.0) == pytest.approx(0.1) and ramp.rate_at(5.0) == 5.0 and ramp.rate_at(20.0) == 10.0
+    # a linear ramp from 0 to 10 req/s over 10 s: the arrivals by time t are the rate's integral, 0.5 t² (a gap
+    # drawn at the rate of its start would never leave 0)
+    ramp = ArrivalSequence(lambda t, _i, u: time_ramp_gap("linear", 0.0, 10.0, 10.0, t, u), float("inf"), "s")
+    times = [ramp.next() for _ in range(101)]
+    for n, t in enumerate(times[1:], 1):
+        assert 0.5 * t * t == pytest.approx(n, abs=1e-6) if t <= 10 else n == pytest.approx(50 + 10 * (t - 10))
+    expo = ArrivalSequence(lambda t, _i, u: time_ramp_gap("exponential", 2.0, 32.0, 4.0, t, u), float("inf"), "s")
+    times = [expo.next() for _ in range(20)]
+    k = __import__("math").log(16.0)
+    for n, t in enumerate(times[1:], 1):  # the integral of 2·16^(t/4) from 0 is 8/ln16·(16^(t/4) − 1)
+        assert 8 / k * (16 ** (min(t, 4) / 4) - 1) + 32 * max(0.0, t - 4) == pytest.approx(n, abs=1e-6)
+
+
+def test_the_run_s_one_sequence_is_dealt_to_processes_exactly():
+    """Every process draws the run's sequence from one seed and takes arrivals i mod P: together they are the
+    sequence, each arrival once, whatever P."""
+    from vllm_load.workload.arrivals import ArrivalSequence, constant_gap, index_ramp_gap
+
+    whole = ArrivalSequence(constant_gap(8.0), 8.0, "run")
+    reference = [whole.next() for _ in range(600)]
+    for processes in (2, 3, 5):
+        shares = [ArrivalSequence(constant_gap(8.0), 8.0, "run", index, processes) for index in range(processes)]
+        dealt = sorted(t for i, s in enumerate(shares) for t in (s.next() for _ in range(600 // processes)))
+        assert dealt == reference[:len(dealt)]
+    # vLLM's ramp over a request count: request i at rate start + (end - start)·i/(N-1); from 0, request 1 waits
+    # for request 1's rate, not for ever
+    seq = ArrivalSequence(index_ramp_gap("linear", 0.0, 40.0, 21), float("inf"), "r")
+    times = [seq.next() for _ in range(21)]
+    assert times[1] - times[0] == pytest.approx(1 / 2.0) and times[-1] - times[-2] == pytest.approx(1 / 38.0)
 
 
 def test_batched_fold_equals_recording_each_value():

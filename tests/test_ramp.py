@@ -25,25 +25,23 @@ def _starts(run_dir):
     return sorted(r["start"] for f in run_dir.glob("requests*.jsonl") for r in read_log(f))
 
 
-def _expected(strategy, start, end, users=2, seconds=6.0, until=6.0):
-    """Each user's arrivals with constant gaps (--burstiness inf), each gap drawn at the rate of the moment it
-    starts, as vLLM draws request i's delay at request i's rate: the sends in each half of the run."""
+def _expected(strategy, start, end, seconds=6.0, until=6.0):
+    """The run's one arrival sequence with constant gaps (--burstiness inf): request 0 at the start, then each
+    next one once the ramp's rate has integrated to one more request; the sends in each half of the run."""
+    from vllm_load.workload.arrivals import ArrivalSequence, time_ramp_gap
+
+    seq = ArrivalSequence(lambda t, _i, u: time_ramp_gap(strategy, start, end, seconds, t, u), float("inf"), "x")
     halves = [0, 0]
-    for _ in range(users):
-        t = 0.0
-        while True:
-            t += users / ramp_rate(strategy, start, end, t / seconds)
-            if t > until:
-                break
-            halves[t >= seconds / 2] += 1
+    while (t := seq.next()) <= until:
+        halves[t >= seconds / 2] += 1
     return halves
 
 
 @pytest.mark.parametrize("strategy,start,end", [("linear", 2, 20), ("exponential", 2, 32)])
 def test_a_ramped_run_sends_what_the_ramp_says(tmp_path, strategy, start, end):
-    """With --burstiness inf (vLLM's constant gaps) the sends in each half of a 6 s run are the ramp's (the
-    integrals are 19.5/46.5 for linear 2 -> 20 req/s and 13/52 for exponential 2 -> 32; a gap drawn at the rate of
-    its start lags a rising ramp, as vLLM's do)."""
+    """With --burstiness inf (vLLM's constant gaps) the sends in each half of a 6 s run are the ramp's integral
+    (19.5/46.5 for linear 2 -> 20 req/s, 13/52 for exponential 2 -> 32), from the run's one sequence over its
+    two users."""
     run_dir = tmp_path / "run"
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
                       "--ramp-up-strategy", strategy, "--ramp-up-start-rps", str(start), "--ramp-up-end-rps", str(end),

@@ -150,28 +150,34 @@ def _local_monitor() -> Any:
 
 @events.quitting.add_listener
 def _on_quitting(environment: Any, **_kw: Any) -> None:
-    """The end of the run, once: a second signal during it waits for it (Locust runs a shutdown per SIGTERM, and
-    two wrote two different summaries), a third quits at once."""
-    if STATE.ending is not None:
+    """The end of the run, once. Locust runs a shutdown per SIGTERM (in that signal's greenlet), and its main
+    greenlet runs one more when the runner stops: two wrote two different summaries. A later one waits for the
+    first; a signal's own then ends quietly, the main one waits for the first to exit the process (with its code);
+    a third signal quits at once."""
+    if STATE.ending is None:
+        STATE.ending = gevent.event.Event()
+        try:
+            _end(environment)
+        finally:
+            STATE.ending.set()
+        return
+    signalled = gevent.getcurrent().parent is not None  # not the main greenlet: a signal's shutdown
+    if signalled:
         STATE.end_signals += 1
         if STATE.end_signals >= 2:
             sys.stderr.write("vllm-load: a third signal: quitting now; the run's files may be incomplete\n")
             sys.stderr.flush()
             os._exit(EXIT_ERRORS)
-        sys.stderr.write("vllm-load: the run's end is being written: waiting for it (another signal quits now)\n")
-        sys.stderr.flush()
-        STATE.ending.wait()
-        return
-    STATE.ending = gevent.event.Event()
-    try:
-        _end(environment)
-    finally:
-        STATE.ending.set()
+        if not STATE.ending.is_set():
+            sys.stderr.write("vllm-load: the run's end is being written: waiting for it (another signal quits now)\n")
+            sys.stderr.flush()
+    STATE.ending.wait()
+    if signalled:
+        raise gevent.GreenletExit  # this shutdown ends here; the first prints Locust's tables and exits
+    gevent.sleep(30.0)  # the first shutdown's exit reaches this (main) greenlet as SystemExit, with its code
 
 
 def _end(environment: Any) -> None:
-    if STATE.master_pid is not None and os.getppid() != STATE.master_pid:
-        print("vllm-load: worker: its --processes master is gone: stopped", flush=True)
     col = STATE.collector
     if col is not None:
         # SIGTERM/SIGINT fire quitting before Locust stops the users: drain here too (no-op after a stop)

@@ -4,7 +4,8 @@ the client's own health monitor. A master has none."""
 
 from __future__ import annotations
 
-import random
+import functools
+
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,11 +26,15 @@ from vllm_load.plugin.run_clock import WorkerClock
 from vllm_load.plugin.target import request_headers
 from vllm_load.plugin.warmup import warm_up
 from vllm_load.rundir.reqlog import RequestLog
-from vllm_load.workload.arrivals import ArrivalProcess
+from vllm_load.workload.arrivals import ArrivalSequence, constant_gap, index_ramp_gap, time_ramp_gap
 from vllm_load.workload.tokenizer import encode_in_calling_thread
 
 #: GIL switch interval in load-generating processes (seconds)
 SWITCH_INTERVAL = 0.0005
+
+
+def _time_ramp(strategy: str, start: float, end: float, seconds: float, t: float, _i: int, unit: float) -> float:
+    return time_ramp_gap(strategy, start, end, seconds, t, unit)
 
 
 @dataclass
@@ -47,7 +52,7 @@ class Generator:
     start_wall: float = field(default_factory=time.time)
     start_perf: float = field(default_factory=time.perf_counter)  # start_wall on the perf_counter clock
     goodput_limits: dict = field(default_factory=dict)
-    arrival_seq: int = 0
+    arrivals: ArrivalSequence | None = None  # this process's share of the run's open-loop arrivals (made at first use)
     step: int | None = None  # current sweep step
     step_rate: float = 0.0  # open-loop rate of the current sweep step
     rate_changed: Any = None  # gevent Event, set (and replaced) when a sweep step changes the open-loop rate
@@ -142,6 +147,7 @@ class Generator:
             self.ticket_back, back = gevent.event.Event(), self.ticket_back
             back.set()  # users that waited for a ticket of the last step take this one's
         if changed:
+            self.arrivals = None  # the step's own sequence, from its start
             self.rate_changed, old = gevent.event.Event(), self.rate_changed
             old.set()
 
@@ -150,26 +156,37 @@ class Generator:
         the run's epoch, once the master fixed it (a local run: its own start)."""
         return self.clock.start_perf(self.start_perf)
 
-    def current_rate(self) -> float:
-        """The open-loop rate now: the sweep step's in a rate sweep, the ramp's (--ramp-up-strategy), else
-        --request-rate (0: closed loop)."""
+    def open_loop(self) -> bool:
+        """Does this run (or sweep step) send on an arrival schedule: a rate sweep's step, a ramp, --request-rate?"""
         if self.step is not None and self.plan.sweep_kind == "rate":
-            return self.step_rate
-        if self.plan.ramp:  # over --num-requests: by this process's share (every process ramps alike)
-            return self.plan.ramp_rate(time.perf_counter() - self.schedule_start(), self.tickets_taken, self.quota)
-        return float(self.opts.request_rate)
+            return self.step_rate > 0
+        return bool(self.plan.ramp) or float(self.opts.request_rate) > 0
 
-    def total_users(self) -> int:
-        if self.step is not None and self.plan.sweep_kind == "rate":
-            return max(1, int(self.opts.sweep_users))
-        return self.plan.total_users
+    def take_arrival(self) -> float:
+        """When this process's next open-loop arrival is due, on the perf_counter clock: its share of the run's
+        one arrival sequence (workload/arrivals.py), which a sweep step's new rate starts over."""
+        if self.arrivals is None:
+            self.arrivals = self._arrival_sequence()
+        return self.schedule_start() + self.arrivals.next()
 
-    def arrival_process(self) -> ArrivalProcess:
-        """This user's share of the run's open-loop rate (the total is split over all users)."""
-        self.arrival_seq += 1
-        return ArrivalProcess(self.current_rate() / self.total_users(), self.opts.burstiness,
-                              random.Random(f"{self.plan.draws}/{self.source}/arrivals/{self.arrival_seq}"),
-                              float(self.opts.ramp_up))
+    def _arrival_sequence(self) -> ArrivalSequence:
+        """The run's sequence: the sweep step's rate from the step's start, the ramp (over -t, or vLLM's over
+        --num-requests), --ramp-up's linear start, or --request-rate; every process draws it from the same seed."""
+        plan, opts = self.plan, self.opts
+        offset, step = 0.0, None
+        if self.step is not None and plan.sweep_kind == "rate":
+            step, gap = self.step, constant_gap(self.step_rate)
+            offset = time.perf_counter() - self.schedule_start()
+        elif plan.ramp:
+            strategy, start, end, seconds = plan.ramp
+            gap = (functools.partial(_time_ramp, strategy, start, end, seconds) if seconds else
+                   index_ramp_gap(strategy, start, end, plan.num_requests))
+        elif float(opts.ramp_up) > 0:
+            gap = functools.partial(_time_ramp, "linear", 0.0, float(opts.request_rate), float(opts.ramp_up))
+        else:
+            gap = constant_gap(float(opts.request_rate))
+        return ArrivalSequence(gap, float(opts.burstiness), f"{plan.draws}/arrivals/{step}", self.worker_index,
+                               plan.processes, offset)
 
     def begin_request(self) -> None:
         """A request is about to start. With --num-requests it first takes one of this process's tickets, and

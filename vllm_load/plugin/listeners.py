@@ -11,6 +11,7 @@ import functools
 import logging
 import os
 import shutil
+import signal
 import socket
 import tempfile
 from pathlib import Path
@@ -196,10 +197,21 @@ def _init_worker(opts: Any) -> None:
         die(str(exc))
     STATE.own_headers = worker_secrets.OwnHeaders(opts)
     if getattr(opts, "processes", None):  # a fork of the master: it goes when the master goes, however killed
-        STATE.master_pid = os.getppid()
-        lifeline.die_with_parent(STATE.master_pid)
+        gevent.signal_handler(signal.SIGUSR2, _master_gone)
+        lifeline.die_with_parent(os.getppid(), signal.SIGUSR2)
     # a remote worker whose master went silent stops after this long, not Locust's 60 s (its own line says so)
     runners.MASTER_HEARTBEAT_TIMEOUT = MASTER_SILENCE_S
+
+
+def _master_gone() -> None:
+    """A --processes worker whose master died (the kernel's parent-death signal): its request log kept, one line,
+    gone at once (its numbers have no master to go to; Locust's shutdown would wait for it)."""
+    print("vllm-load: worker: its --processes master is gone: stopping", flush=True)
+    try:
+        if STATE.generator is not None:
+            STATE.generator.flush_log()
+    finally:
+        os._exit(1)
 
 
 def _install_gate(environment: Any, opts: Any) -> None:

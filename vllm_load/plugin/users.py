@@ -49,7 +49,7 @@ def _dispatching(task_: Any) -> Callable[[Any], None]:
 
     def run(user: Any) -> None:
         gen = STATE.generator
-        if gen is not None and not gen.draining and gen.current_rate() > 0:
+        if gen is not None and not gen.draining and gen.open_loop():
             user._open_loop(gen)
         else:
             _run(task_, user)
@@ -104,27 +104,21 @@ class LLMUser(FastHttpUser):
         """This user's arrivals, each starting one task in its own greenlet (at most --max-concurrency at once),
         until the run drains (then the user waits for Locust's stop, which ends the arrivals too). A sweep
         step that changes the rate wakes a gap drawn at the old rate and redraws."""
-        arrivals = gen.arrival_process()
         pool = Pool(max(1, int(gen.opts.max_concurrency)))
         tasks = [getattr(t, "_vllm_load_inner", t) for t in self.tasks]
-        run_start = gen.schedule_start()  # the run's epoch: every process's arrivals on one clock
-        next_at = begun = max(run_start, time.perf_counter())
         try:
             while not gen.draining:
-                arrivals.rate = gen.current_rate() / gen.total_users()
-                # a re-estimated offset moves the run's epoch (it moves only then: run_clock reads it once)
-                moved = gen.schedule_start() - run_start
-                run_start, next_at = run_start + moved, next_at + moved
-                next_at += arrivals.next_gap(next_at - run_start)
                 rate_changed = gen.rate_changed
-                delay = next_at - time.perf_counter()
+                # the run's next arrival of this process's share, on the run's epoch (a re-estimated offset, or
+                # a sweep step's new rate, is in the next one taken)
+                due = Due(gen.take_arrival(), gen.schedule_start())
+                delay = due.intended - time.perf_counter()
                 if delay > 0 and rate_changed.wait(delay):
-                    next_at = begun = time.perf_counter()
-                    continue
+                    continue  # a sweep step's new rate: its own sequence from its start
                 if gen.draining:
                     break
                 pool.wait_available()
-                pool.spawn(self._arrival, functools.partial(_run, random.choice(tasks), self), Due(next_at, begun))
+                pool.spawn(self._arrival, functools.partial(_run, random.choice(tasks), self), due)
             gen.park()  # the drain waits for the requests in flight; the arrivals' next requests park
         finally:
             # Locust's stop kills this greenlet once: the arrivals go with it (a join here would wait for ever

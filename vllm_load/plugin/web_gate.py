@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hmac
+import logging
 import math
 import os
 import secrets
@@ -28,6 +29,8 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from vllm_load.errors import UsageError
+
+log = logging.getLogger("vllm_load")
 
 #: what the UI answers as its own name, whatever --web-host is
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -98,7 +101,9 @@ class GateMiddleware:
         why = refusal(environ.get("REQUEST_METHOD", "GET").upper(), environ.get("HTTP_HOST", ""),
                       environ.get("HTTP_ORIGIN"), environ.get("HTTP_REFERER"), environ.get("HTTP_SEC_FETCH_SITE"),
                       self.names)
-        if why is not None:
+        if why is not None:  # said on the console too: the operator learns that a page tried
+            log.warning("vllm-load: the web UI refused %s %s: %s", environ.get("REQUEST_METHOD"),
+                        environ.get("PATH_INFO"), why)
             body = f"vllm-load: refused: {why}\n".encode()
             start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8"),
                                               ("Content-Length", str(len(body)))])

@@ -78,7 +78,7 @@ def csv_rows(raw: str, path: Path, fail: Any) -> tuple[list[str], list[dict]]:
     try:
         return list(reader.fieldnames or []), list(reader)
     except csv.Error as exc:
-        raise fail(path, f"line {reader.line_num} is not CSV this reader takes ({exc})") from None
+        raise fail(path, f"line {reader.line_num + 1} is not CSV this reader takes ({exc})") from None
 
 
 def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Record]:

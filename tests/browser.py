@@ -1,0 +1,88 @@
+"""A real headless Chromium driven over the DevTools protocol (websocket-client): pages load, scripts run, a
+form is clicked as a person would, and the page's own requests carry the browser's Origin and Sec-Fetch-* headers."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import wait_for
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+class Browser:
+    def __init__(self, profile: Path) -> None:
+        exe = chromium()
+        if exe is None:
+            pytest.fail("CI must install chromium (.ci/run does)")
+        profile.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                      f"--user-data-dir={profile}", "--remote-debugging-port=0",
+                                      "--remote-allow-origins=*", "about:blank"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = profile / "DevToolsActivePort"
+        port = wait_for(lambda: port_file.exists() and port_file.read_text().split("\n")[0].strip(), timeout=60,
+                        what="Chromium's DevTools port")
+        pages = wait_for(lambda: [t for t in json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json"))
+                                  if t.get("type") == "page"], timeout=30, what="a page target")
+        import websocket
+
+        self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60)
+        self._id = 0
+
+    def call(self, method: str, **params: Any) -> dict:
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == self._id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    def eval(self, expression: str) -> Any:
+        out = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in out:
+            raise RuntimeError(f"{expression[:80]}: {out['exceptionDetails']}")
+        return out.get("result", {}).get("value")
+
+    def goto(self, url: str, ready: str = "document.readyState === 'complete'", timeout: float = 60.0) -> None:
+        self.call("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.eval(f"Boolean({ready})"):
+                    return
+            except RuntimeError:
+                pass  # the page is being replaced
+            time.sleep(0.1)
+        raise AssertionError(f"{url} was not ready ({ready}) within {timeout:g} s")
+
+    def set_width(self, width: int, height: int = 900) -> None:
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+
+    def screenshot(self, path: Path) -> Path:
+        import base64
+
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
+        return path
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        finally:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()

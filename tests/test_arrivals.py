@@ -1,0 +1,50 @@
+"""Open-loop arrivals are the process asked for, at any user and process count: the run's one sequence (vLLM's
+gamma semantics) dealt to users and processes, read back from the request logs' intended starts."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from tests.helpers import ROOT, run_locust
+from vllm_load.rundir.reqlog import read_log
+
+CHAT = str(ROOT / "locustfiles" / "chat.py")
+
+
+def _intended(run_dir):
+    """Every measured request's intended start (an open loop's start is its arrival's due time), sorted."""
+    return sorted(r["start"] for f in run_dir.glob("requests*.jsonl") for r in read_log(f) if not r.get("warmup"))
+
+
+def _run(tmp_path, name, *args):
+    run_dir = tmp_path / name
+    res = run_locust(["-f", CHAT, "--headless", "-r", "100", "--output-tokens", "1", "--emulator-ttft", "0.002",
+                      "--emulator-itl", "0.001", "--allow-untrustworthy", "--run-dir", str(run_dir), *args],
+                     cwd=tmp_path, timeout=180)
+    # --allow-untrustworthy: what is checked is the schedule each request was due at, not how late a busy host
+    # sent it (send_lag), which the trust verdict is about
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return _intended(run_dir)
+
+
+@pytest.mark.parametrize("processes", [[], ["--processes", "2"]], ids=["one process", "two processes"])
+def test_constant_rate_arrivals_are_evenly_spaced_across_users_and_processes(tmp_path, processes):
+    starts = _run(tmp_path, "run", "-u", "4", "-t", "8s", "--request-rate", "8", "--burstiness", "inf", *processes)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(starts) >= 20
+    # 4 users (over 2 processes) at 8 req/s: one request every 0.125 s, not 4 at once every 0.5 s
+    assert all(abs(g - 0.125) <= 0.002 for g in gaps), [round(g, 4) for g in gaps]
+
+
+@pytest.mark.parametrize("burstiness,cv", [("8", 1 / 8 ** 0.5), ("1", 1.0)])
+def test_the_aggregate_has_the_burstiness_asked_for_whatever_the_users(tmp_path, burstiness, cv):
+    # gamma(k) gaps: CV 1/sqrt(k); 8 users each at an eighth of the rate added up to CV 0.99 for k = 8
+    starts = _run(tmp_path, "run", "-u", "8", "-t", "8s", "--request-rate", "100", "--burstiness", burstiness,
+                  "--seed", "11")
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(gaps) >= 400
+    measured = statistics.pstdev(gaps) / statistics.mean(gaps)
+    assert measured == pytest.approx(cv, abs=0.05 if burstiness == "8" else 0.08), measured
+    assert statistics.mean(gaps) == pytest.approx(1 / 100, rel=0.1)
