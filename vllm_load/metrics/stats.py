@@ -55,6 +55,9 @@ class LLMStats:
     cached_tokens: int = 0  # prompt tokens served from the server's prefix cache (requests whose usage says)
     cached_of: int = 0  # prompt tokens of those requests
     warmup_excluded: int = 0  # requests started during the warm-up: sent and logged, not in any metric
+    #: requests cut because the load shape (a ramp down, the web UI's new user count) removed their user mid-run:
+    #: logged, neither a success nor a failure (a healthy server ran 6 of them as failures and exit 1)
+    removed_excluded: int = 0
     backoffs: int = 0  # closed loop: waits before a next request after a server error, and their total in ms
     reasoning_tokens: int = 0  # output tokens spent reasoning (successful requests)
     reasoning_requests: int = 0
@@ -203,7 +206,7 @@ class LLMStats:
     _BUCKETS = ("ok_buckets", "conn_buckets", "fail_buckets")
     _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
                  "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of",
-                 "warmup_excluded", "backoffs", "backoff_ms", "reasoning_tokens", "reasoning_requests",
+                 "warmup_excluded", "removed_excluded", "backoffs", "backoff_ms", "reasoning_tokens", "reasoning_requests",
                  "reasoning_by_tokenizer", "items", "late_merged", "media_items", "media_tokens")
 
     def to_wire(self) -> dict:

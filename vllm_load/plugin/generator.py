@@ -250,6 +250,15 @@ class Generator:
 
     def on_record(self, rec: RequestRecord) -> None:
         self.end_request()
+        if rec.removed:
+            if self.plan.num_requests and rec.step == self.step:
+                self._give_back()
+            self.stats.removed_excluded += 1
+            if rec.step is not None:
+                self.step_stats.setdefault(rec.step, LLMStats()).removed_excluded += 1
+            if self.reqlog:
+                self.reqlog.write(rec)
+            return
         if self.in_warmup(rec):
             if self.plan.num_requests and rec.step == self.step:  # a past step's ticket is not this step's
                 self._give_back()

@@ -248,8 +248,11 @@ class LLM:
             else:
                 rec = stream_request(self._transport, ready, gen.headers, state=state,
                                      count_output=gen.requests.count_output if gen.requests else None, **common)
-        except StreamCancelled as stop:  # stopped mid-stream: counted as failed, then the stop goes on
+        except StreamCancelled as stop:  # stopped mid-stream: recorded, then the stop goes on
             stop.record.target = self._target
+            # not at the run's end: the load shape removed this user (a ramp down, a new user count), which says
+            # nothing of the server; at the end (past the drain), the server did not finish it in time: a failure
+            stop.record.removed = not gen.draining
             gen.on_record(stop.record)
             raise
         except BaseException:

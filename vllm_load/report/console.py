@@ -190,6 +190,9 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         lines.append(f"reasoning: {s['reasoning_tokens']} of the output tokens ({share:.1f}%) over "
                      f"{s['reasoning_requests']} requests; TTFT is the first reasoning token, TTFO the first answer "
                      f"token{counted}")
+    if s.get("removed_excluded"):
+        lines.append(f"load shape: {s['removed_excluded']} requests were cut when their users were removed mid-run (a "
+                     "ramp down, a new user count): logged, neither successes nor failures")
     if s.get("warmup_excluded"):
         lines.append(f"warm-up: {s['warmup_excluded']} requests started during --warmup were sent and logged, and "
                      "left out of every number here")

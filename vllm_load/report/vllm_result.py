@@ -33,7 +33,7 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
     s, cfg = run.summary, run.config
     opts = cfg.get("options", {})
     plan = run.plan
-    logs = [r for r in _logs(run) if not r.get("warmup")]
+    logs = [r for r in _logs(run) if not r.get("warmup") and not r.get("removed")]
     api = logs[0]["api"] if logs else "chat"
     backend = {"chat": "openai-chat", "responses": "openai-responses", "embeddings": "openai-embeddings",
                "rerank": "vllm-rerank"}.get(api, "openai")
