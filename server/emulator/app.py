@@ -137,6 +137,7 @@ class Emulator:
         #: chunks produced on a schedule, and those produced over LATE_S after it (vllm_emulator:* in /metrics)
         self.emitted = self.late = 0
         self.owned_by = "vllm"  # /v1/models' owned_by (--owned-by: another server's, for clients that detect vLLM)
+        self.stream_style = "vllm"  # --stream-style: how its streams end (another server's way, for the clients' tests)
         #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
         #: streamed as vLLM's reasoning parser streams them (``delta.reasoning``) and counted in usage
         self.reasoning = reasoning
@@ -342,8 +343,10 @@ class Emulator:
             return self._complete(start_response, chat, model, out)
         opts = body.get("stream_options") or {}
         start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
-        return self._stream(chat, model, out, bool(opts.get("include_usage")),
-                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")), fault, received)
+        vllm = self.stream_style == "vllm"
+        return self._stream(chat, model, out, bool(opts.get("include_usage")) and vllm,
+                            bool(opts.get("include_usage") and opts.get("continuous_usage_stats")) and vllm, fault,
+                            received)
 
     def _plan(self, chat: bool, body: dict, fault: str | None = None,
               ids: list[int] | None = None) -> tuple[str, Output]:
@@ -560,7 +563,8 @@ class Emulator:
                     continue
                 out += n
                 last = out >= max_tokens
-                finish = out_spec.finish if last else None
+                # transformers serve: the finish_reason comes alone, with the usage, in a chunk of its own
+                finish = out_spec.finish if last and self.stream_style != "transformers" else None
                 if tool:  # vLLM's shape: the first delta names the call (id, type, name), the next ones add arguments
                     call: dict = {"index": 0, "function": {"arguments": piece}}
                     if out == n:
@@ -587,10 +591,14 @@ class Emulator:
             log.write(orjson.dumps({"id": head["id"], "arrival": round(arrival, 7),
                                     "due": [round(arrival + d, 7) for d in due],
                                     "sent": [round(x, 7) for x in sent]}).decode() + "\n")
+        if self.stream_style == "transformers":  # its last chunk: the finish_reason and the usage, no [DONE]
+            yield event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": out_spec.finish}],
+                         "usage": usage(out)})
         if include_usage:
             yield event({**head, "choices": [], "usage": usage(out), "system_fingerprint": FINGERPRINT})
         self._observe_finish(prompt_tokens, out, ttft, prev, queue, out_spec.finish)
-        yield b"data: [DONE]\n\n"
+        if self.stream_style == "vllm":  # the other servers end the stream after the finish_reason
+            yield b"data: [DONE]\n\n"
         self._cache_answer(out_spec, "".join(answer))
 
 
@@ -628,6 +636,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m server.emulator", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; the URL is printed)")
+    p.add_argument("--stream-style", default="vllm", choices=["vllm", "transformers", "no-usage"],
+                   help="how a stream ends, as other OpenAI servers end it: vllm (usage when asked, [DONE]); "
+                        "transformers (transformers serve: the finish_reason and the usage in one last chunk with a "
+                        "choice, no [DONE]); no-usage (no usage at all, no [DONE]: a proxy that strips it)")
     p.add_argument("--model", default="emulator/mistral-7b-v0.1", help="served model name")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="the model ids clients use (default: --model), as vLLM's flag; /v1/models gives --model as root")
@@ -778,6 +790,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                max(0.0, args.audio_tokens_per_second),
                                                                max(0.0, args.encode_seconds)))
     app.owned_by = args.owned_by
+    app.stream_style = args.stream_style
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

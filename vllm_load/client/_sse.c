@@ -335,11 +335,11 @@ static int commit(sse_state *st, line_t *L, int64_t stamp_ns) {
             st->cached = L->cached;
         if (L->has_reasoning)
             st->reasoning_reported = L->reasoning_tokens;
-        if (L->nchoices) {
+        if (L->nchoices && (st->continuous || st->streamed == 0)) {
             st->continuous = 1;
             new_tokens = (st->completion < 0 ? 0 : st->completion) - before;
             have_new = 1;
-        }
+        } /* else: a server's one usage, in its last choice's chunk: the final count, not this chunk's tokens */
     }
     if (L->nchoices) {
         sse_buf *text;

@@ -8,6 +8,7 @@ has no ``completion_tokens``): the record has no output tokens, and TTFT, ITL an
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import orjson
@@ -30,19 +31,31 @@ def embeddings_request(model: str, inputs: list[str], input_tokens: int, *,
 
 def rerank_request(model: str, query: str, documents: list[str], input_tokens: int | None, *,
                    defaults: BodyDefaults = BodyDefaults(), extra: dict[str, Any] | None = None,
-                   group: str | None = None) -> ReadyRequest:
-    """``POST /v1/rerank``: ``query`` against ``documents``. ``input_tokens``: what the server will count when
-    it is known (a bi-encoder counts the query once, a cross-encoder once per document), else None."""
-    return _pooling("rerank", {"query": query, "documents": documents}, len(documents), model, input_tokens,
-                    defaults, extra, group)
+                   group: str | None = None, query_tokens: int | None = None) -> ReadyRequest:
+    """``POST /v1/rerank``: ``query`` against ``documents``. ``input_tokens``: what a bi-encoder counts (the
+    query once, each document once); with ``query_tokens`` a cross-encoder's count (the query in every pair) is
+    known too, and the server's usage picks."""
+    req = _pooling("rerank", {"query": query, "documents": documents}, len(documents) + 1, model, input_tokens,
+                   defaults, extra, group)
+    return _with_cross(req, len(documents), query_tokens)
 
 
 def score_request(model: str, queries: str | list[str], documents: list[str], input_tokens: int | None, *,
                   defaults: BodyDefaults = BodyDefaults(), extra: dict[str, Any] | None = None,
-                  group: str | None = None) -> ReadyRequest:
-    """``POST /v1/score``: each document scored against the query (or query i against document i)."""
-    return _pooling("score", {"queries": queries, "documents": documents}, len(documents), model, input_tokens,
-                    defaults, extra, group)
+                  group: str | None = None, query_tokens: int | None = None) -> ReadyRequest:
+    """``POST /v1/score``: each document scored against the query (or query i against document i); counted as
+    ``rerank``."""
+    pairs = len(documents)
+    req = _pooling("score", {"queries": queries, "documents": documents},
+                   pairs + (1 if isinstance(queries, str) else len(queries)), model, input_tokens, defaults, extra,
+                   group)
+    return _with_cross(req, pairs, query_tokens if isinstance(queries, str) else None)
+
+
+def _with_cross(req: ReadyRequest, pairs: int, query_tokens: int | None) -> ReadyRequest:
+    if query_tokens is None or req.input_tokens is None:
+        return req
+    return replace(req, cross=(req.input_tokens + (pairs - 1) * query_tokens, pairs))
 
 
 def _pooling(api: str, fields: dict[str, Any], items: int, model: str, input_tokens: int | None,
@@ -66,14 +79,17 @@ def pooling_request(transport: Transport, req: ReadyRequest, headers: dict[str, 
     usage = (body.data or {}).get("usage") if ex.error is None else None
     prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None
     from_usage = isinstance(prompt, int) and not isinstance(prompt, bool)
+    asked, items = req.input_tokens, req.items
+    if from_usage and req.cross is not None and prompt == req.cross[0] != asked:  # a cross-encoder answered
+        asked, items = req.cross
     rec = RequestRecord(
         **exchanged(req, clock, ex, intended_start, worker, step, startup, name),
-        input_tokens_asked=req.input_tokens,
+        input_tokens_asked=asked,
         input_tokens=prompt if from_usage else req.input_tokens,
         output_tokens=None,  # none generated: no output-token row, rate or TPOT
         tokens_from_usage=from_usage,
         response_id=(body.data or {}).get("id") if body.data else None,
-        items=req.items,
+        items=items,
     )
     if ex.cancelled is not None:
         raise StreamCancelled(rec) from ex.cancelled

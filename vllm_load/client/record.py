@@ -33,6 +33,7 @@ class RequestRecord:
     chunk_tokens: list[int] = field(default_factory=list)
     input_tokens_asked: int | None = None
     output_tokens_asked: int | None = None
+    max_tokens: int | None = None  # the body's max_tokens (forced, or a cap a server without usage is counted to)
     input_tokens: int | None = None  # from usage (server), else tokenizer
     output_tokens: int | None = None
     tokens_from_usage: bool = False

@@ -144,9 +144,11 @@ class StreamState:
             details = usage.get("completion_tokens_details")
             if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
                 self.reasoning_reported = int(details["reasoning_tokens"])
-            if data.get("choices"):
+            if data.get("choices") and (self.continuous_usage or not self.streamed):
                 self.continuous_usage = True
                 new_tokens = (self.completion_tokens or 0) - before
+            # else: a server that reports usage once, in the chunk of its last choice (transformers serve): the
+            # final count, not this chunk's tokens (it was booked as one chunk carrying the whole answer)
         for choice in data.get("choices") or ():
             delta = choice.get("delta")
             calls = None
@@ -187,7 +189,11 @@ class StreamState:
         return done_at
 
     def incomplete(self) -> str | None:
-        return None if self.done else f"stream ended before [DONE] after {self.streamed} tokens"
+        """Why the stream is not a whole answer (None: it is). A stream that ends cleanly after a chunk with a
+        finish_reason is whole without ``[DONE]`` (transformers serve sends none); one cut before is not."""
+        if self.done or self.finish_reason is not None:
+            return None
+        return f"stream ended before a finish_reason or [DONE] after {self.streamed} tokens"
 
     def _check_limit(self) -> None:
         if self.limit is not None and self.streamed > self.limit:

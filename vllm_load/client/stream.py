@@ -41,7 +41,10 @@ class ReadyRequest:
     due: float | None = None  # trace replay: seconds after the run's start the request is due
     row: int | None = None  # trace replay: the trace row it replays
     max_tokens: int | None = None  # the body's max_tokens (forced or a cap): a stream far past it is cut
-    items: int | None = None  # pooling: the inputs (texts, documents) the body carries
+    items: int | None = None  # pooling: the prompts the server runs (texts; a bi-encoder's query and documents)
+    #: rerank/score of one query: (input tokens, prompts) as a cross-encoder counts them, the query in every
+    #: (query, document) pair, N - 1 more times than a bi-encoder; the server's usage says which it is
+    cross: tuple[int, int] | None = None
     media: int = 0  # images and audio clips in the prompt (input_tokens counts its text only)
 
     @property
@@ -160,9 +163,9 @@ def stream_request(
         chunk_tokens=state.chunk_tokens,
         input_tokens_asked=req.input_tokens,
         output_tokens_asked=req.output_tokens,
+        max_tokens=req.max_tokens,
         input_tokens=state.prompt_tokens if tokens_from_usage else req.input_tokens,
-        output_tokens=state.completion_tokens if tokens_from_usage
-        else count_output(state.text) if count_output and state.text_parts else state.streamed_tokens,
+        output_tokens=state.completion_tokens if tokens_from_usage else counted_output(state, req.max_tokens),
         tokens_from_usage=tokens_from_usage,
         continuous_usage=state.continuous_usage,
         finish_reason=state.finish_reason,
@@ -179,6 +182,16 @@ def stream_request(
     return rec
 
 
+def counted_output(state: StreamState, max_tokens: int | None) -> int:
+    """A stream's output tokens when the server gave no usage: its token-bearing deltas (a server streams a
+    token a delta; one that merges them is under-counted, never over), at most ``max_tokens``, and exactly
+    ``max_tokens`` where it stopped for that length. Counting the text again with the run's tokenizer gave 14 %
+    more tokens than were generated, answers above their max_tokens among them."""
+    if max_tokens and state.finish_reason == "length":
+        return max_tokens
+    return min(state.streamed_tokens, max_tokens) if max_tokens else state.streamed_tokens
+
+
 def exchanged(req: ReadyRequest, clock: Clock, ex: Exchange, intended_start: float | None, worker: str,
               step: int | None, startup: bool, name: str | None) -> dict[str, Any]:
     """The record's fields every request type fills the same way: when it started, how its exchange went, and
@@ -193,12 +206,16 @@ def reasoning_count(state: StreamState, count: Callable[[str], int] | None) -> t
     0.32 reports 0 whatever the model thought: a 0 beside streamed reasoning is not a count); else the running
     usage of the reasoning chunks (exact with continuous usage); else the run's tokenizer over the reasoning
     text (each chunk counted as one token otherwise)."""
+    streamed = state.reasoning_streamed if state.continuous_usage else None  # exact: the running usage's
     if state.reasoning_reported:
+        if streamed is not None and streamed != state.reasoning_reported:  # the stream's exact count wins, said
+            return streamed, "stream"
         return state.reasoning_reported, "usage"
     if not state.reasoning_parts:
         return None, None
-    if state.continuous_usage:
-        return state.reasoning_streamed, "stream"
-    if count is not None:
-        return count("".join(state.reasoning_parts)), "tokenizer"
+    if streamed is not None:
+        return streamed, "stream"
+    if count is not None:  # the text counted again: never more than the tokens generated (it was, in 9 %)
+        generated = state.completion_tokens if state.completion_tokens is not None else state.streamed_tokens
+        return min(count("".join(state.reasoning_parts)), generated), "tokenizer"
     return state.reasoning_streamed, "stream"

@@ -139,6 +139,8 @@ def count_success(stats: Any, rec: RequestRecord) -> None:
         stats.cached_of += rec.input_tokens
     if not rec.tokens_from_usage:
         stats.usage_missing += 1
+    if rec.chunk_offsets and not rec.continuous_usage:
+        stats.one_token_chunks += 1
     drift = rec.input_drift
     if drift:
         stats.drift_requests += 1

@@ -29,7 +29,7 @@ from vllm_load.metrics.prometheus import registry_for
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.client.pooling import POOLING
 from vllm_load import lifeline
-from vllm_load.plugin import (end_of_run, interrupt, log_repeats, options, saturation_watch, ui_guard, validate,
+from vllm_load.plugin import (end_of_run, interrupt, log_repeats, ports, options, saturation_watch, ui_guard, validate,
                               warmup_reset, web_gate, webui, wire, worker_secrets)
 from vllm_load.plugin.embedded import emulator_args, start_emulator, start_sidecar
 from vllm_load.plugin.collector import Collector
@@ -54,6 +54,14 @@ def _add_options(parser: Any, **_kw: Any) -> None:
     # Locust's web UI and master listen on every interface unless told: vllm-load's on this host only (workers on
     # other machines need --master-bind-host given, and the master says its port is unauthenticated)
     parser.set_defaults(web_host=ui_guard.DEFAULT_WEB_HOST, master_bind_host=ui_guard.DEFAULT_WEB_HOST)
+    parse = parser.parse_args
+
+    def parse_args(*args: Any, **kw: Any) -> Any:
+        options = parse(*args, **kw)
+        ports.settle(options)  # before Locust's runner binds (or forks workers onto) the master's port
+        return options
+
+    parser.parse_args = parse_args
 
 
 def _swarm_check(environment: Any, host: str) -> str | None:
@@ -165,10 +173,7 @@ def _on_init(environment: Any, **_kw: Any) -> None:
             flush=True,
         )
         if target.server_kind == "openai":
-            print(f"vllm-load: the server is not vLLM (/v1/models owned_by {target.owned_by or 'nothing'!r}; "
-                  "--server-kind vllm overrides): sending standard OpenAI fields only, so output lengths are the "
-                  "model's own up to max_tokens (not forced), and tokens per chunk are counted from the final usage "
-                  "(or the run's tokenizer when there is none)", flush=True)
+            print(openai_mode_line(target, opts), flush=True)
     except UsageError as exc:
         if environment.web_ui is None or opts.headless:
             _stop_children()
@@ -187,6 +192,18 @@ def _on_init(environment: Any, **_kw: Any) -> None:
     # behind; Locust arms its --run-time timer next, relative to that stale "now", and a 3 s run
     # ended 0.1 s after it began. Refresh the clock so the run lasts what was asked.
     gevent.get_hub().loop.update_now()
+
+
+def openai_mode_line(target: Target, opts: Any) -> str:
+    """What a run that sends standard OpenAI fields only cannot control, said once at start-up."""
+    why = ("--server-kind openai (the server says it is vLLM: --server-kind auto sends vLLM's fields)"
+           if target.owned_by == "vllm" else
+           f"the server is not vLLM (/v1/models owned_by {target.owned_by or 'nothing'!r}; --server-kind vllm "
+           "overrides)")
+    return (f"vllm-load: {why}: standard OpenAI fields only. Not controlled: output lengths (no ignore_eos/"
+            "min_tokens: each answer ends where the model stops, at most max_tokens), tokens per chunk (no continuous "
+            "usage: ITL per chunk only), and prefix-cache hits (known only where its usage reports cached tokens); "
+            "without usage, output tokens are counted from the stream's deltas (at most max_tokens)")
 
 
 def _init_worker(opts: Any) -> None:

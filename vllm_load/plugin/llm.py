@@ -13,7 +13,7 @@ import dataclasses
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import gevent
 from gevent import getcurrent
@@ -45,6 +45,11 @@ class Due:
 
     intended: float  # perf_counter time
     schedule_start: float  # when the schedule (the run's, or a sweep step's rate) began
+
+
+def _each(count: Callable[[str], int], texts: list[str]) -> list[int]:
+    """Each text's prompt tokens as vLLM counts a pooling input (special tokens included)."""
+    return [count(text) for text in texts]
 
 
 class LLM:
@@ -187,16 +192,16 @@ class LLM:
 
     def rerank(self, query: str, documents: list[str], *, name: str | None = None, **body: Any) -> Reply:
         """One ``/v1/rerank`` request: ``documents`` ranked against ``query`` (``Reply.data["results"]``). The
-        input tokens are checked as a bi-encoder counts them (the query once, each document once); a
-        cross-encoder counts the query once per document, which the report shows as drift."""
+        input tokens are checked as the server's usage says it counted them: a bi-encoder the query once and each
+        document once, a cross-encoder the query in every (query, document) pair."""
         if not isinstance(query, str) or not isinstance(documents, list) or not documents \
                 or not all(isinstance(d, str) for d in documents):
             raise TypeError("self.llm.rerank(query, documents): give a str and a non-empty list of str")
         src = self._source()
-        tokens = src.offload(count_inputs, src.tokenizer.count_completion, [query, *documents])
+        counts = src.offload(_each, src.tokenizer.count_completion, [query, *documents])
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
-        return self.send(rerank_request(model, query, documents, tokens, defaults=src.defaults, extra=body,
-                                        group=group), name=name)
+        return self.send(rerank_request(model, query, documents, sum(counts), defaults=src.defaults, extra=body,
+                                        group=group, query_tokens=counts[0]), name=name)
 
     def score(self, queries: str | list[str], documents: list[str], *, name: str | None = None, **body: Any) -> Reply:
         """One ``/v1/score`` request: each document scored against the query (a str), or query i against document i
@@ -209,10 +214,10 @@ class LLM:
             raise TypeError("self.llm.score(queries, documents): give a str (or as many str as documents) and a "
                             "non-empty list of str")
         src = self._source()
-        tokens = src.offload(count_inputs, src.tokenizer.count_completion, [*qs, *documents])
+        counts = src.offload(_each, src.tokenizer.count_completion, [*qs, *documents])
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
-        return self.send(score_request(model, queries, documents, tokens, defaults=src.defaults, extra=body,
-                                       group=group), name=name)
+        return self.send(score_request(model, queries, documents, sum(counts), defaults=src.defaults, extra=body,
+                                       group=group, query_tokens=counts[0]), name=name)
 
     def prepared(self, api: str = "chat") -> ReadyRequest:
         """The next request of the run's own workload (--input-tokens, --output-tokens, --dataset, …), built

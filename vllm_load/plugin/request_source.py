@@ -221,7 +221,7 @@ class RequestSource:
         tokens = sum(p.tokens for p in texts)
         if api == "rerank":
             return rerank_request(model, texts[0].text, [p.text for p in texts[1:]], tokens, defaults=self.defaults,
-                                  group=group)
+                                  group=group, query_tokens=texts[0].tokens)
         return embeddings_request(model, [p.text for p in texts], tokens, defaults=self.defaults, group=group)
 
     def _trace_request(self, api: str) -> ReadyRequest:

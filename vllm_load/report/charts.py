@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from vllm_load.metrics.table import BY_KEY
-from vllm_load.report.console import ITL_ONE_ROW, table_rows
+from vllm_load.report.console import ITL_CHUNK_ONLY, ITL_ONE_ROW, table_rows
 from vllm_load.rundir.files import Run
 
 #: the distributions' x axis: "nines" (-log10 of the share above), so p50, p90, p99 and p99.9 sit evenly apart
@@ -96,7 +96,7 @@ def distributions(run: Run) -> list[dict[str, Any]]:
     out = []
     grid = NINES_PERCENTILES
     # the table's decision: where ITL per chunk and per token are one row, they are one line
-    one_itl = any(r["metric"].startswith(ITL_ONE_ROW) for r in table_rows(run.summary))
+    one_itl = any(r["metric"].startswith((ITL_ONE_ROW, ITL_CHUNK_ONLY)) for r in table_rows(run.summary))
     for key, extra in (("ttft", None), ("itl", None if one_itl else "itl_token"), ("tpot", None), ("e2e", None)):
         h = run.stats.hists[key]
         if not h.count:

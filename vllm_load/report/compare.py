@@ -113,8 +113,23 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
     for text in list(dict.fromkeys([*slo_a, *slo_b])):
         verdicts.append({"slo": text, "a": slo_a.get(text), "b": slo_b.get(text),
                          "changed": slo_a.get(text) != slo_b.get(text)})
-    return {"a": str(a.path), "b": str(b.path), "differs": setup_differences(a, b), "metrics": rows, "rates": rates,
-            "slos": verdicts, "threshold": threshold}
+    return {"a": str(a.path), "b": str(b.path), "servers": [server_name(a), server_name(b)],
+            "differs": setup_differences(a, b), "metrics": rows, "rates": rates, "slos": verdicts,
+            "threshold": threshold}
+
+
+def server_name(run: Run) -> str:
+    """What served the run, as its start said it (vLLM 0.32.0, an OpenAI-compatible server, the EMULATOR) and
+    where."""
+    return f"{run.target_kind or 'a server'} at {run.config.get('host')}"
+
+
+def throughput_line(c: dict) -> str | None:
+    """B against A in throughput, the A/B number people want first: each rate and B/A as a ratio."""
+    parts = [f"{r['title']} {_fmt(r['a'])} -> {_fmt(r['b'])} {r['unit']} (B/A {r['b'] / r['a']:.2f}x)"
+             for r in c["rates"] if r["unit"] != "%" and r["a"] and r["b"] is not None
+             and r["metric"] in ("request_rate", "output_token_rate")]
+    return "throughput: " + "; ".join(parts) if parts else None
 
 
 def _verdicts(run: Run) -> dict[str, bool]:
@@ -132,6 +147,11 @@ def _verdict(v: bool | None) -> str:
 
 def render_markdown(c: dict) -> str:
     lines = ["# vllm-load compare", "", f"A: `{c['a']}`  ", f"B: `{c['b']}`", ""]
+    if c.get("servers"):
+        lines += [f"A served by {c['servers'][0]}  ", f"B served by {c['servers'][1]}", ""]
+    line = throughput_line(c)
+    if line:
+        lines += [f"**{line}**", ""]
     if c.get("differs"):
         lines += ["## The runs differ in", "", "| | A | B |", "|---|---|---|"]
         lines += [f"| {d['what']} | {d['a']} | {d['b']} |" for d in c["differs"]]
@@ -159,6 +179,12 @@ def render_markdown(c: dict) -> str:
 def render_console(c: dict) -> str:
     flagged = [r for r in c["metrics"] if r["significant"]]
     out = [f"vllm-load compare: A {c['a']}  B {c['b']}"]
+    if c.get("servers"):
+        out.append(f"  A: {c['servers'][0]}")
+        out.append(f"  B: {c['servers'][1]}")
+    line = throughput_line(c)
+    if line:
+        out.append(f"  {line}")
     differs = c.get("differs") or []
     for d in differs:
         out.append(f"  the runs differ in {d['what']}: A {d['a']}  B {d['b']}")

@@ -33,19 +33,26 @@ def table_rows(summary: dict) -> list[dict]:
         row = {"metric": f"{title} ({unit})", "count": m["count"], "mean": fmt_number(m["mean"] * factor)}
         row.update({c: fmt_number(m[c] * factor) for c in columns(summary) if c in m})
         rows.append(row)
-    return _one_itl_row(rows, columns(summary))
+    return _one_itl_row(rows, columns(summary), bool(summary.get("one_token_chunks")))
 
 
 #: the ITL row's title when the gaps per chunk and per token are the same numbers (every chunk carried one token)
 ITL_ONE_ROW = "ITL (per chunk = per token)"
+#: its title when the server did not say what a chunk carried (no continuous usage): per chunk is all there is
+ITL_CHUNK_ONLY = "ITL (per chunk; tokens per chunk unknown)"
 
 
-def _one_itl_row(rows: list[dict], cols: list[str]) -> list[dict]:
-    """ITL per chunk and per token as one row when every chunk carried one token (they were two identical rows)."""
+def _one_itl_row(rows: list[dict], cols: list[str], unknown: bool = False) -> list[dict]:
+    """ITL per chunk and per token as one row when every chunk carried one token (they were two identical rows);
+    when a chunk's tokens were not known (``unknown``), the per-token row repeats the per-chunk one: one row,
+    named for what it is."""
     chunk = next((r for r in rows if r["metric"].startswith("ITL (per chunk)")), None)
     token = next((r for r in rows if r["metric"].startswith("ITL per token")), None)
     if chunk is None or token is None or any(chunk.get(k) != token.get(k) for k in ("count", "mean", *cols)):
         return rows
+    if unknown:
+        chunk["metric"] = chunk["metric"].replace("ITL (per chunk)", ITL_CHUNK_ONLY)
+        return [r for r in rows if r is not token]
     chunk["metric"] = chunk["metric"].replace("ITL (per chunk)", ITL_ONE_ROW)
     return [r for r in rows if r is not token]
 
@@ -255,7 +262,10 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
             f"(max |drift| {s['input_drift_max_abs']} tokens): the tokenizer does not match the server's"
         )
     if s["usage_missing"]:
-        lines.append(f"note: {s['usage_missing']} successful requests had no usage from the server (tokens counted locally)")
+        lines.append(f"note: {s['usage_missing']} successful requests had no usage from the server: their output tokens "
+                     "were counted from the stream's deltas (one a delta, at most max_tokens; max_tokens where it "
+                     "stopped for length: a lower bound where a server merges tokens), their input tokens are the "
+                     "client's own exact count")
     if s["output_mismatch"]:
         lines.append(f"note: {s['output_mismatch']} requests returned a different number of output tokens than asked")
     for reason, n in list(s["errors"].items())[:10]:

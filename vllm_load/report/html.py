@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vllm_load.report import charts
-from vllm_load.report.console import (ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head, name_rows, server_cells,
+from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head, name_rows, server_cells,
                                       spec_line, table_rows)
 from vllm_load.report.page import render
 from vllm_load.metrics.verdict import Verdict, judge_emulator, word
@@ -80,7 +80,9 @@ def latency_table(s: dict) -> tuple[tuple[list[str], list[list[Any]]], str]:
     cols = columns(s)
     rows = table_rows(s)
     note = ("ITL per chunk and per token are one row: every chunk carried one token, so they are the same numbers."
-            if any(r["metric"].startswith(ITL_ONE_ROW) for r in rows) else "")
+            if any(r["metric"].startswith(ITL_ONE_ROW) for r in rows) else
+            "ITL is per chunk: the server did not say how many tokens a chunk carried (no continuous usage), so a "
+            "per-token gap is not known." if any(r["metric"].startswith(ITL_CHUNK_ONLY) for r in rows) else "")
     return (["metric", "count", "mean", *cols], [[r["metric"], r["count"], r["mean"], *(r.get(c, "") for c in cols)]
                                                   for r in rows]), note
 
