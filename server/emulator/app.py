@@ -33,6 +33,8 @@ from vllm_load.client import rxstamp
 from vllm_load.client.openai_api import is_credential_header
 
 VERSION = "0.32.0"
+#: the response header that names the replica which answered (for the clients' routing checks)
+REPLICA_HEADER = "X-Vllm-Load-Replica"
 FINGERPRINT = f"vllm-{VERSION}-emulator"
 _WORDS = (" the", " model", " answers", " with", " tokens", " that", " stream", " back", " to", " a",
           " client", " under", " load", " while", " batches", " grow", " and", " caches", " fill", " up")
@@ -137,6 +139,7 @@ class Emulator:
         #: chunks produced on a schedule, and those produced over LATE_S after it (vllm_emulator:* in /metrics)
         self.emitted = self.late = 0
         self.owned_by = "vllm"  # /v1/models' owned_by (--owned-by: another server's, for clients that detect vLLM)
+        self.replica = ""  # --replica-name: named in every answer's REPLICA_HEADER ('' : the URL it listens on)
         self.stream_style = "vllm"  # --stream-style: how its streams end (another server's way, for the clients' tests)
         #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
         #: streamed as vLLM's reasoning parser streams them (``delta.reasoning``) and counted in usage
@@ -165,6 +168,12 @@ class Emulator:
 
     # -- WSGI -----------------------------------------------------------------------------------
     def __call__(self, environ: dict, start_response: Start) -> Iterable[bytes]:
+        if self.replica:  # every answer names the replica that gave it (a client's --capture-header joins on it)
+            named = start_response
+
+            def start_response(status: str, headers: list, exc_info: Any = None) -> Any:  # noqa: F811
+                headers = [*headers, (REPLICA_HEADER, self.replica)]
+                return named(status, headers, exc_info) if exc_info else named(status, headers)
         received = time.perf_counter()  # the timing log's zero for this request: when it reached the server
         rx_wall = environ.get("emulator.rx_wall")
         if rx_wall:  # the kernel stamped its arrival: count the time it waited for this loop too
@@ -636,6 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m server.emulator", description=__doc__.splitlines()[0])
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one; the URL is printed)")
+    p.add_argument("--replica-name", default="",
+                   help=f"the name every answer gives in its {REPLICA_HEADER} header (default: HOST:PORT it listens on)")
     p.add_argument("--stream-style", default="vllm", choices=["vllm", "transformers", "no-usage"],
                    help="how a stream ends, as other OpenAI servers end it: vllm (usage when asked, [DONE]); "
                         "transformers (transformers serve: the finish_reason and the usage in one last chunk with a "
@@ -806,6 +817,7 @@ def main(argv: list[str] | None = None) -> int:
         rxstamp.enable(server.socket)  # accepted connections inherit it
     host, port = server.socket.getsockname()[:2]
     scheme = "https" if tls else "http"
+    app.replica = args.replica_name or f"{host}:{port}"
     print(f"vllm-load emulator listening on {scheme}://{host}:{port} model {' '.join(app.served + app.loras)}", flush=True)
     try:
         server.serve_forever()

@@ -72,15 +72,18 @@ class Head:
     length: int  # Content-Length, -1 when absent (chunked, or until the server closes)
     keep_alive: bool
     retry_after: str | None
+    #: the header fields asked for (--capture-header, lower-cased names), as (name, value) pairs
+    captured: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def parse(cls, block: bytes) -> Head:
+    def parse(cls, block: bytes, capture: frozenset[bytes] = frozenset()) -> Head:
         lines = block.split(b"\r\n")
         version, _, rest = lines[0].partition(b" ")
         code = rest[:3]
         if not version.startswith(b"HTTP/1.") or not code.isdigit():
             raise ValueError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
         chunked, length, retry_after = False, -1, None
+        captured: list[tuple[str, str]] = []
         keep_alive = version != b"HTTP/1.0"
         for line in lines[1:]:
             name, sep, value = line.partition(b":")
@@ -96,7 +99,9 @@ class Head:
                 keep_alive = word != b"close" and (keep_alive or word == b"keep-alive")
             elif name == b"retry-after":
                 retry_after = value.strip().decode("latin-1")
-        return cls(int(code), chunked, -1 if chunked else length, keep_alive, retry_after)
+            if name in capture:
+                captured.append((name.decode("latin-1"), value.strip().decode("latin-1")))
+        return cls(int(code), chunked, -1 if chunked else length, keep_alive, retry_after, tuple(captured))
 
 
 @dataclass(slots=True)
@@ -128,17 +133,21 @@ class Connections:
     connect_timeout: float
     timeout: float  # a read's or a send's (Locust's network_timeout)
     idle: list[Connection] = field(default_factory=list)
+    #: response header fields to keep (--capture-header, lower-cased): their answers' heads are parsed here, not
+    #: taken by the native thread (which keeps only the framing)
+    capture: frozenset[bytes] = frozenset()
     _prefixes: dict[tuple[str, int], tuple[dict[str, str], bytes]] = field(default_factory=dict)
 
     @classmethod
-    def for_user(cls, host: str | None, connect_timeout: float, timeout: float) -> Connections | None:
+    def for_user(cls, host: str | None, connect_timeout: float, timeout: float,
+                 capture: frozenset[bytes] = frozenset()) -> Connections | None:
         """Direct connections for a user of ``host``, or None where Locust's session must serve (TLS, the
         Python reader)."""
         origin = Origin.parse(host)
         reads = native.reads() if origin is not None else None
         if reads is None or origin is None:
             return None
-        return cls(reads, origin, connect_timeout, timeout)
+        return cls(reads, origin, connect_timeout, timeout, capture=capture)
 
     @staticmethod
     def reads_natively(host: str | None) -> bool:
@@ -232,7 +241,7 @@ class Connections:
             elif not block:
                 raise ClosedBeforeAnswer("the server closed the connection before answering")
             else:
-                return Answer(conn, Head.parse(block))
+                return Answer(conn, Head.parse(block, self.capture))
 
     def done(self, conn: Connection, head: Head, complete: bool) -> None:
         """The exchange is over: a connection whose body was read to its end goes back to the pool."""

@@ -93,6 +93,7 @@ class Exchange:
     error: str | None = None
     retry_after: float | None = None
     cancelled: BaseException | None = None
+    captured: dict[str, str] | None = None  # the response header fields asked for (--capture-header)
 
 
 class JsonBody:

@@ -198,7 +198,8 @@ def exchanged(req: ReadyRequest, clock: Clock, ex: Exchange, intended_start: flo
     where it belongs (worker, step, name)."""
     return {"api": req.api, "start": clock.start_wall, "e2e": ex.e2e, "ok": ex.error is None, "error": ex.error,
             "status": ex.status, "retry_after": ex.retry_after, "worker": worker, "step": step, "startup": startup,
-            "name": name, "send_lag": None if intended_start is None else max(0.0, clock.now_perf - clock.t0)}
+            "name": name, "send_lag": None if intended_start is None else max(0.0, clock.now_perf - clock.t0),
+            "headers": ex.captured}
 
 
 def reasoning_count(state: StreamState, count: Callable[[str], int] | None) -> tuple[int | None, str | None]:

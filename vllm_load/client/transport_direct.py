@@ -24,9 +24,9 @@ class DirectTransport:
 
     @classmethod
     def for_user(cls, host: str | None, connect_timeout: float, timeout: float,
-                 report: Report | None = None) -> DirectTransport | None:
+                 report: Report | None = None, capture: frozenset[bytes] = frozenset()) -> DirectTransport | None:
         """The direct transport to ``host``, or None where Locust's session must serve (TLS, the Python reader)."""
-        conns = Connections.for_user(host, connect_timeout, timeout)
+        conns = Connections.for_user(host, connect_timeout, timeout, capture)
         return None if conns is None else cls(conns, report)
 
     def url(self, path: str) -> str:
@@ -53,10 +53,13 @@ class DirectTransport:
         complete = False
         end = None
         try:
-            expect = (decoder, clock.start_wall, not clock.open_loop) if decoder.parses_sse else None
+            expect = ((decoder, clock.start_wall, not clock.open_loop) if decoder.parses_sse and not conns.capture
+                      else None)
             answer = conns.open(path, headers, body, expect)
             conn, head = answer.conn, answer.head
             ex.status = head.status
+            if head.captured:
+                ex.captured = dict(head.captured)
             fd = conn.fd
             if head.status != 200:
                 parts = LineSink()

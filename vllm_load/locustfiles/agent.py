@@ -48,6 +48,10 @@ class Agent(LLMUser):
 
     @task
     def solve(self) -> None:
+        with self.llm.session():  # one task's calls: one session id (--session-header) a router can pin
+            self._solve()
+
+    def _solve(self) -> None:
         history: list[dict] = [{"role": "user", "content": self.llm.text(tokens=self.llm.input_tokens())}]
         for call in range(1, self.llm.options.tool_rounds + 1):
             reply = self.llm.chat(history, tools=TOOLS, tool_choice="required", name=f"tool call {call}")

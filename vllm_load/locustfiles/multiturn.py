@@ -41,6 +41,10 @@ class Conversation(LLMUser):
 
     @task
     def talk(self) -> None:
+        with self.llm.session():  # one conversation: one session id (--session-header) a router can pin
+            self._talk()
+
+    def _talk(self) -> None:
         o = self.llm.options
         if o.dataset:
             user_turns = self.llm.conversation()[: o.turns]

@@ -33,6 +33,8 @@ RUN_METRICS = {
     "request_rate": "req/s",
     "input_drift": "tok", "output_tps": "tok/s", "outage.seconds": "s",
     "energy_per_token": "J", "energy_per_request": "J",  # GPU telemetry (--dcgm-url)
+    # a fleet's routing (metrics/routing.py): from --capture-header's replica, or --host a,b
+    "cache_hits_of_achievable": "%", "replica_imbalance": "", "session_stickiness": "%",
 }
 SERVER_METRICS = {
     "server.kv_cache_usage.max": "%", "server.preemptions": "count", "server.waiting.max": "count",
@@ -104,7 +106,7 @@ def parse_slo(text: str) -> SLO:
     elif metric in RUN_METRICS or metric in SERVER_METRICS:
         if stat:
             raise UsageError(f"SLO {text!r}: {metric} takes no .{stat}")
-        expected = RUN_METRICS.get(metric) or SERVER_METRICS[metric]
+        expected = RUN_METRICS[metric] if metric in RUN_METRICS else SERVER_METRICS[metric]
         if expected == "%" and unit not in ("%", ""):
             raise UsageError(f"SLO {text!r}: {metric} is a percentage, e.g. {metric}{op}1%")
         if expected == "%" and unit == "":
@@ -234,6 +236,15 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
         if not energy or energy.get(key) is None:
             return None, summary.get("energy_missing") or "no GPU telemetry (give --dcgm-url)"
         return float(energy[key]), ""
+    if slo.metric in ("cache_hits_of_achievable", "replica_imbalance", "session_stickiness"):
+        found = summary.get("routing")
+        if not found:
+            return None, ("no request said which replica served it: give --capture-header NAME (a response header "
+                          "naming the replica), or --host a,b")
+        if found.get(slo.metric) is None:
+            return None, "no session had two turns" if slo.metric != "cache_hits_of_achievable" else \
+                "no turn could hit the prefix cache (sessions of one turn, or no usage with cached tokens)"
+        return float(found[slo.metric]), ""
     if slo.metric in ("output_token_rate", "request_rate", "output_tps"):
         return float(summary[slo.metric if slo.metric != "output_tps" else "output_token_rate"]), ""
     if not server:

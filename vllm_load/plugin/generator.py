@@ -49,6 +49,7 @@ class Generator:
     stats: LLMStats = field(default_factory=LLMStats)
     reqlog: RequestLog | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    session_header: str = "X-Session-ID"  # --session-header: where a session's id goes (self.llm.session)
     start_wall: float = field(default_factory=time.time)
     start_perf: float = field(default_factory=time.perf_counter)  # start_wall on the perf_counter clock
     goodput_limits: dict = field(default_factory=dict)
@@ -131,6 +132,7 @@ class Generator:
 
     def _prepare_generation(self) -> None:
         self.headers = request_headers(self.opts)
+        self.session_header = str(getattr(self.opts, "session_header", "") or "X-Session-ID")
         self.goodput_limits = goodput_thresholds(parse_slo_option(list(self.plan.slos)))
         # a worker's log is named by its index in the swarm and its host (its records carry Locust's worker id)
         host = self.worker_id.rsplit("_", 1)[0] if "_" in self.worker_id else self.worker_id

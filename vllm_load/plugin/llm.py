@@ -9,11 +9,14 @@ process's stats (per ``name=`` too), the per-request log and Locust's own table,
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+
 import dataclasses
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import gevent
 from gevent import getcurrent
@@ -58,6 +61,7 @@ class LLM:
     def __init__(self, user: Any) -> None:
         self._user = user
         self._due: dict[Any, Due] = {}  # greenlet -> its task's intended start (open loop)
+        self._session: str | None = None  # the session id its requests carry (``session``)
         self._failures = 0  # connection failures in a row (closed-loop backoff)
         self._transport: Transport | None = None  # chosen at the first request (the user's host is set by then)
         #: the replica this user sends to when --host names several (its records are grouped under it)
@@ -126,7 +130,7 @@ class LLM:
 
     # -- what a task sends -------------------------------------------------------------------------------
     def chat(self, messages: list[dict[str, Any]], *, max_tokens: int | None = None, name: str | None = None,
-             **body: Any) -> Reply:
+             headers: dict[str, str] | None = None, **body: Any) -> Reply:
         """One streaming chat completion. ``max_tokens=N`` asks for exactly N tokens (``ignore_eos``, as the
         built-in users; pass ``ignore_eos=False`` to make it a cap); ``None`` lets the model stop on its own.
         ``body`` keys are merged into the request (``tools``, ``tool_choice``, ``temperature``, ``model`` …)
@@ -141,10 +145,10 @@ class LLM:
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         ready = build_request("chat", model, messages, tokens, max_tokens, defaults=src.defaults, extra=body,
                               group=group)
-        return self.send(dataclasses.replace(ready, media=media) if media else ready, name=name)
+        return self.send(dataclasses.replace(ready, media=media) if media else ready, name=name, headers=headers)
 
     def complete(self, prompt: str, *, max_tokens: int | None = None, name: str | None = None,
-                 **body: Any) -> Reply:
+                 headers: dict[str, str] | None = None, **body: Any) -> Reply:
         """One streaming completion of ``prompt``; ``max_tokens`` and ``body`` as in ``chat``."""
         if not isinstance(prompt, str):
             raise TypeError(f"self.llm.complete(prompt): the prompt must be a str, got {type(prompt).__name__}")
@@ -154,10 +158,10 @@ class LLM:
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         ready = build_request("completions", model, prompt, tokens, max_tokens,
                               defaults=src.defaults, extra=body, group=group)
-        return self.send(ready, name=name)
+        return self.send(ready, name=name, headers=headers)
 
     def respond(self, input: str | list[dict[str, Any]], *, max_output_tokens: int | None = None,  # noqa: A002
-                name: str | None = None, **body: Any) -> Reply:
+                name: str | None = None, headers: dict[str, str] | None = None, **body: Any) -> Reply:
         """One streaming Responses API request (``/v1/responses``): ``input`` is a string or a list of
         messages (``{"role", "content"}``), counted first as vLLM counts a Responses input; ``max_output_tokens=N``
         asks for exactly N tokens (``ignore_eos``), ``None`` lets the model stop. Timed like ``chat`` (TTFT,
@@ -174,9 +178,10 @@ class LLM:
         check_max_tokens("respond", max_output_tokens, tokens, src.plan.max_model_len)
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         return self.send(responses_request(model, input, tokens, max_output_tokens, defaults=src.defaults,
-                                           extra=body, group=group), name=name)
+                                           extra=body, group=group), name=name, headers=headers)
 
-    def embed(self, inputs: str | list[str], *, name: str | None = None, **body: Any) -> Reply:
+    def embed(self, inputs: str | list[str], *, name: str | None = None, headers: dict[str, str] | None = None,
+              **body: Any) -> Reply:
         """One ``/v1/embeddings`` request of ``inputs`` (a text or a list of texts), each counted under the run's
         tokenizer first (as vLLM counts it: special tokens included) and checked against the server's usage;
         ``Reply.data`` is the answer (its ``data[i].embedding``). ``body`` keys merge into the request
@@ -188,9 +193,10 @@ class LLM:
         tokens = src.offload(count_inputs, src.tokenizer.count_completion, texts)
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         return self.send(embeddings_request(model, texts, tokens, defaults=src.defaults, extra=body, group=group),
-                         name=name)
+                         name=name, headers=headers)
 
-    def rerank(self, query: str, documents: list[str], *, name: str | None = None, **body: Any) -> Reply:
+    def rerank(self, query: str, documents: list[str], *, name: str | None = None,
+               headers: dict[str, str] | None = None, **body: Any) -> Reply:
         """One ``/v1/rerank`` request: ``documents`` ranked against ``query`` (``Reply.data["results"]``). The
         input tokens are checked as the server's usage says it counted them: a bi-encoder the query once and each
         document once, a cross-encoder the query in every (query, document) pair."""
@@ -201,9 +207,10 @@ class LLM:
         counts = src.offload(_each, src.tokenizer.count_completion, [query, *documents])
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         return self.send(rerank_request(model, query, documents, sum(counts), defaults=src.defaults, extra=body,
-                                        group=group, query_tokens=counts[0]), name=name)
+                                        group=group, query_tokens=counts[0]), name=name, headers=headers)
 
-    def score(self, queries: str | list[str], documents: list[str], *, name: str | None = None, **body: Any) -> Reply:
+    def score(self, queries: str | list[str], documents: list[str], *, name: str | None = None,
+              headers: dict[str, str] | None = None, **body: Any) -> Reply:
         """One ``/v1/score`` request: each document scored against the query (a str), or query i against document i
         (a list as long as ``documents``); ``Reply.data["data"][i]["score"]``. Input tokens are checked as a
         bi-encoder counts them (each text once), as ``rerank``."""
@@ -217,7 +224,7 @@ class LLM:
         counts = src.offload(_each, src.tokenizer.count_completion, [*qs, *documents])
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         return self.send(score_request(model, queries, documents, sum(counts), defaults=src.defaults, extra=body,
-                                       group=group, query_tokens=counts[0]), name=name)
+                                       group=group, query_tokens=counts[0]), name=name, headers=headers)
 
     def prepared(self, api: str = "chat") -> ReadyRequest:
         """The next request of the run's own workload (--input-tokens, --output-tokens, --dataset, …), built
@@ -229,8 +236,20 @@ class LLM:
             Generator.park()
             raise  # not reached
 
-    def send(self, ready: ReadyRequest, *, name: str | None = None) -> Reply:
-        """Send one ready request and record it: the one request path of every user."""
+    @contextlib.contextmanager
+    def session(self, session_id: str | None = None) -> Iterator[str]:
+        """Every request sent inside carries ``session_id`` in --session-header (X-Session-ID: the key vLLM's
+        router hashes to keep a session on one replica); without one, a new id unique in the swarm. Yields it."""
+        sid = session_id if session_id is not None else f"{self._generator().source}-{uuid.uuid4().hex[:12]}"
+        before, self._session = self._session, sid
+        try:
+            yield sid
+        finally:
+            self._session = before
+
+    def send(self, ready: ReadyRequest, *, name: str | None = None, headers: dict[str, str] | None = None) -> Reply:
+        """Send one ready request and record it: the one request path of every user. ``headers`` go with it
+        (over the run's, and over the session's id)."""
         gen = self._generator()
         due = self._due.pop(getcurrent(), None)
         gen.begin_request()  # counted from here: a drain waits for it
@@ -239,6 +258,10 @@ class LLM:
         try:
             if self._transport is None:
                 self._transport = transport_for(self._user)
+            sent = gen.headers
+            if self._session is not None or headers:
+                sent = {**sent, **({gen.session_header: self._session} if self._session is not None else {}),
+                        **(headers or {})}
             common = dict(
                 worker=gen.worker_id,
                 intended_start=due.intended if due else None,
@@ -249,12 +272,12 @@ class LLM:
                 name=name,
             )
             if isinstance(state, JsonBody):
-                rec = pooling_request(self._transport, ready, gen.headers, body=state, **common)
+                rec = pooling_request(self._transport, ready, sent, body=state, **common)
             else:
-                rec = stream_request(self._transport, ready, gen.headers, state=state,
+                rec = stream_request(self._transport, ready, sent, state=state,
                                      count_output=gen.requests.count_output if gen.requests else None, **common)
         except StreamCancelled as stop:  # stopped mid-stream: recorded, then the stop goes on
-            stop.record.target = self._target
+            stop.record.target, stop.record.session = self._target, self._session
             # not at the run's end: the load shape removed this user (a ramp down, a new user count), which says
             # nothing of the server; at the end (past the drain), the server did not finish it in time: a failure
             stop.record.removed = not gen.draining
@@ -263,7 +286,7 @@ class LLM:
         except BaseException:
             gen.end_request(sent=False)
             raise
-        rec.target = self._target
+        rec.target, rec.session = self._target, self._session
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
             delay = self._backoff(rec, gen.plan.backoff_max)

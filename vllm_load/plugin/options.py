@@ -146,6 +146,12 @@ OPTIONS: tuple[Option, ...] = (
         locustfiles=("agent.py",)),
     Option("--tool-result-tokens", "200", "agent.py: tokens of each tool result: N, LOW-HIGH, normal:MEAN,STD",
         locustfiles=("agent.py",)),
+    Option("--session-header", "X-Session-ID", "the request header a session's id goes in (self.llm.session(); "
+        "multiturn.py's conversations, agent.py's tasks): vLLM's router hashes X-Session-ID with --policy "
+        "consistent_hash to keep a session on one replica"),
+    Option("--capture-header", [], "log this response header of every request (its value in the request log's "
+        "headers; repeatable), e.g. the replica a router sent it to; its answers' heads are then read by Python",
+        action="append", web=False),
     Option("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
         action="store_true"),
     Option("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",
@@ -230,7 +236,8 @@ GROUPS: dict[str, tuple[str, ...]] = {
                    "--stop-over-saturated", "--max-concurrency",
                    "--sweep", "--sweep-mode", "--sweep-users", "--step-duration", "--stop-on-slo-miss",
                    "--drain-timeout"),
-    "request body": ("--no-ignore-eos", "--no-continuous-usage", "--temperature", "--extra-body", "--header"),
+    "request body": ("--no-ignore-eos", "--no-continuous-usage", "--temperature", "--extra-body", "--header",
+                     "--session-header", "--capture-header"),
     "datasets and traces": ("--dataset", "--dataset-format", "--dataset-field", "--dataset-batch",
                             "--dataset-answer-tokens", "--trace", "--trace-format", "--trace-speed",
                             "--trace-block-size"),

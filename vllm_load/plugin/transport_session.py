@@ -29,8 +29,9 @@ from vllm_load.client.rxstamp import CLOCK, NATIVE, STAMPED
 class SessionTransport:
     """One user's Locust session."""
 
-    def __init__(self, session: Any) -> None:
+    def __init__(self, session: Any, capture: frozenset[bytes] = frozenset()) -> None:
         self.session = session
+        self.capture = [name.decode("latin-1") for name in capture]  # --capture-header
         #: its plain-HTTP connections are RxSockets (each says how it is read); any other socket is read by the clock
         self.rx_sockets = rxstamp.installed(session) and str(session.base_url).startswith("http://")
 
@@ -48,6 +49,9 @@ class SessionTransport:
                                   name=name) as resp:
             try:
                 ex.status = resp.status_code
+                if self.capture and resp.headers is not None:
+                    got = {n: resp.headers.get(n) for n in self.capture}
+                    ex.captured = {n: v for n, v in got.items() if v is not None} or None
                 if not ex.status:
                     ex.error = f"connection failed: {resp.error!r}"[:240]
                 elif ex.status != 200:
@@ -126,12 +130,14 @@ def transport_for(user: Any) -> Transport:
     """What carries a user's requests, chosen once: its direct connections (a plain-HTTP target and the native
     reader), else Locust's session (https://, the Python reader, a user that shares a client pool or asked for
     loop times with ``kernel_stamps = False``)."""
+    opts = user.environment.parsed_options
+    capture = frozenset(str(n).strip().lower().encode("latin-1") for n in getattr(opts, "capture_header", None) or ())
     if user.kernel_stamps and user.client_pool is None:
         direct = DirectTransport.for_user(user.host, user.connection_timeout, user.network_timeout,
-                                          locust_report(user.environment.events, user.context))
+                                          locust_report(user.environment.events, user.context), capture)
         if direct is not None:
             return direct
-    return SessionTransport(user.client)
+    return SessionTransport(user.client, capture)
 
 
 def locust_report(events: Any, context: Any) -> Report:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers
 from vllm_load.metrics.table import BY_KEY, METRICS, REASONING_ONLY
@@ -197,6 +198,8 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         lines.append(f"reasoning: {s['reasoning_tokens']} of the output tokens ({share:.1f}%) over "
                      f"{s['reasoning_requests']} requests; TTFT is the first reasoning token, TTFO the first answer "
                      f"token{counted}")
+    if s.get("routing"):
+        lines.append(routing_line(s["routing"]))
     if s.get("removed_excluded"):
         lines.append(f"load shape: {s['removed_excluded']} requests were cut when their users were removed mid-run (a "
                      "ramp down, a new user count): logged, neither successes nor failures")

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vllm_load.report import charts
+from vllm_load.metrics.routing import routing
+from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head, name_rows, server_cells,
                                       spec_line, table_rows)
 from vllm_load.report.page import render
@@ -22,7 +24,7 @@ from vllm_load.metrics.client_health import silent_workers
 from vllm_load.metrics.server import server_summary
 from vllm_load.rundir.files import Run, RunDir, load_run
 from vllm_load.report.csv_export import llm_stats_csv
-from vllm_load.report.vllm_result import vllm_result
+from vllm_load.report.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.slo import parse_slo_option
 
 
@@ -124,6 +126,10 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     title = f"vllm-load run {run.config.get('run_id')}" + (" (target: built-in EMULATOR)" if run.is_emulator else "")
     server = server_summary(run.server)
     run.summary = judge_emulator(run.summary, server)  # the client's verdict with the emulator's own lateness
+    captured = opts.get("capture_header") or []
+    routed = routing(run_logs(run), str(captured[0]).lower() if captured else None)
+    if routed is not None and isinstance(run.summary, RunSummary):  # which replica served what, from the logs
+        run.summary = run.summary.replace(routing=routed)
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
     plan = run.plan
     # a sweep's --num-requests is each step's (judged there); a run's is the whole run's

@@ -33,7 +33,7 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
     s, cfg = run.summary, run.config
     opts = cfg.get("options", {})
     plan = run.plan
-    logs = [r for r in _logs(run) if not r.get("warmup") and not r.get("removed")]
+    logs = [r for r in run_logs(run) if not r.get("warmup") and not r.get("removed")]
     api = logs[0]["api"] if logs else "chat"
     backend = {"chat": "openai-chat", "responses": "openai-responses", "embeddings": "openai-embeddings",
                "rerank": "vllm-rerank"}.get(api, "openai")
@@ -142,7 +142,8 @@ def _alive_per_second(logs: list[dict]) -> int:
     return max(buckets.values())
 
 
-def _logs(run: Any) -> list[dict]:
+def run_logs(run: Any) -> list[dict]:
+    """Every request the run (or its sweep step) logged, every worker's, by start."""
     step = run.config.get("sweep_step")
     base = run.path if step is None else run.path.parent.parent  # a step's requests are in its run's logs
     logs: list[dict] = []

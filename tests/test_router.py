@@ -1,0 +1,108 @@
+"""A fleet behind vLLM's router (`vllm-router` 0.1.17, the real binary) over two emulator replicas: sessions carry
+X-Session-ID (--session-header), each answer names its replica (the emulator's X-Vllm-Load-Replica, taken with
+--capture-header), and the run judges the router: which replica served what, whether each session stayed on one,
+and the prefix-cache hits kept against those its turns made achievable."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, free_port, run_locust, wait_for
+from vllm_load.rundir.reqlog import read_log
+
+MULTITURN = str(ROOT / "locustfiles" / "multiturn.py")
+ROUTER = shutil.which("vllm-router") or str(Path(__import__("sys").executable).parent / "vllm-router")
+REPLICA = "X-Vllm-Load-Replica"
+
+
+@pytest.fixture(scope="module")
+def replicas():
+    from tests.helpers import Proc
+
+    procs = [Proc(["-m", "server.emulator", "--port", "0", "--replica-name", name, "--ttft", "0.005", "--itl",
+                   "0.002", "--enable-prompt-tokens-details"]) for name in ("r1", "r2")]
+    yield procs
+    for p in procs:
+        p.stop()
+
+
+class Router:
+    def __init__(self, urls: list[str], policy: str) -> None:
+        self.port, metrics = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *urls,
+                                      "--policy", policy, "--worker-startup-check-interval", "1",
+                                      "--prometheus-port", str(metrics)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: self.proc.poll() is not None or _answers(self.url + "/v1/models"), timeout=60,
+                 what="the router")
+        assert self.proc.poll() is None, "vllm-router exited"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _served(url: str) -> float:
+    """A replica's own count of finished requests (vLLM's request_success counter)."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total"))
+
+
+def _run(tmp_path, router, users, *slos):
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", MULTITURN, "--headless", "-u", str(users), "-r", str(users), "-t", "6s", "--host",
+                      router.url, "--turns", "4", "--output-tokens", "8", "--capture-header", REPLICA,
+                      *(a for s in slos for a in ("--slo", s)), "--run-dir", str(run_dir)], tmp_path, timeout=120)
+    routing = json.loads((run_dir / "summary.json").read_text())["summary"].get("routing")
+    return res, run_dir, routing
+
+
+def test_consistent_hash_keeps_every_session_on_one_replica_and_both_replicas_serve(tmp_path, replicas):
+    router = Router([p.url for p in replicas], "consistent_hash")
+    before = [_served(p.url) for p in replicas]
+    try:
+        res, run_dir, routing = _run(tmp_path, router, 4, "cache_hits_of_achievable>=0.9", "replica_imbalance<=1.5",
+                                     "session_stickiness>=100%")
+    finally:
+        router.stop()
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert routing["session_stickiness"] == 1.0 and routing["sessions"] >= 8
+    assert set(routing["replicas"]) == {"r1", "r2"} and all(r["requests"] > 0 for r in routing["replicas"].values())
+    # the join is exact: each replica's requests, as its answers named it, equal its own counter's increase
+    served = [_served(p.url) - b for p, b in zip(replicas, before)]
+    assert [routing["replicas"][n]["requests"] for n in ("r1", "r2")] == served
+    logs = read_log(run_dir / "requests.jsonl")
+    assert all(r["session"] and r["headers"][REPLICA.lower()] in ("r1", "r2") for r in logs)
+    assert "sessions kept on one replica (100%)" in res.stdout
+
+
+def test_round_robin_breaks_sessions_and_an_achievable_hits_slo_fails_the_run(tmp_path, replicas):
+    router = Router([p.url for p in replicas], "round_robin")
+    try:
+        # 3 users: each user's turns alternate over the 2 replicas (with an even count they can line up by chance)
+        res, _run_dir, routing = _run(tmp_path, router, 3, "cache_hits_of_achievable>=0.95")
+    finally:
+        router.stop()
+    assert routing["session_stickiness"] < 0.5, routing
+    assert routing["cache_hits_achieved"] < routing["cache_hits_achievable"]
+    assert res.returncode == 3, res.stdout[-3000:]  # the SLO missed
+    assert "FAIL  cache_hits_of_achievable>=0.95" in res.stdout

@@ -1,0 +1,84 @@
+"""The routing verdict: how a fleet behind a router served the run's sessions, from the request logs.
+
+Which replica served each request comes from the fleet: a response header naming it (``--capture-header``; the
+embedded emulator sends ``X-Vllm-Load-Replica``), else the target the client chose (``--host a,b``). Per replica:
+its requests and tokens; per session (``self.llm.session``, ``--session-header``): whether all its turns stayed on
+one replica; and the prefix-cache hits the sessions made achievable against those achieved (the server's
+``cached_tokens`` per request). A router that spreads one session's turns over replicas loses the hits the
+conversation's shared prefix would have had: a run can look green while one replica serves everything, or while
+every turn misses its cache.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Iterable
+
+#: vLLM's KV-cache block (its default --block-size): the prefix cache hits whole blocks only
+BLOCK = 16
+
+
+def replica_of(record: dict, header: str | None) -> str | None:
+    named = (record.get("headers") or {}).get(header) if header else None
+    return named or record.get("target")
+
+
+def routing(records: Iterable[dict], header: str | None = None, block: int = BLOCK) -> dict[str, Any] | None:
+    """The verdict over the measured requests (warm-up and removed ones aside); None when no request says its
+    replica."""
+    replicas: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "failed": 0, "input_tokens": 0,
+                                                               "cached_tokens": 0})
+    turns: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        if r.get("warmup") or r.get("removed"):
+            continue
+        replica = replica_of(r, header)
+        if replica is None:
+            continue
+        row = replicas[replica]
+        row["requests"] += 1
+        row["failed"] += not r.get("ok")
+        row["input_tokens"] += r.get("input_tokens") or 0
+        row["cached_tokens"] += r.get("cached_tokens") or 0
+        if r.get("session"):
+            turns[r["session"]].append({**r, "replica": replica})
+    if not replicas:
+        return None
+    counts = [row["requests"] for row in replicas.values()]
+    multi = {s: sorted(rs, key=lambda x: x["start"]) for s, rs in turns.items() if len(rs) > 1}
+    sticky = sum(1 for rs in multi.values() if len({x["replica"] for x in rs}) == 1)
+    achievable = achieved = 0
+    for rs in multi.values():
+        for prev, cur in zip(rs, rs[1:]):
+            if not (prev.get("ok") and cur.get("ok")) or cur.get("input_tokens") is None:
+                continue
+            # the turn repeats the last turn's prompt and answer: what a replica holding them could hit, in whole
+            # blocks, the last prompt token always computed
+            shared = (prev.get("input_tokens") or 0) + (prev.get("output_tokens") or 0)
+            achievable += min(shared, cur["input_tokens"] - 1) // block * block
+            achieved += cur.get("cached_tokens") or 0
+    return {
+        "source": f"the {header} response header" if header else "the client's --host targets",
+        "replicas": dict(sorted(replicas.items())),
+        "replica_imbalance": max(counts) / (sum(counts) / len(counts)),
+        "sessions": len(multi),
+        "sticky_sessions": sticky,
+        "session_stickiness": sticky / len(multi) if multi else None,
+        "cache_hits_achievable": achievable,
+        "cache_hits_achieved": achieved,
+        "cache_hits_of_achievable": min(1.0, achieved / achievable) if achievable else None,
+    }
+
+
+def routing_line(r: dict[str, Any] | None) -> str:
+    """One console line: the replicas' shares, the sessions' stickiness, the hits kept."""
+    if not r:
+        return ""
+    shares = ", ".join(f"{name} {row['requests']}" for name, row in r["replicas"].items())
+    out = f"routing ({r['source']}): {len(r['replicas'])} replicas ({shares}; imbalance {r['replica_imbalance']:.2f})"
+    if r["session_stickiness"] is not None:
+        out += f"; {r['sticky_sessions']} of {r['sessions']} sessions kept on one replica ({r['session_stickiness']:.0%})"
+    if r["cache_hits_of_achievable"] is not None:
+        out += (f"; prefix-cache hits {r['cache_hits_achieved']} of {r['cache_hits_achievable']} achievable tokens "
+                f"({r['cache_hits_of_achievable']:.0%})")
+    return out
