@@ -84,6 +84,20 @@ def serve_real_vllm(model: str, name: str, *flags: str, build: str = ""):
         subprocess.run(["bash", str(REAL_VLLM_SCRIPT), "stop"], env=env, capture_output=True, timeout=120)
 
 
+def listening(pid: int, port: int) -> list[str]:
+    """The addresses a process (or one of its children) listens on at ``port``."""
+    import psutil
+
+    addrs = []
+    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
+        try:
+            conns = proc.net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        addrs += [c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+    return addrs
+
+
 class FakePrometheus:
     """A Prometheus-compatible ``/api/v1/query_range`` on 127.0.0.1 standing for kube-prometheus: ``answer(query,
     start, end)`` gives the matrix's series; every (query, end) asked is kept in ``asked``. A context manager."""

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import ROOT, free_port, run_locust, wait_for
+from tests.helpers import ROOT, free_port, listening, run_locust, wait_for
 
 CHAT = str(ROOT / "locustfiles" / "chat.py")
 KEY, SIDECAR_TOKEN, HEADER_TOKEN = "sk-SECRET-4b1d", "side-SECRET-77aa", "hdr-SECRET-09ff"
@@ -62,7 +62,7 @@ class UI:
         self.proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", CHAT, "--web-port", str(self.port),
                                       "--output-tokens", "4", "--run-dir", str(tmp / "run"), *extra],
                                      cwd=tmp, env=env or _env(), stdout=self.out.open("w"), stderr=subprocess.STDOUT)
-        wait_for(lambda: self.proc.poll() is not None or _listens(self.proc.pid, self.port), timeout=120,
+        wait_for(lambda: self.proc.poll() is not None or listening(self.proc.pid, self.port), timeout=120,
                  what="the web UI to listen")
         assert self.proc.poll() is None, self.out.read_text()[-3000:]
 
@@ -76,17 +76,6 @@ class UI:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         return self.out.read_text()
-
-
-def _listens(pid: int, port: int) -> list[str]:
-    addrs = []
-    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-        try:
-            conns = proc.net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        addrs += [c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
-    return addrs
 
 
 def _form(**extra: str) -> dict:
@@ -247,7 +236,7 @@ def test_a_joining_worker_receives_no_secret_and_the_master_binds_loopback(tmp_p
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     intruder = None
     try:
-        assert wait_for(lambda: _listens(proc.pid, port), timeout=60, what="the master's port") == ["127.0.0.1"]
+        assert wait_for(lambda: listening(proc.pid, port), timeout=60, what="the master's port") == ["127.0.0.1"]
         intruder = subprocess.Popen([sys.executable, "-c", _INTRUDER, str(port)], env=_env(), text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
         wire = intruder.communicate(timeout=90)[0]
@@ -503,3 +492,28 @@ def test_a_sidecar_that_refuses_the_token_is_not_called_unreachable(sidecar_fact
     samples, why = fetch_samples(side.url, time.time() - 5, time.time(), token="wrong")
     assert samples == [] and "refused the read (HTTP 401" in why and "--sidecar-token" in why, why
     assert "unreachable" not in why
+
+
+def test_each_process_reads_its_own_secrets_and_a_wide_master_says_its_port_is_open(tmp_path):
+    import argparse
+
+    from vllm_load.errors import UsageError
+    from vllm_load.plugin.ui_guard import master_warning
+    from vllm_load.plugin.worker_secrets import OwnHeaders, read_key_file, scrub
+
+    key_file = tmp_path / "key"
+    key_file.write_text("  sk-from-file \n")
+    opts = argparse.Namespace(api_key="", api_key_file=str(key_file), header=["Authorization: Bearer mine", "X-A: 1"])
+    read_key_file(opts)
+    assert opts.api_key == "sk-from-file"
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(UsageError, match="is empty"):
+        read_key_file(argparse.Namespace(api_key_file=str(tmp_path / "empty")))
+    # a worker's own credential header survives a spawn message that carries the master's others only
+    own = OwnHeaders(opts)
+    opts.header = scrub({"header": ["X-A: 1", "Authorization: Bearer master's"]})["header"]
+    own.restore(opts)
+    assert opts.header == ["X-A: 1", "Authorization: Bearer mine"]
+    assert master_warning("127.0.0.1", 5557) is None
+    said = master_warning("0.0.0.0", 5557)
+    assert "unauthenticated" in said and "ssh -N -L 5557:127.0.0.1:5557" in said and "never its secrets" in said

@@ -11,9 +11,8 @@ import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import psutil
 
-from tests.helpers import ROOT, free_port, wait_for
+from tests.helpers import ROOT, free_port, listening, wait_for
 
 KEY, SIDECAR, PROM = "sk-SECRET-key-7f3a9", "sidecar-SECRET-tok-41c2", "prom-SECRET-tok-88d0"
 
@@ -56,18 +55,6 @@ def fetch(url, data=None):
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode(errors="replace")
-
-
-def listening(pid, port):
-    """The addresses a process listens on at ``port``."""
-    addrs = []
-    for proc in [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]:
-        try:
-            conns = proc.net_connections(kind="inet")
-        except psutil.Error:
-            continue
-        addrs += [c.laddr.ip for c in conns if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
-    return addrs
 
 
 def swarm_form(host, **extra):

@@ -250,26 +250,25 @@ class Generator:
         return rec.start < self.start_wall + w or (rec.step is not None and rec.step == self.step
                                                    and rec.start < self.step_started + w)
 
+    def _exclude(self, rec: RequestRecord, counter: str) -> None:
+        """A request logged but left out of every metric, counted under ``counter``; its --num-requests ticket
+        comes back (a past step's ticket is not this step's)."""
+        if self.plan.num_requests and rec.step == self.step:
+            self._give_back()
+        for stats in (self.stats, *([self.step_stats.setdefault(rec.step, LLMStats())] if rec.step is not None
+                                    else [])):
+            setattr(stats, counter, getattr(stats, counter) + 1)
+        if self.reqlog:
+            self.reqlog.write(rec)
+
     def on_record(self, rec: RequestRecord) -> None:
         self.end_request()
-        if rec.removed:
-            if self.plan.num_requests and rec.step == self.step:
-                self._give_back()
-            self.stats.removed_excluded += 1
-            if rec.step is not None:
-                self.step_stats.setdefault(rec.step, LLMStats()).removed_excluded += 1
-            if self.reqlog:
-                self.reqlog.write(rec)
+        if rec.removed:  # its user was removed mid-run: logged, in no metric
+            self._exclude(rec, "removed_excluded")
             return
         if self.in_warmup(rec):
-            if self.plan.num_requests and rec.step == self.step:  # a past step's ticket is not this step's
-                self._give_back()
             rec.warmup = True
-            self.stats.warmup_excluded += 1
-            if rec.step is not None:
-                self.step_stats.setdefault(rec.step, LLMStats()).warmup_excluded += 1
-            if self.reqlog:
-                self.reqlog.write(rec)
+            self._exclude(rec, "warmup_excluded")
             return
         if self.goodput_limits:
             rec.good = rec.ok and all(

@@ -29,6 +29,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from vllm_load.errors import UsageError
+from vllm_load.plugin.worker_secrets import read_secret_file
 
 log = logging.getLogger("vllm_load")
 
@@ -176,14 +177,7 @@ def login_password(opts: Any, private_file: Callable[[str, str], Any]) -> tuple[
         return given, f"${PASSWORD_ENV}"
     path = getattr(opts, "web_password_file", "")
     if path:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                word = fh.read().strip()
-        except OSError as exc:
-            raise UsageError(f"--web-password-file {path}: {exc.strerror or exc}") from None
-        if not word:
-            raise UsageError(f"--web-password-file {path} is empty: write the password in it")
-        return word, f"--web-password-file {path}"
+        return read_secret_file(path, "--web-password-file", "password"), f"--web-password-file {path}"
     word = secrets.token_urlsafe(18)
     made = private_file("web-password", ".txt")
     made.write_text(word + "\n", encoding="utf-8")

@@ -55,16 +55,20 @@ def read_key_file(opts: Any) -> None:
     """--api-key-file: the key, read by this process from its own file (it wins over --api-key and the
     environment); one line and exit 2 when it cannot be read."""
     path = getattr(opts, "api_key_file", "")
-    if not path:
-        return
+    if path:
+        opts.api_key = read_secret_file(path, "--api-key-file", "key")
+
+
+def read_secret_file(path: str, option: str, what: str) -> str:
+    """A secret kept in a file (its surrounding white space dropped); one line when it cannot be read or is empty."""
     try:
         with open(path, encoding="utf-8") as fh:
-            key = fh.read().strip()
+            secret = fh.read().strip()
     except OSError as exc:
-        raise UsageError(f"--api-key-file {path}: {exc.strerror or exc}") from None
-    if not key:
-        raise UsageError(f"--api-key-file {path} is empty: write the key in it")
-    opts.api_key = key
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
+    if not secret:
+        raise UsageError(f"{option} {path} is empty: write the {what} in it")
+    return secret
 
 
 class OwnHeaders:
