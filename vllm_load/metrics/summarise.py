@@ -34,6 +34,8 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
         "input_tokens": self.input_tokens,
         "output_tokens": self.output_tokens,
         "output_token_rate": self.output_tokens / duration if duration else 0.0,
+        # vllm bench serve's "Total token throughput": input and output tokens per second
+        "total_token_rate": (self.input_tokens + self.output_tokens) / duration if duration else 0.0,
         "usage_missing": self.usage_missing,
         "input_drift_requests": self.drift_requests,
         "input_drift_max_abs": self.drift_max_abs,

@@ -40,6 +40,7 @@ class RunSummary(Mapping[str, Any]):
     input_tokens: int = ABSENT
     output_tokens: int = ABSENT
     output_token_rate: float = ABSENT
+    total_token_rate: float = ABSENT  # input and output tokens per second (vLLM's total token throughput)
     usage_missing: int = ABSENT  # successful requests without server usage (tokens counted locally)
     input_drift_requests: int = ABSENT  # requests whose prompt length differed from what was asked
     input_drift_max_abs: int = ABSENT

@@ -26,6 +26,7 @@ HIST_ERROR = 0.001  # relative, HdrHistogram with 3 significant digits
 DEFAULT_THRESHOLD = 0.05
 STATS = ("mean", "p50", "p90", "p99", "p99.9")
 RATES = (("request_rate", "request rate", "req/s"), ("output_token_rate", "output tokens/s", "tok/s"),
+         ("total_token_rate", "total tokens/s", "tok/s"),
          ("error_rate", "error rate", "%"), ("goodput", "goodput (good req/s)", "req/s"))
 
 

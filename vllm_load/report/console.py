@@ -183,6 +183,8 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         f"requests {s['requests']}  succeeded {s['succeeded']}  failed {s['failed']}  "
         f"duration {s['duration_s']:.1f} s  request rate {s['request_rate']:.2f}/s  "
         f"output {s['output_tokens']} tok ({s['output_token_rate']:.1f} tok/s)  input {s['input_tokens']} tok"
+        + (f"  total token throughput {s['total_token_rate']:.1f} tok/s" if s.get("total_token_rate") is not None
+           else "")
     )
     if s.get("media_items"):
         lines.append(f"media: {s['media_items']} images/clips, {s['media_tokens']} prompt tokens (the server's count "
