@@ -128,3 +128,35 @@ def test_a_master_port_in_use_is_one_line_and_processes_follow_their_masters_por
                       str(tmp_path / "b")], tmp_path, timeout=90)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert len(list((tmp_path / "b").glob("requests-*.jsonl"))) == 2
+
+
+def test_reset_prefix_cache_before_a_run_leaves_no_hit_carried_over(tmp_path, emulator_factory):
+    """The same prompts twice (--salt, --seed): the second run hits what the first cached, unless the cache is
+    reset before it."""
+    emu = emulator_factory("--enable-prompt-tokens-details", "--ttft", "0.005", "--itl", "0.002")
+    same = ["-f", CHAT, "--headless", "-u", "1", "-r", "1", "--num-requests", "6", "--host", emu.url,
+            "--input-tokens", "96", "--output-tokens", "4", "--salt", "fixed", "--seed", "3"]
+
+    def first_cached(name, *extra):
+        res = run_locust([*same, *extra, "--run-dir", str(tmp_path / name)], tmp_path, timeout=120)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+        logs = sorted(read_log(tmp_path / name / "requests.jsonl"), key=lambda r: r["start"])
+        return logs[0]["cached_tokens"], res.stdout
+
+    assert first_cached("a")[0] == 0
+    assert first_cached("b")[0] > 0  # the first run's blocks, carried over
+    cached, out = first_cached("c", "--reset-prefix-cache")
+    assert cached == 0 and "prefix cache reset on 1 target(s) before the run" in out
+
+
+def test_a_server_that_refuses_the_reset_is_said_once(emulator_factory, sidecar_factory, tmp_path):
+    from vllm_load.plugin.server_control import CacheReset
+
+    emu = emulator_factory()
+    other = sidecar_factory("--vllm-url", emu.url, "--out", str(tmp_path / "s.jsonl"))  # an HTTP server without it
+    said: list[str] = []
+    reset = CacheReset((other.url, emu.url), "", said.append)
+    assert reset("step 1") == 1 and reset("step 2") == 1
+    refusals = [x for x in said if "refused /reset_prefix_cache" in x]
+    assert len(refusals) == 1 and "VLLM_SERVER_DEV_MODE=1" in refusals[0]  # once, not at every step
+    assert said[-1] == "vllm-load: prefix cache reset on 1 target(s) before step 2"

@@ -191,6 +191,9 @@ class Emulator:
             if path.startswith("/v1/") and self.api_key:
                 if not hmac.compare_digest(environ.get("HTTP_AUTHORIZATION", "").encode(), f"Bearer {self.api_key}".encode()):
                     raise HttpError(401, "Unauthorized", "Unauthorized")
+            if path == "/reset_prefix_cache" and method == "POST":  # vLLM's (dev mode): the cache emptied
+                self.prefix_cache.reset()
+                return self._reply(start_response, 200, b'{"success":true}')
             if path == "/version":
                 return self._reply(start_response, 200, orjson.dumps({"version": VERSION}))
             if path == "/v1/models":

@@ -16,6 +16,10 @@ class PrefixCache:
         self.capacity = capacity_blocks
         self.blocks: OrderedDict[int, None] = OrderedDict()
 
+    def reset(self) -> None:
+        """vLLM's POST /reset_prefix_cache: every cached block gone."""
+        self.blocks.clear()
+
     def query(self, token_ids: list[int]) -> int:
         """Cached tokens of this prompt's prefix; the prompt's blocks are cached afterwards."""
         bs = self.block_size

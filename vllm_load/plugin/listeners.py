@@ -325,6 +325,14 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     _close_run()
     if role != "worker":
         STATE.fatal = None
+        if opts.reset_prefix_cache and STATE.target is not None:  # before the run's first request
+            from vllm_load.plugin.server_control import CacheReset
+
+            if STATE.cache_reset is None:
+                STATE.cache_reset = CacheReset(validate.split_hosts(environment.host), opts.api_key,
+                                               lambda line: print(line, flush=True))
+            if not getattr(opts, "sweep", ""):  # a sweep resets before each step (its first too)
+                STATE.cache_reset("the run")
     worker_id = getattr(environment.runner, "client_id", "local")
     if role == "worker" and STATE.own_headers is not None:  # the spawn message replaced --header without them
         STATE.own_headers.restore(opts)

@@ -166,6 +166,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--metrics-host", "127.0.0.1", "address of --metrics-port (0.0.0.0 exposes it beyond this host)", web=False),
     Option("--sidecar-url", "", "the sidecar (python -m server.sidecar) beside vLLM; its series lands in the run dir "
            "(auto with the emulator); one per replica, comma-separated, with --host a,b: merged into the fleet's"),
+    Option("--reset-prefix-cache", False, "empty the server's prefix cache (vLLM's POST /reset_prefix_cache, served "
+        "with VLLM_SERVER_DEV_MODE=1) before the run and before each sweep step, so none inherits the last one's "
+        "hits; a server that refuses it is said once", action="store_true"),
     Option("--dcgm-url", "", "GPU telemetry: a DCGM exporter's /metrics, read every second on the client's clock; "
         "the run reports energy (J), average power, energy per output token and per request, tokens per joule "
         "(SLO: energy_per_token<=0.5J), e.g. http://dcgm-exporter:9400/metrics"),
@@ -246,7 +249,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token",
                 "--mlflow-uri", "--mlflow-experiment", "--wandb-project", "--metrics-port", "--metrics-host"),
     "web UI": ("--web-allowed-host", "--web-password-file"),
-    "server side": ("--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
+    "server side": ("--reset-prefix-cache", "--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
                     "--prometheus-token", "--dcgm-url", "--dcgm-selector"),
     "emulator": ("--emulator-profile", "--emulator-max-num-seqs", "--emulator-dcgm", "--emulator-ttft", "--emulator-itl",
                  "--emulator-tokens-per-chunk", "--emulator-reasoning-tokens", "--emulator-spec-tokens", "--emulator-spec-acceptance"),

@@ -121,6 +121,8 @@ def begin_step(environment: Any, step: int, level: float) -> None:
     if STATE.generator is not None:
         STATE.generator.set_step(step, rate)
     print(f"vllm-load: sweep step {step}: {level:g} {'req/s' if rate_sweep else 'users'}", flush=True)
+    if STATE.cache_reset is not None:  # before the step's first request (its workers are told next)
+        STATE.cache_reset(f"sweep step {step}")
     if isinstance(environment.runner, MasterRunner):
         for client in environment.runner.clients.all:
             environment.runner.send_message(STEP, {"step": step, "rate": rate}, client_id=client.id)
