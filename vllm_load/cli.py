@@ -13,7 +13,7 @@ from pathlib import Path
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 
 
-LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sweep", "embeddings", "rerank", "responses")
+LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sessions", "sweep", "embeddings", "rerank", "responses")
 
 
 def parse_share(text: str, flag: str) -> float:

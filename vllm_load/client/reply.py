@@ -41,6 +41,11 @@ class Reply:
             msg["tool_calls"] = [dict(c, function=dict(c["function"])) for c in self.tool_calls]
         return msg
 
+    @property
+    def end(self) -> float | None:
+        """When the answer ended (wall clock): its start plus its E2E (None for a reply without a record)."""
+        return None if self.record is None else self.record.start + self.record.e2e
+
     def __bool__(self) -> bool:
         return self.ok
 

@@ -27,7 +27,7 @@ from vllm_load.client.pooling import (POOLING, count_inputs, embeddings_request,
 from vllm_load.client.reply import Reply
 from vllm_load.client.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
-from vllm_load.client.stream import ReadyRequest, StreamCancelled, build_request, stream_request
+from vllm_load.client.stream import ready_request, ReadyRequest, StreamCancelled, build_request, stream_request
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.llm_checks import check_max_tokens, check_messages, split_media
 from vllm_load.plugin.request_source import RequestSource
@@ -50,6 +50,14 @@ class Due:
     schedule_start: float  # when the schedule (the run's, or a sweep step's rate) began
 
 
+def _turn_request(src: Any, input_tokens: int, output_tokens: int, hash_ids: tuple[int, ...], block_size: int,
+                  model: str, group: str | None) -> ReadyRequest:
+    """A session turn's request, in the prompt thread: the blocks' content at its exact length, or unique text."""
+    f = src.factory("chat")
+    prompt = f.from_blocks(hash_ids, block_size, input_tokens) if hash_ids else f.make(input_tokens)
+    return ready_request("chat", model, prompt, output_tokens, src.defaults, group)
+
+
 def _each(count: Callable[[str], int], texts: list[str]) -> list[int]:
     """Each text's prompt tokens as vLLM counts a pooling input (special tokens included)."""
     return [count(text) for text in texts]
@@ -61,7 +69,7 @@ class LLM:
     def __init__(self, user: Any) -> None:
         self._user = user
         self._due: dict[Any, Due] = {}  # greenlet -> its task's intended start (open loop)
-        self._session: str | None = None  # the session id its requests carry (``session``)
+        self._sessions: dict[Any, str] = {}  # greenlet -> the session id its requests carry (``session``)
         self._failures = 0  # connection failures in a row (closed-loop backoff)
         self._transport: Transport | None = None  # chosen at the first request (the user's host is set by then)
         #: the replica this user sends to when --host names several (its records are grouped under it)
@@ -236,16 +244,65 @@ class LLM:
             Generator.park()
             raise  # not reached
 
+    def turn(self, input_tokens: int, output_tokens: int, *, hash_ids: tuple[int, ...] | list[int] = (),
+             block_size: int = 64, name: str | None = None, headers: dict[str, str] | None = None) -> Reply:
+        """One streaming chat request of a replayed session's turn: a prompt of exactly ``input_tokens`` tokens
+        (the chat template included) whose content is the blocks ``hash_ids`` name, in order (the same id, the same
+        ``block_size`` tokens of content for the whole run, so two turns share exactly the blocks their ids share,
+        as the server's prefix cache sees them), and exactly ``output_tokens`` tokens asked. Built off the event
+        loop."""
+        return self.send(self.turn_request(input_tokens, output_tokens, hash_ids=hash_ids, block_size=block_size),
+                         name=name, headers=headers)
+
+    def turn_request(self, input_tokens: int, output_tokens: int, *, hash_ids: tuple[int, ...] | list[int] = (),
+                     block_size: int = 64) -> ReadyRequest:
+        """``turn``'s request, built (off the event loop) but not sent: a replay builds the next turn while it
+        waits for its time, then ``send``s it (a 128-block prompt takes milliseconds to fit exactly)."""
+        src = self._source()
+        model, group = src.next_model()
+        return src.offload(_turn_request, src, int(input_tokens), int(output_tokens), tuple(hash_ids),
+                           int(block_size), model, group)
+
+    def send_at(self, ready: ReadyRequest, at: float, *, name: str | None = None,
+                headers: dict[str, str] | None = None) -> Reply:
+        """Send ``ready`` at the wall-clock time ``at`` (at once, if that has passed), timed from ``at``: a send
+        the client made late counts its lateness in the request's latency and its ``send_lag``, as an open loop's
+        arrival does (a replay's turn is due at its predecessor's completion plus its delay)."""
+        gen = self._generator()
+        wait = at - time.time()
+        if wait > 0:
+            gevent.sleep(wait)
+        self._due[getcurrent()] = Due(time.perf_counter() - (time.time() - at), gen.schedule_start())
+        return self.send(ready, name=name, headers=headers)
+
+    def share(self, items: list[Any]) -> list[Any]:
+        """This load process's part of ``items`` (item i where i mod the run's processes is its index): a swarm
+        splits sessions, each kept whole on one process."""
+        gen = self._generator()
+        n = max(1, gen.plan.processes)
+        return [x for i, x in enumerate(items) if i % n == gen.worker_index % n]
+
+    def finished(self) -> None:
+        """This process sent all of its share (and every request came back): the run ends once every process
+        has said so (as a trace replay ends)."""
+        gen = self._generator()
+        gevent.spawn(lambda: (gen.idle.wait(), gen.on_trace_done()))
+
     @contextlib.contextmanager
     def session(self, session_id: str | None = None) -> Iterator[str]:
         """Every request sent inside carries ``session_id`` in --session-header (X-Session-ID: the key vLLM's
         router hashes to keep a session on one replica); without one, a new id unique in the swarm. Yields it."""
         sid = session_id if session_id is not None else f"{self._generator().source}-{uuid.uuid4().hex[:12]}"
-        before, self._session = self._session, sid
+        me = getcurrent()  # per greenlet: a subagent's greenlet beside its parent has a session of its own
+        before = self._sessions.get(me)
+        self._sessions[me] = sid
         try:
             yield sid
         finally:
-            self._session = before
+            if before is None:
+                self._sessions.pop(me, None)
+            else:
+                self._sessions[me] = before
 
     def send(self, ready: ReadyRequest, *, name: str | None = None, headers: dict[str, str] | None = None) -> Reply:
         """Send one ready request and record it: the one request path of every user. ``headers`` go with it
@@ -259,9 +316,9 @@ class LLM:
             if self._transport is None:
                 self._transport = transport_for(self._user)
             sent = gen.headers
-            if self._session is not None or headers:
-                sent = {**sent, **({gen.session_header: self._session} if self._session is not None else {}),
-                        **(headers or {})}
+            session = self._sessions.get(getcurrent())
+            if session is not None or headers:
+                sent = {**sent, **({gen.session_header: session} if session is not None else {}), **(headers or {})}
             common = dict(
                 worker=gen.worker_id,
                 intended_start=due.intended if due else None,
@@ -277,7 +334,7 @@ class LLM:
                 rec = stream_request(self._transport, ready, sent, state=state,
                                      count_output=gen.requests.count_output if gen.requests else None, **common)
         except StreamCancelled as stop:  # stopped mid-stream: recorded, then the stop goes on
-            stop.record.target, stop.record.session = self._target, self._session
+            stop.record.target, stop.record.session = self._target, self._sessions.get(getcurrent())
             # not at the run's end: the load shape removed this user (a ramp down, a new user count), which says
             # nothing of the server; at the end (past the drain), the server did not finish it in time: a failure
             stop.record.removed = not gen.draining
@@ -286,7 +343,7 @@ class LLM:
         except BaseException:
             gen.end_request(sent=False)
             raise
-        rec.target, rec.session = self._target, self._session
+        rec.target, rec.session = self._target, self._sessions.get(getcurrent())
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
             delay = self._backoff(rec, gen.plan.backoff_max)

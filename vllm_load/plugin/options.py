@@ -152,6 +152,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--capture-header", [], "log this response header of every request (its value in the request log's "
         "headers; repeatable), e.g. the replica a router sent it to; its answers' heads are then read by Python",
         action="append", web=False),
+    Option("--sessions", "", "sessions.py: replay these agent sessions (a Weka/AgentX trace file or folder, or "
+        "sessions JSONL: docs/sessions.md): each turn sent when its predecessor completed plus its recorded delay, "
+        "subagents forked and joined, each session on one user with its own --session-header id",
+        locustfiles=("sessions.py",), web=False),
+    Option("--sessions-format", "", "sessions.py: weka or jsonl (default: jsonl for .jsonl, else weka)",
+        choices=["", "weka", "jsonl"], locustfiles=("sessions.py",)),
+    Option("--max-idle", 10.0, "sessions.py: the longest wait between a turn's completion and the next turn (a "
+        "recorded coffee break is cut to this; AgentX's cap is 10 s)", type=float, locustfiles=("sessions.py",)),
     Option("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
         action="store_true"),
     Option("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",
@@ -243,7 +251,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                      "--session-header", "--capture-header"),
     "datasets and traces": ("--dataset", "--dataset-format", "--dataset-field", "--dataset-batch",
                             "--dataset-answer-tokens", "--trace", "--trace-format", "--trace-speed",
-                            "--trace-block-size"),
+                            "--trace-block-size", "--sessions", "--sessions-format", "--max-idle"),
     "SLOs and gates": ("--slo", "--min-requests", "--allow-untrustworthy", "--junit", "--retry-backoff-max",
                        "--outage-after", "--stop-on-outage"),
     "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token",

@@ -1,0 +1,179 @@
+"""Agent sessions to replay: turns paced by their predecessor's completion, subagents that fork and join.
+
+Two formats:
+
+- ``weka``: the Weka/AgentX capture AIPerf replays for SemiAnalysis' AgentX (a JSON object per trace file, or a folder
+  of them): ``id``, ``block_size``, ``hash_id_scope`` (``local``: equal hash ids in different traces are different
+  blocks; ``global``: shared), ``requests``: calls (``type`` ``n``/``s``: ``t`` seconds from the trace's start,
+  ``in``/``out`` tokens, ``hash_ids``, ``api_time``, ``think_time``) and subagents (``type: subagent``: ``t``,
+  ``agent_id``, ``status``, their own ``requests``). The parent's next call waits for a subagent to finish unless it
+  was ``async_launched``.
+- ``jsonl``: one session per line, documented in docs/sessions.md: ``{"session_id": "s1", "block_size": 16, "turns":
+  [{"input_tokens": 1200, "output_tokens": 80, "delay": 1.5, "hash_ids": [1, 2, 3]}, {"subagent": {...a
+  session...}, "join": true}, ...]}``. ``delay``: seconds after the previous turn's completion.
+
+A turn's delay after its predecessor's completion is the recorded think time, else the gap between the previous
+call's end (``t`` + ``api_time``) and this call's ``t`` (AIPerf's end-to-start delays), capped by ``--max-idle``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Union
+
+from vllm_load.errors import UsageError
+
+FORMATS = ("weka", "jsonl")
+
+
+@dataclass(frozen=True)
+class Turn:
+    input_tokens: int
+    output_tokens: int
+    delay: float  # seconds after the previous turn's completion (the session's start, for its first)
+    hash_ids: tuple[int, ...] = ()  # the prompt's content blocks: the same id, the same block, across the run
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A subagent: a session of its own, started after the turn before it; ``join``: the next turn waits for it."""
+
+    session: Session
+    join: bool = True
+
+
+Step = Union[Turn, Fork]
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    steps: tuple[Step, ...]
+    block_size: int = 64  # tokens per hash id
+
+    def turns(self) -> int:
+        """Every turn, its subagents' included."""
+        return sum(s.session.turns() if isinstance(s, Fork) else 1 for s in self.steps)
+
+
+def _fail(path: Path, what: str) -> UsageError:
+    return UsageError(f"sessions {path}: {what}")
+
+
+def guess_format(path: Path) -> str:
+    return "jsonl" if path.suffix.lower() == ".jsonl" else "weka"
+
+
+def read_sessions(path: str | Path, fmt: str = "") -> list[Session]:
+    """Every session of a file (or a folder of Weka traces), in order; bad input is one line (UsageError)."""
+    p = Path(path)
+    if not p.exists():
+        raise _fail(p, "no such file or folder: check --sessions")
+    fmt = fmt or guess_format(p)
+    if fmt not in FORMATS:
+        raise UsageError(f"--sessions-format {fmt!r} is unknown: use one of {', '.join(FORMATS)}")
+    if fmt == "jsonl":
+        out = []
+        for n, line in enumerate(_text(p).splitlines(), 1):
+            if line.strip():
+                try:
+                    out.append(_jsonl_session(json.loads(line)))
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    raise _fail(p, f"line {n} is not a session ({type(exc).__name__}: {exc}); see docs/sessions.md") \
+                        from None
+    else:
+        files = sorted(p.glob("*.json")) if p.is_dir() else [p]
+        out = []
+        for f in files:
+            try:
+                out.append(weka_session(json.loads(_text(f))))
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise _fail(f, f"is not a Weka trace ({type(exc).__name__}: {exc})") from None
+    if not out:
+        raise _fail(p, "holds no session")
+    return out
+
+
+def _text(p: Path) -> str:
+    try:
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(p, f"cannot be read ({exc})") from None
+
+
+def _count(value: Any, what: str) -> int:
+    n = int(value)
+    if n < 0 or n != value:
+        raise ValueError(f"{what} {value!r} is not a count")
+    return n
+
+
+def _seconds(value: Any, what: str) -> float:
+    s = float(value)
+    if not math.isfinite(s) or s < 0:
+        raise ValueError(f"{what} {value!r} is not a time")
+    return s
+
+
+def _jsonl_session(obj: dict, block_size: int | None = None) -> Session:
+    size = int(obj.get("block_size") or block_size or 64)
+    steps: list[Step] = []
+    for turn in obj["turns"]:
+        if "subagent" in turn:
+            steps.append(Fork(_jsonl_session(turn["subagent"], size), bool(turn.get("join", True))))
+            continue
+        steps.append(Turn(_count(turn["input_tokens"], "input_tokens"), _count(turn["output_tokens"], "output_tokens"),
+                          _seconds(turn.get("delay", 0.0), "delay"), tuple(int(h) for h in turn.get("hash_ids") or ())))
+    if not any(isinstance(s, Turn) for s in steps):
+        raise ValueError("a session has no turn")
+    return Session(str(obj["session_id"]), tuple(steps), size)
+
+
+def weka_session(trace: dict) -> Session:
+    """A Weka trace as a session tree (hash ids namespaced by the trace when its scope is ``local``)."""
+    scope = trace.get("hash_id_scope", "local")
+    if scope not in ("local", "global"):
+        raise ValueError(f"hash_id_scope {scope!r} is neither local nor global")
+    salt = None if scope == "global" else str(trace["id"])
+    return _weka_steps(str(trace["id"]), trace["requests"], int(trace["block_size"]), salt)
+
+
+def _block(h: int, salt: str | None) -> int:
+    """A hash id in the run's one namespace: a local trace's ids are its own."""
+    if salt is None:
+        return int(h)
+    return int.from_bytes(hashlib.blake2b(f"{salt}/{h}".encode(), digest_size=8).digest(), "big")
+
+
+def _weka_steps(sid: str, requests: list, block_size: int, salt: str | None) -> Session:
+    steps: list[Step] = []
+    prev_end: float | None = None  # when the previous call ended (t + api_time), on the trace's clock
+    for req in requests:
+        kind = req["type"]
+        if kind == "subagent":
+            child = _weka_steps(f"{sid}::sa:{req['agent_id']}", req["requests"], block_size, salt)
+            steps.append(Fork(child, join=req.get("status") != "async_launched"))
+            continue
+        if kind not in ("n", "s"):
+            raise ValueError(f"request type {kind!r}")
+        t = _seconds(req["t"], "t")
+        if req.get("think_time") is not None:
+            delay = _seconds(req["think_time"], "think_time")
+        else:
+            delay = max(0.0, t - prev_end) if prev_end is not None else 0.0
+        prev_end = t + _seconds(req.get("api_time") or 0.0, "api_time")
+        steps.append(Turn(_count(req["in"], "in"), max(1, _count(req["out"], "out")), delay,
+                          tuple(_block(h, salt) for h in req.get("hash_ids") or ())))
+    if not any(isinstance(s, Turn) for s in steps):
+        raise ValueError("a trace has no call")
+    return Session(sid, tuple(steps), block_size)
+
+
+def share(sessions: list[Session], index: int, processes: int) -> list[Session]:
+    """The sessions load process ``index`` of ``processes`` replays: session i when i mod processes is its index
+    (a session, its subagents with it, stays on one process)."""
+    return [s for i, s in enumerate(sessions) if i % max(1, processes) == index % max(1, processes)]
