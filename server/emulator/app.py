@@ -140,7 +140,8 @@ class Emulator:
         self.emitted = self.late = 0
         self.owned_by = "vllm"  # /v1/models' owned_by (--owned-by: another server's, for clients that detect vLLM)
         self.replica = ""  # --replica-name: named in every answer's REPLICA_HEADER ('' : the URL it listens on)
-        self.stream_style = "vllm"  # --stream-style: how its streams end (another server's way, for the clients' tests)
+        self.stream_style = "vllm"
+        self.per_request_metrics = False  # --enable-per-request-metrics  # --stream-style: how its streams end (another server's way, for the clients' tests)
         #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
         #: streamed as vLLM's reasoning parser streams them (``delta.reasoning``) and counted in usage
         self.reasoning = reasoning
@@ -607,11 +608,23 @@ class Emulator:
             yield event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": out_spec.finish}],
                          "usage": usage(out)})
         if include_usage:
-            yield event({**head, "choices": [], "usage": usage(out), "system_fingerprint": FINGERPRINT})
+            last: dict = {**head, "choices": [], "usage": usage(out), "system_fingerprint": FINGERPRINT}
+            if self.per_request_metrics:  # vLLM's --enable-per-request-metrics: its own times of this request
+                last["metrics"] = per_request_metrics(queue, ttft, prev, out)
+            yield event(last)
         self._observe_finish(prompt_tokens, out, ttft, prev, queue, out_spec.finish)
         if self.stream_style == "vllm":  # the other servers end the stream after the finish_reason
             yield b"data: [DONE]\n\n"
         self._cache_answer(out_spec, "".join(answer))
+
+
+def per_request_metrics(queue: float, ttft: float, last: float, tokens: int) -> dict:
+    """vLLM 0.32's per-request metrics from this emulator's own times (seconds after it received the request):
+    queued to scheduled, scheduled to the first token, the first token to the last."""
+    prefill, generation = max(0.0, ttft - queue), max(0.0, last - ttft)
+    return {"time_to_first_token_ms": prefill * 1000, "generation_time_ms": generation * 1000,
+            "queue_time_ms": queue * 1000, "mean_itl_ms": generation * 1000 / (tokens - 1) if tokens > 1 else None,
+            "tokens_per_second": tokens / (last - queue) if last > queue else None}
 
 
 class ArrivalStampingHandler(WSGIHandler):
@@ -719,6 +732,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="prompt tokens per second of input_audio (Qwen2-Audio's 25)")
     p.add_argument("--encode-seconds", type=float, default=0.005,
                    help="encoder time per image, audio clip or video, added before the prefill")
+    p.add_argument("--enable-per-request-metrics", action="store_true",
+                   help="a stream's last usage chunk carries its own times, as vLLM's flag: metrics "
+                        "{queue_time_ms, time_to_first_token_ms (from its scheduling), generation_time_ms, mean_itl_ms, "
+                        "tokens_per_second}")
     p.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage carries prompt_tokens_details.cached_tokens (the prefix-cache hit), as vLLM's flag")
     p.add_argument("--ssl-keyfile", default="", help="serve https with this key (and --ssl-certfile), as vLLM's flags")
@@ -805,6 +822,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                max(0.0, args.encode_seconds)))
     app.owned_by = args.owned_by
     app.stream_style = args.stream_style
+    app.per_request_metrics = args.enable_per_request_metrics
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

@@ -159,7 +159,7 @@ static const char *const USAGE[] = {"prompt_tokens", "completion_tokens", "promp
                                     "completion_tokens_details", NULL};
 static const char *const DELTA[] = {"content", "reasoning_content", "reasoning", "tool_calls", NULL};
 static const char *const CHOICE[] = {"delta", "text", "finish_reason", NULL};
-static const char *const TOP[] = {"id", "error", "usage", "choices", NULL};
+static const char *const TOP[] = {"id", "error", "usage", "choices", "metrics", NULL};
 
 static int details_member(cur_t *c, line_t *L, int k) { /* cached_tokens: a count, or null */
     if (is_null(c)) {
@@ -245,6 +245,7 @@ static int top_member(cur_t *c, line_t *L, int k) {
     switch (k) {
     case 0: return str_or_null(c, &L->id, &L->id_str);
     case 1: /* an error event: Python raises it as the failure reason */
+    case 4: /* vLLM's per-request metrics (--enable-per-request-metrics): Python reads them */
         if (!is_null(c))
             return P_NO;
         c->p += 4;

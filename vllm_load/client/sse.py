@@ -114,6 +114,9 @@ class StreamState:
     #: chunk gaps of 0 that the native thread's late reads made (a read over 1 ms after landing that completed
     #: two chunks of this stream): the only way a late read moves a measured time
     late_merged: int = 0
+    #: the server's own times of this request (vLLM's ``metrics``: queue_time_ms, time_to_first_token_ms counted
+    #: from its scheduling, generation_time_ms, mean_itl_ms), when it sent them
+    server_metrics: dict | None = None
 
     def feed(self, line: bytes, now: float) -> None:
         self.bytes_read += len(line)
@@ -132,6 +135,9 @@ class StreamState:
         if error is not None:
             message = error.get("message", error) if isinstance(error, dict) else error
             raise StreamError(f"error in stream: {str(message)[:200]}")
+        metrics = data.get("metrics")
+        if isinstance(metrics, dict):  # vLLM's per-request metrics (--enable-per-request-metrics), in its last chunk
+            self.server_metrics = metrics
         usage = data.get("usage")
         new_tokens = None
         if usage:

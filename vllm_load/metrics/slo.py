@@ -25,7 +25,9 @@ from typing import Any, Callable
 from vllm_load.errors import UsageError
 from vllm_load.metrics import table
 
-LATENCY = table.LATENCY
+#: the server's parts of each request's time (metrics/breakdown.py), gated as latencies: server_queue.p99<=100ms
+PARTS = ("server_queue", "server_prefill", "server_decode", "server_ttft", "client_overhead")
+LATENCY = (*table.LATENCY, *PARTS)
 PER_REQUEST = table.GOODPUT  # goodput criteria, as in vllm bench serve: ttft, tpot, e2e
 STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean", "min")
 RUN_METRICS = {
@@ -213,6 +215,13 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
             seen = ", ".join(repr(n) for n in summary.get("names", {})) or "none"
             return None, f"no request was named {slo.name!r} (names measured: {seen})"
         summary = named
+    if slo.metric in PARTS:
+        timing = summary.get("timing") or {}
+        part = (timing.get("parts") or {}).get(slo.metric)
+        if not part:
+            return None, ("the server gave no per-request times (vLLM: --enable-per-request-metrics; the embedded "
+                          "emulator always does)")
+        return float(part[slo.stat]), ""
     if slo.metric in LATENCY or (slo.metric == "output_tps" and slo.stat):
         m = summary["metrics"].get(slo.metric)
         if not m or not m["count"]:
@@ -264,7 +273,8 @@ def _show(slo: SLO, value: float) -> str:
         return f"{value:.2f} good req/s"
     if RUN_METRICS.get(slo.metric) == "J":
         return f"{value:.3f} J"
-    if slo.metric in ("error_rate", "good_request_fraction") or SERVER_METRICS.get(slo.metric) == "%" or slo.stat == "share":
+    if slo.metric in ("error_rate", "good_request_fraction") or "%" in (SERVER_METRICS.get(slo.metric), RUN_METRICS.get(slo.metric)) \
+            or slo.stat == "share":
         return f"{value * 100:.2f}%"
     return f"{value:.2f}"
 

@@ -69,6 +69,7 @@ class RunSummary(Mapping[str, Any]):
     cached_fraction: float | None = ABSENT  # their share of those requests' prompt tokens
     warmup_excluded: int = ABSENT  # requests started during --warmup, left out of every number here
     removed_excluded: int = ABSENT  # requests cut when the load shape removed their user mid-run, likewise
+    timing: dict = ABSENT  # metrics/breakdown.py: where each request's time went (the server's parts), from the logs
     routing: dict = ABSENT  # metrics/routing.py: replicas, sessions' stickiness, prefix-cache hits kept (from the logs)
     one_token_chunks: int = ABSENT  # streams whose chunks were each taken for one token (no continuous usage)
     backoffs: int = ABSENT  # closed loop: waits before a next request after a server error (and their total, seconds)

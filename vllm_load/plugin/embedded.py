@@ -84,7 +84,8 @@ def start_sidecar(vllm_url: str, out: Path) -> ChildServer:
 def emulator_args(opts: Any) -> list[str]:
     """The embedded emulator's command line, from the run's --emulator-* options."""
     args = ["--ttft", str(opts.emulator_ttft), "--itl", str(opts.emulator_itl),
-            "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk), "--enable-prompt-tokens-details"]
+            "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk), "--enable-prompt-tokens-details",
+            "--enable-per-request-metrics"]
     if opts.emulator_reasoning_tokens:
         args += ["--reasoning-tokens", opts.emulator_reasoning_tokens]
     if opts.emulator_spec_tokens:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers
@@ -202,6 +203,7 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
                      f"token{counted}")
     if s.get("routing"):
         lines.append(routing_line(s["routing"]))
+    lines += tail_lines(s.get("timing"))
     if s.get("removed_excluded"):
         lines.append(f"load shape: {s['removed_excluded']} requests were cut when their users were removed mid-run (a "
                      "ramp down, a new user count): logged, neither successes nor failures")

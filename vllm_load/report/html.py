@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vllm_load.report import charts
+from vllm_load.metrics.breakdown import TAILS, breakdown
 from vllm_load.metrics.routing import routing
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head, name_rows, server_cells,
@@ -127,9 +128,13 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     server = server_summary(run.server)
     run.summary = judge_emulator(run.summary, server)  # the client's verdict with the emulator's own lateness
     captured = opts.get("capture_header") or []
-    routed = routing(run_logs(run), str(captured[0]).lower() if captured else None)
+    logs = run_logs(run)
+    routed = routing(logs, str(captured[0]).lower() if captured else None)
     if routed is not None and isinstance(run.summary, RunSummary):  # which replica served what, from the logs
         run.summary = run.summary.replace(routing=routed)
+    parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS)
+    if parts is not None and isinstance(run.summary, RunSummary):  # where each request's time went
+        run.summary = run.summary.replace(timing=parts)
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
     plan = run.plan
     # a sweep's --num-requests is each step's (judged there); a run's is the whole run's

@@ -1,0 +1,76 @@
+"""Where each request's time went: the client's timeline joined to the server's own times of that request.
+
+A p99 TTFT of 480 ms says that something is slow, not what. vLLM says per request (its per-request metrics, in the
+stream's last chunk) how long the request waited to be scheduled, how long from its scheduling to its first token
+(the prefill), and from its first token to its last (the decode); the client's TTFT beyond the server's is the network,
+the API server and a router. Here, from the request logs: each part's percentiles (exact, over the requests that
+carried them; SLOs such as ``server_queue.p99<=100ms``), and for TTFT and E2E at p50/p90/p99 the mean split of the
+requests in that tail.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+#: a request's parts, seconds (records' fields): the server's queue, prefill, decode, their TTFT, and the client's rest
+PARTS = ("server_queue", "server_prefill", "server_decode", "server_ttft", "client_overhead")
+#: what each tail is split into (an E2E's client part is what the server's three parts leave of it)
+SPLITS = {"ttft": ("server_queue", "server_prefill", "client_overhead"),
+          "e2e": ("server_queue", "server_prefill", "server_decode", "client")}
+LABELS = {"server_queue": "queue", "server_prefill": "prefill", "server_decode": "decode",
+          "client_overhead": "client/network", "client": "client/network"}
+TAILS = (50.0, 90.0, 99.0)
+
+
+def _pct(values: list[float], q: float) -> float:
+    """The q-th percentile, nearest rank (values sorted)."""
+    return values[max(0, math.ceil(q / 100.0 * len(values)) - 1)]
+
+
+def _stats(values: list[float]) -> dict[str, float]:
+    values = sorted(values)
+    return {"count": len(values), "mean": sum(values) / len(values), "p50": _pct(values, 50), "p90": _pct(values, 90),
+            "p99": _pct(values, 99), "p99.9": _pct(values, 99.9), "max": values[-1], "min": values[0]}
+
+
+def _part(r: dict, part: str) -> float:
+    if part == "client":
+        return r["e2e"] - r["server_queue"] - r["server_prefill"] - (r.get("server_decode") or 0.0)
+    return r[part]
+
+
+def breakdown(records: Iterable[dict], percentiles: Iterable[float] = TAILS) -> dict[str, Any] | None:
+    """The parts' statistics and the tails' splits over the measured requests with the server's times; None
+    without any."""
+    joined = [r for r in records if r.get("ok") and not r.get("warmup") and not r.get("removed")
+              and r.get("server_ttft") is not None and r.get("ttft") is not None]
+    if not joined:
+        return None
+    parts = {p: _stats([r[p] for r in joined if r.get(p) is not None]) for p in PARTS
+             if any(r.get(p) is not None for r in joined)}
+    tails: dict[str, dict[str, Any]] = {}
+    for metric, split in SPLITS.items():
+        values = sorted(r[metric] for r in joined)
+        tails[metric] = {}
+        for q in sorted(set(percentiles)):
+            edge = _pct(values, q)
+            tail = [r for r in joined if r[metric] >= edge]
+            tails[metric][f"p{q:g}"] = {"value": edge, "requests": len(tail),
+                                         "split": {p: sum(_part(r, p) for r in tail) / len(tail) for p in split}}
+    return {"requests": len(joined), "parts": parts, "tails": tails}
+
+
+def tail_lines(b: dict[str, Any] | None) -> list[str]:
+    """The console's lines: where TTFT's and E2E's tails went."""
+    if not b:
+        return []
+    out = []
+    for metric in ("ttft", "e2e"):
+        for q, tail in b["tails"].get(metric, {}).items():
+            if q != "p99" and q != max(b["tails"][metric], key=lambda k: float(k[1:])):
+                continue
+            split = ", ".join(f"{v * 1000:.1f} {LABELS[p]}" for p, v in tail["split"].items())
+            out.append(f"where {metric.upper()} {q} ({tail['value'] * 1000:.1f} ms, the {tail['requests']} slowest "
+                       f"requests) went, on average: {split} ms")
+    return out
