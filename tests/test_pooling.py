@@ -30,10 +30,12 @@ def test_pooling_locustfiles_send_exact_unique_inputs(tmp_path, api, batch, text
     assert len(logs) >= 8 and all(r["ok"] and r["api"] == api for r in logs)
     # every input is 40 tokens as the server counted it (rerank: the query and each document)
     assert all(r["tokens_from_usage"] and r["input_tokens"] == r["input_tokens_asked"] == 40 * texts for r in logs)
-    assert all(r["items"] == batch and r["ttft"] is None and r["output_tokens"] is None for r in logs)
-    assert s["inputs"] == batch * len(logs) and s["input_drift_requests"] == 0
+    # the prompts the server ran: a bi-encoder's rerank embeds the query and each document (it counted the
+    # documents only, 4 where the server ran 5)
+    assert all(r["items"] == texts and r["ttft"] is None and r["output_tokens"] is None for r in logs)
+    assert s["inputs"] == texts * len(logs) and s["input_drift_requests"] == 0
     assert s["input_rate"] == pytest.approx(s["inputs"] / s["duration_s"])
-    assert f"pooling: {batch * len(logs)} inputs" in res.stdout
+    assert f"pooling: {texts * len(logs)} inputs" in res.stdout
     result = json.loads((tmp_path / "run" / "vllm-result.json").read_text())  # as vllm bench serve's pooling result
     assert result["total_input_sequences"] == s["inputs"] and "mean_ttft_ms" not in result
     assert result["input_sequence_throughput"] == pytest.approx(s["input_rate"]) and "median_e2el_ms" in result
@@ -44,9 +46,10 @@ def test_a_users_own_embed_and_rerank_calls(tmp_path):
     res, logs, s = _run(tmp_path, ROOT / "tests" / "locustfiles" / "pooling.py")
     by_name = {n: [r for r in logs if r["name"] == n] for n in ("embed", "rerank", "score")}
     assert all(by_name.values()) and all(r["ok"] for r in logs), [r["error"] for r in logs][:3]
-    assert all(r["input_tokens"] == r["input_tokens_asked"] and r["items"] == 3 for r in by_name["score"])
+    # the prompts a bi-encoder runs: the query and each passage
+    assert all(r["input_tokens"] == r["input_tokens_asked"] and r["items"] == 3 + 1 for r in by_name["score"])
     assert all(r["input_tokens"] == r["input_tokens_asked"] and r["items"] == 5 for r in by_name["embed"])
-    assert all(r["input_tokens"] == r["input_tokens_asked"] and r["items"] == 4 for r in by_name["rerank"])
+    assert all(r["input_tokens"] == r["input_tokens_asked"] and r["items"] == 4 + 1 for r in by_name["rerank"])
     assert set(s["names"]) == {"embed", "rerank", "score"}
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
 

@@ -187,7 +187,9 @@ def test_compare_says_how_the_runs_differ_before_any_metric(tmp_path, capsys):
     assert "--api-key" not in differs  # secrets and run names are no setup
     assert cli_main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1].startswith("  the runs differ in") and any("--num-users: A 8  B 4" in line for line in out)
+    # the servers and the throughput first, then how the runs differ, before any metric
+    assert out[1].startswith("  A: ") and out[2].startswith("  B: ") and out[3].startswith("  throughput: ")
+    assert out[4].startswith("  the runs differ in") and any("--num-users: A 8  B 4" in line for line in out)
     assert "## The runs differ in" in (tmp_path / "cmp" / "compare.md").read_text()
     assert "id='differs'" in (tmp_path / "cmp" / "compare.html").read_text()
 
