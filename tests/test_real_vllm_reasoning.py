@@ -38,3 +38,21 @@ def test_real_vllm_reasoning_is_timed_and_counted(tmp_path, reasoning_vllm):
     s = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert s["reasoning_tokens"] == 12 * len(logs) == s["output_tokens"]
     assert "reasoning: " in res.stdout
+
+
+def test_real_vllm_responses_reasoning_never_exceeds_the_tokens_generated(tmp_path, reasoning_vllm):
+    """The Responses API streams the reasoning as text deltas (no running usage): counted again by the tokenizer,
+    the reasoning exceeded the tokens generated in about 9 % of requests. It is capped by the usage's output tokens,
+    so reasoning and answer add up to what was generated."""
+    url, tokenizer = reasoning_vllm
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/responses.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
+                      "--host", url, "--tokenizer", tokenizer, "--input-tokens", "48", "--output-tokens", "12",
+                      "--extra-body", json.dumps({"logit_bias": {str(THINK_END): -100}}), "--run-dir", str(run_dir),
+                      "--allow-untrustworthy"], tmp_path, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]]
+    assert len(logs) >= 2
+    for r in logs:
+        assert r["output_tokens"] == 12 and r["reasoning_tokens"] is not None
+        assert 0 < r["reasoning_tokens"] <= r["output_tokens"], r  # answer = generated - reasoning >= 0

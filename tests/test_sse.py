@@ -126,8 +126,8 @@ def test_the_body_merges_a_users_keys_and_forces_the_length_only_when_asked():
 
 def test_a_reasoning_stream_splits_into_its_phases():
     """TTFT stamps the first reasoning token, TTFO the answer's first; the reasoning tokens come from the
-    running usage when vLLM 0.32 reports 0 for them, from the server when it counts them, else from the
-    run's tokenizer over the reasoning text."""
+    running usage when vLLM 0.32 reports 0 for them or a count that differs from it, from the server when it
+    counts them otherwise, else from the run's tokenizer over the reasoning text (at most the tokens generated)."""
     import orjson
 
     from vllm_load.client.stream import reasoning_count
@@ -153,7 +153,10 @@ def test_a_reasoning_stream_splits_into_its_phases():
     assert st.chunk_times[0] == pytest.approx(0.1) and st.answer_at == pytest.approx(0.3)
     assert (st.reasoning_streamed, st.reasoning_reported) == (3, 0)
     assert reasoning_count(st, None) == (3, "stream")  # the server's 0 is not a count
-    assert reasoning_count(stream(True, 4), None) == (4, "usage")
+    # a server's count that differs from the running usage's exact one does not replace it (it did, silently)
+    assert reasoning_count(stream(True, 4), None) == (3, "stream")
+    assert reasoning_count(stream(True, 3), None) == (3, "usage")  # where they agree, the server's own
+    assert reasoning_count(stream(False, 4), None) == (4, "usage")  # no running usage: the server's count
     st = stream(False, None)
     assert st.reasoning_streamed == 2  # a chunk counts as one token without the running usage
     assert reasoning_count(st, lambda text: len(text.split())) == (2, "tokenizer")  # "a bc": 2 words
