@@ -359,13 +359,14 @@ def test_an_unreachable_mlflow_adds_at_most_10_s(tmp_path, emulator_factory):
 
 def test_a_ramp_from_0_over_a_request_count_sends_them_all(tmp_path):
     res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "--num-requests", "20", "--ramp-up-strategy",
-                      "linear", "--ramp-up-start-rps", "0", "--ramp-up-end-rps", "20", "--output-tokens", "4",
-                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=120)
-    # request i at 20·i/19 req/s, request 0's rate (0) taken from request 1: all 20 in about 4.3 s, where a 1 % rate
-    # floor sent 1 request in 59 s
+                      "linear", "--ramp-up-start-rps", "0", "--ramp-up-end-rps", "20", "--burstiness", "inf",
+                      "--output-tokens", "4", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=120)
+    # request i at 20·i/19 req/s, request 0's rate (0) taken from request 1's: constant gaps (burstiness inf) of
+    # 19/20 s, then 19/(20·i): all 20 due within 4.27 s, where a 1 % rate floor sent 1 request in 59 s
     assert res.returncode == 0, res.stdout[-2000:]
     starts = sorted(json.loads(x)["start"] for x in (tmp_path / "run" / "requests.jsonl").read_text().splitlines())
-    assert len(starts) == 20 and starts[-1] - starts[0] < 6.0, starts[-1] - starts[0]
+    due = 0.95 + sum(19 / (20 * i) for i in range(1, 19))
+    assert len(starts) == 20 and starts[-1] - starts[0] == pytest.approx(due, abs=0.01), starts[-1] - starts[0]
 
 
 def test_credentials_in_url_options_reach_no_file_or_line(tmp_path, emulator_factory, sidecar_factory):

@@ -152,8 +152,7 @@ def _local_monitor() -> Any:
 def _on_quitting(environment: Any, **_kw: Any) -> None:
     """The end of the run, once. Locust runs a shutdown per SIGTERM (in that signal's greenlet), and its main
     greenlet runs one more when the runner stops: two wrote two different summaries. A later one waits for the
-    first; a signal's own then ends quietly, the main one waits for the first to exit the process (with its code);
-    a third signal quits at once."""
+    first, then for the first to exit the process (with its code); a third signal quits at once."""
     if STATE.ending is None:
         STATE.ending = gevent.event.Event()
         try:
@@ -172,9 +171,9 @@ def _on_quitting(environment: Any, **_kw: Any) -> None:
             sys.stderr.write("vllm-load: the run's end is being written: waiting for it (another signal quits now)\n")
             sys.stderr.flush()
     STATE.ending.wait()
-    if signalled:
-        raise gevent.GreenletExit  # this shutdown ends here; the first prints Locust's tables and exits
-    gevent.sleep(30.0)  # the first shutdown's exit reaches this (main) greenlet as SystemExit, with its code
+    # the first shutdown goes on to Locust's tables and its exit, which ends the process (its SystemExit reaches
+    # the main greenlet with the run's code): this one waits for that rather than printing and exiting again
+    gevent.sleep(30.0)
 
 
 def _end(environment: Any) -> None:
