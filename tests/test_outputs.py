@@ -208,7 +208,8 @@ def test_the_console_ends_with_one_block_after_locusts_tables_and_says_each_thin
     from tests.helpers import ROOT as root
 
     out = subprocess.run([sys.executable, "-m", "locust", "-f", str(root / "locustfiles/chat.py"), "--headless",
-                          "-u", "4", "-r", "4", "-t", "5s", "--processes", "2", "--output-tokens", "32",
+                          # 10 s: two processes start before their first request (seconds on a busy 2-core host)
+                          "-u", "4", "-r", "4", "-t", "10s", "--processes", "2", "--output-tokens", "32",
                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=120,
                          env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout

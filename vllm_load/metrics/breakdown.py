@@ -67,9 +67,13 @@ def tail_lines(b: dict[str, Any] | None) -> list[str]:
         return []
     out = []
     for metric in ("ttft", "e2e"):
+        said: set[tuple[float, int]] = set()
         for q, tail in b["tails"].get(metric, {}).items():
             if q != "p99" and q != max(b["tails"][metric], key=lambda k: float(k[1:])):
                 continue
+            if (tail["value"], tail["requests"]) in said:  # a tail of the same requests: said once
+                continue
+            said.add((tail["value"], tail["requests"]))
             split = ", ".join(f"{v * 1000:.1f} {LABELS[p]}" for p, v in tail["split"].items())
             out.append(f"where {metric.upper()} {q} ({tail['value'] * 1000:.1f} ms, the {tail['requests']} slowest "
                        f"requests) went, on average: {split} ms")
