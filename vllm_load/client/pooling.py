@@ -96,6 +96,11 @@ def pooling_request(transport: Transport, req: ReadyRequest, headers: dict[str, 
     return rec
 
 
+def count_each(count: Callable[[str], int], inputs: list[str]) -> list[int]:
+    """Each input's prompt tokens as vLLM counts a pooling input: on its own, special tokens included."""
+    return [count(text) for text in inputs]
+
+
 def count_inputs(count: Callable[[str], int], inputs: list[str]) -> int:
-    """The prompt tokens of a batch of inputs as vLLM counts them: each on its own, special tokens included."""
-    return sum(count(text) for text in inputs)
+    """The prompt tokens of a batch of inputs (``count_each``, added)."""
+    return sum(count_each(count, inputs))

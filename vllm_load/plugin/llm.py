@@ -22,7 +22,7 @@ import gevent
 from gevent import getcurrent
 
 from vllm_load.client.exchange import JsonBody, Transport
-from vllm_load.client.pooling import (POOLING, count_inputs, embeddings_request, pooling_request, rerank_request,
+from vllm_load.client.pooling import (POOLING, count_each, count_inputs, embeddings_request, pooling_request, rerank_request,
                                       score_request)
 from vllm_load.client.reply import Reply
 from vllm_load.client.responses import ResponsesState, responses_request
@@ -56,11 +56,6 @@ def _turn_request(src: Any, input_tokens: int, output_tokens: int, hash_ids: tup
     f = src.factory("chat")
     prompt = f.from_blocks(hash_ids, block_size, input_tokens) if hash_ids else f.make(input_tokens)
     return ready_request("chat", model, prompt, output_tokens, src.defaults, group)
-
-
-def _each(count: Callable[[str], int], texts: list[str]) -> list[int]:
-    """Each text's prompt tokens as vLLM counts a pooling input (special tokens included)."""
-    return [count(text) for text in texts]
 
 
 class LLM:
@@ -212,7 +207,7 @@ class LLM:
                 or not all(isinstance(d, str) for d in documents):
             raise TypeError("self.llm.rerank(query, documents): give a str and a non-empty list of str")
         src = self._source()
-        counts = src.offload(_each, src.tokenizer.count_completion, [query, *documents])
+        counts = src.offload(count_each, src.tokenizer.count_completion, [query, *documents])
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         return self.send(rerank_request(model, query, documents, sum(counts), defaults=src.defaults, extra=body,
                                         group=group, query_tokens=counts[0]), name=name, headers=headers)
@@ -229,7 +224,7 @@ class LLM:
             raise TypeError("self.llm.score(queries, documents): give a str (or as many str as documents) and a "
                             "non-empty list of str")
         src = self._source()
-        counts = src.offload(_each, src.tokenizer.count_completion, [*qs, *documents])
+        counts = src.offload(count_each, src.tokenizer.count_completion, [*qs, *documents])
         model, group = (body.pop("model"), None) if "model" in body else src.next_model()
         return self.send(score_request(model, queries, documents, sum(counts), defaults=src.defaults, extra=body,
                                        group=group, query_tokens=counts[0]), name=name, headers=headers)
