@@ -175,3 +175,30 @@ def test_a_system_message_counts_on_the_emulator_as_the_tokenizer_says(emulator_
     req = urllib.request.Request(emu.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
     usage = json.loads(urllib.request.urlopen(req, timeout=10).read())["usage"]
     assert usage["prompt_tokens"] == tok.count_chat(with_system)
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_trace_blocks_are_exact_at_any_length_without_counting_the_whole(tok, api):
+    """A turn of an agent's session is its blocks at an exact length: words counted, not tokenized (680 ms at 128k
+    tokens), and the same text as the path that counts the whole prompt until it is exact."""
+    fast, counted = PromptFactory(tok, api, salt="blocks"), PromptFactory(tok, api, salt="blocks")
+    counted.words_add_up = False
+    assert fast.words_add_up  # these vocabularies have no token across a space: the fast path is what is tested
+    rng = random.Random(3)
+    for n in [fast.overhead + 1, fast.overhead + 9, 100, 1000, 5000, 40_000] + [rng.randint(20, 6000) for _ in range(8)]:
+        ids = tuple(rng.randrange(50) for _ in range(n // 16 + rng.randint(-3, 3)))  # fewer or more blocks than n
+        a, b = fast.from_blocks(ids, 16, n), counted.from_blocks(ids, 16, n)
+        assert a.tokens == b.tokens == n == independent_count(tok, api, a)
+        assert (a.messages, a.text) == (b.messages, b.text)
+
+
+def test_a_vocabulary_with_tokens_across_spaces_counts_blocks_in_full(tok):
+    class Spanning:  # the same tokenizer, its vocabulary claiming a token over a word boundary
+        def __init__(self, inner):
+            self.inner = inner
+
+        def get_vocab(self):
+            return {**self.inner.get_vocab(), "of\u2581the": 10**6}
+
+    from vllm_load.workload.prompts import _words_add_up
+    assert _words_add_up(tok) and not _words_add_up(type(tok)(name=tok.name + "+span", hf=Spanning(tok.hf)))

@@ -18,6 +18,7 @@ from vllm_load.client.stream import BodyDefaults, ReadyRequest, ready_request
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS, body_defaults
 from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
+from vllm_load.workload.history import HistoryCounter
 from vllm_load.workload.lengths import parse_length
 from vllm_load.workload.media import AUDIO_TYPES, IMAGE_TYPES, ImageSize, MediaFiles, MediaMaker, parse_image_size
 from vllm_load.workload.prompt_pool import PromptPool, token_thread
@@ -46,6 +47,8 @@ class RequestSource:
         # 2 cores both workers of `--processes 2` went quiet for over 3 s at spawn and Locust stopped the test
         # (2 of 2 runs); see tests/test_busy_host.py.
         self.tokenizer = off_loop(load_tokenizer, plan.tokenizer)
+        #: users' own chat counts (``self.llm.chat``), in the helper thread: a turn counted from its history
+        self.history = HistoryCounter(self.tokenizer)
         self.rng = random.Random(f"{plan.draws}/{self.source}/lengths")
         self.defaults: BodyDefaults = body_defaults(o, plan.server_kind)  # what every body carries
         self.factories: dict[str, PromptFactory] = {}
