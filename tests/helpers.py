@@ -65,12 +65,12 @@ REAL_VLLM_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
 REAL_VLLM_SCRIPT = ROOT / "tests" / "real_vllm" / "real-vllm-cpu.sh"
 
 
-def serve_real_vllm(model: str, name: str, *flags: str, build: str = ""):
-    """A real vLLM serving ``$R/model`` as ``name`` with ``flags`` while a test module runs (a generator for a
-    module-scoped fixture: yields (url, model folder)); ``build``: the script's command that makes the model
-    when it is missing."""
+def serve_real_vllm(model: str, name: str, *flags: str, build: str = "", env: dict[str, str] | None = None):
+    """A real vLLM serving ``$R/model`` as ``name`` with ``flags`` (and ``env``) while a test module runs (a
+    generator for a module-scoped fixture: yields (url, model folder)); ``build``: the script's command that makes
+    the model when it is missing."""
     folder = os.path.join(REAL_VLLM_DIR, model)
-    env = dict(os.environ, R=REAL_VLLM_DIR, PORT=str(free_port()))
+    env = dict(os.environ, R=REAL_VLLM_DIR, PORT=str(free_port()), **(env or {}))
     if build and not os.path.exists(os.path.join(folder, "model.safetensors")):
         built = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), build], env=env, capture_output=True, text=True,
                                timeout=400)

@@ -26,6 +26,7 @@ from gevent.pywsgi import WSGIHandler, WSGIServer
 from .engine import EngineConfig, FixedScheduleEngine
 from .scheduler import PROFILES, BatchingEngine, SchedulerConfig
 from .faults import FaultPlan, parse_fault
+from .spans import SpanExporter, trace_of
 from . import dcgm, media, pooling, responses
 from .prefix_cache import PrefixCache
 from .vllm_metrics import VllmMetrics
@@ -142,6 +143,7 @@ class Emulator:
         self.owned_by = "vllm"  # /v1/models' owned_by (--owned-by: another server's, for clients that detect vLLM)
         self.replica = ""  # --replica-name: named in every answer's REPLICA_HEADER ('' : the URL it listens on)
         self.stream_style = "vllm"
+        self.spans: SpanExporter | None = None  # --otlp-traces-endpoint
         self.per_request_metrics = False  # --enable-per-request-metrics  # --stream-style: how its streams end (another server's way, for the clients' tests)
         #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
         #: streamed as vLLM's reasoning parser streams them (``delta.reasoning``) and counted in usage
@@ -252,7 +254,7 @@ class Emulator:
                     raise HttpError(400, f"Unrecognized request argument supplied: {refused[0]}", "BadRequestError",
                                     refused[0])
                 return self._generate(start_response, path == "/v1/chat/completions", body, self.faults.pick(environ),
-                                      received)
+                                      received, trace_of(environ) if self.spans is not None else None)
             raise HttpError(404, f"Not Found: {path}", "NotFoundError")
         except HttpError as exc:
             extra = [("Retry-After", f"{exc.retry_after:g}")] if exc.retry_after is not None else []
@@ -353,7 +355,7 @@ class Emulator:
 
     # -- generation -----------------------------------------------------------------------------
     def _generate(self, start_response: Start, chat: bool, body: dict, fault: str | None = None,
-                  received: float = 0.0) -> Iterable[bytes]:
+                  received: float = 0.0, trace: tuple[str, str] | None = None) -> Iterable[bytes]:
         model, out = self._plan(chat, body, fault)
         if not body.get("stream"):
             return self._complete(start_response, chat, model, out)
@@ -362,7 +364,7 @@ class Emulator:
         vllm = self.stream_style == "vllm"
         return self._stream(chat, model, out, bool(opts.get("include_usage")) and vllm,
                             bool(opts.get("include_usage") and opts.get("continuous_usage_stats")) and vllm, fault,
-                            received)
+                            received, trace)
 
     def _plan(self, chat: bool, body: dict, fault: str | None = None,
               ids: list[int] | None = None) -> tuple[str, Output]:
@@ -505,7 +507,8 @@ class Emulator:
         return self._reply(start_response, 200, orjson.dumps(body))
 
     def _stream(self, chat: bool, model: str, out_spec: Output, include_usage: bool,
-                continuous: bool, fault: str | None = None, received: float = 0.0) -> Iterable[bytes]:
+                continuous: bool, fault: str | None = None, received: float = 0.0,
+                trace: tuple[str, str] | None = None) -> Iterable[bytes]:
         m = self.metrics
         log = self.timing_log
         due: list[float] = []
@@ -616,6 +619,14 @@ class Emulator:
                 last["metrics"] = per_request_metrics(queue, ttft, prev, out)
             yield event(last)
         self._observe_finish(prompt_tokens, out, ttft, prev, queue, out_spec.finish)
+        if trace is not None and self.spans is not None:  # its span, as vLLM's --otlp-traces-endpoint sends one
+            times = per_request_metrics(queue, ttft, prev, out)
+            now = time.time_ns()
+            self.spans.add({"trace_id": trace[0], "span_id": secrets.token_hex(8), "request_id": head["id"],
+                            "queue": queue, "prefill": times["time_to_first_token_ms"] / 1000,
+                            "decode": times["generation_time_ms"] / 1000, "ttft": ttft, "e2e": prev,
+                            "prompt_tokens": prompt_tokens, "completion_tokens": out,
+                            "start_ns": now - int(prev * 1e9), "end_ns": now})
         if self.stream_style == "vllm":  # the other servers end the stream after the finish_reason
             yield b"data: [DONE]\n\n"
         self._cache_answer(out_spec, "".join(answer))
@@ -739,6 +750,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a stream's last usage chunk carries its own times, as vLLM's flag: metrics "
                         "{queue_time_ms, time_to_first_token_ms (from its scheduling), generation_time_ms, mean_itl_ms, "
                         "tokens_per_second}")
+    p.add_argument("--otlp-traces-endpoint", default="",
+                   help="export each request's llm_request span here (OTLP/HTTP protobuf), as vLLM's flag: requests "
+                        "that carry a traceparent, with the emulator's own queue, prefill and decode times")
     p.add_argument("--enable-prompt-tokens-details", action="store_true",
                    help="usage carries prompt_tokens_details.cached_tokens (the prefix-cache hit), as vLLM's flag")
     p.add_argument("--ssl-keyfile", default="", help="serve https with this key (and --ssl-certfile), as vLLM's flags")
@@ -826,6 +840,13 @@ def main(argv: list[str] | None = None) -> int:
     app.owned_by = args.owned_by
     app.stream_style = args.stream_style
     app.per_request_metrics = args.enable_per_request_metrics
+    if args.otlp_traces_endpoint:
+        try:
+            from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: F401
+        except ImportError:
+            sys.stderr.write("emulator: --otlp-traces-endpoint needs opentelemetry-proto: pip install 'vllm-load[otel]'\n")
+            return 2
+        app.spans = SpanExporter(args.otlp_traces_endpoint)
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

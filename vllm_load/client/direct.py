@@ -34,6 +34,12 @@ class ConnectFailed(Exception):
         self.cause = cause
 
 
+def header_lines(headers: dict[str, str]) -> bytes:
+    """Header fields as request lines, each ending in CRLF (those the connection sets itself left out)."""
+    return "".join(f"{k}: {v}\r\n" for k, v in headers.items()
+                   if k.lower() not in ("host", "content-length", "connection")).encode("latin-1")
+
+
 class ClosedBeforeAnswer(ConnectionError):
     """The server closed (or reset) the connection before a response's headers were complete."""
 
@@ -158,24 +164,25 @@ class Connections:
         return f"http://{self.origin.authority}{self.origin.base}{path}"
 
     def prefix(self, path: str, headers: dict[str, str]) -> bytes:
-        """The request's bytes up to its Content-Length value, built once per path and header set."""
+        """The request's bytes up to its own header fields, built once per path and header set (the run's
+        headers: one dict for every request)."""
         key = (path, id(headers))
         known = self._prefixes.get(key)
         if known is not None and known[0] is headers:
             return known[1]
         lines = [f"POST {self.origin.base}{path} HTTP/1.1", f"Host: {self.origin.authority}", "User-Agent: vllm-load"]
-        lines += [f"{k}: {v}" for k, v in headers.items() if k.lower() not in ("host", "content-length", "connection")]
-        built = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
+        built = ("\r\n".join(lines) + "\r\n").encode("latin-1") + header_lines(headers)
         self._prefixes[key] = (headers, built)
         return built
 
     def open(self, path: str, headers: dict[str, str], body: bytes,
-             stream: tuple[Any, float, bool] | None = None) -> Answer:
+             stream: tuple[Any, float, bool] | None = None, own: dict[str, str] | None = None) -> Answer:
         """Send the request on an idle connection (else a new one) and wait for its answer's headers. A reused
         connection the server closed while idle is retried once on a new one, before any answer was read.
         With ``stream`` (a ``StreamState``, the request's start, whether it counts from the send) the native
         thread takes a 200's headers itself and reads the body on: the answer comes at the body's end."""
-        data = b"%s%d\r\n\r\n%s" % (self.prefix(path, headers), len(body), body)
+        data = b"%s%sContent-Length: %d\r\n\r\n%s" % (self.prefix(path, headers), header_lines(own) if own else b"",
+                                                          len(body), body)
         while self.idle:
             conn = self.idle.pop()
             if conn.sock.pending():  # the server closed it while it sat in the pool (its keep-alive timeout)

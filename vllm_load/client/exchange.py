@@ -53,7 +53,9 @@ class Transport(Protocol):
     """Carries one user's requests; reports each exchange to Locust's request event itself."""
 
     def exchange(self, path: str, body: bytes, headers: dict[str, str], decoder: Decoder, clock: Clock,
-                 name: str) -> Exchange: ...
+                 name: str, own: dict[str, str] | None = None) -> Exchange:
+        """``headers``: the run's (the same dict every request); ``own``: this request's alone (its traceparent,
+        session id, a call's headers), after them."""
 
     def url(self, path: str) -> str: ...
 

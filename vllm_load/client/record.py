@@ -63,6 +63,7 @@ class RequestRecord:
     target: str | None = None  # --host a,b: the replica it went to (its metrics are grouped under it too)
     headers: dict[str, str] | None = None  # the response header fields --capture-header asked for
     session: str | None = None  # the session id it carried (self.llm.session, --session-header)
+    trace_id: str | None = None  # its W3C traceparent's trace id: the server's OpenTelemetry span carries the same
     #: where its time went on the server (vLLM's per-request metrics, seconds): waiting to be scheduled, from its
     #: scheduling to its first token, from its first token to its last; their first two added; and the rest of the
     #: client's TTFT: the network, the API server, a router (None where the server said nothing)

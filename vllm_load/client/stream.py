@@ -22,6 +22,7 @@ from gevent import GreenletExit
 from vllm_load.client.exchange import Clock, Exchange, Transport
 from vllm_load.client.record import RequestRecord
 from vllm_load.client.sse import StreamState
+from vllm_load.client.trace_context import trace_id
 from vllm_load.workload.prompts import Prompt
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
@@ -139,13 +140,14 @@ def stream_request(
     startup: bool = False,
     name: str | None = None,
     state: StreamState | None = None,
+    own: dict[str, str] | None = None,
 ) -> RequestRecord:
     """Send ``req`` over ``transport``, read its SSE stream to the end and return its record (the caller
     records it; the transport reported it to Locust's request event).
 
     Server faults never raise: they become a failed record with a reason. A user stopped mid-request
     raises ``StreamCancelled`` carrying the failed record, for the caller to record before the stop goes on.
-    ``name`` groups the request (Locust's row and the LLM metrics; default: ``req.group``, else the API's path
+    ``own``: this request's own header fields (after ``headers``, the run's). ``name`` groups the request (Locust's row and the LLM metrics; default: ``req.group``, else the API's path
     for Locust's row and no group for the LLM metrics); ``state``, when
     given, is the parser to fill (the caller reads the answer's text and tool calls from it).
     """
@@ -153,11 +155,11 @@ def stream_request(
     clock = Clock.now(intended_start)
     state = StreamState() if state is None else state
     state.cap(req.max_tokens)
-    ex = transport.exchange(req.path, req.body, headers, state, clock, name or req.path)
+    ex = transport.exchange(req.path, req.body, headers, state, clock, name or req.path, own)
     offsets = state.chunk_times
     tokens_from_usage = state.completion_tokens is not None and state.prompt_tokens is not None
     rec = RequestRecord(
-        **exchanged(req, clock, ex, intended_start, worker, step, startup, name),
+        **exchanged(req, clock, ex, intended_start, worker, step, startup, name, own),
         ttft=offsets[0] if offsets else None,
         chunk_offsets=offsets,
         chunk_tokens=state.chunk_tokens,
@@ -211,13 +213,13 @@ def counted_output(state: StreamState, max_tokens: int | None) -> int:
 
 
 def exchanged(req: ReadyRequest, clock: Clock, ex: Exchange, intended_start: float | None, worker: str,
-              step: int | None, startup: bool, name: str | None) -> dict[str, Any]:
+              step: int | None, startup: bool, name: str | None, own: dict[str, str] | None) -> dict[str, Any]:
     """The record's fields every request type fills the same way: when it started, how its exchange went, and
     where it belongs (worker, step, name)."""
     return {"api": req.api, "start": clock.start_wall, "e2e": ex.e2e, "ok": ex.error is None, "error": ex.error,
             "status": ex.status, "retry_after": ex.retry_after, "worker": worker, "step": step, "startup": startup,
             "name": name, "send_lag": None if intended_start is None else max(0.0, clock.now_perf - clock.t0),
-            "headers": ex.captured}
+            "headers": ex.captured, "trace_id": trace_id(own)}
 
 
 def reasoning_count(state: StreamState, count: Callable[[str], int] | None) -> tuple[int | None, str | None]:

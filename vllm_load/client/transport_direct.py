@@ -36,15 +36,15 @@ class DirectTransport:
         self.conns.close()
 
     def exchange(self, path: str, body: bytes, headers: dict[str, str], decoder: Decoder, clock: Clock,
-                 name: str) -> Exchange:
-        ex = self._exchange(path, body, headers, decoder, clock)
+                 name: str, own: dict[str, str] | None = None) -> Exchange:
+        ex = self._exchange(path, body, headers, decoder, clock, own)
         note_read("native")
         if self.report is not None:
             self.report(name, self.url(path), ex.e2e, decoder.bytes_read, ex.error, clock.start_wall)
         return ex
 
     def _exchange(self, path: str, body: bytes, headers: dict[str, str], decoder: Decoder,
-                  clock: Clock) -> Exchange:
+                  clock: Clock, own: dict[str, str] | None) -> Exchange:
         """Sent, its head and its body read by the native thread: a streamed 200's head and body are taken
         by the thread itself when the decoder is one it parses (``expect``), so the greenlet wakes once."""
         conns = self.conns
@@ -55,7 +55,7 @@ class DirectTransport:
         try:
             expect = ((decoder, clock.start_wall, not clock.open_loop) if decoder.parses_sse and not conns.capture
                       else None)
-            answer = conns.open(path, headers, body, expect)
+            answer = conns.open(path, headers, body, expect, own)
             conn, head = answer.conn, answer.head
             ex.status = head.status
             if head.captured:

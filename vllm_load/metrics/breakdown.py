@@ -66,9 +66,13 @@ def tail_lines(b: dict[str, Any] | None) -> list[str]:
     if not b:
         return []
     out = []
+    spans = b.get("spans")
+    if spans:  # --otlp-receiver: how the server's spans joined the requests
+        out.append(f"server spans: {spans['joined']} of {spans['spans']} joined to this run's requests "
+                   f"({spans['unmatched']} unmatched); {spans['requests_without']} answered requests had none")
     for metric in ("ttft", "e2e"):
         said: set[tuple[float, int]] = set()
-        for q, tail in b["tails"].get(metric, {}).items():
+        for q, tail in b.get("tails", {}).get(metric, {}).items():
             if q != "p99" and q != max(b["tails"][metric], key=lambda k: float(k[1:])):
                 continue
             if (tail["value"], tail["requests"]) in said:  # a tail of the same requests: said once

@@ -81,8 +81,9 @@ def start_sidecar(vllm_url: str, out: Path) -> ChildServer:
                                           "--out", str(out)])
 
 
-def emulator_args(opts: Any) -> list[str]:
-    """The embedded emulator's command line, from the run's --emulator-* options."""
+def emulator_args(opts: Any, spans_endpoint: str | None = None) -> list[str]:
+    """The embedded emulator's command line, from the run's --emulator-* options (and --otlp-receiver's endpoint,
+    which it exports its request spans to, as vLLM would)."""
     args = ["--ttft", str(opts.emulator_ttft), "--itl", str(opts.emulator_itl),
             "--tokens-per-chunk", str(opts.emulator_tokens_per_chunk), "--enable-prompt-tokens-details",
             "--enable-per-request-metrics"]
@@ -94,4 +95,6 @@ def emulator_args(opts: Any) -> list[str]:
         args += ["--dcgm"]
     if opts.emulator_max_num_seqs:
         args += ["--max-num-seqs", str(opts.emulator_max_num_seqs)]
+    if spans_endpoint:
+        args += ["--otlp-traces-endpoint", spans_endpoint]
     return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])

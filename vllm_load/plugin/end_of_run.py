@@ -114,6 +114,22 @@ def _collect_server_side(col: Collector, opts: Any) -> None:
         col.plan.files.write_series(col.plan.files.server, samples)
 
 
+def _take_spans(col: Collector) -> None:
+    """--otlp-receiver: the spans of the run's last requests waited for (within span_receiver.WAIT_S), then kept in
+    spans.jsonl for the report to join; once per run."""
+    rx = STATE.span_receiver
+    if rx is None or col.plan.files.spans.exists():
+        return
+    from vllm_load.plugin.span_receiver import WAIT_S
+
+    s = col.results
+    expected = int(getattr(s, "succeeded", 0) or 0) + int(getattr(s, "warmup_excluded", 0) or 0) if s else 0
+    if not rx.wait_for(expected):
+        print(f"vllm-load: {len(rx.spans)} server spans for {expected} answered requests within {WAIT_S:.0f} s of the "
+              "run's end (the report joins those that came)", flush=True)
+    col.plan.files.write_series(col.plan.files.spans, rx.spans)
+
+
 def _output_failed(exc: BaseException) -> None:
     """A file of the run could not be written: said once, in one line; the run ends with exit code 6."""
     message = str(exc) if isinstance(exc, OutputError) or not isinstance(exc, OSError) else str(
@@ -132,6 +148,7 @@ def _on_test_stop(environment: Any, **_kw: Any) -> None:
         col.end_wall = time.time()
         try:
             col.write_results(_local_monitor())
+            _take_spans(col)
             _collect_server_side(col, environment.parsed_options)
             if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
                 from vllm_load.report.html import build
@@ -239,6 +256,7 @@ def _finish(environment: Any, col: Collector) -> None:
     if col.results is None:  # test_stop wrote them already, after the drain (a signal skips test_stop)
         col.write_results(_local_monitor())
     _export_otlp(col, environment.parsed_options)
+    _take_spans(col)
     if not col.plan.files.server.exists():
         _collect_server_side(col, environment.parsed_options)
     from vllm_load.report.html import build  # the report (Jinja2, its charts) is loaded only at the end of a run

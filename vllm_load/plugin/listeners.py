@@ -130,12 +130,18 @@ def _on_init(environment: Any, **_kw: Any) -> None:
         check_writable(Path(opts.run_dir) if opts.run_dir else Path("reports"), "--run-dir" if opts.run_dir
                        else "the run directory's folder")
         use_tls_context(tls_context(opts.insecure, opts.ca_bundle))
+        if opts.otlp_receiver:  # before the embedded emulator: it exports its spans there
+            from vllm_load.plugin.span_receiver import SpanReceiver
+
+            STATE.span_receiver = SpanReceiver(opts.otlp_receiver)
+            print(STATE.span_receiver.banner(), flush=True)
         # parsed here: workers get the texts in the run plan, not file paths their machines may not have
         STATE.slos = parse_slo_option(opts.slo)
         STATE.sidecar_url = opts.sidecar_url
         if not environment.host:
             STATE.emulator_log = private_temp_file("emulator", ".log")
-            STATE.emulator = start_emulator(emulator_args(opts), STATE.emulator_log)
+            spans = STATE.span_receiver.endpoint if STATE.span_receiver is not None else None
+            STATE.emulator = start_emulator(emulator_args(opts, spans), STATE.emulator_log)
             environment.host = STATE.emulator.url
             print(
                 f"vllm-load: no --host given: started the built-in vLLM EMULATOR at {STATE.emulator.url} "
@@ -325,6 +331,8 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     _close_run()
     if role != "worker":
         STATE.fatal = None
+        if STATE.span_receiver is not None:  # this run's spans only
+            STATE.span_receiver.clear()
         if opts.reset_prefix_cache and STATE.target is not None:  # before the run's first request
             from vllm_load.plugin.server_control import CacheReset
 

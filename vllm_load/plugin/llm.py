@@ -27,6 +27,7 @@ from vllm_load.client.pooling import (POOLING, count_each, count_inputs, embeddi
 from vllm_load.client.reply import Reply
 from vllm_load.client.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
+from vllm_load.client.trace_context import HEADER, new_traceparent
 from vllm_load.client.stream import ready_request, ReadyRequest, StreamCancelled, build_request, stream_request
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.llm_checks import check_max_tokens, check_messages, split_media
@@ -311,10 +312,14 @@ class LLM:
         try:
             if self._transport is None:
                 self._transport = transport_for(self._user)
-            sent = gen.headers
+            own = {HEADER: new_traceparent()}  # the server's span of this request: the same trace id
             session = self._sessions.get(getcurrent())
-            if session is not None or headers:
-                sent = {**sent, **({gen.session_header: session} if session is not None else {}), **(headers or {})}
+            if session is not None:
+                own[gen.session_header] = session
+            if headers:
+                if any(k.lower() == HEADER for k in headers):  # the caller's own trace context stands
+                    del own[HEADER]
+                own.update(headers)
             common = dict(
                 worker=gen.worker_id,
                 intended_start=due.intended if due else None,
@@ -325,9 +330,9 @@ class LLM:
                 name=name,
             )
             if isinstance(state, JsonBody):
-                rec = pooling_request(self._transport, ready, sent, body=state, **common)
+                rec = pooling_request(self._transport, ready, gen.headers, body=state, own=own, **common)
             else:
-                rec = stream_request(self._transport, ready, sent, state=state,
+                rec = stream_request(self._transport, ready, gen.headers, state=state, own=own,
                                      count_output=gen.requests.count_output if gen.requests else None, **common)
         except StreamCancelled as stop:  # stopped mid-stream: recorded, then the stop goes on
             stop.record.target, stop.record.session = self._target, self._sessions.get(getcurrent())

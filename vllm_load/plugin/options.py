@@ -192,6 +192,10 @@ OPTIONS: tuple[Option, ...] = (
         "collector, e.g. http://otel-collector:4318 (the Prometheus export's names and buckets; pip install "
         "'vllm-load[otel]')", web=False),
     Option("--otlp-token", "", "bearer token of that collector, when it requires one", is_secret=True),
+    Option("--otlp-receiver", "", "HOST:PORT (or PORT, on 127.0.0.1): receive the server's per-request OpenTelemetry "
+        "spans here (give vLLM --otlp-traces-endpoint http://HOST:PORT/v1/traces and "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf); each is joined to its request by the traceparent every "
+        "request carries: queue, prefill and decode per request (pip install 'vllm-load[otel]')", web=False),
     Option("--mlflow-uri", "", "at the run's end, log it to MLflow at this tracking URI (its options, numbers, verdict "
         "and report), e.g. http://mlflow:5000 (pip install 'vllm-load[mlflow]')", web=False),
     Option("--mlflow-experiment", "vllm-load", "--mlflow-uri: the experiment the run goes into", web=False),
@@ -254,7 +258,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                             "--trace-block-size", "--sessions", "--sessions-format", "--max-idle"),
     "SLOs and gates": ("--slo", "--min-requests", "--allow-untrustworthy", "--junit", "--retry-backoff-max",
                        "--outage-after", "--stop-on-outage"),
-    "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token",
+    "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token", "--otlp-receiver",
                 "--mlflow-uri", "--mlflow-experiment", "--wandb-project", "--metrics-port", "--metrics-host"),
     "web UI": ("--web-allowed-host", "--web-password-file"),
     "server side": ("--reset-prefix-cache", "--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",

@@ -42,9 +42,11 @@ class SessionTransport:
         pass
 
     def exchange(self, path: str, body: bytes, headers: dict[str, str], decoder: Decoder, clock: Clock,
-                 name: str) -> Exchange:
+                 name: str, own: dict[str, str] | None = None) -> Exchange:
         ex = Exchange()
         end = None
+        if own:
+            headers = {**headers, **own}
         with self.session.request("POST", path, data=body, headers=headers, stream=True, catch_response=True,
                                   name=name) as resp:
             try:

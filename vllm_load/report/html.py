@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from vllm_load.report import charts
 from vllm_load.metrics.breakdown import TAILS, breakdown
+from vllm_load.metrics.spans import join
 from vllm_load.metrics.routing import routing
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head, name_rows, server_cells,
@@ -24,6 +25,7 @@ from vllm_load.report.results import finish
 from vllm_load.metrics.client_health import silent_workers
 from vllm_load.metrics.server import server_summary
 from vllm_load.rundir.files import Run, RunDir, load_run
+from vllm_load.rundir.reqlog import read_log
 from vllm_load.report.csv_export import llm_stats_csv
 from vllm_load.report.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.slo import parse_slo_option
@@ -132,7 +134,11 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     routed = routing(logs, str(captured[0]).lower() if captured else None)
     if routed is not None and isinstance(run.summary, RunSummary):  # which replica served what, from the logs
         run.summary = run.summary.replace(routing=routed)
+    spans = read_log(run.path / "spans.jsonl") if (run.path / "spans.jsonl").exists() else None
+    joined = join(logs, spans) if spans is not None else None  # the server's spans (--otlp-receiver), per request
     parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS)
+    if joined is not None:
+        parts = {**(parts or {}), "spans": joined}
     if parts is not None and isinstance(run.summary, RunSummary):  # where each request's time went
         run.summary = run.summary.replace(timing=parts)
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)

@@ -1,0 +1,60 @@
+"""The emulator's OpenTelemetry spans, as vLLM's ``--otlp-traces-endpoint`` exports them: one ``llm_request`` span
+per request that carried a ``traceparent``, under its trace id, with the emulator's own queue, prefill and decode
+times (the attributes of vLLM 0.32's ``OutputProcessor.do_tracing``), posted in batches over OTLP/HTTP protobuf.
+A run's ``--otlp-receiver`` then joins them exactly as it joins a real vLLM's."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import gevent
+from geventhttpclient import HTTPClient, URL
+
+from vllm_load.metrics.spans import export_request
+
+#: seconds between exports (vLLM's batch exporter: 5 s; shorter here, so that a test's run ends sooner)
+INTERVAL = 0.5
+
+
+def trace_of(environ: dict) -> tuple[str, str] | None:
+    """(trace id, parent span id) of a request's W3C traceparent, or None."""
+    parts = environ.get("HTTP_TRACEPARENT", "").split("-")
+    if len(parts) >= 4 and len(parts[1]) == 32 and len(parts[2]) == 16:
+        try:
+            bytes.fromhex(parts[1] + parts[2])
+        except ValueError:
+            return None
+        return parts[1].lower(), parts[2].lower()
+    return None
+
+
+class SpanExporter:
+    def __init__(self, endpoint: str) -> None:
+        self.url = URL(endpoint)
+        self.client = HTTPClient.from_url(self.url, concurrency=1, connection_timeout=2.0, network_timeout=5.0)
+        self.pending: list[dict[str, Any]] = []
+        self.sent = 0
+        self.failed = 0  # spans whose export failed (said once on stderr)
+        gevent.spawn(self._loop)
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.pending.append(row)
+
+    def _loop(self) -> None:
+        while True:
+            gevent.sleep(INTERVAL)
+            if not self.pending:
+                continue
+            batch, self.pending = self.pending, []
+            try:
+                resp = self.client.post(self.url.request_uri, body=export_request(batch),
+                                        headers={"Content-Type": "application/x-protobuf"})
+                resp.read()
+                if resp.status_code != 200:
+                    raise OSError(f"HTTP {resp.status_code}")
+                self.sent += len(batch)
+            except Exception as exc:  # the collector is down: vLLM's exporter drops the batch and logs it too
+                if not self.failed:
+                    sys.stderr.write(f"emulator: span export to {self.url} failed: {exc}\n")
+                self.failed += len(batch)
