@@ -13,7 +13,7 @@ its version (checked against 2.6.1).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Callable
 
 from gevent import GreenletExit
 from locust.exception import CatchResponseError
@@ -128,6 +128,14 @@ def _read_body_native(sock: Any, raw: Any, decoder: Decoder, start_wall: float) 
     return out.done_at
 
 
+def warmup_admit() -> Callable[[float], bool] | None:
+    """The running warm-up's rule for Locust's table (``warmup_reset.WarmupGate.admit``), if the run has one."""
+    from vllm_load.plugin.state import STATE
+
+    gate = STATE.warmup_reset
+    return gate.admit if gate is not None else None
+
+
 def transport_for(user: Any) -> Transport:
     """What carries a user's requests, chosen once: its direct connections (a plain-HTTP target and the native
     reader), else Locust's session (https://, the Python reader, a user that shares a client pool or asked for
@@ -136,17 +144,21 @@ def transport_for(user: Any) -> Transport:
     capture = frozenset(str(n).strip().lower().encode("latin-1") for n in getattr(opts, "capture_header", None) or ())
     if user.kernel_stamps and user.client_pool is None:
         direct = DirectTransport.for_user(user.host, user.connection_timeout, user.network_timeout,
-                                          locust_report(user.environment.events, user.context), capture)
+                                          locust_report(user.environment.events, user.context, warmup_admit()),
+                                          capture)
         if direct is not None:
             return direct
     return SessionTransport(user.client, capture)
 
 
-def locust_report(events: Any, context: Any) -> Report:
-    """Report a direct exchange to Locust's request event as its session would (its row, its failure)."""
+def locust_report(events: Any, context: Any, admit: Callable[[float], bool] | None = None) -> Report:
+    """Report a direct exchange to Locust's request event as its session would (its row, its failure); with
+    ``admit`` (a run's warm-up), only the requests it admits by their start."""
     fire = events.request.fire
 
     def report(name: str, url: str, seconds: float, length: int, error: str | None, start_wall: float) -> None:
+        if admit is not None and not admit(start_wall):
+            return
         fire(request_type="POST", name=name, response_time=seconds * 1000.0, response_length=length,
              response=None, context=dict(context() or {}),
              exception=CatchResponseError(error) if error else None, start_time=start_wall, url=url)
