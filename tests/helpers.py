@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Callable
 
@@ -139,3 +141,45 @@ class FakePrometheus:
 
     def __exit__(self, *exc: Any) -> None:
         self.server.shutdown()
+
+
+#: vLLM's router (vllm-router, a binary wheel in .[test])
+ROUTER = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-router")
+
+
+class Router:
+    """vllm-router on 127.0.0.1 in front of ``urls`` with ``policy``, ready once it answers /v1/models."""
+
+    def __init__(self, urls: list[str], policy: str) -> None:
+        self.port, metrics = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *urls,
+                                      "--policy", policy, "--worker-startup-check-interval", "1",
+                                      "--prometheus-port", str(metrics)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: self.proc.poll() is not None or answers(self.url + "/v1/models"), timeout=60,
+                 what="the router")
+        assert self.proc.poll() is None, "vllm-router exited"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def answers(url: str) -> bool:
+    """``url`` answers 200 now."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def counter(url: str, name: str) -> float:
+    """The sum of a server's ``name`` series on its /metrics (every label set)."""
+    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name + "{") or line.startswith(name + " "))

@@ -6,18 +6,13 @@ and the prefix-cache hits kept against those its turns made achievable."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, free_port, run_locust, wait_for
+from tests.helpers import ROOT, Router, counter, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 MULTITURN = str(ROOT / "locustfiles" / "multiturn.py")
-ROUTER = shutil.which("vllm-router") or str(Path(__import__("sys").executable).parent / "vllm-router")
 REPLICA = "X-Vllm-Load-Replica"
 
 
@@ -32,39 +27,9 @@ def replicas():
         p.stop()
 
 
-class Router:
-    def __init__(self, urls: list[str], policy: str) -> None:
-        self.port, metrics = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *urls,
-                                      "--policy", policy, "--worker-startup-check-interval", "1",
-                                      "--prometheus-port", str(metrics)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: self.proc.poll() is not None or _answers(self.url + "/v1/models"), timeout=60,
-                 what="the router")
-        assert self.proc.poll() is None, "vllm-router exited"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
 def _served(url: str) -> float:
     """A replica's own count of finished requests (vLLM's request_success counter)."""
-    text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return counter(url, "vllm:request_success_total")
 
 
 def _run(tmp_path, router, users, *slos):

@@ -155,3 +155,18 @@ def test_spans_alone_give_each_request_its_parts_and_gate_the_run(tmp_path, emul
     assert summary["timing"]["spans"]["joined"] == len(logs) == summary["timing"]["requests"]
     assert summary["timing"]["parts"]["server_queue"]["p90"] > 0.01  # four users, one sequence at a time
     assert res.returncode == EXIT_SLO_MISS and "FAIL  server_queue.p90<=1ms" in res.stdout, res.stdout[-3000:]
+
+
+def test_a_spans_service_name_says_which_replica_served_the_request():
+    """vLLM names no replica in its answers (nor does its router); each replica's OTEL_SERVICE_NAME does, in its
+    spans: the routing verdict takes it where no response header names one."""
+    from vllm_load.metrics.routing import routing
+    spans = parse_export(export_request([_span("a" * 32, "r-1")], "replica-a"))
+    spans += parse_export(export_request([_span("b" * 32, "r-2")], "replica-b"))
+    spans += parse_export(export_request([_span("c" * 32, "r-3")]))  # OpenTelemetry's default name: no one
+    assert [s.get("replica") for s in spans] == ["replica-a", "replica-b", None]
+    records = [{"ok": True, "trace_id": t * 32, "response_id": "", "ttft": 0.1, "start": i, "session": "s1",
+                "input_tokens": 40, "output_tokens": 4} for i, t in enumerate("abc")]
+    join(records, spans)
+    verdict = routing(records)
+    assert set(verdict["replicas"]) == {"replica-a", "replica-b"} and verdict["session_stickiness"] == 0.0

@@ -846,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError:
             sys.stderr.write("emulator: --otlp-traces-endpoint needs opentelemetry-proto: pip install 'vllm-load[otel]'\n")
             return 2
-        app.spans = SpanExporter(args.otlp_traces_endpoint)
+        app.spans = SpanExporter(args.otlp_traces_endpoint, args.replica_name or "unknown_service:emulator")
     if args.log_stats_interval > 0:
         def log_stats() -> None:
             while True:

@@ -30,8 +30,9 @@ def trace_of(environ: dict) -> tuple[str, str] | None:
 
 
 class SpanExporter:
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, service: str) -> None:
         self.url = URL(endpoint)
+        self.service = service  # its replica name (vLLM's: OTEL_SERVICE_NAME)
         self.client = HTTPClient.from_url(self.url, concurrency=1, connection_timeout=2.0, network_timeout=5.0)
         self.pending: list[dict[str, Any]] = []
         self.sent = 0
@@ -48,7 +49,7 @@ class SpanExporter:
                 continue
             batch, self.pending = self.pending, []
             try:
-                resp = self.client.post(self.url.request_uri, body=export_request(batch),
+                resp = self.client.post(self.url.request_uri, body=export_request(batch, self.service),
                                         headers={"Content-Type": "application/x-protobuf"})
                 resp.read()
                 if resp.status_code != 200:

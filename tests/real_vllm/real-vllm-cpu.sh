@@ -136,12 +136,12 @@ do_serve() {
   local START; START=$(date +%s)
   setsid timeout 3600 "$R/venv/bin/vllm" serve "$MODEL" --served-model-name "$NAME" \
       --host 127.0.0.1 --port "$PORT" --max-model-len 4096 --dtype bfloat16 \
-      --enforce-eager --kv-cache-memory-bytes 67108864 "$@" > "$R/server.log" 2>&1 &
-  echo $! > "$R/server.pid"
+      --enforce-eager --kv-cache-memory-bytes 67108864 "$@" > "$R/server-$PORT.log" 2>&1 &
+  echo $! > "$R/server-$PORT.pid"  # per port: two replicas run side by side (a fleet behind a router)
   for _ in $(seq 1 600); do
     if curl -sf --max-time 2 "http://127.0.0.1:$PORT/health" >/dev/null; then
-      echo "ready after $(( $(date +%s) - START ))s (pid $(cat "$R/server.pid"))"; return 0; fi
-    kill -0 "$(cat "$R/server.pid")" 2>/dev/null || { echo "server died"; tail -30 "$R/server.log"; return 1; }
+      echo "ready after $(( $(date +%s) - START ))s (pid $(cat "$R/server-$PORT.pid"))"; return 0; fi
+    kill -0 "$(cat "$R/server-$PORT.pid")" 2>/dev/null || { echo "server died"; tail -30 "$R/server-$PORT.log"; return 1; }
     sleep 0.5
   done
   echo "not ready after 300s"; return 1
@@ -157,7 +157,7 @@ do_smoke() {
 }
 
 do_stop() {
-  local P; P=$(cat "$R/server.pid")
+  local P; P=$(cat "$R/server-$PORT.pid")
   kill -TERM -- "-$P" 2>/dev/null || true   # setsid made the server its own process group
   for _ in $(seq 1 30); do ps -g "$P" >/dev/null 2>&1 || { echo stopped; return 0; }; sleep 1; done
   kill -KILL -- "-$P" 2>/dev/null || true

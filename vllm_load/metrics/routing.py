@@ -1,7 +1,8 @@
 """The routing verdict: how a fleet behind a router served the run's sessions, from the request logs.
 
 Which replica served each request comes from the fleet: a response header naming it (``--capture-header``; the
-embedded emulator sends ``X-Vllm-Load-Replica``), else the target the client chose (``--host a,b``). Per replica:
+embedded emulator sends ``X-Vllm-Load-Replica``), else the replica's own span of it (``--otlp-receiver``: its
+``OTEL_SERVICE_NAME``), else the target the client chose (``--host a,b``). Per replica:
 its requests and tokens; per session (``self.llm.session``, ``--session-header``): whether all its turns stayed on
 one replica; and the prefix-cache hits the sessions made achievable against those achieved (the server's
 ``cached_tokens`` per request). A router that spreads one session's turns over replicas loses the hits the
@@ -19,8 +20,10 @@ BLOCK = 16
 
 
 def replica_of(record: dict, header: str | None) -> str | None:
+    """The replica that served a request: a response header naming it, else its server span's service name (each
+    replica's OTEL_SERVICE_NAME, joined by trace id), else the target the client chose."""
     named = (record.get("headers") or {}).get(header) if header else None
-    return named or record.get("target")
+    return named or record.get("replica") or record.get("target")
 
 
 def routing(records: Iterable[dict], header: str | None = None, block: int = BLOCK) -> dict[str, Any] | None:

@@ -4,7 +4,8 @@ vLLM started with ``--otlp-traces-endpoint`` exports one ``llm_request`` span pe
 request's ``traceparent`` (every request of a run carries its own: ``client/trace_context.py``), with its own times
 (vLLM 0.32's ``OutputProcessor.do_tracing``, seconds): ``time_in_queue`` queued to scheduled,
 ``time_in_model_prefill`` scheduled to the first token, ``time_in_model_decode`` first to last token,
-``time_to_first_token`` and ``e2e`` from its arrival, and ``gen_ai.request.id`` (the response id). The receiver
+``time_to_first_token`` and ``e2e`` from its arrival, and ``gen_ai.request.id`` (the response id); and the exporting service's ``service.name``
+(a replica's ``OTEL_SERVICE_NAME``: which replica served the request, where a router names none). The receiver
 (``plugin/span_receiver.py``) keeps them as lines of ``spans.jsonl``; here they become each record's server parts
 where the stream's per-request metrics gave none, and the join is counted: spans, joined, unmatched.
 """
@@ -46,11 +47,16 @@ def parse_export(body: bytes) -> list[dict[str, Any]]:
         raise ValueError(f"not an OTLP trace export: {exc}") from None
     out = []
     for resource in msg.resource_spans:
+        service = next((_value(a.value) for a in resource.resource.attributes if a.key == "service.name"), None)
+        # the replica that served it: each replica's OTEL_SERVICE_NAME (OpenTelemetry's default names no one)
+        replica = service if isinstance(service, str) and not service.startswith("unknown_service") else None
         for scope in resource.scope_spans:
             for span in scope.spans:
                 if span.name != REQUEST_SPAN:
                     continue
                 row: dict[str, Any] = {"trace_id": span.trace_id.hex()}
+                if replica:
+                    row["replica"] = replica
                 for attr in span.attributes:
                     key = ATTRIBUTES.get(attr.key)
                     if key is not None:
@@ -59,9 +65,9 @@ def parse_export(body: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def export_request(spans: Iterable[dict[str, Any]], service: str = "vllm") -> bytes:
-    """An ExportTraceServiceRequest of request spans (the emulator's, as vLLM sends them): the inverse of
-    ``parse_export``."""
+def export_request(spans: Iterable[dict[str, Any]], service: str = "unknown_service") -> bytes:
+    """An ExportTraceServiceRequest of request spans (the emulator's, as vLLM sends them), from a service of that
+    name: the inverse of ``parse_export``."""
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
     from opentelemetry.proto.common.v1 import common_pb2
 
@@ -99,6 +105,8 @@ def join(records: list[dict], spans: list[dict]) -> dict[str, int]:
             continue
         used.add(id(span))
         r["span_ttft"], r["server_e2e"] = span.get("ttft"), span.get("e2e")
+        if span.get("replica"):
+            r["replica"] = span["replica"]
         if r.get("server_queue") is None and span.get("queue") is not None and span.get("prefill") is not None:
             r["server_queue"], r["server_prefill"] = span["queue"], span["prefill"]
             r["server_decode"] = span.get("decode")

@@ -131,11 +131,11 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     run.summary = judge_emulator(run.summary, server)  # the client's verdict with the emulator's own lateness
     captured = opts.get("capture_header") or []
     logs = run_logs(run)
+    spans = read_log(run.path / "spans.jsonl") if (run.path / "spans.jsonl").exists() else None
+    joined = join(logs, spans) if spans is not None else None  # the server's spans (--otlp-receiver), per request
     routed = routing(logs, str(captured[0]).lower() if captured else None)
     if routed is not None and isinstance(run.summary, RunSummary):  # which replica served what, from the logs
         run.summary = run.summary.replace(routing=routed)
-    spans = read_log(run.path / "spans.jsonl") if (run.path / "spans.jsonl").exists() else None
-    joined = join(logs, spans) if spans is not None else None  # the server's spans (--otlp-receiver), per request
     parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS)
     if joined is not None:
         parts = {**(parts or {}), "spans": joined}
