@@ -4,8 +4,10 @@ published, every option and flag they give is one the image understands, and the
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 
 import kubernetes_validate
 import pytest
@@ -72,3 +74,24 @@ def test_the_commands_use_flags_the_image_knows(role, tmp_path):
     res = parse()
     assert res.returncode == 0 and "ChatUser" in res.stdout, res.stderr[-2000:]
     assert parse("--no-such-flag", "1").returncode == 2
+
+
+@pytest.mark.parametrize("outcome,code", [("complete", 0), ("failed", 3), ("failed", 5)])
+def test_the_gate_waiter_returns_at_the_jobs_end_with_the_masters_exit_code(tmp_path, outcome, code):
+    """wait-for-gate.sh against a stand-in kubectl whose Job ends (``outcome``) at once and whose other wait would
+    last its whole timeout: the script returns at once, with the master container's own exit code."""
+    fake = tmp_path / "kubectl"
+    fake.write_text(f"""#!/usr/bin/env bash
+case "$1 $2" in
+  "wait --for=condition={outcome}") exit 0 ;;
+  "wait "*) exec sleep 600 ;;
+  "get pod") echo -n {code} ;;
+esac
+""")
+    fake.chmod(0o755)
+    started = time.monotonic()
+    res = subprocess.run(["bash", str(ROOT / "deploy" / "kubernetes" / "wait-for-gate.sh"), "vllm-load-master", "2h"],
+                         env=dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}"), capture_output=True,
+                         text=True, timeout=60)
+    assert time.monotonic() - started < 30  # not the other wait's 600 s
+    assert res.returncode == code and f"finished with exit code {code}" in res.stdout, res.stdout + res.stderr
