@@ -123,3 +123,39 @@ def test_sessions_options_belong_to_sessions_py(tmp_path, option):
     res = run_locust(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "1", "-t", "3s", option, "x",
                       "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
     assert res.returncode == 2 and "read by locustfiles/sessions.py only" in res.stderr
+
+
+def test_agentx_start_point_warms_the_turn_before_it_and_measures_from_it(tmp_path, emulator_factory):
+    """--session-start 0.5,0.5: each user's first session begins at its middle turn, after a warm-up turn (the one
+    before it, the whole history so far: left out of the numbers) that leaves the server's cache as the recording's
+    session had it; the turns before are never sent; the user's later sessions start from their first turn."""
+    made = sessions_jsonl(tmp_path / "sessions.jsonl", count=8)
+    sessions = {s.id: s for s in read_sessions(tmp_path / "sessions.jsonl")}
+    logs, res = _replay(tmp_path, emulator_factory, tmp_path / "sessions.jsonl", "--session-start", "0.5,0.5")
+    by_session = defaultdict(list)
+    for r in logs:
+        by_session[r["session"]].append(r)
+    warmed = [sid for sid, rs in by_session.items() if any(r["warmup"] for r in rs)]
+    assert len(warmed) == 5  # the 5 users' first sessions (each has at least 2 turns: k >= 1)
+    for sid in warmed:
+        turns = [x for x in sessions[sid].steps if not isinstance(x, Fork)]
+        k = len(turns) // 2
+        rs = sorted(by_session[sid], key=lambda r: r["start"])
+        assert [r["warmup"] for r in rs] == [True] + [False] * (len(turns) - k)
+        assert [r["input_tokens"] for r in rs] == [t.input_tokens for t in turns[k - 1:]]
+        # the measured first turn found the warm-up's blocks in the cache: every block the two share, whole
+        shared = sum(1 for a, b in zip(turns[k - 1].hash_ids, turns[k].hash_ids) if a == b)
+        assert rs[1]["cached_tokens"] >= BLOCK * shared > 0
+    others = [sid for sid in by_session if sid not in warmed and "::" not in sid]
+    assert all(len(by_session[sid]) == len([x for x in sessions[sid].steps if not isinstance(x, Fork)])
+               for sid in others)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["summary"]
+    assert summary["warmup_excluded"] == 5 and summary["requests"] == len(logs) - 5
+    assert len(made) == 8
+
+
+def test_a_bad_session_start_is_one_line(tmp_path):
+    sessions_jsonl(tmp_path / "s.jsonl", count=2)
+    res = run_locust(["-f", SESSIONS, "--headless", "-u", "1", "-t", "5s", "--sessions", str(tmp_path / "s.jsonl"),
+                      "--session-start", "0.8,0.2", "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
+    assert res.returncode == 2 and "--session-start '0.8,0.2': need 0 <= MIN <= MAX <= 1" in res.stderr

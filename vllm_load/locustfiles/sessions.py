@@ -9,11 +9,19 @@ launched without waiting). Every request of a session carries its id in --sessio
 on one replica; --capture-header NAME then tells the run's routing verdict which replica served it. A swarm splits
 the sessions over its processes; the run ends when every session was replayed.
 
+--session-start MIN,MAX (AgentX's t*): a server mostly serves sessions already under way, so each user's first
+session starts at a turn drawn uniformly in that share of its turns (the same draw run after run), after one
+warm-up turn, the one just before it, which carries the whole history so far: the server's cache holds the
+session as it would at that point, and the warm-up is logged but left out of the numbers. The turns and subagents
+before it are not sent; a user's later sessions start at their first turn.
+
 Written only against vllm-load's public API: copy it to start your own.
 """
 
 from __future__ import annotations
 
+import math
+import random
 import time
 from typing import Any
 
@@ -22,14 +30,14 @@ import gevent.event
 from locust import events, task
 
 from vllm_load import LLMUser
-from vllm_load.workload.sessions import Fork, Session, read_sessions
+from vllm_load.workload.sessions import Fork, Session, Turn, read_sessions
 
 _queue: list[Session] | None = None  # this process's share, taken in turn by its users
 _left = 0  # sessions of the share not yet finished
 
 
 class SessionReplay(LLMUser):
-    uses_options = frozenset({"sessions", "sessions_format", "max_idle"})
+    uses_options = frozenset({"sessions", "sessions_format", "max_idle", "session_start"})
 
     @classmethod
     def check_options(cls, options: Any) -> None:
@@ -40,6 +48,7 @@ class SessionReplay(LLMUser):
                              "sessions JSONL: docs/sessions.md)")
         if not options.max_idle >= 0:
             raise UsageError(f"--max-idle {options.max_idle} must be >= 0")
+        start_range(options.session_start)
         read_sessions(options.sessions, options.sessions_format)  # one line and exit 2 on a bad file
 
     @task
@@ -53,12 +62,30 @@ class SessionReplay(LLMUser):
         if not _queue:
             gevent.event.Event().wait()  # the share is replayed: wait for the run's end
         session = _queue.pop(0)
+        first, self.started = not getattr(self, "started", False), True
         try:
+            if first and self.llm.options.session_start:
+                session = self._warm(session, start_range(self.llm.options.session_start))
             self._play(session, time.time())
         finally:
             _left -= 1
             if _left == 0:
                 self.llm.finished()
+
+    def _warm(self, session: Session, ratios: tuple[float, float]) -> Session:
+        """AgentX's t*: the session from a turn drawn in ``ratios`` of its turns on, after the turn before it is
+        sent as a warm-up (left out of the numbers). Returns what is left to replay."""
+        turns = [i for i, step in enumerate(session.steps) if isinstance(step, Turn)]
+        draw = random.Random(f"t*/{session.id}").uniform(*ratios)  # the same start run after run
+        k = min(len(turns) - 1, math.floor(draw * len(turns)))
+        if k <= 0:
+            return session
+        before = session.steps[turns[k - 1]]
+        assert isinstance(before, Turn)
+        with self.llm.session(session.id):
+            self.llm.send(self.llm.turn_request(before.input_tokens, before.output_tokens, hash_ids=before.hash_ids,
+                                                block_size=session.block_size), name="warm-up", warmup=True)
+        return Session(session.id, session.steps[turns[k]:], session.block_size)  # due its delay after the warm-up
 
     def _play(self, session: Session, ready_at: float) -> float:
         """One session: its turns in order, each after its predecessor's completion plus its delay; its subagents
@@ -84,6 +111,22 @@ class SessionReplay(LLMUser):
                 ready_at = reply.end or time.time()
             gevent.joinall(forks)
         return ready_at
+
+
+def start_range(text: str) -> tuple[float, float]:
+    """--session-start MIN,MAX: two fractions, 0 <= MIN <= MAX <= 1."""
+    from vllm_load import UsageError
+
+    if not text:
+        return (0.0, 0.0)
+    try:
+        low, high = (float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--session-start {text!r}: give MIN,MAX, two fractions of a session's turns (e.g. 0,1)") \
+            from None
+    if not 0 <= low <= high <= 1:
+        raise UsageError(f"--session-start {text!r}: need 0 <= MIN <= MAX <= 1")
+    return (low, high)
 
 
 @events.test_start.add_listener

@@ -266,7 +266,7 @@ class Generator:
         if rec.removed:  # its user was removed mid-run: logged, in no metric
             self._exclude(rec, "removed_excluded")
             return
-        if self.in_warmup(rec):
+        if rec.warmup or self.in_warmup(rec):
             rec.warmup = True
             self._exclude(rec, "warmup_excluded")
             return

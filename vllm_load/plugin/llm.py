@@ -261,7 +261,7 @@ class LLM:
                            int(block_size), model, group)
 
     def send_at(self, ready: ReadyRequest, at: float, *, name: str | None = None,
-                headers: dict[str, str] | None = None) -> Reply:
+                headers: dict[str, str] | None = None, warmup: bool = False) -> Reply:
         """Send ``ready`` at the wall-clock time ``at`` (at once, if that has passed), timed from ``at``: a send
         the client made late counts its lateness in the request's latency and its ``send_lag``, as an open loop's
         arrival does (a replay's turn is due at its predecessor's completion plus its delay)."""
@@ -270,7 +270,7 @@ class LLM:
         if wait > 0:
             gevent.sleep(wait)
         self._due[getcurrent()] = Due(time.perf_counter() - (time.time() - at), gen.schedule_start())
-        return self.send(ready, name=name, headers=headers)
+        return self.send(ready, name=name, headers=headers, warmup=warmup)
 
     def share(self, items: list[Any]) -> list[Any]:
         """This load process's part of ``items`` (item i where i mod the run's processes is its index): a swarm
@@ -301,9 +301,11 @@ class LLM:
             else:
                 self._sessions[me] = before
 
-    def send(self, ready: ReadyRequest, *, name: str | None = None, headers: dict[str, str] | None = None) -> Reply:
+    def send(self, ready: ReadyRequest, *, name: str | None = None, headers: dict[str, str] | None = None,
+             warmup: bool = False) -> Reply:
         """Send one ready request and record it: the one request path of every user. ``headers`` go with it
-        (over the run's, and over the session's id)."""
+        (over the run's, and over the session's id); ``warmup``: logged, left out of every number (as a request
+        started during --warmup), e.g. the turn that warms a replayed session's cache before its measured part."""
         gen = self._generator()
         due = self._due.pop(getcurrent(), None)
         gen.begin_request()  # counted from here: a drain waits for it
@@ -345,6 +347,7 @@ class LLM:
             gen.end_request(sent=False)
             raise
         rec.target, rec.session = self._target, self._sessions.get(getcurrent())
+        rec.warmup = rec.warmup or warmup
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
             delay = self._backoff(rec, gen.plan.backoff_max)

@@ -158,6 +158,10 @@ OPTIONS: tuple[Option, ...] = (
         locustfiles=("sessions.py",), web=False),
     Option("--sessions-format", "", "sessions.py: weka or jsonl (default: jsonl for .jsonl, else weka)",
         choices=["", "weka", "jsonl"], locustfiles=("sessions.py",)),
+    Option("--session-start", "", "sessions.py: MIN,MAX (fractions, e.g. 0,1): each user's first session starts at a "
+        "turn drawn uniformly in that share of its turns (AgentX's t*), after one warm-up turn, the one before it, "
+        "which carries the whole history so far and is left out of the numbers; later sessions start at their first "
+        "turn. Empty: every session from its first turn", locustfiles=("sessions.py",)),
     Option("--max-idle", 10.0, "sessions.py: the longest wait between a turn's completion and the next turn (a "
         "recorded coffee break is cut to this; AgentX's cap is 10 s)", type=float, locustfiles=("sessions.py",)),
     Option("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
@@ -255,7 +259,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
                      "--session-header", "--capture-header"),
     "datasets and traces": ("--dataset", "--dataset-format", "--dataset-field", "--dataset-batch",
                             "--dataset-answer-tokens", "--trace", "--trace-format", "--trace-speed",
-                            "--trace-block-size", "--sessions", "--sessions-format", "--max-idle"),
+                            "--trace-block-size", "--sessions", "--sessions-format", "--session-start", "--max-idle"),
     "SLOs and gates": ("--slo", "--min-requests", "--allow-untrustworthy", "--junit", "--retry-backoff-max",
                        "--outage-after", "--stop-on-outage"),
     "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token", "--otlp-receiver",
