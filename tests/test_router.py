@@ -58,6 +58,8 @@ def test_consistent_hash_keeps_every_session_on_one_replica_and_both_replicas_se
     logs = read_log(run_dir / "requests.jsonl")
     assert all(r["session"] and r["headers"][REPLICA.lower()] in ("r1", "r2") for r in logs)
     assert "sessions kept on one replica (100%)" in res.stdout
+    page = (run_dir / "report.html").read_text()  # the report's routing section: a row per replica
+    assert "id='routing-replicas'" in page and "<td>r1</td>" in page and "<td>r2</td>" in page
 
 
 def test_round_robin_breaks_sessions_and_an_achievable_hits_slo_fails_the_run(tmp_path, replicas):

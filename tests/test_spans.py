@@ -136,6 +136,10 @@ def test_the_embedded_emulators_spans_join_every_request_exactly(tmp_path):
     timing = _summary(run_dir)["timing"]
     assert timing["spans"] == {"spans": len(logs), "joined": len(logs), "unmatched": 0, "requests_without": 0}
     assert f"server spans: {len(logs)} of {len(logs)} joined" in res.stdout
+    # the report shows where the time went: each part's row, a stacked bar per tail, the join's line
+    page = (run_dir / "report.html").read_text()
+    assert "id='where-time-went'" in page and f"server spans: {len(logs)} of {len(logs)} joined" in page
+    assert page.count("class='tbar'") >= 4 and "title='prefill " in page and "title='decode " in page
 
 
 def test_spans_alone_give_each_request_its_parts_and_gate_the_run(tmp_path, emulator_factory):

@@ -18,7 +18,7 @@ PARTS = ("server_queue", "server_prefill", "server_decode", "server_ttft", "clie
 #: what each tail is split into (an E2E's client part is what the server's three parts leave of it)
 SPLITS = {"ttft": ("server_queue", "server_prefill", "client_overhead"),
           "e2e": ("server_queue", "server_prefill", "server_decode", "client")}
-LABELS = {"server_queue": "queue", "server_prefill": "prefill", "server_decode": "decode",
+LABELS = {"server_queue": "queue", "server_prefill": "prefill", "server_decode": "decode", "server_ttft": "server TTFT",
           "client_overhead": "client/network", "client": "client/network"}
 TAILS = (50.0, 90.0, 99.0)
 

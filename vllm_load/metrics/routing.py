@@ -32,10 +32,12 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
     replicas: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "failed": 0, "input_tokens": 0,
                                                                "cached_tokens": 0})
     turns: dict[str, list[dict]] = defaultdict(list)
+    any_span = False
     for r in records:
         if r.get("warmup") or r.get("removed"):
             continue
         replica = replica_of(r, header)
+        any_span = any_span or (replica is not None and replica == r.get("replica"))
         if replica is None:
             continue
         row = replicas[replica]
@@ -61,7 +63,8 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
             achievable += min(shared, cur["input_tokens"] - 1) // block * block
             achieved += cur.get("cached_tokens") or 0
     return {
-        "source": f"the {header} response header" if header else "the client's --host targets",
+        "source": f"the {header} response header" if header else "the replicas' spans (their OTEL_SERVICE_NAME)"
+        if any_span else "the client's --host targets",
         "replicas": dict(sorted(replicas.items())),
         "replica_imbalance": max(counts) / (sum(counts) / len(counts)),
         "sessions": len(multi),

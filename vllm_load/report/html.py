@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from vllm_load.report import charts
-from vllm_load.metrics.breakdown import TAILS, breakdown
+from vllm_load.metrics.breakdown import LABELS, TAILS, breakdown, tail_lines
 from vllm_load.metrics.spans import join
-from vllm_load.metrics.routing import routing
+from vllm_load.metrics.routing import routing, routing_line
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head, name_rows, server_cells,
                                       spec_line, table_rows)
@@ -57,9 +57,44 @@ def render_html(run: Run, verdict: Verdict) -> str:
         server_rows=server_cells(server) if server else [], spec=spec_line(server["spec_decode"])
         if server and server.get("spec_decode") else "",
         energy=energy_line(s) if s.get("energy") or s.get("energy_missing") else "",
+        timing=timing_view(s.get("timing")), routing=routing_view(s.get("routing")),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run),
                 "markers": charts.markers(run)})
+
+
+#: each part's colour in the report's stacked bars
+PART_COLOURS = {"server_queue": "#d62728", "server_prefill": "#1f77b4", "server_decode": "#2ca02c",
+                "client_overhead": "#ff7f0e", "client": "#ff7f0e"}
+
+
+def timing_view(t: dict | None) -> dict | None:
+    """Where each request's time went (``metrics/breakdown.py``): each part's statistics in ms, and each tail's mean
+    split as a stacked bar (the segments' widths are shares of the tail's value)."""
+    if not t:
+        return None
+    ms = lambda v: f"{v * 1000:.1f}"  # noqa: E731
+    rows = [(LABELS.get(p, p), p, st["count"], ms(st["mean"]), ms(st["p50"]), ms(st["p90"]), ms(st["p99"]), ms(st["max"]))
+            for p, st in (t.get("parts") or {}).items()]
+    bars = []
+    for metric, tails in (t.get("tails") or {}).items():
+        for q, tail in tails.items():
+            total = sum(max(0.0, v) for v in tail["split"].values()) or 1.0
+            bars.append({"label": f"{metric.upper()} {q}: {tail['value'] * 1000:.1f} ms ({tail['requests']} requests)",
+                         "segments": [{"name": LABELS[p], "ms": ms(v), "share": round(100 * max(0.0, v) / total, 2),
+                                       "colour": PART_COLOURS[p]} for p, v in tail["split"].items()]})
+    legend = [(LABELS[p], c) for p, c in PART_COLOURS.items() if p != "client"]
+    return {"rows": rows, "bars": bars, "legend": legend,
+            "spans": tail_lines({"spans": t["spans"]})[0] if t.get("spans") else ""}
+
+
+def routing_view(r: dict | None) -> dict | None:
+    """The routing verdict (``metrics/routing.py``): its line and a row per replica."""
+    if not r:
+        return None
+    rows = [(name, row["requests"], row["failed"], row["input_tokens"], row["cached_tokens"])
+            for name, row in r["replicas"].items()]
+    return {"line": routing_line(r), "rows": rows}
 
 
 def summary_rows(s: dict) -> list[tuple[str, str]]:
