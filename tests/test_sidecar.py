@@ -224,3 +224,35 @@ def test_two_sidecars_series_merge_into_the_fleets_on_one_clock():
     assert third["running"] == 7 and third["kv_cache_usage"] == 0.9 and third["request_success_total"] == {"length": 27.0, "abort": 1.0}
     assert third["histograms"]["ttft"] == {"buckets": [[0.1, 3.0], [1.0, 5.0]], "sum": 2.0, "count": 5.0}
     assert "spec_drafts_total" not in third and "t_server" not in third and third["source"] == "metrics"
+
+
+def test_kv_connector_series_are_read_under_vllms_names():
+    """vLLM 0.32's KV-connector series (only on a server that runs one), as its source names them and
+    prometheus_client writes them: a connector's prefix-cache hits, NIXL's failures and transfer histograms, KV
+    offload's byte counters."""
+    from server.sidecar.vllm_schema import parse_metrics
+    from vllm_load.metrics.server import server_summary
+    text = """# TYPE vllm:external_prefix_cache_queries_total counter
+vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+# TYPE vllm:external_prefix_cache_hits_total counter
+vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 640.0
+# TYPE vllm:nixl_num_failed_transfers_total counter
+vllm:nixl_num_failed_transfers_total{engine="0",model_name="m"} 2.0
+# TYPE vllm:kv_offload_load_bytes_total counter
+vllm:kv_offload_load_bytes_total{engine="0",model_name="m"} 5e6
+# TYPE vllm:nixl_xfer_time_seconds histogram
+vllm:nixl_xfer_time_seconds_bucket{engine="0",le="0.01",model_name="m"} 3.0
+vllm:nixl_xfer_time_seconds_bucket{engine="0",le="+Inf",model_name="m"} 4.0
+vllm:nixl_xfer_time_seconds_count{engine="0",model_name="m"} 4.0
+vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} 0.06
+"""
+    s = parse_metrics(text)
+    assert (s["external_prefix_cache_hits_total"], s["nixl_failed_transfers_total"],
+            s["kv_offload_load_bytes_total"]) == (640.0, 2.0, 5e6)
+    assert s["histograms"]["nixl_xfer_time"]["count"] == 4.0
+    zero = parse_metrics(text.replace("640.0", "0.0").replace(" 2.0", " 0.0").replace("5e6", "0").replace(
+        " 4.0", " 0.0").replace(" 3.0", " 0.0").replace(" 0.06", " 0.0").replace(" 1000.0", " 0.0"))
+    kv = server_summary([zero, s])["kv_connector"]
+    assert kv == {"nixl_transfers": 4.0, "nixl_seconds": 0.06, "nixl_failed_transfers": 2.0,
+                  "external_prefix_cache_hits": 640.0, "external_prefix_cache_queries": 1000.0,
+                  "kv_offload_load_bytes": 5e6}

@@ -56,6 +56,9 @@ class Output:
     tool: str | None  # the function the answer calls
     cached: int  # prompt tokens found in the prefix cache
     reasoning: int = 0  # the first tokens are reasoning (a reasoning model's thinking), the rest the answer
+    #: disaggregated prefill/decode, as vLLM's router asks (kv_transfer_params): "produce" (a prefill: its answer
+    #: carries the KV's whereabouts), "consume" (a decode: the prompt's KV is pulled from the prefill, not computed)
+    kv: str = ""
 
 
 def _tool_to_call(body: dict) -> str | None:
@@ -144,6 +147,7 @@ class Emulator:
         self.replica = ""  # --replica-name: named in every answer's REPLICA_HEADER ('' : the URL it listens on)
         self.stream_style = "vllm"
         self.spans: SpanExporter | None = None  # --otlp-traces-endpoint
+        self.kv_transfer = (0.001, 1e-6)  # P/D: a decode's KV pull, seconds: fixed, per prompt token
         self.per_request_metrics = False  # --enable-per-request-metrics  # --stream-style: how its streams end (another server's way, for the clients' tests)
         #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
         #: streamed as vLLM's reasoning parser streams them (``delta.reasoning``) and counted in usage
@@ -358,7 +362,7 @@ class Emulator:
                   received: float = 0.0, trace: tuple[str, str] | None = None) -> Iterable[bytes]:
         model, out = self._plan(chat, body, fault)
         if not body.get("stream"):
-            return self._complete(start_response, chat, model, out)
+            return self._complete(start_response, chat, model, out, trace)
         opts = body.get("stream_options") or {}
         start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
         vllm = self.stream_style == "vllm"
@@ -406,7 +410,10 @@ class Emulator:
         thinking = 0
         if chat and tool is None and self.reasoning is not None:  # within max_tokens, as a real model's thinking
             thinking = min(max_tokens, self.reasoning.sample(self._reasoning_rng))
-        return model, Output(ids, max_tokens, finish, tool, cached, thinking)
+        kv_params = body.get("kv_transfer_params")
+        kv = ("" if not isinstance(kv_params, dict) else "produce" if kv_params.get("do_remote_decode")
+              else "consume" if kv_params.get("do_remote_prefill") else "")
+        return model, Output(ids, max_tokens, finish, tool, cached, thinking, kv)
 
     def _usage(self, out: Output, n: int) -> dict:
         prompt_tokens = len(out.ids)
@@ -468,25 +475,28 @@ class Emulator:
         m.l(m.req_prompt).observe(prompt_tokens)
         m.l(m.req_generation).observe(out)
 
-    def _complete(self, start_response: Start, chat: bool, model: str, out: Output) -> list[bytes]:
+    def _complete(self, start_response: Start, chat: bool, model: str, out: Output,
+                  trace: tuple[str, str] | None = None) -> list[bytes]:
         words = itertools.cycle(_WORDS)
         prompt_tokens, max_tokens = len(out.ids), out.max_tokens
         text, ttft, last = [], 0.0, 0.0
         m, first, queue = self.metrics, True, 0.0
         pieces = _tool_pieces(out.tool, max_tokens) if out.tool else None
-        for em in self.engine.generate(prompt_tokens, max_tokens, out.cached):
+        shift = self._pull_kv(out)
+        for em in self.engine.generate(prompt_tokens, max_tokens, out.cached, remote=out.kv == "consume"):
             if first:
-                ttft, queue, first = em.offset, em.queue_time, False
+                ttft, queue, first = em.offset + shift, em.queue_time, False
                 m.l(m.ttft).observe(ttft)
             else:
                 for _ in range(em.tokens):
                     m.l(m.itl).observe((em.offset - last) / em.tokens)
-            last = em.offset
+            last = em.offset + shift
             text.extend(next(pieces) if pieces else next(words) for _ in range(em.tokens))
         m.l(m.generation_tokens).inc(max_tokens)
         self._observe_finish(prompt_tokens, max_tokens, ttft, last, queue, out.finish)
         usage = self._usage(out, max_tokens)
         rid, created = secrets.token_hex(8), int(time.time())
+        self._export_span(trace, f"{'chatcmpl' if chat else 'cmpl'}-{rid}", queue, ttft, last, max_tokens, prompt_tokens)
         answer = "".join(text)
         self._cache_answer(out, answer)
         if chat:
@@ -504,7 +514,33 @@ class Emulator:
             body = {"id": f"cmpl-{rid}", "object": "text_completion", "created": created, "model": model,
                     "choices": [{"index": 0, "text": answer, "logprobs": None, "finish_reason": out.finish,
                                  "stop_reason": None}], "usage": usage}
+        if out.kv == "produce":  # a prefill instance: where its decode instance pulls the KV from
+            body["kv_transfer_params"] = _kv_transfer_params(self, out)
         return self._reply(start_response, 200, orjson.dumps(body))
+
+    def _pull_kv(self, out: Output) -> float:
+        """A decode instance (P/D): the prompt's KV pulled from its prefill instance, taking --kv-transfer-latency
+        plus --kv-transfer-per-token per prompt token; the seconds it took (0 otherwise)."""
+        if out.kv != "consume":
+            return 0.0
+        seconds = self.kv_transfer[0] + self.kv_transfer[1] * len(out.ids)
+        gevent.sleep(seconds)
+        xfer_time, xfer_bytes, _failed = self.metrics.nixl()
+        self.metrics.l(xfer_time).observe(seconds)
+        self.metrics.l(xfer_bytes).observe(len(out.ids) * KV_BYTES_PER_TOKEN)
+        return seconds
+
+    def _export_span(self, trace: tuple[str, str] | None, rid: str, queue: float, ttft: float, last: float,
+                     tokens: int, prompt_tokens: int) -> None:
+        """The request's span, as vLLM's --otlp-traces-endpoint sends one (a request that carried a traceparent)."""
+        if trace is None or self.spans is None:
+            return
+        times = per_request_metrics(queue, ttft, last, tokens)
+        now = time.time_ns()
+        self.spans.add({"trace_id": trace[0], "span_id": secrets.token_hex(8), "request_id": rid, "queue": queue,
+                        "prefill": times["time_to_first_token_ms"] / 1000, "decode": times["generation_time_ms"] / 1000,
+                        "ttft": ttft, "e2e": last, "prompt_tokens": prompt_tokens, "completion_tokens": tokens,
+                        "start_ns": now - int(last * 1e9), "end_ns": now})
 
     def _stream(self, chat: bool, model: str, out_spec: Output, include_usage: bool,
                 continuous: bool, fault: str | None = None, received: float = 0.0,
@@ -535,7 +571,8 @@ class Emulator:
         if fault == "slow-headers":
             gevent.sleep(self.faults.stall_seconds)
         fault_at = max(1, max_tokens // 2)  # mid-stream faults strike after half the tokens
-        for em in self.engine.generate(prompt_tokens, max_tokens, cached):
+        shift = self._pull_kv(out_spec)  # a decode instance's KV transfer: before its first token
+        for em in self.engine.generate(prompt_tokens, max_tokens, cached, remote=out_spec.kv == "consume"):
             if out >= fault_at and fault in ("drop", "malformed", "error", "stall"):
                 if fault == "drop":
                     raise DropConnection()
@@ -555,7 +592,7 @@ class Emulator:
             answer.append(text)
             m.l(m.generation_tokens).inc(em.tokens)
             if out == 0:
-                ttft, queue = em.offset, em.queue_time
+                ttft, queue = em.offset + shift, em.queue_time
                 arrival = em.at - em.offset - received  # the engine's own arrival, not one re-read later
                 m.l(m.ttft).observe(ttft)
                 if chat:
@@ -566,10 +603,10 @@ class Emulator:
                     role.update(prompt_token_ids=None, prompt_text=None)
                     yield event(role)
             else:
-                gap = (em.offset - prev) / em.tokens
+                gap = (em.offset + shift - prev) / em.tokens
                 for _ in range(em.tokens):
                     m.l(m.itl).observe(gap)
-            prev = em.offset
+            prev = em.offset + shift
             if em.due is not None:  # how late this process wrote it against its own schedule (a starved emulator)
                 self.emitted += 1
                 if em.offset - em.due > LATE_S:
@@ -619,17 +656,21 @@ class Emulator:
                 last["metrics"] = per_request_metrics(queue, ttft, prev, out)
             yield event(last)
         self._observe_finish(prompt_tokens, out, ttft, prev, queue, out_spec.finish)
-        if trace is not None and self.spans is not None:  # its span, as vLLM's --otlp-traces-endpoint sends one
-            times = per_request_metrics(queue, ttft, prev, out)
-            now = time.time_ns()
-            self.spans.add({"trace_id": trace[0], "span_id": secrets.token_hex(8), "request_id": head["id"],
-                            "queue": queue, "prefill": times["time_to_first_token_ms"] / 1000,
-                            "decode": times["generation_time_ms"] / 1000, "ttft": ttft, "e2e": prev,
-                            "prompt_tokens": prompt_tokens, "completion_tokens": out,
-                            "start_ns": now - int(prev * 1e9), "end_ns": now})
+        self._export_span(trace, head["id"], queue, ttft, prev, out, prompt_tokens)
         if self.stream_style == "vllm":  # the other servers end the stream after the finish_reason
             yield b"data: [DONE]\n\n"
         self._cache_answer(out_spec, "".join(answer))
+
+
+#: an 8B Llama's KV per token (32 layers x 8 KV heads x 128 dims x K and V x 2 bytes): a pull's bytes
+KV_BYTES_PER_TOKEN = 131072
+
+
+def _kv_transfer_params(app: Emulator, out: Output) -> dict:
+    """What a prefill instance answers for its decode instance to pull the KV (vLLM's NIXL connector's fields)."""
+    return {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": app.replica,
+            "remote_block_ids": list(range(-(-len(out.ids) // 16))), "remote_host": app.replica.rsplit(":", 1)[0],
+            "remote_port": 0, "tp_size": 1}
 
 
 def per_request_metrics(queue: float, ttft: float, last: float, tokens: int) -> dict:
@@ -750,6 +791,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a stream's last usage chunk carries its own times, as vLLM's flag: metrics "
                         "{queue_time_ms, time_to_first_token_ms (from its scheduling), generation_time_ms, mean_itl_ms, "
                         "tokens_per_second}")
+    p.add_argument("--kv-transfer-latency", type=float, default=0.001,
+                   help="disaggregated prefill/decode behind vLLM's router: a decode instance's KV pull takes this "
+                        "(seconds) plus --kv-transfer-per-token per prompt token before its first token")
+    p.add_argument("--kv-transfer-per-token", type=float, default=1e-6,
+                   help="seconds per prompt token of that pull (1e-6: ~128 KB a token at ~100 GB/s)")
     p.add_argument("--otlp-traces-endpoint", default="",
                    help="export each request's llm_request span here (OTLP/HTTP protobuf), as vLLM's flag: requests "
                         "that carry a traceparent, with the emulator's own queue, prefill and decode times")
@@ -840,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
     app.owned_by = args.owned_by
     app.stream_style = args.stream_style
     app.per_request_metrics = args.enable_per_request_metrics
+    app.kv_transfer = (max(0.0, args.kv_transfer_latency), max(0.0, args.kv_transfer_per_token))
     if args.otlp_traces_endpoint:
         try:
             from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: F401

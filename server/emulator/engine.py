@@ -115,8 +115,10 @@ class FixedScheduleEngine:
     def fits(self, tokens: int) -> bool:
         return True
 
-    def generate(self, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0) -> Iterator[Emission]:
-        """Yield each chunk when it is due (sleeping cooperatively until then)."""
+    def generate(self, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0,
+                 remote: bool = False) -> Iterator[Emission]:
+        """Yield each chunk when it is due (sleeping cooperatively until then). ``remote``: the prompt's KV came from
+        a prefill instance (P/D): no prefill here, the first token takes one decode step."""
         cfg = self.cfg
         arrival = time.perf_counter()
         self._requests += 1
@@ -125,7 +127,7 @@ class FixedScheduleEngine:
         def spread(value: float) -> float:
             return value * (1.0 + cfg.jitter * (2.0 * rng.random() - 1.0)) if rng else value
 
-        first = spread(cfg.ttft + cfg.prefill_per_token * prompt_tokens)
+        first = spread(cfg.itl if remote else cfg.ttft + cfg.prefill_per_token * prompt_tokens)
         spec = self.spec
         drafts = random.Random(f"{cfg.seed}/spec/{self._requests}") if spec is not None else None
         k = 1 if spec is not None else max(1, cfg.tokens_per_chunk)  # with drafts a chunk is one step's tokens

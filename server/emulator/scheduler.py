@@ -100,8 +100,11 @@ class BatchingEngine:
         """Whether a request of this many tokens can ever fit the KV cache (else vLLM refuses it)."""
         return self._blocks_for(tokens) <= self.cfg.num_gpu_blocks
 
-    def generate(self, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0) -> Iterator[Emission]:
-        seq = Seq(prompt_tokens, max_tokens, time.perf_counter(), computed=min(cached_tokens, prompt_tokens - 1))
+    def generate(self, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0,
+                 remote: bool = False) -> Iterator[Emission]:
+        """``remote``: the prompt's KV came from a prefill instance (P/D): all of it computed but its last token."""
+        computed = prompt_tokens - 1 if remote else min(cached_tokens, prompt_tokens - 1)
+        seq = Seq(prompt_tokens, max_tokens, time.perf_counter(), computed=computed)
         self.waiting_seqs.append(seq)
         self._wake.set()
         try:

@@ -91,6 +91,24 @@ class VllmMetrics:
         for pos in range(positions):
             self.spec_per_pos.labels(position=str(pos), **self.labels)
 
+    def nixl(self) -> tuple:
+        """vLLM's NIXL connector series (vllm/distributed/kv_transfer/kv_connector/v1/nixl/stats.py), which it exposes
+        only with a connector: made at the first KV pull. (transfer time, bytes, failures)."""
+        if getattr(self, "_nixl", None) is None:
+            labels = list(self.labels)
+            self._nixl = (
+                Histogram("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
+                          labels, buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+                          registry=self.registry),
+                Histogram("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.",
+                          labels, buckets=tuple(2 ** (10 + i) for i in range(1, 25, 2)), registry=self.registry),
+                Counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.", labels,
+                        registry=self.registry),
+            )
+            for m in self._nixl:
+                m.labels(**self.labels)
+        return self._nixl
+
     def l(self, metric):  # noqa: E743 - short accessor used on every token
         # labels() costs a dict build and a lock per call: ~10 % of the emulator's CPU per chunk
         child = self._children.get(id(metric))

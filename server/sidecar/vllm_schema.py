@@ -40,6 +40,18 @@ COUNTERS = {
     "spec_drafts_total": ("vllm:spec_decode_num_drafts",),
     "spec_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens",),
     "spec_accepted_tokens_total": ("vllm:spec_decode_num_accepted_tokens",),
+    # KV connectors (vLLM 0.32: vllm/distributed/kv_transfer/kv_connector/v1/, vllm/v1/metrics/loggers.py), only
+    # on a server that runs one: hits served by a connector (LMCache, offload), P/D's NIXL failures, KV offload's
+    # bytes and seconds moved between the GPU and the offload medium
+    "external_prefix_cache_queries_total": ("vllm:external_prefix_cache_queries",),
+    "external_prefix_cache_hits_total": ("vllm:external_prefix_cache_hits",),
+    "nixl_failed_transfers_total": ("vllm:nixl_num_failed_transfers",),
+    "nixl_failed_notifications_total": ("vllm:nixl_num_failed_notifications",),
+    "nixl_expired_requests_total": ("vllm:nixl_num_kv_expired_reqs",),
+    "kv_offload_load_bytes_total": ("vllm:kv_offload_load_bytes",),
+    "kv_offload_load_seconds_total": ("vllm:kv_offload_load_time",),
+    "kv_offload_store_bytes_total": ("vllm:kv_offload_store_bytes",),
+    "kv_offload_store_seconds_total": ("vllm:kv_offload_store_time",),
 }
 #: accepted draft tokens per draft position: schema key -> position -> total
 PER_POSITION = {"spec_accepted_per_pos_total": "vllm:spec_decode_num_accepted_tokens_per_pos"}
@@ -52,6 +64,9 @@ HISTOGRAMS = {
     "inference": ("vllm:request_inference_time_seconds",),
     "prefill": ("vllm:request_prefill_time_seconds",),
     "decode": ("vllm:request_decode_time_seconds",),
+    # P/D's KV transfers over NIXL (nixl/stats.py): each transfer's time and bytes
+    "nixl_xfer_time": ("vllm:nixl_xfer_time_seconds",),
+    "nixl_bytes": ("vllm:nixl_bytes_transferred",),
 }
 #: Gauges where several engines/models are summed (request counts) rather than maxed (usages).
 _SUMMED = {"running", "waiting", "swapped"}

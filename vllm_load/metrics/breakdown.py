@@ -14,11 +14,12 @@ import math
 from typing import Any, Iterable
 
 #: a request's parts, seconds (records' fields): the server's queue, prefill, decode, their TTFT, and the client's rest
-PARTS = ("server_queue", "server_prefill", "server_decode", "server_ttft", "client_overhead")
+PARTS = ("server_queue", "server_prefill", "kv_transfer", "server_decode", "server_ttft", "client_overhead")
 #: what each tail is split into (an E2E's client part is what the server's three parts leave of it)
-SPLITS = {"ttft": ("server_queue", "server_prefill", "client_overhead"),
-          "e2e": ("server_queue", "server_prefill", "server_decode", "client")}
+SPLITS = {"ttft": ("server_queue", "server_prefill", "kv_transfer", "client_overhead"),
+          "e2e": ("server_queue", "server_prefill", "kv_transfer", "server_decode", "client")}
 LABELS = {"server_queue": "queue", "server_prefill": "prefill", "server_decode": "decode", "server_ttft": "server TTFT",
+          "kv_transfer": "KV transfer",
           "client_overhead": "client/network", "client": "client/network"}
 TAILS = (50.0, 90.0, 99.0)
 
@@ -36,8 +37,9 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 def _part(r: dict, part: str) -> float:
     if part == "client":
-        return r["e2e"] - r["server_queue"] - r["server_prefill"] - (r.get("server_decode") or 0.0)
-    return r[part]
+        return (r["e2e"] - r["server_queue"] - r["server_prefill"] - (r.get("server_decode") or 0.0)
+                - (r.get("kv_transfer") or 0.0))
+    return r.get(part) or 0.0
 
 
 def breakdown(records: Iterable[dict], percentiles: Iterable[float] = TAILS) -> dict[str, Any] | None:
@@ -50,7 +52,8 @@ def breakdown(records: Iterable[dict], percentiles: Iterable[float] = TAILS) -> 
     parts = {p: _stats([r[p] for r in joined if r.get(p) is not None]) for p in PARTS
              if any(r.get(p) is not None for r in joined)}
     tails: dict[str, dict[str, Any]] = {}
-    for metric, split in SPLITS.items():
+    pd = any(r.get("kv_transfer") is not None for r in joined)  # disaggregated: the KV transfer is a part of its own
+    for metric, split in ((m, tuple(p for p in s if pd or p != "kv_transfer")) for m, s in SPLITS.items()):
         values = sorted(r[metric] for r in joined)
         tails[metric] = {}
         for q in sorted(set(percentiles)):

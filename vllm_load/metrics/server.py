@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def server_summary(series: list[dict]) -> dict | None:
     """What server-side SLOs read: maxima and totals over the run's window."""
@@ -36,6 +38,30 @@ def server_summary(series: list[dict]) -> dict | None:
     spec = spec_decode(first, last)
     if spec is not None:
         out["spec_decode"] = spec
+    kv = kv_connector(first, last, delta)
+    if kv:
+        out["kv_connector"] = kv
+    return out
+
+
+def kv_connector(first: dict, last: dict, delta: Any) -> dict:
+    """A KV connector's work over the window (present only on a server that runs one): NIXL's transfers (count, mean
+    time, bytes, failures), the prefix-cache hits a connector served, KV offload's bytes loaded and stored."""
+    out: dict[str, float] = {}
+    h0, h1 = (first.get("histograms") or {}), (last.get("histograms") or {})
+    for key, name in (("nixl_xfer_time", "nixl"), ("nixl_bytes", "nixl_bytes")):
+        if key in h1:
+            count = h1[key]["count"] - (h0.get(key) or {}).get("count", 0.0)
+            total = h1[key]["sum"] - (h0.get(key) or {}).get("sum", 0.0)
+            if name == "nixl":
+                out["nixl_transfers"], out["nixl_seconds"] = count, total
+            else:
+                out["nixl_bytes"] = total
+    for key in ("nixl_failed_transfers_total", "external_prefix_cache_hits_total", "external_prefix_cache_queries_total",
+                "kv_offload_load_bytes_total", "kv_offload_store_bytes_total"):
+        value = delta(key)
+        if value is not None:
+            out[key.removesuffix("_total")] = value
     return out
 
 

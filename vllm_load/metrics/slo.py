@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 from vllm_load.errors import UsageError
 from vllm_load.metrics import table
+from vllm_load.metrics.breakdown import PARTS
 
-#: the server's parts of each request's time (metrics/breakdown.py), gated as latencies: server_queue.p99<=100ms
-PARTS = ("server_queue", "server_prefill", "server_decode", "server_ttft", "client_overhead")
+# the server's parts of each request's time (metrics/breakdown.py) gate as latencies: server_queue.p99<=100ms
 LATENCY = (*table.LATENCY, *PARTS)
 PER_REQUEST = table.GOODPUT  # goodput criteria, as in vllm bench serve: ttft, tpot, e2e
 STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean", "min")

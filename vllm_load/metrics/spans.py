@@ -55,6 +55,8 @@ def parse_export(body: bytes) -> list[dict[str, Any]]:
                 if span.name != REQUEST_SPAN:
                     continue
                 row: dict[str, Any] = {"trace_id": span.trace_id.hex()}
+                if span.start_time_unix_nano:
+                    row["start"] = span.start_time_unix_nano / 1e9
                 if replica:
                     row["replica"] = replica
                 for attr in span.attributes:
@@ -91,16 +93,43 @@ def export_request(spans: Iterable[dict[str, Any]], service: str = "unknown_serv
     return msg.SerializeToString()
 
 
+def _disaggregated(r: dict, prefill: dict, decode: dict) -> None:
+    """A request served by a prefill and a decode instance (vLLM's router in P/D mode passes its traceparent to both):
+    the prefill's queue and prefill, the decode's time to its first token (pulling the prompt's KV from the prefill,
+    then one step) as ``kv_transfer``, the decode's decode; which instances served it."""
+    r["server_queue"], r["server_prefill"] = prefill.get("queue"), prefill.get("prefill")
+    r["kv_transfer"], r["server_decode"] = decode.get("ttft"), decode.get("decode")
+    r["server_ttft"] = (prefill.get("e2e") or 0.0) + (decode.get("ttft") or 0.0)
+    r["span_ttft"], r["server_e2e"] = r["server_ttft"], (prefill.get("e2e") or 0.0) + (decode.get("e2e") or 0.0)
+    if r.get("ttft") is not None:
+        r["client_overhead"] = r["ttft"] - r["server_ttft"]
+    if decode.get("replica"):
+        r["replica"] = decode["replica"]
+    if prefill.get("replica"):
+        r["prefill_replica"] = prefill["replica"]
+
+
 def join(records: list[dict], spans: list[dict]) -> dict[str, int]:
     """Each record's server parts from its span (by trace id, else by response id) where the stream gave none;
-    ``span_ttft`` and ``server_e2e`` from the span always. Returns the join's counts: spans received, joined
-    (to a record), unmatched (no record of this run's: another client's, or a request not logged), and the
-    successful records left without a span."""
-    by_trace = {s["trace_id"]: s for s in spans if s.get("trace_id")}
+    ``span_ttft`` and ``server_e2e`` from the span always. Two spans under one trace id are a prefill and a decode
+    instance's (P/D, the earlier one the prefill): the parts come from both, whatever the stream said (the decode's
+    own metrics know nothing of the prefill). Returns the join's counts: spans received, joined (to a record),
+    unmatched (no record of this run's: another client's, or a request not logged), and the successful records
+    left without a span."""
+    by_trace: dict[str, list[dict]] = {}
+    for s in spans:
+        if s.get("trace_id"):
+            by_trace.setdefault(s["trace_id"], []).append(s)
     by_id = {s["request_id"]: s for s in spans if s.get("request_id")}
     used: set[int] = set()
     for r in records:
-        span = by_trace.get(r.get("trace_id") or "") or by_id.get(r.get("response_id") or "")
+        found = by_trace.get(r.get("trace_id") or "")
+        if found and len(found) >= 2:
+            pair = sorted(found, key=lambda s: s.get("start") or 0.0)
+            used.update(id(s) for s in pair)
+            _disaggregated(r, pair[0], pair[-1])
+            continue
+        span = found[0] if found else by_id.get(r.get("response_id") or "")
         if span is None:
             continue
         used.add(id(span))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import Any
 
 import gevent.event
@@ -72,10 +73,18 @@ class SpanReceiver:
     def clear(self) -> None:
         self.spans = []
 
+    def complete(self, expected: int) -> bool:
+        """Spans of ``expected`` requests came: as many trace ids, and where the fleet is disaggregated (a trace with
+        a prefill's and a decode's span), two for each."""
+        traces = Counter(s.get("trace_id") for s in self.spans)
+        if len(traces) < expected:
+            return False
+        return not any(n >= 2 for n in traces.values()) or all(n >= 2 for n in traces.values())
+
     def wait_for(self, expected: int, timeout: float = WAIT_S) -> bool:
-        """Until ``expected`` spans came, at most ``timeout`` seconds; whether they did."""
+        """Until the spans of ``expected`` requests came, at most ``timeout`` seconds; whether they did."""
         deadline = time.monotonic() + timeout
-        while len(self.spans) < expected:
+        while not self.complete(expected):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False

@@ -140,7 +140,25 @@ def render_server(server: dict | None) -> str:
     if not server:
         return SERVER_MISSING
     line = "server side (sidecar): " + "  ".join(f"{t} {v}" for t, v in server_cells(server))
-    return line + ("\n" + spec_line(server["spec_decode"]) if server.get("spec_decode") else "")
+    line += "\n" + spec_line(server["spec_decode"]) if server.get("spec_decode") else ""
+    return line + ("\n" + kv_connector_line(server["kv_connector"]) if server.get("kv_connector") else "")
+
+
+def kv_connector_line(kv: dict) -> str:
+    """The server's KV connector over the run: P/D's NIXL transfers, a connector's cache hits, KV offload."""
+    parts = []
+    if kv.get("nixl_transfers"):
+        n = kv["nixl_transfers"]
+        parts.append(f"NIXL {n:g} KV transfers, mean {kv['nixl_seconds'] / n * 1000:.2f} ms"
+                     + (f", {kv['nixl_bytes'] / 1e6:.1f} MB" if kv.get("nixl_bytes") is not None else "")
+                     + f", {kv.get('nixl_failed_transfers', 0):g} failed")
+    if kv.get("external_prefix_cache_queries"):
+        parts.append(f"connector cache hits {kv.get('external_prefix_cache_hits', 0):g} of "
+                     f"{kv['external_prefix_cache_queries']:g} tokens")
+    if kv.get("kv_offload_load_bytes") or kv.get("kv_offload_store_bytes"):
+        parts.append(f"KV offload {kv.get('kv_offload_load_bytes', 0) / 1e6:.1f} MB loaded, "
+                     f"{kv.get('kv_offload_store_bytes', 0) / 1e6:.1f} MB stored")
+    return "server KV connector: " + ("; ".join(parts) if parts else "no transfers in the run")
 
 
 def energy_line(s: dict) -> str:

@@ -64,7 +64,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
 
 
 #: each part's colour in the report's stacked bars
-PART_COLOURS = {"server_queue": "#d62728", "server_prefill": "#1f77b4", "server_decode": "#2ca02c",
+PART_COLOURS = {"server_queue": "#d62728", "server_prefill": "#1f77b4", "kv_transfer": "#9467bd", "server_decode": "#2ca02c",
                 "client_overhead": "#ff7f0e", "client": "#ff7f0e"}
 
 

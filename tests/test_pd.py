@@ -1,0 +1,82 @@
+"""Disaggregated prefill/decode behind vLLM's router (`vllm-router --vllm-pd-disaggregation`, the real binary) over an
+emulator pair: the router sends each request to the prefill instance (max_tokens 1, kv_transfer_params
+do_remote_decode), then to the decode instance with the KV's whereabouts the prefill answered; the decode pulls the
+prompt's KV (the emulator's transfer model) instead of computing it. Both instances export a span under the request's
+own trace id, and the run splits each request into the prefill's queue and prefill, the KV transfer, the decode and
+the client's rest, which add up to its E2E."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.helpers import ROOT, ROUTER, Proc, answers, free_port, run_locust, wait_for
+from vllm_load.rundir.reqlog import read_log
+
+PER_TOKEN = 20e-6  # the emulator's KV transfer per prompt token: 512 tokens -> ~10 ms, plain in a 2-core machine's noise
+LATENCY = 0.002
+
+
+@pytest.fixture(scope="module")
+def pd_pair():
+    spans = free_port()
+    common = ["--port", "0", "--ttft", "0.02", "--itl", "0.004", "--otlp-traces-endpoint",
+              f"http://127.0.0.1:{spans}/v1/traces", "--kv-transfer-latency", str(LATENCY),
+              "--kv-transfer-per-token", str(PER_TOKEN)]
+    prefill = Proc(["-m", "server.emulator", *common, "--replica-name", "prefill-0"])
+    decode = Proc(["-m", "server.emulator", *common, "--replica-name", "decode-0"])
+    port, metrics = free_port(), free_port()
+    router = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation",
+                               "--prefill", prefill.url, "--decode", decode.url, "--policy", "round_robin",
+                               "--worker-startup-check-interval", "1", "--prometheus-port", str(metrics)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sidecar = Proc(["-m", "server.sidecar", "--listen", "127.0.0.1:0", "--vllm-url", decode.url, "--interval", "1s"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(lambda: router.poll() is not None or answers(url + "/v1/models"), timeout=60, what="the router")
+        assert router.poll() is None, "vllm-router exited"
+        yield url, spans, sidecar.url
+    finally:
+        router.terminate()
+        router.wait(timeout=10)
+        for p in (sidecar, prefill, decode):
+            p.stop()
+
+
+def test_each_request_splits_into_prefill_kv_transfer_and_decode(tmp_path, pd_pair):
+    url, spans, sidecar = pd_pair
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "5s",
+                      "--host", url, "--input-tokens", "256-1024", "--output-tokens", "16", "--otlp-receiver",
+                      f"127.0.0.1:{spans}", "--sidecar-url", sidecar, "--slo", "kv_transfer.p99<=1s", "--run-dir", str(run_dir),
+                      "--allow-untrustworthy"], tmp_path, timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]]
+    assert len(logs) >= 5
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    timing = summary["timing"]
+    assert timing["spans"] == {"spans": 2 * len(logs), "joined": 2 * len(logs), "unmatched": 0, "requests_without": 0}
+    # each request's parts, from the report's join (the same code): its transfer is the emulator's model of it plus
+    # one decode step, and the parts add up to the client's E2E with the client's rest >= 0
+    from vllm_load.metrics.spans import join
+    join(logs, read_log(run_dir / "spans.jsonl"))
+    for r in logs:
+        assert r["prefill_replica"] == "prefill-0" and r["replica"] == "decode-0"
+        model = LATENCY + PER_TOKEN * r["input_tokens"]
+        assert model <= r["kv_transfer"] <= model + 0.004 + 0.02, (r["kv_transfer"], model)  # + a step, + a busy host
+        parts = r["server_queue"] + r["server_prefill"] + r["kv_transfer"] + r["server_decode"]
+        assert 0 <= r["e2e"] - parts <= 0.05, (r["e2e"], parts)
+        assert r["client_overhead"] >= 0
+    assert "kv_transfer" in timing["parts"] and "kv_transfer" in timing["tails"]["ttft"]["p99"]["split"]
+    assert "PASS  kv_transfer.p99<=1s" in res.stdout
+    assert "KV transfer" in res.stdout  # the tail's console line names it
+    page = (run_dir / "report.html").read_text()
+    assert "title='KV transfer " in page
+    # the decode instance's NIXL series (the emulator's, named as vLLM's connector names them), through its sidecar:
+    # one transfer per request, of 128 KB per prompt token
+    every = read_log(run_dir / "requests.jsonl")
+    megabytes = sum(r["input_tokens_asked"] for r in every) * 131072 / 1e6
+    assert f"server KV connector: NIXL {len(every)} KV transfers" in res.stdout, res.stdout[-2000:]
+    assert f"{megabytes:.1f} MB, 0 failed" in res.stdout
