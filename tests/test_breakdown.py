@@ -52,3 +52,24 @@ def test_long_prompts_tail_is_the_prefill(tmp_path):
     split = summary["timing"]["tails"]["ttft"]["p99"]["split"]
     assert split["server_prefill"] > split["server_queue"] and split["server_prefill"] > split["client_overhead"], split
     assert res.returncode == 0, res.stdout[-2000:]
+
+
+def test_tails_are_split_per_replica_and_per_name_where_there_are_several():
+    from vllm_load.metrics.breakdown import breakdown, tail_lines
+    records = []
+    for i in range(200):  # replica b queues, replica a does not; names alternate
+        slow = i % 2 == 1
+        queue = 0.3 if slow else 0.001
+        records.append({"ok": True, "ttft": queue + 0.06, "e2e": queue + 0.5, "server_queue": queue,
+                        "server_prefill": 0.05, "server_decode": 0.44, "server_ttft": queue + 0.05,
+                        "client_overhead": 0.01, "replica": "b" if slow else "a", "name": f"turn {i % 4}"})
+    b = breakdown(records)
+    assert set(b["by_replica"]) == {"a", "b"} and set(b["by_name"]) == {"turn 0", "turn 1", "turn 2", "turn 3"}
+    split_b = b["by_replica"]["b"]["tails"]["ttft"]["p99"]["split"]
+    split_a = b["by_replica"]["a"]["tails"]["ttft"]["p99"]["split"]
+    assert abs(split_b["server_queue"] - 0.3) < 1e-9 and abs(split_a["server_queue"] - 0.001) < 1e-9
+    assert b["by_replica"]["a"]["requests"] == b["by_replica"]["b"]["requests"] == 100
+    lines = tail_lines(b)
+    assert any(line.startswith("TTFT p99 per replica: a 61.0 ms (1.0 queue") for line in lines), lines
+    one = breakdown([{**r, "replica": "a", "name": None} for r in records])
+    assert "by_replica" not in one and "by_name" not in one  # one group is the run itself

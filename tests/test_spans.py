@@ -136,6 +136,10 @@ def test_the_embedded_emulators_spans_join_every_request_exactly(tmp_path):
     timing = _summary(run_dir)["timing"]
     assert timing["spans"] == {"spans": len(logs), "joined": len(logs), "unmatched": 0, "requests_without": 0}
     assert f"server spans: {len(logs)} of {len(logs)} joined" in res.stdout
+    # the join request by request, beside the log (which the workers wrote: left as it was)
+    timing_lines = read_log(run_dir / "timing.jsonl")
+    assert sorted(t["trace_id"] for t in timing_lines) == sorted(r["trace_id"] for r in logs)
+    assert all(t["server_queue"] is not None and t["span_ttft"] is not None for t in timing_lines)
     # the report shows where the time went: each part's row, a stacked bar per tail, the join's line
     page = (run_dir / "report.html").read_text()
     assert "id='where-time-went'" in page and f"server spans: {len(logs)} of {len(logs)} joined" in page

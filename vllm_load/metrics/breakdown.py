@@ -11,7 +11,7 @@ requests in that tail.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 #: a request's parts, seconds (records' fields): the server's queue, prefill, decode, their TTFT, and the client's rest
 PARTS = ("server_queue", "server_prefill", "kv_transfer", "server_decode", "server_ttft", "client_overhead")
@@ -42,15 +42,8 @@ def _part(r: dict, part: str) -> float:
     return r.get(part) or 0.0
 
 
-def breakdown(records: Iterable[dict], percentiles: Iterable[float] = TAILS) -> dict[str, Any] | None:
-    """The parts' statistics and the tails' splits over the measured requests with the server's times; None
-    without any."""
-    joined = [r for r in records if r.get("ok") and not r.get("warmup") and not r.get("removed")
-              and r.get("server_ttft") is not None and r.get("ttft") is not None]
-    if not joined:
-        return None
-    parts = {p: _stats([r[p] for r in joined if r.get(p) is not None]) for p in PARTS
-             if any(r.get(p) is not None for r in joined)}
+def _tails(joined: list[dict], percentiles: Iterable[float]) -> dict[str, dict[str, Any]]:
+    """TTFT's and E2E's tails at each percentile: the tail's edge, its requests and their mean split."""
     tails: dict[str, dict[str, Any]] = {}
     pd = any(r.get("kv_transfer") is not None for r in joined)  # disaggregated: the KV transfer is a part of its own
     for metric, split in ((m, tuple(p for p in s if pd or p != "kv_transfer")) for m, s in SPLITS.items()):
@@ -61,7 +54,37 @@ def breakdown(records: Iterable[dict], percentiles: Iterable[float] = TAILS) -> 
             tail = [r for r in joined if r[metric] >= edge]
             tails[metric][f"p{q:g}"] = {"value": edge, "requests": len(tail),
                                          "split": {p: sum(_part(r, p) for r in tail) / len(tail) for p in split}}
-    return {"requests": len(joined), "parts": parts, "tails": tails}
+    return tails
+
+
+#: the groups a run's tails are also split by, where it has more than one: the replica that served each request
+#: (its response header, its span, or the client's --host target) and the request's name (name=, a turn, a step)
+GROUPS = {"replica": lambda r: r.get("replica") or r.get("target"), "name": lambda r: r.get("name")}
+
+
+def breakdown(records: Iterable[dict], percentiles: Iterable[float] = TAILS,
+              replica_of: Callable[[dict], str | None] | None = None) -> dict[str, Any] | None:
+    """The parts' statistics and the tails' splits over the measured requests with the server's times, and the
+    p99 tails per replica and per name where there are several; None without any. ``replica_of``: which replica
+    served a record (the routing verdict's rule), else its span's replica or its target."""
+    joined = [r for r in records if r.get("ok") and not r.get("warmup") and not r.get("removed")
+              and r.get("server_ttft") is not None and r.get("ttft") is not None]
+    if not joined:
+        return None
+    parts = {p: _stats([r[p] for r in joined if r.get(p) is not None]) for p in PARTS
+             if any(r.get(p) is not None for r in joined)}
+    out: dict[str, Any] = {"requests": len(joined), "parts": parts, "tails": _tails(joined, percentiles)}
+    for group, key in GROUPS.items():
+        key = replica_of if group == "replica" and replica_of is not None else key
+        members: dict[str, list[dict]] = {}
+        for r in joined:
+            label = key(r)
+            if label:
+                members.setdefault(str(label), []).append(r)
+        if len(members) > 1:  # one group is the run itself
+            out[f"by_{group}"] = {label: {"requests": len(rs), "tails": _tails(rs, (99.0,))}
+                                  for label, rs in sorted(members.items())}
+    return out
 
 
 def tail_lines(b: dict[str, Any] | None) -> list[str]:
@@ -84,4 +107,11 @@ def tail_lines(b: dict[str, Any] | None) -> list[str]:
             split = ", ".join(f"{v * 1000:.1f} {LABELS[p]}" for p, v in tail["split"].items())
             out.append(f"where {metric.upper()} {q} ({tail['value'] * 1000:.1f} ms, the {tail['requests']} slowest "
                        f"requests) went, on average: {split} ms")
+    for group in GROUPS:  # per replica, per name: TTFT's p99 each
+        rows = b.get(f"by_{group}") or {}
+        if rows:
+            each = "; ".join(f"{label} {g['tails']['ttft']['p99']['value'] * 1000:.1f} ms ("
+                             + ", ".join(f"{v * 1000:.1f} {LABELS[p]}" for p, v in g["tails"]["ttft"]["p99"]["split"].items())
+                             + ")" for label, g in rows.items())
+            out.append(f"TTFT p99 per {group}: {each}")
     return out

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from vllm_load.report import charts
 from vllm_load.metrics.breakdown import LABELS, TAILS, breakdown, tail_lines
 from vllm_load.metrics.spans import join
-from vllm_load.metrics.routing import routing, routing_line
+from vllm_load.metrics.routing import replica_of, routing, routing_line
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head, name_rows, server_cells,
                                       spec_line, table_rows)
@@ -63,6 +63,10 @@ def render_html(run: Run, verdict: Verdict) -> str:
                 "markers": charts.markers(run)})
 
 
+#: timing.jsonl: each request's server parts as its spans gave them (--otlp-receiver), beside the request log
+TIMING_FIELDS = ("trace_id", "response_id", "start", "name", "replica", "prefill_replica", "ttft", "e2e", "server_queue",
+                 "server_prefill", "kv_transfer", "server_decode", "server_ttft", "server_e2e", "span_ttft",
+                 "client_overhead")
 #: each part's colour in the report's stacked bars
 PART_COLOURS = {"server_queue": "#d62728", "server_prefill": "#1f77b4", "kv_transfer": "#9467bd", "server_decode": "#2ca02c",
                 "client_overhead": "#ff7f0e", "client": "#ff7f0e"}
@@ -84,7 +88,10 @@ def timing_view(t: dict | None) -> dict | None:
                          "segments": [{"name": LABELS[p], "ms": ms(v), "share": round(100 * max(0.0, v) / total, 2),
                                        "colour": PART_COLOURS[p]} for p, v in tail["split"].items()]})
     legend = [(LABELS[p], c) for p, c in PART_COLOURS.items() if p != "client"]
-    return {"rows": rows, "bars": bars, "legend": legend,
+    groups = [(group, label, g["requests"], ms(g["tails"]["ttft"]["p99"]["value"]),
+               ", ".join(f"{ms(v)} {LABELS[p]}" for p, v in g["tails"]["ttft"]["p99"]["split"].items()))
+              for group in ("replica", "name") for label, g in (t.get(f"by_{group}") or {}).items()]
+    return {"rows": rows, "bars": bars, "legend": legend, "groups": groups,
             "spans": tail_lines({"spans": t["spans"]})[0] if t.get("spans") else ""}
 
 
@@ -168,10 +175,15 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     logs = run_logs(run)
     spans = read_log(run.path / "spans.jsonl") if (run.path / "spans.jsonl").exists() else None
     joined = join(logs, spans) if spans is not None else None  # the server's spans (--otlp-receiver), per request
-    routed = routing(logs, str(captured[0]).lower() if captured else None)
+    header = str(captured[0]).lower() if captured else None
+    routed = routing(logs, header)
     if routed is not None and isinstance(run.summary, RunSummary):  # which replica served what, from the logs
         run.summary = run.summary.replace(routing=routed)
-    parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS)
+    parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS,
+                      lambda r: replica_of(r, header))
+    if joined is not None:  # the join, request by request (the logs are the workers' own: left as they were)
+        RunDir(run.path).write_series(RunDir(run.path).timing, [
+            {k: r.get(k) for k in TIMING_FIELDS} for r in logs if r.get("span_ttft") is not None])
     if joined is not None:
         parts = {**(parts or {}), "spans": joined}
     if parts is not None and isinstance(run.summary, RunSummary):  # where each request's time went

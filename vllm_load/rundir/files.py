@@ -32,6 +32,7 @@ class RunDir:
     server = property(lambda self: self.path / "server.jsonl")  # the sidecar's samples, on our clock
     dcgm = property(lambda self: self.path / "dcgm.jsonl")  # GPU telemetry (--dcgm-url), on our clock
     spans = property(lambda self: self.path / "spans.jsonl")  # the server's request spans (--otlp-receiver)
+    timing = property(lambda self: self.path / "timing.jsonl")  # those spans joined to the requests, one line each
     summary_json = property(lambda self: self.path / "summary.json")
     summary_md = property(lambda self: self.path / "summary.md")
     junit = property(lambda self: self.path / "junit.xml")
