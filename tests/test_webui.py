@@ -16,7 +16,7 @@ def get(url):
 
 
 def test_llm_tab_live_rows_slo_status_server_side_and_report_link(tmp_path, emulator_factory, sidecar_factory):
-    emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.005", "--enable-per-request-metrics")
     side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", str(tmp_path / "series.jsonl"))
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -45,7 +45,15 @@ def test_llm_tab_live_rows_slo_status_server_side_and_report_link(tmp_path, emul
         report = get(base + "/vllm-load/report")[1]
         assert '"extended_tabs"' in page and '"LLM"' in page
         names = [r["metric"] for r in rows]
-        assert "TTFT (ms)" in names and "Output tok/s (live, last 10 s)" in names
+        assert "TTFT (ms)" in names and "Live charts (TTFT, ITL, tok/s, server)" in names
+        # the run stopped (its report is listed): the tab holds its judged numbers, the report's, which no longer
+        # move with the wall clock (the run's output rate kept falling after the stop)
+        assert "Run stopped: its judged numbers (as in the report)" in names
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())["summary"]
+        rate = next(r for r in rows if r["metric"] == "Output tok/s (run)")["mean"]
+        assert rate == f"{summary['output_token_rate']:.1f}"
+        went = [r["mean"] for r in rows if r["metric"] == "Where the time went"]  # the server's parts, as judged
+        assert went and went[0].startswith("where TTFT p99 (")
         assert any(r["metric"] == "SLO ttft.p99<=2s" and r["count"] == "PASS" for r in rows)
         assert any(r["metric"] == "Server: prefix-cache hit rate" and r["mean"] == "0.0%" for r in rows)
         assert "SLO verdict" in report and "id=\"chart-data\"" in report

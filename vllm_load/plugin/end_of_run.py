@@ -153,7 +153,12 @@ def _on_test_stop(environment: Any, **_kw: Any) -> None:
             if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
                 from vllm_load.report.html import build
 
-                STATE.report = str(build(col.plan.files.path).report)
+                built = build(col.plan.files.path)
+                STATE.report = str(built.report)
+                # the web UI shows the run as judged from now on, not numbers recomputed against a moving clock
+                # (its output rate kept falling with wall time, 183 -> 52 tok/s, and the verdict kept sampling)
+                STATE.final_summary = {**dict(built.summary.to_json() if hasattr(built.summary, "to_json")
+                                              else built.summary), "server": built.server, "final": True}
                 print(f"vllm-load: run {col.plan.run_id} stopped: report {STATE.report} (the LLM tab links it)",
                       flush=True)
         except (OSError, OutputError) as exc:  # no traceback out of Locust's handler: quitting gives the verdict

@@ -299,6 +299,8 @@ def _live_series() -> dict:
 
 
 def _live_summary() -> dict | None:
+    if STATE.final_summary is not None:  # the run stopped: its judged summary
+        return STATE.final_summary
     col = STATE.collector
     if col is None:
         return None
@@ -331,6 +333,7 @@ def _on_test_start(environment: Any, **_kw: Any) -> None:
     _close_run()
     if role != "worker":
         STATE.fatal = None
+        STATE.final_summary = None  # live numbers again
         if STATE.span_receiver is not None:  # this run's spans only
             STATE.span_receiver.clear()
         if opts.reset_prefix_cache and STATE.target is not None:  # before the run's first request

@@ -49,6 +49,7 @@ class _State:
     sidecar_url: str = ""  # --sidecar-url, or the embedded emulator's sidecar
     ending: Any = None  # set while the end of the run is written (an Event, set when it is done)
     end_signals: int = 0  # quitting events that came while it was written
+    final_summary: Any = None  # the stopped run's judged summary (dict): what the web UI shows until the next start
     span_receiver: Any = None  # --otlp-receiver (span_receiver.SpanReceiver), master or local
     cache_reset: Any = None  # --reset-prefix-cache (server_control.CacheReset), master or local
     own_headers: Any = None  # a worker's own credential --header values (worker_secrets.OwnHeaders)

@@ -7,7 +7,9 @@ import time
 from html import escape
 from typing import Any, Callable
 
+from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.client_health import late_merged, shared_stamp
+from vllm_load.metrics.routing import routing_line
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
 
 
@@ -108,7 +110,11 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
         rows: list[dict] = []
         if summary:
             rows = table_rows(summary)
-            rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "", "mean": f"{summary['live_output_tps']:.1f}"})
+            if summary.get("final"):
+                rows.append({"metric": "Run stopped: its judged numbers (as in the report)", "count": "", "mean": ""})
+            else:
+                rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "",
+                             "mean": f"{summary['live_output_tps']:.1f}"})
             rows.append({"metric": "Live charts (TTFT, ITL, tok/s, server)", "count": "", "mean": "/vllm-load/live"})
             rows.append({"metric": "Output tok/s (run)", "count": summary["output_tokens"],
                          "mean": f"{summary['output_token_rate']:.1f}"})
@@ -129,6 +135,10 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
                 # a live preview of the SLOs on the numbers so far; the run's verdict is judged once, at its end
                 for c in evaluate(slos, summary, summary.get("server")):
                     rows.append({"metric": f"SLO {c.slo}", "count": word(c.passed), "mean": c.detail})
+            if summary.get("routing"):  # the run's verdict on the router (metrics/routing.py), once judged
+                rows.append({"metric": "Routing", "count": "", "mean": routing_line(summary["routing"])})
+            rows += [{"metric": "Where the time went", "count": "", "mean": line}
+                     for line in tail_lines(summary.get("timing"))]
             if report_source():
                 rows.append({"metric": "Report of the last run", "count": "", "mean": "/vllm-load/report"})
             if summary["input_drift_requests"]:
