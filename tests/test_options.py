@@ -67,3 +67,12 @@ def test_the_subcommands_help_shows_defaults_descriptions_and_examples(capsys):
     listed = capsys.readouterr().out
     assert "hf:PATH" in listed and "--output-tokens  (default: 64;" in listed  # one default, said once
     assert "multiturn.py: the first user message's" in listed  # what each locustfile does with --input-tokens
+
+
+def test_options_search_finds_by_flag_group_and_meaning(capsys):
+    assert cli_main(["options", "--search", "TTFT"]) == 0
+    out = capsys.readouterr().out
+    assert "--emulator-ttft" in out and "--slo" in out  # by flag, by meaning ('ttft.p99<=500ms')
+    assert "--api-key" not in out and "--turns" not in out
+    assert cli_main(["options", "--search", "no-such-word"]) == 2
+    assert "no option mentions 'no-such-word'" in capsys.readouterr().err

@@ -56,8 +56,10 @@ def main(argv: list[str] | None = None) -> int:
                     "flagged only beyond this relative change (default: 5%%)")
     lp = sub.add_parser("locustfile", help="print the path of a shipped locustfile: locust -f \"$(vllm-load locustfile chat)\"")
     lp.add_argument("name", choices=LOCUSTFILES)
-    sub.add_parser("options", help="every option of the locustfiles: default, environment variable, meaning "
-                   "(Locust's --help cannot show them: it prints before the locustfile is imported)")
+    op = sub.add_parser("options", help="every option of the locustfiles: default, environment variable, meaning "
+                        "(Locust's --help cannot show them: it prints before the locustfile is imported)")
+    op.add_argument("--search", default="", metavar="WORD",
+                    help="only the options whose flag, group or meaning has WORD (case-insensitive), e.g. ttft")
     sub.add_parser("native", help="which stream reader this install uses: the native receive thread (built from "
                    "C at install time) or the Python fallback, and why")
     args = ap.parse_args(argv)
@@ -69,7 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "options":
         from vllm_load.plugin.options import describe
 
-        print(describe())
+        text = describe(args.search)
+        if not text:
+            print(f"vllm-load: error: no option mentions {args.search!r} (vllm-load options lists them all)",
+                  file=sys.stderr)
+            return 2
+        print(text)
         return 0
     if args.cmd == "locustfile":
         print(Path(__file__).resolve().parent / "locustfiles" / f"{args.name}.py")

@@ -282,13 +282,19 @@ def add_arguments(parser: Any) -> None:
         parser.add_argument(o.flag, default=default, env_var=o.env, help=f"{o.help} [env {o.env}]", **o.kw, **extra)
 
 
-def describe() -> str:
-    """`vllm-load options`: every option, by group, with its default, environment variable and meaning."""
+def describe(search: str = "") -> str:
+    """`vllm-load options`: every option, by group, with its default, environment variable and meaning; with
+    ``search``, only those whose flag, group or meaning has that word (empty text: none has it)."""
     by_flag = {o.flag: o for o in OPTIONS}
+    word = search.lower()
     rows = []
     for group, flags in GROUPS.items():
+        hits = [f for f in flags if not word or word in group.lower() or word in f.lower()
+                or word in by_flag[f].help.lower()]
+        if not hits:
+            continue
         rows.append(f"\n{group.upper()}")
-        for flag in flags:
+        for flag in hits:
             o = by_flag[flag]
             default = "off" if o.kw.get("action") == "store_true" else o.shown_default or (
                 "" if o.default in ("", [], None) else o.default)
