@@ -258,7 +258,7 @@ def test_the_sweep_and_compare_pages_draw_their_charts_in_headless_chromium(tmp_
                                    for k in (4, 8)], "concurrency", ["ttft.p99<=1s"])
     for page, charts, legend in ((tmp_path / "sweep" / "sweep.html", 2, "TTFT p99 (ms)"),
                                  (tmp_path / "cmp" / "compare.html", 4, "B TTFT (ms)"),
-                                 (tmp_path / "tune" / "tune.html", 2, "Pareto front (SLOs met) (tok/s per request)")):
+                                 (tmp_path / "tune" / "tune.html", 3, "Pareto front (SLOs met) (tok/s per request)")):
         copy = page.with_name("probe-" + page.name)
         copy.write_text(page.read_text().replace("</body>", probe))
         out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",

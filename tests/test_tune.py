@@ -89,11 +89,15 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
     assert "**Recommended: max_num_seqs=64**" in md and "| max_num_seqs=16 | 16 " in md
     page = (tmp_path / "tune" / "tune.html").read_text()
     charts = json.loads(re.search(r'<script type="application/json" id="chart-data">(.*?)</script>', page, re.S)[1])
-    latency, per_user = charts["tune"]
+    latency, throughput, per_user = charts["tune"]
     assert [s["label"] for s in latency["series"]] == [f"max_num_seqs={k} TTFT p99" for k in ("4", "16", "64")]
-    # every probe that measured is one point of its configuration's series, at its own tokens/s
+    # every probe that measured is one point of its configuration's series, at its own load level: the curves run in
+    # the order they were probed (joined by throughput, a saturated server's curve ran backwards)
+    levels = sorted({p["level"] for k in ("4", "16", "64") for p in by[k]["probes"] if p["ttft_p99"] is not None})
+    assert latency["x"] == throughput["x"] == levels
     assert sum(v is not None for s in latency["series"] for v in s["values"]) == sum(
         p["ttft_p99"] is not None for k in ("4", "16", "64") for p in by[k]["probes"])
+    assert [s["label"] for s in throughput["series"]] == [f"max_num_seqs={k} output tok/s" for k in ("4", "16", "64")]
     assert per_user["series"][-1]["label"] == "Pareto front (SLOs met)"
     # --resume re-runs nothing
     probes_before = sorted(p.name for p in (tmp_path / "tune").rglob("probe-*") if p.is_dir())

@@ -118,42 +118,45 @@ def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, A
     return sorted(front, key=lambda p: p[0])
 
 
-def curves(results: list[dict]) -> list[dict[str, Any]]:
-    """The page's two charts as data (``report/charts.py``'s shape): TTFT p99 against output tokens/s, one series
-    per configuration, and tokens/s per user against in total with the Pareto front of the probes that met the
-    SLOs. Each configuration's probes have x values of their own: the charts share the union of them, a
-    configuration's series empty where it has no probe (its line spans the gaps)."""
+def curves(results: list[dict], unit: str = "users") -> list[dict[str, Any]]:
+    """The page's charts as data (``report/charts.py``'s shape), each configuration's probes joined in the order
+    they were probed, by load level: TTFT p99 and output tokens/s against the level (past saturation a server's
+    throughput falls while its latency rises: joined by throughput, the curve ran backwards and latency seemed to
+    fall as throughput rose), and tokens/s per user against in total for the Pareto front of the probes that met
+    the SLOs. Configurations share the union of the levels; a series is empty where it has no probe."""
     from vllm_load.report.charts import chart, rounded
 
     measured = [(r, sorted((p for p in r["probes"] if p["ttft_p99"] is not None), key=lambda p: p["level"]))
                 for r in results]
     measured = [(r, probes) for r, probes in measured if probes]
-    xs = sorted({round(p["output_token_rate"], 3) for _, probes in measured for p in probes})
-    if not xs:
+    levels = sorted({p["level"] for _, probes in measured for p in probes})
+    if not levels:
         return []
-    at = {x: i for i, x in enumerate(xs)}
+    at = {x: i for i, x in enumerate(levels)}
 
     def series(probes: list[dict], value: Any) -> list[float | None]:
-        out: list[float | None] = [None] * len(xs)
+        out: list[float | None] = [None] * len(levels)
         for p in probes:
-            out[at[round(p["output_token_rate"], 3)]] = value(p)
+            out[at[p["level"]]] = value(p)
         return rounded(out)
 
-    points = [(p["output_token_rate"], p["tps_per_user"], label(r["params"])) for r, probes in measured
-              for p in probes if p["passed"] and p["tps_per_user"] is not None]
-    front: list[float | None] = [None] * len(xs)
-    for x, y, _ in pareto(points):
-        front[at[round(x, 3)]] = y
-    per_user = [{"label": label(r["params"]), "values": series(probes, lambda p: p["tps_per_user"])}
-                for r, probes in measured]
-    if any(v is not None for v in front):
-        per_user.append({"label": "Pareto front (SLOs met)", "dash": True, "values": rounded(front)})
-    x_label = "output tokens/s (total)"
-    return [chart("tune-latency", "Throughput against TTFT p99, per configuration", x_label, "ms", xs,
-                  [{"label": f"{label(r['params'])} TTFT p99", "values": series(probes, lambda p: p["ttft_p99"] * 1000)}
-                   for r, probes in measured], kind="level"),
-            chart("tune-pareto", "Tokens/s per user against tokens/s in total", x_label, "tok/s per request", xs,
-                  per_user, kind="level")]
+    x_label = f"load ({unit})"
+    charts = [chart("tune-latency", "TTFT p99 against the load, per configuration", x_label, "ms", levels,
+                    [{"label": f"{label(r['params'])} TTFT p99", "values": series(probes, lambda p: p["ttft_p99"] * 1000)}
+                     for r, probes in measured], kind="level"),
+              chart("tune-throughput", "Output tokens/s against the load, per configuration", x_label, "tok/s", levels,
+                    [{"label": f"{label(r['params'])} output tok/s",
+                      "values": series(probes, lambda p: p["output_token_rate"])} for r, probes in measured],
+                    kind="level")]
+    front = pareto([(p["output_token_rate"], p["tps_per_user"], label(r["params"])) for r, probes in measured
+                    for p in probes if p["passed"] and p["tps_per_user"] is not None])
+    if front:  # the front is ordered by throughput, each point better per user than any faster one
+        xs = [round(x, 3) for x, _, _ in front]
+        charts.append(chart("tune-pareto", "Pareto front (SLOs met): tokens/s per user against tokens/s in total",
+                            "output tokens/s (total)", "tok/s per request", xs,
+                            [{"label": "Pareto front (SLOs met)", "values": rounded([y for _, y, _ in front])}],
+                            kind="level"))
+    return charts
 
 
 def render_html(results: list[dict], best: dict | None, mode: str) -> str:
@@ -164,7 +167,7 @@ def render_html(results: list[dict], best: dict | None, mode: str) -> str:
     return render("tune.html.j2", configs=len(results), probes=sum(len(r["probes"]) for r in results),
                   overall=overall, headline=headline(best, unit).replace("**", ""), config_head=CONFIG_HEAD,
                   config_rows=config_rows(results, unit), probe_head=HEAD, probe_rows=probe_rows(results),
-                  charts={"tune": curves(results)})
+                  charts={"tune": curves(results, unit)})
 
 
 def write(out: Path, results: list[dict], mode: str, slos: list[str]) -> dict | None:
