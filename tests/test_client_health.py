@@ -162,6 +162,11 @@ def test_an_embedded_emulator_that_fell_behind_is_named_not_read_as_a_slow_serve
     v = verdict(10_000, 900)
     assert v["saturated"] and v["cause"] == "emulator" and "a starved emulator, not a slow server" in v["reasons"][0]
     assert "--host" in v["advice"]
+    # every medium's headline names what fell behind: the emulator, not the load generator
+    from vllm_load.report.console import untrustworthy_line
+    assert untrustworthy_line(v).startswith(
+        "WARNING: UNTRUSTWORTHY RUN: the embedded emulator fell behind its own schedule, so these numbers describe "
+        "the emulator, not the server")
 
 
 def test_a_starved_embedded_emulator_makes_the_run_untrustworthy(tmp_path):

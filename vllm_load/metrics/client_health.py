@@ -57,6 +57,13 @@ ADVICE = {
     "emulator": "the embedded emulator shares these cores with the client: lower the load, give it cores of its "
                 "own, or measure a real server with --host",
 }
+def who_fell_behind(cause: str | None) -> str:
+    """The headline of an untrustworthy run, naming what fell behind: the embedded emulator when its own lateness
+    is the cause (the headline blamed the load generator while the cause below it named the emulator)."""
+    return ("the embedded emulator fell behind its own schedule" if cause == "emulator"
+            else "the load generator could not keep time")
+
+
 #: the embedded emulator fell behind when this share of its chunks came over 10 ms after their due time (a note
 #: from EMULATOR_NOTE): its times then describe a starved emulator, not a slow server
 EMULATOR_LATE = 0.05

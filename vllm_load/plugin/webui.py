@@ -8,7 +8,7 @@ from html import escape
 from typing import Any, Callable
 
 from vllm_load.metrics.breakdown import tail_lines
-from vllm_load.metrics.client_health import late_merged, shared_stamp
+from vllm_load.metrics.client_health import late_merged, shared_stamp, who_fell_behind
 from vllm_load.metrics.routing import routing_line
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
 
@@ -122,7 +122,7 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
                          "mean": f"{summary['succeeded']} / {summary['failed']}"})
             client = summary.get("client") or {}
             if client.get("saturated"):
-                rows.append({"metric": f"UNTRUSTWORTHY: client could not keep time ({client.get('cause')})",
+                rows.append({"metric": f"UNTRUSTWORTHY: {who_fell_behind(client.get('cause'))} ({client.get('cause')})",
                              "count": "", "mean": "; ".join(client["reasons"]) + ": " + (client.get("advice") or "")})
             if summary.get("server"):
                 rows += [{"metric": f"Server: {t}", "count": "", "mean": v} for t, v in server_cells(summary["server"])]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
-from vllm_load.metrics.client_health import silent_workers
+from vllm_load.metrics.client_health import silent_workers, who_fell_behind
 from vllm_load.metrics.table import BY_KEY, METRICS, REASONING_ONLY
 
 COLUMNS = [percentile_key(p) for p in PERCENTILES] + ["max"]
@@ -161,6 +161,15 @@ def kv_connector_line(kv: dict) -> str:
     return "server KV connector: " + ("; ".join(parts) if parts else "no transfers in the run")
 
 
+def untrustworthy_line(c: dict) -> str:
+    """The console's warning of a run whose numbers describe what fell behind (the client, or the embedded
+    emulator), not the server."""
+    return (f"WARNING: UNTRUSTWORTHY RUN: {who_fell_behind(c.get('cause'))}, so these numbers describe "
+            f"{'the emulator' if c.get('cause') == 'emulator' else 'the client'}, not the server: "
+            f"{'; '.join(c['reasons'])}. Cause: {c.get('cause') or 'client'}: "
+            f"{c.get('advice') or 'add workers: --processes N or more machines'}")
+
+
 def energy_line(s: dict) -> str:
     """GPU energy in one line (--dcgm-url), or why it is missing."""
     e = s.get("energy")
@@ -260,10 +269,7 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         lines.append("chunks timed by the Python reader (the native one is off or not built: see `vllm-load "
                      "native`): exact while the client's loop keeps up with every stream")
     if s.get("client", {}).get("saturated"):
-        c = s["client"]
-        lines.append("WARNING: UNTRUSTWORTHY RUN: the load generator could not keep time, so these numbers describe "
-                     f"the client, not the server: {'; '.join(c['reasons'])}. Cause: {c.get('cause') or 'client'}: "
-                     f"{c.get('advice') or 'add workers: --processes N or more machines'}")
+        lines.append(untrustworthy_line(s["client"]))
     for note in s.get("client", {}).get("notes") or []:
         lines.append(f"note: {note}")
     for w in s.get("outages", []):

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 from vllm_load.report import charts
 from vllm_load.metrics.breakdown import LABELS, TAILS, breakdown, tail_lines
+from vllm_load.metrics.client_health import who_fell_behind
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.routing import replica_of, routing, routing_line
 from vllm_load.metrics.summary import RunSummary
@@ -50,6 +51,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         summary_rows=summary_rows(s), latency_head=latency[0], latency_rows=latency[1], itl_note=itl_note,
         named=name_rows(s), name_head=NAME_HEAD, by_target=name_rows(s, "targets"), target_head=group_head("targets"),
         client_saturated={"cause": client.get("cause") or "client", "reasons": "; ".join(client.get("reasons") or []),
+                          "headline": who_fell_behind(client.get("cause")),
                           "advice": client.get("advice") or "add workers"} if client.get("saturated") else None,
         saturation=(s.get("saturation") or {}).get("text"), outages=[w["text"] for w in s.get("outages") or []],
         workers_lost=", ".join(s.get("workers_lost") or []), silent=silent_workers(s),
