@@ -182,14 +182,16 @@ def test_compare_says_how_the_runs_differ_before_any_metric(tmp_path, capsys):
     (b / "config.json").write_text(json.dumps({**config, "server_version": "0.32.1"}))
     assert compare(load_run(a), load_run(same))["differs"] == []
     differs = {d["what"]: (d["a"], d["b"]) for d in compare(load_run(a), load_run(b))["differs"]}
-    assert differs["--num-users"] == (8, 4) and differs["target"][0] == "the embedded EMULATOR"
+    assert differs["users"] == (8, 4) and differs["target"][0] == "the embedded EMULATOR"
+    assert "--num-users" not in differs  # said once, as users
     assert differs["server version"] == ("unknown", "0.32.1")
     assert "--api-key" not in differs  # secrets and run names are no setup
     assert cli_main(["compare", str(a), str(b), "--out", str(tmp_path / "cmp")]) == 0
     out = capsys.readouterr().out.splitlines()
-    # the servers and the throughput first, then how the runs differ, before any metric
-    assert out[1].startswith("  A: ") and out[2].startswith("  B: ") and out[3].startswith("  throughput: ")
-    assert out[4].startswith("  the runs differ in") and any("--num-users: A 8  B 4" in line for line in out)
+    # the servers, the one-line conclusion and the throughput first, then how the runs differ, before any metric
+    assert out[1].startswith("  A: ") and out[2].startswith("  B: ") and out[3].startswith("  conclusion: B served ")
+    assert "the runs were set up differently" in out[3] and out[4].startswith("  throughput: ")
+    assert out[5].startswith("  the runs differ in") and any("users: A 8  B 4" in line for line in out)
     assert "## The runs differ in" in (tmp_path / "cmp" / "compare.md").read_text()
     assert "id='differs'" in (tmp_path / "cmp" / "compare.html").read_text()
 
@@ -268,3 +270,24 @@ def test_the_sweep_and_compare_pages_draw_their_charts_in_headless_chromium(tmp_
         attr = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', out.stdout.split("<body", 1)[1].split(">", 1)[0]))
         assert int(attr.get("inked", 0)) == charts and legend in attr["legend"], (page.name, attr, out.stderr[-1000:])
     assert "Largest concurrency meeting every SLO: 4" in (tmp_path / "sweep" / "sweep.html").read_text()
+
+
+def test_compare_says_each_number_once_and_leaves_out_what_measures_nothing(tmp_path):
+    """TTFO without reasoning is TTFT, the per-token ITL of one-token chunks the per-chunk one: their rows would
+    repeat the same numbers; options that only change what a run prints (--only-summary) are no setup difference."""
+    from vllm_load.report.compare import compare
+    from vllm_load.rundir.files import load_run
+
+    a = make_run_dir(tmp_path / "a", users=4)
+    b = make_run_dir(tmp_path / "b", users=4, base_ttft=0.08)
+    for run, value in ((a, False), (b, True)):
+        config = json.loads((run / "config.json").read_text())
+        config["options"].update(only_summary=value, otlp_receiver="" if value else None)
+        (run / "config.json").write_text(json.dumps(config))
+    c = compare(load_run(a), load_run(b))
+    assert c["differs"] == []
+    keys = {r["metric"] for r in c["metrics"]}
+    summary = load_run(a).summary["metrics"]
+    assert "ttft" in keys and ("ttfo" not in keys or summary.get("ttfo", {}).get("p99") != summary["ttft"]["p99"])
+    assert summary["itl_token"]["p99"] == summary["itl"]["p99"]  # one token a chunk: the twins agree
+    assert "itl" in keys and "itl_token" not in keys

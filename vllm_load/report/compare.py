@@ -42,7 +42,16 @@ def window_noise(run: Run, key: str) -> float | None:
 #: options that name a run rather than set it up: a difference in them is no difference in setup
 _NAMING = {"run_dir", "salt", "seed", "csv_prefix", "html_file", "json_file", "junit", "logfile", "api_key",
            "sidecar_token", "prometheus_token", "otlp_token", "otlp_endpoint", "web_port", "metrics_port", "master_port", "master_bind_port",
-           "config", "locustfile"}
+           "config", "locustfile",
+           # what a run prints or writes, not what it measures
+           "only_summary", "print_stats", "loglevel", "skip_log_setup", "show_task_ratio", "html", "json",
+           "otlp_receiver", "save_detailed", "metric_percentiles", "mlflow_uri", "mlflow_experiment", "wandb_project",
+           "metrics_host", "web_host", "web_login", "web_password_file", "web_allowed_host", "autostart", "autoquit",
+           # said once already, as "users" and "load processes"
+           "num_users", "processes"}
+#: rows that repeat another where both runs say the same: TTFO is TTFT without reasoning; the per-token ITL is the
+#: per-chunk one when every chunk carries one token
+_SAME_AS = {"ttfo": "ttft", "itl_token": "itl"}
 
 
 def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
@@ -65,7 +74,8 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
 
     out: list[dict[str, Any]] = []
     for what, va, vb in (("target", kind(ca), kind(cb)), ("tokenizer", ca.get("tokenizer"), cb.get("tokenizer")),
-                         ("users", pa and pa.total_users, pb and pb.total_users),
+                         ("users", pa.total_users if pa else ca.get("options", {}).get("num_users"),
+                          pb.total_users if pb else cb.get("options", {}).get("num_users")),
                          ("load processes", pa and pa.processes, pb and pb.processes),
                          ("targets", len(pa.urls) if pa else None, len(pb.urls) if pb else None),
                          ("workers that reported", len(a.summary.get("workers") or []),
@@ -78,7 +88,10 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
             out.append({"what": what, "a": va, "b": vb})
     oa, ob = ca.get("options", {}), cb.get("options", {})
     for key in sorted(set(oa) | set(ob)):
-        if key not in _NAMING and oa.get(key) != ob.get(key):
+        va, vb = oa.get(key), ob.get(key)
+        if va in ("", [], None) and vb in ("", [], None):  # an option one run's version did not have yet
+            continue
+        if key not in _NAMING and va != vb:
             out.append({"what": f"--{key.replace('_', '-')}", "a": oa.get(key), "b": ob.get(key)})
     return out
 
@@ -90,6 +103,10 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
         ma, mb = a.summary["metrics"].get(m.key), b.summary["metrics"].get(m.key)
         if not ma or not mb or not ma.get("count") or not mb.get("count"):
             continue
+        twin = _SAME_AS.get(m.key)
+        if twin and all((s.summary["metrics"].get(twin) or {}).get(st) == mm.get(st) for s, mm in ((a, ma), (b, mb))
+                        for st in STATS):
+            continue  # the same numbers as its twin in both runs: said once
         na, nb = window_noise(a, m.key), window_noise(b, m.key)
         noise = math.sqrt(na ** 2 + nb ** 2) if na is not None and nb is not None else None
         for stat in STATS:
@@ -125,6 +142,29 @@ def server_name(run: Run) -> str:
     return f"{run.target_kind or 'a server'} at {run.config.get('host')}"
 
 
+def conclusion(c: dict) -> str:
+    """One line: B against A, in throughput and in the flagged latencies, and whether the setup differs."""
+    rates = {r["metric"]: r for r in c["rates"]}
+    out = []
+    rate = rates.get("output_token_rate") or rates.get("request_rate")
+    if rate and rate["a"] and rate["b"] is not None:
+        ratio = rate["b"] / rate["a"]
+        out.append("B served about the same throughput as A" if abs(ratio - 1) < 0.02 else
+                   f"B served {ratio:.2f}x A's {rate['title']}")
+    worse = [r for r in c["metrics"] if r["significant"] and r["stat"] == "p99" and r["metric"] in ("ttft", "e2e", "itl")]
+    if worse:
+        out.append("its p99 " + ", ".join(f"{r['title']} {r['pct']:+.1f}%" for r in worse if r["pct"] is not None))
+    else:
+        out.append("no p99 latency changed beyond noise")
+    slo = [v for v in c["slos"] if v["changed"]]
+    if slo:
+        out.append(f"{len(slo)} SLO verdict(s) changed")
+    line = "conclusion: " + "; ".join(out)
+    if c.get("differs"):
+        line += " (the runs were set up differently: the change may be the setup's, not the server's)"
+    return line
+
+
 def throughput_line(c: dict) -> str | None:
     """B against A in throughput, the A/B number people want first: each rate and B/A as a ratio."""
     parts = [f"{r['title']} {_fmt(r['a'])} -> {_fmt(r['b'])} {r['unit']} (B/A {r['b'] / r['a']:.2f}x)"
@@ -150,6 +190,7 @@ def render_markdown(c: dict) -> str:
     lines = ["# vllm-load compare", "", f"A: `{c['a']}`  ", f"B: `{c['b']}`", ""]
     if c.get("servers"):
         lines += [f"A served by {c['servers'][0]}  ", f"B served by {c['servers'][1]}", ""]
+    lines += [f"**{conclusion(c)}**", ""]
     line = throughput_line(c)
     if line:
         lines += [f"**{line}**", ""]
@@ -183,6 +224,7 @@ def render_console(c: dict) -> str:
     if c.get("servers"):
         out.append(f"  A: {c['servers'][0]}")
         out.append(f"  B: {c['servers'][1]}")
+    out.append(f"  {conclusion(c)}")
     line = throughput_line(c)
     if line:
         out.append(f"  {line}")
