@@ -56,9 +56,12 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
     args = ["--serve", serve, "--grid", "max_num_seqs=4,0,16,64", "--slo", "ttft.p99<=200ms",
             "--search-tolerance", "25%", "--probe-duration", "3s", "--probe-warmup", "0.5s",
             "--out", str(tmp_path / "tune"), "--", "-f", str(ROOT / "locustfiles" / "chat.py"),
-            "--input-tokens", "128", "--output-tokens", "32"]
+            "--input-tokens", "128", "--output-tokens", "32", "--reset-prefix-cache"]
     res = tune(*args, cwd=ROOT)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
+    # every probe began with the server's prefix cache emptied (a probe inherits none of the last one's hits)
+    logs = list((tmp_path / "tune").rglob("probe-*.log"))
+    assert logs and all("vllm-load: prefix cache reset on 1 target(s) before the run" in p.read_text() for p in logs)
     data = json.loads((tmp_path / "tune" / "tune.json").read_text())
     by = {c["params"]["max_num_seqs"]: c for c in data["configs"]}
     # a server that exits at start fails its configuration, with the reason from its log; the tune goes on
