@@ -259,3 +259,30 @@ def test_stop_group_returns_when_the_group_is_empty_not_when_its_leader_is():
     with pytest.raises(ProcessLookupError):
         os.killpg(proc.pid, 0)
     assert time.monotonic() - t0 < 5  # SIGTERM was enough: no SIGKILL after the 10 s grace
+
+
+def test_a_probes_throughput_is_what_the_server_completed_in_its_window(tmp_path):
+    """Long requests in a short window: the LLM metrics count a request by its start (after the warm-up), so a probe
+    counted only those that both started and ended inside its window; tune now counts what the server delivered
+    there (requests that ended in it, tokens that landed in it), whenever they started, and says when a probe was
+    too short for its requests."""
+    from vllm_load.tune.probe import served_in_window
+
+    end, length = 1_800_000_100.0, 20.0
+    start = end - length
+    logs = []
+    for k in range(8):  # every 2.5 s a request of 10 s ends; each streams 10 tokens, one a second
+        began = start - 7.5 + 2.5 * k
+        logs.append({"ok": True, "start": began, "e2e": 10.0, "output_tokens": 10,
+                     "chunk_offsets": [1.0 * (i + 1) for i in range(10)], "chunk_tokens": [1] * 10,
+                     "good": k % 2 == 0, "warmup": began < start})
+    (tmp_path / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logs))
+    (tmp_path / "llm_stats.json").write_text(json.dumps({"start": start - 5, "end": end}))
+    served = served_in_window(tmp_path, {"duration_s": length})
+    ended = [r for r in logs if start <= r["start"] + r["e2e"] <= end]
+    assert served["request_rate"] == len(ended) / length == 8 / 20  # those begun in the warm-up too
+    landed = sum(1 for r in logs for off in r["chunk_offsets"] if start <= r["start"] + off <= end)
+    assert served["output_token_rate"] == landed / length
+    assert served["goodput"] == sum(1 for r in ended if r["good"]) / length
+    by_start = sum(1 for r in logs if r["start"] >= start and r["start"] + r["e2e"] <= end)
+    assert by_start / length < served["request_rate"]  # what the probe said before

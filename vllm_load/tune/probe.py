@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from vllm_load.metrics.verdict import Verdict
+from vllm_load.rundir.reqlog import read_log
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 from vllm_load.tune.children import spawning, stop_group
 
@@ -38,6 +39,7 @@ class Probe:
     missed: tuple[str, ...] = ()  # the SLO checks that failed, with what was measured
     invalid: str = ""  # why the run measured nothing
     untrustworthy: str = ""  # why the run's own verdict disowns its numbers (the client could not keep time …)
+    short: str = ""  # the probe was too short for its requests (their E2E p99 against its measured window)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -87,6 +89,14 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
         return v.get(stat) if v.get("count") else None
 
     verdict = Verdict.from_json(data)  # the probe run's own, as its summary.json keeps it
+    served = served_in_window(run_dir, s)
+    if served is not None:  # what the server completed in the window, whenever its requests started
+        s = {**s, "request_rate": served["request_rate"], "output_token_rate": served["output_token_rate"],
+             "goodput": served["goodput"] if s.get("goodput") is not None else None}
+    e2e_p99 = get("e2e", "p99")
+    window = s.get("duration_s") or 0.0
+    short = (f"requests took up to {e2e_p99:.1f} s (E2E p99) in a {window:.1f} s window: raise --probe-duration to "
+             f"{SHORT_FACTOR} times that or more" if e2e_p99 and window and e2e_p99 * SHORT_FACTOR > window else "")
     missed = tuple(f"{c.slo} ({c.detail})" for c in verdict.checks if not c.passed)
     invalid = "; ".join(c.detail for c in verdict.validity if not c.passed)
     untrustworthy = verdict.distrust_reasons
@@ -98,4 +108,36 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
                  tps_per_user=get("output_tps", "p50"), kv_max=server.get("kv_cache_usage.max"),
                  preemptions=server.get("preemptions"), waiting_max=server.get("waiting.max"),
                  prefix_hit_rate=server.get("prefix_cache_hit_rate"), missed=missed, invalid=invalid,
-                 untrustworthy=untrustworthy)
+                 untrustworthy=untrustworthy, short=short)
+
+
+#: a probe's measured window should last this many times its requests' E2E p99, or its rates are mostly edge
+SHORT_FACTOR = 3
+
+
+def served_in_window(run_dir: Path, summary: dict) -> dict | None:
+    """The probe's throughput as the server delivered it in the measured window: the requests that ended in it and
+    the output tokens that landed in it, whenever their requests started (the LLM metrics count by start: at
+    3,500 input / 500 output tokens, a 25 s window counted the few requests that both started and ended in it, and
+    tune reported 1.43 -> 0.90 req/s from 8 to 32 users while the server completed a flat 1.60). None without the
+    logs. ``goodput``: the good requests (every per-request SLO met) that ended in the window."""
+    try:
+        stats = json.loads((run_dir / "llm_stats.json").read_text())
+    except (OSError, ValueError):
+        return None
+    logs = [r for f in sorted(run_dir.glob("requests*.jsonl")) for r in read_log(f)]
+    end, length = stats.get("end"), summary.get("duration_s")
+    if not logs or not end or not length:
+        return None
+    start = end - length
+    done = [r for r in logs if r.get("ok") and start <= r["start"] + r["e2e"] <= end]
+    tokens = 0
+    for r in logs:
+        if not r.get("ok") or r.get("output_tokens") is None:
+            continue
+        counts = r.get("chunk_tokens") or [1] * len(r.get("chunk_offsets") or [])
+        landed = [n for off, n in zip(r.get("chunk_offsets") or [], counts) if start <= r["start"] + off <= end]
+        if landed and sum(counts):  # the server's count, spread over its chunks as they carried them
+            tokens += sum(landed) * r["output_tokens"] / sum(counts)
+    return {"request_rate": len(done) / length, "output_token_rate": tokens / length,
+            "goodput": sum(1 for r in done if r.get("good")) / length}

@@ -30,7 +30,8 @@ def _n(v: float | None, fmt: str = "{:g}") -> str:
 
 
 def probe_row(cfg: str, p: dict) -> list[str]:
-    verdict = ("pass" if p["passed"] else "MISS") + (" UNTRUSTWORTHY" if p.get("untrustworthy") else "")
+    verdict = (("pass" if p["passed"] else "MISS") + (" UNTRUSTWORTHY" if p.get("untrustworthy") else "")
+               + (" TOO SHORT" if p.get("short") else ""))
     return [cfg, f"{p['level']:g}", verdict, f"{p['request_rate']:.2f}",
             f"{p['output_token_rate']:.0f}", _ms(p["ttft_mean"]), _ms(p["ttft_p99"]), _ms(p["itl_mean"]),
             _ms(p["itl_p99"]), _ms(p["e2e_mean"]), _ms(p["e2e_p99"]), _pct(p["kv_max"]), _n(p["preemptions"]),

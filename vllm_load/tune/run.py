@@ -174,7 +174,8 @@ def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: li
             print(f"vllm-load tune:   {level:g} {'users' if args.search == 'concurrency' else 'req/s'}: "
                   f"{'pass' if probe.passed else 'MISS'} ({probe.request_rate:.2f} req/s, "
                   f"{probe.output_token_rate:.0f} tok/s)"
-                  + (f" UNTRUSTWORTHY: {probe.untrustworthy}" if probe.untrustworthy else ""), flush=True)
+                  + (f" UNTRUSTWORTHY: {probe.untrustworthy}" if probe.untrustworthy else "")
+                  + (f" TOO SHORT: {probe.short}" if probe.short else ""), flush=True)
             crash = server.crashed() if server else None
             if crash:
                 result.update(status="failed", reason=crash)
