@@ -98,3 +98,33 @@ def test_a_sweep_owns_its_steps_windows_stats_and_verdicts():
     first, second = sweep.judge(0, slos, (50.0, 99.0)), sweep.judge(1, slos, (50.0, 99.0))
     assert first.slo_passed is True and second.slo_passed is False
     assert sweep.judge(1, [], (50.0,)) is second  # judged once: kept with the step
+
+
+def test_a_repeated_level_gives_its_mean_and_confidence_interval_over_its_steps(tmp_path, emulator_factory):
+    """--sweep 2x3,4: the level 2 runs three times (its steps are repeats), with the prefix cache emptied before
+    each; the sweep gives each repeated level's mean ± half its 95 % interval over those steps, computed from the
+    steps' own numbers."""
+    from vllm_load.metrics.repeats import spread
+
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.004")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", emu.url, "--sweep", "2x3,4",
+                      "--step-duration", "2", "--output-tokens", "8", "--reset-prefix-cache", "--run-dir",
+                      str(run_dir), "--allow-untrustworthy"], cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    steps = sorted((run_dir / "steps").iterdir())
+    assert [d.name for d in steps] == ["00-users-2", "01-users-2", "02-users-2", "03-users-4"]
+    rates = [json.loads((d / "llm_stats.json").read_text())["summary"]["request_rate"] for d in steps[:3]]
+    expected = spread(rates)
+    line = next(x for x in res.stdout.splitlines() if x.startswith("vllm-load: repeated level 2,"))
+    assert f"steps 3, confidence 95%, req/s {expected['mean']:.2f} ± {expected['half']:.2f}" in line, line
+    assert "Repeated levels" in (run_dir / "sweep.md").read_text() and "id='repeats'" in (run_dir / "sweep.html").read_text()
+    assert res.stdout.count("prefix cache reset on 1 target(s) before") == 4  # before each step
+
+
+def test_bad_repeats_and_confidence_are_one_line(tmp_path):
+    for args, said in ((["--sweep", "2x0"], "must list positive levels"),
+                       (["--sweep", "2", "--confidence", "1.5"], "--confidence 1.5 must be between 0 and 1")):
+        res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", *args, "--run-dir",
+                          str(tmp_path / "run")], cwd=tmp_path, timeout=60)
+        assert res.returncode == 2 and said in res.stderr, res.stderr[-1000:]

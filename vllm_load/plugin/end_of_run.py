@@ -55,6 +55,11 @@ def _write_sweep(col: Collector) -> None:
         build(d)
     page, best = build_sweep(dirs, col.plan.files.path)
     print(f"vllm-load: sweep of {len(dirs)} steps: {best} ({page})", flush=True)
+    from vllm_load.report.sweep import REPEAT_HEAD, repeat_rows
+    from vllm_load.rundir.files import load_run
+
+    for row in repeat_rows([load_run(d) for d in dirs]):  # repeated levels: their spread, run to run
+        print("vllm-load: repeated " + ", ".join(f"{h} {v}" for h, v in zip(REPEAT_HEAD, row)), flush=True)
 
 
 def watch_heartbeats(runner: Any, col: Collector) -> None:

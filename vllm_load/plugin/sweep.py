@@ -14,12 +14,22 @@ from vllm_load.metrics.verdict import Verdict, judge
 
 
 def parse_levels(text: str) -> list[float]:
+    """Comma-separated levels; ``LEVELxN`` repeats one N times in a row (its steps are repeats of one load: the
+    sweep says their spread, metrics/repeats.py)."""
+    levels: list[float] = []
     try:
-        levels = [float(x) for x in str(text).split(",") if x.strip()]
+        for part in (x.strip().lower() for x in str(text).split(",")):
+            if not part:
+                continue
+            level, _, times = part.partition("x")
+            count = int(times) if times else 1
+            if not 1 <= count <= 1000:
+                raise ValueError(part)
+            levels += [float(level)] * count
     except ValueError:
         levels = []
     if not levels or not all(0 < v < float("inf") for v in levels):
-        raise UsageError(f"--sweep {text!r} must list positive levels, e.g. --sweep 64,128,256")
+        raise UsageError(f"--sweep {text!r} must list positive levels, e.g. --sweep 64,128,256 (16x5: 16 five times)")
     return levels
 
 

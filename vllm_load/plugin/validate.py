@@ -85,6 +85,9 @@ def check_numbers(opts: Any) -> None:
         if o.dest in _AT_MOST and isinstance(value, (int, float)) and value > _AT_MOST[o.dest]:
             raise UsageError(f"{o.flag} {value:g} is more than {_AT_MOST[o.dest]:g}, the most a request carries here "
                              "(each prompt's media is made before the run): give less")
+    confidence = getattr(opts, "confidence", 0.95)
+    if not 0 < confidence < 1:
+        raise UsageError(f"--confidence {confidence:g} must be between 0 and 1, e.g. 0.95")
     if getattr(opts, "images_per_request", 0) or getattr(opts, "images_from", "") or getattr(opts, "audio_from", ""):
         import random
 

@@ -4,9 +4,11 @@ largest level whose run met every SLO (how inference teams pick max_num_seqs or 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from vllm_load.metrics.slo import parse_slo_option  # noqa: E402
 from vllm_load.metrics.verdict import judge, word  # noqa: E402
+from vllm_load.metrics.repeats import spread, spread_text
 from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.report import charts  # noqa: E402
 from vllm_load.report.page import render  # noqa: E402
@@ -51,16 +53,51 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
                      ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%",
                      "" if pre is None else f"{pre:g}", "" if hit is None else f"{hit * 100:.1f}%", r.summary["failed"],
                      "" if verdict is None else word(verdict)])
+    repeats = repeat_rows(runs, level)
     passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
     best = (f"Largest {level} meeting every SLO: {max(passing)}" if passing
             else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")
     out_dir.mkdir(parents=True, exist_ok=True)
     overall = "pass" if passing else "fail" if any(v is not None for v in verdicts) else "none"
     page = render("sweep.html.j2", count=len(runs), emulator=any(r.is_emulator for r in runs), best=best,
-                  overall=overall, head=head, rows=rows,
+                  overall=overall, head=head, rows=rows, repeats_head=REPEAT_HEAD, repeats=repeats,
                   charts={"sweep": charts.by_level(runs, [r.concurrency or i for i, r in enumerate(runs)], level)})
     rd = RunDir(out_dir)
     rd.write(rd.sweep_html, page)
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    if repeats:
+        md += ["", "Repeated levels: mean ± half the confidence interval over their steps", "",
+               "| " + " | ".join(REPEAT_HEAD) + " |", "|" + "---|" * len(REPEAT_HEAD)]
+        md += ["| " + " | ".join(str(c) for c in r) + " |" for r in repeats]
     rd.write(rd.sweep_md, f"**{best}**\n\n" + "\n".join(md) + "\n")
     return rd.sweep_html, best
+
+
+REPEAT_HEAD = ["level", "steps", "confidence", "req/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms",
+               "E2E p99 ms", "req/s CV"]
+
+
+def repeat_rows(runs: list[Run], level: str = "concurrency") -> list[list[str]]:
+    """Each level run more than once (--sweep 16x5): its numbers' mean and confidence interval over those steps
+    (--confidence, 95 % by default), and the request rate's coefficient of variation, run to run."""
+    confidence = float((runs[0].config.get("options") or {}).get("confidence") or 0.95) if runs else 0.95
+    by_level: dict[float, list[Run]] = {}
+    for r in runs:
+        by_level.setdefault(r.concurrency or 0, []).append(r)
+    rows = []
+    for value, group in sorted(by_level.items()):
+        if len(group) < 2:
+            continue
+
+        def over(fn: Any) -> dict | None:
+            return spread([fn(r) for r in group], confidence)
+
+        def stat(key: str, st: str) -> Any:
+            return lambda r: (r.summary["metrics"].get(key) or {}).get(st)
+        rate = over(lambda r: r.summary["request_rate"])
+        rows.append([f"{value:g}", len(group), f"{confidence:.0%}", spread_text(rate),
+                     spread_text(over(lambda r: r.summary["output_token_rate"]), digits=1),
+                     spread_text(over(stat("ttft", "p50")), 1000, 1), spread_text(over(stat("ttft", "p99")), 1000, 1),
+                     spread_text(over(stat("itl", "p99")), 1000, 1), spread_text(over(stat("e2e", "p99")), 1000, 1),
+                     "-" if rate is None else f"{rate['cv']:.1%}"])
+    return rows

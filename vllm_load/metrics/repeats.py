@@ -1,0 +1,75 @@
+"""The spread of a number over repeated runs of the same load: mean, standard deviation and a Student-t confidence
+interval, so that "B is 4.1 % faster" comes with how sure the runs make it (AIPerf's --num-profile-runs and vLLM's
+Rust vllm-bench --num-runs report the same). A run directory's sweep steps at one level are its repeats
+(``--sweep 16x5``)."""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (Lentz's method)."""
+    tiny, qab, qap, qam = 1e-300, a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)), -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-14:
+            break
+    return h
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
+
+
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom, by bisection on its CDF."""
+    def cdf(t: float) -> float:
+        tail = 0.5 * _incomplete_beta(df / 2.0, 0.5, df / (df + t * t))
+        return 1.0 - tail if t >= 0 else tail
+
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < p:
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
+    return (lo + hi) / 2.0
+
+
+def spread(values: Iterable[float], confidence: float = 0.95) -> dict[str, float] | None:
+    """Mean, sample standard deviation, coefficient of variation and the two-sided ``confidence`` interval of the
+    mean over repeated runs; None with fewer than two values."""
+    xs = [float(v) for v in values if v is not None]
+    n = len(xs)
+    if n < 2:
+        return None
+    mean = sum(xs) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    half = t_quantile(0.5 + confidence / 2.0, n - 1) * std / math.sqrt(n)
+    return {"n": n, "mean": mean, "std": std, "cv": std / mean if mean else 0.0, "low": mean - half,
+            "high": mean + half, "half": half, "confidence": confidence}
+
+
+def spread_text(s: dict[str, float] | None, scale: float = 1.0, digits: int = 2) -> str:
+    """``mean ± half`` (the interval's half-width) in the caller's unit."""
+    if s is None:
+        return "-"
+    return f"{s['mean'] * scale:.{digits}f} ± {s['half'] * scale:.{digits}f}"
