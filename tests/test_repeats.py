@@ -24,3 +24,14 @@ def test_one_value_has_no_spread():
     assert spread([3.0]) is None and spread_text(None) == "-"
     s = spread([10, 12, 11, 13, 9])
     assert (s["mean"], round(s["std"], 4), s["n"]) == (11.0, 1.5811, 5) and spread_text(s) == "11.00 ± 1.96"
+
+
+def test_welch_decides_from_the_spread_of_both_sides():
+    from vllm_load.metrics.repeats import welch
+    a = [100.0, 102.0, 98.0, 101.0, 99.0]
+    assert welch(a, [x * 1.10 for x in a])["verdict"] == "higher"  # 10 % up, runs within 2 %: decided
+    assert welch(a, [x * 0.9 for x in a])["verdict"] == "lower"
+    assert welch(a, [101.0, 97.0, 103.0, 99.0, 100.0])["verdict"] == "no difference"
+    w = welch(a, [x + 4.0 for x in a])
+    assert round(w["pct"], 3) == 4.0 and 0 < w["half_pct"] < 4.0
+    assert welch([1.0], a) is None

@@ -128,3 +128,23 @@ def test_bad_repeats_and_confidence_are_one_line(tmp_path):
         res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", *args, "--run-dir",
                           str(tmp_path / "run")], cwd=tmp_path, timeout=60)
         assert res.returncode == 2 and said in res.stderr, res.stderr[-1000:]
+
+
+def test_compare_decides_from_repeated_runs_spread(tmp_path, emulator_factory, capsys):
+    """Two runs of one load repeated three times each, against a server twice as slow per token for B: compare
+    decides from both sides' spread (Welch's interval) that B's request rate is worse, beyond its runs' noise."""
+    from vllm_load.cli import main as cli_main
+
+    dirs = []
+    for name, itl in (("a", "0.004"), ("b", "0.008")):
+        emu = emulator_factory("--ttft", "0.01", "--itl", itl)
+        dirs.append(tmp_path / name)
+        res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", emu.url, "--sweep", "2x3",
+                          "--step-duration", "2", "--output-tokens", "16", "--run-dir", str(dirs[-1]),
+                          "--allow-untrustworthy"], cwd=tmp_path, timeout=120)
+        assert res.returncode == 0, res.stdout[-2000:]
+    assert cli_main(["compare", str(dirs[0]), str(dirs[1]), "--out", str(tmp_path / "cmp")]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "repeated: request rate B/A" in x)
+    assert "(95%, 3 and 3 runs): worse" in line, out
+    assert "over the repeated runs: request rate worse" in out

@@ -73,3 +73,22 @@ def spread_text(s: dict[str, float] | None, scale: float = 1.0, digits: int = 2)
     if s is None:
         return "-"
     return f"{s['mean'] * scale:.{digits}f} ± {s['half'] * scale:.{digits}f}"
+
+
+def welch(a: list[float], b: list[float], confidence: float = 0.95) -> dict[str, float] | None:
+    """B's mean against A's over repeated runs: the difference, as a share of A's mean, with its Welch confidence
+    interval (unequal variances, Welch-Satterthwaite degrees of freedom); ``verdict`` is "higher", "lower" or
+    "no difference" (the interval holds 0). None without two runs on each side."""
+    sa, sb = spread(a, confidence), spread(b, confidence)
+    if sa is None or sb is None or not sa["mean"]:
+        return None
+    va, vb = sa["std"] ** 2 / sa["n"], sb["std"] ** 2 / sb["n"]
+    diff = sb["mean"] - sa["mean"]
+    if va + vb == 0:
+        half = 0.0
+    else:
+        df = (va + vb) ** 2 / ((va ** 2 / (sa["n"] - 1) if va else 0.0) + (vb ** 2 / (sb["n"] - 1) if vb else 0.0))
+        half = t_quantile(0.5 + confidence / 2.0, max(1, round(df))) * math.sqrt(va + vb)
+    verdict = "no difference" if abs(diff) <= half else "higher" if diff > 0 else "lower"
+    return {"a": sa["mean"], "b": sb["mean"], "pct": diff / sa["mean"] * 100, "half_pct": half / abs(sa["mean"]) * 100,
+            "verdict": verdict, "runs_a": sa["n"], "runs_b": sb["n"], "confidence": confidence}

@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from vllm_load.metrics.repeats import welch
 from vllm_load.metrics.verdict import UNTRUSTWORTHY, word
 from vllm_load.metrics.table import METRICS
 from vllm_load.report.console import fmt_number
@@ -133,7 +134,47 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
                          "changed": slo_a.get(text) != slo_b.get(text)})
     return {"a": str(a.path), "b": str(b.path), "servers": [server_name(a), server_name(b)],
             "differs": setup_differences(a, b), "metrics": rows, "rates": rates, "slos": verdicts,
-            "threshold": threshold}
+            "threshold": threshold, "repeats": repeated_comparison(a, b)}
+
+
+#: what repeated runs are compared on: (title, a step's value, better when higher)
+REPEATED = (("request rate", lambda s: s["request_rate"], True),
+            ("output tokens/s", lambda s: s["output_token_rate"], True),
+            ("TTFT p99", lambda s: (s["metrics"].get("ttft") or {}).get("p99"), False),
+            ("E2E p99", lambda s: (s["metrics"].get("e2e") or {}).get("p99"), False))
+
+
+def _repeats(run: Run) -> list[dict] | None:
+    """A run's steps when they are repeats of one level (--sweep 16x5): their summaries; None otherwise."""
+    steps = sorted((run.path / "steps").glob("*")) if (run.path / "steps").is_dir() else []
+    loaded = [load_run(d) for d in steps if (d / "llm_stats.json").exists()]
+    if len(loaded) < 2 or len({r.concurrency for r in loaded}) != 1:
+        return None
+    return [r.summary for r in loaded]
+
+
+def repeated_comparison(a: Run, b: Run) -> list[dict] | None:
+    """Both runs repeated one load (--sweep LEVELxN): B against A on each number, decided from the runs' spread
+    (Welch's interval at A's --confidence) rather than from one run's noise."""
+    ra, rb = _repeats(a), _repeats(b)
+    if ra is None or rb is None:
+        return None
+    confidence = float((a.config.get("options") or {}).get("confidence") or 0.95)
+    out = []
+    for title, value, higher_better in REPEATED:
+        w = welch([value(s) for s in ra if value(s) is not None], [value(s) for s in rb if value(s) is not None],
+                  confidence)
+        if w is None:
+            continue
+        better = w["verdict"] == "no difference" or (w["verdict"] == "higher") == higher_better
+        judged = "no difference" if w["verdict"] == "no difference" else ("better" if better else "worse")
+        out.append({"title": title, **w, "word": judged})
+    return out or None
+
+
+def repeated_lines(c: dict) -> list[str]:
+    return [f"repeated: {r['title']} B/A {r['pct']:+.1f}% ± {r['half_pct']:.1f}% ({r['confidence']:.0%}, "
+            f"{r['runs_a']} and {r['runs_b']} runs): {r['word']}" for r in c.get("repeats") or []]
 
 
 def server_name(run: Run) -> str:
@@ -156,6 +197,11 @@ def conclusion(c: dict) -> str:
         out.append("its p99 " + ", ".join(f"{r['title']} {r['pct']:+.1f}%" for r in worse if r["pct"] is not None))
     else:
         out.append("no p99 latency changed beyond noise")
+    decided = [r for r in c.get("repeats") or [] if r["word"] != "no difference"]
+    if c.get("repeats"):
+        out.append("over the repeated runs: " + (", ".join(f"{r['title']} {r['word']} ({r['pct']:+.1f}% ± "
+                                                          f"{r['half_pct']:.1f}%)" for r in decided)
+                                                 or "no difference beyond their spread"))
     slo = [v for v in c["slos"] if v["changed"]]
     if slo:
         out.append(f"{len(slo)} SLO verdict(s) changed")
@@ -191,6 +237,7 @@ def render_markdown(c: dict) -> str:
     if c.get("servers"):
         lines += [f"A served by {c['servers'][0]}  ", f"B served by {c['servers'][1]}", ""]
     lines += [f"**{conclusion(c)}**", ""]
+    lines += [f"- {x}" for x in repeated_lines(c)] + ([""] if c.get("repeats") else [])
     line = throughput_line(c)
     if line:
         lines += [f"**{line}**", ""]
@@ -228,6 +275,7 @@ def render_console(c: dict) -> str:
     line = throughput_line(c)
     if line:
         out.append(f"  {line}")
+    out += [f"  {x}" for x in repeated_lines(c)]
     differs = c.get("differs") or []
     for d in differs:
         out.append(f"  the runs differ in {d['what']}: A {d['a']}  B {d['b']}")
