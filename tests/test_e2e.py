@@ -206,3 +206,28 @@ def test_emulator_answers_with_vllms_error_json(emulator_factory):
     code, body = post({"model": "emulator/mistral-7b-v0.1", "prompt": "word " * 80, "max_tokens": 4})
     assert code == 400 and "maximum context length is 64 tokens" in body["error"]["message"]
     assert body["error"]["type"] == "BadRequestError"
+
+
+def _embedded(tmp_path, name, *args):
+    run_dir = tmp_path / name
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "5s", "--output-tokens", "24",
+                      "--run-dir", str(run_dir), "--allow-untrustworthy", *args], cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return res, json.loads((run_dir / "summary.json").read_text())
+
+
+def test_the_default_target_behaves_like_a_server_under_load(tmp_path):
+    """With no --host the embedded emulator batches like a GPU server scaled to this machine (32 sequences at a
+    time): latency grows with the load and a queue forms past its batch, and every output says so; the fixed
+    schedule stays available by name."""
+    one, s1 = _embedded(tmp_path, "one", "-u", "1", "-r", "1")
+    many, s48 = _embedded(tmp_path, "many", "-u", "48", "-r", "48")
+    mode = "continuous batching: profile small-gpu, 32 sequences at a time"
+    assert mode in one.stdout and mode in many.stdout
+    assert json.loads((tmp_path / "many" / "config.json").read_text())["emulator_mode"].startswith(mode)
+    m1, m48 = s1["summary"]["metrics"], s48["summary"]["metrics"]
+    assert m48["itl"]["p50"] > 1.8 * m1["itl"]["p50"], (m1["itl"]["p50"], m48["itl"]["p50"])  # a fuller batch
+    assert s48["server"]["waiting.max"] >= 1  # past 32 sequences the rest wait
+    fixed, sf = _embedded(tmp_path, "fixed", "-u", "8", "-r", "8", "--emulator-profile", "fixed")
+    assert "fixed schedule: TTFT 50 ms, ITL 10 ms at any load" in fixed.stdout
+    assert sf["summary"]["metrics"]["itl"]["p50"] == pytest.approx(0.010, abs=0.002)

@@ -12,6 +12,7 @@ from typing import Any
 from vllm_load.metrics.client_health import ClientHealth, ClientMonitor, late_merged, shared_stamp
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
+from vllm_load.plugin.embedded import emulator_mode
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.run_clock import MasterClock
 from vllm_load.plugin.sweep import Sweep
@@ -57,6 +58,8 @@ class Collector:
             "salt": self.plan.salt,
             "host": self.plan.host,
             "target_is_emulator": self.plan.is_emulator,
+            # how the embedded emulator served (continuous batching and its profile, or a fixed schedule)
+            "emulator_mode": emulator_mode(self.opts) if self.plan.is_emulator else None,
             "model": self.plan.model,
             "tokenizer": self.plan.tokenizer,
             "max_model_len": target.max_model_len if target else None,

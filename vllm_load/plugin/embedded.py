@@ -81,6 +81,35 @@ def start_sidecar(vllm_url: str, out: Path) -> ChildServer:
                                           "--out", str(out)])
 
 
+#: the embedded emulator's continuous batching when nothing else is asked: a GPU server scaled to this machine
+DEFAULT_PROFILE, DEFAULT_SEQS = "small-gpu", 32
+#: the options that ask for the fixed schedule (their defaults are the fixed schedule's own)
+FIXED_OPTIONS = ("emulator_ttft", "emulator_itl", "emulator_tokens_per_chunk", "emulator_spec_tokens")
+
+
+def emulator_profile(opts: Any) -> str | None:
+    """The embedded emulator's batching profile, or None for the fixed schedule: --emulator-profile when given
+    ('fixed': none), else the fixed schedule when one of its options was changed, else small-gpu."""
+    from vllm_load.plugin.options import OPTIONS
+
+    asked = str(getattr(opts, "emulator_profile", "") or "")
+    if asked:
+        return None if asked == "fixed" else asked
+    defaults = {o.dest: o.default for o in OPTIONS}
+    if any(getattr(opts, k, defaults[k]) != defaults[k] for k in FIXED_OPTIONS):
+        return None
+    return DEFAULT_PROFILE
+
+
+def emulator_mode(opts: Any) -> str:
+    """How the embedded emulator serves, said with its start and kept in the run's config."""
+    profile = emulator_profile(opts)
+    if profile is None:
+        return f"fixed schedule: TTFT {opts.emulator_ttft * 1000:g} ms, ITL {opts.emulator_itl * 1000:g} ms at any load"
+    seqs = opts.emulator_max_num_seqs or (DEFAULT_SEQS if profile == DEFAULT_PROFILE else 256)
+    return f"continuous batching: profile {profile}, {seqs} sequences at a time (latency grows with load)"
+
+
 def emulator_args(opts: Any, spans_endpoint: str | None = None) -> list[str]:
     """The embedded emulator's command line, from the run's --emulator-* options (and --otlp-receiver's endpoint,
     which it exports its request spans to, as vLLM would)."""
@@ -93,8 +122,10 @@ def emulator_args(opts: Any, spans_endpoint: str | None = None) -> list[str]:
         args += ["--spec-tokens", str(opts.emulator_spec_tokens), "--spec-acceptance", str(opts.emulator_spec_acceptance)]
     if opts.emulator_dcgm:
         args += ["--dcgm"]
-    if opts.emulator_max_num_seqs:
-        args += ["--max-num-seqs", str(opts.emulator_max_num_seqs)]
+    profile = emulator_profile(opts)
+    seqs = opts.emulator_max_num_seqs or (DEFAULT_SEQS if profile == DEFAULT_PROFILE else 0)
+    if seqs:
+        args += ["--max-num-seqs", str(seqs)]
     if spans_endpoint:
         args += ["--otlp-traces-endpoint", spans_endpoint]
-    return args + (["--profile", opts.emulator_profile] if opts.emulator_profile else [])
+    return args + (["--profile", profile] if profile else [])

@@ -31,7 +31,7 @@ from vllm_load.client.pooling import POOLING
 from vllm_load import lifeline
 from vllm_load.plugin import (end_of_run, interrupt, log_repeats, ports, options, saturation_watch, ui_guard, validate,
                               warmup_reset, web_gate, webui, wire, worker_secrets)
-from vllm_load.plugin.embedded import emulator_args, start_emulator, start_sidecar
+from vllm_load.plugin.embedded import emulator_args, emulator_mode, start_emulator, start_sidecar
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.server_side import LiveServer
@@ -144,8 +144,8 @@ def _on_init(environment: Any, **_kw: Any) -> None:
             STATE.emulator = start_emulator(emulator_args(opts, spans), STATE.emulator_log)
             environment.host = STATE.emulator.url
             print(
-                f"vllm-load: no --host given: started the built-in vLLM EMULATOR at {STATE.emulator.url} "
-                "(results describe the emulator, not a real vLLM)",
+                f"vllm-load: no --host given: started the built-in vLLM EMULATOR at {STATE.emulator.url}, "
+                f"{emulator_mode(opts)} (results describe the emulator, not a real vLLM)",
                 flush=True,
             )
             if not opts.sidecar_url:

@@ -227,10 +227,12 @@ OPTIONS: tuple[Option, ...] = (
         "after each prompt's text; 0: none", type=float, locustfiles=("chat.py",)),
     Option("--batch-size", 1, "pooling requests: unique texts per embeddings request, documents per rerank request "
         "(each of --input-tokens)", type=int, locustfiles=("embeddings.py", "rerank.py")),
-    Option("--emulator-profile", "", "embedded emulator: model vLLM's continuous batching with this cost profile "
-        "(a100-llama8b, h100-llama8b, cpu-tiny) instead of the fixed TTFT/ITL schedule"),
-    Option("--emulator-max-num-seqs", 0, "embedded emulator with --emulator-profile: sequences per batch (vLLM's "
-        "--max-num-seqs; a small one gives a small capacity); 0: the emulator's 256", type=int),
+    Option("--emulator-profile", "", "embedded emulator: its continuous-batching cost profile (small-gpu, a100-llama8b, "
+        "h100-llama8b, cpu-tiny), or 'fixed' for a fixed TTFT/ITL schedule at any load; default: small-gpu (32 "
+        "sequences at a time: latency grows with load and a queue forms past it), or fixed when --emulator-ttft, "
+        "--emulator-itl, --emulator-tokens-per-chunk or --emulator-spec-tokens is given"),
+    Option("--emulator-max-num-seqs", 0, "embedded emulator's continuous batching: sequences per batch (vLLM's "
+        "--max-num-seqs; a small one gives a small capacity); 0: small-gpu's 32, the other profiles' 256", type=int),
     Option("--emulator-dcgm", False, "embedded emulator: serve GPU telemetry as NVIDIA's DCGM exporter does, from a "
         "power model (idle 60 W + 4 W per running sequence), and read it as --dcgm-url", action="store_true"),
     Option("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float),

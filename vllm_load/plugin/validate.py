@@ -125,7 +125,7 @@ def check_numbers(opts: Any) -> None:
     spec = getattr(opts, "emulator_spec_tokens", 0)
     if spec < 0 or not 0.0 <= getattr(opts, "emulator_spec_acceptance", 0.7) <= 1.0:
         raise UsageError("--emulator-spec-tokens must be >= 0 and --emulator-spec-acceptance within 0..1")
-    if spec and getattr(opts, "emulator_profile", ""):
+    if spec and getattr(opts, "emulator_profile", "") not in ("", "fixed"):
         raise UsageError("--emulator-spec-tokens runs on the emulator's fixed schedule: drop --emulator-profile")
     check_sidecars(getattr(opts, "sidecar_url", ""))
     if not 0 <= opts.metrics_port <= 65535:
