@@ -316,3 +316,24 @@ def test_failures_group_by_kind_with_a_bound_and_a_raw_example():
     assert s["error_examples"]["malformed SSE line: '…'"].startswith("malformed SSE line: b'dta: {\"id\": \"chatcmpl-0")
     assert len(s["errors"]) <= MAX_KINDS + 1 and OTHER in s["errors"]
     assert sum(s["errors"].values()) == s["failed"] == 3200
+
+
+def test_the_live_export_says_which_replica_served_what():
+    """Each replica's finished requests and prefix-cache hits, live on /metrics (the run's stats group requests
+    by the replica that served them: the one its answer named, or the --host target)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vllm_load.metrics.prometheus import registry_for
+    stats = LLMStats()
+    for i in range(5):
+        stats.add(rec([0.1, 0.2], [1, 1], e2e=0.2, start=1000.0 + i, target="r1" if i < 3 else "r2",
+                      cached_tokens=16 * i, ok=i != 4))
+    stats.fold()
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry_for(lambda: stats)).decode())}
+    served = {(s.labels["replica"], s.labels["outcome"]): s.value for s in fams["vllm_load:replica_requests"].samples
+              if s.name.endswith("_total")}
+    assert served == {("r1", "ok"): 3, ("r1", "failed"): 0, ("r2", "ok"): 1, ("r2", "failed"): 1}
+    cached = {s.labels["replica"]: s.value for s in fams["vllm_load:replica_cached_tokens"].samples
+              if s.name.endswith("_total")}
+    assert cached == {"r1": 16 * (0 + 1 + 2), "r2": 16 * 3}

@@ -215,7 +215,8 @@ class BatchingEngine:
                 if seq.computed >= seq.target:  # fully computed: this step produced one more token
                     seq.generated += 1
                     self.tokens_out += 1
-                    seq.out.put(Emission(now - seq.arrival, 1, now, seq.queue_time or 0.0))
+                    # due at the step's end by the cost model: a loop that woke later (a starved emulator) is late
+                    seq.out.put(Emission(now - seq.arrival, 1, now, seq.queue_time or 0.0, due=next_at - seq.arrival))
                     if seq.generated >= seq.max_tokens:
                         self.running_seqs.remove(seq)
                         self._free(seq)

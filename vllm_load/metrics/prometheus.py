@@ -82,6 +82,17 @@ class ClientCollector:
             _add_counts(requests, prompt, generation, label, got)
         _add_counts(requests, prompt, generation, "", rest)
         yield from (requests, prompt, generation)
+        if stats.targets:  # which replica served what, live (--host a,b, or the replica a --capture-header names)
+            served = CounterMetricFamily("vllm_load:replica_requests", "Finished requests per replica, by outcome.",
+                                         labels=["replica", "outcome"])
+            cached = CounterMetricFamily("vllm_load:replica_cached_tokens",
+                                         "Prompt tokens the replica served from its prefix cache (usage).",
+                                         labels=["replica"])
+            for replica, sub in sorted(stats.targets.items()):
+                served.add_metric([replica, "ok"], sub.requests - sub.failures)
+                served.add_metric([replica, "failed"], sub.failures)
+                cached.add_metric([replica], sub.cached_tokens)
+            yield from (served, cached)
 
 
 def _buckets(bounds: tuple, cumulative: np.ndarray) -> list[tuple[str, float]]:

@@ -346,7 +346,7 @@ class LLM:
         except BaseException:
             gen.end_request(sent=False)
             raise
-        rec.target, rec.session = self._target, self._sessions.get(getcurrent())
+        rec.target, rec.session = self._served_by(rec), self._sessions.get(getcurrent())
         rec.warmup = rec.warmup or warmup
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
@@ -358,6 +358,13 @@ class LLM:
         return Reply.of(rec, state) if isinstance(state, StreamState) else Reply.of_json(rec, state.data)
 
     # -- internals --------------------------------------------------------------------------------------
+    def _served_by(self, rec: Any) -> str | None:
+        """The replica a request's metrics are grouped under: the one its answer named (--capture-header's first
+        name: a fleet behind a router), else the target this user sent it to (--host a,b)."""
+        names = getattr(self.options, "capture_header", None) or ()
+        named = (rec.headers or {}).get(str(names[0]).strip().lower()) if names and rec.headers else None
+        return named or self._target
+
     def close(self) -> None:
         """Close this user's direct connections (Locust's session closes its own)."""
         if self._transport is not None:
