@@ -337,3 +337,24 @@ def test_the_live_export_says_which_replica_served_what():
     cached = {s.labels["replica"]: s.value for s in fams["vllm_load:replica_cached_tokens"].samples
               if s.name.endswith("_total")}
     assert cached == {"r1": 16 * (0 + 1 + 2), "r2": 16 * 3}
+
+
+def test_the_servers_parts_are_merged_exactly_and_exported_live_but_not_rows_of_the_table():
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vllm_load.metrics.prometheus import registry_for
+    from vllm_load.report.console import table_rows
+    a, b = LLMStats(), LLMStats()
+    for i in range(40):
+        (a if i % 2 else b).add(rec([0.1, 0.2], [1, 1], e2e=0.2, start=1000.0 + i, server_queue=0.001 * i,
+                                    server_prefill=0.05, server_decode=0.1, client_overhead=0.002))
+    a.merge(LLMStats.from_wire(b.to_wire()))  # a worker's numbers, shipped and merged
+    a.fold()
+    s = a.summary(duration=10.0)
+    assert s["metrics"]["server_queue"]["count"] == 40 and abs(s["metrics"]["server_queue"]["max"] - 0.039) < 1e-4
+    assert not any(r["metric"].startswith("Server queue") for r in table_rows(s))  # said as the tails' split
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry_for(lambda: a)).decode())}
+    count = next(x.value for x in fams["vllm_load:server_queue_seconds"].samples
+                 if x.name.endswith("_count") and x.labels.get("name") == "")
+    assert count == 40

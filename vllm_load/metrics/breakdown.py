@@ -29,10 +29,12 @@ def _pct(values: list[float], q: float) -> float:
     return values[max(0, math.ceil(q / 100.0 * len(values)) - 1)]
 
 
-def _stats(values: list[float]) -> dict[str, float]:
+def _stats(values: list[float], percentiles: Iterable[float] = (50.0, 90.0, 99.0, 99.9)) -> dict[str, float]:
+    """Count, mean, min, max and each of ``percentiles`` (nearest rank) of ``values``."""
     values = sorted(values)
-    return {"count": len(values), "mean": sum(values) / len(values), "p50": _pct(values, 50), "p90": _pct(values, 90),
-            "p99": _pct(values, 99), "p99.9": _pct(values, 99.9), "max": values[-1], "min": values[0]}
+    out = {"count": len(values), "mean": sum(values) / len(values), "max": values[-1], "min": values[0]}
+    out.update({f"p{q:g}": _pct(values, q) for q in percentiles})
+    return out
 
 
 def _part(r: dict, part: str) -> float:
@@ -71,7 +73,8 @@ def breakdown(records: Iterable[dict], percentiles: Iterable[float] = TAILS,
               and r.get("server_ttft") is not None and r.get("ttft") is not None]
     if not joined:
         return None
-    parts = {p: _stats([r[p] for r in joined if r.get(p) is not None]) for p in PARTS
+    percentiles = tuple(sorted(set(percentiles) | {50.0}))
+    parts = {p: _stats([r[p] for r in joined if r.get(p) is not None], percentiles) for p in PARTS
              if any(r.get(p) is not None for r in joined)}
     out: dict[str, Any] = {"requests": len(joined), "parts": parts, "tails": _tails(joined, percentiles)}
     for group, key in GROUPS.items():

@@ -92,8 +92,10 @@ def record(hists: dict[str, Histogram], windows: dict | None, tokens_per_second:
     ok = [r for r in recs if r.ok]
     if not ok:
         return
-    for key, name in PER_REQUEST_FIELDS:  # the table's one-value-per-request metrics
-        h[key].record_many([v for r in ok if (v := getattr(r, name)) is not None])
+    for key, name in PER_REQUEST_FIELDS:  # the table's one-value-per-request metrics (a time is never below 0: a
+        # server's and the client's clocks may disagree by a little on the client's overhead)
+        h[key].record_many([max(0.0, v) if isinstance(v, float) else v for r in ok
+                            if (v := getattr(r, name, None)) is not None])
     thinking, answering = _phase_gaps(ok)  # and those derived from the chunks
     h["itl_reasoning"].record_many(thinking)
     h["itl_answer"].record_many(answering)

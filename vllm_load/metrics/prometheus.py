@@ -32,6 +32,17 @@ EXPORTED = (
     ("tpot", "vllm_load:request_time_per_output_token_seconds", ITL_BUCKETS,
      "Client-side (E2E - TTFT) / (output tokens - 1) per request, in seconds."),
     ("e2e", "vllm_load:e2e_request_latency_seconds", REQUEST_BUCKETS, "Client-side end-to-end request latency."),
+    # where each request's time went, as the server's per-request metrics said it
+    ("server_queue", "vllm_load:server_queue_seconds", REQUEST_BUCKETS,
+     "The server's own queue time of each request (queued to scheduled), in seconds."),
+    ("server_prefill", "vllm_load:server_prefill_seconds", REQUEST_BUCKETS,
+     "The server's own time from scheduling to each request's first token, in seconds."),
+    ("kv_transfer", "vllm_load:kv_transfer_seconds", REQUEST_BUCKETS,
+     "Disaggregated prefill/decode: the decode instance's time to its first token (the KV pull), in seconds."),
+    ("server_decode", "vllm_load:server_decode_seconds", REQUEST_BUCKETS,
+     "The server's own time from each request's first token to its last, in seconds."),
+    ("client_overhead", "vllm_load:client_overhead_seconds", TTFT_BUCKETS,
+     "Each request's client TTFT beyond the server's: the network, the API server, a router, in seconds."),
 )
 
 

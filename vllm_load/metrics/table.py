@@ -20,6 +20,7 @@ class Metric:
     field: str = ""
     goodput: bool = False  # a per-request criterion of goodput, as in vllm bench serve (ttft, tpot, e2e)
     windowed: bool = False  # has per-10 s-window histograms (the report's and the web UI's latency panels)
+    table: bool = True  # a row of the LLM table (console, web UI, report); the server's parts are said apart
 
 
 METRICS: tuple[Metric, ...] = (
@@ -41,6 +42,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("input_tokens", "Input tokens", "tok", 1.0, hist_scale=1.0, field="input_tokens"),
     Metric("output_tokens", "Output tokens", "tok", 1.0, hist_scale=1.0, field="output_tokens"),
     Metric("reasoning_tokens", "Reasoning tokens", "tok", 1.0, hist_scale=1.0, field="reasoning_tokens"),
+    # where each request's time went, as the server said it (vLLM's per-request metrics in the stream): merged exactly
+    # across workers and exported live; the console and the report say them as the tails' split (breakdown.py)
+    Metric("server_queue", "Server queue", "ms", 1000.0, field="server_queue", table=False),
+    Metric("server_prefill", "Server prefill", "ms", 1000.0, field="server_prefill", table=False),
+    Metric("kv_transfer", "KV transfer", "ms", 1000.0, field="kv_transfer", table=False),
+    Metric("server_decode", "Server decode", "ms", 1000.0, field="server_decode", table=False),
+    Metric("client_overhead", "Client overhead", "ms", 1000.0, field="client_overhead", table=False),
 )
 #: rows shown only when the run had reasoning (otherwise TTFO repeats TTFT)
 REASONING_ONLY = ("ttfo", "reasoning_tokens", "itl_reasoning", "itl_answer")

@@ -100,7 +100,7 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
 def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
     """``threshold``: the relative change a metric without a noise estimate must exceed to be flagged."""
     rows = []
-    for m in METRICS:
+    for m in (m for m in METRICS if m.table):
         ma, mb = a.summary["metrics"].get(m.key), b.summary["metrics"].get(m.key)
         if not ma or not mb or not ma.get("count") or not mb.get("count"):
             continue

@@ -30,7 +30,7 @@ def table_rows(summary: dict) -> list[dict]:
     for metric in METRICS:
         key, title, unit, factor = metric.key, metric.title, metric.unit, metric.scale
         m = summary["metrics"].get(key)
-        if not m or not m["count"] or (key in REASONING_ONLY and not reasoned):
+        if not metric.table or not m or not m["count"] or (key in REASONING_ONLY and not reasoned):
             continue
         row = {"metric": f"{title} ({unit})", "count": m["count"], "mean": fmt_number(m["mean"] * factor)}
         row.update({c: fmt_number(m[c] * factor) for c in columns(summary) if c in m})

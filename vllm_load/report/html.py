@@ -59,7 +59,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         server_rows=server_cells(server) if server else [], spec=spec_line(server["spec_decode"])
         if server and server.get("spec_decode") else "",
         energy=energy_line(s) if s.get("energy") or s.get("energy_missing") else "",
-        timing=timing_view(s.get("timing")), routing=routing_view(s.get("routing")),
+        timing=timing_view(s.get("timing"), s.get("percentiles")), routing=routing_view(s.get("routing")),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run),
                 "markers": charts.markers(run)})
@@ -74,14 +74,16 @@ PART_COLOURS = {"server_queue": "#d62728", "server_prefill": "#1f77b4", "kv_tran
                 "client_overhead": "#ff7f0e", "client": "#ff7f0e"}
 
 
-def timing_view(t: dict | None) -> dict | None:
+def timing_view(t: dict | None, shown: list[str] | None = None) -> dict | None:
     """Where each request's time went (``metrics/breakdown.py``): each part's statistics in ms, and each tail's mean
     split as a stacked bar (the segments' widths are shares of the tail's value)."""
     if not t:
         return None
     ms = lambda v: f"{v * 1000:.1f}"  # noqa: E731
-    rows = [(LABELS.get(p, p), p, st["count"], ms(st["mean"]), ms(st["p50"]), ms(st["p90"]), ms(st["p99"]), ms(st["max"]))
-            for p, st in (t.get("parts") or {}).items()]
+    parts = t.get("parts") or {}
+    cols = [c for c in (shown or ["p50", "p90", "p99"]) if all(c in st for st in parts.values())]
+    rows = [(LABELS.get(p, p), p, st["count"], ms(st["mean"]), *(ms(st[c]) for c in cols), ms(st["max"]))
+            for p, st in parts.items()]
     bars = []
     for metric, tails in (t.get("tails") or {}).items():
         for q, tail in tails.items():
@@ -93,7 +95,8 @@ def timing_view(t: dict | None) -> dict | None:
     groups = [(group, label, g["requests"], ms(g["tails"]["ttft"]["p99"]["value"]),
                ", ".join(f"{ms(v)} {LABELS[p]}" for p, v in g["tails"]["ttft"]["p99"]["split"].items()))
               for group in ("replica", "name") for label, g in (t.get(f"by_{group}") or {}).items()]
-    return {"rows": rows, "bars": bars, "legend": legend, "groups": groups,
+    return {"rows": rows, "head": ["part", "key", "requests", "mean ms", *cols, "max"], "bars": bars, "legend": legend,
+            "groups": groups,
             "spans": tail_lines({"spans": t["spans"]})[0] if t.get("spans") else ""}
 
 
