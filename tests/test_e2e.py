@@ -231,3 +231,21 @@ def test_the_default_target_behaves_like_a_server_under_load(tmp_path):
     fixed, sf = _embedded(tmp_path, "fixed", "-u", "8", "-r", "8", "--emulator-profile", "fixed")
     assert "fixed schedule: TTFT 50 ms, ITL 10 ms at any load" in fixed.stdout
     assert sf["summary"]["metrics"]["itl"]["p50"] == pytest.approx(0.010, abs=0.002)
+
+
+def test_a_fixed_schedule_option_given_at_its_default_still_asks_for_the_fixed_schedule(monkeypatch):
+    """--emulator-ttft 0.05 is the fixed schedule's own default: given, it still asks for that schedule."""
+    import argparse
+    import sys
+
+    from vllm_load.plugin.embedded import emulator_profile
+    from vllm_load.plugin.options import OPTIONS
+    opts = argparse.Namespace(**{o.dest: o.default for o in OPTIONS})
+    monkeypatch.setattr(sys, "argv", ["locust", "-f", "chat.py"])
+    monkeypatch.delenv("VLLM_LOAD_EMULATOR_TTFT", raising=False)
+    assert emulator_profile(opts) == "small-gpu"
+    monkeypatch.setattr(sys, "argv", ["locust", "-f", "chat.py", "--emulator-ttft", "0.05"])
+    assert emulator_profile(opts) is None
+    monkeypatch.setattr(sys, "argv", ["locust"])
+    monkeypatch.setenv("VLLM_LOAD_EMULATOR_TTFT", "0.05")
+    assert emulator_profile(opts) is None

@@ -94,4 +94,5 @@ def test_the_seed_comparison_vllm_against_transformers_with_and_without_batching
         assert out.returncode == 0, out.stderr[-2000:]
         lines = out.stdout.splitlines()
         assert lines[1].startswith("  A: vLLM ") and "OpenAI-compatible server (owned_by 'local')" in lines[2]
-        assert lines[3].startswith("  throughput: request rate") and "(B/A " in lines[3], lines[3]
+        assert lines[3].startswith("  conclusion: B served ") and lines[4].startswith("  throughput: request rate")
+        assert "(B/A " in lines[4], lines[4]

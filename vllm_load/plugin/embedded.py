@@ -95,10 +95,19 @@ def emulator_profile(opts: Any) -> str | None:
     asked = str(getattr(opts, "emulator_profile", "") or "")
     if asked:
         return None if asked == "fixed" else asked
-    defaults = {o.dest: o.default for o in OPTIONS}
-    if any(getattr(opts, k, defaults[k]) != defaults[k] for k in FIXED_OPTIONS):
+    by_dest = {o.dest: o for o in OPTIONS}
+    if any(_given(opts, by_dest[k]) for k in FIXED_OPTIONS):
         return None
     return DEFAULT_PROFILE
+
+
+def _given(opts: Any, option: Any) -> bool:
+    """The option was asked for: a value other than its default, or given even at its default (on the command
+    line or in its environment variable: --emulator-ttft 0.05 asks for the fixed schedule too)."""
+    if getattr(opts, option.dest, option.default) != option.default:
+        return True
+    flag = option.flag
+    return any(a == flag or a.startswith(flag + "=") for a in sys.argv[1:]) or bool(os.environ.get(option.env))
 
 
 def emulator_mode(opts: Any) -> str:
