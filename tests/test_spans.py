@@ -178,3 +178,14 @@ def test_a_spans_service_name_says_which_replica_served_the_request():
     join(records, spans)
     verdict = routing(records)
     assert set(verdict["replicas"]) == {"replica-a", "replica-b"} and verdict["session_stickiness"] == 0.0
+
+
+@pytest.mark.parametrize("value,expected", [
+    ("00-" + "AB" * 16 + "-" + "cd" * 8 + "-01", "ab" * 16),
+    ("00-" + "zz" * 16 + "-" + "cd" * 8 + "-01", None),  # not hex: not a traceparent
+    ("00-" + "ab" * 16 + "-" + "cd" * 7 + "-01", None),  # a short parent id
+    ("garbage", None), ("", None)])
+def test_one_parser_reads_a_traceparent_for_the_client_and_the_emulator(value, expected):
+    from server.emulator.spans import trace_of
+    from vllm_load.client.trace_context import trace_id
+    assert trace_id({"Traceparent": value}) == trace_of({"HTTP_TRACEPARENT": value}) == expected

@@ -359,7 +359,7 @@ class Emulator:
 
     # -- generation -----------------------------------------------------------------------------
     def _generate(self, start_response: Start, chat: bool, body: dict, fault: str | None = None,
-                  received: float = 0.0, trace: tuple[str, str] | None = None) -> Iterable[bytes]:
+                  received: float = 0.0, trace: str | None = None) -> Iterable[bytes]:
         model, out = self._plan(chat, body, fault)
         if not body.get("stream"):
             return self._complete(start_response, chat, model, out, trace)
@@ -476,7 +476,7 @@ class Emulator:
         m.l(m.req_generation).observe(out)
 
     def _complete(self, start_response: Start, chat: bool, model: str, out: Output,
-                  trace: tuple[str, str] | None = None) -> list[bytes]:
+                  trace: str | None = None) -> list[bytes]:
         words = itertools.cycle(_WORDS)
         prompt_tokens, max_tokens = len(out.ids), out.max_tokens
         text, ttft, last = [], 0.0, 0.0
@@ -530,21 +530,21 @@ class Emulator:
         self.metrics.l(xfer_bytes).observe(len(out.ids) * KV_BYTES_PER_TOKEN)
         return seconds
 
-    def _export_span(self, trace: tuple[str, str] | None, rid: str, queue: float, ttft: float, last: float,
+    def _export_span(self, trace: str | None, rid: str, queue: float, ttft: float, last: float,
                      tokens: int, prompt_tokens: int) -> None:
         """The request's span, as vLLM's --otlp-traces-endpoint sends one (a request that carried a traceparent)."""
         if trace is None or self.spans is None:
             return
         times = per_request_metrics(queue, ttft, last, tokens)
         now = time.time_ns()
-        self.spans.add({"trace_id": trace[0], "span_id": secrets.token_hex(8), "request_id": rid, "queue": queue,
+        self.spans.add({"trace_id": trace, "span_id": secrets.token_hex(8), "request_id": rid, "queue": queue,
                         "prefill": times["time_to_first_token_ms"] / 1000, "decode": times["generation_time_ms"] / 1000,
                         "ttft": ttft, "e2e": last, "prompt_tokens": prompt_tokens, "completion_tokens": tokens,
                         "start_ns": now - int(last * 1e9), "end_ns": now})
 
     def _stream(self, chat: bool, model: str, out_spec: Output, include_usage: bool,
                 continuous: bool, fault: str | None = None, received: float = 0.0,
-                trace: tuple[str, str] | None = None) -> Iterable[bytes]:
+                trace: str | None = None) -> Iterable[bytes]:
         m = self.metrics
         log = self.timing_log
         due: list[float] = []

@@ -11,22 +11,16 @@ from typing import Any
 import gevent
 from geventhttpclient import HTTPClient, URL
 
+from vllm_load.client.trace_context import HEADER, trace_id
 from vllm_load.metrics.spans import export_request
 
 #: seconds between exports (vLLM's batch exporter: 5 s; shorter here, so that a test's run ends sooner)
 INTERVAL = 0.5
 
 
-def trace_of(environ: dict) -> tuple[str, str] | None:
-    """(trace id, parent span id) of a request's W3C traceparent, or None."""
-    parts = environ.get("HTTP_TRACEPARENT", "").split("-")
-    if len(parts) >= 4 and len(parts[1]) == 32 and len(parts[2]) == 16:
-        try:
-            bytes.fromhex(parts[1] + parts[2])
-        except ValueError:
-            return None
-        return parts[1].lower(), parts[2].lower()
-    return None
+def trace_of(environ: dict) -> str | None:
+    """The trace id of a request's W3C traceparent (the client's one parser of it), or None."""
+    return trace_id({HEADER: environ.get("HTTP_TRACEPARENT", "")})
 
 
 class SpanExporter:

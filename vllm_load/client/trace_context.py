@@ -17,9 +17,16 @@ def new_traceparent() -> str:
 
 
 def trace_id(headers: dict[str, str] | None) -> str | None:
-    """The trace id of the traceparent among ``headers`` (a user's own, where it gave one), lower-case hex."""
+    """The trace id of the traceparent among ``headers`` (a user's own, where it gave one), lower-case hex; None
+    without one, or for one whose ids are not hex (W3C: not a traceparent). The emulator reads a request's with it."""
     if not headers:
         return None
     value = headers.get(HEADER) or next((v for k, v in headers.items() if k.lower() == HEADER), None)
     parts = value.split("-") if isinstance(value, str) else []
-    return parts[1].lower() if len(parts) >= 4 and len(parts[1]) == 32 else None
+    if len(parts) < 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        bytes.fromhex(parts[1] + parts[2])
+    except ValueError:
+        return None
+    return parts[1].lower()
