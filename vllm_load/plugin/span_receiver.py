@@ -17,6 +17,7 @@ from gevent.pywsgi import WSGIServer
 
 from vllm_load.errors import UsageError
 from vllm_load.metrics.spans import parse_export
+from vllm_load.plugin.web_gate import LOOPBACK_NAMES, host_name
 
 log = logging.getLogger(__name__)
 PATH = "/v1/traces"
@@ -25,7 +26,6 @@ MAX_BODY = 16 << 20
 #: how long the end of a run waits for the spans of its last requests: vLLM's batch exporter sends every 5 s
 #: (OTEL_BSP_SCHEDULE_DELAY), so twice that and some
 WAIT_S = 12.0
-_LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -101,9 +101,7 @@ class SpanReceiver:
         no cross-origin page can send without a preflight this receiver never answers)."""
         if self.host in ("0.0.0.0", "::"):
             return True
-        name = value[1:value.find("]")] if value.startswith("[") else value.rsplit(":", 1)[0] if value.count(":") == 1 \
-            else value
-        return name in (*_LOOPBACK, self.host)
+        return host_name(value) in (*LOOPBACK_NAMES, self.host.lower())
 
     def _refuse(self, start_response: Any, status: str, why: str) -> list[bytes]:
         self.refused += 1
