@@ -80,3 +80,21 @@ def test_each_request_splits_into_prefill_kv_transfer_and_decode(tmp_path, pd_pa
     megabytes = sum(r["input_tokens_asked"] for r in every) * 131072 / 1e6
     assert f"server KV connector: NIXL {len(every)} KV transfers" in res.stdout, res.stdout[-2000:]
     assert f"{megabytes:.1f} MB, 0 failed" in res.stdout
+
+
+def test_a_decode_answer_not_streamed_has_its_token_gaps_after_the_pull(emulator_factory):
+    """A non-streamed decode request: the KV pull delays its first token only; the emulator's ITL histogram holds
+    the decode steps' gaps, not gaps shortened by the pull."""
+    import urllib.request
+
+    from server.sidecar.vllm_schema import parse_metrics
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.01", "--kv-transfer-latency", "0.2")
+    body = json.dumps({"model": "emulator/mistral-7b-v0.1", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 5, "ignore_eos": True,
+                       "kv_transfer_params": {"do_remote_prefill": True, "do_remote_decode": False}}).encode()
+    req = urllib.request.Request(emu.url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    assert json.loads(urllib.request.urlopen(req, timeout=10).read())["usage"]["completion_tokens"] == 5
+    hists = parse_metrics(urllib.request.urlopen(emu.url + "/metrics", timeout=5).read().decode())["histograms"]
+    itl, ttft = hists["itl"], hists["ttft"]
+    assert itl["count"] == 4 and abs(itl["sum"] - 4 * 0.01) < 0.02, itl  # four decode steps, none cut by the pull
+    assert ttft["count"] == 1 and ttft["sum"] >= 0.2  # the pull is before the first token

@@ -484,13 +484,14 @@ class Emulator:
         pieces = _tool_pieces(out.tool, max_tokens) if out.tool else None
         shift = self._pull_kv(out)
         for em in self.engine.generate(prompt_tokens, max_tokens, out.cached, remote=out.kv == "consume"):
+            offset = em.offset + shift  # after its arrival here, a decode's KV pull included
             if first:
-                ttft, queue, first = em.offset + shift, em.queue_time, False
+                ttft, queue, first = offset, em.queue_time, False
                 m.l(m.ttft).observe(ttft)
             else:
                 for _ in range(em.tokens):
-                    m.l(m.itl).observe((em.offset - last) / em.tokens)
-            last = em.offset + shift
+                    m.l(m.itl).observe((offset - last) / em.tokens)
+            last = offset
             text.extend(next(pieces) if pieces else next(words) for _ in range(em.tokens))
         m.l(m.generation_tokens).inc(max_tokens)
         self._observe_finish(prompt_tokens, max_tokens, ttft, last, queue, out.finish)
@@ -591,8 +592,9 @@ class Emulator:
             text = "".join(parts)
             answer.append(text)
             m.l(m.generation_tokens).inc(em.tokens)
+            offset = em.offset + shift  # after its arrival here, a decode's KV pull included
             if out == 0:
-                ttft, queue = em.offset + shift, em.queue_time
+                ttft, queue = offset, em.queue_time
                 arrival = em.at - em.offset - received  # the engine's own arrival, not one re-read later
                 m.l(m.ttft).observe(ttft)
                 if chat:
@@ -603,10 +605,10 @@ class Emulator:
                     role.update(prompt_token_ids=None, prompt_text=None)
                     yield event(role)
             else:
-                gap = (em.offset + shift - prev) / em.tokens
+                gap = (offset - prev) / em.tokens
                 for _ in range(em.tokens):
                     m.l(m.itl).observe(gap)
-            prev = em.offset + shift
+            prev = offset
             if em.due is not None:  # how late this process wrote it against its own schedule (a starved emulator)
                 self.emitted += 1
                 if em.offset - em.due > LATE_S:
