@@ -671,7 +671,7 @@ KV_BYTES_PER_TOKEN = 131072
 def _kv_transfer_params(app: Emulator, out: Output) -> dict:
     """What a prefill instance answers for its decode instance to pull the KV (vLLM's NIXL connector's fields)."""
     return {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": app.replica,
-            "remote_block_ids": list(range(-(-len(out.ids) // 16))), "remote_host": app.replica.rsplit(":", 1)[0],
+            "remote_block_ids": list(range(-(-len(out.ids) // app.prefix_cache.block_size))), "remote_host": app.replica.rsplit(":", 1)[0],
             "remote_port": 0, "tp_size": 1}
 
 

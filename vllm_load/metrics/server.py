@@ -49,14 +49,14 @@ def kv_connector(first: dict, last: dict, delta: Any) -> dict:
     time, bytes, failures), the prefix-cache hits a connector served, KV offload's bytes loaded and stored."""
     out: dict[str, float] = {}
     h0, h1 = (first.get("histograms") or {}), (last.get("histograms") or {})
-    for key, name in (("nixl_xfer_time", "nixl"), ("nixl_bytes", "nixl_bytes")):
-        if key in h1:
-            count = h1[key]["count"] - (h0.get(key) or {}).get("count", 0.0)
-            total = h1[key]["sum"] - (h0.get(key) or {}).get("sum", 0.0)
-            if name == "nixl":
-                out["nixl_transfers"], out["nixl_seconds"] = count, total
-            else:
-                out["nixl_bytes"] = total
+
+    def moved(key: str, field: str) -> float:  # a histogram's count or sum, its increase over the window
+        return h1[key][field] - (h0.get(key) or {}).get(field, 0.0)
+
+    if "nixl_xfer_time" in h1:
+        out["nixl_transfers"], out["nixl_seconds"] = moved("nixl_xfer_time", "count"), moved("nixl_xfer_time", "sum")
+    if "nixl_bytes" in h1:
+        out["nixl_bytes"] = moved("nixl_bytes", "sum")
     for key in ("nixl_failed_transfers_total", "external_prefix_cache_hits_total", "external_prefix_cache_queries_total",
                 "kv_offload_load_bytes_total", "kv_offload_store_bytes_total"):
         value = delta(key)

@@ -66,6 +66,7 @@ class LLM:
         self._user = user
         self._due: dict[Any, Due] = {}  # greenlet -> its task's intended start (open loop)
         self._sessions: dict[Any, str] = {}  # greenlet -> the session id its requests carry (``session``)
+        self._replica_header: str | None = None  # --capture-header's first name, lower-case ('': none): _served_by
         self._failures = 0  # connection failures in a row (closed-loop backoff)
         self._transport: Transport | None = None  # chosen at the first request (the user's host is set by then)
         #: the replica this user sends to when --host names several (its records are grouped under it)
@@ -361,8 +362,10 @@ class LLM:
     def _served_by(self, rec: Any) -> str | None:
         """The replica a request's metrics are grouped under: the one its answer named (--capture-header's first
         name: a fleet behind a router), else the target this user sent it to (--host a,b)."""
-        names = getattr(self.options, "capture_header", None) or ()
-        named = (rec.headers or {}).get(str(names[0]).strip().lower()) if names and rec.headers else None
+        if self._replica_header is None:  # decided once per user: its run's options do not change under it
+            names = getattr(self.options, "capture_header", None) or ()
+            self._replica_header = str(names[0]).strip().lower() if names else ""
+        named = rec.headers.get(self._replica_header) if self._replica_header and rec.headers else None
         return named or self._target
 
     def close(self) -> None:
