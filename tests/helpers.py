@@ -17,6 +17,17 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> None:
+    """Stop a child: SIGTERM, then SIGKILL if it is still there after ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class Proc:
     """A child process that announces its URL on its first stdout line."""
 
@@ -31,12 +42,7 @@ class Proc:
         self.url = line.split("listening on ", 1)[1].split()[0]
 
     def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.terminate()
-            try:
-                self.p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
+        stop_process(self.p)
 
 
 def run_locust(args: list[str], cwd: Path, timeout: float = 120.0,
@@ -148,12 +154,15 @@ ROUTER = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-
 
 
 class Router:
-    """vllm-router on 127.0.0.1 in front of ``urls`` with ``policy``, ready once it answers /v1/models."""
+    """vllm-router on 127.0.0.1 in front of ``urls`` with ``policy`` (with ``pd`` = (prefill URL, decode URL): in
+    front of that pair in its P/D mode instead), ready once it answers /v1/models."""
 
-    def __init__(self, urls: list[str], policy: str) -> None:
+    def __init__(self, urls: list[str], policy: str, pd: tuple[str, str] | None = None) -> None:
         self.port, metrics = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(self.port), "--worker-urls", *urls,
+        workers = (["--vllm-pd-disaggregation", "--prefill", pd[0], "--decode", pd[1]] if pd
+                   else ["--worker-urls", *urls])
+        self.proc = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(self.port), *workers,
                                       "--policy", policy, "--worker-startup-check-interval", "1",
                                       "--prometheus-port", str(metrics)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -162,11 +171,7 @@ class Router:
         assert self.proc.poll() is None, "vllm-router exited"
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc)
 
 
 def answers(url: str) -> bool:

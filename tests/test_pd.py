@@ -8,11 +8,10 @@ the client's rest, which add up to its E2E."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, ROUTER, Proc, answers, free_port, run_locust, wait_for
+from tests.helpers import ROOT, Proc, Router, free_port, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 PER_TOKEN = 20e-6  # the emulator's KV transfer per prompt token: 512 tokens -> ~10 ms, plain in a 2-core machine's noise
@@ -27,20 +26,14 @@ def pd_pair():
               "--kv-transfer-per-token", str(PER_TOKEN)]
     prefill = Proc(["-m", "server.emulator", *common, "--replica-name", "prefill-0"])
     decode = Proc(["-m", "server.emulator", *common, "--replica-name", "decode-0"])
-    port, metrics = free_port(), free_port()
-    router = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(port), "--vllm-pd-disaggregation",
-                               "--prefill", prefill.url, "--decode", decode.url, "--policy", "round_robin",
-                               "--worker-startup-check-interval", "1", "--prometheus-port", str(metrics)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sidecar = Proc(["-m", "server.sidecar", "--listen", "127.0.0.1:0", "--vllm-url", decode.url, "--interval", "1s"])
-    url = f"http://127.0.0.1:{port}"
+    router = None
     try:
-        wait_for(lambda: router.poll() is not None or answers(url + "/v1/models"), timeout=60, what="the router")
-        assert router.poll() is None, "vllm-router exited"
-        yield url, spans, sidecar.url
+        router = Router([], "round_robin", pd=(prefill.url, decode.url))
+        yield router.url, spans, sidecar.url
     finally:
-        router.terminate()
-        router.wait(timeout=10)
+        if router is not None:
+            router.stop()
         for p in (sidecar, prefill, decode):
             p.stop()
 
