@@ -47,18 +47,15 @@ def _write_sweep(col: Collector) -> None:
     if col.sweep is None or not col.sweep.steps:
         return
     from vllm_load.report.html import build
-    from vllm_load.report.sweep import build_sweep
+    from vllm_load.report.sweep import REPEAT_HEAD, build_sweep
     from vllm_load.rundir.steps import write_step_dirs
 
     dirs = write_step_dirs(col.plan.files.path, col.sweep, col.end_wall or time.time())
     for d in dirs:
         build(d)
-    page, best = build_sweep(dirs, col.plan.files.path)
+    page, best, repeats = build_sweep(dirs, col.plan.files.path)
     print(f"vllm-load: sweep of {len(dirs)} steps: {best} ({page})", flush=True)
-    from vllm_load.report.sweep import REPEAT_HEAD, repeat_rows
-    from vllm_load.rundir.files import load_run
-
-    for row in repeat_rows([load_run(d) for d in dirs]):  # repeated levels: their spread, run to run
+    for row in repeats:  # repeated levels: their spread, run to run
         print("vllm-load: repeated " + ", ".join(f"{h} {v}" for h, v in zip(REPEAT_HEAD, row)), flush=True)
 
 

@@ -27,9 +27,11 @@ def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[
     return out
 
 
-def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] | None = None) -> tuple[Path, str]:
+def build_sweep(run_dirs: list[str | Path], out_dir: Path,
+                slo_texts: list[str] | None = None) -> tuple[Path, str, list[list[str]]]:
     """One table and plot of throughput and latency against concurrency, across runs, and the largest
-    concurrency whose run met every SLO (how inference teams pick max_num_seqs / batch size)."""
+    concurrency whose run met every SLO (how inference teams pick max_num_seqs / batch size). Returns the page,
+    that line, and the repeated levels' rows (``repeat_rows``)."""
     runs = sorted((load_run(d) for d in run_dirs), key=lambda r: (r.concurrency or 0, r.start))
     verdicts = sweep_verdicts(runs, slo_texts)
     with_records = any(r.summary.get("records_per_request") for r in runs)
@@ -70,7 +72,7 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
                "| " + " | ".join(REPEAT_HEAD) + " |", "|" + "---|" * len(REPEAT_HEAD)]
         md += ["| " + " | ".join(str(c) for c in r) + " |" for r in repeats]
     rd.write(rd.sweep_md, f"**{best}**\n\n" + "\n".join(md) + "\n")
-    return rd.sweep_html, best
+    return rd.sweep_html, best, repeats
 
 
 REPEAT_HEAD = ["level", "steps", "confidence", "req/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms",
