@@ -7,6 +7,7 @@
 #   R=DIR bash recipe.sh model     # build $R/tiny (~10 s)
 #   R=DIR bash recipe.sh think     # build $R/tiny-think: tiny + <think></think> tokens, for --reasoning-parser (~10 s)
 #   R=DIR bash recipe.sh vision    # build $R/tiny-vision: a tiny random Idefics3 (images) (~15 s)
+#   R=DIR bash recipe.sh cross     # build $R/tiny-cross: tiny + a seeded 1-label score head (a cross-encoder) (~10 s)
 #   R=DIR bash recipe.sh serve [MODEL_DIR NAME [vllm flags...]]
 #                                  # start server on 127.0.0.1:8011, wait for /health (~45 s); default $R/tiny as "tiny"
 #   R=DIR bash recipe.sh smoke     # streaming completions/chat + /metrics
@@ -127,6 +128,26 @@ PYEOF
   rm -rf "$R/tiny-vision" && mv "$R/tiny-vision.part" "$R/tiny-vision"
 }
 
+do_cross() {
+  # a cross-encoder with its score head in the checkpoint: `--convert classify` over the plain tiny model leaves
+  # the head vLLM adds unloaded (uninitialised memory), and a run whose memory held NaN got every score refused
+  # ("Out of range float values are not JSON compliant", HTTP 400 on all 246 requests of one CI run)
+  cat > "$R/build_cross.py" <<'PYEOF'
+import sys
+import torch
+from transformers import AutoTokenizer, LlamaForSequenceClassification
+src, out = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+m = LlamaForSequenceClassification.from_pretrained(src, num_labels=1, dtype=torch.bfloat16)
+assert torch.isfinite(m.score.weight.float()).all()
+m.save_pretrained(out, safe_serialization=True)
+AutoTokenizer.from_pretrained(src).save_pretrained(out)
+print("built", out, "score head", tuple(m.score.weight.shape))
+PYEOF
+  timeout 300 "$PY" "$R/build_cross.py" "$R/tiny" "$R/tiny-cross.part"
+  rm -rf "$R/tiny-cross" && mv "$R/tiny-cross.part" "$R/tiny-cross"
+}
+
 do_serve() {
   local MODEL=${1:-$R/tiny} NAME=${2:-tiny}
   [ $# -ge 2 ] && shift 2 || set --
@@ -164,8 +185,8 @@ do_stop() {
 }
 
 case "${1:-all}" in
-  install) do_install ;; model) do_model ;; think) do_think ;; vision) do_vision ;; serve) shift; do_serve "$@" ;; smoke) do_smoke ;;
+  install) do_install ;; model) do_model ;; think) do_think ;; vision) do_vision ;; cross) do_cross ;; serve) shift; do_serve "$@" ;; smoke) do_smoke ;;
   stop) do_stop ;;
   all) do_install; do_model; do_serve; do_smoke ;;
-  *) echo "usage: $0 install|model|think|vision|serve|smoke|stop|all"; exit 2 ;;
+  *) echo "usage: $0 install|model|think|vision|cross|serve|smoke|stop|all"; exit 2 ;;
 esac
