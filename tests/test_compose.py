@@ -46,7 +46,7 @@ def test_commands_are_real_entry_points_with_real_options():
         assert cmd[0] == "locust" and cmd[1] == "-f" and (ROOT / cmd[2]).is_file()
     # Locust's own parser with vllm-load's options (in a child: importing locust monkey-patches the process);
     # an unknown flag makes it exit with an error
-    check = ("import json, sys\nfrom locust.argument_parser import get_parser\nfrom vllm_load.plugin import options\n"
+    check = ("import json, sys\nfrom locust.argument_parser import get_parser\nfrom vllm_load import options\n"
              "p = get_parser(); options.add_arguments(p)\n"
              "a = p.parse_args(json.loads(sys.argv[1]))\n"
              "print(json.dumps({'locustfile': a.locustfile, 'worker': a.worker, 'master_host': a.master_host}))")

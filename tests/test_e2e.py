@@ -238,8 +238,8 @@ def test_a_fixed_schedule_option_given_at_its_default_still_asks_for_the_fixed_s
     import argparse
     import sys
 
-    from vllm_load.plugin.embedded import emulator_profile
-    from vllm_load.plugin.options import OPTIONS
+    from vllm_load.runtime.embedded import emulator_profile
+    from vllm_load.options import OPTIONS
     opts = argparse.Namespace(**{o.dest: o.default for o in OPTIONS})
     monkeypatch.setattr(sys, "argv", ["locust", "-f", "chat.py"])
     monkeypatch.delenv("VLLM_LOAD_EMULATOR_TTFT", raising=False)

@@ -50,3 +50,62 @@ def test_each_c_extension_has_a_stub_that_matches_it():
     from vllm_load.metrics import _hdrnative
     assert {f.name for f in hdr.body if isinstance(f, ast.FunctionDef)} == {
         n for n in dir(_hdrnative) if not n.startswith("_")}
+
+
+#: the packages from the bottom up: a module imports from its own package or one listed before it, never after
+#: (``report`` once imported the plugin's options, which now sit at the bottom; ``runtime`` holds what a load
+#: process runs on besides Locust, and the sidecar and ``tune`` import it rather than the plugin)
+LAYERS = (("errors", "redact", "lifeline", "options"), ("workload",), ("client",), ("runtime",), ("metrics",), ("rundir",),
+          ("report",), ("plugin",), ("locustfiles", "tune"), ("cli", "__init__"))
+
+
+def _layer(name: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if name in names)
+
+
+def test_no_import_runs_upward():
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).parts
+        here = rel[0] if len(rel) > 1 else rel[0][:-3]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vllm_load":
+                parts = node.module.split(".")
+                names = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".")[1] for a in node.names if a.name.startswith("vllm_load.")]
+            else:
+                continue
+            offenders += [f"{'/'.join(rel)} -> {n}" for n in names
+                          if n in {m for layer in LAYERS for m in layer} and _layer(n) > _layer(here)]
+    assert offenders == []
+
+
+def test_the_servers_do_not_import_the_plugin():
+    server = PKG.parent / "server"
+    offenders = [str(p.relative_to(server)) for p in server.rglob("*.py") if "vllm_load.plugin" in p.read_text()]
+    assert offenders == []
+
+
+def test_the_plugin_runtime_is_one_object_per_role():
+    """No process-wide state object, no branching on the role outside the one place that picks the role's class
+    (``roles.make``), and the import-time hooks stay a few lines: each role's object registers the rest."""
+    plugin = PKG / "plugin"
+    sources = {p.name: p.read_text() for p in plugin.glob("*.py")}
+    assert not (plugin / "state.py").exists()
+    assert [n for n, s in sources.items() if re.search(r"\bSTATE\b", s)] == []
+    role_test = re.compile(r"\brole\s*(==|!=|in)\s|isinstance\([^)]*(Master|Worker|Local)Runner|__name__ == \"\w+Runner")
+    found = [(n, i) for n, s in sources.items() for i, line in enumerate(s.splitlines(), 1) if role_test.search(line)]
+    assert {n for n, _ in found} == {"roles.py"} and len(found) <= 2, found
+    assert len(sources["listeners.py"].splitlines()) < 80
+    hooks = re.findall(r"@events\.(\w+)\.add_listener", "".join(sources.values()))
+    assert sorted(hooks) == ["init", "init_command_line_parser", "test_start"]
+
+
+def test_no_plugin_function_is_over_40_lines():
+    """The plugin's lifecycle grew into functions of 100-150 lines (the init listener, the web UI's install): each
+    now does one thing (nested functions count with the function that holds them)."""
+    long = [f"{p.name}:{n.name} {n.end_lineno - n.lineno + 1}" for p in (PKG / "plugin").glob("*.py")
+            for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.end_lineno - n.lineno + 1 > 40]
+    assert long == []

@@ -6,7 +6,7 @@ import re
 
 from tests.helpers import ROOT
 from vllm_load.cli import main as cli_main
-from vllm_load.plugin.options import OPTIONS
+from vllm_load.options import OPTIONS
 
 
 def readme_option_flags() -> set[str]:
@@ -34,7 +34,7 @@ def test_vllm_load_options_prints_every_option_with_its_env_and_default(capsys):
 
 
 def test_options_are_grouped_each_in_exactly_one_group(capsys):
-    from vllm_load.plugin.options import GROUPS
+    from vllm_load.options import GROUPS
 
     grouped = [f for flags in GROUPS.values() for f in flags]
     assert sorted(grouped) == sorted(o.flag for o in OPTIONS)  # each once, none missing, none invented

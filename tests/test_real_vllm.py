@@ -155,7 +155,7 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
         stopped = time.time()
         wait_for(lambda: any(r["error"].startswith("connection failed") for r in logs(run_dir) if not r["ok"]),
                  timeout=60, what="refused connections")
-        from vllm_load.plugin.server_wait import probe
+        from vllm_load.runtime.server_wait import probe
 
         serving = subprocess.Popen(["bash", str(SCRIPT), "serve"], env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import ROOT, Proc, free_port, run_locust, wait_for
 from vllm_load.errors import UsageError
-from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.runtime.server_wait import parse_duration
 
 CHAT = str(ROOT / "locustfiles/chat.py")
 

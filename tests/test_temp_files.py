@@ -10,7 +10,7 @@ from tests.helpers import ROOT, run_locust
 def test_private_temp_files_are_0600(tmp_path, monkeypatch):
     import tempfile
 
-    from vllm_load.plugin.listeners import private_temp_file
+    from vllm_load.runtime.embedded import private_temp_file
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     path = private_temp_file("sidecar", ".jsonl")

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(native.describe())
         return 0
     if args.cmd == "options":
-        from vllm_load.plugin.options import describe
+        from vllm_load.options import describe
 
         text = describe(args.search)
         if not text:

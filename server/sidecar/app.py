@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"sidecar: error: {exc if 'interval' in str(exc) else '--listen must be HOST:PORT, the port 0-65535'}\n")
         return 2
     from vllm_load.errors import UsageError
-    from vllm_load.plugin.server_wait import parse_duration, wait_for_server
+    from vllm_load.runtime.server_wait import parse_duration, wait_for_server
 
     try:
         wait = parse_duration(args.wait_for_server, "--wait-for-server")

@@ -12,7 +12,7 @@ from typing import Any
 from vllm_load.metrics.client_health import ClientHealth, ClientMonitor, late_merged, shared_stamp
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
-from vllm_load.plugin.embedded import emulator_mode
+from vllm_load.runtime.embedded import emulator_mode
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.run_clock import MasterClock
 from vllm_load.plugin.sweep import Sweep
@@ -101,13 +101,7 @@ class Collector:
                                       records_per_request=records_per_request(
             self.opts.dataset, self.opts.dataset_batch), outage_after=self.plan.outage_after, now=end,
             percentiles=self.plan.computed_percentiles, shown=self.plan.shown_percentiles)
-        done: dict = {}  # what the collector knows beyond the totals, added to the summary once at the end
-        done["workers"] = sorted(self.workers_seen)
-        done["workers_lost"] = list(self.workers_lost)
-        # how far into the run each lost worker last reported: its requests after that are in its log only
-        done["workers_lost_at"] = {w: round(self.last_report[w] - self.start_wall, 1) if w in self.last_report
-                                   else None for w in self.workers_lost}  # None: it never reported
-        done["workers_missing"] = dict(self.workers_missing)
+        done = self._workers()  # what the collector knows beyond the totals, added to the summary once at the end
         done["saturation"] = self.saturation.to_json() if self.saturation is not None else None
         if self.dcgm is not None:
             done["energy"] = energy_summary(self.dcgm.samples, self.measured_from, end, summary["output_tokens"],
@@ -138,6 +132,14 @@ class Collector:
         summary = summary.replace(**done)
         self.results = summary  # the verdict is given from it even when the disk refuses the file
         return summary
+
+    def _workers(self) -> dict:
+        """The workers that reported, those lost (and how far into the run each last reported: its requests after
+        that are in its log only; None: it never reported) and those Locust marked missing."""
+        return {"workers": sorted(self.workers_seen), "workers_lost": list(self.workers_lost),
+                "workers_lost_at": {w: round(self.last_report[w] - self.start_wall, 1) if w in self.last_report
+                                    else None for w in self.workers_lost},
+                "workers_missing": dict(self.workers_missing)}
 
     def note_missing(self, runner: Any) -> None:
         """Record the workers Locust's heartbeat check marks missing (it says so only in its log)."""

@@ -8,11 +8,10 @@ import os
 import shutil
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gevent
 import gevent.event
-from locust import events
 
 from vllm_load.client.openai_api import auth_header, public_url
 from vllm_load.redact import redact_urls
@@ -20,22 +19,25 @@ from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
 from vllm_load.metrics.outages import LiveOutage, describe
 from vllm_load.metrics.verdict import judge, render_checks
 from vllm_load.plugin.collector import Collector
+from vllm_load.plugin.run import Run
 from vllm_load.plugin.server_side import fetch_samples
-from vllm_load.plugin.state import STATE
-from vllm_load.plugin.wire import drain, end_run
+from vllm_load.plugin.wire import end_run
 from vllm_load.report.console import render_table
 from vllm_load.report.results import render_validity
+
+if TYPE_CHECKING:
+    from vllm_load.plugin.controller import Controller
 
 log = logging.getLogger("vllm_load")
 
 
-def judge_step(step: int) -> bool:
+def judge_step(ctl: Controller, step: int) -> bool:
     """Did a finished sweep step meet every SLO (client metrics)? Judged once (its ``Verdict`` kept with its Step)."""
-    col = STATE.collector
+    col = ctl.run.collector if ctl.run is not None else None
     if col is None or col.sweep is None:
         return True
     known = col.sweep.steps.get(step) is not None and col.sweep.steps[step].verdict is not None
-    verdict = col.sweep.judge(step, list(STATE.slos), col.plan.computed_percentiles)
+    verdict = col.sweep.judge(step, list(ctl.slos), col.plan.computed_percentiles)
     if not known and verdict.slo_passed is False:
         missed = ", ".join(c.slo for c in verdict.checks if not c.passed)
         print(f"vllm-load: sweep step {step} ({col.sweep.steps[step].level:g}) missed {missed}: stopping the sweep",
@@ -66,11 +68,13 @@ def watch_heartbeats(runner: Any, col: Collector) -> None:
         col.note_missing(runner)
 
 
-def watch_outages(environment: Any, col: Collector) -> None:
+def watch_outages(environment: Any, run: Run) -> None:
     """Say on the console (and the web UI) when the server becomes unreachable and when it is back, from the
     merged counts (on a master: as of the workers' last reports, every 3 s); --stop-on-outage ends the run.
     With --host a,b each replica is watched too: one that goes down is named, and stops nothing while the
     others answer."""
+    col = run.collector
+    assert col is not None
     stop_after = col.plan.stop_on_outage
     watches: dict[str | None, LiveOutage] = {}
     down: dict[str | None, str] = {}  # None: the run (every target); else a target's URL
@@ -90,12 +94,12 @@ def watch_outages(environment: Any, col: Collector) -> None:
             if key not in down:
                 print(f"vllm-load: OUTAGE: {text}", flush=True)
             down[key] = text
-            if key is None and stop_after and cur.seconds >= stop_after and STATE.outage_stop is None:
-                STATE.outage_stop = f"{text}: stopping the run (--stop-on-outage {environment.parsed_options.stop_on_outage})"
-                sys.stderr.write(f"vllm-load: error: {STATE.outage_stop}\n")
+            if key is None and stop_after and cur.seconds >= stop_after and run.outage_stop is None:
+                run.outage_stop = f"{text}: stopping the run (--stop-on-outage {environment.parsed_options.stop_on_outage})"
+                sys.stderr.write(f"vllm-load: error: {run.outage_stop}\n")
                 sys.stderr.flush()
                 end_run(environment)
-        STATE.outage_now = "; ".join(down.values()) or None
+        run.outage_now = "; ".join(down.values()) or None
 
 
 def _collect_server_side(col: Collector, opts: Any) -> None:
@@ -116,10 +120,10 @@ def _collect_server_side(col: Collector, opts: Any) -> None:
         col.plan.files.write_series(col.plan.files.server, samples)
 
 
-def _take_spans(col: Collector) -> None:
+def _take_spans(ctl: Controller, col: Collector) -> None:
     """--otlp-receiver: the spans of the run's last requests waited for (within span_receiver.WAIT_S), then kept in
     spans.jsonl for the report to join; once per run."""
-    rx = STATE.span_receiver
+    rx = ctl.span_receiver
     if rx is None or col.plan.files.spans.exists():
         return
     from vllm_load.plugin.span_receiver import WAIT_S
@@ -132,92 +136,91 @@ def _take_spans(col: Collector) -> None:
     col.plan.files.write_series(col.plan.files.spans, rx.spans)
 
 
-def _output_failed(exc: BaseException) -> None:
+def _output_failed(run: Run, exc: BaseException) -> None:
     """A file of the run could not be written: said once, in one line; the run ends with exit code 6."""
     message = str(exc) if isinstance(exc, OutputError) or not isinstance(exc, OSError) else str(
         OutputError.of(exc, "the run's files"))
-    if STATE.fatal_code == EXIT_OUTPUT and STATE.fatal:
+    if run.fatal_code == EXIT_OUTPUT and run.fatal:
         return
-    STATE.fatal, STATE.fatal_code = message, EXIT_OUTPUT
+    run.fatal, run.fatal_code = message, EXIT_OUTPUT
     sys.stderr.write(f"vllm-load: error: {message}\n")
     sys.stderr.flush()
 
 
-@events.test_stop.add_listener
-def _on_test_stop(environment: Any, **_kw: Any) -> None:
-    col = STATE.collector
-    if col is not None:
-        col.end_wall = time.time()
-        try:
-            col.write_results(_local_monitor())
-            _take_spans(col)
-            _collect_server_side(col, environment.parsed_options)
-            if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
-                from vllm_load.report.html import build
+def stopped(ctl: Controller) -> None:
+    """Locust's test_stop: the run's results, spans and server side written; a web UI links its report at once."""
+    environment, run = ctl.environment, ctl.run
+    col = run.collector if run is not None else None
+    if run is None or col is None:
+        return
+    col.end_wall = time.time()
+    try:
+        col.write_results(_local_monitor(run))
+        _take_spans(ctl, col)
+        _collect_server_side(col, environment.parsed_options)
+        if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
+            from vllm_load.report.html import build
 
-                built = build(col.plan.files.path)
-                STATE.report = str(built.report)
-                # the web UI shows the run as judged from now on, not numbers recomputed against a moving clock
-                # (its output rate kept falling with wall time, 183 -> 52 tok/s, and the verdict kept sampling)
-                STATE.final_summary = {**dict(built.summary.to_json() if hasattr(built.summary, "to_json")
-                                              else built.summary), "server": built.server, "final": True}
-                print(f"vllm-load: run {col.plan.run_id} stopped: report {STATE.report} (the LLM tab links it)",
-                      flush=True)
-        except (OSError, OutputError) as exc:  # no traceback out of Locust's handler: quitting gives the verdict
-            _output_failed(exc)
+            built = build(col.plan.files.path)
+            ctl.report = str(built.report)
+            # the web UI shows the run as judged from now on, not numbers recomputed against a moving clock
+            # (its output rate kept falling with wall time, 183 -> 52 tok/s, and the verdict kept sampling)
+            ctl.final_summary = {**dict(built.summary.to_json() if hasattr(built.summary, "to_json")
+                                        else built.summary), "server": built.server, "final": True}
+            print(f"vllm-load: run {col.plan.run_id} stopped: report {ctl.report} (the LLM tab links it)", flush=True)
+    except (OSError, OutputError) as exc:  # no traceback out of Locust's handler: quitting gives the verdict
+        _output_failed(run, exc)
 
 
-def _local_monitor() -> Any:
+def _local_monitor(run: Run) -> Any:
     """A local run's client monitor (its last, partial report joins the verdict); None on a master."""
-    return STATE.generator.monitor if STATE.generator is not None and STATE.collector is not None else None
+    return run.generator.monitor if run.generator is not None else None
 
 
-@events.quitting.add_listener
-def _on_quitting(environment: Any, **_kw: Any) -> None:
+def quitting(ctl: Controller) -> None:
     """The end of the run, once. Locust runs a shutdown per SIGTERM (in that signal's greenlet), and its main
     greenlet runs one more when the runner stops: two wrote two different summaries. A later one waits for the
     first, then for the first to exit the process (with its code); a third signal quits at once."""
-    if STATE.ending is None:
-        STATE.ending = gevent.event.Event()
+    if ctl.ending is None:
+        ctl.ending = gevent.event.Event()
         try:
-            _end(environment)
+            _end(ctl)
         finally:
-            STATE.ending.set()
+            ctl.ending.set()
         return
     signalled = gevent.getcurrent().parent is not None  # not the main greenlet: a signal's shutdown
     if signalled:
-        STATE.end_signals += 1
-        if STATE.end_signals >= 2:
+        ctl.end_signals += 1
+        if ctl.end_signals >= 2:
             sys.stderr.write("vllm-load: a third signal: quitting now; the run's files may be incomplete\n")
             sys.stderr.flush()
             os._exit(EXIT_ERRORS)
-        if not STATE.ending.is_set():
+        if not ctl.ending.is_set():
             sys.stderr.write("vllm-load: the run's end is being written: waiting for it (another signal quits now)\n")
             sys.stderr.flush()
-    STATE.ending.wait()
+    ctl.ending.wait()
     # the first shutdown goes on to Locust's tables and its exit, which ends the process (its SystemExit reaches
     # the main greenlet with the run's code): this one waits for that rather than printing and exiting again
     gevent.sleep(30.0)
 
 
-def _end(environment: Any) -> None:
-    col = STATE.collector
-    if col is not None:
+def _end(ctl: Controller) -> None:
+    run = ctl.run
+    col = run.collector if run is not None else None
+    if run is not None and col is not None:
         # SIGTERM/SIGINT fire quitting before Locust stops the users: drain here too (no-op after a stop)
-        drain(environment)
-        _csv_catch_up(environment)
+        ctl.drain()
+        _csv_catch_up(ctl.environment)
         col.end_wall = col.end_wall or time.time()
         try:
-            if STATE.fatal and STATE.fatal_code == EXIT_OUTPUT:  # files already missing: no report to build
-                raise OutputError(STATE.fatal)
-            _finish(environment, col)
+            if run.fatal and run.fatal_code == EXIT_OUTPUT:  # files already missing: no report to build
+                raise OutputError(run.fatal)
+            _finish(ctl, run, col)
         except (OSError, OutputError) as exc:  # the disk refused: the verdict still reaches the console
-            _output_failed(exc)
-            _finish_unwritten(environment, col)
-    if STATE.watcher is not None:
-        STATE.watcher.kill(block=False)
-    if STATE.generator is not None:
-        STATE.generator.close()
+            _output_failed(run, exc)
+            _finish_unwritten(ctl, run, col)
+    if run is not None:
+        run.close()
 
 
 def _csv_catch_up(environment: Any) -> None:
@@ -230,9 +233,9 @@ def _csv_catch_up(environment: Any) -> None:
         gevent.sleep(CSV_STATS_INTERVAL_SEC + 0.1)
 
 
-def _table_title(col: Collector) -> str:
+def _table_title(ctl: Controller, col: Collector) -> str:
     """The console table's title: the run, and whether its target was the built-in emulator."""
-    banner = " (target: built-in EMULATOR, not a real vLLM)" if STATE.target and STATE.target.is_emulator else ""
+    banner = " (target: built-in EMULATOR, not a real vLLM)" if ctl.target and ctl.target.is_emulator else ""
     return f"vllm-load LLM metrics, run {col.plan.run_id}{banner}"
 
 
@@ -252,92 +255,81 @@ def _export_otlp(col: Collector, opts: Any) -> None:
         print(f"vllm-load: metrics sent over OTLP to {public_url(opts.otlp_endpoint)}", flush=True)
 
 
-def _finish_unwritten(environment: Any, col: Collector) -> None:
+def _finish_unwritten(ctl: Controller, run: Run, col: Collector) -> None:
     """The end of a run whose directory could not take its files: the table and verdict from memory."""
-    summary = col.results if col.results is not None else col.summarise(_local_monitor())
+    summary = col.results if col.results is not None else col.summarise(_local_monitor(run))
+    environment = ctl.environment
     opts = environment.parsed_options
-    verdict = judge(summary, list(STATE.slos), None, int(opts.min_requests), bool(opts.allow_untrustworthy),
+    verdict = judge(summary, list(ctl.slos), None, int(opts.min_requests), bool(opts.allow_untrustworthy),
                     0 if col.plan.sweep_kind else col.plan.num_requests)
-    sys.stdout.write("\n" + render_table(summary, _table_title(col)) + "\n")
+    sys.stdout.write("\n" + render_table(summary, _table_title(ctl, col)) + "\n")
     if render_validity(verdict):
         sys.stdout.write(render_validity(verdict) + "\n")
     if verdict.checks:
         sys.stdout.write(render_checks(verdict.checks) + "\n")
-    sys.stdout.write(f"vllm-load: the run was stopped: {STATE.fatal}\n")
+    sys.stdout.write(f"vllm-load: the run was stopped: {run.fatal}\n")
     sys.stdout.write(f"vllm-load: the run directory {col.plan.files.path} is incomplete (exit code {EXIT_OUTPUT})\n")
     sys.stdout.flush()
     environment.process_exit_code = EXIT_OUTPUT
 
 
-def _finish(environment: Any, col: Collector) -> None:
+def _finish(ctl: Controller, run: Run, col: Collector) -> None:
     """The end of a run: results, server side, reports, the console's table and verdict, the exit code."""
+    environment = ctl.environment
+    opts = environment.parsed_options
     if col.results is None:  # test_stop wrote them already, after the drain (a signal skips test_stop)
-        col.write_results(_local_monitor())
-    _export_otlp(col, environment.parsed_options)
-    _take_spans(col)
+        col.write_results(_local_monitor(run))
+    _export_otlp(col, opts)
+    _take_spans(ctl, col)
     if not col.plan.files.server.exists():
-        _collect_server_side(col, environment.parsed_options)
+        _collect_server_side(col, opts)
     from vllm_load.report.html import build  # the report (Jinja2, its charts) is loaded only at the end of a run
 
-    if STATE.generator is not None:
-        STATE.generator.flush_log()  # the report reads this process's request log
-
+    if run.generator is not None:
+        run.generator.flush_log()  # the report reads this process's request log
     _write_sweep(col)
-    built = build(col.plan.files.path, junit=environment.parsed_options.junit)
-    code = STATE.fatal_code if STATE.fatal else built.verdict.exit_code
+    built = build(col.plan.files.path, junit=opts.junit)
+    code = run.fatal_code if run.fatal else built.verdict.exit_code
     exceptions = sum(row["count"] for row in environment.runner.exceptions.values())
     if code == EXIT_OK and exceptions:  # Locust's own rule, which our exit code would otherwise mask
         code = EXIT_ERRORS
-    if STATE.outage_stop:
+    if run.outage_stop:
         code = EXIT_ERRORS
-    STATE.report = str(built.report)
-    if STATE.emulator_log is not None and STATE.emulator_log.exists():  # its log, beside the run's numbers
-        col.plan.files.copy_in(STATE.emulator_log, "emulator.log")
-    prefix = getattr(environment.parsed_options, "csv_prefix", None)
+    ctl.report = str(built.report)
+    if ctl.emulator_log is not None and ctl.emulator_log.exists():  # its log, beside the run's numbers
+        col.plan.files.copy_in(ctl.emulator_log, "emulator.log")
+    prefix = getattr(opts, "csv_prefix", None)
     if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
         shutil.copyfile(col.plan.files.llm_csv, f"{prefix}_llm_stats.csv")
-    lines: list[str] = []  # the end-of-run block, printed once, after Locust's own last tables
-    say = lines.append
-    say("\n" + render_table(built.summary, _table_title(col), server=built.server) + "\n")
-    stopped = STATE.fatal or STATE.outage_stop
-    if stopped:
-        say(f"vllm-load: the run was stopped: {stopped}\n")
-    elif render_validity(built.verdict):
-        say(render_validity(built.verdict) + "\n")
-    through_client = environment.runner.stats.total.num_requests
-    if not built.summary["requests"] and through_client:
-        say(f"vllm-load: no self.llm request completed; the {through_client} requests Locust counted went "
-            "through self.client, which is not LLM-timed: send LLM requests with self.llm.chat/complete\n")
-    if exceptions:
-        say(f"vllm-load: user tasks raised {exceptions} exceptions (Locust's error report lists "
-            "them; the log shows each kind once)\n")
-    if built.verdict.checks:
-        say(render_checks(built.verdict.checks) + "\n")
-    from vllm_load.report.trackers import log_run  # --mlflow-uri, --wandb-project: what the directory holds
-
-    for line in log_run(environment.parsed_options, col.plan.files.path):
-        say(line + "\n")
-    say(f"vllm-load: report {built.report} (exit code {code})\n")
-    say(_next_steps(col, built.report) + "\n")
-    _print_after_locust("".join(lines))
+    # the end-of-run block, printed once, after Locust's own last tables (Controller._on_quit)
+    ctl.end_block = "".join(_end_lines(ctl, run, col, built, exceptions, code))
     environment.process_exit_code = code
 
 
-def _print_after_locust(block: str) -> None:
-    """The end-of-run block goes out after Locust's final tables (printed after the quitting event, then the quit
-    event fires): one readable block at the very end of a headless run's output, not between Locust's tables."""
-    STATE.end_block = block
-    if not STATE.end_block_hooked:
-        events.quit.add_listener(_on_quit)
-        STATE.end_block_hooked = True
+def _end_lines(ctl: Controller, run: Run, col: Collector, built: Any, exceptions: int, code: int) -> list[str]:
+    """The console's last block: the LLM table, why the run stopped or how far it can be trusted, the checks."""
+    environment = ctl.environment
+    lines = ["\n" + render_table(built.summary, _table_title(ctl, col), server=built.server) + "\n"]
+    stopped = run.fatal or run.outage_stop
+    if stopped:
+        lines.append(f"vllm-load: the run was stopped: {stopped}\n")
+    elif render_validity(built.verdict):
+        lines.append(render_validity(built.verdict) + "\n")
+    through_client = environment.runner.stats.total.num_requests
+    if not built.summary["requests"] and through_client:
+        lines.append(f"vllm-load: no self.llm request completed; the {through_client} requests Locust counted went "
+                     "through self.client, which is not LLM-timed: send LLM requests with self.llm.chat/complete\n")
+    if exceptions:
+        lines.append(f"vllm-load: user tasks raised {exceptions} exceptions (Locust's error report lists "
+                     "them; the log shows each kind once)\n")
+    if built.verdict.checks:
+        lines.append(render_checks(built.verdict.checks) + "\n")
+    from vllm_load.report.trackers import log_run  # --mlflow-uri, --wandb-project: what the directory holds
 
-
-def _on_quit(**_kw: Any) -> None:
-    if STATE.end_block:
-        sys.stderr.flush()  # Locust's tables (stderr) first
-        sys.stdout.write(STATE.end_block)
-        sys.stdout.flush()
-        STATE.end_block = ""
+    lines += [line + "\n" for line in log_run(environment.parsed_options, col.plan.files.path)]
+    lines.append(f"vllm-load: report {built.report} (exit code {code})\n")
+    lines.append(_next_steps(col, built.report) + "\n")
+    return lines
 
 
 def _next_steps(col: Collector, report: Any) -> str:

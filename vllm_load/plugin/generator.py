@@ -19,7 +19,7 @@ from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, OutputError
 from vllm_load.metrics.client_health import ClientMonitor
 from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
-from vllm_load.plugin import gc_control
+from vllm_load.runtime import gc_control
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.run_clock import WorkerClock
@@ -39,7 +39,8 @@ def _time_ramp(strategy: str, start: float, end: float, seconds: float, t: float
 
 @dataclass
 class Generator:
-    role: str  # "local" or "worker"
+    #: this process's request log's name (None: a local run's requests.jsonl; a worker's is its own)
+    log_name: str | None
     opts: Any  # Locust's parsed options, read only
     plan: RunPlan
     worker_id: str
@@ -95,12 +96,12 @@ class Generator:
         return f"w{self.worker_index}"
 
     @classmethod
-    def create(cls, role: str, opts: Any, plan: RunPlan, worker_id: str, apis: frozenset[str] = frozenset(),
+    def create(cls, log_name: str | None, opts: Any, plan: RunPlan, worker_id: str, apis: frozenset[str] = frozenset(),
                on_fatal: Any = None, health_sink: Any = None, worker_index: int = 0,
                on_trace_done: Any = None) -> Generator:
         """A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
         that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
-        rt = cls(role=role, opts=opts, plan=plan, worker_id=worker_id, worker_index=worker_index)
+        rt = cls(log_name=log_name, opts=opts, plan=plan, worker_id=worker_id, worker_index=worker_index)
         rt.fold_slice = cls.FOLD_SLICE_NATIVE if Connections.reads_natively(plan.urls[0]) else cls.FOLD_SLICE_PYTHON
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
@@ -134,10 +135,7 @@ class Generator:
         self.headers = request_headers(self.opts)
         self.session_header = str(getattr(self.opts, "session_header", "") or "X-Session-ID")
         self.goodput_limits = goodput_thresholds(parse_slo_option(list(self.plan.slos)))
-        # a worker's log is named by its index in the swarm and its host (its records carry Locust's worker id)
-        host = self.worker_id.rsplit("_", 1)[0] if "_" in self.worker_id else self.worker_id
-        self.reqlog = RequestLog(self.plan.files.requests(None if self.role == "local" else
-                                                          f"w{self.worker_index}-{host}"))
+        self.reqlog = RequestLog(self.plan.files.requests(self.log_name))
 
     def set_step(self, step: int, rate: float) -> None:
         """Enter a sweep step; open-loop users waiting on a gap drawn at the old rate wake and redraw."""

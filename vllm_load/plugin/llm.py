@@ -32,7 +32,7 @@ from vllm_load.client.stream import ready_request, ReadyRequest, StreamCancelled
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.llm_checks import check_max_tokens, check_messages, split_media
 from vllm_load.plugin.request_source import RequestSource
-from vllm_load.plugin.state import STATE
+from vllm_load.plugin.process import generator_of
 from vllm_load.plugin.transport_session import transport_for
 from vllm_load.workload.prompt_pool import PromptError
 
@@ -315,14 +315,7 @@ class LLM:
         try:
             if self._transport is None:
                 self._transport = transport_for(self._user)
-            own = {HEADER: new_traceparent()}  # the server's span of this request: the same trace id
-            session = self._sessions.get(getcurrent())
-            if session is not None:
-                own[gen.session_header] = session
-            if headers:
-                if any(k.lower() == HEADER for k in headers):  # the caller's own trace context stands
-                    del own[HEADER]
-                own.update(headers)
+            own = self._own_headers(gen.session_header, headers)
             common = dict(
                 worker=gen.worker_id,
                 intended_start=due.intended if due else None,
@@ -338,11 +331,7 @@ class LLM:
                 rec = stream_request(self._transport, ready, gen.headers, state=state, own=own,
                                      count_output=gen.requests.count_output if gen.requests else None, **common)
         except StreamCancelled as stop:  # stopped mid-stream: recorded, then the stop goes on
-            stop.record.target, stop.record.session = self._target, self._sessions.get(getcurrent())
-            # not at the run's end: the load shape removed this user (a ramp down, a new user count), which says
-            # nothing of the server; at the end (past the drain), the server did not finish it in time: a failure
-            stop.record.removed = not gen.draining
-            gen.on_record(stop.record)
+            self._cancelled(gen, stop.record)
             raise
         except BaseException:
             gen.end_request(sent=False)
@@ -351,14 +340,37 @@ class LLM:
         rec.warmup = rec.warmup or warmup
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
-            delay = self._backoff(rec, gen.plan.backoff_max)
-            if delay > 0:
-                gen.stats.backoffs += 1
-                gen.stats.backoff_ms += int(delay * 1000)
-                gevent.sleep(delay)
+            self._back_off(gen, rec)
         return Reply.of(rec, state) if isinstance(state, StreamState) else Reply.of_json(rec, state.data)
 
     # -- internals --------------------------------------------------------------------------------------
+    def _own_headers(self, session_header: str, headers: dict[str, str] | None) -> dict[str, str]:
+        """This request's own header fields: a new traceparent (the server's span carries its trace id), the
+        session's id, then the caller's (its own trace context stands)."""
+        own = {HEADER: new_traceparent()}
+        session = self._sessions.get(getcurrent())
+        if session is not None:
+            own[session_header] = session
+        if headers:
+            if any(k.lower() == HEADER for k in headers):
+                del own[HEADER]
+            own.update(headers)
+        return own
+
+    def _cancelled(self, gen: Generator, rec: Any) -> None:
+        rec.target, rec.session = self._target, self._sessions.get(getcurrent())
+        # not at the run's end: the load shape removed this user (a ramp down, a new user count), which says
+        # nothing of the server; at the end (past the drain), the server did not finish it in time: a failure
+        rec.removed = not gen.draining
+        gen.on_record(rec)
+
+    def _back_off(self, gen: Generator, rec: Any) -> None:
+        delay = self._backoff(rec, gen.plan.backoff_max)
+        if delay > 0:
+            gen.stats.backoffs += 1
+            gen.stats.backoff_ms += int(delay * 1000)
+            gevent.sleep(delay)
+
     def _served_by(self, rec: Any) -> str | None:
         """The replica a request's metrics are grouped under: the one its answer named (--capture-header's first
         name: a fleet behind a router), else the target this user sent it to (--host a,b)."""
@@ -381,7 +393,7 @@ class LLM:
 
     def _generator(self) -> Generator:
         """This process's generator; none (the target failed its check) or draining: wait for the stop."""
-        gen = STATE.generator
+        gen = generator_of(self._user.environment)
         if gen is None or gen.draining:
             Generator.park()
         assert gen is not None

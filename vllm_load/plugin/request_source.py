@@ -55,20 +55,9 @@ class RequestSource:
         self.pools: dict[str, PromptPool] = {}
         self.dataset: DatasetSource | None = None
         self.answer_tokens_per_record = 0  # --dataset-batch: output budget per batched record
-        if o.dataset:
-            records = off_loop(read_records, o.dataset, o.dataset_format, o.dataset_field)
-            self.dataset = DatasetSource(records, f"{plan.draws}/{self.source}", o.dataset_batch)
-            if o.dataset_batch:
-                self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
-                    self.tokenizer, o.dataset_batch)
         self.trace: list = []  # this process's share of --trace's rows, in time order
         self.trace_next = self.trace_sent = 0
-        if o.trace:
-            from vllm_load.workload.trace import read_trace, share
-
-            self.trace = share(off_loop(read_trace, o.trace, o.trace_format), worker_index, plan.processes)
-            if not self.trace:  # more processes than rows: nothing to send here
-                gevent.spawn(self.on_trace_done)
+        self._read_files(worker_index)
         #: one native thread for the users' own token work (self.llm.text, counting a history): off the event
         #: loop like the prompt pool's, and one thread so that the text factory's sequence stays ordered
         self.helper: Any = None
@@ -80,6 +69,22 @@ class RequestSource:
         self.image_size: ImageSize | None = None
         self.image_files: MediaFiles | None = None  # --images-from, --audio-from
         self.audio_files: MediaFiles | None = None
+
+    def _read_files(self, worker_index: int) -> None:
+        """--dataset's records and this process's share of --trace's rows, read off the loop."""
+        o, plan = self.opts, self.plan
+        if o.dataset:
+            records = off_loop(read_records, o.dataset, o.dataset_format, o.dataset_field)
+            self.dataset = DatasetSource(records, f"{plan.draws}/{self.source}", o.dataset_batch)
+            if o.dataset_batch:
+                self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
+                    self.tokenizer, o.dataset_batch)
+        if o.trace:
+            from vllm_load.workload.trace import read_trace, share
+
+            self.trace = share(off_loop(read_trace, o.trace, o.trace_format), worker_index, plan.processes)
+            if not self.trace:  # more processes than rows: nothing to send here
+                gevent.spawn(self.on_trace_done)
 
     def fill_pools(self, apis: frozenset[str]) -> None:
         """Start each API's pool and wait for its first prompts: the first one of a process pays for the

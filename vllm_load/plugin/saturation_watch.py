@@ -14,7 +14,7 @@ import gevent
 
 from vllm_load.metrics.saturation import Finding, detect
 from vllm_load.plugin.collector import Collector
-from vllm_load.plugin.state import STATE
+from vllm_load.plugin.run import Run
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,10 @@ def _per_second(sums: Any, counts: Any, start_wall: float, until: float, mean: b
     return out
 
 
-def watch(environment: Any, col: Collector, stop: bool) -> None:
+def watch(environment: Any, run: Run, stop: bool, master: bool) -> None:
     """Until a finding (or the run's end: the greenlet is killed with the run's other watchers)."""
-    master = environment.runner is not None and type(environment.runner).__name__ == "MasterRunner"
+    col = run.collector
+    assert col is not None
     lag = LAG_MASTER_S if master else LAG_LOCAL_S
     in_flight: list[tuple[float, float]] = []
     offered: list[tuple[float, float]] = []
@@ -57,14 +58,14 @@ def watch(environment: Any, col: Collector, stop: bool) -> None:
         t = now - col.start_wall
         level, unit = offered_level(environment, col, now)
         offered.append((t, level))
-        gen = STATE.generator
+        gen = run.generator
         if gen is not None:  # local: the generator's own count
             in_flight.append((t, float(gen.in_flight)))
         elif master:  # the workers' latest reports
             latest = [rows[-1] for rows in col.health.reports.values() if rows and "in_flight" in rows[-1]]
             if latest:
                 in_flight.append((max(r["t"] for r in latest) - col.start_wall, float(sum(r["in_flight"] for r in latest))))
-        live = STATE.live_server
+        live = run.live_server
         samples = [s for s in (live.samples if live is not None else []) if s.get("waiting") is not None]
         if samples:
             queue, source = [(s["t"] - col.start_wall, float(s["waiting"])) for s in samples], "server waiting"

@@ -43,30 +43,32 @@ class SweepShape(LoadTestShape):
     def reset_time(self) -> None:
         """A run starts (Locust calls this before the shape's first tick, and before the run plan exists): its
         steps start over, from the options as they are now (the web UI may have changed them)."""
-        from vllm_load.plugin.state import STATE
+        from vllm_load.plugin.process import process_of
 
         super().reset_time()
         self.count_ends: list[float] = []  # --num-requests: the run time each finished step ended at
         self.spec = SweepSpec.of(self.runner.environment.parsed_options)
-        STATE.steps_done = {}
+        process_of(self.runner.environment).new_sweep()
 
     def step_ends(self, spec: SweepSpec, t: float) -> list[float]:
         """The run times at which the finished steps ended: every --step-duration, or (with --num-requests) when
         every load process finished its share of the step's N requests."""
-        from vllm_load.plugin.state import STATE
+        from vllm_load.plugin.process import process_of
 
         levels = spec.levels
         if not getattr(self.runner.environment.parsed_options, "num_requests", 0):
             duration = spec.step_duration
             return [(i + 1) * duration for i in range(min(int(t // duration), len(levels)))]
         ends = self.count_ends
-        processes = STATE.plan.processes if STATE.plan is not None else 1
-        while len(ends) < len(levels) and STATE.steps_done.get(len(ends), 0) >= processes:
+        ctl = process_of(self.runner.environment)
+        processes = ctl.run.plan.processes if ctl.run is not None else 1
+        while len(ends) < len(levels) and ctl.steps_done.get(len(ends), 0) >= processes:
             ends.append(t)
         return ends
 
     def tick(self) -> tuple[int, float] | None:
-        from vllm_load.plugin import end_of_run, wire
+        from vllm_load.plugin import end_of_run
+        from vllm_load.plugin.process import process_of
 
         spec = self.spec or SweepSpec.of(self.runner.environment.parsed_options)
         if spec is None:
@@ -78,14 +80,14 @@ class SweepShape(LoadTestShape):
         if spec.stop_on_miss:
             # judge every finished step whose workers' reports are in (judge_step remembers verdicts)
             for done, end in enumerate(ends):
-                if t >= end + JUDGE_DELAY and not end_of_run.judge_step(done):
+                if t >= end + JUDGE_DELAY and not end_of_run.judge_step(process_of(self.runner.environment), done):
                     return None
         if step >= len(levels):
             if spec.stop_on_miss and t - ends[-1] < JUDGE_DELAY:
                 return (0, 100.0)  # let the last step's reports arrive before its verdict
             return None
         level = levels[step]
-        wire.begin_step(self.runner.environment, step, level)
+        process_of(self.runner.environment).begin_step(step, level)
         users = spec.users_at(level)
         return users, float(max(users, 1))
 

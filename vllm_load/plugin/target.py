@@ -11,7 +11,7 @@ from typing import Any
 from vllm_load.errors import UsageError
 from vllm_load.client.openai_api import auth_header, discover_model, is_credential_header, server_version
 from vllm_load.client.stream import BodyDefaults
-from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.runtime.server_wait import parse_duration
 from vllm_load.plugin.worker_secrets import SECRET_OPTIONS
 from vllm_load.workload.datasets import read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
@@ -118,28 +118,15 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
     UsageError with one line on bad input."""
     input_spec = parse_length(opts.input_tokens, "--input-tokens")
     output_spec = parse_length(opts.output_tokens or DEFAULT_OUTPUT_TOKENS, "--output-tokens")
-    if opts.shared_prefix_tokens < 0:
-        raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
     backoff_max = parse_duration(opts.retry_backoff_max, "--retry-backoff-max")
     outage_after = parse_duration(opts.outage_after, "--outage-after")
     stop_on_outage = parse_duration(opts.stop_on_outage, "--stop-on-outage")
     warmup = parse_duration(opts.warmup, "--warmup")
-    if opts.min_requests < 0:
-        raise UsageError(f"--min-requests must be >= 0, got {opts.min_requests}")
-    if opts.dataset:
-        read_records(opts.dataset, opts.dataset_format, opts.dataset_field)
-        if opts.dataset_batch < 0:
-            raise UsageError(f"--dataset-batch must be >= 1, got {opts.dataset_batch}")
-        if opts.dataset_answer_tokens < 0:
-            raise UsageError(f"--dataset-answer-tokens must be >= 1, got {opts.dataset_answer_tokens}")
-    elif opts.dataset_batch:
-        raise UsageError("--dataset-batch needs --dataset: name the file whose records are batched")
+    _check_inputs(opts)
     trace = _check_trace(opts)
     headers = request_headers(opts)
     body_defaults(opts)
-    models = [m.strip() for m in str(opts.model or "").split(",") if m.strip()]
-    if str(opts.model or "").strip() and not models:
-        raise UsageError(f"--model {opts.model!r} names no model: write one id or several, e.g. --model base,lora-a")
+    models = _models(opts)
     served = discover_model(host, models[0] if models else "", opts.api_key, headers=headers)
     for other in models[1:]:
         discover_model(host, other, opts.api_key, headers=headers)  # each must be served: one line if not
@@ -156,20 +143,7 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
             "lower --input-tokens or --output-tokens"
         )
     for api in sorted(apis):
-        # raises the one-line reason when this tokenizer cannot build prompts for the API (no chat template)
-        factory = PromptFactory(tok, prompt_api(api), salt="probe", shared_prefix_tokens=opts.shared_prefix_tokens)
-        if trace:
-            short = min(trace, key=lambda r: r.input_tokens)
-            if short.input_tokens < factory.overhead + 1:
-                raise UsageError(f"trace row {short.index} asks for {short.input_tokens} input tokens, below the "
-                                 f"{factory.overhead + 1}-token minimum of a {api} prompt with tokenizer {tok_name!r}")
-        elif not opts.dataset and input_spec.low < factory.min_tokens:
-            parts = f"template {factory.overhead}" + (
-                f" + shared prefix {factory.shared_prefix_tokens}" if factory.shared_prefix_tokens else "")
-            raise UsageError(
-                f"--input-tokens {input_spec.text} goes below the {factory.min_tokens}-token minimum of a {api} prompt "
-                f"with tokenizer {tok_name!r} ({parts} + 1 word): raise it to at least {factory.min_tokens}"
-            )
+        _check_minimum(opts, api, tok, tok_name, input_spec, trace)
     if opts.align_with_server:
         checked = align_with_server(host, served.id, tok, opts.api_key, apis)
         print(f"vllm-load: --align-with-server: {checked}", flush=True)
@@ -177,6 +151,48 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
                   stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup,
                   len(trace), trace[-1].at / opts.trace_speed if trace else 0.0, server_kind(opts, served),
                   served.owned_by, server_version(host, opts.api_key, headers=headers))
+
+
+def _models(opts: Any) -> list[str]:
+    """--model a,b: the ids asked (none: the server's first)."""
+    models = [m.strip() for m in str(opts.model or "").split(",") if m.strip()]
+    if str(opts.model or "").strip() and not models:
+        raise UsageError(f"--model {opts.model!r} names no model: write one id or several, e.g. --model base,lora-a")
+    return models
+
+
+def _check_inputs(opts: Any) -> None:
+    """The numeric and dataset options a target's check reads first (one line each)."""
+    if opts.shared_prefix_tokens < 0:
+        raise UsageError(f"--shared-prefix-tokens must be >= 0, got {opts.shared_prefix_tokens}")
+    if opts.min_requests < 0:
+        raise UsageError(f"--min-requests must be >= 0, got {opts.min_requests}")
+    if opts.dataset:
+        read_records(opts.dataset, opts.dataset_format, opts.dataset_field)
+        if opts.dataset_batch < 0:
+            raise UsageError(f"--dataset-batch must be >= 1, got {opts.dataset_batch}")
+        if opts.dataset_answer_tokens < 0:
+            raise UsageError(f"--dataset-answer-tokens must be >= 1, got {opts.dataset_answer_tokens}")
+    elif opts.dataset_batch:
+        raise UsageError("--dataset-batch needs --dataset: name the file whose records are batched")
+
+
+def _check_minimum(opts: Any, api: str, tok: Any, tok_name: str, input_spec: Any, trace: list) -> None:
+    """The shortest prompt asked must hold the API's template (and shared prefix) and a word; raises the one-line
+    reason when this tokenizer cannot build prompts for the API at all (no chat template)."""
+    factory = PromptFactory(tok, prompt_api(api), salt="probe", shared_prefix_tokens=opts.shared_prefix_tokens)
+    if trace:
+        short = min(trace, key=lambda r: r.input_tokens)
+        if short.input_tokens < factory.overhead + 1:
+            raise UsageError(f"trace row {short.index} asks for {short.input_tokens} input tokens, below the "
+                             f"{factory.overhead + 1}-token minimum of a {api} prompt with tokenizer {tok_name!r}")
+    elif not opts.dataset and input_spec.low < factory.min_tokens:
+        parts = f"template {factory.overhead}" + (
+            f" + shared prefix {factory.shared_prefix_tokens}" if factory.shared_prefix_tokens else "")
+        raise UsageError(
+            f"--input-tokens {input_spec.text} goes below the {factory.min_tokens}-token minimum of a {api} prompt "
+            f"with tokenizer {tok_name!r} ({parts} + 1 word): raise it to at least {factory.min_tokens}"
+        )
 
 
 def resolve_targets(opts: Any, hosts: tuple[str, ...], is_emulator: bool, apis: frozenset[str]) -> Target:

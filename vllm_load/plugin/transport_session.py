@@ -128,11 +128,12 @@ def _read_body_native(sock: Any, raw: Any, decoder: Decoder, start_wall: float) 
     return out.done_at
 
 
-def warmup_admit() -> Callable[[float], bool] | None:
+def warmup_admit(environment: Any) -> Callable[[float], bool] | None:
     """The running warm-up's rule for Locust's table (``warmup_reset.WarmupGate.admit``), if the run has one."""
-    from vllm_load.plugin.state import STATE
+    from vllm_load.plugin.process import process_of
 
-    gate = STATE.warmup_reset
+    process = process_of(environment)
+    gate = process.run.warmup if process is not None and process.run is not None else None
     return gate.admit if gate is not None else None
 
 
@@ -144,7 +145,7 @@ def transport_for(user: Any) -> Transport:
     capture = frozenset(str(n).strip().lower().encode("latin-1") for n in getattr(opts, "capture_header", None) or ())
     if user.kernel_stamps and user.client_pool is None:
         direct = DirectTransport.for_user(user.host, user.connection_timeout, user.network_timeout,
-                                          locust_report(user.environment.events, user.context, warmup_admit()),
+                                          locust_report(user.environment.events, user.context, warmup_admit(user.environment)),
                                           capture)
         if direct is not None:
             return direct

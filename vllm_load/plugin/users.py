@@ -27,7 +27,7 @@ from locust.user.task import TaskSet
 from vllm_load.plugin import listeners  # noqa: F401  (importing it registers the plugin's listeners)
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.llm import LLM, Due
-from vllm_load.plugin.state import STATE
+from vllm_load.plugin.process import generator_of
 from vllm_load.client import rxstamp
 from vllm_load.workload.prompt_pool import END
 
@@ -48,7 +48,7 @@ def _dispatching(task_: Any) -> Callable[[Any], None]:
         return task_
 
     def run(user: Any) -> None:
-        gen = STATE.generator
+        gen = generator_of(user.environment)
         if gen is not None and not gen.draining and gen.open_loop():
             user._open_loop(gen)
         else:
@@ -84,7 +84,7 @@ class LLMUser(FastHttpUser):
         cls.tasks = [_dispatching(t) for t in cls.tasks]
 
     def __init__(self, environment: Any) -> None:
-        gen = STATE.generator
+        gen = generator_of(environment)
         #: --host a,b: the replica this user sends every request to (None: the run's one target)
         self.llm_target = gen.target_for_new_user() if gen is not None else None
         if self.llm_target is not None:
@@ -148,7 +148,7 @@ class _WorkloadUser(LLMUser):
 
     @task
     def generate(self) -> None:
-        gen = STATE.generator
+        gen = generator_of(self.environment)
         if gen is not None and gen.opts.trace:
             self._replay(gen)
         self.llm.send(self.llm.prepared(self.api))

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 
 from vllm_load.client.openai_api import public_url
 from vllm_load.errors import UsageError
-from vllm_load.plugin.options import OPTIONS
-from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.options import OPTIONS
+from vllm_load.runtime.server_wait import parse_duration
 from vllm_load.plugin.plan import ramp_kind
 from vllm_load.plugin.shapes import UsersRamp
 
@@ -70,6 +70,30 @@ def check_host(host: str | None) -> None:
 
 
 def check_numbers(opts: Any) -> None:
+    _check_ranges(opts)
+    confidence = getattr(opts, "confidence", 0.95)
+    if not 0 < confidence < 1:
+        raise UsageError(f"--confidence {confidence:g} must be between 0 and 1, e.g. 0.95")
+    _check_media(opts)
+    if getattr(opts, "emulator_reasoning_tokens", ""):
+        from vllm_load.workload.lengths import parse_length
+        parse_length(opts.emulator_reasoning_tokens, "--emulator-reasoning-tokens")
+    _check_exports(opts)
+    if getattr(opts, "metric_percentiles", ""):
+        from vllm_load.metrics.histogram import parse_percentiles
+        parse_percentiles(opts.metric_percentiles)
+    spec = getattr(opts, "emulator_spec_tokens", 0)
+    if spec < 0 or not 0.0 <= getattr(opts, "emulator_spec_acceptance", 0.7) <= 1.0:
+        raise UsageError("--emulator-spec-tokens must be >= 0 and --emulator-spec-acceptance within 0..1")
+    if spec and getattr(opts, "emulator_profile", "") not in ("", "fixed"):
+        raise UsageError("--emulator-spec-tokens runs on the emulator's fixed schedule: drop --emulator-profile")
+    check_sidecars(getattr(opts, "sidecar_url", ""))
+    if not 0 <= opts.metrics_port <= 65535:
+        raise UsageError(f"--metrics-port {opts.metrics_port} is no TCP port: give 1-65535 (0: off)")
+
+
+def _check_ranges(opts: Any) -> None:
+    """Every numeric option against its registry's bounds (finite, > 0, >= a floor, <= a ceiling)."""
     for o in OPTIONS:
         value = getattr(opts, o.dest, None)
         if o.kw.get("type") is float and isinstance(value, float):
@@ -85,9 +109,10 @@ def check_numbers(opts: Any) -> None:
         if o.dest in _AT_MOST and isinstance(value, (int, float)) and value > _AT_MOST[o.dest]:
             raise UsageError(f"{o.flag} {value:g} is more than {_AT_MOST[o.dest]:g}, the most a request carries here "
                              "(each prompt's media is made before the run): give less")
-    confidence = getattr(opts, "confidence", 0.95)
-    if not 0 < confidence < 1:
-        raise UsageError(f"--confidence {confidence:g} must be between 0 and 1, e.g. 0.95")
+
+
+def _check_media(opts: Any) -> None:
+    """--image-size and the media folders, read before the run."""
     if getattr(opts, "images_per_request", 0) or getattr(opts, "images_from", "") or getattr(opts, "audio_from", ""):
         import random
 
@@ -99,9 +124,10 @@ def check_numbers(opts: Any) -> None:
                 raise UsageError("--images-from needs --images-per-request N: how many of its images each request carries")
         if opts.audio_from:
             MediaFiles(opts.audio_from, AUDIO_TYPES, "--audio-from", random.Random())
-    if getattr(opts, "emulator_reasoning_tokens", ""):
-        from vllm_load.workload.lengths import parse_length
-        parse_length(opts.emulator_reasoning_tokens, "--emulator-reasoning-tokens")
+
+
+def _check_exports(opts: Any) -> None:
+    """Where the run's numbers go besides its directory (OTLP, MLflow/W&B) and where GPU telemetry comes from."""
     if getattr(opts, "otlp_endpoint", ""):
         parts = urlsplit(opts.otlp_endpoint)
         if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -119,17 +145,6 @@ def check_numbers(opts: Any) -> None:
         why = check_selector(opts.dcgm_selector, "--dcgm-selector")
         if why:
             raise UsageError(why)
-    if getattr(opts, "metric_percentiles", ""):
-        from vllm_load.metrics.histogram import parse_percentiles
-        parse_percentiles(opts.metric_percentiles)
-    spec = getattr(opts, "emulator_spec_tokens", 0)
-    if spec < 0 or not 0.0 <= getattr(opts, "emulator_spec_acceptance", 0.7) <= 1.0:
-        raise UsageError("--emulator-spec-tokens must be >= 0 and --emulator-spec-acceptance within 0..1")
-    if spec and getattr(opts, "emulator_profile", "") not in ("", "fixed"):
-        raise UsageError("--emulator-spec-tokens runs on the emulator's fixed schedule: drop --emulator-profile")
-    check_sidecars(getattr(opts, "sidecar_url", ""))
-    if not 0 <= opts.metrics_port <= 65535:
-        raise UsageError(f"--metrics-port {opts.metrics_port} is no TCP port: give 1-65535 (0: off)")
 
 
 def check_sidecars(value: str) -> None:

@@ -13,43 +13,60 @@ from vllm_load.metrics.routing import routing_line
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
 
 
-def install(environment: Any, summary_source: Callable[[], dict | None], slos: list | None = None,
-            report_source: Callable[[], str | None] = lambda: None,
-            error_source: Callable[[], str | None] = lambda: None,
-            metrics_registry: Callable[[], Any] = lambda: None,
-            live_source: Callable[[], dict] = lambda: {},
-            target_source: Callable[[], Any] = lambda: None,
-            swarm_check: Callable[[str], str | None] = lambda host: None) -> None:
-    web_ui = environment.web_ui
-    if web_ui is None:
-        return
-    structure = [{"key": "metric", "title": "Metric"}, {"key": "count", "title": "Count"},
-                 {"key": "mean", "title": "Mean"}] + [{"key": c, "title": c} for c in COLUMNS]
-    by_name = [{"key": f"c{i}", "title": t} for i, t in enumerate(NAME_HEAD)]
-    web_ui.template_args["extended_tabs"] = [{"title": "LLM", "key": "llm"}, {"title": "LLM by name", "key": "llm_names"}]
-    web_ui.template_args["extended_tables"] = [{"key": "llm", "structure": structure},
-                                               {"key": "llm_names", "structure": by_name}]
-    web_ui.template_args["extended_csv_files"] = [{"href": "/vllm-load/llm_stats.csv", "title": "LLM metrics (exact)"}]
+class LLMTab:
+    """The LLM tabs, their CSV, the live charts, the last report and ``/metrics`` on Locust's web UI, fed by the
+    sources the process passes (read at each request: a run's numbers, its report, its error)."""
 
-    from flask import Response, jsonify, request
+    def __init__(self, environment: Any, summary_source: Callable[[], dict | None], slos: list | None = None,
+                 report_source: Callable[[], str | None] = lambda: None,
+                 error_source: Callable[[], str | None] = lambda: None,
+                 metrics_registry: Callable[[], Any] = lambda: None,
+                 live_source: Callable[[], dict] = lambda: {},
+                 target_source: Callable[[], Any] = lambda: None,
+                 swarm_check: Callable[[str], str | None] = lambda host: None) -> None:
+        self.environment, self.summary_source, self.slos = environment, summary_source, slos
+        self.report_source, self.error_source, self.metrics_registry = report_source, error_source, metrics_registry
+        self.live_source, self.target_source, self.swarm_check = live_source, target_source, swarm_check
 
-    @web_ui.app.before_request
-    def _check_swarm() -> Any:
+    def install(self) -> None:
+        web_ui = self.environment.web_ui
+        if web_ui is None:
+            return
+        structure = [{"key": "metric", "title": "Metric"}, {"key": "count", "title": "Count"},
+                     {"key": "mean", "title": "Mean"}] + [{"key": c, "title": c} for c in COLUMNS]
+        by_name = [{"key": f"c{i}", "title": t} for i, t in enumerate(NAME_HEAD)]
+        args = web_ui.template_args
+        args["extended_tabs"] = [{"title": "LLM", "key": "llm"}, {"title": "LLM by name", "key": "llm_names"}]
+        args["extended_tables"] = [{"key": "llm", "structure": structure}, {"key": "llm_names", "structure": by_name}]
+        args["extended_csv_files"] = [{"href": "/vllm-load/llm_stats.csv", "title": "LLM metrics (exact)"}]
+        app = web_ui.app
+        app.before_request(self._check_swarm)
+        app.after_request(self._target_in_header)
+        app.after_request(self._add_llm_stats)
+        for rule, view in (("/vllm-load/report", self._report), ("/vllm-load/live", self._live_page),
+                           ("/vllm-load/live.json", self._live_data), ("/metrics", self._metrics),
+                           ("/vllm-load/llm_stats.csv", self._llm_csv)):
+            app.add_url_rule(rule, f"vllm_load{view.__name__}", view)
+
+    def _check_swarm(self) -> Any:
         """A swarm against a target that fails its check is refused where the user pressed start, with the reason
         (Locust would answer "Swarming started" and the run would stop at once, the error on the LLM tab only)."""
+        from flask import jsonify, request
+
         if request.method == "POST" and request.path.rstrip("/").endswith("/swarm"):
-            why = swarm_check(request.form.get("host") or environment.host or "")
+            why = self.swarm_check(request.form.get("host") or self.environment.host or "")
             if why:
-                return jsonify({"success": False, "message": f"vllm-load: {why}", "host": environment.host})
+                return jsonify({"success": False, "message": f"vllm-load: {why}", "host": self.environment.host})
         return None
 
-    @web_ui.app.after_request
-    def _target_in_header(response: Any) -> Any:
+    def _target_in_header(self, response: Any) -> Any:
         """Locust's header shows the host only; what it is (the built-in EMULATOR, vLLM and its version) goes
         beside it on every tab, so no one reads emulator numbers as a server's."""
+        from flask import request
+
         if request.path != "/" or response.status_code != 200 or response.mimetype != "text/html":
             return response
-        target = target_source()
+        target = self.target_source()
         if target is None:
             return response
         text = escape(f"Target: {target.kind} · model {target.model}")
@@ -69,88 +86,58 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
             response.set_data(body.replace("</body>", banner + "</body>", 1))
         return response
 
-    @web_ui.app.route("/vllm-load/report")
-    def _report() -> Any:
-        path = report_source()
+    def _report(self) -> Any:
+        from flask import Response
+
+        path = self.report_source()
         if not path:
             return Response("no report yet: it is written when a run stops", status=404, mimetype="text/plain")
         with open(path, encoding="utf-8") as fh:
             return Response(fh.read(), mimetype="text/html")
 
-    @web_ui.app.route("/vllm-load/live")
-    def _live_page() -> Any:
+    def _live_page(self) -> Any:
+        from flask import Response
+
         from vllm_load.plugin.live_charts import page
 
         return Response(page(), mimetype="text/html")
 
-    @web_ui.app.route("/vllm-load/live.json")
-    def _live_data() -> Any:
-        return Response(json.dumps(live_source()), mimetype="application/json")
+    def _live_data(self) -> Any:
+        from flask import Response
 
-    @web_ui.app.route("/metrics")
-    def _metrics() -> Any:
+        return Response(json.dumps(self.live_source()), mimetype="application/json")
+
+    def _metrics(self) -> Any:
+        from flask import Response
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        return Response(generate_latest(metrics_registry()), mimetype=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(self.metrics_registry()), mimetype=CONTENT_TYPE_LATEST)
 
-    @web_ui.app.route("/vllm-load/llm_stats.csv")
-    def _llm_csv() -> Any:
+    def _llm_csv(self) -> Any:
+        from flask import Response
+
         from vllm_load.report.csv_export import llm_stats_csv
 
-        summary = summary_source()
+        summary = self.summary_source()
         body = llm_stats_csv(summary) if summary else llm_stats_csv({"metrics": {}})
         return Response(body, mimetype="text/csv",
                         headers={"Content-Disposition": "attachment; filename=llm_stats.csv"})
 
-    @web_ui.app.after_request
-    def _add_llm_stats(response: Any) -> Any:
+    def _add_llm_stats(self, response: Any) -> Any:
+        """The LLM tabs' rows, added to the answer of Locust's own stats poll."""
+        from flask import request
+
         if request.path != "/stats/requests" or response.status_code != 200:
             return response
-        summary = summary_source()
-        rows: list[dict] = []
-        if summary:
-            rows = table_rows(summary)
-            if summary.get("final"):
-                rows.append({"metric": "Run stopped: its judged numbers (as in the report)", "count": "", "mean": ""})
-            else:
-                rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "",
-                             "mean": f"{summary['live_output_tps']:.1f}"})
-            rows.append({"metric": "Live charts (TTFT, ITL, tok/s, server)", "count": "", "mean": "/vllm-load/live"})
-            rows.append({"metric": "Output tok/s (run)", "count": summary["output_tokens"],
-                         "mean": f"{summary['output_token_rate']:.1f}"})
-            rows.append({"metric": "Requests ok / failed", "count": summary["requests"],
-                         "mean": f"{summary['succeeded']} / {summary['failed']}"})
-            client = summary.get("client") or {}
-            if client.get("saturated"):
-                rows.append({"metric": f"UNTRUSTWORTHY: {who_fell_behind(client.get('cause'))} ({client.get('cause')})",
-                             "count": "", "mean": "; ".join(client["reasons"]) + ": " + (client.get("advice") or "")})
-            if summary.get("server"):
-                rows += [{"metric": f"Server: {t}", "count": "", "mean": v} for t, v in server_cells(summary["server"])]
-            elif "server" in summary:
-                rows.append({"metric": "Server side", "count": "", "mean": "missing (no sidecar data yet)"})
-            if slos:
-                from vllm_load.metrics.slo import evaluate
-                from vllm_load.metrics.verdict import word
-
-                # a live preview of the SLOs on the numbers so far; the run's verdict is judged once, at its end
-                for c in evaluate(slos, summary, summary.get("server")):
-                    rows.append({"metric": f"SLO {c.slo}", "count": word(c.passed), "mean": c.detail})
-            if summary.get("routing"):  # the run's verdict on the router (metrics/routing.py), once judged
-                rows.append({"metric": "Routing", "count": "", "mean": routing_line(summary["routing"])})
-            rows += [{"metric": "Where the time went", "count": "", "mean": line}
-                     for line in tail_lines(summary.get("timing"))]
-            if report_source():
-                rows.append({"metric": "Report of the last run", "count": "", "mean": "/vllm-load/report"})
-            if summary["input_drift_requests"]:
-                rows.append({"metric": "PROMPT LENGTH DRIFT (requests, max)", "count": summary["input_drift_requests"],
-                             "mean": summary["input_drift_max_abs"]})
-        target = target_source()
+        summary = self.summary_source()
+        rows = _summary_rows(summary, self.slos, bool(self.report_source())) if summary else []
+        target = self.target_source()
         if target is not None:  # what the numbers describe: the built-in emulator, or the server and its model
             rows.insert(0, {"metric": "Target", "count": target.kind,
                             "mean": f"{target.host} model {target.model}" + (
                                 " (the built-in emulator: results describe it, not a real vLLM; --host points at a "
                                 "server)" if target.is_emulator else "")})
-        error = error_source()
+        error = self.error_source()
         if error:  # a target that failed its check, or a run stopped by a failure every request would repeat
             rows.insert(0, {"metric": "ERROR", "count": "", "mean": error})
         data = response.get_json(silent=True) or {}
@@ -161,6 +148,45 @@ def install(environment: Any, summary_source: Callable[[], dict | None], slos: l
         data["extended_stats"] = [{"key": "llm", "data": rows}, {"key": "llm_names", "data": named}]
         response.set_data(json.dumps(data))
         return response
+
+
+def _summary_rows(summary: dict, slos: list | None, has_report: bool) -> list[dict]:
+    """The LLM tab's rows under the metric table: rates, trust, the server, SLO previews, routing, where the time
+    went, the report's link, prompt drift."""
+    rows = table_rows(summary)
+    if summary.get("final"):
+        rows.append({"metric": "Run stopped: its judged numbers (as in the report)", "count": "", "mean": ""})
+    else:
+        rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "", "mean": f"{summary['live_output_tps']:.1f}"})
+    rows.append({"metric": "Live charts (TTFT, ITL, tok/s, server)", "count": "", "mean": "/vllm-load/live"})
+    rows.append({"metric": "Output tok/s (run)", "count": summary["output_tokens"],
+                 "mean": f"{summary['output_token_rate']:.1f}"})
+    rows.append({"metric": "Requests ok / failed", "count": summary["requests"],
+                 "mean": f"{summary['succeeded']} / {summary['failed']}"})
+    client = summary.get("client") or {}
+    if client.get("saturated"):
+        rows.append({"metric": f"UNTRUSTWORTHY: {who_fell_behind(client.get('cause'))} ({client.get('cause')})",
+                     "count": "", "mean": "; ".join(client["reasons"]) + ": " + (client.get("advice") or "")})
+    if summary.get("server"):
+        rows += [{"metric": f"Server: {t}", "count": "", "mean": v} for t, v in server_cells(summary["server"])]
+    elif "server" in summary:
+        rows.append({"metric": "Server side", "count": "", "mean": "missing (no sidecar data yet)"})
+    if slos:
+        from vllm_load.metrics.slo import evaluate
+        from vllm_load.metrics.verdict import word
+
+        # a live preview of the SLOs on the numbers so far; the run's verdict is judged once, at its end
+        rows += [{"metric": f"SLO {c.slo}", "count": word(c.passed), "mean": c.detail}
+                 for c in evaluate(slos, summary, summary.get("server"))]
+    if summary.get("routing"):  # the run's verdict on the router (metrics/routing.py), once judged
+        rows.append({"metric": "Routing", "count": "", "mean": routing_line(summary["routing"])})
+    rows += [{"metric": "Where the time went", "count": "", "mean": line} for line in tail_lines(summary.get("timing"))]
+    if has_report:
+        rows.append({"metric": "Report of the last run", "count": "", "mean": "/vllm-load/report"})
+    if summary["input_drift_requests"]:
+        rows.append({"metric": "PROMPT LENGTH DRIFT (requests, max)", "count": summary["input_drift_requests"],
+                     "mean": summary["input_drift_max_abs"]})
+    return rows
 
 
 def _group_rows(summary: dict) -> list[list[str]]:

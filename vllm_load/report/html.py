@@ -146,7 +146,7 @@ _ALWAYS = ("host", "num_users", "spawn_rate", "run_time", "locustfile", "headles
 def _options_split(opts: dict) -> tuple[list, list]:
     """(the options this run set, the ones at their defaults): vllm-load's against its registry, Locust's few
     that say what the run was; the rest of Locust's are folded away with the defaults."""
-    from vllm_load.plugin.options import OPTIONS
+    from vllm_load.options import OPTIONS
 
     defaults = {o.flag.lstrip("-").replace("-", "_"): o.default for o in OPTIONS}
     changed, rest = [], []

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SLO_MISS, UsageError
 from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.plugin.server_wait import parse_duration
+from vllm_load.runtime.server_wait import parse_duration
 from vllm_load.tune.probe import run_probe
 from vllm_load.tune.report import label, trust_note, why_lost, write
 from vllm_load.tune.search import CapacitySearch
@@ -160,7 +160,7 @@ def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: li
             url = server.url
         else:
             url = args.host
-        from vllm_load.plugin.embedded import start_sidecar
+        from vllm_load.runtime.embedded import start_sidecar
 
         with spawning():  # a signal now would leave the sidecar started and not yet held
             sidecar = start_sidecar(url, cdir / "server-series.jsonl")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_load.errors import UsageError
-from vllm_load.plugin.server_wait import probe
+from vllm_load.runtime.server_wait import probe
 from vllm_load.tune.children import spawning, stop_group
 
 

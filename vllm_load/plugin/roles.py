@@ -1,0 +1,134 @@
+"""The runner that generates its own load (``LocalProcess``) and the master of a swarm (``MasterProcess``); with
+``WorkerProcess`` (``worker.py``) one class per Locust role, chosen once by the runner Locust made."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import gevent
+from locust.runners import MasterRunner, WorkerRunner
+
+from vllm_load.plugin import end_of_run, run_clock, ui_guard, wire, worker_secrets
+from vllm_load.plugin.controller import Controller
+from vllm_load.plugin.generator import Generator
+from vllm_load.plugin.process import Process
+from vllm_load.plugin.run import Run
+from vllm_load.plugin.worker import WorkerProcess
+
+log = logging.getLogger("vllm_load")
+
+
+class LocalProcess(Controller):
+    """One process: it decides, generates and judges the run."""
+
+    role = "local"
+
+    def _start_load(self, run: Run) -> None:
+        col = run.collector
+        assert col is not None
+        run.generator = gen = Generator.create(None, self.opts, run.plan, "local", self.apis(),
+                                               on_fatal=self.fatal, health_sink=lambda r: col.health.add("local", r),
+                                               on_trace_done=self.share_done)
+        col.totals, col.start_wall = gen.stats, gen.start_wall  # the collector's totals are the generator's own
+        if col.sweep is not None:  # and each step's stats its own per-step stats
+            col.sweep.stats_source = gen.step_stats
+        gen.clock.start_local()
+
+    def _window(self, run: Run) -> Any:
+        gen = run.generator
+        return lambda: gen.start_wall
+
+    def _drain(self, timeout: float) -> None:
+        gen = self.generator
+        if gen is None:
+            return
+        if gen.in_flight:
+            print(f"vllm-load: stopping: waiting for {gen.in_flight} request(s) in flight to finish "
+                  f"(at most --drain-timeout {timeout:g} s)", flush=True)
+        if not gen.drain(timeout):
+            log.warning("vllm-load: %d requests still in flight after the drain timeout", gen.in_flight)
+
+
+class MasterProcess(Controller):
+    """A swarm's master: it decides and judges the run; its workers generate the load."""
+
+    role = "master"
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        runner = environment.runner
+        self.listen(environment.events.worker_report, self._on_worker_report)
+        self.on_message(run_clock.PING, lambda msg: self._clock().on_ping(runner, msg))
+        self.on_message(run_clock.READY, lambda msg: self._clock().on_ready(runner, msg))
+        self.on_message(run_clock.REMEASURED, lambda msg: self._clock().on_remeasured(msg))
+        self.on_message(wire.FLUSHED, self._on_flushed)
+        self.on_message(wire.FATAL, lambda msg: self.fatal(str(msg.data["message"]), int(msg.data["code"])))
+        self.on_message(wire.TRACE_DONE, lambda msg: self.share_done((msg.data or {}).get("step")))
+
+    def _guard_role(self, opts: Any) -> None:
+        worker_secrets.guard_spawn_messages()
+        warning = ui_guard.master_warning(opts.master_bind_host, int(opts.master_bind_port))
+        if warning:
+            print(warning, flush=True)
+
+    def _master_runner(self) -> Any:
+        return self.environment.runner
+
+    def _watch_role(self, run: Run) -> None:
+        run.watchers.spawn(end_of_run.watch_heartbeats, self.environment.runner, run.collector)
+
+    def _clock(self) -> run_clock.MasterClock:
+        col = self.run.collector if self.run is not None else None
+        return col.clock if col is not None else run_clock.MasterClock()
+
+    def _on_worker_report(self, client_id: str, data: dict, **_kw: Any) -> None:
+        col = self.run.collector if self.run is not None else None
+        if col is not None:
+            wire.merge_report(col, client_id, data)
+
+    def _on_flushed(self, msg: Any) -> None:
+        if self.run is not None:
+            self.run.flushed.add(msg.node_id)
+
+    def reset_metrics(self) -> None:
+        """Here and in every worker, whose pending deltas go at the same instant as Locust's own pending worker
+        stats, so both tables keep agreeing."""
+        super().reset_metrics()
+        for client in self.environment.runner.clients.all:
+            self.environment.runner.send_message(wire.RESET, None, client_id=client.id)
+
+    def _announce_step(self, step: int, rate: float) -> None:
+        for client in self.environment.runner.clients.all:
+            self.environment.runner.send_message(wire.STEP, {"step": step, "rate": rate}, client_id=client.id)
+
+    def _drain(self, timeout: float) -> None:
+        """Every worker drains and sends its final numbers. A worker Locust marked missing (no heartbeat) cannot
+        answer: not waited for, nor one Locust marks missing while we wait (killed just before the stop: ~4 s)."""
+        runner, run = self.environment.runner, self.run
+        assert run is not None and run.collector is not None
+        col = run.collector
+        clients = wire.live_workers(runner)
+        if clients:  # what the stop waits for, said (a stop that takes seconds said nothing)
+            print(f"vllm-load: stopping: waiting for {len(clients)} worker(s) to finish their requests in flight "
+                  f"and send their final numbers (at most --drain-timeout {timeout:g} s)", flush=True)
+        run.flushed = set()
+        for cid in clients:
+            runner.send_message(wire.FLUSH, None, client_id=cid)
+        with gevent.Timeout(timeout + 10, False):
+            while (clients & wire.live_workers(runner)) - run.flushed:
+                gevent.sleep(0.05)  # the flushed messages arrive on the runner's own greenlet
+        col.workers_lost = sorted((col.workers_seen | clients) - run.flushed)
+        if col.workers_lost:
+            log.warning("vllm-load: no final report from %d worker(s): %s", len(col.workers_lost),
+                        ", ".join(col.workers_lost))
+
+
+def make(environment: Any) -> Process:
+    """This process's object, of the class of the runner Locust made (a worker's runner may still be in the making
+    when its first spawn comes: its options say then)."""
+    runner, opts = environment.runner, environment.parsed_options
+    worker = isinstance(runner, WorkerRunner) if runner is not None else bool(getattr(opts, "worker", False))
+    master = isinstance(runner, MasterRunner) if runner is not None else bool(getattr(opts, "master", False))
+    cls = WorkerProcess if worker else MasterProcess if master else LocalProcess
+    return cls(environment)

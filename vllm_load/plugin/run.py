@@ -1,0 +1,42 @@
+"""One run: what lives from a run's start (Locust's test_start) until the next one starts or the process quits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_load.errors import EXIT_BAD_INPUT
+from vllm_load.plugin.collector import Collector
+from vllm_load.plugin.generator import Generator
+from vllm_load.plugin.plan import RunPlan
+from vllm_load.plugin.server_side import LiveServer
+from vllm_load.plugin.warmup_reset import WarmupGate
+
+
+@dataclass
+class Run:
+    """A run's plan and its parts: what generates load (local runner, worker), what collects and judges it (local
+    runner, master), and what watches it. Kept after the run stops: the web UI still shows its numbers and error."""
+
+    plan: RunPlan
+    generator: Generator | None = None
+    collector: Collector | None = None
+    warmup: WarmupGate | None = None  # the warm-up's end for Locust's table (--warmup)
+    watchers: Any = None  # gevent.pool.Group: outages, silent workers, saturation (local runner, master)
+    live_server: LiveServer | None = None  # the server's samples while the web UI shows the run
+    fatal: str | None = None  # a failure every request would repeat: the run was stopped with it
+    fatal_code: int = EXIT_BAD_INPUT  # and its exit code (2 bad input, 6 the run's files could not be written)
+    outage_now: str | None = None  # an outage going on right now, as the console said it
+    outage_stop: str | None = None  # --stop-on-outage ended the run with this reason
+    shares_done: int = 0  # load processes that finished their share (trace rows, --num-requests)
+    flushed: set = field(default_factory=set)  # workers that sent their final report (a master's drain)
+
+    def close(self) -> None:
+        """Stop what runs in the background (idempotent): the next run's parts start clean."""
+        for part in (self.warmup, self.watchers):
+            if part is not None:
+                part.kill(block=False)
+        if self.live_server is not None:
+            self.live_server.stop()
+        if self.generator is not None:
+            self.generator.close()

@@ -1,0 +1,121 @@
+"""A Locust worker's part: it generates its share of the load with the master's plan, and answers the master's
+messages (clock, step, reset, flush)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import Any
+
+import gevent
+from locust import runners
+
+from vllm_load import lifeline
+from vllm_load.errors import EXIT_BAD_INPUT, UsageError, die
+from vllm_load.plugin import run_clock, warmup_reset, wire, worker_secrets
+from vllm_load.plugin.generator import Generator
+from vllm_load.plugin.process import Process
+from vllm_load.plugin.run import Run
+
+log = logging.getLogger("vllm_load")
+#: seconds without the master's heartbeat (sent every second) before a worker stops: a killed master's remote
+#: workers kept sending for Locust's 60 s; a master busy writing a report goes quiet for well under this
+MASTER_SILENCE_S = 15
+
+
+class WorkerProcess(Process):
+    role = "worker"
+
+    def __init__(self, environment: Any) -> None:
+        super().__init__(environment)
+        #: the sweep step (and its rate) the master announced last: it comes before the spawn message, so before
+        #: the run's generator, which takes it when made (a sweep over workers had an empty first step)
+        self.step: tuple[int, float] | None = None
+        self.own_headers: worker_secrets.OwnHeaders | None = None
+        self.listen(environment.events.report_to_master, self._on_report_to_master)
+        self.on_message(run_clock.PONG, lambda msg: self._clock().on_pong(msg.data))
+        self.on_message(run_clock.EPOCH, lambda msg: self._clock().on_epoch(msg.data))
+        self.on_message(wire.FLUSH, self._on_flush, concurrent=True)
+        self.on_message(wire.STEP, self._on_step)
+        self.on_message(wire.RESET, self._on_reset)
+
+    def start_up(self) -> None:
+        """A worker reads its own secrets (the master sends none) and dies with a --processes master."""
+        opts = self.opts
+        try:
+            worker_secrets.read_key_file(opts)
+        except UsageError as exc:
+            die(str(exc))
+        self.own_headers = worker_secrets.OwnHeaders(opts)
+        if getattr(opts, "processes", None):  # a fork of the master: it goes when the master goes, however killed
+            gevent.signal_handler(signal.SIGUSR2, self._master_gone)
+            lifeline.die_with_parent(os.getppid(), signal.SIGUSR2)
+        # a remote worker whose master went silent stops after this long, not Locust's 60 s (its own line says so)
+        runners.MASTER_HEARTBEAT_TIMEOUT = MASTER_SILENCE_S
+
+    def start_run(self) -> None:
+        env, opts = self.environment, self.opts
+        if self.own_headers is not None:  # the spawn message replaced --header without them
+            self.own_headers.restore(opts)
+        plan = wire.worker_plan(opts)
+        self._close_run()
+        runner = env.runner
+        index = max(runner.worker_index, 0)
+        # its request log is named by its index in the swarm and its host (its records carry Locust's worker id)
+        host = runner.client_id.rsplit("_", 1)[0] if "_" in runner.client_id else runner.client_id
+        gen = Generator.create(f"w{index}-{host}", opts, plan, runner.client_id, self.apis(), on_fatal=self.fatal,
+                               worker_index=index, on_trace_done=self.share_done)
+        self.run = Run(plan, generator=gen)
+        if self.step is not None and env.shape_class is not None:
+            gen.set_step(*self.step)  # announced before this generator was made
+        gen.clock.keeper = gevent.spawn(gen.clock.measure, runner)  # its offset to the master's clock, then READY
+        self.run.warmup = warmup_reset.reset_after(env, lambda: gen.start_wall, plan.warmup, say=False)
+        self.configure_users()
+
+    def fatal(self, message: str, code: int = EXIT_BAD_INPUT) -> None:
+        """A failure every request would repeat: the master stops the run with it."""
+        self.environment.runner.send_message(wire.FATAL, {"message": message, "code": code})
+
+    def share_done(self, step: int | None = None) -> None:
+        self.environment.runner.send_message(wire.TRACE_DONE, {"step": step})
+
+    def _clock(self) -> run_clock.WorkerClock:
+        gen = self.generator
+        return gen.clock if gen is not None else run_clock.WorkerClock()  # a stray message before the run: dropped
+
+    def _on_step(self, msg: Any) -> None:
+        self.step = (int(msg.data["step"]), float(msg.data["rate"]))
+        if self.generator is not None:
+            self.generator.set_step(*self.step)
+
+    def _on_reset(self, _msg: Any) -> None:
+        """The master's reset: Locust's pending worker stats and ours in the same greenlet step (the tables agree)."""
+        self.environment.runner.stats.reset_all()
+        if self.generator is not None:
+            self.generator.reset_metrics()
+
+    def _on_flush(self, _msg: Any) -> None:
+        """The master asked for the end of the run: drain, then ship the final numbers before Locust quits."""
+        runner, gen = self.environment.runner, self.generator
+        if gen is not None:
+            if not gen.drain(float(self.opts.drain_timeout)):
+                log.warning("vllm-load: %d requests still in flight after the drain timeout", gen.in_flight)
+            # Locust's and our final report, before the master quits: WorkerRunner._send_stats is private (checked
+            # against Locust 2.40-2.47, setup.cfg's bounds; tests/test_sweep.py fails when it goes)
+            runner._send_stats()
+        runner.send_message(wire.FLUSHED, None)
+
+    def _on_report_to_master(self, data: dict, **_kw: Any) -> None:
+        if self.generator is not None:
+            wire.add_report(self.generator, data)
+
+    def _master_gone(self) -> None:
+        """The --processes master died (the kernel's parent-death signal): the request log kept, one line, gone at
+        once (its numbers have no master to go to; Locust's shutdown would wait for it)."""
+        print("vllm-load: worker: its --processes master is gone: stopping", flush=True)
+        try:
+            if self.generator is not None:
+                self.generator.flush_log()
+        finally:
+            os._exit(1)
