@@ -46,7 +46,12 @@ class Proc:
 
 
 def run_locust(args: list[str], cwd: Path, timeout: float = 120.0,
-               env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+               env_extra: dict[str, str] | None = None, judge_trust: bool = False) -> subprocess.CompletedProcess:
+    """Locust with vllm-load's plugin, as a user runs it. Unless ``judge_trust`` (the tests of the trust verdict
+    itself), the run accepts an untrustworthy client (--allow-untrustworthy): on a busy machine the client's own
+    lateness made 9 tests that check something else fail with exit 5; the verdict still says it, in every file."""
+    if not judge_trust and "--allow-untrustworthy" not in args and "--worker" not in args:
+        args = [*args, "--allow-untrustworthy"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
     env.pop("VLLM_LOAD_API_KEY", None)
     if "OPENAI_API_KEY" not in (env_extra or {}):

@@ -53,13 +53,13 @@ class Holder(LLMUser):
 '''
 
 
-def _run(tmp_path, source: str, seconds: int, host: str):
+def _run(tmp_path, source: str, seconds: int, host: str, judge_trust: bool = False):
     lf = tmp_path / "lf.py"
     lf.write_text(source)
     run_dir = tmp_path / "run"
     out = run_locust(["-f", str(lf), "--headless", "--processes", "2", "-u", "4", "-r", "4", "-t", f"{seconds}s",
                       "--host", host, "--output-tokens", "8", "--input-tokens", "32", "--run-dir", str(run_dir)],
-                     ROOT, timeout=120)
+                     ROOT, timeout=120, judge_trust=judge_trust)
     return out, run_dir
 
 
@@ -82,7 +82,7 @@ def test_a_slow_start_up_keeps_the_heartbeats_and_the_rate_counts_from_the_first
 
 def test_a_worker_whose_loop_is_held_is_named_and_the_run_is_untrustworthy(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
-    out, run_dir = _run(tmp_path, HELD_LOOP, 14, emu.url)
+    out, run_dir = _run(tmp_path, HELD_LOOP, 14, emu.url, judge_trust=True)
     text = out.stdout + out.stderr
     assert out.returncode == 5, text[-3000:]
     result = json.loads((run_dir / "summary.json").read_text())

@@ -71,7 +71,7 @@ def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_p
     # 50 req/s asked, but one user may hold only 2 streams of ~0.4 s: the client itself falls behind
     res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-r", "1", "-t", "4s",
                       "--host", emu.url, "--request-rate", "50", "--max-concurrency", "2", "--output-tokens", "32",
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+                      "--run-dir", str(run_dir)], cwd=tmp_path, judge_trust=True)
     assert res.returncode == 5, res.stderr[-2000:]  # a gate must not pass on numbers the tool disowns
     data = json.loads((run_dir / "summary.json").read_text())
     summary = data["summary"]
@@ -90,7 +90,8 @@ def test_a_comfortable_run_is_not_flagged(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
     run_dir = tmp_path / "run"
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
-                      "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], cwd=tmp_path)
+                      "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], cwd=tmp_path,
+                     judge_trust=True)
     assert res.returncode == 0
     client = json.loads((run_dir / "summary.json").read_text())["summary"]["client"]
     assert client["saturated"] is False and client["streams_max"] >= 1
@@ -122,7 +123,7 @@ def test_a_light_open_loop_run_is_on_time_from_its_first_second_and_trusted(tmp_
     run_dir = tmp_path / "run"
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "8", "-r", "8",
                       "-t", "8s", "--request-rate", "20", "--output-tokens", "16", "--run-dir", str(run_dir)],
-                     cwd=tmp_path)
+                     cwd=tmp_path, judge_trust=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     m = summary["metrics"]
@@ -138,7 +139,7 @@ def test_readme_command_1_on_a_quiet_machine_is_not_flagged(tmp_path):
     # 22,443, at most 9.8 ms late, that merged nothing, with the advice to add processes)
     run_dir = tmp_path / "run"
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "16", "-r", "16", "-t", "30s",
-                      "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
+                      "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180, judge_trust=True)
     data = json.loads((run_dir / "summary.json").read_text())
     assert res.returncode == 0 and data["valid"], (data["summary"]["client"], res.stdout[-1500:])
     assert "UNTRUSTWORTHY" not in res.stdout

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -75,13 +77,16 @@ def test_a_ramp_over_a_request_count_ends_at_the_end_rate(tmp_path):
 
 
 def test_the_users_ramp_follows_the_same_curves():
-    from vllm_load.plugin.shapes import UsersRamp
     from vllm_load.workload.arrivals import ramp_users
 
     assert [ramp_users("exponential", 1, 16, x / 4) for x in range(5)] == [1, 2, 4, 8, 16]
     assert [ramp_users("linear", 0, 8, x / 4) for x in range(5)] == [1, 2, 4, 6, 8]  # never 0 users
-    ramp = UsersRamp("exponential", 2, 32, 8.0)
-    assert ramp.users_at(0.0) == 2 and ramp.users_at(4.0) == 8 and ramp.users_at(99.0) == 32
+    # the shape in a child: importing Locust monkey-patches the process, and once ssl is imported (a test before
+    # this one may have) the patch recurses in SSLContext
+    check = ("from vllm_load.plugin.shapes import UsersRamp\nr = UsersRamp('exponential', 2, 32, 8.0)\n"
+             "print(r.users_at(0.0), r.users_at(4.0), r.users_at(99.0))")
+    out = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.stdout.split() == ["2", "8", "32"], out.stderr[-2000:]
 
 
 def test_a_closed_loop_ramps_its_users(tmp_path):
@@ -89,7 +94,7 @@ def test_a_closed_loop_ramps_its_users(tmp_path):
     second, climbs the exponential curve from 1 to 16 users over the run, on chat.py with no shape of its own."""
     import csv
 
-    from vllm_load.plugin.shapes import UsersRamp
+    from vllm_load.workload.arrivals import ramp_users
 
     run_dir = tmp_path / "run"
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "8s", "--ramp-up-strategy",
@@ -101,7 +106,7 @@ def test_a_closed_loop_ramps_its_users(tmp_path):
     counts = [int(r["User Count"]) for r in rows]
     while counts and counts[-1] == 0:  # the rows after the run stopped its users
         counts.pop()
-    curve = {UsersRamp("exponential", 1, 16, 8.0).users_at(t / 10) for t in range(81)}
+    curve = {ramp_users("exponential", 1, 16, t / 80) for t in range(81)}  # the shape's users at each tenth of 8 s
     assert counts and all(c in curve | {0} for c in counts), counts  # only the curve's own steps
     assert counts == sorted(counts), counts  # it climbs, never drops mid-run
     assert counts[0] <= 2 and max(counts) >= 8, counts  # 1 at the start, 11 by 7 s (a row a second)
