@@ -20,10 +20,18 @@ pytestmark = pytest.mark.skipif(not REAL_DIR, reason="no real vLLM installed (.c
 
 
 @pytest.fixture(scope="module")
-def real_vllm():
+def traces(tmp_path_factory):
+    """Where the module's vLLM writes its profiler's traces (--profiler-config; idle until a run starts it)."""
+    return tmp_path_factory.mktemp("traces")
+
+
+@pytest.fixture(scope="module")
+def real_vllm(traces):
     port = free_port()
     env = dict(os.environ, R=REAL_DIR, PORT=str(port))
-    started = subprocess.run(["bash", str(SCRIPT), "serve"], env=env, capture_output=True, text=True, timeout=400)
+    profiler = json.dumps({"profiler": "torch", "torch_profiler_dir": str(traces)})
+    started = subprocess.run(["bash", str(SCRIPT), "serve", os.path.join(REAL_DIR, "tiny"), "tiny",
+                              "--profiler-config", profiler], env=env, capture_output=True, text=True, timeout=400)
     try:
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield f"http://127.0.0.1:{port}", os.path.join(REAL_DIR, "tiny")
@@ -179,3 +187,18 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
     # once answered 500 in ~1 ms for 30 s on a kept-alive connection; answers are not backed off)
     assert w["connection"] <= 2 * (w["seconds"] / 0.25 + 5), w
     assert "OUTAGE: server unreachable from" in out and summary["client"]["saturated"] is False, out[-2000:]
+
+
+def test_profile_at_runs_vllms_profiler_over_the_measured_window(tmp_path, real_vllm, traces):
+    """--profile-at run: vLLM's own profiler (torch, on CPU) starts when the measured window opens and stops at the
+    run's end; vLLM writes its traces (stopping took 12.5 s here: it writes them before it answers)."""
+    url, tokenizer = real_vllm
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "5s",
+                      "--host", url, "--tokenizer", tokenizer, "--input-tokens", "32", "--output-tokens", "8",
+                      "--warmup", "1s", "--profile-at", "run", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "profiler started on 1 target(s) at the measured window" in res.stdout
+    window, = json.loads((run_dir / "summary.json").read_text())["summary"]["profiled"]
+    assert window["targets"] == 1 and -0.5 < window["from_s"] < 1.0 and window["to_s"] > 3.0, window
+    assert list(traces.glob("*.pt.trace.json.gz")), sorted(p.name for p in traces.iterdir())

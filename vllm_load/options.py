@@ -184,6 +184,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--reset-prefix-cache", False, "empty the server's prefix cache (vLLM's POST /reset_prefix_cache, served "
         "with VLLM_SERVER_DEV_MODE=1) before the run and before each sweep step, so none inherits the last one's "
         "hits; a server that refuses it is said once", action="store_true"),
+    Option("--profile-at", "", "run vLLM's profiler (POST /start_profile, /stop_profile: vLLM started with "
+        "--profiler-config) over one load: 'run' (the measured window, after --warmup) or, with --sweep, a LEVEL (the "
+        "first step at it, from its start to the next step's); the window lands in summary.json (profiled); a server "
+        "that refuses it is said once, and the run goes on"),
     Option("--dcgm-url", "", "GPU telemetry: a DCGM exporter's /metrics, read every second on the client's clock; "
         "the run reports energy (J), average power, energy per output token and per request, tokens per joule "
         "(SLO: energy_per_token<=0.5J), e.g. http://dcgm-exporter:9400/metrics"),
@@ -270,7 +274,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token", "--otlp-receiver",
                 "--mlflow-uri", "--mlflow-experiment", "--wandb-project", "--metrics-port", "--metrics-host"),
     "web UI": ("--web-allowed-host", "--web-password-file"),
-    "server side": ("--reset-prefix-cache", "--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
+    "server side": ("--reset-prefix-cache", "--profile-at", "--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
                     "--prometheus-token", "--dcgm-url", "--dcgm-selector"),
     "emulator": ("--emulator-profile", "--emulator-max-num-seqs", "--emulator-dcgm", "--emulator-ttft", "--emulator-itl",
                  "--emulator-tokens-per-chunk", "--emulator-reasoning-tokens", "--emulator-spec-tokens", "--emulator-spec-acceptance"),

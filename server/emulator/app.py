@@ -29,6 +29,7 @@ from .faults import FaultPlan, parse_fault
 from .spans import SpanExporter, trace_of
 from . import dcgm, media, pooling, responses
 from .prefix_cache import PrefixCache
+from .profiler import Profiler
 from .vllm_metrics import VllmMetrics
 from vllm_load.client import rxstamp
 from vllm_load.client.openai_api import is_credential_header
@@ -147,6 +148,7 @@ class Emulator:
         self.replica = ""  # --replica-name: named in every answer's REPLICA_HEADER ('' : the URL it listens on)
         self.stream_style = "vllm"
         self.spans: SpanExporter | None = None  # --otlp-traces-endpoint
+        self.profiler: Profiler | None = None  # --profiler-config: /start_profile and /stop_profile
         self.kv_transfer = (0.001, 1e-6)  # P/D: a decode's KV pull, seconds: fixed, per prompt token
         self.per_request_metrics = False  # --enable-per-request-metrics  # --stream-style: how its streams end (another server's way, for the clients' tests)
         #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
@@ -201,6 +203,11 @@ class Emulator:
             if path.startswith("/v1/") and self.api_key:
                 if not hmac.compare_digest(environ.get("HTTP_AUTHORIZATION", "").encode(), f"Bearer {self.api_key}".encode()):
                     raise HttpError(401, "Unauthorized", "Unauthorized")
+            if path in ("/start_profile", "/stop_profile") and method == "POST" and self.profiler is not None:
+                self.profiler.start() if path == "/start_profile" else self.profiler.stop()
+                return self._reply(start_response, 200, b"")
+            if self.profiler is not None and method == "POST" and path.startswith("/v1/"):
+                self.profiler.saw_request()
             if path == "/reset_prefix_cache" and method == "POST":  # vLLM's (dev mode): the cache emptied
                 self.prefix_cache.reset()
                 return self._reply(start_response, 200, b'{"success":true}')
@@ -731,6 +738,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="LoRA adapters served beside the base model: listed in /v1/models, accepted as model")
     p.add_argument("--tokenizer", default="", help="tokenizer used to count prompt tokens (default: the model's)")
     p.add_argument("--max-model-len", type=int, default=32768)
+    p.add_argument("--profiler-config", default="", metavar="JSON",
+                   help="as vLLM's: serve POST /start_profile and /stop_profile (404 without it); each profile's window "
+                        "and request count go into torch_profiler_dir as JSON")
     p.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
     p.add_argument("--itl", type=float, default=0.01, help="seconds between tokens")
     p.add_argument("--prefill-per-token", type=float, default=0.0, help="extra TTFT seconds per prompt token")
@@ -889,6 +899,12 @@ def main(argv: list[str] | None = None) -> int:
     app.stream_style = args.stream_style
     app.per_request_metrics = args.enable_per_request_metrics
     app.kv_transfer = (max(0.0, args.kv_transfer_latency), max(0.0, args.kv_transfer_per_token))
+    if args.profiler_config:
+        try:
+            app.profiler = Profiler(args.profiler_config)
+        except ValueError as exc:  # json.JSONDecodeError is one
+            sys.stderr.write(f"emulator: error: --profiler-config: {exc}\n")
+            return 2
     if args.otlp_traces_endpoint:
         try:
             from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: F401

@@ -92,6 +92,7 @@ class RunSummary(Mapping[str, Any]):
     client: dict = ABSENT  # ClientHealth.verdict()
     target_request_rate: float = ABSENT
     trace: dict = ABSENT  # --trace: rows, sent, intended and achieved span (seconds)
+    profiled: list[dict] = ABSENT  # --profile-at: each profiler window (what, from and to: seconds into the run)
     # the rest of the run's summary
     error_examples: dict[str, str] = ABSENT  # an error kind -> the first full text seen of it
     clock: dict = ABSENT  # a swarm: each worker's offset to the master's clock, its uncertainty, its drift

@@ -37,6 +37,7 @@ class Collector:
     workers_missing: dict = field(default_factory=dict)
     swarm: bool = False  # a master's (its load processes are workers, each READY before the epoch)
     dcgm: Any = None  # plugin/dcgm_source.DcgmPoller (--dcgm-url): GPU telemetry through the run
+    profiler: Any = None  # plugin/server_control.Profiler (--profile-at): the server's profiler windows
     saturation: Any = None  # metrics/saturation.Finding: when the server stopped keeping up (None: it kept up)
     start_wall: float = field(default_factory=time.time)
     end_wall: float | None = None
@@ -129,9 +130,16 @@ class Collector:
                              "sent": summary["requests"] + summary.get("warmup_excluded", 0),
                              "intended_s": self.plan.trace_span,
                              "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
+        if self.profiler is not None and self.profiler.windows:  # --profile-at: where in the run the trace is
+            done["profiled"] = self._profiled()
         summary = summary.replace(**done)
         self.results = summary  # the verdict is given from it even when the disk refuses the file
         return summary
+
+    def _profiled(self) -> list[dict]:
+        """The profiler's windows, in seconds from the measured window's start."""
+        return [{"what": w["what"], "targets": w["targets"], "from_s": round(w["start"] - self.measured_from, 3),
+                 "to_s": round(w["stop"] - self.measured_from, 3)} for w in self.profiler.windows]
 
     def _workers(self) -> dict:
         """The workers that reported, those lost (and how far into the run each last reported: its requests after

@@ -27,6 +27,7 @@ from vllm_load.runtime.embedded import (ChildServer, emulator_args, emulator_mod
 from vllm_load.plugin.plan import ramp_kind
 from vllm_load.plugin.process import Process
 from vllm_load.plugin.run import Run
+from vllm_load.plugin.server_control import Profiler
 from vllm_load.plugin.server_side import LiveServer
 from vllm_load.runtime.server_wait import parse_duration, wait_for_server
 from vllm_load.plugin.shapes import UsersRamp
@@ -236,6 +237,8 @@ class Controller(Process):
         col = Collector.create(opts, plan, master)
         col.swarm = master is not None
         self.run = run = Run(plan, collector=col)
+        if opts.profile_at:  # --profile-at: a profiler per run (its windows go into this run's summary)
+            col.profiler = Profiler(validate.split_hosts(env.host), opts.api_key, lambda line: print(line, flush=True))
         self._start_load(run)
         run.warmup = warmup_reset.reset_after(env, self._window(run), plan.warmup, say=True)
         self._watch(run)
@@ -277,6 +280,8 @@ class Controller(Process):
         run.watchers = gevent.pool.Group()
         run.watchers.spawn(end_of_run.watch_outages, env, run)
         self._watch_role(run)
+        if col.profiler is not None and str(opts.profile_at).strip() == "run":
+            run.watchers.spawn(self._profile_window, col.profiler, self._window(run), plan.warmup)
         run.watchers.spawn(saturation_watch.watch, env, run, bool(opts.stop_over_saturated),
                            self._master_runner() is not None)
         dcgm_url = opts.dcgm_url or (plan.host.rstrip("/") + "/dcgm/metrics" if plan.is_emulator and opts.emulator_dcgm
@@ -294,6 +299,13 @@ class Controller(Process):
                                                     opts.prometheus_token, interval=2.0)
         elif plan.sidecar_url:
             run.live_server = LiveServer.sidecar(plan.sidecar_url, col.start_wall, opts.sidecar_token, interval=2.0)
+
+    @staticmethod
+    def _profile_window(profiler: Profiler, start_wall: Any, warmup: float) -> None:
+        """--profile-at run: the profiler starts when the measured window opens (after --warmup)."""
+        while (wait := start_wall() + warmup - time.time()) > 0:
+            gevent.sleep(min(wait, 0.5))
+        profiler.start("the measured window")
 
     def _watch_role(self, run: Run) -> None:
         """A watcher of this role's own (a master's: the workers Locust marks missing)."""
@@ -345,8 +357,13 @@ class Controller(Process):
             self.generator.set_step(step, rate)
         print(f"vllm-load: sweep step {step}: {level:g} {'req/s' if col.sweep.kind == 'rate' else 'users'}",
               flush=True)
+        profiler = col.profiler
+        if profiler is not None:  # the profiled step's trace ends where it does, before the next one's reset
+            profiler.stop()
         if self.cache_reset is not None:  # before the step's first request (its workers are told next)
             self.cache_reset(f"sweep step {step}")
+        if profiler is not None and not profiler.windows and level == _level(self.opts.profile_at):
+            profiler.start(f"sweep step {step} ({level:g} {'req/s' if col.sweep.kind == 'rate' else 'users'})")
         self._announce_step(step, rate)
 
     def _announce_step(self, step: int, rate: float) -> None:
@@ -385,3 +402,10 @@ class Controller(Process):
         super().close()
         self.stop_children()
 
+
+def _level(profile_at: str) -> float | None:
+    """--profile-at's sweep level (None: 'run' or off; validate checked it against the sweep's levels)."""
+    try:
+        return float(profile_at)
+    except (TypeError, ValueError):
+        return None

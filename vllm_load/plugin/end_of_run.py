@@ -154,6 +154,8 @@ def stopped(ctl: Controller) -> None:
     if run is None or col is None:
         return
     col.end_wall = time.time()
+    if col.profiler is not None:  # the profiled window ends with the run (the drain's requests included)
+        col.profiler.stop()
     try:
         col.write_results(_local_monitor(run))
         _take_spans(ctl, col)
@@ -210,6 +212,8 @@ def _end(ctl: Controller) -> None:
     if run is not None and col is not None:
         # SIGTERM/SIGINT fire quitting before Locust stops the users: drain here too (no-op after a stop)
         ctl.drain()
+        if col.profiler is not None:  # a signal skips test_stop
+            col.profiler.stop()
         _csv_catch_up(ctl.environment)
         col.end_wall = col.end_wall or time.time()
         try:

@@ -1,46 +1,111 @@
-"""Putting the server in a known state between measurements: vLLM's ``POST /reset_prefix_cache``.
+"""Putting the server in a known state between measurements, and looking inside it at one: vLLM's
+``POST /reset_prefix_cache`` and its profiler's ``POST /start_profile`` / ``/stop_profile``.
 
-Without it, a sweep's step, a tune's probe or a repeated run inherits the prefix cache the last one filled, and its
-hit rate (and so its TTFT) describes the order of the measurements. vLLM serves the endpoint only in dev mode
-(``VLLM_SERVER_DEV_MODE=1``); a server that refuses it is said once, and the run goes on.
+Without a reset, a sweep's step, a tune's probe or a repeated run inherits the prefix cache the last one filled, and
+its hit rate (and so its TTFT) describes the order of the measurements. vLLM serves the reset only in dev mode
+(``VLLM_SERVER_DEV_MODE=1``) and the profiler only when started with ``--profiler-config``; a server that refuses
+either is said once, and the run goes on.
 """
 
 from __future__ import annotations
 
+import time
 import urllib.error
 import urllib.request
 from typing import Callable
 
 from vllm_load.client.openai_api import auth_header, public_url
+from vllm_load.errors import UsageError
 
 PATH = "/reset_prefix_cache"
+START, STOP = "/start_profile", "/stop_profile"
+#: how long a profiler's stop may take: vLLM writes the trace before it answers (seconds on a GPU server)
+STOP_TIMEOUT_S = 120.0
 
 
-class CacheReset:
-    """--reset-prefix-cache for one process's runs: every target's cache emptied before each measurement."""
+class _Control:
+    """POSTs to every target; a target that refuses an endpoint (HTTP error) is said once and left out after."""
 
     def __init__(self, hosts: tuple[str, ...], api_key: str, say: Callable[[str], None]) -> None:
         self.hosts, self.api_key, self.say = hosts, api_key, say
-        self.refused: set[str] = set()  # targets that said no once (said once)
+        self.refused: set[str] = set()
 
-    def __call__(self, why: str) -> int:
-        """Reset every target that takes it; the number that did."""
+    def _post(self, path: str, why: str, hint: str, timeout: float = 10.0) -> int:
         done = 0
         for host in self.hosts:
             if host in self.refused:
                 continue
-            req = urllib.request.Request(host.rstrip("/") + PATH, data=b"", method="POST",
+            req = urllib.request.Request(host.rstrip("/") + path, data=b"", method="POST",
                                          headers=auth_header(self.api_key))
             try:
-                with urllib.request.urlopen(req, timeout=10) as resp:
+                with urllib.request.urlopen(req, timeout=timeout) as resp:
                     resp.read()
                 done += 1
             except urllib.error.HTTPError as exc:
                 self.refused.add(host)
-                self.say(f"vllm-load: {public_url(host)} refused {PATH} (HTTP {exc.code}; vLLM serves it with "
-                         "VLLM_SERVER_DEV_MODE=1): its prefix cache is not reset between measurements")
+                self.say(f"vllm-load: {public_url(host)} refused {path} (HTTP {exc.code}; {hint})")
             except OSError as exc:
-                self.say(f"vllm-load: {PATH} at {public_url(host)} failed before {why}: {exc}")
+                self.say(f"vllm-load: {path} at {public_url(host)} failed {why}: {exc}")
+        return done
+
+
+class CacheReset(_Control):
+    """--reset-prefix-cache for one process's runs: every target's cache emptied before each measurement."""
+
+    def __call__(self, why: str) -> int:
+        """Reset every target that takes it; the number that did."""
+        done = self._post(PATH, f"before {why}", "vLLM serves it with VLLM_SERVER_DEV_MODE=1): its prefix cache "
+                          "is not reset between measurements")
         if done:
             self.say(f"vllm-load: prefix cache reset on {done} target(s) before {why}")
         return done
+
+
+def parse_profile_at(value: str, sweep_levels: tuple[float, ...] | None) -> float | str | None:
+    """--profile-at: None (off), "run" (the measured window), or a sweep level that the sweep has."""
+    text = str(value or "").strip()
+    if not text:
+        return None
+    if text == "run":
+        return "run"
+    try:
+        level = float(text)
+    except ValueError:
+        level = None
+    if level is None or sweep_levels is None:
+        raise UsageError(f"--profile-at {text!r}: give 'run' (the measured window) or, with --sweep, one of its levels")
+    if level not in sweep_levels:
+        raise UsageError(f"--profile-at {text}: the sweep has no step at {level:g} (its levels: "
+                         f"{', '.join(f'{v:g}' for v in dict.fromkeys(sweep_levels))})")
+    return level
+
+
+class Profiler(_Control):
+    """--profile-at: vLLM's profiler on every target over one chosen load (a sweep's step, or the measured window),
+    the window kept (wall times) for the summary."""
+
+    def __init__(self, hosts: tuple[str, ...], api_key: str, say: Callable[[str], None]) -> None:
+        super().__init__(hosts, api_key, say)
+        self.started: float | None = None  # wall time the running profile started (None: not running)
+        self.windows: list[dict] = []  # each profile: {"what", "start", "stop", "targets"}
+        self._what = ""
+        self._targets = 0
+
+    def start(self, what: str) -> None:
+        if self.started is not None:
+            return
+        hint = "vLLM serves it when started with --profiler-config): nothing is profiled there"
+        self._targets = self._post(START, f"at {what}", hint)
+        if self._targets:
+            self.started, self._what = time.time(), what
+            self.say(f"vllm-load: profiler started on {self._targets} target(s) at {what}")
+
+    def stop(self) -> None:
+        if self.started is None:
+            return
+        stopped_at = time.time()
+        self._post(STOP, f"after {self._what}", "its profile was not stopped", timeout=STOP_TIMEOUT_S)
+        self.windows.append({"what": self._what, "start": self.started, "stop": stopped_at, "targets": self._targets})
+        self.say(f"vllm-load: profiler stopped after {stopped_at - self.started:.1f} s of {self._what} (the trace is "
+                 "where the server's --profiler-config writes it)")
+        self.started = None

@@ -230,6 +230,12 @@ def check_options(environment: Any) -> None:
     classes = [*environment.user_classes, *([type(shape)] if shape is not None else [])]
     check_locustfile_options(opts, classes)
     check_run(opts, headless=bool(opts.headless or getattr(opts, "autostart", False)), shape=shape)
+    if getattr(opts, "profile_at", ""):
+        from vllm_load.plugin.server_control import parse_profile_at
+        from vllm_load.plugin.sweep import SweepSpec
+
+        spec = SweepSpec.of(opts) if shape is not None else None
+        parse_profile_at(opts.profile_at, spec.levels if spec is not None else None)
     for cls in classes:
         check = getattr(cls, "check_options", None)
         if check is not None:

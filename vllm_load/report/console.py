@@ -287,6 +287,9 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         lines.append(f"OVER-SATURATED: {s['saturation']['text']}")
     if s.get("energy") or s.get("energy_missing"):
         lines.append(energy_line(s))
+    for w in s.get("profiled") or []:  # --profile-at: where the server's profile sits in the run
+        lines.append(f"profiled: {w['what']}, {w['from_s']:.1f}-{w['to_s']:.1f} s into the measured window, on "
+                     f"{w['targets']} target(s) (the trace is where the server's --profiler-config writes it)")
     if s["input_drift_requests"]:
         lines.append(
             f"WARNING: {s['input_drift_requests']} requests had a prompt length different from what was asked "
