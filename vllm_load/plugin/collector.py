@@ -130,16 +130,18 @@ class Collector:
                              "sent": summary["requests"] + summary.get("warmup_excluded", 0),
                              "intended_s": self.plan.trace_span,
                              "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
-        if self.profiler is not None and self.profiler.windows:  # --profile-at: where in the run the trace is
-            done["profiled"] = self._profiled()
+        done.update(self._profiled())
         summary = summary.replace(**done)
         self.results = summary  # the verdict is given from it even when the disk refuses the file
         return summary
 
-    def _profiled(self) -> list[dict]:
-        """The profiler's windows, in seconds from the measured window's start."""
-        return [{"what": w["what"], "targets": w["targets"], "from_s": round(w["start"] - self.measured_from, 3),
-                 "to_s": round(w["stop"] - self.measured_from, 3)} for w in self.profiler.windows]
+    def _profiled(self) -> dict:
+        """--profile-at: where in the run the server's profile is (seconds from the measured window's start)."""
+        if self.profiler is None or not self.profiler.windows:
+            return {}
+        return {"profiled": [{"what": w["what"], "targets": w["targets"],
+                              "from_s": round(w["start"] - self.measured_from, 3),
+                              "to_s": round(w["stop"] - self.measured_from, 3)} for w in self.profiler.windows]}
 
     def _workers(self) -> dict:
         """The workers that reported, those lost (and how far into the run each last reported: its requests after
