@@ -1,10 +1,14 @@
-"""The Kubernetes manifests (deploy/kubernetes/): valid against Kubernetes' own schemas (offline, with
-kubernetes-validate), and consistent: workers join the Service the master's port is behind, the web UI is not
-published, every option and flag they give is one the image understands, and the secret comes from a Secret."""
+"""The Kubernetes manifests (deploy/kubernetes/: a Kustomize base and two overlays, a CI gate and the interactive web
+UI), each overlay rendered offline with `kubectl kustomize` (the machine image's kubectl 1.32, Kustomize 5.5): valid
+against Kubernetes' own schemas (kubernetes-validate), and consistent: workers join the Service the master's port
+is behind, the web UI is not published, every option and flag they give is one the image understands, and the
+secret comes from a Secret."""
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -16,14 +20,23 @@ import yaml
 from tests.helpers import ROOT
 
 K8S = ROOT / "deploy" / "kubernetes"
+OVERLAYS = ("ci-gate", "interactive")
 
 
-def _docs() -> list[dict]:
-    return [d for f in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+@functools.lru_cache(maxsize=None)
+def _docs(overlay: str = "ci-gate") -> tuple[dict, ...]:
+    """What `kubectl apply -k deploy/kubernetes/overlays/OVERLAY` would apply."""
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl (with Kustomize) renders the overlays: the machine image ships it"
+    out = subprocess.run([kubectl, "kustomize", str(K8S / "overlays" / overlay)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
 
 
-@pytest.mark.parametrize("doc", _docs(), ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
-def test_each_manifest_validates_strictly(doc):
+@pytest.mark.parametrize("overlay,doc", [(o, d) for o in OVERLAYS for d in _docs(o)],
+                         ids=lambda v: v if isinstance(v, str) else f"{v['kind']}/{v['metadata']['name']}")
+def test_each_manifest_validates_strictly(overlay, doc):
     kubernetes_validate.validate(doc, kubernetes_validate.latest_version(), strict=True)
 
 
@@ -32,6 +45,29 @@ def test_a_broken_manifest_is_caught():
     bad = {**bad, "spec": {**bad["spec"], "replicas": "two"}}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_overlay_starts_when_its_workers_have_joined(overlay):
+    """The overlay's worker count and the master's LOCUST_EXPECT_WORKERS come from the same overlay, and agree; the
+    image is pinned to a version."""
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _docs(overlay)}
+    config = docs[("ConfigMap", "vllm-load")]["data"]
+    assert int(config["LOCUST_EXPECT_WORKERS"]) == docs[("Deployment", "vllm-load-worker")]["spec"]["replicas"]
+    images = {c["image"] for d in docs.values() for c in d.get("spec", {}).get("template", {}).get("spec", {})
+              .get("containers", [])}
+    assert images == {"vllm-load:0.1.0"}, images
+
+
+def test_the_interactive_master_keeps_its_web_ui_private():
+    docs = {(d["kind"], d["metadata"]["name"]): d for d in _docs("interactive")}
+    master = docs[("Deployment", "vllm-load-master")]
+    service = docs[("Service", "vllm-load-master")]
+    assert service["spec"]["selector"].items() <= master["spec"]["template"]["metadata"]["labels"].items()
+    cmd = master["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--headless" not in cmd and "--web-host" not in cmd  # the pod's loopback: kubectl port-forward only
+    assert [p["port"] for p in service["spec"]["ports"]] == [5557]  # the workers' port, not the web UI's
+    assert ("Job", "vllm-load-master") not in docs
 
 
 def test_workers_join_the_masters_service_and_the_web_ui_stays_private():
@@ -48,8 +84,6 @@ def test_workers_join_the_masters_service_and_the_web_ui_stays_private():
     sidecar = docs[("Service", "vllm-load-sidecar")]["spec"]["ports"][0]["port"]
     config = docs[("ConfigMap", "vllm-load")]["data"]
     assert config["VLLM_LOAD_SIDECAR_URL"].endswith(f"vllm-load-sidecar:{sidecar}")
-    assert all(not d.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0]
-               .get("image", ":x").endswith(":latest") for d in docs.values())  # images pinned to a version
     cmd = worker["command"]
     assert cmd[cmd.index("--master-host") + 1] == "vllm-load-master"
     assert int(cmd[cmd.index("--master-port") + 1]) == service["spec"]["ports"][0]["port"] == 5557
@@ -60,9 +94,10 @@ def test_workers_join_the_masters_service_and_the_web_ui_stays_private():
         assert c["image"] == master["image"]
 
 
-@pytest.mark.parametrize("role", ["master", "worker"])
-def test_the_commands_use_flags_the_image_knows(role, tmp_path):
-    doc = next(d for d in _docs() if d["kind"] in ("Job", "Deployment") and d["metadata"]["labels"]["role"] == role)
+@pytest.mark.parametrize("overlay,role", [("ci-gate", "master"), ("ci-gate", "worker"), ("interactive", "master")])
+def test_the_commands_use_flags_the_image_knows(overlay, role, tmp_path):
+    doc = next(d for d in _docs(overlay) if d["kind"] in ("Job", "Deployment")
+               and d["metadata"]["labels"]["role"] == role)
     cmd = doc["spec"]["template"]["spec"]["containers"][0]["command"]
     assert cmd[:3] == ["locust", "-f", "locustfiles/chat.py"]
     # --list: Locust parses the whole command line (vllm-load's options included), lists the users and exits; a
