@@ -1,4 +1,4 @@
-"""One registry of options: the parser, `vllm-load options` and the README's table agree."""
+"""One registry of options: the parser, `vllm-load options` and the options table (docs/options.md) agree."""
 
 from __future__ import annotations
 
@@ -9,19 +9,17 @@ from vllm_load.cli import main as cli_main
 from vllm_load.options import OPTIONS
 
 
-def readme_option_flags() -> set[str]:
-    text = (ROOT / "README.md").read_text()
-    table = text[text.index("## Options"):]
-    table = table[:table.index("\n## ", 1)]
+def documented_option_flags() -> set[str]:
+    table = (ROOT / "docs" / "options.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| `--")]
     return {flag for row in rows for flag in re.findall(r"`(--[a-z0-9-]+)`", row.split("|")[1])}
 
 
-def test_the_readme_table_lists_every_option_and_no_other():
+def test_the_options_table_lists_every_option_and_no_other():
     registry = {o.flag for o in OPTIONS}
-    documented = readme_option_flags()
-    assert registry - documented == set(), "options missing from the README's table"
-    assert documented - registry == set(), "the README's table names options that do not exist"
+    documented = documented_option_flags()
+    assert registry - documented == set(), "options missing from docs/options.md's table"
+    assert documented - registry == set(), "docs/options.md's table names options that do not exist"
 
 
 def test_vllm_load_options_prints_every_option_with_its_env_and_default(capsys):

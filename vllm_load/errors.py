@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-#: Exit codes, documented in the README: 0 pass, 1 requests failed, 2 bad input, 3 SLO missed,
+#: Exit codes, documented in docs/gates.md: 0 pass, 1 requests failed, 2 bad input, 3 SLO missed,
 #: 4 the run is invalid (it measured nothing, or prompts of other lengths than asked), 5 the run is
 #: untrustworthy (the load generator could not keep time, or lost a worker) unless --allow-untrustworthy, 6 the run's files
 #: could not be written (disk full, permissions): the verdict was printed, the run directory is incomplete.

@@ -1,5 +1,5 @@
 """vllm-load's options, registered as Locust custom arguments, from one registry (``OPTIONS``) that the
-parser, `vllm-load options` and a README test all read.
+parser, `vllm-load options` and the options table test (docs/options.md) all read.
 
 They are settable on the command line, in locust.conf / pyproject.toml, from environment variables
 and from the web UI, and Locust ships them to every worker in its spawn messages (so every value

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Wait for the master Job of a headless run to end, pass or fail, and exit with vllm-load's own exit code (0 the
-# SLOs passed, 3 one missed, 4 invalid, 5 untrustworthy: README "Exit codes"). `kubectl wait
+# SLOs passed, 3 one missed, 4 invalid, 5 untrustworthy: docs/gates.md "Exit codes"). `kubectl wait
 # --for=condition=complete` alone waits its whole timeout when the gate fails: a failed Job never completes.
 #   bash deploy/kubernetes/wait-for-gate.sh [JOB (vllm-load-master)] [TIMEOUT (2h)]
 set -uo pipefail
