@@ -225,3 +225,68 @@ def test_a_swarm_to_a_dead_host_is_refused_where_it_was_started(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_after_the_run_stops_a_reloaded_llm_tab_shows_the_reports_numbers(tmp_path):
+    """A run started from the web UI stops; the page reloaded then (headless Chromium, ?tab=llm) draws the run's
+    judged table, row for row the numbers of the report's summary.json, not live numbers recomputed against a moving
+    clock nor an empty table."""
+    import re
+
+    from vllm_load.report.console import table_rows
+
+    proc, base = _ui(tmp_path, "--autostart", "-u", "2", "-r", "2", "-t", "5s")
+    try:
+        def stopped() -> bool:
+            try:
+                state = json.loads(get(base + "/stats/requests")[1]).get("state")
+            except OSError:  # not listening yet
+                return False
+            return state == "stopped" and (tmp_path / "run" / "summary.json").exists()
+
+        wait_for(stopped, timeout=120, what="the run's stop and its report")
+        summary = json.loads((tmp_path / "run" / "summary.json").read_text())["summary"]
+        dom = _chromium(tmp_path, base + "/?tab=llm", budget_ms=8000)
+        shown = " ".join(re.sub(r"<[^>]+>", " ", re.sub(r"<script.*?</script>", "", dom, flags=re.S)).split())
+        rows = [r for r in table_rows(summary) if r["metric"].split(" (")[0] in ("TTFT", "E2E latency", "TPOT")]
+        assert len(rows) == 3
+        for row in rows:  # each row's cells, in the tab's column order, as the report has them
+            cells = " ".join(str(row[k]) for k in ("metric", "count", "mean", "p50", "p90", "p95", "p99", "p99.9",
+                                                    "max"))
+            assert cells in shown, (cells, shown[:2000])
+        assert "Run stopped: its judged numbers (as in the report)" in shown
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_target_badge_overlaps_no_header_label_at_1000_and_1400_px(tmp_path):
+    """The badge sits in the header's free middle, between Locust's logo and its host/status block: at 1,000 and
+    1,400 px wide (headless Chromium, screenshots in the test's folder) its box meets no other header element's."""
+    from tests.browser import Browser
+
+    proc, base = _ui(tmp_path)
+    browser = Browser(tmp_path / "chromium")
+    try:
+        for width in (1000, 1400):
+            browser.set_width(width)
+            browser.goto(base + "/", ready="document.getElementById('vllm-load-target') !== null "
+                                           "&& document.querySelector('header p') !== null")
+            boxes = json.loads(browser.eval("""(() => {
+                const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.right, r.top, r.bottom]; };
+                const badge = document.getElementById('vllm-load-target');
+                const others = [...document.querySelectorAll('header *')].filter(e => !badge.contains(e)
+                    && (e.children.length === 0 && e.textContent.trim() || e.tagName === 'svg'))
+                    .map(e => [e.tagName + ' ' + e.textContent.trim().slice(0, 20), box(e)])
+                    .filter(([, b]) => b[1] > b[0]);
+                return JSON.stringify({badge: box(badge), others}); })()"""))
+            browser.screenshot(tmp_path / f"header-{width}.png")
+            left, right, top, bottom = boxes["badge"]
+            assert right - left > 100 and right <= width, boxes["badge"]  # on screen, wide enough to read
+            assert [name for name, (l, r, t, b) in boxes["others"]  # noqa: E741
+                    if l < right and left < r and t < bottom and top < b] == [], boxes
+            assert len(boxes["others"]) >= 5  # the logo, Host, Status, RPS, Failures: the check saw the header
+    finally:
+        browser.close()
+        proc.terminate()
+        proc.wait(timeout=30)
