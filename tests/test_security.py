@@ -471,6 +471,27 @@ def test_the_web_gate_rules_one_by_one():
     assert redact_all({"a": ["http://u:p@h"], "b": 2}) == {"a": ["http://h"], "b": 2}
 
 
+def test_no_answer_of_the_ui_may_be_framed_by_another_sites_page():
+    """Clickjacking: a page elsewhere that framed the UI could have the operator press its buttons through a
+    transparent frame. Every answer (a page, the stats, a refusal) says only the UI's own pages may frame it, over
+    whatever the app said."""
+    from vllm_load.plugin.web_gate import GateMiddleware, allowed_names
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/html"), ("X-Frame-Options", "ALLOWALL")])
+        return [b"<html></html>"]
+
+    gate = GateMiddleware(app, allowed_names("127.0.0.1", []))
+    for env in ({"REQUEST_METHOD": "GET", "HTTP_HOST": "127.0.0.1:8089", "PATH_INFO": "/"},
+                {"REQUEST_METHOD": "GET", "HTTP_HOST": "evil.example", "PATH_INFO": "/"}):  # refused: 403
+        said: list = []
+        gate(env, lambda status, headers, exc_info=None: said.append((status, headers)))
+        (status, headers), = said
+        framing = [(k, v) for k, v in headers if k.lower() in ("x-frame-options", "content-security-policy")]
+        assert sorted(framing) == [("Content-Security-Policy", "frame-ancestors 'self'"),
+                                   ("X-Frame-Options", "SAMEORIGIN")], (status, headers)
+
+
 def test_users_a_ramp_removes_mid_request_are_not_failures(tmp_path):
     res = run_locust(["-f", CHAT, "--headless", "-t", "6s", "--ramp-up-strategy", "linear", "--ramp-up-start-users",
                       "8", "--ramp-up-end-users", "1", "--output-tokens", "32", "--emulator-itl", "0.05",

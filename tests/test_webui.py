@@ -7,6 +7,8 @@ import sys
 import urllib.parse
 import urllib.request
 
+import pytest
+
 from tests.helpers import ROOT, free_port, wait_for
 
 
@@ -260,18 +262,24 @@ def test_after_the_run_stops_a_reloaded_llm_tab_shows_the_reports_numbers(tmp_pa
         proc.wait(timeout=30)
 
 
-def test_the_target_badge_overlaps_no_header_label_at_1000_and_1400_px(tmp_path):
-    """The badge sits in the header's free middle, between Locust's logo and its host/status block: at 1,000 and
-    1,400 px wide (headless Chromium, screenshots in the test's folder) its box meets no other header element's."""
+@pytest.mark.parametrize("state", ["idle", "running"])
+def test_the_target_badge_overlaps_no_header_label_at_1000_and_1400_px(tmp_path, state):
+    """The badge sits in the header's free middle, between Locust's logo and its host/status block, whose width
+    changes (a run adds Users and the edit/stop/reset buttons: a fixed width overlapped Host and Status then): idle
+    and running, at 1,000 and 1,400 px wide (headless Chromium, screenshots in the test's folder), its box meets no
+    other header element's; at 1,400 px it shows."""
     from tests.browser import Browser
 
-    proc, base = _ui(tmp_path)
+    proc, base = _ui(tmp_path, *(("--autostart", "-u", "1", "-r", "1", "-t", "120s") if state == "running" else ()))
     browser = Browser(tmp_path / "chromium")
     try:
         for width in (1000, 1400):
             browser.set_width(width)
-            browser.goto(base + "/", ready="document.getElementById('vllm-load-target') !== null "
-                                           "&& document.querySelector('header p') !== null")
+            ready = "document.querySelector('header p') !== null"
+            if state == "running":  # the run's own buttons are in the header
+                ready += " && [...document.querySelectorAll('header button')].some(b => b.textContent === 'Stop')"
+            browser.goto(base + "/", ready=f"document.getElementById('vllm-load-target') !== null && {ready}")
+            browser.eval("new Promise(r => setTimeout(r, 700))")  # the badge's fit runs every 300 ms
             boxes = json.loads(browser.eval("""(() => {
                 const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.right, r.top, r.bottom]; };
                 const badge = document.getElementById('vllm-load-target');
@@ -280,12 +288,43 @@ def test_the_target_badge_overlaps_no_header_label_at_1000_and_1400_px(tmp_path)
                     .map(e => [e.tagName + ' ' + e.textContent.trim().slice(0, 20), box(e)])
                     .filter(([, b]) => b[1] > b[0]);
                 return JSON.stringify({badge: box(badge), others}); })()"""))
-            browser.screenshot(tmp_path / f"header-{width}.png")
+            browser.screenshot(tmp_path / f"header-{state}-{width}.png")
             left, right, top, bottom = boxes["badge"]
-            assert right - left > 100 and right <= width, boxes["badge"]  # on screen, wide enough to read
+            assert right <= width, boxes["badge"]
+            if width == 1400:
+                assert right - left > 100, boxes["badge"]  # shown, wide enough to read
             assert [name for name, (l, r, t, b) in boxes["others"]  # noqa: E741
                     if l < right and left < r and t < bottom and top < b] == [], boxes
             assert len(boxes["others"]) >= 5  # the logo, Host, Status, RPS, Failures: the check saw the header
+    finally:
+        browser.close()
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_the_charts_tab_shows_the_llm_charts_under_locusts_own(tmp_path):
+    """Locust's Charts tab, in headless Chromium during a run: below Locust's charts, the LLM charts (the live page,
+    framed by the UI's own origin) draw the run's series; another tab drops them."""
+    from tests.browser import Browser
+
+    proc, base = _ui(tmp_path, "--autostart", "-u", "2", "-r", "2", "-t", "120s")
+    browser = Browser(tmp_path / "chromium")
+    try:
+        browser.set_width(1400)
+        browser.goto(base + "/?tab=charts", ready="document.querySelector('main canvas') !== null", timeout=90)
+        frame = "document.querySelector('#vllm-load-charts iframe')"
+        wait_for(lambda: browser.eval(f"!!({frame} && {frame}.contentDocument && "
+                                      f"{frame}.contentDocument.querySelectorAll('#timeline-charts canvas').length)"),
+                 timeout=60, what="the LLM charts drawn in the Charts tab", poll=0.5)
+        below = browser.eval("(() => { const c = [...document.querySelectorAll('main canvas')]"
+                             ".filter(x => !x.closest('#vllm-load-charts')); const f = document.getElementById("
+                             "'vllm-load-charts'); return f.getBoundingClientRect().top >= "
+                             "c[c.length - 1].getBoundingClientRect().bottom; })()")
+        assert below, "the LLM charts come after Locust's own"
+        browser.screenshot(tmp_path / "charts-tab.png")
+        browser.eval("[...document.querySelectorAll('[role=tab]')].find(t => t.textContent === 'Statistics').click()")
+        wait_for(lambda: browser.eval("document.getElementById('vllm-load-charts') === null"), timeout=10,
+                 what="the LLM charts gone with the Charts tab", poll=0.2)
     finally:
         browser.close()
         proc.terminate()

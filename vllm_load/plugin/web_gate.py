@@ -92,8 +92,14 @@ def refusal(method: str, host_header: str, origin: str | None, referer: str | No
     return None
 
 
+#: every answer may be framed by the UI's own pages only: a page elsewhere that framed it (Locust sets no such header)
+#: could have the operator click its buttons through a transparent frame
+FRAMING = [("X-Frame-Options", "SAMEORIGIN"), ("Content-Security-Policy", "frame-ancestors 'self'")]
+
+
 class GateMiddleware:
-    """WSGI: the Host and origin checks before Flask routes anything, and no CORS header in any answer."""
+    """WSGI: the Host and origin checks before Flask routes anything, no CORS header in any answer, and no answer
+    framed by another site's page."""
 
     def __init__(self, app: Callable, names: frozenset[str]) -> None:
         self.app, self.names = app, names
@@ -107,11 +113,12 @@ class GateMiddleware:
                         environ.get("PATH_INFO"), why)
             body = f"vllm-load: refused: {why}\n".encode()
             start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8"),
-                                              ("Content-Length", str(len(body)))])
+                                              ("Content-Length", str(len(body))), *FRAMING])
             return [body]
 
         def no_cors(status: str, headers: list, exc_info: Any = None) -> Any:
-            kept = [(k, v) for k, v in headers if not k.lower().startswith("access-control-")]
+            kept = [(k, v) for k, v in headers if not k.lower().startswith("access-control-")
+                    and k.lower() not in ("x-frame-options", "content-security-policy")] + FRAMING
             return start_response(status, kept, exc_info) if exc_info else start_response(status, kept)
 
         return self.app(environ, no_cors)

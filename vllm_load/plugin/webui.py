@@ -13,6 +13,53 @@ from vllm_load.metrics.routing import routing_line
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
 
 
+#: the badge's width follows the header: Locust's block on the right (host, status, users, and while a run goes
+#: the edit/stop/reset buttons) starts ~465 px from the left at 1,400 px during a run, against ~880 px idle; a fixed
+#: width overlapped its Host and Status labels then (at 1,000 px the block starts left of the badge: no room). Too little
+#: room: hidden; the LLM tab's first row names the target too
+BADGE_FIT = """(() => {
+  const LEFT = 230, GAP = 12, PAD = 20;
+  const fit = () => {
+    const badge = document.getElementById('vllm-load-target');
+    const header = document.querySelector('header');
+    if (!badge || !header) return;
+    let room = window.innerWidth - LEFT - GAP;
+    for (const e of header.querySelectorAll('p, span, button, a, svg, img')) {
+      if (badge.contains(e)) continue;
+      const r = e.getBoundingClientRect();
+      if (r.width > 0 && r.right > LEFT) room = Math.min(room, r.left - LEFT - GAP);  // the logo ends before LEFT
+    }
+    badge.style.maxWidth = Math.max(0, room - PAD) + 'px';
+    badge.style.display = room < 80 ? 'none' : '';
+  };
+  fit();
+  setInterval(fit, 300);
+})();"""
+
+#: Locust's Charts tab gets the LLM charts under its own (TTFT, ITL, output tok/s, the server: the live page, framed
+#: by its own origin) while the tab is shown; Locust's UI offers tables and CSV files to plugins, no charts
+CHARTS_TAB = """(() => {
+  const sync = () => {
+    const tab = [...document.querySelectorAll('[role=tab]')].find(t => t.getAttribute('aria-selected') === 'true');
+    const shown = document.getElementById('vllm-load-charts');
+    const main = document.querySelector('main .MuiContainer-root');
+    if (!tab || tab.textContent !== 'Charts' || !main || !main.querySelector('canvas')) {
+      if (shown) shown.remove();
+      return;
+    }
+    if (shown && shown.parentElement === main) return;
+    if (shown) shown.remove();
+    const box = document.createElement('div');
+    box.id = 'vllm-load-charts';
+    box.innerHTML = "<h3 style='font:600 16px sans-serif;margin:24px 0 8px'>LLM metrics (vllm-load: exact, 10 s windows)</h3>"
+      + "<iframe src='./vllm-load/live' title='vllm-load live LLM charts' "
+      + "style='width:100%;height:1500px;border:0'></iframe>";
+    main.appendChild(box);
+  };
+  setInterval(sync, 500);
+})();"""
+
+
 class LLMTab:
     """The LLM tabs, their CSV, the live charts, the last report and ``/metrics`` on Locust's web UI, fed by the
     sources the process passes (read at each request: a run's numbers, its report, its error)."""
@@ -72,7 +119,7 @@ class LLMTab:
         text = escape(f"Target: {target.kind} · model {target.model}")
         emulator = " (results describe the emulator, not a real vLLM: --host points at a server)" \
             if target.is_emulator else ""
-        # in the header's free middle, between Locust's logo (~210 px) and its host/status block (~520 px)
+        # in the header's free middle, between Locust's logo (~210 px) and its host/status block (BADGE_FIT)
         style = ("position:fixed;top:20px;left:230px;max-width:calc(100vw - 760px);overflow:hidden;"
                  "text-overflow:ellipsis;white-space:nowrap;z-index:2000;padding:3px 10px;"
                  "font:600 12px sans-serif;border-radius:6px;"
@@ -80,7 +127,7 @@ class LLMTab:
         links = " · <a href='./vllm-load/live' target='_blank' style='color:inherit'>live charts</a>" \
                 " · <a href='./vllm-load/report' target='_blank' style='color:inherit'>last report</a>"
         banner = (f"<div id='vllm-load-target' style='{style}' title='{text}{escape(emulator)}'>"
-                  f"<span>{text}</span>{links}</div>")
+                  f"<span>{text}</span>{links}</div><script>{BADGE_FIT}{CHARTS_TAB}</script>")
         body = response.get_data(as_text=True)
         if "</body>" in body:
             response.set_data(body.replace("</body>", banner + "</body>", 1))
