@@ -35,3 +35,40 @@ def test_welch_decides_from_the_spread_of_both_sides():
     w = welch(a, [x + 4.0 for x in a])
     assert round(w["pct"], 3) == 4.0 and 0 < w["half_pct"] < 4.0
     assert welch([1.0], a) is None
+
+
+def test_repeat_runs_any_locustfiles_load_n_times_with_its_spread(tmp_path, emulator_factory):
+    """--repeat 3 on chat.py (no sweep of its own): three back-to-back repeats of -t each, the server's prefix cache
+    emptied before each, each repeat a step directory, and the spread over them computed from their own numbers."""
+    import json
+
+    from tests.helpers import ROOT, run_locust
+
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.004")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--host", emu.url, "-u", "2", "-r", "2",
+                      "-t", "2s", "--repeat", "3", "--confidence", "0.9", "--output-tokens", "8",
+                      "--reset-prefix-cache", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    steps = sorted((run_dir / "steps").iterdir())
+    assert [d.name for d in steps] == ["00-users-2", "01-users-2", "02-users-2"]
+    rates = [json.loads((d / "llm_stats.json").read_text())["summary"]["request_rate"] for d in steps]
+    expected = spread(rates, 0.9)
+    line = next(x for x in res.stdout.splitlines() if x.startswith("vllm-load: repeated level 2,"))
+    assert f"steps 3, confidence 90%, req/s {expected['mean']:.2f} ± {expected['half']:.2f}" in line, line
+    assert [x for x in res.stdout.splitlines() if x.startswith("vllm-load: repeat ")] == [
+        f"vllm-load: repeat {i + 1} of 3 ({i}): 2 users" for i in range(3)]
+    assert res.stdout.count("prefix cache reset on 1 target(s) before") == 3
+
+
+def test_bad_repeats_are_one_line(tmp_path):
+    from tests.helpers import ROOT, run_locust
+
+    chat, sweep = str(ROOT / "locustfiles/chat.py"), str(ROOT / "locustfiles/sweep.py")
+    for args, said in (([chat, "-t", "2s", "--repeat", "0"], "--repeat must be >= 1, got 0"),
+                       ([chat, "--repeat", "2"], "--repeat 2 needs each repeat's length: -t DURATION"),
+                       ([sweep, "--sweep", "2", "--repeat", "2"], "a sweep repeats a level with --sweep LEVELxN"),
+                       ([chat, "-t", "4s", "--repeat", "2", "--ramp-up-strategy", "linear", "--ramp-up-start-rps",
+                         "1", "--ramp-up-end-rps", "4"], "--repeat repeats a steady load")):
+        res = run_locust(["-f", *args, "--headless", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
+        assert res.returncode == 2 and said in res.stderr, (args, res.stderr[-1000:])

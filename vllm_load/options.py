@@ -96,6 +96,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--sweep", "", "locustfiles/sweep.py: comma-separated levels (users, or req/s with --sweep-mode rate); "
         "LEVELxN repeats one N times (16x5): the sweep gives each repeated level's mean and confidence interval",
         locustfiles=("sweep.py",)),
+    Option("--repeat", 1, "run the load N times back to back, each as long as -t (or --num-requests): each repeat a "
+        "step of its own (steps/), the mean ± half its --confidence interval over them; with --reset-prefix-cache the "
+        "server's cache emptied before each (a sweep repeats a level with --sweep LEVELxN)", type=int),
     Option("--confidence", 0.95, "the confidence of the intervals over repeated steps (--sweep 16x5)", type=float,
         locustfiles=("sweep.py",)),
     Option("--sweep-mode", "users", "sweep over 'users' (closed loop) or 'rate' (open loop, --sweep-users users)",
@@ -262,7 +265,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "load shape": ("--num-requests", "--warmup", "--request-rate", "--burstiness", "--ramp-up", "--ramp-up-strategy",
                    "--ramp-up-start-rps", "--ramp-up-end-rps", "--ramp-up-start-users", "--ramp-up-end-users",
                    "--stop-over-saturated", "--max-concurrency",
-                   "--sweep", "--confidence", "--sweep-mode", "--sweep-users", "--step-duration", "--stop-on-slo-miss",
+                   "--sweep", "--repeat", "--confidence", "--sweep-mode", "--sweep-users", "--step-duration", "--stop-on-slo-miss",
                    "--drain-timeout"),
     "request body": ("--no-ignore-eos", "--no-continuous-usage", "--temperature", "--extra-body", "--header",
                      "--session-header", "--capture-header"),

@@ -98,6 +98,7 @@ class Controller(Process):
         if env.web_ui is not None:  # first: every other hook of the UI comes after the gate
             startup.install_gate(env, opts)
         self._guard_role(opts)
+        install_repeat(env)  # before the checks: the repeats' shape reads the sweep's options
         validate.check_options(env)  # before anything starts: one line, exit 2
         # the run directory can hold the run's files (its default is decided per run, under reports/)
         check_writable(Path(opts.run_dir) if opts.run_dir else Path("reports"), "--run-dir" if opts.run_dir
@@ -355,8 +356,10 @@ class Controller(Process):
         rate = float(level) if col.sweep.kind == "rate" else 0.0
         if self.generator is not None:
             self.generator.set_step(step, rate)
-        print(f"vllm-load: sweep step {step}: {level:g} {'req/s' if col.sweep.kind == 'rate' else 'users'}",
-              flush=True)
+        unit = "req/s" if col.sweep.kind == "rate" else "users"
+        repeats = int(getattr(self.opts, "repeat", 1) or 1)
+        print(f"vllm-load: {f'repeat {step + 1} of {repeats}' if repeats > 1 else 'sweep step'} ({step}): {level:g} "
+              f"{unit}" if repeats > 1 else f"vllm-load: sweep step {step}: {level:g} {unit}", flush=True)
         profiler = col.profiler
         if profiler is not None:  # the profiled step's trace ends where it does, before the next one's reset
             profiler.stop()
@@ -409,3 +412,32 @@ def _level(profile_at: str) -> float | None:
         return float(profile_at)
     except (TypeError, ValueError):
         return None
+
+
+def install_repeat(environment: Any) -> None:
+    """--repeat N: the run's load N times back to back, as a sweep of one level repeated N times (its steps, their
+    spread and the report's repeats table are the sweep's: --sweep LEVELxN, on any locustfile)."""
+    opts = environment.parsed_options
+    n = int(getattr(opts, "repeat", 1))
+    if n == 1:
+        return
+    if n < 1:
+        raise UsageError(f"--repeat must be >= 1, got {n}")
+    if getattr(opts, "sweep", "") or environment.shape_class is not None:
+        raise UsageError("--repeat repeats a plain run; a sweep repeats a level with --sweep LEVELxN, and a "
+                         "locustfile's own load shape ends when it says: drop --repeat")
+    if ramp_kind(opts) or opts.trace:
+        raise UsageError("--repeat repeats a steady load: drop --ramp-up-strategy or --trace (a trace replays once)")
+    seconds = float(opts.run_time or 0)
+    if not seconds and not getattr(opts, "num_requests", 0):
+        raise UsageError(f"--repeat {n} needs each repeat's length: -t DURATION (or --num-requests N)")
+    from vllm_load.plugin.shapes import SweepShape
+
+    rate = float(opts.request_rate or 0)
+    opts.sweep = f"{rate:g}x{n}" if rate > 0 else f"{int(opts.num_users)}x{n}"
+    opts.sweep_mode, opts.sweep_users = ("rate" if rate > 0 else "users"), max(1, int(opts.num_users))
+    opts.step_duration = seconds
+    opts.run_time = None  # the shape ends the run after its last repeat (Locust's -t would cut it at the first)
+    shape = SweepShape()
+    shape.runner = environment.runner
+    environment.shape_class = shape

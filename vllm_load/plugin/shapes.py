@@ -25,7 +25,7 @@ JUDGE_DELAY = 3.5
 class SweepShape(LoadTestShape):
     """Ticks through the levels of --sweep; the plugin tags, collects and judges each step."""
 
-    uses_options = frozenset({"sweep", "sweep_mode", "sweep_users", "step_duration", "stop_on_slo_miss"})
+    uses_options = frozenset({"sweep", "sweep_mode", "sweep_users", "step_duration", "stop_on_slo_miss", "confidence"})
 
     @classmethod
     def check_options(cls, options: Any) -> None:
