@@ -43,6 +43,8 @@ class WorkerProcess(Process):
     def start_up(self) -> None:
         """A worker reads its own secrets (the master sends none) and dies with a --processes master."""
         opts = self.opts
+        if opts is None:  # Locust used as a library, without parsed options
+            return
         try:
             worker_secrets.read_key_file(opts)
         except UsageError as exc:
