@@ -22,7 +22,7 @@ def test_a_sweep_profiles_the_step_asked_and_only_it(tmp_path, emulator_factory)
     traces = tmp_path / "traces"
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005", "--profiler-config",
                            json.dumps({"profiler": "torch", "torch_profiler_dir": str(traces)}))
-    res, run_dir = _sweep(tmp_path, emu.url, "--profile-at", "3")
+    res, run_dir = _sweep(tmp_path, emu.url, "--profile-at", "step:3")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     assert "profiler started on 1 target(s) at sweep step 1 (3 users)" in res.stdout
     (written,) = traces.glob("emulator-profile-*.json")  # one profile: the step at 3 users
@@ -40,18 +40,45 @@ def test_a_sweep_profiles_the_step_asked_and_only_it(tmp_path, emulator_factory)
 
 def test_a_server_without_a_profiler_is_said_once_and_the_run_goes_on(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")  # no --profiler-config: 404, as vLLM's
-    res, run_dir = _sweep(tmp_path, emu.url, "--profile-at", "1")
+    res, run_dir = _sweep(tmp_path, emu.url, "--profile-at", "step:1")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     assert res.stdout.count("refused /start_profile (HTTP 404") == 1
     assert "profiled" not in json.loads((run_dir / "summary.json").read_text())["summary"]
 
 
-def test_a_level_the_sweep_does_not_have_is_one_line(tmp_path):
-    for args, said in ((["--sweep", "1,3", "--profile-at", "2"], "the sweep has no step at 2 (its levels: 1, 3)"),
-                       (["--sweep", "1", "--profile-at", "soon"], "give 'run' (the measured window)")):
-        res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", *args, "--run-dir",
-                          str(tmp_path / "run")], cwd=tmp_path, timeout=60)
-        assert res.returncode == 2 and said in res.stderr, res.stderr[-1000:]
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "1s", "--profile-at", "4",
-                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
-    assert res.returncode == 2 and "or, with --sweep, one of its levels" in res.stderr, res.stderr[-1000:]
+def test_bad_profile_points_are_one_line(tmp_path):
+    sweep, chat = str(ROOT / "locustfiles/sweep.py"), str(ROOT / "locustfiles/chat.py")
+    for args, said in (([sweep, "--sweep", "1,3", "--profile-at", "step:2"], "the sweep has no step at 2 (its levels: 1, 3)"),
+                       ([sweep, "--sweep", "1", "--profile-at", "soon"], "give N (the server's running requests"),
+                       ([chat, "-t", "1s", "--profile-at", "step:4"], "step:LEVEL profiles a sweep's step"),
+                       ([chat, "-t", "1s", "--profile-at", "run", "--profile-seconds", "0"], "--profile-seconds must be > 0"),
+                       # no series to read the server's running requests from (nothing is sent to the host)
+                       ([chat, "-t", "1s", "--host", "http://127.0.0.1:9", "--profile-at", "4"],
+                        "--profile-at 4 starts on the server's running requests")):
+        res = run_locust(["-f", *args, "--headless", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
+        assert res.returncode == 2 and said in res.stderr, (args, res.stderr[-1000:])
+
+
+def test_profile_at_n_starts_when_the_server_runs_n_requests(tmp_path, emulator_factory, sidecar_factory):
+    """--profile-at 3: users added one a second; the profiler starts once the server's own series (its sidecar, 4 samples
+    a second) says it runs 3 requests, and stops --profile-seconds later."""
+    traces = tmp_path / "traces"
+    emu = emulator_factory("--ttft", "0.05", "--itl", "0.02", "--profiler-config",
+                           json.dumps({"profiler": "torch", "torch_profiler_dir": str(traces)}))
+    side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", "")
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--host", emu.url, "-u", "6", "-r", "1",
+                      "-t", "12s", "--output-tokens", "64", "--sidecar-url", side.url, "--profile-at", "3",
+                      "--profile-seconds", "2", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    (written,) = traces.glob("emulator-profile-*.json")
+    profile = json.loads(written.read_text())
+    assert profile["requests"] > 0 and 1.5 < profile["stop"] - profile["start"] < 3.5, profile
+    window, = json.loads((run_dir / "summary.json").read_text())["summary"]["profiled"]
+    assert window["what"] == "the server at 3+ running requests", window
+    # the server ran 3 or more requests in its last sample before the profile started (on the client's clock)
+    series = [json.loads(x) for x in (run_dir / "server.jsonl").read_text().splitlines()]
+    before = [s for s in series if s["t"] <= profile["start"]]
+    assert before and before[-1]["running"] >= 3, before[-3:]
+    first = next(s for s in series if s["running"] >= 3)  # and started within the live poll's lag of it (2 s + 0.5 s)
+    assert profile["start"] - first["t"] < 4.0, (first, profile)

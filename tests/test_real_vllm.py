@@ -25,13 +25,17 @@ def traces(tmp_path_factory):
     return tmp_path_factory.mktemp("traces")
 
 
+def _serve(traces) -> list[str]:
+    """The module's server: the tiny model, its profiler writing into ``traces`` (a restart serves it the same)."""
+    profiler = json.dumps({"profiler": "torch", "torch_profiler_dir": str(traces)})
+    return ["bash", str(SCRIPT), "serve", os.path.join(REAL_DIR, "tiny"), "tiny", "--profiler-config", profiler]
+
+
 @pytest.fixture(scope="module")
 def real_vllm(traces):
     port = free_port()
     env = dict(os.environ, R=REAL_DIR, PORT=str(port))
-    profiler = json.dumps({"profiler": "torch", "torch_profiler_dir": str(traces)})
-    started = subprocess.run(["bash", str(SCRIPT), "serve", os.path.join(REAL_DIR, "tiny"), "tiny",
-                              "--profiler-config", profiler], env=env, capture_output=True, text=True, timeout=400)
+    started = subprocess.run(_serve(traces), env=env, capture_output=True, text=True, timeout=400)
     try:
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield f"http://127.0.0.1:{port}", os.path.join(REAL_DIR, "tiny")
@@ -140,7 +144,23 @@ def test_responses_api_against_real_vllm(tmp_path, real_vllm, locustfile):
     assert all(r["output_tokens"] == want[r["name"]] for r in logs)
 
 
-def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
+def test_profile_at_runs_vllms_profiler_over_the_measured_window(tmp_path, real_vllm, traces):
+    """--profile-at run: vLLM's own profiler (torch, on CPU) starts when the measured window opens and stops at the
+    run's end; vLLM writes its traces (stopping took 12.5 s here: it writes them before it answers)."""
+    url, tokenizer = real_vllm
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "5s",
+                      "--host", url, "--tokenizer", tokenizer, "--input-tokens", "32", "--output-tokens", "8",
+                      "--warmup", "1s", "--profile-at", "run", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "profiler started on 1 target(s) at the measured window" in res.stdout
+    window, = json.loads((run_dir / "summary.json").read_text())["summary"]["profiled"]
+    assert window["targets"] == 1 and -0.5 < window["from_s"] < 1.0 and window["to_s"] > 3.0, window
+    assert list(traces.glob("*.pt.trace.json.gz")), sorted(p.name for p in traces.iterdir())
+
+
+
+def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm, traces):
     """Last in this module: it stops the module's server and serves it again (~50 s on these CPUs)."""
     import signal
     import time
@@ -165,8 +185,7 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
                  timeout=60, what="refused connections")
         from vllm_load.runtime.server_wait import probe
 
-        serving = subprocess.Popen(["bash", str(SCRIPT), "serve"], env=env, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True)
+        serving = subprocess.Popen(_serve(traces), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         # /health answers from here on: polled here every 0.1 s (the script's own 0.5 s loop, behind a curl
         # without a timeout, once noticed it 2.2 s late)
         back = wait_for(lambda: probe(URL, models=False, timeout=0.5) is None and time.time(), timeout=400,
@@ -188,17 +207,3 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm):
     assert w["connection"] <= 2 * (w["seconds"] / 0.25 + 5), w
     assert "OUTAGE: server unreachable from" in out and summary["client"]["saturated"] is False, out[-2000:]
 
-
-def test_profile_at_runs_vllms_profiler_over_the_measured_window(tmp_path, real_vllm, traces):
-    """--profile-at run: vLLM's own profiler (torch, on CPU) starts when the measured window opens and stops at the
-    run's end; vLLM writes its traces (stopping took 12.5 s here: it writes them before it answers)."""
-    url, tokenizer = real_vllm
-    run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "5s",
-                      "--host", url, "--tokenizer", tokenizer, "--input-tokens", "32", "--output-tokens", "8",
-                      "--warmup", "1s", "--profile-at", "run", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=300)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "profiler started on 1 target(s) at the measured window" in res.stdout
-    window, = json.loads((run_dir / "summary.json").read_text())["summary"]["profiled"]
-    assert window["targets"] == 1 and -0.5 < window["from_s"] < 1.0 and window["to_s"] > 3.0, window
-    assert list(traces.glob("*.pt.trace.json.gz")), sorted(p.name for p in traces.iterdir())

@@ -302,6 +302,28 @@ def test_the_target_badge_overlaps_no_header_label_at_1000_and_1400_px(tmp_path,
         proc.wait(timeout=30)
 
 
+def test_the_web_uis_address_is_said_when_its_port_accepts_connections(tmp_path):
+    """Locust says "Starting web interface at ..." before its init (the tokenizer, the embedded emulator: ~20 s on a
+    busy host); vllm-load drops that line and says the address once the port answers: the page loads at once."""
+    proc, base = _ui(tmp_path)
+    try:
+        seen: list[str] = []
+        while True:  # the process's own lines, up to the announcement
+            line = proc.stdout.readline().decode()
+            assert line, "".join(seen)[-3000:]  # the process ended without saying it
+            seen.append(line)
+            if "vllm-load: the web UI is ready at" in line:
+                break
+        assert line.strip().endswith(base), line
+        status, page = get(base + "/")  # no retry: it listens
+        assert status == 200 and "<html" in page.lower()
+        assert not any("Starting web interface" in x for x in seen), "".join(seen)[-3000:]
+        assert any("started the built-in vLLM EMULATOR" in x for x in seen)  # said after the slow start-up
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_the_charts_tab_shows_the_llm_charts_under_locusts_own(tmp_path):
     """Locust's Charts tab, in headless Chromium during a run: below Locust's charts, the LLM charts (the live page,
     framed by the UI's own origin) draw the run's series; another tab drops them."""

@@ -188,9 +188,11 @@ OPTIONS: tuple[Option, ...] = (
         "with VLLM_SERVER_DEV_MODE=1) before the run and before each sweep step, so none inherits the last one's "
         "hits; a server that refuses it is said once", action="store_true"),
     Option("--profile-at", "", "run vLLM's profiler (POST /start_profile, /stop_profile: vLLM started with "
-        "--profiler-config) over one load: 'run' (the measured window, after --warmup) or, with --sweep, a LEVEL (the "
-        "first step at it, from its start to the next step's); the window lands in summary.json (profiled); a server "
+        "--profiler-config) at a chosen load: N (once the server runs N requests, from the sidecar's or Prometheus' "
+        "series, for --profile-seconds), 'run' (the measured window, after --warmup), or step:LEVEL (a sweep's first "
+        "step at LEVEL, from its start to the next step's); the window lands in summary.json (profiled); a server "
         "that refuses it is said once, and the run goes on"),
+    Option("--profile-seconds", 10.0, "how long --profile-at N profiles (the run's end stops it sooner)", type=float),
     Option("--dcgm-url", "", "GPU telemetry: a DCGM exporter's /metrics, read every second on the client's clock; "
         "the run reports energy (J), average power, energy per output token and per request, tokens per joule "
         "(SLO: energy_per_token<=0.5J), e.g. http://dcgm-exporter:9400/metrics"),
@@ -277,7 +279,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token", "--otlp-receiver",
                 "--mlflow-uri", "--mlflow-experiment", "--wandb-project", "--metrics-port", "--metrics-host"),
     "web UI": ("--web-allowed-host", "--web-password-file"),
-    "server side": ("--reset-prefix-cache", "--profile-at", "--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
+    "server side": ("--reset-prefix-cache", "--profile-at", "--profile-seconds", "--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
                     "--prometheus-token", "--dcgm-url", "--dcgm-selector"),
     "emulator": ("--emulator-profile", "--emulator-max-num-seqs", "--emulator-dcgm", "--emulator-ttft", "--emulator-itl",
                  "--emulator-tokens-per-chunk", "--emulator-reasoning-tokens", "--emulator-spec-tokens", "--emulator-spec-acceptance"),

@@ -27,7 +27,8 @@ from vllm_load.runtime.embedded import (ChildServer, emulator_args, emulator_mod
 from vllm_load.plugin.plan import ramp_kind
 from vllm_load.plugin.process import Process
 from vllm_load.plugin.run import Run
-from vllm_load.plugin.server_control import Profiler
+from vllm_load.plugin.server_control import ProfileAt, Profiler, parse_profile_at
+from vllm_load.plugin.sweep import SweepSpec
 from vllm_load.plugin.server_side import LiveServer
 from vllm_load.runtime.server_wait import parse_duration, wait_for_server
 from vllm_load.plugin.shapes import UsersRamp
@@ -55,6 +56,7 @@ class Controller(Process):
         self.final_summary: dict | None = None  # the stopped run's judged summary: the web UI's until the next start
         self.last_step: tuple[int, float] | None = None  # the sweep step the shape announced last
         self.steps_done: dict[int, int] = {}  # sweep step -> load processes that finished their share of it
+        self.profile_at: ProfileAt | None = None  # --profile-at, read at each run's start (the web UI may change it)
         self.ending: gevent.event.Event | None = None  # set while the end of the run is written, then set
         self.end_signals = 0  # quitting events that came while it was written
         self.end_block = ""  # the end-of-run block, printed when Locust quits (after its own last tables)
@@ -71,6 +73,9 @@ class Controller(Process):
         try:
             self._check_options(opts)
             self._start_children(opts)
+            if str(opts.profile_at).strip().isdigit() and not self.sidecar_url and not opts.prometheus_url:
+                raise UsageError(f"--profile-at {opts.profile_at} starts on the server's running requests, read from "
+                                 "its series: give --sidecar-url (or --prometheus-url), or --profile-at run")
             wait = parse_duration(opts.wait_for_server, "--wait-for-server")
             if ramp_kind(opts) == "users":  # the closed loop's users ramp: a shape of the plugin's
                 shape = UsersRamp(opts.ramp_up_strategy, int(opts.ramp_up_start_users),
@@ -87,6 +92,8 @@ class Controller(Process):
                 print(warning, flush=True)
         self._first_target(opts, wait)
         self._serve(opts)
+        if env.web_ui is not None:
+            gevent.spawn(startup.announce_web_ui, env.web_ui, opts)
         # The blocking start-up above (tokenizer, embedded emulator: seconds) left libev's cached clock
         # behind; Locust arms its --run-time timer next, relative to that stale "now", and a 3 s run
         # ended 0.1 s after it began. Refresh the clock so the run lasts what was asked.
@@ -238,7 +245,8 @@ class Controller(Process):
         col = Collector.create(opts, plan, master)
         col.swarm = master is not None
         self.run = run = Run(plan, collector=col)
-        if opts.profile_at:  # --profile-at: a profiler per run (its windows go into this run's summary)
+        self.profile_at = parse_profile_at(opts.profile_at, col.sweep and SweepSpec.of(opts).levels)
+        if self.profile_at is not None:  # a profiler per run (its windows go into this run's summary)
             col.profiler = Profiler(validate.split_hosts(env.host), opts.api_key, lambda line: print(line, flush=True))
         self._start_load(run)
         run.warmup = warmup_reset.reset_after(env, self._window(run), plan.warmup, say=True)
@@ -281,7 +289,7 @@ class Controller(Process):
         run.watchers = gevent.pool.Group()
         run.watchers.spawn(end_of_run.watch_outages, env, run)
         self._watch_role(run)
-        if col.profiler is not None and str(opts.profile_at).strip() == "run":
+        if col.profiler is not None and self.profile_at.kind == "run":
             run.watchers.spawn(self._profile_window, col.profiler, self._window(run), plan.warmup)
         run.watchers.spawn(saturation_watch.watch, env, run, bool(opts.stop_over_saturated),
                            self._master_runner() is not None)
@@ -300,6 +308,9 @@ class Controller(Process):
                                                     opts.prometheus_token, interval=2.0)
         elif plan.sidecar_url:
             run.live_server = LiveServer.sidecar(plan.sidecar_url, col.start_wall, opts.sidecar_token, interval=2.0)
+        if col.profiler is not None and self.profile_at.kind == "running" and run.live_server is not None:
+            run.watchers.spawn(_profile_when_running, col.profiler, run.live_server, int(self.profile_at.value),
+                               float(opts.profile_seconds))
 
     @staticmethod
     def _profile_window(profiler: Profiler, start_wall: Any, warmup: float) -> None:
@@ -358,15 +369,16 @@ class Controller(Process):
             self.generator.set_step(step, rate)
         unit = "req/s" if col.sweep.kind == "rate" else "users"
         repeats = int(getattr(self.opts, "repeat", 1) or 1)
-        print(f"vllm-load: {f'repeat {step + 1} of {repeats}' if repeats > 1 else 'sweep step'} ({step}): {level:g} "
-              f"{unit}" if repeats > 1 else f"vllm-load: sweep step {step}: {level:g} {unit}", flush=True)
+        said = f"repeat {step + 1} of {repeats} ({step})" if repeats > 1 else f"sweep step {step}"
+        print(f"vllm-load: {said}: {level:g} {unit}", flush=True)
         profiler = col.profiler
         if profiler is not None:  # the profiled step's trace ends where it does, before the next one's reset
             profiler.stop()
         if self.cache_reset is not None:  # before the step's first request (its workers are told next)
             self.cache_reset(f"sweep step {step}")
-        if profiler is not None and not profiler.windows and level == _level(self.opts.profile_at):
-            profiler.start(f"sweep step {step} ({level:g} {'req/s' if col.sweep.kind == 'rate' else 'users'})")
+        at = self.profile_at
+        if profiler is not None and not profiler.windows and at.kind == "step" and level == at.value:
+            profiler.start(f"sweep step {step} ({level:g} {unit})")
         self._announce_step(step, rate)
 
     def _announce_step(self, step: int, rate: float) -> None:
@@ -406,12 +418,14 @@ class Controller(Process):
         self.stop_children()
 
 
-def _level(profile_at: str) -> float | None:
-    """--profile-at's sweep level (None: 'run' or off; validate checked it against the sweep's levels)."""
-    try:
-        return float(profile_at)
-    except (TypeError, ValueError):
-        return None
+def _profile_when_running(profiler: Profiler, live: LiveServer, running: int, seconds: float) -> None:
+    """--profile-at N: the profiler starts once the server's series says it runs N requests (the sidecar's samples,
+    seconds behind), for --profile-seconds; the run's end stops it sooner."""
+    while not (live.samples and live.samples[-1].get("running", 0) >= running):
+        gevent.sleep(0.5)
+    profiler.start(f"the server at {running}+ running requests")
+    gevent.sleep(seconds)
+    profiler.stop()
 
 
 def install_repeat(environment: Any) -> None:

@@ -17,6 +17,7 @@ from vllm_load.plugin.process import Process
 
 #: this process's object, once Locust's init made it
 _PROCESS: gevent.event.AsyncResult = gevent.event.AsyncResult()
+log_repeats.quiet_early()  # Locust's web UI line, logged before init: the controller says it when the port answers
 
 
 @events.init_command_line_parser.add_listener

@@ -77,6 +77,12 @@ QUIET = (
 )
 
 
+#: Locust says where its web UI is before its init runs (the tokenizer, the embedded emulator: ~20 s on a busy host),
+#: and a browser opened on it then found nothing; the process says it itself once the port accepts connections
+#: (``startup.announce_web_ui``). Dropped from import on: Locust logs it before any role is known.
+EARLY = ("locust.main", "Starting web interface at")
+
+
 class QuietFilter(logging.Filter):
     def __init__(self, starts: tuple[str, ...]) -> None:
         super().__init__()
@@ -84,6 +90,13 @@ class QuietFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.levelno <= logging.INFO and record.getMessage().startswith(self.starts))
+
+
+def quiet_early() -> None:
+    """Drop ``EARLY`` (idempotent); at import, before Locust builds its web UI."""
+    logger = logging.getLogger(EARLY[0])
+    if not any(isinstance(f, QuietFilter) and f.starts == (EARLY[1],) for f in logger.filters):
+        logger.addFilter(QuietFilter((EARLY[1],)))
 
 
 def quiet(role: str) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from vllm_load.client.openai_api import auth_header, public_url
 from vllm_load.errors import UsageError
@@ -61,23 +61,37 @@ class CacheReset(_Control):
         return done
 
 
-def parse_profile_at(value: str, sweep_levels: tuple[float, ...] | None) -> float | str | None:
-    """--profile-at: None (off), "run" (the measured window), or a sweep level that the sweep has."""
+class ProfileAt(NamedTuple):
+    """--profile-at, read once: ``kind`` "running" (``value``: the server's running requests that start it), "run"
+    (the measured window) or "step" (``value``: the sweep level whose first step is profiled)."""
+
+    kind: str
+    value: float = 0.0
+
+
+def parse_profile_at(value: str, sweep_levels: tuple[float, ...] | None) -> ProfileAt | None:
+    """--profile-at: None (off), N running requests, "run", or "step:LEVEL" (a level the sweep has)."""
     text = str(value or "").strip()
     if not text:
         return None
     if text == "run":
-        return "run"
+        return ProfileAt("run")
+    if text.isdigit() and int(text) >= 1:
+        return ProfileAt("running", float(text))
+    kind, _, level_text = text.partition(":")
     try:
-        level = float(text)
+        level = float(level_text) if kind == "step" else None
     except ValueError:
         level = None
-    if level is None or sweep_levels is None:
-        raise UsageError(f"--profile-at {text!r}: give 'run' (the measured window) or, with --sweep, one of its levels")
+    if level is None:
+        raise UsageError(f"--profile-at {text!r}: give N (the server's running requests, e.g. 32), 'run' (the measured "
+                         "window) or, with --sweep, step:LEVEL")
+    if sweep_levels is None:
+        raise UsageError(f"--profile-at {text}: step:LEVEL profiles a sweep's step: run locustfiles/sweep.py --sweep")
     if level not in sweep_levels:
         raise UsageError(f"--profile-at {text}: the sweep has no step at {level:g} (its levels: "
                          f"{', '.join(f'{v:g}' for v in dict.fromkeys(sweep_levels))})")
-    return level
+    return ProfileAt("step", level)
 
 
 class Profiler(_Control):
@@ -101,11 +115,11 @@ class Profiler(_Control):
             self.say(f"vllm-load: profiler started on {self._targets} target(s) at {what}")
 
     def stop(self) -> None:
-        if self.started is None:
+        started, self.started = self.started, None  # before the POST (it yields): a second stop does nothing
+        if started is None:
             return
         stopped_at = time.time()
         self._post(STOP, f"after {self._what}", "its profile was not stopped", timeout=STOP_TIMEOUT_S)
-        self.windows.append({"what": self._what, "start": self.started, "stop": stopped_at, "targets": self._targets})
-        self.say(f"vllm-load: profiler stopped after {stopped_at - self.started:.1f} s of {self._what} (the trace is "
+        self.windows.append({"what": self._what, "start": started, "stop": stopped_at, "targets": self._targets})
+        self.say(f"vllm-load: profiler stopped after {stopped_at - started:.1f} s of {self._what} (the trace is "
                  "where the server's --profiler-config writes it)")
-        self.started = None

@@ -4,6 +4,7 @@ reachability check, --metrics-port, and the line a non-vLLM server gets."""
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +22,32 @@ def install_gate(environment: Any, opts: Any) -> None:
         print(f"vllm-load: --web-login: the password is in {source}", flush=True)
     names = web_gate.allowed_names(opts.web_host, tuple(opts.web_allowed_host or ()))
     web_gate.install(environment, names, validate.check_options, password)
+
+
+def announce_web_ui(web_ui: Any, opts: Any, wait_s: float = 300.0) -> None:
+    """The web UI's address, said once its port accepts connections (Locust said it before its init, seconds before
+    anything listened). A greenlet: Locust starts the server after init returns."""
+    import gevent
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        server = getattr(web_ui, "server", None)
+        address = getattr(server, "address", None) if server is not None else None
+        if address:
+            host, port = address[0], address[1]
+            try:
+                with socket.create_connection(("127.0.0.1" if host in ("", "0.0.0.0", "::") else host, port),
+                                              timeout=1.0):
+                    pass
+            except OSError:
+                pass
+            else:
+                scheme = "https" if getattr(opts, "tls_cert", "") else "http"
+                shown = f"[{host}]" if ":" in host else host
+                print(f"vllm-load: the web UI is ready at {scheme}://{shown}:{port}"
+                      f"{getattr(opts, 'web_base_path', '') or ''}", flush=True)
+                return
+        gevent.sleep(0.1)
 
 
 def reachable(host: str) -> str | None:

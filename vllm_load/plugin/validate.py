@@ -21,7 +21,7 @@ from vllm_load.plugin.shapes import UsersRamp
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
 _AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ramp_up_end_rps": 0.0, "drain_timeout": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
              "emulator_itl": 0.0, "audio_seconds": 0.0}
-_POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness"}
+_POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness", "profile_seconds"}
 #: int options and their least value
 _INT_AT_LEAST = {"ramp_up_start_users": 0, "ramp_up_end_users": 0, "emulator_max_num_seqs": 0, "prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "batch_size": 1,
                  "num_requests": 0, "images_per_request": 0}
