@@ -82,3 +82,24 @@ def test_profile_at_n_starts_when_the_server_runs_n_requests(tmp_path, emulator_
     assert before and before[-1]["running"] >= 3, before[-3:]
     first = next(s for s in series if s["running"] >= 3)  # and started within the live poll's lag of it (2 s + 0.5 s)
     assert profile["start"] - first["t"] < 4.0, (first, profile)
+
+
+def test_the_web_uis_form_refuses_a_profile_point_as_the_command_line_does(tmp_path, emulator_factory):
+    """The start form is judged as the command line is: --profile-at N with no series to read (a --host with no
+    sidecar), or a sweep step outside a sweep, is refused where it was given, in one line; --repeat shapes the run at
+    start-up, so the form has no field for it."""
+    from tests.test_security import UI, _form, request
+
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
+    ui = UI(tmp_path, "--host", emu.url)
+    try:
+        for form, said in ((_form(profile_at="4"), "--profile-at 4 starts on the server's running requests"),
+                           (_form(profile_at="step:2"), "step:LEVEL profiles a sweep's step"),
+                           (_form(profile_seconds="0"), "--profile-seconds must be > 0"),
+                           (_form(repeat="3"), "the form has no field 'repeat'")):
+            status, _h, body = request(ui.base + "/swarm", form, {"Origin": ui.base})
+            answer = json.loads(body)
+            assert status == 200 and answer["success"] is False and said in answer["message"], (form, body)
+        assert ui.state() == "ready"  # nothing started
+    finally:
+        ui.close()

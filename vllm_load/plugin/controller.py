@@ -27,8 +27,7 @@ from vllm_load.runtime.embedded import (ChildServer, emulator_args, emulator_mod
 from vllm_load.plugin.plan import ramp_kind
 from vllm_load.plugin.process import Process
 from vllm_load.plugin.run import Run
-from vllm_load.plugin.server_control import ProfileAt, Profiler, parse_profile_at
-from vllm_load.plugin.sweep import SweepSpec
+from vllm_load.plugin.server_control import Profiler, profile_point
 from vllm_load.plugin.server_side import LiveServer
 from vllm_load.runtime.server_wait import parse_duration, wait_for_server
 from vllm_load.plugin.shapes import UsersRamp
@@ -56,7 +55,6 @@ class Controller(Process):
         self.final_summary: dict | None = None  # the stopped run's judged summary: the web UI's until the next start
         self.last_step: tuple[int, float] | None = None  # the sweep step the shape announced last
         self.steps_done: dict[int, int] = {}  # sweep step -> load processes that finished their share of it
-        self.profile_at: ProfileAt | None = None  # --profile-at, read at each run's start (the web UI may change it)
         self.ending: gevent.event.Event | None = None  # set while the end of the run is written, then set
         self.end_signals = 0  # quitting events that came while it was written
         self.end_block = ""  # the end-of-run block, printed when Locust quits (after its own last tables)
@@ -73,9 +71,7 @@ class Controller(Process):
         try:
             self._check_options(opts)
             self._start_children(opts)
-            if str(opts.profile_at).strip().isdigit() and not self.sidecar_url and not opts.prometheus_url:
-                raise UsageError(f"--profile-at {opts.profile_at} starts on the server's running requests, read from "
-                                 "its series: give --sidecar-url (or --prometheus-url), or --profile-at run")
+            self._check_profile_source(opts)
             wait = parse_duration(opts.wait_for_server, "--wait-for-server")
             if ramp_kind(opts) == "users":  # the closed loop's users ramp: a shape of the plugin's
                 shape = UsersRamp(opts.ramp_up_strategy, int(opts.ramp_up_start_users),
@@ -103,7 +99,7 @@ class Controller(Process):
         env = self.environment
         worker_secrets.read_key_file(opts)
         if env.web_ui is not None:  # first: every other hook of the UI comes after the gate
-            startup.install_gate(env, opts)
+            startup.install_gate(env, opts, self._check_form)
         self._guard_role(opts)
         install_repeat(env)  # before the checks: the repeats' shape reads the sweep's options
         validate.check_options(env)  # before anything starts: one line, exit 2
@@ -114,6 +110,19 @@ class Controller(Process):
         # parsed here: workers get the texts in the run plan, not file paths their machines may not have
         self.slos = parse_slo_option(opts.slo)
         self.sidecar_url = opts.sidecar_url
+
+    def _check_form(self, shim: Any) -> None:
+        """The web UI's start form, as the command line is checked (``web_gate.screen_swarm`` applies it to a copy)."""
+        validate.check_options(shim)
+        self._check_profile_source(shim.parsed_options)
+
+    def _check_profile_source(self, opts: Any) -> None:
+        """--profile-at N reads the server's running requests from its series: a sidecar (the embedded emulator's
+        too) or a Prometheus; without one nothing would start the profiler."""
+        at = profile_point(opts)
+        if at is not None and at.kind == "running" and not self.sidecar_url and not opts.prometheus_url:
+            raise UsageError(f"--profile-at {opts.profile_at} starts on the server's running requests, read from its "
+                             "series: give --sidecar-url (or --prometheus-url), or --profile-at run")
 
     def _guard_role(self, opts: Any) -> None:
         """What this role guards at start-up besides the common checks (a master: its port, the workers' secrets)."""
@@ -245,9 +254,10 @@ class Controller(Process):
         col = Collector.create(opts, plan, master)
         col.swarm = master is not None
         self.run = run = Run(plan, collector=col)
-        self.profile_at = parse_profile_at(opts.profile_at, col.sweep and SweepSpec.of(opts).levels)
-        if self.profile_at is not None:  # a profiler per run (its windows go into this run's summary)
-            col.profiler = Profiler(validate.split_hosts(env.host), opts.api_key, lambda line: print(line, flush=True))
+        at = profile_point(opts)  # read at each run's start: the web UI's form may have changed it
+        if at is not None:  # a profiler per run (its windows go into this run's summary)
+            col.profiler = Profiler(validate.split_hosts(env.host), opts.api_key, lambda line: print(line, flush=True),
+                                    at)
         self._start_load(run)
         run.warmup = warmup_reset.reset_after(env, self._window(run), plan.warmup, say=True)
         self._watch(run)
@@ -289,7 +299,7 @@ class Controller(Process):
         run.watchers = gevent.pool.Group()
         run.watchers.spawn(end_of_run.watch_outages, env, run)
         self._watch_role(run)
-        if col.profiler is not None and self.profile_at.kind == "run":
+        if col.profiler is not None and col.profiler.at.kind == "run":
             run.watchers.spawn(self._profile_window, col.profiler, self._window(run), plan.warmup)
         run.watchers.spawn(saturation_watch.watch, env, run, bool(opts.stop_over_saturated),
                            self._master_runner() is not None)
@@ -308,8 +318,8 @@ class Controller(Process):
                                                     opts.prometheus_token, interval=2.0)
         elif plan.sidecar_url:
             run.live_server = LiveServer.sidecar(plan.sidecar_url, col.start_wall, opts.sidecar_token, interval=2.0)
-        if col.profiler is not None and self.profile_at.kind == "running" and run.live_server is not None:
-            run.watchers.spawn(_profile_when_running, col.profiler, run.live_server, int(self.profile_at.value),
+        if col.profiler is not None and col.profiler.at.kind == "running" and run.live_server is not None:
+            run.watchers.spawn(_profile_when_running, col.profiler, run.live_server, int(col.profiler.at.value),
                                float(opts.profile_seconds))
 
     @staticmethod
@@ -376,8 +386,7 @@ class Controller(Process):
             profiler.stop()
         if self.cache_reset is not None:  # before the step's first request (its workers are told next)
             self.cache_reset(f"sweep step {step}")
-        at = self.profile_at
-        if profiler is not None and not profiler.windows and at.kind == "step" and level == at.value:
+        if profiler is not None and not profiler.windows and profiler.at.kind == "step" and level == profiler.at.value:
             profiler.start(f"sweep step {step} ({level:g} {unit})")
         self._announce_step(step, rate)
 
@@ -433,10 +442,8 @@ def install_repeat(environment: Any) -> None:
     spread and the report's repeats table are the sweep's: --sweep LEVELxN, on any locustfile)."""
     opts = environment.parsed_options
     n = int(getattr(opts, "repeat", 1))
-    if n == 1:
+    if n <= 1:  # below 1: validate's bounds refuse it, in one line
         return
-    if n < 1:
-        raise UsageError(f"--repeat must be >= 1, got {n}")
     if getattr(opts, "sweep", "") or environment.shape_class is not None:
         raise UsageError("--repeat repeats a plain run; a sweep repeats a level with --sweep LEVELxN, and a "
                          "locustfile's own load shape ends when it says: drop --repeat")

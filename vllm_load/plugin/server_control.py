@@ -94,12 +94,21 @@ def parse_profile_at(value: str, sweep_levels: tuple[float, ...] | None) -> Prof
     return ProfileAt("step", level)
 
 
-class Profiler(_Control):
-    """--profile-at: vLLM's profiler on every target over one chosen load (a sweep's step, or the measured window),
-    the window kept (wall times) for the summary."""
+def profile_point(opts: object) -> ProfileAt | None:
+    """The run's --profile-at, read against its sweep's levels (a run with no --sweep has none)."""
+    from vllm_load.plugin.sweep import SweepSpec
 
-    def __init__(self, hosts: tuple[str, ...], api_key: str, say: Callable[[str], None]) -> None:
+    spec = SweepSpec.of(opts)
+    return parse_profile_at(str(getattr(opts, "profile_at", "") or ""), spec.levels if spec is not None else None)
+
+
+class Profiler(_Control):
+    """--profile-at: vLLM's profiler on every target at the load ``at`` names (running requests, a sweep's step, or
+    the measured window), the windows kept (wall times) for the summary."""
+
+    def __init__(self, hosts: tuple[str, ...], api_key: str, say: Callable[[str], None], at: ProfileAt) -> None:
         super().__init__(hosts, api_key, say)
+        self.at = at
         self.started: float | None = None  # wall time the running profile started (None: not running)
         self.windows: list[dict] = []  # each profile: {"what", "start", "stop", "targets"}
         self._what = ""

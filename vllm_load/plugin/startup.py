@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from vllm_load.errors import UsageError
@@ -14,14 +14,15 @@ from vllm_load.runtime.embedded import private_temp_file
 from vllm_load.plugin.target import Target
 
 
-def install_gate(environment: Any, opts: Any) -> None:
-    """The web UI's gate (Host, Origin, --web-login), before any other hook of the UI."""
+def install_gate(environment: Any, opts: Any, check: Callable[[Any], None]) -> None:
+    """The web UI's gate (Host, Origin, --web-login), before any other hook of the UI; ``check`` judges the start
+    form's values as the command line's are judged."""
     password = ""
     if opts.web_login:
         password, source = web_gate.login_password(opts, private_temp_file)
         print(f"vllm-load: --web-login: the password is in {source}", flush=True)
     names = web_gate.allowed_names(opts.web_host, tuple(opts.web_allowed_host or ()))
-    web_gate.install(environment, names, validate.check_options, password)
+    web_gate.install(environment, names, check, password)
 
 
 def announce_web_ui(web_ui: Any, opts: Any, wait_s: float = 300.0) -> None:

@@ -24,7 +24,7 @@ _AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ram
 _POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness", "profile_seconds"}
 #: int options and their least value
 _INT_AT_LEAST = {"ramp_up_start_users": 0, "ramp_up_end_users": 0, "emulator_max_num_seqs": 0, "prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "batch_size": 1,
-                 "num_requests": 0, "images_per_request": 0}
+                 "num_requests": 0, "images_per_request": 0, "repeat": 1}
 #: the most each takes: every prompt's media is made before the run, --prompt-pool of them per process (10,000
 #: images per request, or an hour of audio, outlasted -t in start-up alone); more is no load a server is sized for
 _AT_MOST = {"images_per_request": 64, "audio_seconds": 120.0}
@@ -231,11 +231,9 @@ def check_options(environment: Any) -> None:
     check_locustfile_options(opts, classes)
     check_run(opts, headless=bool(opts.headless or getattr(opts, "autostart", False)), shape=shape)
     if getattr(opts, "profile_at", ""):
-        from vllm_load.plugin.server_control import parse_profile_at
-        from vllm_load.plugin.sweep import SweepSpec
+        from vllm_load.plugin.server_control import profile_point
 
-        spec = SweepSpec.of(opts) if shape is not None else None
-        parse_profile_at(opts.profile_at, spec.levels if spec is not None else None)
+        profile_point(opts)
     for cls in classes:
         check = getattr(cls, "check_options", None)
         if check is not None:
