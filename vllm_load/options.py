@@ -98,7 +98,8 @@ OPTIONS: tuple[Option, ...] = (
         locustfiles=("sweep.py",)),
     Option("--repeat", 1, "run the load N times back to back, each as long as -t (or --num-requests): each repeat a "
         "step of its own (steps/), the mean ± half its --confidence interval over them; with --reset-prefix-cache the "
-        "server's cache emptied before each (a sweep repeats a level with --sweep LEVELxN)", type=int),
+        "server's cache emptied before each (a sweep repeats a level with --sweep LEVELxN); decided at start-up, so "
+        "not in the web UI's form", type=int, web=False),
     Option("--confidence", 0.95, "the confidence of the intervals over repeated steps (--sweep 16x5)", type=float,
         locustfiles=("sweep.py",)),
     Option("--sweep-mode", "users", "sweep over 'users' (closed loop) or 'rate' (open loop, --sweep-users users)",
