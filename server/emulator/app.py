@@ -204,7 +204,10 @@ class Emulator:
                 if not hmac.compare_digest(environ.get("HTTP_AUTHORIZATION", "").encode(), f"Bearer {self.api_key}".encode()):
                     raise HttpError(401, "Unauthorized", "Unauthorized")
             if path in ("/start_profile", "/stop_profile") and method == "POST" and self.profiler is not None:
-                self.profiler.start() if path == "/start_profile" else self.profiler.stop()
+                if path == "/start_profile":
+                    self.profiler.start()
+                else:
+                    self.profiler.stop()
                 return self._reply(start_response, 200, b"")
             if self.profiler is not None and method == "POST" and path.startswith("/v1/"):
                 self.profiler.saw_request()

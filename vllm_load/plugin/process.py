@@ -67,7 +67,11 @@ class Process:
         return self.run.generator if self.run is not None else None
 
     def reset_metrics(self) -> None:
-        """The LLM metrics start over with Locust's table (its reset, here)."""
+        """The LLM metrics start over with Locust's table (the web UI's Reset button)."""
+        self._reset_own()
+
+    def _reset_own(self) -> None:
+        """This process's own LLM metrics start over."""
         if self.run is not None:
             for part in (self.run.generator, self.run.collector):
                 if part is not None:
@@ -80,7 +84,7 @@ class Process:
     def _on_spawning_complete(self, **_kw: Any) -> None:
         """--reset-stats: Locust resets every runner's own table when its spawning completes; ours go with it."""
         if self.environment.reset_stats:
-            Process.reset_metrics(self)
+            self._reset_own()
 
     def _on_quitting(self, **_kw: Any) -> None:
         self._close_run()

@@ -94,7 +94,7 @@ class MasterProcess(Controller):
     def reset_metrics(self) -> None:
         """Here and in every worker, whose pending deltas go at the same instant as Locust's own pending worker
         stats, so both tables keep agreeing."""
-        super().reset_metrics()
+        self._reset_own()
         for client in self.environment.runner.clients.all:
             self.environment.runner.send_message(wire.RESET, None, client_id=client.id)
 

@@ -94,8 +94,7 @@ class WorkerProcess(Process):
     def _on_reset(self, _msg: Any) -> None:
         """The master's reset: Locust's pending worker stats and ours in the same greenlet step (the tables agree)."""
         self.environment.runner.stats.reset_all()
-        if self.generator is not None:
-            self.generator.reset_metrics()
+        self._reset_own()
 
     def _on_flush(self, _msg: Any) -> None:
         """The master asked for the end of the run: drain, then ship the final numbers before Locust quits."""
