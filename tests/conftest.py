@@ -5,9 +5,15 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
+import locust  # noqa: F401  (first: see below)
 import pytest
 
 from tests.helpers import Proc
+
+# Importing Locust monkey-patches the process (gevent). The whole suite did it while collecting (test_busy_host imports
+# the plugin), before any test ran; a subset without that module imported it mid-run, after ssl was in use, and the
+# patch recursed in SSLContext (test_sweep's check of Locust's private call failed after test_reset and
+# test_security). Imported here first, every selection of tests runs as the whole suite does.
 
 
 def _factory(*module_args: str):
