@@ -150,6 +150,27 @@ def test_repeat_filter_logs_the_first_and_then_each_power_of_ten():
     assert f.filter(other)  # another error is logged in full
 
 
+
+def test_a_worker_drops_its_shutting_down_line_beside_the_early_web_ui_line():
+    """Both filters sit on ``locust.main``; the early one (every role, at import) once hid the worker's from the
+    check that adds it, and a --processes 2 run printed "Shutting down (exit code 0)" three times."""
+    from vllm_load.plugin import log_repeats
+
+    logger = logging.getLogger("locust.main")
+    before = list(logger.filters)
+    try:
+        log_repeats.quiet_early()
+        log_repeats.quiet("worker")
+        log_repeats.quiet("worker")  # idempotent: one filter per message set
+        def shown(msg: str) -> bool:
+            return all(f.filter(logging.LogRecord("locust.main", logging.INFO, __file__, 1, msg, (), None))
+                       for f in logger.filters)
+        assert not shown("Shutting down (exit code 0)") and not shown("Starting web interface at http://x")
+        assert shown("Starting Locust 2.47.0")
+        assert len([f for f in logger.filters if isinstance(f, log_repeats.QuietFilter)]) == 2
+    finally:
+        logger.filters[:] = before
+
 def _pinned(core: int):
     def pin() -> None:
         os.sched_setaffinity(0, {core})

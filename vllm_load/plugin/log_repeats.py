@@ -94,14 +94,18 @@ class QuietFilter(logging.Filter):
 
 def quiet_early() -> None:
     """Drop ``EARLY`` (idempotent); at import, before Locust builds its web UI."""
-    logger = logging.getLogger(EARLY[0])
-    if not any(isinstance(f, QuietFilter) and f.starts == (EARLY[1],) for f in logger.filters):
-        logger.addFilter(QuietFilter((EARLY[1],)))
+    _add_quiet(EARLY[0], (EARLY[1],))
 
 
 def quiet(role: str) -> None:
     """Drop, in this process's role, the Locust lines ``QUIET`` names (idempotent)."""
     for name in {logger for r, logger, _ in QUIET if r == role}:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, QuietFilter) for f in logger.filters):
-            logger.addFilter(QuietFilter(tuple(m for r, n, m in QUIET if r == role and n == name)))
+        _add_quiet(name, tuple(m for r, n, m in QUIET if r == role and n == name))
+
+
+def _add_quiet(name: str, starts: tuple[str, ...]) -> None:
+    """One ``QuietFilter`` per logger and message set: ``locust.main`` carries two (the early web UI line for every
+    role, a worker's "Shutting down"), and a check for any QuietFilter there once skipped the second."""
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, QuietFilter) and f.starts == starts for f in logger.filters):
+        logger.addFilter(QuietFilter(starts))
