@@ -175,6 +175,9 @@ OPTIONS: tuple[Option, ...] = (
         action="store_true"),
     Option("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",
         action="append", web=False),
+    Option("--window", "run", "what the SLOs judge: 'run' (every measured request) or 'steady' (the requests that ran "
+        "while every user was sending: the ramp and the drain left out; the report shows both)",
+        choices=["run", "steady"], web=False),
     Option("--min-requests", 1, "fewer successful requests than this make the run fail (exit 4): a gate must not pass "
         "on a run that measured nothing", type=int),
     Option("--allow-untrustworthy", False, "accept a run the tool calls untrustworthy (the client could not keep "
@@ -275,7 +278,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "datasets and traces": ("--dataset", "--dataset-format", "--dataset-field", "--dataset-batch",
                             "--dataset-answer-tokens", "--trace", "--trace-format", "--trace-speed",
                             "--trace-block-size", "--sessions", "--sessions-format", "--session-start", "--max-idle"),
-    "SLOs and gates": ("--slo", "--min-requests", "--allow-untrustworthy", "--junit", "--retry-backoff-max",
+    "SLOs and gates": ("--slo", "--window", "--min-requests", "--allow-untrustworthy", "--junit", "--retry-backoff-max",
                        "--outage-after", "--stop-on-outage"),
     "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token", "--otlp-receiver",
                 "--mlflow-uri", "--mlflow-experiment", "--wandb-project", "--metrics-port", "--metrics-host"),

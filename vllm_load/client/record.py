@@ -48,6 +48,7 @@ class RequestRecord:
     retry_after: float | None = None  # seconds the server asked us to wait (Retry-After on 429/503)
     warmup: bool = False  # started during the warm-up: logged, not measured
     removed: bool = False  # cut when the load shape removed its user mid-run: logged, not measured
+    steady: bool = False  # started and ended in the run's steady window (plugin/steady.py): measured there too
     cached_tokens: int | None = None  # prompt tokens the server's prefix cache held (when its usage says)
     trace_row: int | None = None  # trace replay: the row of the trace this request replayed
     name: str | None = None  # the user's name= for the request: its LLM metrics are grouped under it too

@@ -18,7 +18,7 @@ import json
 import operator
 import sys
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,6 +38,11 @@ RUN_METRICS = {
     # a fleet's routing (metrics/routing.py): from --capture-header's replica, or --host a,b
     "cache_hits_of_achievable": "%", "replica_imbalance": "", "session_stickiness": "%",
 }
+#: what --window steady judges on the steady window's requests (the rest is the run's: its outages, the server's
+#: series, the routing, the server's per-request parts, the energy)
+WINDOWED = frozenset({*table.LATENCY, "error_rate", "goodput", "good_request_fraction", "output_token_rate",
+                      "request_rate", "input_drift", "output_tps"})
+WINDOWS = ("run", "steady")
 SERVER_METRICS = {
     "server.kv_cache_usage.max": "%", "server.preemptions": "count", "server.waiting.max": "count",
     "server.running.max": "count", "server.prefix_cache_hit_rate": "%",
@@ -59,6 +64,7 @@ class SLO:
     op: str
     threshold: float  # in base units: seconds, fractions, tokens/s, counts
     name: str | None = None  # ttft[turn 3].p99: judged on the requests of that name= only
+    window: str = "run"  # --window: "steady" judges ``WINDOWED`` metrics on the steady window's requests
 
     def ok(self, value: float) -> bool:
         return _OPS[self.op](value, self.threshold)
@@ -152,8 +158,9 @@ def load_slo_file(path: str) -> list[str]:
     raise UsageError(f"SLO file {path} must hold a list of 'metric<=value' strings or a mapping under 'slo'")
 
 
-def parse_slo_option(values: list[str] | str | None) -> list[SLO]:
-    """``--slo`` values: each a file path (YAML/TOML) or one inline SLO (commas separate several)."""
+def parse_slo_option(values: list[str] | str | None, window: str = "run") -> list[SLO]:
+    """``--slo`` values: each a file path (YAML/TOML) or one inline SLO (commas separate several), judged over
+    ``window`` (--window)."""
     if not values:
         return []
     if isinstance(values, str):
@@ -164,7 +171,7 @@ def parse_slo_option(values: list[str] | str | None) -> list[SLO]:
             texts.extend(load_slo_file(v.strip()))
         else:
             texts.extend(t for t in v.split(",") if t.strip())
-    slos = [parse_slo(t) for t in texts]
+    slos = [replace(parse_slo(t), window=window) for t in texts]
     _refuse_clashes(slos)
     return slos
 
@@ -209,6 +216,12 @@ class Check:
 
 
 def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, str]:
+    if slo.window == "steady" and slo.metric in WINDOWED:
+        if slo.name is not None:
+            return None, "the steady window keeps no per-name numbers: judge a named SLO over the run"
+        if not summary.get("steady"):
+            return None, "no request ran in the steady window (every user sending, before the load wound down)"
+        summary = summary["steady"]
     if slo.name is not None:
         named = summary.get("names", {}).get(slo.name)
         if named is None:
@@ -287,7 +300,8 @@ def evaluate(slos: list[SLO], summary: dict, server: dict | None = None) -> list
             checks.append(Check(s.text, None, False, f"cannot judge: {why}"))
         else:
             passed = s.ok(value)
-            checks.append(Check(s.text, value, passed, f"measured {_show(s, value)}"))
+            where = " in the steady window" if s.window == "steady" and s.metric in WINDOWED else ""
+            checks.append(Check(s.text, value, passed, f"measured {_show(s, value)}{where}"))
     return checks
 
 

@@ -91,6 +91,8 @@ class LLMStats:
     names: dict = field(default_factory=dict)
     #: the same per target (--host a,b): each replica's own totals, outages included
     targets: dict = field(default_factory=dict)
+    #: the same over a phase of the run: "steady", its requests that ran in the steady window (``plugin/steady.py``)
+    phases: dict = field(default_factory=dict)
     timeline: bool = True  # per-second and per-window series (a name's group keeps none: the run's has them)
     _pending: list = field(default_factory=list, repr=False, compare=False)
 
@@ -126,8 +128,14 @@ class LLMStats:
             sub = self.targets[url] = LLMStats(timeline=False)
         return sub
 
+    def phase(self, name: str) -> LLMStats:
+        sub = self.phases.get(name)
+        if sub is None:
+            sub = self.phases[name] = LLMStats(timeline=False)
+        return sub
+
     def _groups(self) -> list[LLMStats]:
-        return [*self.names.values(), *self.targets.values()]
+        return [*self.names.values(), *self.targets.values(), *self.phases.values()]
 
     def add(self, rec: RequestRecord) -> None:
         if self.timeline:  # the run's totals: a request also counts in its name's and its target's group
@@ -135,6 +143,8 @@ class LLMStats:
                 self.named(rec.name).add(rec)
             if rec.target is not None:
                 self.targeted(rec.target).add(rec)
+            if rec.steady:
+                self.phase("steady").add(rec)
         self.requests += 1
         end = rec.start + rec.e2e
         self.first_start = rec.start if self.first_start is None else min(self.first_start, rec.start)
@@ -232,6 +242,7 @@ class LLMStats:
             "names": {n: sub.to_wire() for n, sub in self.names.items()},
             "names_version": NAMES_VERSION,
             **({"targets": {t: sub.to_wire() for t, sub in self.targets.items()}} if self.targets else {}),
+            **({"phases": {p: sub.to_wire() for p, sub in self.phases.items()}} if self.phases else {}),
         }
 
     @classmethod
@@ -256,7 +267,7 @@ class LLMStats:
         for k in cls._BUCKETS:  # older run dirs have none
             setattr(s, k, Counter({int(b): n for b, n in data.get(k, {}).items()}))
         s.conn_error = tuple(data.get("conn_error", (0.0, "")))
-        for group in ("names", "targets"):
+        for group in ("names", "targets", "phases"):
             for key, wire in data.get(group, {}).items():
                 sub = cls.from_wire(wire)
                 sub.timeline = False
@@ -268,6 +279,8 @@ class LLMStats:
             self.named(n).merge(sub)
         for t, sub in other.targets.items():
             self.targeted(t).merge(sub)
+        for p, sub in other.phases.items():
+            self.phase(p).merge(sub)
         for k, h in other.hists.items():
             self.hists[k].merge(h)
         for k in self._COUNTERS:

@@ -108,7 +108,7 @@ class Controller(Process):
                        else "the run directory's folder")
         use_tls_context(tls_context(opts.insecure, opts.ca_bundle))
         # parsed here: workers get the texts in the run plan, not file paths their machines may not have
-        self.slos = parse_slo_option(opts.slo)
+        self.slos = parse_slo_option(opts.slo, opts.window)
         self.sidecar_url = opts.sidecar_url
 
     def _check_form(self, shim: Any) -> None:

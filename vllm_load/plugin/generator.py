@@ -23,6 +23,7 @@ from vllm_load.runtime import gc_control
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.run_clock import WorkerClock
+from vllm_load.plugin.steady import SteadyWindow
 from vllm_load.plugin.target import request_headers
 from vllm_load.plugin.warmup import warm_up
 from vllm_load.rundir.reqlog import RequestLog
@@ -81,6 +82,7 @@ class Generator:
     requests: RequestSource | None = None  # what it sends (plugin/request_source.py)
     clock: WorkerClock = field(default_factory=WorkerClock)  # the run's epoch, shared by every load process
     users_made: int = 0  # this process's users so far: with the worker index, a user's number in the swarm
+    steady: SteadyWindow = field(default_factory=lambda: SteadyWindow(False))  # the run's steady window here
 
     def target_for_new_user(self) -> str | None:
         """--host a,b: the replica of the next user made here, round robin from a start of this process's own
@@ -108,6 +110,7 @@ class Generator:
         if on_trace_done is not None:
             rt.on_trace_done = on_trace_done
         rt.quota = plan.share(worker_index) if plan.num_requests else 0
+        rt.steady = SteadyWindow(plan.steady)
         rt.ticket_back = gevent.event.Event()
         plan.files.path.mkdir(parents=True, exist_ok=True)
         rt.idle = gevent.event.Event()
@@ -200,6 +203,8 @@ class Generator:
                     self.park()
             self.tickets += 1
             self.tickets_taken += 1
+            if self.tickets_taken == self.quota:  # the share's last request: the users stop one by one from here
+                self.steady.close(time.time())
         self.in_flight += 1
         self.idle.clear()
 
@@ -227,6 +232,7 @@ class Generator:
     def drain(self, timeout: float) -> bool:
         """Start no new request and wait (at most ``timeout`` s) for the ones in flight to finish."""
         self.draining = True
+        self.steady.close(time.time())
         drained = bool(self.idle.wait(timeout))
         self.flush_log()  # what the end of the run reads is all written
         return drained
@@ -273,6 +279,7 @@ class Generator:
                 (value := getattr(rec, metric)) is not None and value <= limit
                 for metric, limit in self.goodput_limits.items()
             )
+        rec.steady = self.steady.holds(rec)
         self.stats.add(rec)
         if rec.step is not None:
             self.step_stats.setdefault(rec.step, LLMStats()).add(rec)

@@ -13,7 +13,7 @@ from vllm_load.plugin.sweep import SweepSpec
 from vllm_load.plugin.target import Target
 from vllm_load.rundir.plan import RunPlan
 
-__all__ = ["PLAN", "RunPlan", "decide", "ramp_kind"]
+__all__ = ["PLAN", "RunPlan", "decide", "ramp_kind", "why_no_window"]
 
 #: master -> worker: the plan, in every spawn message (an attribute of the master's parsed options, which Locust
 #: copies into them)
@@ -28,7 +28,22 @@ def ramp_kind(opts: Any) -> str:
     return "users" if getattr(opts, "ramp_up_end_users", 0) or getattr(opts, "ramp_up_start_users", 0) else "rate"
 
 
-def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int, processes: int = 1) -> RunPlan:
+def why_no_window(opts: Any, shaped: bool = False) -> str | None:
+    """Why a run has no steady window (None: it has one). A load whose level changes by design has no one
+    level to be steady at; ``shaped``: the locustfile brings a load shape of its own."""
+    if getattr(opts, "sweep", "") or int(getattr(opts, "repeat", 0) or 0) > 1:
+        return "a sweep's (or --repeat's) steps each run at their own level"
+    if ramp_kind(opts) or float(getattr(opts, "ramp_up", 0) or 0) > 0:
+        return "a ramp changes the load all along"
+    if getattr(opts, "trace", ""):
+        return "a trace's arrivals follow the trace, not one level"
+    if shaped:
+        return "the locustfile's load shape changes the load"
+    return None
+
+
+def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_users: int, processes: int = 1,
+           shaped: bool = False) -> RunPlan:
     """The plan of the run that starts, from the options and the checked target."""
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
     sweep = SweepSpec.of(opts)
@@ -45,4 +60,4 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
                    ramp=(opts.ramp_up_strategy, float(opts.ramp_up_start_rps), float(opts.ramp_up_end_rps),
                          0.0 if opts.num_requests else float(opts.run_time or 0)) if ramp_kind(opts) == "rate" else (),
                    sweep_kind=sweep.kind if sweep else "", sweep_levels=sweep.levels if sweep else (),
-                   hosts=target.hosts)
+                   hosts=target.hosts, steady=why_no_window(opts, shaped) is None)

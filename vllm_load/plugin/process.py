@@ -5,6 +5,7 @@ removes them in ``close()``; nothing branches on the role. Users find it through
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Callable
 
 import gevent.ssl
@@ -32,6 +33,7 @@ class Process:
         events = environment.events
         self.listen(events.reset_stats, self._on_reset_stats)
         self.listen(events.spawning_complete, self._on_spawning_complete)
+        self.listen(events.test_stopping, self._on_test_stopping)
         self.listen(events.quitting, self._on_quitting)
 
     # -- registration, undone by close() --------------------------------------------------------------
@@ -82,9 +84,19 @@ class Process:
         self.reset_metrics()
 
     def _on_spawning_complete(self, **_kw: Any) -> None:
-        """--reset-stats: Locust resets every runner's own table when its spawning completes; ours go with it."""
+        """Every user is spawned (a master passes Locust's event on to its workers): the steady window opens here.
+        --reset-stats: Locust resets every runner's own table now; ours go with it."""
+        gen = self.generator
+        if gen is not None:
+            gen.steady.open(time.time())
         if self.environment.reset_stats:
             self._reset_own()
+
+    def _on_test_stopping(self, **_kw: Any) -> None:
+        """The stop: the users wind down from here (the drain's requests ran beside fewer users)."""
+        gen = self.generator
+        if gen is not None:
+            gen.steady.close(time.time())
 
     def _on_quitting(self, **_kw: Any) -> None:
         self._close_run()

@@ -15,7 +15,7 @@ from vllm_load.client.openai_api import public_url
 from vllm_load.errors import UsageError
 from vllm_load.options import OPTIONS
 from vllm_load.runtime.server_wait import parse_duration
-from vllm_load.plugin.plan import ramp_kind
+from vllm_load.plugin.plan import ramp_kind, why_no_window
 from vllm_load.plugin.shapes import UsersRamp
 
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
@@ -187,6 +187,9 @@ def check_run(opts: Any, *, headless: bool, shape: Any) -> None:
                              "ends when it says: drop one of them")
     if getattr(opts, "ramp_up_strategy", ""):
         check_ramp(opts, shape)
+    if getattr(opts, "window", "run") == "steady" and (why := why_no_window(opts, shape is not None)):
+        raise UsageError(f"--window steady judges the SLOs on the run's steady window, and this run has none: {why}; "
+                         "judge the whole run (--window run)")
     if warmup and length and warmup >= length:
         raise UsageError(f"--warmup {opts.warmup} is not shorter than {what} ({length:g} s): nothing would be "
                          "measured; shorten --warmup or lengthen the run")

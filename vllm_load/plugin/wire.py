@@ -36,7 +36,8 @@ def decide_plan(environment: Any, target: Target, slos: list, sidecar_url: str,
     opts = environment.parsed_options
     users = getattr(environment.runner, "target_user_count", 0) or getattr(opts, "num_users", 0) or 1
     processes = len(master.clients.all) if master is not None else 1
-    plan = decide(opts, target, [s.text for s in slos], sidecar_url, users, processes)
+    plan = decide(opts, target, [s.text for s in slos], sidecar_url, users, processes,
+                  shaped=environment.shape_class is not None)
     if master is not None:
         # the plan rides in every spawn message: Locust copies the master's custom options into each (the
         # decision, not an option the user gave). A message of its own raced a joining worker: Locust sends

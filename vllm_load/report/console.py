@@ -193,6 +193,16 @@ def spec_line(spec: dict) -> str:
             f"accepted {spec['accepted_tokens']}" + (f"  per position {per}" if per else ""))
 
 
+def steady_line(steady: dict, requests: int) -> str:
+    """The steady window beside the whole run: its span, its share of the requests, its rates and tails."""
+    a, b = steady["window_s"]
+    tails = [f"{label} p99 {steady['metrics'][key]['p99'] * 1000:.1f} ms" for key, label in (("ttft", "TTFT"),
+             ("e2e", "E2E")) if steady["metrics"].get(key, {}).get("count")]
+    return (f"steady window (every user sending; the ramp and the drain left out): {a:.1f}-{b:.1f} s, "
+            f"{steady['requests']} of {requests} requests, {steady['request_rate']:.2f} req/s, "
+            f"{steady['output_token_rate']:.1f} tok/s" + (f"; {', '.join(tails)}" if tails else ""))
+
+
 def render_table(summary: dict, title: str = "LLM metrics", server: dict | None | bool = False) -> str:
     """The client's table and totals; with ``server`` (a server summary, or None for "missing") the
     server's line too."""
@@ -214,6 +224,8 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
         + (f"  total token throughput {s['total_token_rate']:.1f} tok/s" if s.get("total_token_rate") is not None
            else "")
     )
+    if s.get("steady"):
+        lines.append(steady_line(s["steady"], s["requests"]))
     if s.get("media_items"):
         lines.append(f"media: {s['media_items']} images/clips, {s['media_tokens']} prompt tokens (the server's count "
                      f"minus the exact text count), text {s['text_input_tokens']} tokens")

@@ -18,8 +18,8 @@ from vllm_load.metrics.client_health import who_fell_behind
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.routing import replica_of, routing, routing_line
 from vllm_load.metrics.summary import RunSummary
-from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head, name_rows, server_cells,
-                                      spec_line, table_rows)
+from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head,
+                                      name_rows, server_cells, spec_line, steady_line, table_rows)
 from vllm_load.report.page import render
 from vllm_load.metrics.verdict import Verdict, judge_emulator, word
 from vllm_load.report.results import finish
@@ -49,6 +49,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         checks=[{"slo": c.slo, "word": word(c.passed), "detail": c.detail} for c in verdict.checks],
         slo_word=word(bool(verdict.slo_passed)), exit_code=verdict.exit_code,
         summary_rows=summary_rows(s), latency_head=latency[0], latency_rows=latency[1], itl_note=itl_note,
+        steady=steady_line(s["steady"], s["requests"]) if s.get("steady") else "",
         named=name_rows(s), name_head=NAME_HEAD, by_target=name_rows(s, "targets"), target_head=group_head("targets"),
         client_saturated={"cause": client.get("cause") or "client", "reasons": "; ".join(client.get("reasons") or []),
                           "headline": who_fell_behind(client.get("cause")),
@@ -172,7 +173,7 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     run = load_run(run_dir)
     opts = run.config.get("options", {})
     texts = slo_texts if slo_texts else run.slo_texts
-    slos = parse_slo_option(texts)
+    slos = parse_slo_option(texts, str(opts.get("window") or "run"))  # --window, as the run was judged
     title = f"vllm-load run {run.config.get('run_id')}" + (" (target: built-in EMULATOR)" if run.is_emulator else "")
     server = server_summary(run.server)
     run.summary = judge_emulator(run.summary, server)  # the client's verdict with the emulator's own lateness

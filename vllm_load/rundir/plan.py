@@ -48,6 +48,8 @@ class RunPlan:
     sweep_levels: tuple = ()
     #: --host's replicas when it names several (``host`` is then their list): users are spread over them
     hosts: tuple[str, ...] = ()
+    #: the run has a steady window (one load level: no sweep, ramp, trace or shape; ``plugin/steady.py``)
+    steady: bool = False
 
     def ramp_rate(self, elapsed: float, sent: int, share: int) -> float:
         """--ramp-up-strategy's total rate ``elapsed`` seconds after the run's epoch (a ramp over -t), or after
