@@ -10,6 +10,7 @@ import pytest
 
 from server.emulator.engine import EngineConfig, FixedScheduleEngine
 from server.sidecar.vllm_schema import parse_metrics
+from vllm_load.rundir.reqlog import read_log
 from tests.helpers import ROOT, run_locust
 
 
@@ -67,5 +68,10 @@ def test_the_embedded_emulator_drafts_when_asked(tmp_path):
                       "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     spec = json.loads((run_dir / "summary.json").read_text())["server"]["spec_decode"]
+    # the server's series runs past the last request's end (the end waits for the sidecar's next scrape): its
+    # counters hold every step of every request
+    last_end = max(r["start"] + r["e2e"] for r in read_log(run_dir / "requests.jsonl"))
+    # (json, not orjson: a sample may hold NaN, which json writes)
+    assert max(json.loads(line)["t"] for line in (run_dir / "server.jsonl").open()) >= last_end
     # every draft accepted: 1 + 2 tokens per step, 20 decode tokens in 7 steps (the last one cut to 2)
     assert spec["acceptance_length"] == pytest.approx(1 + 13 / 7) and spec["per_position_acceptance_rates"][0] == 1.0
