@@ -118,6 +118,7 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
     (["--host", "http://127.0.0.1:9"], "give the SLOs"),
     (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--grid", "nonsense"], "is not NAME=V1,V2"),
     (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--search-tolerance", "150%"], "--search-tolerance"),
+    (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--repeat", "0"], "--repeat must be 1 or more"),
 ])
 def test_bad_tune_input_is_one_line_and_exit_2(tmp_path, argv, needle):
     res = tune(*argv, "--out", str(tmp_path / "t"), cwd=tmp_path)
@@ -209,6 +210,43 @@ def test_tune_against_a_running_server_with_probes_that_end_by_count(tmp_path, e
     probes = [json.loads(p.read_text())["summary"] for p in (tmp_path / "tune").rglob("summary.json")]
     assert len(probes) == 2 and all(s["requests"] == 30 and s["duration_s"] < 30 for s in probes), \
         [(s["requests"], s["duration_s"]) for s in probes]
+
+
+def test_tune_repeats_each_probe_and_gives_its_spread(tmp_path, emulator_factory):
+    """--repeat 3: each level probed three times in run directories of their own; its numbers are the repeats'
+    means, with the Student-t interval computed from the repeats' own summaries; the tables show mean ± half."""
+    from vllm_load.metrics.repeats import spread
+    from vllm_load.tune.probe import read_probe
+
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.002")
+    out = tmp_path / "tune"
+    res = tune("--host", emu.url, "--slo", "ttft.p99<=1s", "--max-level", "1", "--probe-duration", "60s",
+               "--probe-warmup", "0.5s", "--repeat", "3", "--confidence", "0.9", "--out", str(out), "--",
+               "-f", str(ROOT / "locustfiles" / "chat.py"), "--output-tokens", "8", "--num-requests", "20", cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (result,) = [json.loads(p.read_text()) for p in out.rglob("result.json")]
+    (probe,) = result["probes"]
+    dirs = sorted(out.rglob("probe-1-r*/summary.json"))
+    assert [d.parent.name for d in dirs] == ["probe-1-r1", "probe-1-r2", "probe-1-r3"] and len(probe["repeats"]) == 3
+    own = [read_probe(1, 0, d.parent) for d in dirs]  # each repeat read back from its own run directory
+    want = spread([p.request_rate for p in own], 0.9)
+    assert probe["request_rate"] == pytest.approx(want["mean"]) and probe["spread"]["request_rate"] == \
+        pytest.approx(want)
+    assert result["goodput_spread"] == pytest.approx(spread([p.goodput for p in own], 0.9))
+    line = next(x for x in res.stdout.splitlines() if " 1 users: " in x)
+    assert "pass (3 of 3 repeats passed)" in line and f"{want['mean']:.2f} ± {want['half']:.2f} req/s" in line
+    assert f"{want['mean']:.2f} ± {want['half']:.2f}" in (out / "tune.md").read_text()
+
+
+def test_a_repeated_level_passes_only_when_every_repeat_did():
+    from vllm_load.tune.probe import Probe, combine
+
+    ok, miss = Probe(4, True, 0, "a", request_rate=10.0), Probe(4, False, 1, "b", request_rate=8.0,
+                                                               missed=("ttft.p99<=1s (measured 1.2 s)",))
+    both = combine([ok, miss], 0.95)
+    assert not both.passed and both.code == 1 and both.request_rate == 9.0 and both.missed == miss.missed
+    assert len(both.repeats) == 2 and both.spread["request_rate"]["n"] == 2
+    assert combine([ok], 0.95) is ok  # one probe is itself
 
 
 def test_a_serve_program_installed_beside_this_python_is_found_off_the_path(monkeypatch):

@@ -7,9 +7,10 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from vllm_load.metrics.repeats import spread
 from vllm_load.metrics.verdict import Verdict
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
@@ -40,9 +41,42 @@ class Probe:
     invalid: str = ""  # why the run measured nothing
     untrustworthy: str = ""  # why the run's own verdict disowns its numbers (the client could not keep time …)
     short: str = ""  # the probe was too short for its requests (their E2E p99 against its measured window)
+    #: --repeat N: each repeat's own probe, and the spread of the main numbers over them (metrics/repeats.spread)
+    repeats: list[dict] = field(default_factory=list)
+    spread: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+#: the numbers a repeated probe gives as their mean, with their spread over the repeats
+SPREAD = ("request_rate", "output_token_rate", "goodput", "ttft_p99", "itl_p99", "e2e_p99")
+_MEAN = (*SPREAD, "ttft_mean", "itl_mean", "e2e_mean", "tps_per_user", "prefix_hit_rate", "preemptions")
+_MAX = ("kv_max", "waiting_max")
+
+
+def combine(probes: list[Probe], confidence: float) -> Probe:
+    """One level probed several times (tune --repeat): it passes when every repeat passed (a capacity a gate can
+    trust run after run); its numbers are the repeats' means (the server's maxima their largest), with each main
+    number's spread. The first repeat that misses ends the level: later ones could not make it pass."""
+    if len(probes) == 1:
+        return probes[0]
+
+    def values(name: str) -> list[float]:
+        return [v for p in probes if (v := getattr(p, name)) is not None]
+
+    def joined(name: str) -> str:
+        return "; ".join(dict.fromkeys(v for p in probes if (v := getattr(p, name))))
+
+    means = {k: sum(vs) / len(vs) if (vs := values(k)) else None for k in _MEAN}
+    maxima = {k: max(vs) if (vs := values(k)) else None for k in _MAX}
+    first = probes[0]
+    return Probe(level=first.level, passed=all(p.passed for p in probes),
+                 code=next((p.code for p in probes if p.code), 0), run_dir=first.run_dir, **means, **maxima,
+                 missed=tuple(dict.fromkeys(m for p in probes for m in p.missed)), invalid=joined("invalid"),
+                 untrustworthy=joined("untrustworthy"), short=joined("short"),
+                 repeats=[p.to_json() for p in probes],
+                 spread={k: s for k in SPREAD if (s := spread(values(k), confidence)) is not None})
 
 
 def run_probe(locust_args: list[str], url: str, level: float, mode: str, slos: list[str], sidecar_url: str,

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_load.metrics.repeats import spread_text
+
 HEAD = ["config", "level", "SLOs", "req/s", "tok/s", "TTFT mean", "TTFT p99", "ITL mean", "ITL p99", "E2E mean",
         "E2E p99", "KV max", "preempt", "waiting max", "prefix hit"]
 
@@ -32,8 +34,13 @@ def _n(v: float | None, fmt: str = "{:g}") -> str:
 def probe_row(cfg: str, p: dict) -> list[str]:
     verdict = (("pass" if p["passed"] else "MISS") + (" UNTRUSTWORTHY" if p.get("untrustworthy") else "")
                + (" TOO SHORT" if p.get("short") else ""))
-    return [cfg, f"{p['level']:g}", verdict, f"{p['request_rate']:.2f}",
-            f"{p['output_token_rate']:.0f}", _ms(p["ttft_mean"]), _ms(p["ttft_p99"]), _ms(p["itl_mean"]),
+    spread = p.get("spread") or {}
+
+    def rate(key: str, digits: int) -> str:  # with ± the interval over --repeat's repeats
+        return spread_text(spread[key], digits=digits) if key in spread else f"{p[key]:.{digits}f}"
+
+    return [cfg, f"{p['level']:g}", verdict, rate("request_rate", 2),
+            rate("output_token_rate", 0), _ms(p["ttft_mean"]), _ms(p["ttft_p99"]), _ms(p["itl_mean"]),
             _ms(p["itl_p99"]), _ms(p["e2e_mean"]), _ms(p["e2e_p99"]), _pct(p["kv_max"]), _n(p["preemptions"]),
             _n(p["waiting_max"]), _pct(p["prefix_hit_rate"])]
 
@@ -101,7 +108,8 @@ def config_rows(results: list[dict], unit: str) -> list[list[str]]:
     rows = []
     for r in results:
         cap = "-" if r["capacity"] is None else f"{r['capacity']:g} {unit}"
-        gp = "-" if r["goodput"] is None else f"{r['goodput']:.2f}"
+        gp = ("-" if r["goodput"] is None else spread_text(r["goodput_spread"]) if r.get("goodput_spread")
+              else f"{r['goodput']:.2f}")
         bad = distrusted(r)
         rows.append([label(r["params"]), cap, gp, f"UNTRUSTWORTHY ({len(bad)} of {len(r['probes'])} probes)" if bad
                      else "ok", why_lost(r)])

@@ -23,7 +23,8 @@ from pathlib import Path
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SLO_MISS, UsageError
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.runtime.server_wait import parse_duration
-from vllm_load.tune.probe import run_probe
+from vllm_load.metrics.repeats import spread_text
+from vllm_load.tune.probe import Probe, combine, run_probe
 from vllm_load.tune.report import label, trust_note, why_lost, write
 from vllm_load.tune.search import CapacitySearch
 from vllm_load.tune.server import ServerProcess, free_port, render
@@ -61,6 +62,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rate-users", type=int, default=32, help="--search rate: users the rate is split over")
     ap.add_argument("--server-ready-timeout", default="10m", help="how long a server may take to serve")
     ap.add_argument("--resume", action="store_true", help="skip configurations already measured in --out")
+    ap.add_argument("--repeat", type=int, default=1, metavar="N", help="probe each level N times: it passes when "
+                    "every repeat passed, its numbers are their means with a confidence interval (--confidence)")
+    ap.add_argument("--confidence", type=float, default=0.95, help="the confidence of --repeat's intervals")
     return ap
 
 
@@ -105,6 +109,9 @@ def tune(args: argparse.Namespace, locust_args: list[str]) -> int:
     ready = parse_duration(args.server_ready_timeout, "--server-ready-timeout")
     if duration <= warmup:
         raise UsageError("--probe-duration must be longer than --probe-warmup")
+    if args.repeat < 1 or not 0 < args.confidence < 1:
+        raise UsageError(f"--repeat must be 1 or more (got {args.repeat}) and --confidence between 0 and 1 "
+                         f"(got {args.confidence:g})")
     if not any(a in ("-f", "--locustfile") or a.startswith("--locustfile=") for a in locust_args):
         locust_args = ["-f", str(Path(__file__).resolve().parent.parent / "locustfiles" / "chat.py"), *locust_args]
     configs = configurations(args.grid, args.grid_file)
@@ -167,13 +174,12 @@ def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: li
         search = CapacitySearch(start=args.start_level, max_level=args.max_level, tolerance=tolerance,
                                 integer=args.search == "concurrency")
         while (level := search.next_level()) is not None:
-            probe = run_probe(locust_args, url, level, args.search, slos, sidecar.url, f"{duration:g}s",
-                              f"{warmup:g}s", cdir / f"probe-{level:g}", args.rate_users, timeout=duration + 300)
+            probe = probe_level(args, locust_args, url, level, slos, sidecar.url, duration, warmup, cdir)
             search.record(level, probe.passed)
             result["probes"].append(probe.to_json())
             print(f"vllm-load tune:   {level:g} {'users' if args.search == 'concurrency' else 'req/s'}: "
-                  f"{'pass' if probe.passed else 'MISS'} ({probe.request_rate:.2f} req/s, "
-                  f"{probe.output_token_rate:.0f} tok/s)"
+                  f"{'pass' if probe.passed else 'MISS'}{repeats_text(probe, args.repeat)} "
+                  f"({rate_text(probe, 'request_rate', 2)} req/s, {rate_text(probe, 'output_token_rate', 0)} tok/s)"
                   + (f" UNTRUSTWORTHY: {probe.untrustworthy}" if probe.untrustworthy else "")
                   + (f" TOO SHORT: {probe.short}" if probe.short else ""), flush=True)
             crash = server.crashed() if server else None
@@ -183,6 +189,7 @@ def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: li
         result["capacity"] = search.capacity
         at = [p for p in result["probes"] if p["passed"] and p["level"] == search.capacity]
         result["goodput"] = at[0]["goodput"] if at else None
+        result["goodput_spread"] = (at[0].get("spread") or {}).get("goodput") if at else None  # --repeat
         if search.capacity is None:
             result.update(status="none", reason="even the first level missed an SLO")
         return result
@@ -191,6 +198,34 @@ def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: li
             sidecar.stop()
         if server is not None:
             server.stop()
+
+
+def probe_level(args: argparse.Namespace, locust_args: list[str], url: str, level: float, slos: list[str],
+                sidecar_url: str, duration: float, warmup: float, cdir: Path) -> Probe:
+    """One level, probed --repeat times (each in its own run directory); a repeat that misses ends the level."""
+    probes: list[Probe] = []
+    for k in range(1, args.repeat + 1):
+        run_dir = cdir / (f"probe-{level:g}" if args.repeat == 1 else f"probe-{level:g}-r{k}")
+        probes.append(run_probe(locust_args, url, level, args.search, slos, sidecar_url, f"{duration:g}s",
+                                f"{warmup:g}s", run_dir, args.rate_users, timeout=duration + 300))
+        if not probes[-1].passed:
+            break
+    return combine(probes, args.confidence)
+
+
+def repeats_text(probe: Probe, asked: int) -> str:
+    """How many of the asked repeats ran and passed ('' without --repeat)."""
+    if asked == 1:
+        return ""
+    n = len(probe.repeats) or 1
+    passed = sum(1 for r in probe.repeats if r["passed"]) if probe.repeats else int(probe.passed)
+    return f" ({passed} of {n} repeats passed" + ("" if n == asked else f", of {asked} asked") + ")"
+
+
+def rate_text(probe: Probe, key: str, digits: int) -> str:
+    """A probe's number, with ± its interval's half-width over the repeats."""
+    s = probe.spread.get(key)
+    return spread_text(s, digits=digits) if s else f"{getattr(probe, key):.{digits}f}"
 
 
 def main(argv: list[str]) -> int:
