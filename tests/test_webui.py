@@ -351,3 +351,78 @@ def test_the_charts_tab_shows_the_llm_charts_under_locusts_own(tmp_path):
         browser.close()
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_start_form_is_grouped_as_the_command_line_with_short_labels(tmp_path):
+    """The web UI's start form (headless Chromium, its Custom parameters opened as a person would): the options
+    chat.py reads, under the groups of `vllm-load options` with what a first run needs first, each labelled by its
+    flag's words with its whole help on hover; sweep.py's own options are not offered. Screenshot in the test's
+    folder."""
+    from tests.browser import Browser
+    from vllm_load.options import OPTIONS
+    from vllm_load.plugin import web_form
+    from vllm_load.plugin.users import ChatUser
+
+    want = web_form.fields([ChatUser])
+    proc, base = _ui(tmp_path)
+    browser = Browser(tmp_path / "chromium")
+    try:
+        browser.set_width(1200, 2400)
+        browser.goto(base + "/", ready="document.querySelector('.vllm-load-group') !== null")
+        browser.eval("""(() => { const s = [...document.querySelectorAll('*')].find(e => e.children.length === 0
+            && e.textContent.trim() === 'Custom parameters'); s.click(); })()""")
+        seen = json.loads(browser.eval("""new Promise(done => { const look = () => {
+            const fields = [...document.querySelectorAll('[data-vllm-load-field]')];
+            // opened: the accordion's transition has ended with the fields in it
+            if (!fields.length || !fields[0].closest('.MuiCollapse-entered')) return setTimeout(look, 100);
+            const top = e => e.getBoundingClientRect().top;
+            const items = [...fields.map(f => ({top: top(f), name: f.dataset.vllmLoadField, title: f.title,
+                                               label: (f.querySelector('.MuiFormControlLabel-label')
+                                                       || f.querySelector('label')).textContent.replace('*', '').trim()})),
+                           ...[...document.querySelectorAll('.vllm-load-group')].map(h => ({top: top(h), head: h.textContent}))];
+            items.sort((a, b) => a.top - b.top);
+            done(JSON.stringify(items)); }; look(); })"""))
+        browser.screenshot(tmp_path / "start-form.png")
+        # the form still starts a run with what was typed in a regrouped field
+        browser.eval("(() => { const i = document.querySelector('input[name=inputTokens]'); i.focus(); i.select(); })()")
+        browser.call("Input.insertText", text="96")
+        browser.eval("[...document.querySelectorAll('button')].find(b => b.textContent.trim() === 'Start').click()")
+        config = tmp_path / "run" / "config.json"
+        wait_for(lambda: config.exists(), timeout=60, what="the run started from the form")
+        assert json.loads(config.read_text())["options"]["input_tokens"] == "96"
+    finally:
+        browser.close()
+        proc.terminate()
+        proc.wait(timeout=30)
+    fields = [i for i in seen if "name" in i]
+    by_dest = {o.dest: o for o in OPTIONS}
+    # every option chat.py reads that the form offers, in the command line's order, each once
+    assert [f["name"] for f in fields] == sorted((d for d in want if d in {f["name"] for f in fields}),
+                                                 key=lambda d: want[d]["order"])
+    assert {f["name"] for f in fields} == set(want)  # selects (their labels name them) and checkboxes too
+    assert not {"sweep", "step_duration", "turns", "sessions"} & {f["name"] for f in fields}  # other locustfiles'
+    heads = [i["head"] for i in seen if "head" in i]
+    assert heads[:3] == ["first run", "target", "workload"] and len(heads) == len(set(heads)) >= 8
+    assert [i.get("name") for i in seen[:3]] == [None, "input_tokens", "output_tokens"]
+    for dest, text in (("input_tokens", "input tokens"), ("server_kind", "server kind"), ("insecure", "insecure")):
+        field = next(f for f in fields if f["name"] == dest)
+        assert field["label"] == text and field["title"] == by_dest[dest].help
+
+
+def test_the_form_offers_the_options_a_locustfile_reads_each_once_first_run_first():
+    from vllm_load.options import GROUPS
+    from vllm_load.plugin import web_form
+    from vllm_load.plugin.shapes import SweepShape
+    from vllm_load.plugin.users import ChatUser
+
+    chat, sweep = web_form.fields([ChatUser]), web_form.fields([ChatUser, SweepShape])
+    assert "sweep" in sweep and "sweep" not in chat and "images_per_request" in chat
+    orders = [m["order"] for m in chat.values()]
+    assert len(orders) == len(set(orders))
+    first = sorted(chat, key=lambda d: chat[d]["order"])[:len(web_form.FIRST_RUN)]
+    assert [chat[d]["group"] for d in first] == ["first run"] * len(first)
+    assert {m["group"] for m in chat.values()} <= {"first run", *GROUPS}
+    assert sum(m["head"] for m in chat.values()) == len({m["group"] for m in chat.values()})
+    extra = {"input_tokens": {}, "sweep": {}, "turns": {}}
+    web_form.keep_used(extra, [ChatUser])
+    assert set(extra) == {"input_tokens"}

@@ -19,8 +19,8 @@ from vllm_load.client.pooling import POOLING
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError, die
 from vllm_load.metrics.prometheus import registry_for
 from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.plugin import (end_of_run, saturation_watch, startup, ui_guard, validate, warmup_reset, webui, wire,
-                              worker_secrets)
+from vllm_load.plugin import (end_of_run, saturation_watch, startup, ui_guard, validate, warmup_reset, web_form, webui,
+                              wire, worker_secrets)
 from vllm_load.plugin.collector import Collector
 from vllm_load.runtime.embedded import (ChildServer, emulator_args, emulator_mode, private_temp_file, start_emulator,
                                        start_sidecar)
@@ -83,6 +83,7 @@ class Controller(Process):
             die(str(exc))
         if env.web_ui is not None:  # before anything can fail: the UI stays up to show the error
             ui_guard.SecretGuard(env).install(env.web_ui)
+            web_form.install(env)  # the start form as the command line groups it
             warning = ui_guard.bind_warning(opts.web_host, bool(opts.web_login))
             if warning:
                 print(warning, flush=True)
