@@ -34,7 +34,9 @@ def test_chat_with_images_reports_media_tokens_apart_and_sends_no_image_twice(tm
     log = tmp_path / "bodies.jsonl"
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005", "--request-log", str(log))
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "3s",
+    # ended by its count, -t a bound: two processes starting on a busy host once sent nothing in a 3 s run
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "90s",
+                      "--num-requests", "12",
                       "--host", emu.url, "--processes", "2", "--images-per-request", "2", "--image-size", "256x256",
                       "--audio-seconds", "2", "--input-tokens", "64", "--output-tokens", "8",
                       "--run-dir", str(run_dir)], cwd=tmp_path)

@@ -25,12 +25,11 @@ def test_a_reasoning_model_reports_ttfo_after_its_thinking(tmp_path):
     for r in logs:
         # the thinking is part of the output (max_tokens bounds both), counted from the server's own details
         assert r["reasoning_tokens"] == THINK and r["reasoning_source"] == "usage" and r["output_tokens"] == OUT
-        # TTFO is the answer's first chunk (index THINK, one token a chunk) as it landed, whatever the host's load
+        # TTFO is the answer's first chunk (index THINK, one token a chunk) as it landed: exact, whatever the host's
+        # load (a request's own gap from TTFT is not: a busy CI host landed the answer 5.7 ms late, and with two busy
+        # loops beside the suite the first reasoning token came 4 ms late; the median below is timed)
         assert r["chunk_tokens"][:THINK + 1] == [1] * (THINK + 1)
         assert r["ttfo"] == pytest.approx(r["chunk_offsets"][THINK], abs=1e-6)
-        # ... which the emulator sends THINK gaps of ITL after the first reasoning token, never sooner (a busy 2-core
-        # CI host once landed it 5.7 ms late; a neighbour token is a whole ITL away)
-        assert THINK * ITL - 0.001 <= r["ttfo"] - r["ttft"] < (THINK + 0.5) * ITL
     out = json.loads((run_dir / "summary.json").read_text())
     s = out["summary"]
     assert s["reasoning_tokens"] == THINK * len(logs) and s["reasoning_requests"] == len(logs)
