@@ -46,6 +46,15 @@ def test_each_c_extension_has_a_stub_that_matches_it():
     assert stubbed == {n for n in dir(_rxnative.Reader) if not n.startswith("_")}
     parsed, _taken = _rxnative.parse_sse([(b"data: [DONE]\n", 1)], 0.0)
     assert len(parsed) == len(Parsed._fields)
+    # each named result's fields, in C's order, are the stub class's annotations; the body states its constants
+    for name in ("Accepted", "Taken", "Drained", "Lag"):
+        cls = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == name)
+        fields = [f.target.id for f in cls.body if isinstance(f, ast.AnnAssign)]
+        c_type = getattr(_rxnative, name)
+        made = c_type(tuple(range(c_type.n_fields)))
+        assert len(fields) == c_type.n_fields and [getattr(made, f) for f in fields] == list(range(len(fields))), name
+    constants = {n.target.id for n in stub.body if isinstance(n, ast.AnnAssign)}
+    assert {n for n in dir(_rxnative) if n.isupper()} == constants
     hdr = ast.parse((PKG / "metrics" / "_hdrnative.pyi").read_text())
     from vllm_load.metrics import _hdrnative
     assert {f.name for f in hdr.body if isinstance(f, ast.FunctionDef)} == {

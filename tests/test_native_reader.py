@@ -278,13 +278,14 @@ def test_news_is_applied_when_drained_so_a_previous_body_never_ends_the_next(mon
 
         def drain(self):
             news, self.news = self.news, []
-            return [(f, [], self.state if f == fd else 0, 0, 0, self.body_parsed if f == fd else None) for f in news]
+            return [native._rxnative.Drained((f, [], self.state if f == fd else 0, 0, 0,
+                                              self.body_parsed if f == fd else None)) for f in news]
 
         def body(self, *args):
             self.state = 0
 
-        def lines(self, f, flush=False):
-            return [], self.state, 0, None
+        def lines(self, f, flush=False):  # the C reader's named results, as it makes them
+            return native._rxnative.Taken(([], self.state, 0, None))
 
     thread = Thread()
     reads.reader = thread

@@ -63,7 +63,7 @@ typedef struct {
     int64_t left;  /* bytes left: of the current chunk (chunked) or of Content-Length (-1: until close) */
     int cstate;    /* chunked decoder state */
     int after_lf;  /* the state after C_LF's line feed */
-    int state;     /* 0 running, 1 complete, 2 closed before the end, 3 malformed, DECLINED */
+    int state;     /* enum body_state */
     uint64_t bytes;
     char *line;
     size_t linelen, linecap;
@@ -129,7 +129,14 @@ typedef struct {
 } Reader;
 
 #define HEAD_MAX 65536 /* a response's header block larger than this is not an inference server's */
-#define DECLINED 4      /* body_state of an expected head left to the event loop (not a 200 we can take) */
+/* how a streamed body stands; exported to Python as BODY_* (client/reader_choice.BodyState) */
+enum body_state {
+    BODY_RUNNING = 0,   /* not ended by itself (an outcome with an error: the error stopped it) */
+    BODY_COMPLETE = 1,  /* its length read, or its last chunk */
+    BODY_CLOSED = 2,    /* the connection closed before its end */
+    BODY_MALFORMED = 3, /* malformed chunking */
+    DECLINED = 4,       /* an expected head left to the event loop (not a 200 we can take) */
+};
 #define LATE_NS 1000000 /* a read later than this after its segment landed counts as late (1 ms) */
 
 static inline int64_t monotonic_ns(void) {

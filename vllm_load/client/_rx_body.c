@@ -127,25 +127,25 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
         if (s->body.left >= 0 && (int64_t)take > s->body.left)
             take = (size_t)s->body.left;
         if (add_lines(s, p, take, stamp) < 0) {
-            s->body.state = 3;
+            s->body.state = BODY_MALFORMED;
             return n;
         }
         s->body.bytes += take;
         if (s->body.left >= 0) {
             s->body.left -= (int64_t)take;
             if (!s->body.left)
-                s->body.state = 1;
+                s->body.state = BODY_COMPLETE;
         }
         return take;
     }
-    while (i < n && s->body.state == 0) {
+    while (i < n && s->body.state == BODY_RUNNING) {
         char c = p[i];
         switch (s->body.cstate) {
         case C_SIZE: {
             int v = hexval(c);
             if (v >= 0) {
                 if (s->body.left > ((int64_t)1 << 40)) {
-                    s->body.state = 3;
+                    s->body.state = BODY_MALFORMED;
                     return n;
                 }
                 s->body.left = s->body.left * 16 + v;
@@ -157,7 +157,7 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
             } else if (c == '\n') {
                 s->body.cstate = s->body.left ? C_DATA : C_TRAILER;
             } else {
-                s->body.state = 3;
+                s->body.state = BODY_MALFORMED;
                 return n;
             }
             i++;
@@ -173,7 +173,7 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
             if ((int64_t)take > s->body.left)
                 take = (size_t)s->body.left;
             if (add_lines(s, p + i, take, stamp) < 0) {
-                s->body.state = 3;
+                s->body.state = BODY_MALFORMED;
                 return n;
             }
             s->body.bytes += take;
@@ -190,7 +190,7 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
             } else if (c == '\n') {
                 s->body.cstate = C_SIZE;
             } else {
-                s->body.state = 3;
+                s->body.state = BODY_MALFORMED;
                 return n;
             }
             i++;
@@ -200,7 +200,7 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
                 s->body.cstate = C_LF;
                 s->body.after_lf = C_END;
             } else if (c == '\n') {
-                s->body.state = 1;
+                s->body.state = BODY_COMPLETE;
             } else {
                 s->body.cstate = C_TRAILER_LINE;
             }
@@ -208,11 +208,11 @@ static size_t body_feed(stream_t *s, const char *p, size_t n, int64_t stamp) {
             break;
         case C_LF:
             if (c != '\n') {
-                s->body.state = 3;
+                s->body.state = BODY_MALFORMED;
                 return n;
             }
             if (s->body.after_lf == C_END)
-                s->body.state = 1;
+                s->body.state = BODY_COMPLETE;
             else
                 s->body.cstate = s->body.after_lf;
             i++;
@@ -318,9 +318,9 @@ void rx_start_body(Reader *r, int fd, stream_t *s, int chunked, long long length
     s->body.chunked = chunked;
     s->body.left = chunked ? 0 : length;
     s->body.cstate = C_SIZE;
-    s->body.state = (!chunked && length == 0) ? 1 : 0;
+    s->body.state = (!chunked && length == 0) ? BODY_COMPLETE : BODY_RUNNING;
     s->body.bytes = 0;
-    while ((g = s->raw.head) && s->body.state == 0) {
+    while ((g = s->raw.head) && s->body.state == BODY_RUNNING) {
         size_t n = g->len - g->off;
         size_t used = body_feed(s, g->data + g->off, n, g->stamp_ns);
         s->raw.queued -= used;
@@ -332,10 +332,10 @@ void rx_start_body(Reader *r, int fd, stream_t *s, int chunked, long long length
             free(g);
         }
     }
-    if (s->body.state == 0 && s->eof) {
-        s->body.state = (!chunked && length < 0) ? 1 : 2;
+    if (s->body.state == BODY_RUNNING && s->eof) {
+        s->body.state = (!chunked && length < 0) ? BODY_COMPLETE : BODY_CLOSED;
     }
-    if (s->body.state != 0)
+    if (s->body.state != BODY_RUNNING)
         s->body.on = 0;
     resume(r, fd, s);
 }
@@ -477,9 +477,9 @@ void rx_expect_scan(Reader *r, int fd, stream_t *s, const char *p, size_t n) {
 /* with the lock held: bytes that arrived while the body is parsed */
 static void body_bytes_in(Reader *r, stream_t *s, const char *p, size_t n, int64_t stamp) {
     size_t used = body_feed(s, p, n, stamp);
-    if (s->body.state != 0) {
+    if (s->body.state != BODY_RUNNING) {
         s->body.on = 0; /* what follows the body is raw again (a keep-alive connection's next answer) */
-        if (used < n && s->body.state == 1)
+        if (used < n && s->body.state == BODY_COMPLETE)
             queue_raw(r, s, p + used, n - used, stamp);
     }
 }
@@ -507,7 +507,7 @@ void rx_read_one(Reader *r, int fd, stream_t *s, char *buf) {
     if (n == 0) { /* end of stream: stop watching, or level-triggered epoll reports it forever */
         s->eof = 1;
         if (s->body.on) { /* a body read until close ends here; any other is cut short */
-            s->body.state = (!s->body.chunked && s->body.left < 0) ? 1 : 2;
+            s->body.state = (!s->body.chunked && s->body.left < 0) ? BODY_COMPLETE : BODY_CLOSED;
             s->body.on = 0;
         }
         epoll_ctl(r->ep, EPOLL_CTL_DEL, fd, NULL);

@@ -300,7 +300,7 @@ static PyObject *Reader_expect(Reader *r, PyObject *args) {
     if (!s)
         return NULL;
     s->body.on = 0;
-    s->body.state = 0;
+    s->body.state = BODY_RUNNING;
     s->body.bytes = 0;
     s->exp.accepted = 0;
     s->tx_ns = 0;
@@ -322,6 +322,59 @@ static PyObject *Reader_expect(Reader *r, PyObject *args) {
     return PyBool_FromLong(settled);
 }
 
+/* the named results Python reads (struct sequences: tuples whose fields have names, as os.stat_result) */
+static PyStructSequence_Field accepted_fields[] = {
+    {"chunked", "Transfer-Encoding: chunked"},
+    {"length", "Content-Length (-1: none, until close)"},
+    {"keep_alive", "the connection may serve the next request"},
+    {"start", "the request's start (time.time()) the thread timed the answer from"},
+    {NULL, NULL}};
+static PyStructSequence_Desc accepted_desc = {"_rxnative.Accepted", "The head the thread took for expect().",
+                                              accepted_fields, 4};
+static PyStructSequence_Field taken_fields[] = {
+    {"lines", "the body's complete lines since the last call, each (bytes, stamp)"},
+    {"state", "its BODY_* state"},
+    {"body_bytes", "body bytes read so far"},
+    {"parsed", "a parsed body's result (sse.Parsed's fields), once, at its end; else None"},
+    {NULL, NULL}};
+static PyStructSequence_Desc taken_desc = {"_rxnative.Taken", "A socket's news: what lines(fd) returns.",
+                                           taken_fields, 4};
+static PyStructSequence_Field drained_fields[] = {
+    {"fd", "the socket"},
+    {"lines", "as Taken.lines"},
+    {"state", "as Taken.state"},
+    {"body_bytes", "as Taken.body_bytes"},
+    {"err", "the errno that stopped it (0: none), not raised"},
+    {"parsed", "as Taken.parsed"},
+    {NULL, NULL}};
+static PyStructSequence_Desc drained_desc = {"_rxnative.Drained", "One socket's news in drain().", drained_fields, 6};
+static PyStructSequence_Field lag_fields[] = {
+    {"lag", "the latest read after its segment landed, seconds"},
+    {"reads", "reads since the last call"},
+    {"late", "of those, later than LATE_NS"},
+    {NULL, NULL}};
+static PyStructSequence_Desc lag_desc = {"_rxnative.Lag", "The thread's read lag since the last take_lag().",
+                                         lag_fields, 3};
+static PyTypeObject *AcceptedType, *TakenType, *DrainedType, *LagType;
+
+/* a struct sequence of ``type`` from ``n`` new references (NULL, with every one released, if any is NULL) */
+static PyObject *named(PyTypeObject *type, int n, PyObject **items) {
+    PyObject *out = NULL;
+    int ok = 1;
+    for (int i = 0; i < n; i++)
+        ok = ok && items[i];
+    if (ok)
+        out = PyStructSequence_New(type);
+    if (!out) {
+        for (int i = 0; i < n; i++)
+            Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        PyStructSequence_SET_ITEM(out, i, items[i]);
+    return out;
+}
+
 /* accepted(fd) -> (chunked, length, keep_alive, start) | None: the head the thread took for expect() */
 static PyObject *Reader_accepted(Reader *r, PyObject *arg) {
     int fd;
@@ -334,7 +387,9 @@ static PyObject *Reader_accepted(Reader *r, PyObject *arg) {
     pthread_mutex_unlock(&r->lock);
     if (!got)
         Py_RETURN_NONE;
-    return Py_BuildValue("(OLOd)", chunked ? Py_True : Py_False, length, keep ? Py_True : Py_False, start);
+    PyObject *items[] = {PyBool_FromLong(chunked), PyLong_FromLongLong(length), PyBool_FromLong(keep),
+                         PyFloat_FromDouble(start)};
+    return named(AcceptedType, 4, items);
 }
 
 /* a stream's news, taken under the lock and turned into Python objects after it */
@@ -355,7 +410,7 @@ static void take_lines(stream_t *s, int fd, took_t *t, int flush) {
         s->parse.sse = NULL;
         s->parse.on = 0;
     }
-    if (s->body.state != 0 && s->body.linelen) {
+    if (s->body.state != BODY_RUNNING && s->body.linelen) {
         seg_t *last = rx_new_seg(s->body.line, s->body.linelen, realtime_ns());
         if (last) {
             rx_append_seg(&s->body.lhead, &s->body.ltail, last);
@@ -429,13 +484,14 @@ static PyObject *Reader_lines(Reader *r, PyObject *args) {
         Py_XDECREF(parsed);
         return NULL;
     }
-    if (t.state == 0 && t.err && t.nlines == 0 && parsed == Py_None && !flush) {
+    if (t.state == BODY_RUNNING && t.err && t.nlines == 0 && parsed == Py_None && !flush) {
         Py_DECREF(out);
         Py_DECREF(parsed);
         errno = t.err;
         return PyErr_SetFromErrno(PyExc_OSError);
     }
-    return Py_BuildValue("(NiKN)", out, t.state, t.body_bytes, parsed);
+    PyObject *items[] = {out, PyLong_FromLong(t.state), PyLong_FromUnsignedLongLong(t.body_bytes), parsed};
+    return named(TakenType, 4, items);
 }
 
 /* quiet(fd) -> seconds since the thread last read the fd (a parsed body's activity, for its timeout) */
@@ -510,8 +566,9 @@ static PyObject *Reader_drain(Reader *r, PyObject *unused) {
         PyObject *lines = lines_list(&took[i]);
         PyObject *item = NULL;
         if (lines && parsed && out) {
-            item = Py_BuildValue("(iNiKiN)", took[i].fd, lines, took[i].state, took[i].body_bytes, took[i].err,
-                                 parsed);
+            PyObject *items[] = {PyLong_FromLong(took[i].fd), lines, PyLong_FromLong(took[i].state),
+                                 PyLong_FromUnsignedLongLong(took[i].body_bytes), PyLong_FromLong(took[i].err), parsed};
+            item = named(DrainedType, 6, items);
         } else {
             Py_XDECREF(lines);
             Py_XDECREF(parsed);
@@ -538,7 +595,8 @@ static PyObject *Reader_take_lag(Reader *r, PyObject *unused) {
     r->lag_max_ns = 0;
     r->lag_reads = r->late_reads = 0;
     pthread_mutex_unlock(&r->lock);
-    return Py_BuildValue("(dKK)", lag, reads, late);
+    PyObject *items[] = {PyFloat_FromDouble(lag), PyLong_FromUnsignedLongLong(reads), PyLong_FromUnsignedLongLong(late)};
+    return named(LagType, 3, items);
 }
 
 static PyObject *Reader_stats(Reader *r, PyObject *unused) {
@@ -686,9 +744,26 @@ PyMODINIT_FUNC PyInit__rxnative(void) {
         return NULL;
     }
     /* the constants Python reads from here, not from copies of its own */
-    if (PyModule_AddIntConstant(m, "DECLINED", DECLINED) < 0 || PyModule_AddIntConstant(m, "LATE_NS", LATE_NS) < 0) {
+    if (PyModule_AddIntConstant(m, "DECLINED", DECLINED) < 0 || PyModule_AddIntConstant(m, "LATE_NS", LATE_NS) < 0 ||
+        PyModule_AddIntConstant(m, "BODY_RUNNING", BODY_RUNNING) < 0 ||
+        PyModule_AddIntConstant(m, "BODY_COMPLETE", BODY_COMPLETE) < 0 ||
+        PyModule_AddIntConstant(m, "BODY_CLOSED", BODY_CLOSED) < 0 ||
+        PyModule_AddIntConstant(m, "BODY_MALFORMED", BODY_MALFORMED) < 0) {
         Py_DECREF(m);
         return NULL;
+    }
+    struct {
+        PyTypeObject **type;
+        PyStructSequence_Desc *desc;
+        const char *name;
+    } results[] = {{&AcceptedType, &accepted_desc, "Accepted"}, {&TakenType, &taken_desc, "Taken"},
+                   {&DrainedType, &drained_desc, "Drained"}, {&LagType, &lag_desc, "Lag"}};
+    for (size_t i = 0; i < sizeof results / sizeof results[0]; i++) {
+        *results[i].type = PyStructSequence_NewType(results[i].desc);
+        if (!*results[i].type || PyModule_AddObjectRef(m, results[i].name, (PyObject *)*results[i].type) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }

@@ -10,10 +10,53 @@ Lines = list[tuple[bytes, Stamp]]
 #:  continuous_usage, done, done_at, answer_at, reasoning_streamed, reasoning_reported, late_merged): sse.Parsed
 ParsedTuple = tuple[Any, ...]
 
-#: BodyOutcome.state of an expected answer whose head the thread left to the event loop (``Reader.expect``)
+#: how a streamed body stands (C's ``enum body_state``; Python's ``reader_choice.BodyState``): not ended by itself,
+#: its length or last chunk read, the connection closed before its end, malformed chunking, and an expected head
+#: the thread left to the event loop (``Reader.expect``)
+BODY_RUNNING: int
+BODY_COMPLETE: int
+BODY_CLOSED: int
+BODY_MALFORMED: int
 DECLINED: int
 #: a read later than this after its segment landed counts as late (ns)
 LATE_NS: int
+
+
+class Accepted(tuple[Any, ...]):
+    """The head the thread took for ``expect()`` (a struct sequence: a tuple with named fields)."""
+
+    chunked: bool  # Transfer-Encoding: chunked
+    length: int  # Content-Length (-1: none, until close)
+    keep_alive: bool  # the connection may serve the next request
+    start: float  # the request's start (time.time()) the thread timed the answer from
+
+
+class Taken(tuple[Any, ...]):
+    """A socket's news: what ``lines(fd)`` returns."""
+
+    lines: Lines  # the body's complete lines since the last call
+    state: int  # its BODY_* state
+    body_bytes: int  # body bytes read so far
+    parsed: ParsedTuple | None  # a parsed body's result, once, at its end
+
+
+class Drained(tuple[Any, ...]):
+    """One socket's news in ``drain()``: ``Taken``'s, with its fd and the errno that stopped it (not raised)."""
+
+    fd: int
+    lines: Lines
+    state: int
+    body_bytes: int
+    err: int
+    parsed: ParsedTuple | None
+
+
+class Lag(tuple[Any, ...]):
+    """The thread's read lag since the last ``take_lag()``."""
+
+    lag: float  # the latest read after its segment landed, seconds
+    reads: int
+    late: int  # of those, later than LATE_NS
 
 class Reader:
     """One per process: a C thread reading every watched socket as data lands (epoll, kernel stamps)."""
@@ -26,14 +69,14 @@ class Reader:
     def send(self, fd: int, data: bytes, /) -> int: ...
     def body(self, fd: int, chunked: bool, length: int, start_wall: float | None = None, limit: int = 0, /) -> None: ...
     def expect(self, fd: int, start_wall: float, from_send: bool, limit: int = 0, /) -> bool: ...
-    def accepted(self, fd: int, /) -> tuple[bool, int, bool, float] | None: ...
-    def lines(self, fd: int, flush: bool = False, /) -> tuple[Lines, int, int, ParsedTuple | None]: ...
+    def accepted(self, fd: int, /) -> Accepted | None: ...
+    def lines(self, fd: int, flush: bool = False, /) -> Taken: ...
     def quiet(self, fd: int, /) -> float: ...
     def sent(self, fd: int, /) -> Stamp | None: ...
     def pending(self, fd: int, /) -> bool: ...
-    def drain(self) -> list[tuple[int, Lines, int, int, int, ParsedTuple | None]]: ...
+    def drain(self) -> list[Drained]: ...
     def fileno(self) -> int: ...
-    def take_lag(self) -> tuple[float, int, int]: ...
+    def take_lag(self) -> Lag: ...
     def stats(self) -> dict[str, Any]: ...
 
 def parse_sse(lines: list[tuple[bytes, int] | tuple[bytes, int, bool]], start_wall: float, limit: int = 0,

@@ -238,8 +238,7 @@ class Connections:
                 taken = reads.reader.accepted(fd)
                 if taken is None:  # failed before the head came: as a wait for it would have
                     raise out.error if out.error is not None else ClosedBeforeAnswer("no answer")
-                chunked, length, keep_alive, start = taken
-                return Answer(conn, Head(200, chunked, length, keep_alive, None), out, start)
+                return Answer(conn, Head(200, taken.chunked, taken.length, taken.keep_alive, None), out, taken.start)
         head = reads.reader.head
         while True:
             block = head(fd)

@@ -20,6 +20,7 @@ from gevent import GreenletExit
 
 from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError
 
+from vllm_load.client.reader_choice import BodyState
 from vllm_load.client.sse import StreamError
 
 #: a transport's report of one exchange to Locust's request event:
@@ -168,7 +169,7 @@ def raise_for(out: Any) -> None:
     """Raise what the Python reader would have raised for a body the native thread did not end cleanly."""
     if out.error is not None:
         raise out.error
-    if out.state == 2:
+    if out.state == BodyState.CLOSED:
         raise HTTPConnectionClosed("the server closed the connection before the end of the body")
-    if out.state == 3:
+    if out.state == BodyState.MALFORMED:
         raise HTTPParseError("malformed chunked body")

@@ -25,7 +25,7 @@ from gevent import GreenletExit
 from gevent.hub import Waiter, get_hub
 
 from vllm_load.client.reader_choice import (  # noqa: F401  (the choice, where callers found it first)
-    DECLINED, ENV, LATE_S, _rxnative, built, describe, enabled, python_lag, reader_name)
+    DECLINED, ENV, LATE_S, BodyState, _rxnative, built, describe, enabled, python_lag, reader_name)
 
 #: how often waits are checked against their socket's timeout (Locust's network_timeout: 600 s by default)
 SWEEP_S = 0.1
@@ -38,8 +38,8 @@ HANDOFF_S = 0.001
 
 @dataclass(slots=True)
 class BodyOutcome:
-    """How a streamed body ended. ``state``: 1 complete, 2 the connection closed before its end, 3 malformed
-    chunking, 0 an error stopped it (``error``), ``DECLINED`` an expected head left to the event loop.
+    """How a streamed body ended (``state``, ``BodyState``): COMPLETE, CLOSED before its end, MALFORMED chunking,
+    RUNNING when an error stopped it (``error``), DECLINED an expected head left to the event loop.
     ``done_at``: the stamp of the line that completed the stream (``[DONE]``), in seconds after the request's
     start."""
 
@@ -95,7 +95,7 @@ class NativeReads:
         that instant (applied later, a previous body's end once completed the next request on that
         connection with nothing in it). The due greenlets are switched to in arrival order, in stretches."""
         waiters, bodies, ready = self.waiters, self.bodies, self.ready
-        for fd, lines, state, body_bytes, err, parsed in self.reader.drain():
+        for fd, lines, state, body_bytes, err, parsed in self.reader.drain():  # each a Drained, in its order
             body = bodies.get(fd)
             if body is not None:
                 outcome = self._take(body, lines, state, body_bytes, err, parsed)
@@ -123,10 +123,10 @@ class NativeReads:
     def _feed(self, fd: int, body: _Body) -> BodyOutcome | None:
         """What the thread decoded of a body before it was registered (it came with the headers)."""
         try:
-            lines, state, body_bytes, parsed = self.reader.lines(fd)
+            taken = self.reader.lines(fd)
         except OSError as exc:
-            return BodyOutcome(0, error=exc, done_at=body.done_at)
-        return self._take(body, lines, state, body_bytes, 0, parsed)
+            return BodyOutcome(BodyState.RUNNING, error=exc, done_at=body.done_at)
+        return self._take(body, taken.lines, taken.state, taken.body_bytes, 0, taken.parsed)
 
     @staticmethod
     def _take(body: _Body, lines: list, state: int, body_bytes: int, err: int,
@@ -140,13 +140,13 @@ class NativeReads:
                     later = body.sink.feed_lines(lines, body.start_wall)
                     done_at = done_at if done_at is not None else later
             except Exception as exc:  # the stream broke the protocol (StreamError): its reason is the failure
-                return BodyOutcome(0, body_bytes, body.done_at, exc)
+                return BodyOutcome(BodyState.RUNNING, body_bytes, body.done_at, exc)
             if done_at is not None and body.done_at is None:
                 body.done_at = done_at
             if body.timeout is not None:
                 body.deadline = time.monotonic() + body.timeout
         if not state and err:  # a read error once its lines are taken
-            return BodyOutcome(0, body_bytes, body.done_at, OSError(err, os.strerror(err)))
+            return BodyOutcome(BodyState.RUNNING, body_bytes, body.done_at, OSError(err, os.strerror(err)))
         return BodyOutcome(state, body_bytes, body.done_at) if state else None
 
     def _sweep(self) -> None:
@@ -166,13 +166,15 @@ class NativeReads:
                         continue
                     self._flush(fd, body)
                 del self.bodies[fd]
-                body.waiter.switch(BodyOutcome(0, done_at=body.done_at, error=socket.timeout("timed out")))
+                body.waiter.switch(BodyOutcome(BodyState.RUNNING, done_at=body.done_at,
+                                               error=socket.timeout("timed out")))
 
     def _flush(self, fd: int, body: _Body) -> None:
         """A parsed body stops before its end (a timeout, its socket closed, its user stopped): its sink takes
         what the thread parsed so far, so the failure says how many tokens came."""
         try:
-            lines, _state, _bytes, parsed = self.reader.lines(fd, True)
+            taken = self.reader.lines(fd, True)
+            lines, parsed = taken.lines, taken.parsed
             if parsed is not None:
                 body.sink.absorb(parsed)
             if lines:
@@ -207,7 +209,7 @@ class NativeReads:
             return self._park(self.bodies, fd, body, body.waiter)
         except GreenletExit as stop:  # the user was stopped: what came still counts in its failure (its status
             self._flush(fd, body)  # too: the stop is raised by the caller, once it knows the head)
-            return BodyOutcome(0, done_at=body.done_at, error=stop)
+            return BodyOutcome(BodyState.RUNNING, done_at=body.done_at, error=stop)
         except BaseException:
             self._flush(fd, body)
             raise
@@ -242,7 +244,8 @@ class NativeReads:
         if entry is not None:
             get_hub().loop.run_callback(entry[0].throw, OSError(9, "socket closed while a read waited"))
         if body is not None:
-            get_hub().loop.run_callback(body.waiter.switch, BodyOutcome(0, error=OSError(9, "socket closed mid-body")))
+            get_hub().loop.run_callback(body.waiter.switch,
+                                        BodyOutcome(BodyState.RUNNING, error=OSError(9, "socket closed mid-body")))
 
     def wait(self, fd: int, timeout: float | None) -> None:
         """Block this greenlet until ``fd`` has news (raises ``socket.timeout`` after ``timeout``)."""
@@ -291,5 +294,5 @@ def take_lag() -> tuple[float, int, int]:
     started = _started()
     if started is None:
         return py
-    lag, reads, late = started.reader.take_lag()
-    return max(lag, py[0]), reads + py[1], late + py[2]
+    native = started.reader.take_lag()
+    return max(native.lag, py[0]), native.reads + py[1], native.late + py[2]

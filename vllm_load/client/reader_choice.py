@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from enum import IntEnum
 
 try:
     from vllm_load.client import _rxnative
@@ -16,8 +17,19 @@ except ImportError:  # not built (no compiler at install time, not Linux)
 ENV = "VLLM_LOAD_NATIVE"
 #: a read later than this after its segment landed counts as late: the C thread's threshold (1 ms)
 LATE_S = _rxnative.LATE_NS / 1e9 if _rxnative is not None else 0.001
-#: BodyOutcome.state of an expected answer whose head the thread left to the event loop (``expect``), as C says
-DECLINED = _rxnative.DECLINED if _rxnative is not None else 4
+
+
+class BodyState(IntEnum):
+    """How a streamed body stands (``BodyOutcome.state``), with the values C gives them (``enum body_state``)."""
+
+    RUNNING = getattr(_rxnative, "BODY_RUNNING", 0)  # not ended by itself: in an outcome, its error stopped it
+    COMPLETE = getattr(_rxnative, "BODY_COMPLETE", 1)  # its length read, or its last chunk
+    CLOSED = getattr(_rxnative, "BODY_CLOSED", 2)  # the connection closed before its end
+    MALFORMED = getattr(_rxnative, "BODY_MALFORMED", 3)  # malformed chunking
+    DECLINED = getattr(_rxnative, "DECLINED", 4)  # an expected head the thread left to the event loop (``expect``)
+
+
+DECLINED = BodyState.DECLINED
 
 
 def built() -> bool:

@@ -10,7 +10,7 @@ from gevent import GreenletExit
 
 from vllm_load.client.direct import ConnectFailed, Connections
 from vllm_load.client.exchange import Clock, Decoder, Exchange, Report, fault, raise_for, retry_after
-from vllm_load.client.reader_choice import note_read
+from vllm_load.client.reader_choice import BodyState, note_read
 from vllm_load.client.native import LineSink
 from vllm_load.client.openai_api import error_message
 
@@ -64,7 +64,7 @@ class DirectTransport:
             if head.status != 200:
                 parts = LineSink()
                 out = conns.reads.stream_body(fd, head.chunked, head.length, parts, clock.start_wall, conns.timeout)
-                complete = out.state == 1
+                complete = out.state == BodyState.COMPLETE
                 ex.error = f"HTTP {head.status}: {error_message(b''.join(parts))}"
                 if head.status in (429, 503):
                     ex.retry_after = retry_after(head.retry_after)
