@@ -15,7 +15,7 @@ import orjson
 
 from vllm_load.client.exchange import Clock, JsonBody, Transport
 from vllm_load.client.record import RequestRecord
-from vllm_load.client.stream import BodyDefaults, ReadyRequest, StreamCancelled, exchanged, merge_body
+from vllm_load.client.stream import BodyDefaults, Placement, ReadyRequest, StreamCancelled, exchanged, merge_body
 
 #: the pooling APIs and how many inputs a body carries (for inputs/s)
 POOLING = frozenset({"embeddings", "rerank", "score"})
@@ -66,14 +66,12 @@ def _pooling(api: str, fields: dict[str, Any], items: int, model: str, input_tok
     return ReadyRequest(api, orjson.dumps(body), input_tokens, None, group, items=items)
 
 
-def pooling_request(transport: Transport, req: ReadyRequest, headers: dict[str, str], *,
-                    intended_start: float | None = None, worker: str = "", step: int | None = None,
-                    startup: bool = False, name: str | None = None,
-                    body: JsonBody | None = None, own: dict[str, str] | None = None) -> RequestRecord:
+def pooling_request(transport: Transport, req: ReadyRequest, headers: dict[str, str], at: Placement = Placement(),
+                    *, body: JsonBody | None = None, own: dict[str, str] | None = None) -> RequestRecord:
     """Send a pooling request, read its JSON answer and return its record (``body`` keeps the parsed answer
     for the caller). Faults become a failed record; a stopped user raises ``StreamCancelled``."""
-    name = name if name is not None else req.group
-    clock = Clock.now(intended_start)
+    name = at.name if at.name is not None else req.group
+    clock = Clock.now(at.intended_start)
     body = JsonBody() if body is None else body
     ex = transport.exchange(req.path, req.body, headers, body, clock, name or req.path, own)
     usage = (body.data or {}).get("usage") if ex.error is None else None
@@ -83,7 +81,7 @@ def pooling_request(transport: Transport, req: ReadyRequest, headers: dict[str, 
     if from_usage and req.cross is not None and prompt == req.cross[0] != asked:  # a cross-encoder answered
         asked, items = req.cross
     rec = RequestRecord(
-        **exchanged(req, clock, ex, intended_start, worker, step, startup, name, own),
+        **exchanged(req, clock, ex, at, name, own),
         input_tokens_asked=asked,
         input_tokens=prompt if from_usage else req.input_tokens,
         output_tokens=None,  # none generated: no output-token row, rate or TPOT

@@ -128,38 +128,41 @@ def int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def stream_request(
-    transport: Transport,
-    req: ReadyRequest,
-    headers: dict[str, str],
-    *,
-    intended_start: float | None = None,
-    worker: str = "",
-    count_output: Callable[[str], int] | None = None,
-    step: int | None = None,
-    startup: bool = False,
-    name: str | None = None,
-    state: StreamState | None = None,
-    own: dict[str, str] | None = None,
-) -> RequestRecord:
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a request belongs in the run, decided by its sender: this process (``worker``), the open loop's
+    intended start (None: timed from its send), its sweep step, whether it was sent in its schedule's first
+    seconds (``startup``), and its name (None: ``req.group``)."""
+
+    worker: str = ""
+    intended_start: float | None = None
+    step: int | None = None
+    startup: bool = False
+    name: str | None = None
+
+
+def stream_request(transport: Transport, req: ReadyRequest, headers: dict[str, str], at: Placement = Placement(),
+                   *, state: StreamState | None = None, own: dict[str, str] | None = None,
+                   count_output: Callable[[str], int] | None = None) -> RequestRecord:
     """Send ``req`` over ``transport``, read its SSE stream to the end and return its record (the caller
     records it; the transport reported it to Locust's request event).
 
     Server faults never raise: they become a failed record with a reason. A user stopped mid-request
     raises ``StreamCancelled`` carrying the failed record, for the caller to record before the stop goes on.
-    ``own``: this request's own header fields (after ``headers``, the run's). ``name`` groups the request (Locust's row and the LLM metrics; default: ``req.group``, else the API's path
-    for Locust's row and no group for the LLM metrics); ``state``, when
-    given, is the parser to fill (the caller reads the answer's text and tool calls from it).
+    ``own``: this request's own header fields (after ``headers``, the run's). ``at.name`` groups the request
+    (Locust's row and the LLM metrics; default: ``req.group``, else the API's path for Locust's row and no group
+    for the LLM metrics); ``state``, when given, is the parser to fill (the caller reads the answer's text and tool
+    calls from it).
     """
-    name = name if name is not None else req.group
-    clock = Clock.now(intended_start)
+    name = at.name if at.name is not None else req.group
+    clock = Clock.now(at.intended_start)
     state = StreamState() if state is None else state
     state.cap(req.max_tokens)
     ex = transport.exchange(req.path, req.body, headers, state, clock, name or req.path, own)
     offsets = state.chunk_times
     tokens_from_usage = state.completion_tokens is not None and state.prompt_tokens is not None
     rec = RequestRecord(
-        **exchanged(req, clock, ex, intended_start, worker, step, startup, name, own),
+        **exchanged(req, clock, ex, at, name, own),
         ttft=offsets[0] if offsets else None,
         chunk_offsets=offsets,
         chunk_tokens=state.chunk_tokens,
@@ -212,13 +215,14 @@ def counted_output(state: StreamState, max_tokens: int | None) -> int:
     return min(state.streamed_tokens, max_tokens) if max_tokens else state.streamed_tokens
 
 
-def exchanged(req: ReadyRequest, clock: Clock, ex: Exchange, intended_start: float | None, worker: str,
-              step: int | None, startup: bool, name: str | None, own: dict[str, str] | None) -> dict[str, Any]:
+def exchanged(req: ReadyRequest, clock: Clock, ex: Exchange, at: Placement, name: str | None,
+              own: dict[str, str] | None) -> dict[str, Any]:
     """The record's fields every request type fills the same way: when it started, how its exchange went, and
-    where it belongs (worker, step, name)."""
+    where it belongs (``at``, its name decided)."""
     return {"api": req.api, "start": clock.start_wall, "e2e": ex.e2e, "ok": ex.error is None, "error": ex.error,
-            "status": ex.status, "retry_after": ex.retry_after, "worker": worker, "step": step, "startup": startup,
-            "name": name, "send_lag": None if intended_start is None else max(0.0, clock.now_perf - clock.t0),
+            "status": ex.status, "retry_after": ex.retry_after, "worker": at.worker, "step": at.step,
+            "startup": at.startup, "name": name,
+            "send_lag": None if at.intended_start is None else max(0.0, clock.now_perf - clock.t0),
             "headers": ex.captured, "trace_id": trace_id(own)}
 
 

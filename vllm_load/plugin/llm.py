@@ -28,7 +28,8 @@ from vllm_load.client.reply import Reply
 from vllm_load.client.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
 from vllm_load.client.trace_context import HEADER, new_traceparent
-from vllm_load.client.stream import ready_request, ReadyRequest, StreamCancelled, build_request, stream_request
+from vllm_load.client.stream import (Placement, ReadyRequest, StreamCancelled, build_request, ready_request,
+                                     stream_request)
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.llm_checks import check_max_tokens, check_messages, split_media
 from vllm_load.plugin.request_source import RequestSource
@@ -316,20 +317,16 @@ class LLM:
             if self._transport is None:
                 self._transport = transport_for(self._user)
             own = self._own_headers(gen.session_header, headers)
-            common = dict(
-                worker=gen.worker_id,
-                intended_start=due.intended if due else None,
-                step=gen.step,
-                # sent (not due) in the schedule's first seconds: a client that fell behind for good sends its
-                # early-due requests late, and those count as steady state
-                startup=due is not None and time.perf_counter() - due.schedule_start < STARTUP_S,
-                name=name,
-            )
+            at = Placement(worker=gen.worker_id, intended_start=due.intended if due else None, step=gen.step,
+                           # sent (not due) in the schedule's first seconds: a client that fell behind for good
+                           # sends its early-due requests late, and those count as steady state
+                           startup=due is not None and time.perf_counter() - due.schedule_start < STARTUP_S,
+                           name=name)
             if isinstance(state, JsonBody):
-                rec = pooling_request(self._transport, ready, gen.headers, body=state, own=own, **common)
+                rec = pooling_request(self._transport, ready, gen.headers, at, body=state, own=own)
             else:
-                rec = stream_request(self._transport, ready, gen.headers, state=state, own=own,
-                                     count_output=gen.requests.count_output if gen.requests else None, **common)
+                rec = stream_request(self._transport, ready, gen.headers, at, state=state, own=own,
+                                     count_output=gen.requests.count_output if gen.requests else None)
         except StreamCancelled as stop:  # stopped mid-stream: recorded, then the stop goes on
             self._cancelled(gen, stop.record)
             raise
