@@ -42,7 +42,6 @@ RUN_METRICS = {
 #: series, the routing, the server's per-request parts, the energy)
 WINDOWED = frozenset({*table.LATENCY, "error_rate", "goodput", "good_request_fraction", "output_token_rate",
                       "request_rate", "input_drift", "output_tps"})
-WINDOWS = ("run", "steady")
 SERVER_METRICS = {
     "server.kv_cache_usage.max": "%", "server.preemptions": "count", "server.waiting.max": "count",
     "server.running.max": "count", "server.prefix_cache_hit_rate": "%",

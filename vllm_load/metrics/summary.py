@@ -77,8 +77,7 @@ class RunSummary(Mapping[str, Any]):
     percentiles: list[str] = ABSENT  # the percentile columns every medium shows (--metric-percentiles; the standard five)
     names: dict[str, dict] = ABSENT  # name= -> the same summary for that group's requests (only when names were used)
     targets: dict[str, dict] = ABSENT  # --host a,b: each replica's URL -> the same summary for its requests
-    #: the same summary for the requests that ran in the steady window (every user sending: ramp and drain left out),
-    #: with ``window_s``: its first start and last end, seconds into the run
+    #: the same summary for the requests that ran in the steady window (every user sending: ramp and drain left out)
     steady: dict = ABSENT
     window_s: list[float] = ABSENT  # a phase's summary (``steady``): its first start and last end, seconds into the run
     # completed by the collector at the end of a run
