@@ -11,12 +11,11 @@ import sys
 
 from tests.helpers import ROOT
 
-#: one test each of the kinds that failed there: two processes with media, a timed reasoning stream, a closed loop's
-#: steady window, a run that must end as Locust's table says
+#: one test each of the kinds that failed there (two processes with media, a timed reasoning stream) and of a
+#: window read from the timeline (the steady window by time): ~60 s beside the loops, kept short for CI's hour
 SUBSET = ("tests/test_media.py::test_chat_with_images_reports_media_tokens_apart_and_sends_no_image_twice",
           "tests/test_reasoning.py::test_a_reasoning_model_reports_ttfo_after_its_thinking",
-          "tests/test_steady.py::test_a_closed_loop_run_reports_its_steady_window_and_judges_the_slos_on_it",
-          "tests/test_outputs.py::test_the_console_ends_with_one_block_after_locusts_tables_and_says_each_thing_once")
+          "tests/test_steady.py::test_a_closed_loop_run_reports_its_steady_window_and_judges_the_slos_on_it[time]")
 
 BUSY = ("import os, sys; from vllm_load.lifeline import die_with_parent; die_with_parent(int(sys.argv[1])); "
         "os.sched_setaffinity(0, {int(sys.argv[2])})\nwhile True: pass")
@@ -36,4 +35,4 @@ def test_a_subset_of_the_suite_passes_beside_a_busy_loop_on_every_core(tmp_path)
             p.kill()
             p.wait(timeout=10)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
-    assert f"{len(SUBSET) + 1} passed" in res.stdout  # the steady-window test runs by time and by count
+    assert f"{len(SUBSET)} passed" in res.stdout

@@ -1,6 +1,7 @@
 """The sidecar: the schema on real vLLM 0.32 /metrics text, V0 names, log lines; the process end to end."""
 
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -256,3 +257,17 @@ vllm:nixl_xfer_time_seconds_sum{engine="0",model_name="m"} 0.06
     assert kv == {"nixl_transfers": 4.0, "nixl_seconds": 0.06, "nixl_failed_transfers": 2.0,
                   "external_prefix_cache_hits": 640.0, "external_prefix_cache_queries": 1000.0,
                   "kv_offload_load_bytes": 5e6}
+
+
+def test_a_fresh_read_takes_a_sample_as_it_is_asked(emulator_factory, sidecar_factory):
+    """A run's end asks for the series with fresh=1: the sidecar scrapes then, so the series ends after the ask
+    (a 60 s interval would leave it a minute old), and the ask is answered at once, not after the next scrape."""
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.01")
+    side = sidecar_factory("--vllm-url", emu.url, "--interval", "60s")
+    wait_for(lambda: get(side.url + "/series").strip(), 20, "the sidecar's first sample")
+    asked = time.time()
+    fresh = [json.loads(x) for x in get(side.url + "/series?fresh=1").splitlines()]
+    took = time.time() - asked
+    assert len(fresh) == 2 and fresh[-1]["t"] >= asked and took < 5.0
+    stale = [json.loads(x) for x in get(side.url + "/series").splitlines()]
+    assert len(stale) == 2  # a plain read takes none

@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Callable
 from urllib.parse import parse_qs, urlparse
 
 from .vllm_schema import derive, parse_log_line, parse_metrics
@@ -64,25 +64,30 @@ class Series:
             return [s for s in self.samples if start <= s["t"] <= end]
 
 
-def scrape_forever(url: str, interval: float, series: Series, stop: threading.Event) -> None:
+def scrape_once(url: str, series: Series, timeout: float) -> None:
+    """One sample of vLLM's /metrics into the series (a failure is said once, until it is back)."""
     target = url.rstrip("/") + "/metrics"
+    try:
+        with urllib.request.urlopen(target, timeout=timeout) as resp:
+            text = resp.read().decode("utf-8", "replace")
+        sample = parse_metrics(text)
+        sample["t"] = time.time()
+        sample["source"] = "metrics"
+        series.add(sample)
+        if series.last_error:
+            sys.stderr.write(f"sidecar: {target} is back\n")
+        series.last_error = None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        msg = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
+        if msg != series.last_error:
+            sys.stderr.write(f"sidecar: cannot scrape {target} ({msg})\n")
+        series.last_error = msg
+
+
+def scrape_forever(url: str, interval: float, series: Series, stop: threading.Event) -> None:
     next_at = time.monotonic()
     while not stop.is_set():
-        try:
-            with urllib.request.urlopen(target, timeout=max(1.0, 2 * interval)) as resp:
-                text = resp.read().decode("utf-8", "replace")
-            sample = parse_metrics(text)
-            sample["t"] = time.time()
-            sample["source"] = "metrics"
-            series.add(sample)
-            if series.last_error:
-                sys.stderr.write(f"sidecar: {target} is back\n")
-            series.last_error = None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            msg = f"{type(exc).__name__}: {getattr(exc, 'reason', exc)}"
-            if msg != series.last_error:
-                sys.stderr.write(f"sidecar: cannot scrape {target} ({msg})\n")
-            series.last_error = msg
+        scrape_once(url, series, max(1.0, 2 * interval))
         next_at += interval
         stop.wait(max(0.0, next_at - time.monotonic()))
 
@@ -102,7 +107,10 @@ def follow_log(stream: IO[str], series: Series, stop: threading.Event, follow: b
             series.add(sample)
 
 
-def make_handler(series: Series, token: str) -> type[BaseHTTPRequestHandler]:
+def make_handler(series: Series, token: str, scrape: Callable[[], None] | None = None
+                 ) -> type[BaseHTTPRequestHandler]:
+    """``scrape``: take a sample now (``/series?fresh=1``: a run's end reads a series that includes its last
+    requests, instead of one up to an interval old); None when the samples come from a log."""
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:  # quiet: the sidecar's output is its data
             pass
@@ -129,6 +137,8 @@ def make_handler(series: Series, token: str) -> type[BaseHTTPRequestHandler]:
                     end = float(q.get("end", ["inf"])[0])
                 except ValueError:
                     return self._send(400, b'{"error": "start and end are unix times in seconds"}')
+                if scrape is not None and q.get("fresh", ["0"])[0] == "1":
+                    scrape()
                 lines = "".join(json.dumps(s) + "\n" for s in series.window(start, end))
                 return self._send(200, lines.encode(), "application/x-ndjson")
             return self._send(404, b'{"error": "not found"}')
@@ -182,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"sidecar: warning: serving on {host} without --token: anyone who reaches it can read the series\n")
     try:
         series = Series(Path(args.out) if args.out else None)
-        server = ThreadingHTTPServer((host, port), make_handler(series, args.token))
+        scrape = None if args.log_file else (lambda: scrape_once(args.vllm_url, series, max(1.0, 2 * interval)))
+        server = ThreadingHTTPServer((host, port), make_handler(series, args.token, scrape))
     except OSError as exc:
         sys.stderr.write(f"sidecar: error: {exc}: check --out and --listen\n")
         return 2

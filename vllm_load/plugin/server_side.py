@@ -20,16 +20,16 @@ def _get(url: str, token: str, timeout: float) -> bytes:
         return resp.read()
 
 
-def fetch_samples(sidecar_url: str, start: float, end: float, token: str = "", timeout: float = 15.0
-                  ) -> tuple[list[dict], str | None]:
+def fetch_samples(sidecar_url: str, start: float, end: float, token: str = "", timeout: float = 15.0,
+                  fresh: bool = False) -> tuple[list[dict], str | None]:
     """The sidecar's samples from ``start`` to ``end`` on our clock, and why there are none when there are
     none. ``sidecar_url`` may list one sidecar per replica (``--sidecar-url a,b`` beside ``--host a,b``): each
     is read onto our clock and the series are merged into the fleet's (``merge_series``); one that cannot be
     read leaves the server side missing, with its reason (a fleet's sums without it would be wrong)."""
     urls = [u.strip() for u in sidecar_url.split(",") if u.strip()]
     if len(urls) < 2:
-        return _fetch_one(sidecar_url, start, end, token, timeout)
-    got = [_fetch_one(u, start, end, token, timeout) for u in urls]
+        return _fetch_one(sidecar_url, start, end, token, timeout, fresh)
+    got = [_fetch_one(u, start, end, token, timeout, fresh) for u in urls]
     whys = [why for _, why in got if why]
     if whys:
         return [], "; ".join(whys)
@@ -87,9 +87,10 @@ def _merged(key: str, values: list) -> Any:
     return first
 
 
-def _fetch_one(sidecar_url: str, start: float, end: float, token: str, timeout: float
+def _fetch_one(sidecar_url: str, start: float, end: float, token: str, timeout: float, fresh: bool = False
                ) -> tuple[list[dict], str | None]:
-    """One sidecar's samples, shifted onto our clock.
+    """One sidecar's samples, shifted onto our clock; ``fresh``: it takes one more first (a sidecar of an earlier
+    release ignores the ask).
 
     Sample times are shifted by the clock offset measured against the sidecar's /health (midpoint of
     the round trip), so client and server share the Locust master's clock.
@@ -100,7 +101,8 @@ def _fetch_one(sidecar_url: str, start: float, end: float, token: str, timeout: 
         health = json.loads(_get(base + "/health", token, timeout))
         t1 = time.time()
         offset = float(health["now"]) - (t0 + t1) / 2  # sidecar clock minus ours
-        body = _get(f"{base}/series?start={start + offset}&end={end + offset}", token, timeout)
+        body = _get(f"{base}/series?start={start + offset}&end={end + offset}" + ("&fresh=1" if fresh else ""),
+                    token, timeout)
     except urllib.error.HTTPError as exc:  # it answered: say what, not "unreachable"
         fix = (": give --sidecar-token (the sidecar's --token)" if exc.code in (401, 403) else "")
         return [], f"sidecar {public_url(sidecar_url)} refused the read (HTTP {exc.code} {exc.reason}){fix}"
