@@ -10,7 +10,7 @@ run decides travels in its plan (plugin/plan.py).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Iterable
 
 
 class Option:
@@ -36,6 +36,10 @@ class Option:
     @property
     def env(self) -> str:
         return "VLLM_LOAD_" + self.dest.upper()
+
+    def read_by(self, classes: Iterable[Any]) -> bool:
+        """Does a run of these user and shape classes read it (an option of no locustfile in particular: every run)?"""
+        return not self.locustfiles or any(self.dest in getattr(c, "uses_options", frozenset()) for c in classes)
 
 
 OPTIONS: tuple[Option, ...] = (

@@ -88,7 +88,7 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
         out["names"] = {n: self.names[n].summary(duration, records_per_request, None, now, percentiles, shown)
                         for n in sorted(self.names, key=name_order)}
     steady = self.phases.get("steady")
-    if steady is not None and steady.requests and steady.first_start is not None:  # its own span, not the run's
+    if steady is not None and steady.first_start is not None:  # its own span, not the run's
         part = steady.summary(None, records_per_request, None, now, percentiles, shown)
         out["steady"] = part.replace(window_s=[steady.first_start - start, steady.last_end - start])
     if self.targets:  # --host a,b: each replica's rows, and its outages named as that target's

@@ -111,31 +111,15 @@ def _collect_server_side(col: Collector, opts: Any) -> None:
 
         samples, why = fetch_range(opts.prometheus_url, opts.prometheus_selector, start, end, opts.prometheus_token)
     elif col.plan.sidecar_url:
-        samples, why = _sidecar_samples_past(col.plan.sidecar_url, start, end, opts.sidecar_token, col.end_wall)
+        # fresh: the sidecar scrapes as it is asked, so the series holds the last requests' steps (read as it stood,
+        # it ended up to a scrape interval before them: an acceptance length of 2.8603 where each request gave 2.8571)
+        samples, why = fetch_samples(col.plan.sidecar_url, start, end, opts.sidecar_token, fresh=True)
     else:
         return
     if why:
         log.warning("vllm-load: server side missing from the report: %s", why)
     else:
         col.plan.files.write_series(col.plan.files.server, samples)
-
-
-def _sidecar_samples_past(url: str, start: float, end: float, token: str, last: float) -> tuple[list[dict], str | None]:
-    """The sidecar's samples once one was taken after ``last`` (the drain's end): it takes one as it is asked
-    (``fresh``); one that cannot (an earlier release, a sidecar following a log) is asked again within
-    SIDECAR_CATCH_UP_S. A series read at once ended up to a scrape interval (1 s) before the end, and the counters
-    missed the last requests' steps (a spec-decode acceptance length of 2.8603 where every request gave 2.8571);
-    waiting for the next scrape instead cost each run's end ~0.5 s."""
-    deadline = time.monotonic() + SIDECAR_CATCH_UP_S
-    while True:
-        samples, why = fetch_samples(url, start, end, token, fresh=True)
-        if why or (samples and samples[-1]["t"] >= last) or time.monotonic() >= deadline:
-            return samples, why
-        gevent.sleep(0.2)
-
-
-#: the longest the end waits for the sidecar's next scrape (its interval is 1 s by default)
-SIDECAR_CATCH_UP_S = 3.0
 
 
 def _take_spans(ctl: Controller, col: Collector) -> None:

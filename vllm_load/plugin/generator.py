@@ -232,7 +232,7 @@ class Generator:
     def drain(self, timeout: float) -> bool:
         """Start no new request and wait (at most ``timeout`` s) for the ones in flight to finish."""
         self.draining = True
-        self.steady.close(time.time())
+        self.steady.close(time.time())  # every stop drains (a master's tells its workers to): the users wind down
         drained = bool(self.idle.wait(timeout))
         self.flush_log()  # what the end of the run reads is all written
         return drained

@@ -33,7 +33,6 @@ class Process:
         events = environment.events
         self.listen(events.reset_stats, self._on_reset_stats)
         self.listen(events.spawning_complete, self._on_spawning_complete)
-        self.listen(events.test_stopping, self._on_test_stopping)
         self.listen(events.quitting, self._on_quitting)
 
     # -- registration, undone by close() --------------------------------------------------------------
@@ -91,12 +90,6 @@ class Process:
             gen.steady.open(time.time())
         if self.environment.reset_stats:
             self._reset_own()
-
-    def _on_test_stopping(self, **_kw: Any) -> None:
-        """The stop: the users wind down from here (the drain's requests ran beside fewer users)."""
-        gen = self.generator
-        if gen is not None:
-            gen.steady.close(time.time())
 
     def _on_quitting(self, **_kw: Any) -> None:
         self._close_run()

@@ -8,7 +8,7 @@ locustfile other than the one running. The locustfile's classes add their own (`
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 from vllm_load.client.openai_api import public_url
@@ -162,11 +162,10 @@ def check_sidecars(value: str) -> None:
                          "series would be summed twice)")
 
 
-def check_locustfile_options(opts: Any, classes: Iterable[Any]) -> None:
+def check_locustfile_options(opts: Any, classes: list[Any]) -> None:
     """A locustfile-specific option (``Option.locustfiles``) given to a run none of whose classes reads it."""
-    read = set().union(*(getattr(c, "uses_options", frozenset()) for c in classes))
     for o in OPTIONS:
-        if o.locustfiles and o.dest not in read and getattr(opts, o.dest, o.default) != o.default:
+        if not o.read_by(classes) and getattr(opts, o.dest, o.default) != o.default:
             files = " or ".join(f"locustfiles/{f}" for f in o.locustfiles)
             raise UsageError(f"{o.flag} is read by {files} only, not by this locustfile: drop it, or run {files} "
                              f"(a locustfile of yours that reads it names {o.dest!r} in its class's uses_options)")
@@ -222,15 +221,21 @@ def check_ramp(opts: Any, shape: Any) -> None:
         raise UsageError("--ramp-up-strategy ramps over the run: give -t (e.g. -t 60s) or --num-requests N")
 
 
+def run_classes(environment: Any) -> tuple[Any, list[Any]]:
+    """The run's load shape (None: Locust's own users and rate, or the plugin's users ramp) and the classes whose
+    ``uses_options`` and ``check_options`` count: its users and that shape."""
+    shape = environment.shape_class
+    if isinstance(shape, UsersRamp):  # the plugin's own, for --ramp-up-strategy over users
+        shape = None
+    return shape, [*environment.user_classes, *([type(shape)] if shape is not None else [])]
+
+
 def check_options(environment: Any) -> None:
     """Everything above, and each user and shape class's ``check_options``; raises UsageError."""
     opts = environment.parsed_options
     check_numbers(opts)
     check_host(environment.host)
-    shape = environment.shape_class
-    if isinstance(shape, UsersRamp):  # the plugin's own, for --ramp-up-strategy over users
-        shape = None
-    classes = [*environment.user_classes, *([type(shape)] if shape is not None else [])]
+    shape, classes = run_classes(environment)
     check_locustfile_options(opts, classes)
     check_run(opts, headless=bool(opts.headless or getattr(opts, "autostart", False)), shape=shape)
     if getattr(opts, "profile_at", ""):

@@ -11,17 +11,11 @@ import json
 from typing import Any, Iterable
 
 from vllm_load.options import GROUPS, OPTIONS, Option
+from vllm_load.plugin import validate
 
 #: what a first run changes, shown before the groups
 FIRST_RUN = ("--input-tokens", "--output-tokens", "--request-rate", "--num-requests", "--warmup")
 FIRST_TITLE = "first run"
-
-
-def used(option: Option, classes: Iterable[Any]) -> bool:
-    """Does a run of these user (and shape) classes read the option (``Option.locustfiles``, ``uses_options``)?"""
-    if not option.locustfiles:
-        return True
-    return any(option.dest in getattr(c, "uses_options", frozenset()) for c in classes)
 
 
 def label(option: Option) -> str:
@@ -37,16 +31,16 @@ def fields(classes: Iterable[Any]) -> dict[str, dict]:
     sections = [(FIRST_TITLE, FIRST_RUN), *((g, tuple(f for f in flags if f not in FIRST_RUN))
                                            for g, flags in GROUPS.items())]
     for rank, (group, flags) in enumerate(sections):
-        shown = [by_flag[f] for f in flags if by_flag[f].web and used(by_flag[f], classes)]
+        shown = [by_flag[f] for f in flags if by_flag[f].web and by_flag[f].read_by(classes)]
         for i, o in enumerate(shown):
             out[o.dest] = {"group": group, "head": i == 0, "order": (rank + 1) * 100 + i + 1, "label": label(o),
                            "help": o.help}
     return out
 
 
-def keep_used(extra_options: dict, classes: Iterable[Any]) -> None:
+def keep_used(extra_options: dict, classes: list[Any]) -> None:
     """Drop, in place, the form's options that no class of the run reads (the gate then refuses them too)."""
-    unused = {o.dest for o in OPTIONS if not used(o, list(classes))}
+    unused = {o.dest for o in OPTIONS if not o.read_by(classes)}
     for dest in unused & set(extra_options):
         del extra_options[dest]
 
@@ -120,8 +114,7 @@ def install(environment: Any) -> None:
     """The form's options cut to those the run reads (every time Locust builds its page's arguments), and the
     script on its page."""
     web_ui = environment.web_ui
-    shape = environment.shape_class
-    classes = [*environment.user_classes, *([type(shape)] if shape is not None else [])]
+    _shape, classes = validate.run_classes(environment)  # the classes whose options the command line accepts
     update = web_ui.update_template_args
 
     def update_template_args() -> None:

@@ -31,18 +31,19 @@ def _n(v: float | None, fmt: str = "{:g}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def rate_text(spread: dict | None, value: float, digits: int) -> str:
+    """A probe's number, as ``mean ± half`` its interval over --repeat's repeats when it has one."""
+    return spread_text(spread, digits=digits) if spread else f"{value:.{digits}f}"
+
+
 def probe_row(cfg: str, p: dict) -> list[str]:
     verdict = (("pass" if p["passed"] else "MISS") + (" UNTRUSTWORTHY" if p.get("untrustworthy") else "")
                + (" TOO SHORT" if p.get("short") else ""))
     spread = p.get("spread") or {}
-
-    def rate(key: str, digits: int) -> str:  # with ± the interval over --repeat's repeats
-        return spread_text(spread[key], digits=digits) if key in spread else f"{p[key]:.{digits}f}"
-
-    return [cfg, f"{p['level']:g}", verdict, rate("request_rate", 2),
-            rate("output_token_rate", 0), _ms(p["ttft_mean"]), _ms(p["ttft_p99"]), _ms(p["itl_mean"]),
-            _ms(p["itl_p99"]), _ms(p["e2e_mean"]), _ms(p["e2e_p99"]), _pct(p["kv_max"]), _n(p["preemptions"]),
-            _n(p["waiting_max"]), _pct(p["prefix_hit_rate"])]
+    return [cfg, f"{p['level']:g}", verdict, rate_text(spread.get("request_rate"), p["request_rate"], 2),
+            rate_text(spread.get("output_token_rate"), p["output_token_rate"], 0), _ms(p["ttft_mean"]),
+            _ms(p["ttft_p99"]), _ms(p["itl_mean"]), _ms(p["itl_p99"]), _ms(p["e2e_mean"]), _ms(p["e2e_p99"]),
+            _pct(p["kv_max"]), _n(p["preemptions"]), _n(p["waiting_max"]), _pct(p["prefix_hit_rate"])]
 
 
 def why_lost(result: dict) -> str:
@@ -108,8 +109,7 @@ def config_rows(results: list[dict], unit: str) -> list[list[str]]:
     rows = []
     for r in results:
         cap = "-" if r["capacity"] is None else f"{r['capacity']:g} {unit}"
-        gp = ("-" if r["goodput"] is None else spread_text(r["goodput_spread"]) if r.get("goodput_spread")
-              else f"{r['goodput']:.2f}")
+        gp = "-" if r["goodput"] is None else rate_text(r.get("goodput_spread"), r["goodput"], 2)
         bad = distrusted(r)
         rows.append([label(r["params"]), cap, gp, f"UNTRUSTWORTHY ({len(bad)} of {len(r['probes'])} probes)" if bad
                      else "ok", why_lost(r)])

@@ -23,9 +23,8 @@ from pathlib import Path
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SLO_MISS, UsageError
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.runtime.server_wait import parse_duration
-from vllm_load.metrics.repeats import spread_text
 from vllm_load.tune.probe import Probe, combine, run_probe
-from vllm_load.tune.report import label, trust_note, why_lost, write
+from vllm_load.tune.report import label, rate_text, trust_note, why_lost, write
 from vllm_load.tune.search import CapacitySearch
 from vllm_load.tune.server import ServerProcess, free_port, render
 from vllm_load.tune.children import Stopped, installed, spawning
@@ -179,7 +178,8 @@ def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: li
             result["probes"].append(probe.to_json())
             print(f"vllm-load tune:   {level:g} {'users' if args.search == 'concurrency' else 'req/s'}: "
                   f"{'pass' if probe.passed else 'MISS'}{repeats_text(probe, args.repeat)} "
-                  f"({rate_text(probe, 'request_rate', 2)} req/s, {rate_text(probe, 'output_token_rate', 0)} tok/s)"
+                  f"({rate_text(probe.spread.get('request_rate'), probe.request_rate, 2)} req/s, "
+                  f"{rate_text(probe.spread.get('output_token_rate'), probe.output_token_rate, 0)} tok/s)"
                   + (f" UNTRUSTWORTHY: {probe.untrustworthy}" if probe.untrustworthy else "")
                   + (f" TOO SHORT: {probe.short}" if probe.short else ""), flush=True)
             crash = server.crashed() if server else None
@@ -220,12 +220,6 @@ def repeats_text(probe: Probe, asked: int) -> str:
     n = len(probe.repeats) or 1
     passed = sum(1 for r in probe.repeats if r["passed"]) if probe.repeats else int(probe.passed)
     return f" ({passed} of {n} repeats passed" + ("" if n == asked else f", of {asked} asked") + ")"
-
-
-def rate_text(probe: Probe, key: str, digits: int) -> str:
-    """A probe's number, with ± its interval's half-width over the repeats."""
-    s = probe.spread.get(key)
-    return spread_text(s, digits=digits) if s else f"{getattr(probe, key):.{digits}f}"
 
 
 def main(argv: list[str]) -> int:
