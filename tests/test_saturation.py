@@ -75,7 +75,8 @@ def test_a_ramp_finds_the_capacity_tune_finds(tmp_path):
     try:
         t0 = time.monotonic()
         tune = subprocess.run([sys.executable, "-m", "vllm_load.cli", "tune", "--host", emu.url, "--search", "rate",
-                               "--slo", "ttft.p99<=2s", "--start-level", "2", "--max-level", "64",
+                               "--slo", "ttft.p99<=2s", "--start-level", "4", "--max-level", "64",
+                               "--search-tolerance", "25%",
                                "--probe-duration", "8s", "--probe-warmup", "2s", "--rate-users", "4",
                                "--out", str(tmp_path / "tune"), "--", "-f", str(ROOT / "locustfiles/chat.py"),
                                "--output-tokens", "64"], cwd=ROOT, capture_output=True, text=True, timeout=600)
