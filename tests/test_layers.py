@@ -35,19 +35,18 @@ def test_no_socket_is_probed_in_the_request_path():
 
 
 def test_each_c_extension_has_a_stub_that_matches_it():
-    """``_rxnative.pyi`` names every method the C Reader has (and no other), and ``sse.Parsed`` names every field
-    of the tuple the C parser returns."""
+    """``_rxnative.pyi`` names every method the C Reader has (and no other), every field of each named result
+    (the SSE parser's ``Parsed`` among them) in C's order, and every constant."""
     from vllm_load.client import _rxnative
-    from vllm_load.client.sse import Parsed
 
     stub = ast.parse((PKG / "client" / "_rxnative.pyi").read_text())
     reader = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "Reader")
     stubbed = {f.name for f in reader.body if isinstance(f, ast.FunctionDef) and not f.name.startswith("_")}
     assert stubbed == {n for n in dir(_rxnative.Reader) if not n.startswith("_")}
     parsed, _taken = _rxnative.parse_sse([(b"data: [DONE]\n", 1)], 0.0)
-    assert len(parsed) == len(Parsed._fields)
+    assert type(parsed) is _rxnative.Parsed and parsed.done and parsed.done_at == 1e-9
     # each named result's fields, in C's order, are the stub class's annotations; the body states its constants
-    for name in ("Accepted", "Taken", "Drained", "Lag"):
+    for name in ("Accepted", "Taken", "Drained", "Lag", "Parsed"):
         cls = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == name)
         fields = [f.target.id for f in cls.body if isinstance(f, ast.AnnAssign)]
         c_type = getattr(_rxnative, name)
@@ -64,8 +63,8 @@ def test_each_c_extension_has_a_stub_that_matches_it():
 #: the packages from the bottom up: a module imports from its own package or one listed before it, never after
 #: (``report`` once imported the plugin's options, which now sit at the bottom; ``runtime`` holds what a load
 #: process runs on besides Locust, and the sidecar and ``tune`` import it rather than the plugin)
-LAYERS = (("errors", "redact", "lifeline", "options"), ("workload",), ("client",), ("runtime",), ("metrics",), ("rundir",),
-          ("report",), ("plugin",), ("locustfiles", "tune"), ("cli", "__init__"))
+LAYERS = (("errors", "redact", "lifeline", "options", "metric_table"), ("workload",), ("client",), ("runtime",),
+          ("metrics",), ("rundir",), ("report",), ("plugin",), ("locustfiles", "tune"), ("cli", "__init__"))
 
 
 def _layer(name: str) -> int:
@@ -118,3 +117,36 @@ def test_no_plugin_function_is_over_40_lines():
             for n in ast.walk(ast.parse(p.read_text())) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and n.end_lineno - n.lineno + 1 > 40]
     assert long == []
+
+
+#: names of other programs' formats that equal a metric key, each read where that format is parsed: (module,
+#: string) -> how often it is written there
+FOREIGN_NAMES = {
+    ("client/responses.py", "input_tokens"): 1,  # the Responses API's usage
+    ("client/responses.py", "output_tokens"): 1,
+    ("client/responses.py", "reasoning_tokens"): 2,  # its usage's output_tokens_details
+    ("client/sse.py", "reasoning_tokens"): 2,  # chat's and completions' usage.completion_tokens_details
+    ("workload/trace.py", "input_tokens"): 1,  # a trace file's column names, as other tools write them
+    ("workload/trace.py", "output_tokens"): 1,
+    ("report/vllm_result.py", "ttft"): 1,  # vllm bench serve's result names (mean_ttft_ms, ...)
+    ("report/vllm_result.py", "tpot"): 1,
+    ("report/vllm_result.py", "itl"): 1,
+}
+
+
+def test_every_metric_key_is_written_once_in_the_metric_table():
+    """The table names each key once, as a constant; no other module writes one as a string (an f-string's
+    subscript included), so a renamed or mistyped key cannot drift from the table."""
+    from vllm_load import metric_table
+
+    constants = {v for k, v in vars(metric_table).items() if k.isupper() and isinstance(v, str)}
+    assert constants == set(metric_table.BY_KEY)
+    found: dict[tuple[str, str], int] = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG).as_posix()
+        if rel == "metric_table.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in constants:
+                found[(rel, node.value)] = found.get((rel, node.value), 0) + 1
+    assert found == FOREIGN_NAMES

@@ -18,7 +18,6 @@ import time
 import pytest
 
 from tests.helpers import run_locust
-from vllm_load.client.sse import Parsed
 from vllm_load.client import native
 from vllm_load.rundir.reqlog import read_log
 
@@ -267,10 +266,11 @@ def test_news_is_applied_when_drained_so_a_previous_body_never_ends_the_next(mon
     reads = native.NativeReads()
     real = reads.reader
     fd, other = 10_500, 10_501
-    parsed = tuple(Parsed(offsets=[0.01], tokens=[1], response_id="cmpl-x", content="hi", reasoning="", text="hi",
-                          finish_reason="length", prompt_tokens=3, completion_tokens=1, cached_tokens=None,
-                          continuous=True, done=True, done_at=0.02, answer_at=0.01, reasoning_streamed=0,
-                          reasoning_reported=None, late_merged=0))
+    fields = dict(offsets=[0.01], tokens=[1], response_id="cmpl-x", content="hi", reasoning="", text="hi",
+                  finish_reason="length", prompt_tokens=3, completion_tokens=1, cached_tokens=None, continuous=True,
+                  done=True, done_at=0.02, answer_at=0.01, reasoning_streamed=0, reasoning_reported=None, late_merged=0)
+    parsed = native._rxnative.Parsed(tuple(fields.values()))
+    assert [getattr(parsed, k) for k in fields] == list(fields.values())
 
     class Thread:  # the C thread's view of one socket: its body's state is reset when a body starts
         state = 1  # the previous body's end

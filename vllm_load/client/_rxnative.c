@@ -335,7 +335,7 @@ static PyStructSequence_Field taken_fields[] = {
     {"lines", "the body's complete lines since the last call, each (bytes, stamp)"},
     {"state", "its BODY_* state"},
     {"body_bytes", "body bytes read so far"},
-    {"parsed", "a parsed body's result (sse.Parsed's fields), once, at its end; else None"},
+    {"parsed", "a parsed body's Parsed, once, at its end; else None"},
     {NULL, NULL}};
 static PyStructSequence_Desc taken_desc = {"_rxnative.Taken", "A socket's news: what lines(fd) returns.",
                                            taken_fields, 4};
@@ -757,7 +757,8 @@ PyMODINIT_FUNC PyInit__rxnative(void) {
         PyStructSequence_Desc *desc;
         const char *name;
     } results[] = {{&AcceptedType, &accepted_desc, "Accepted"}, {&TakenType, &taken_desc, "Taken"},
-                   {&DrainedType, &drained_desc, "Drained"}, {&LagType, &lag_desc, "Lag"}};
+                   {&DrainedType, &drained_desc, "Drained"}, {&LagType, &lag_desc, "Lag"},
+                   {&SseParsedType, &sse_parsed_desc, "Parsed"}};
     for (size_t i = 0; i < sizeof results / sizeof results[0]; i++) {
         *results[i].type = PyStructSequence_NewType(results[i].desc);
         if (!*results[i].type || PyModule_AddObjectRef(m, results[i].name, (PyObject *)*results[i].type) < 0) {

@@ -1,14 +1,11 @@
 """The native receive thread (``_rxnative.c``, ``_rx_thread.c``, ``_rx_body.c``, with ``_sse.c``): its typed boundary. Python reads it only
 through ``client/native.py`` (the hub) and ``client/direct.py`` (sends, heads); a body's parsed SSE comes
-back as the positional tuple ``sse.Parsed`` names, in one place (``StreamState.absorb``)."""
+back as a ``Parsed``, read in one place (``StreamState.absorb``)."""
 
 from typing import Any
 
 Stamp = float  # a kernel receive stamp, as time.time() seconds
 Lines = list[tuple[bytes, Stamp]]
-#: (offsets, tokens, id, content, reasoning, text, finish_reason, prompt_tokens, completion_tokens, cached_tokens,
-#:  continuous_usage, done, done_at, answer_at, reasoning_streamed, reasoning_reported, late_merged): sse.Parsed
-ParsedTuple = tuple[Any, ...]
 
 #: how a streamed body stands (C's ``enum body_state``; Python's ``reader_choice.BodyState``): not ended by itself,
 #: its length or last chunk read, the connection closed before its end, malformed chunking, and an expected head
@@ -31,13 +28,35 @@ class Accepted(tuple[Any, ...]):
     start: float  # the request's start (time.time()) the thread timed the answer from
 
 
+class Parsed(tuple[Any, ...]):
+    """What the SSE parser (``_sse.c``) made of a body's lines, up to the first it left to Python."""
+
+    offsets: list[float]  # each token-bearing chunk's receive time, seconds after the request's start
+    tokens: list[int]  # the tokens each of those chunks carried
+    response_id: str | None
+    content: str  # the answer's text
+    reasoning: str  # the reasoning's text
+    text: str  # a completion's text
+    finish_reason: str | None
+    prompt_tokens: int | None  # the server's usage (None: no usage)
+    completion_tokens: int | None
+    cached_tokens: int | None
+    continuous: bool  # usage came with every chunk
+    done: bool  # the [DONE] line was seen
+    done_at: float | None  # its offset
+    answer_at: float | None  # the answer's first chunk's offset
+    reasoning_streamed: int  # reasoning chunks' tokens
+    reasoning_reported: int | None  # the usage's reasoning_tokens
+    late_merged: int  # chunk gaps of 0 made by a late read
+
+
 class Taken(tuple[Any, ...]):
     """A socket's news: what ``lines(fd)`` returns."""
 
     lines: Lines  # the body's complete lines since the last call
     state: int  # its BODY_* state
     body_bytes: int  # body bytes read so far
-    parsed: ParsedTuple | None  # a parsed body's result, once, at its end
+    parsed: Parsed | None  # a parsed body's result, once, at its end
 
 
 class Drained(tuple[Any, ...]):
@@ -48,7 +67,7 @@ class Drained(tuple[Any, ...]):
     state: int
     body_bytes: int
     err: int
-    parsed: ParsedTuple | None
+    parsed: Parsed | None
 
 
 class Lag(tuple[Any, ...]):
@@ -80,4 +99,4 @@ class Reader:
     def stats(self) -> dict[str, Any]: ...
 
 def parse_sse(lines: list[tuple[bytes, int] | tuple[bytes, int, bool]], start_wall: float, limit: int = 0,
-              /) -> tuple[ParsedTuple, int]: ...
+              /) -> tuple[Parsed, int]: ...

@@ -428,6 +428,30 @@ static PyObject *count_of(long long v) {
     return PyLong_FromLongLong(v);
 }
 
+static PyStructSequence_Field parsed_fields[] = {
+    {"offsets", "each token-bearing chunk's receive time, seconds after the request's start"},
+    {"tokens", "the tokens each of those chunks carried"},
+    {"response_id", "the stream's id (None: none seen)"},
+    {"content", "the answer's text"},
+    {"reasoning", "the reasoning's text"},
+    {"text", "a completion's text"},
+    {"finish_reason", "the last finish_reason seen (None: none)"},
+    {"prompt_tokens", "the server's usage: prompt tokens (None: no usage)"},
+    {"completion_tokens", "its completion tokens"},
+    {"cached_tokens", "its prompt tokens served from the prefix cache"},
+    {"continuous", "usage came with every chunk (continuous_usage_stats)"},
+    {"done", "the [DONE] line was seen"},
+    {"done_at", "its offset (None: not seen)"},
+    {"answer_at", "the answer's first chunk's offset (None: no answer)"},
+    {"reasoning_streamed", "reasoning chunks' tokens"},
+    {"reasoning_reported", "the usage's reasoning_tokens (None: not given)"},
+    {"late_merged", "chunk gaps of 0 made by a late read"},
+    {NULL, NULL}};
+PyStructSequence_Desc sse_parsed_desc = {"_rxnative.Parsed",
+                                         "What the SSE parser made of a body's lines (StreamState.absorb takes it).",
+                                         parsed_fields, 17};
+PyTypeObject *SseParsedType;
+
 PyObject *sse_result(const sse_state *st) {
     PyObject *offsets = PyList_New((Py_ssize_t)st->n), *tokens = PyList_New((Py_ssize_t)st->n);
     if (!offsets || !tokens)
@@ -442,15 +466,39 @@ PyObject *sse_result(const sse_state *st) {
         PyList_SET_ITEM(offsets, (Py_ssize_t)i, o);
         PyList_SET_ITEM(tokens, (Py_ssize_t)i, t);
     }
-    PyObject *id = st->has_id ? text_of(&st->id) : (Py_INCREF(Py_None), Py_None);
-    PyObject *finish = st->finish.len ? text_of(&st->finish) : (Py_INCREF(Py_None), Py_None);
-    PyObject *done_at = st->done ? PyFloat_FromDouble(st->done_at) : (Py_INCREF(Py_None), Py_None);
-    PyObject *answer_at = st->has_answer ? PyFloat_FromDouble(st->answer_at) : (Py_INCREF(Py_None), Py_None);
-    return Py_BuildValue("(NNNNNNNNNNOONNLNL)", offsets, tokens, id, text_of(&st->content), text_of(&st->reasoning),
-                         text_of(&st->text), finish, count_of(st->prompt), count_of(st->completion),
-                         count_of(st->cached), st->continuous ? Py_True : Py_False, st->done ? Py_True : Py_False,
-                         done_at, answer_at, st->reasoning_streamed, count_of(st->reasoning_reported),
-                         st->late_merged);
+    PyObject *items[] = {
+        offsets,
+        tokens,
+        st->has_id ? text_of(&st->id) : Py_NewRef(Py_None),
+        text_of(&st->content),
+        text_of(&st->reasoning),
+        text_of(&st->text),
+        st->finish.len ? text_of(&st->finish) : Py_NewRef(Py_None),
+        count_of(st->prompt),
+        count_of(st->completion),
+        count_of(st->cached),
+        PyBool_FromLong(st->continuous),
+        PyBool_FromLong(st->done),
+        st->done ? PyFloat_FromDouble(st->done_at) : Py_NewRef(Py_None),
+        st->has_answer ? PyFloat_FromDouble(st->answer_at) : Py_NewRef(Py_None),
+        PyLong_FromLongLong(st->reasoning_streamed),
+        count_of(st->reasoning_reported),
+        PyLong_FromLongLong(st->late_merged),
+    };
+    enum { N = sizeof items / sizeof items[0] };
+    _Static_assert(N == 17, "Parsed has 17 fields");
+    int ok = 1;
+    for (int i = 0; i < N; i++)
+        ok = ok && items[i];
+    PyObject *out = ok ? PyStructSequence_New(SseParsedType) : NULL;
+    if (!out) {
+        for (int i = 0; i < N; i++)
+            Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (int i = 0; i < N; i++)
+        PyStructSequence_SET_ITEM(out, i, items[i]);
+    return out;
 fail:
     Py_XDECREF(offsets);
     Py_XDECREF(tokens);

@@ -52,9 +52,10 @@ void sse_free(sse_state *st);
  * to StreamState.feed (an error event, tool calls, several choices, anything malformed or unusual), with
  * nothing of it taken: that line and every later one go to Python; SSE_NOMEM. */
 int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns);
-/* What StreamState.absorb takes: (offsets, tokens, id, content, reasoning, text, finish_reason,
- * prompt_tokens, completion_tokens, cached_tokens, continuous_usage, done, done_at, answer_at,
- * reasoning_streamed, reasoning_reported, late_merged). */
+/* What StreamState.absorb takes: a Parsed (a struct sequence, its fields named in _sse.c's parsed_fields). */
 PyObject *sse_result(const sse_state *st);
+/* Parsed's description, and its type once the module made it (_rxnative.c's init) */
+extern PyStructSequence_Desc sse_parsed_desc;
+extern PyTypeObject *SseParsedType;
 
 #endif

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
+from vllm_load.metric_table import TPOT
 
 
 @dataclass
@@ -132,7 +133,7 @@ class RequestRecord:
         # numpy's fixed cost per call (~5 us) is most of a short request's: Python rounds those
         data["chunk_offsets"] = ([round(x, 7) for x in offsets] if len(offsets) < 64
                                  else np.round(np.asarray(offsets, dtype=np.float64), 7).tolist())
-        data["tpot"] = self.tpot
+        data[TPOT] = self.tpot
         if self.media:
             data["media_tokens"] = self.media_tokens
         return data

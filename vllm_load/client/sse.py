@@ -9,9 +9,12 @@ chunk with non-empty text counts as one token and the final ``usage`` corrects t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, NamedTuple
+from typing import TYPE_CHECKING, ClassVar
 
 import orjson
+
+if TYPE_CHECKING:  # the C extension's result type (absent where it was not built)
+    from vllm_load.client._rxnative import Parsed
 
 
 class StreamError(Exception):
@@ -53,29 +56,6 @@ def json_object(payload: bytes) -> dict:
     if not isinstance(data, dict):
         raise StreamError(f"malformed SSE JSON: {payload[:80]!r}")
     return data
-
-
-class Parsed(NamedTuple):
-    """What the receive thread's SSE parser (``_sse.c``'s ``sse_result``) made of a body: its positional tuple,
-    named here once (``_rxnative.pyi``); the C side builds it in the same order."""
-
-    offsets: list[float]
-    tokens: list[int]
-    response_id: str | None
-    content: str
-    reasoning: str
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    cached_tokens: int | None
-    continuous: bool
-    done: bool
-    done_at: float | None
-    answer_at: float | None
-    reasoning_streamed: int
-    reasoning_reported: int | None
-    late_merged: int
 
 
 @dataclass
@@ -219,12 +199,11 @@ class StreamState:
                 done_at, was_done = stamp - start_wall, True
         return done_at
 
-    def absorb(self, parsed: tuple) -> float | None:
+    def absorb(self, p: Parsed) -> float | None:
         """Take what the receive thread's parser (``_sse.c``) made of the body's lines, as ``feed`` would have
         made of them (it leaves to ``feed`` every line it is not certain of, and the lines after it); the
         offset of the [DONE] line when it saw one. Only on a state nothing was fed yet: its token counts
         by usage difference start from none."""
-        p = Parsed._make(parsed)  # a tuple of another length (a stale build) fails here, by name
         self.chunk_times += p.offsets
         self.chunk_tokens += p.tokens
         self.streamed += sum(p.tokens)

@@ -24,6 +24,7 @@ from vllm_load.client.record import RequestRecord
 from vllm_load.client.sse import StreamState
 from vllm_load.client.trace_context import trace_id
 from vllm_load.workload.prompts import Prompt
+from vllm_load.metric_table import E2E, SEND_LAG
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
          "rerank": "/v1/rerank", "score": "/v1/score", "responses": "/v1/responses"}
@@ -219,10 +220,10 @@ def exchanged(req: ReadyRequest, clock: Clock, ex: Exchange, at: Placement, name
               own: dict[str, str] | None) -> dict[str, Any]:
     """The record's fields every request type fills the same way: when it started, how its exchange went, and
     where it belongs (``at``, its name decided)."""
-    return {"api": req.api, "start": clock.start_wall, "e2e": ex.e2e, "ok": ex.error is None, "error": ex.error,
+    return {"api": req.api, "start": clock.start_wall, E2E: ex.e2e, "ok": ex.error is None, "error": ex.error,
             "status": ex.status, "retry_after": ex.retry_after, "worker": at.worker, "step": at.step,
             "startup": at.startup, "name": name,
-            "send_lag": None if at.intended_start is None else max(0.0, clock.now_perf - clock.t0),
+            SEND_LAG: None if at.intended_start is None else max(0.0, clock.now_perf - clock.t0),
             "headers": ex.captured, "trace_id": trace_id(own)}
 
 

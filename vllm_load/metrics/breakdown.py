@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import math
 from typing import Any, Callable, Iterable
+from vllm_load.metric_table import CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT
 
 #: a request's parts, seconds (records' fields): the server's queue, prefill, decode, their TTFT, and the client's rest
-PARTS = ("server_queue", "server_prefill", "kv_transfer", "server_decode", "server_ttft", "client_overhead")
+PARTS = (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "server_ttft", CLIENT_OVERHEAD)
 #: what each tail is split into (an E2E's client part is what the server's three parts leave of it)
-SPLITS = {"ttft": ("server_queue", "server_prefill", "kv_transfer", "client_overhead"),
-          "e2e": ("server_queue", "server_prefill", "kv_transfer", "server_decode", "client")}
-LABELS = {"server_queue": "queue", "server_prefill": "prefill", "server_decode": "decode", "server_ttft": "server TTFT",
-          "kv_transfer": "KV transfer",
-          "client_overhead": "client/network", "client": "client/network"}
+SPLITS = {TTFT: (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, CLIENT_OVERHEAD),
+          E2E: (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "client")}
+LABELS = {SERVER_QUEUE: "queue", SERVER_PREFILL: "prefill", SERVER_DECODE: "decode", "server_ttft": "server TTFT",
+          KV_TRANSFER: "KV transfer",
+          CLIENT_OVERHEAD: "client/network", "client": "client/network"}
 TAILS = (50.0, 90.0, 99.0)
 
 
@@ -39,16 +40,16 @@ def _stats(values: list[float], percentiles: Iterable[float] = (50.0, 90.0, 99.0
 
 def _part(r: dict, part: str) -> float:
     if part == "client":
-        return (r["e2e"] - r["server_queue"] - r["server_prefill"] - (r.get("server_decode") or 0.0)
-                - (r.get("kv_transfer") or 0.0))
+        return (r[E2E] - r[SERVER_QUEUE] - r[SERVER_PREFILL] - (r.get(SERVER_DECODE) or 0.0)
+                - (r.get(KV_TRANSFER) or 0.0))
     return r.get(part) or 0.0
 
 
 def _tails(joined: list[dict], percentiles: Iterable[float]) -> dict[str, dict[str, Any]]:
     """TTFT's and E2E's tails at each percentile: the tail's edge, its requests and their mean split."""
     tails: dict[str, dict[str, Any]] = {}
-    pd = any(r.get("kv_transfer") is not None for r in joined)  # disaggregated: the KV transfer is a part of its own
-    for metric, split in ((m, tuple(p for p in s if pd or p != "kv_transfer")) for m, s in SPLITS.items()):
+    pd = any(r.get(KV_TRANSFER) is not None for r in joined)  # disaggregated: the KV transfer is a part of its own
+    for metric, split in ((m, tuple(p for p in s if pd or p != KV_TRANSFER)) for m, s in SPLITS.items()):
         values = sorted(r[metric] for r in joined)
         tails[metric] = {}
         for q in sorted(set(percentiles)):
@@ -70,7 +71,7 @@ def breakdown(records: Iterable[dict], percentiles: Iterable[float] = TAILS,
     p99 tails per replica and per name where there are several; None without any. ``replica_of``: which replica
     served a record (the routing verdict's rule), else its span's replica or its target."""
     joined = [r for r in records if r.get("ok") and not r.get("warmup") and not r.get("removed")
-              and r.get("server_ttft") is not None and r.get("ttft") is not None]
+              and r.get("server_ttft") is not None and r.get(TTFT) is not None]
     if not joined:
         return None
     percentiles = tuple(sorted(set(percentiles) | {50.0}))
@@ -99,7 +100,7 @@ def tail_lines(b: dict[str, Any] | None) -> list[str]:
     if spans:  # --otlp-receiver: how the server's spans joined the requests
         out.append(f"server spans: {spans['joined']} of {spans['spans']} joined to this run's requests "
                    f"({spans['unmatched']} unmatched); {spans['requests_without']} answered requests had none")
-    for metric in ("ttft", "e2e"):
+    for metric in (TTFT, E2E):
         said: set[tuple[float, int]] = set()
         for q, tail in b.get("tails", {}).get(metric, {}).items():
             if q != "p99" and q != max(b["tails"][metric], key=lambda k: float(k[1:])):
@@ -113,8 +114,9 @@ def tail_lines(b: dict[str, Any] | None) -> list[str]:
     for group in GROUPS:  # per replica, per name: TTFT's p99 each
         rows = b.get(f"by_{group}") or {}
         if rows:
-            each = "; ".join(f"{label} {g['tails']['ttft']['p99']['value'] * 1000:.1f} ms ("
-                             + ", ".join(f"{v * 1000:.1f} {LABELS[p]}" for p, v in g["tails"]["ttft"]["p99"]["split"].items())
+            each = "; ".join(f"{label} {g['tails'][TTFT]['p99']['value'] * 1000:.1f} ms ("
+                             + ", ".join(f"{v * 1000:.1f} {LABELS[p]}"
+                                         for p, v in g["tails"][TTFT]["p99"]["split"].items())
                              + ")" for label, g in rows.items())
             out.append(f"TTFT p99 per {group}: {each}")
     return out

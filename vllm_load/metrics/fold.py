@@ -13,7 +13,8 @@ import numpy as np
 
 from vllm_load.client.record import RequestRecord
 from vllm_load.metrics.histogram import Histogram
-from vllm_load.metrics.table import PER_REQUEST_FIELDS
+from vllm_load.metric_table import (
+    E2E, ITL, ITL_ANSWER, ITL_REASONING, ITL_TOKEN, PER_REQUEST_FIELDS, SEND_LAG, SEND_LAG_STARTUP, TTFT)
 
 
 @dataclass
@@ -82,8 +83,8 @@ def record(hists: dict[str, Histogram], windows: dict | None, tokens_per_second:
     ``windows``/``tokens_per_second`` (a run's totals, not a name's group) the per-window histograms of each
     ``window_s`` of request starts and the output tokens of each wall second."""
     h = hists
-    h["send_lag"].record_many([r.send_lag for r in recs if r.send_lag is not None and not r.startup])
-    h["send_lag_startup"].record_many([r.send_lag for r in recs if r.send_lag is not None and r.startup])
+    h[SEND_LAG].record_many([r.send_lag for r in recs if r.send_lag is not None and not r.startup])
+    h[SEND_LAG_STARTUP].record_many([r.send_lag for r in recs if r.send_lag is not None and r.startup])
     chunks = Chunks.of(recs)
     starts = np.array([r.start for r in recs])
     if tokens_per_second is not None:
@@ -97,11 +98,11 @@ def record(hists: dict[str, Histogram], windows: dict | None, tokens_per_second:
         h[key].record_many([max(0.0, v) if isinstance(v, float) else v for r in ok
                             if (v := getattr(r, name, None)) is not None])
     thinking, answering = _phase_gaps(ok)  # and those derived from the chunks
-    h["itl_reasoning"].record_many(thinking)
-    h["itl_answer"].record_many(answering)
+    h[ITL_REASONING].record_many(thinking)
+    h[ITL_ANSWER].record_many(answering)
     chunk_gaps, itl, itl_n, itl_rec = gaps(chunks, ok_mask)
-    h["itl"].record_many(chunk_gaps)
-    h["itl_token"].record_many(itl, itl_n)
+    h[ITL].record_many(chunk_gaps)
+    h[ITL_TOKEN].record_many(itl, itl_n)
     if windows is None:
         return
     # per window (by request start): e2e and ttft of each ok request, itl of each of its tokens
@@ -112,9 +113,9 @@ def record(hists: dict[str, Histogram], windows: dict | None, tokens_per_second:
         mine = ok_mask & (win_of == w)
         in_win = mine[itl_rec]
         for metric, values, weights in (
-            ("e2e", e2e[mine], None),
-            ("ttft", ttft[mine & ~np.isnan(ttft)], None),
-            ("itl_token", itl[in_win], itl_n[in_win]),
+            (E2E, e2e[mine], None),
+            (TTFT, ttft[mine & ~np.isnan(ttft)], None),
+            (ITL_TOKEN, itl[in_win], itl_n[in_win]),
         ):
             if not values.size:
                 continue

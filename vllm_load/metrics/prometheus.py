@@ -13,6 +13,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, HistogramMetricFamily
+from vllm_load.metric_table import (
+    CLIENT_OVERHEAD, E2E, ITL, ITL_TOKEN, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TPOT, TTFO, TTFT)
 
 #: vLLM 0.32's bucket boundaries (vllm/v1/metrics/loggers.py), shared with the emulator's /metrics
 TTFT_BUCKETS = (.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560)
@@ -22,26 +24,26 @@ TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20
 
 #: (our metric key, exported name, buckets, help): vLLM's names under the vllm_load: prefix
 EXPORTED = (
-    ("ttft", "vllm_load:time_to_first_token_seconds", TTFT_BUCKETS, "Client-side time to first token in seconds."),
-    ("ttfo", "vllm_load:time_to_first_output_token_seconds", TTFT_BUCKETS,
+    (TTFT, "vllm_load:time_to_first_token_seconds", TTFT_BUCKETS, "Client-side time to first token in seconds."),
+    (TTFO, "vllm_load:time_to_first_output_token_seconds", TTFT_BUCKETS,
      "Client-side time to the answer's first token (not reasoning) in seconds."),
-    ("itl_token", "vllm_load:inter_token_latency_seconds", ITL_BUCKETS,
+    (ITL_TOKEN, "vllm_load:inter_token_latency_seconds", ITL_BUCKETS,
      "Client-side inter-token latency in seconds (each chunk's gap over its tokens), as vLLM's server-side one."),
-    ("itl", "vllm_load:inter_chunk_latency_seconds", ITL_BUCKETS,
+    (ITL, "vllm_load:inter_chunk_latency_seconds", ITL_BUCKETS,
      "Client-side gap between token-bearing chunks in seconds (vllm bench serve's ITL)."),
-    ("tpot", "vllm_load:request_time_per_output_token_seconds", ITL_BUCKETS,
+    (TPOT, "vllm_load:request_time_per_output_token_seconds", ITL_BUCKETS,
      "Client-side (E2E - TTFT) / (output tokens - 1) per request, in seconds."),
-    ("e2e", "vllm_load:e2e_request_latency_seconds", REQUEST_BUCKETS, "Client-side end-to-end request latency."),
+    (E2E, "vllm_load:e2e_request_latency_seconds", REQUEST_BUCKETS, "Client-side end-to-end request latency."),
     # where each request's time went, as the server's per-request metrics said it
-    ("server_queue", "vllm_load:server_queue_seconds", REQUEST_BUCKETS,
+    (SERVER_QUEUE, "vllm_load:server_queue_seconds", REQUEST_BUCKETS,
      "The server's own queue time of each request (queued to scheduled), in seconds."),
-    ("server_prefill", "vllm_load:server_prefill_seconds", REQUEST_BUCKETS,
+    (SERVER_PREFILL, "vllm_load:server_prefill_seconds", REQUEST_BUCKETS,
      "The server's own time from scheduling to each request's first token, in seconds."),
-    ("kv_transfer", "vllm_load:kv_transfer_seconds", REQUEST_BUCKETS,
+    (KV_TRANSFER, "vllm_load:kv_transfer_seconds", REQUEST_BUCKETS,
      "Disaggregated prefill/decode: the decode instance's time to its first token (the KV pull), in seconds."),
-    ("server_decode", "vllm_load:server_decode_seconds", REQUEST_BUCKETS,
+    (SERVER_DECODE, "vllm_load:server_decode_seconds", REQUEST_BUCKETS,
      "The server's own time from each request's first token to its last, in seconds."),
-    ("client_overhead", "vllm_load:client_overhead_seconds", TTFT_BUCKETS,
+    (CLIENT_OVERHEAD, "vllm_load:client_overhead_seconds", TTFT_BUCKETS,
      "Each request's client TTFT beyond the server's: the network, the API server, a router, in seconds."),
 )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from typing import Any, Iterable
+from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
 
 #: vLLM's KV-cache block (its default --block-size): the prefix cache hits whole blocks only
 BLOCK = 16
@@ -29,7 +30,7 @@ def replica_of(record: dict, header: str | None) -> str | None:
 def routing(records: Iterable[dict], header: str | None = None, block: int = BLOCK) -> dict[str, Any] | None:
     """The verdict over the measured requests (warm-up and removed ones aside); None when no request says its
     replica."""
-    replicas: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "failed": 0, "input_tokens": 0,
+    replicas: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "failed": 0, INPUT_TOKENS: 0,
                                                                "cached_tokens": 0})
     turns: dict[str, list[dict]] = defaultdict(list)
     any_span = False
@@ -43,7 +44,7 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
         row = replicas[replica]
         row["requests"] += 1
         row["failed"] += not r.get("ok")
-        row["input_tokens"] += r.get("input_tokens") or 0
+        row[INPUT_TOKENS] += r.get(INPUT_TOKENS) or 0
         row["cached_tokens"] += r.get("cached_tokens") or 0
         if r.get("session"):
             turns[r["session"]].append({**r, "replica": replica})
@@ -55,12 +56,12 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
     achievable = achieved = 0
     for rs in multi.values():
         for prev, cur in zip(rs, rs[1:]):
-            if not (prev.get("ok") and cur.get("ok")) or cur.get("input_tokens") is None:
+            if not (prev.get("ok") and cur.get("ok")) or cur.get(INPUT_TOKENS) is None:
                 continue
             # the turn repeats the last turn's prompt and answer: what a replica holding them could hit, in whole
             # blocks, the last prompt token always computed
-            shared = (prev.get("input_tokens") or 0) + (prev.get("output_tokens") or 0)
-            achievable += min(shared, cur["input_tokens"] - 1) // block * block
+            shared = (prev.get(INPUT_TOKENS) or 0) + (prev.get(OUTPUT_TOKENS) or 0)
+            achievable += min(shared, cur[INPUT_TOKENS] - 1) // block * block
             achieved += cur.get("cached_tokens") or 0
     return {
         "source": f"the {header} response header" if header else "the replicas' spans (their OTEL_SERVICE_NAME)"

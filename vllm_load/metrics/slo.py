@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vllm_load.errors import UsageError
-from vllm_load.metrics import table
+from vllm_load import metric_table as table
 from vllm_load.metrics.breakdown import PARTS
+from vllm_load.metric_table import E2E, ITL, OUTPUT_TPS
 
 # the server's parts of each request's time (metrics/breakdown.py) gate as latencies: server_queue.p99<=100ms
 LATENCY = (*table.LATENCY, *PARTS)
@@ -33,7 +34,7 @@ STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean", "min")
 RUN_METRICS = {
     "error_rate": "%", "goodput": "req/s", "good_request_fraction": "%", "output_token_rate": "tok/s",
     "request_rate": "req/s",
-    "input_drift": "tok", "output_tps": "tok/s", "outage.seconds": "s",
+    "input_drift": "tok", OUTPUT_TPS: "tok/s", "outage.seconds": "s",
     "energy_per_token": "J", "energy_per_request": "J",  # GPU telemetry (--dcgm-url)
     # a fleet's routing (metrics/routing.py): from --capture-header's replica, or --host a,b
     "cache_hits_of_achievable": "%", "replica_imbalance": "", "session_stickiness": "%",
@@ -41,7 +42,7 @@ RUN_METRICS = {
 #: what --window steady judges on the steady window's requests (the rest is the run's: its outages, the server's
 #: series, the routing, the server's per-request parts, the energy)
 WINDOWED = frozenset({*table.LATENCY, "error_rate", "goodput", "good_request_fraction", "output_token_rate",
-                      "request_rate", "input_drift", "output_tps"})
+                      "request_rate", "input_drift", OUTPUT_TPS})
 SERVER_METRICS = {
     "server.kv_cache_usage.max": "%", "server.preemptions": "count", "server.waiting.max": "count",
     "server.running.max": "count", "server.prefix_cache_hit_rate": "%",
@@ -71,9 +72,9 @@ class SLO:
 
 #: spellings of an earlier release, kept one release with a one-line notice: (old, new, notice)
 _DEPRECATED = {
-    "itl_chunk": ("itl", "itl_chunk is now itl (vLLM's name for the gap between chunks); the per-token gap is itl_token"),
+    "itl_chunk": (ITL, "itl_chunk is now itl (vLLM's name for the gap between chunks); the per-token gap is itl_token"),
 }
-_ALIASES = {"e2el": "e2e"}  # vLLM's name, accepted as ours
+_ALIASES = {"e2el": E2E}  # vLLM's name, accepted as ours
 _warned: set[str] = set()
 
 
@@ -108,7 +109,7 @@ def parse_slo(text: str) -> SLO:
             raise UsageError(f"SLO {text!r} needs a statistic: {metric}.p99, {metric}.p50, {metric}.max …")
         if unit not in ("ms", "s", "us"):
             raise UsageError(f"SLO {text!r} needs a time unit (ms, s or us), e.g. {metric}.{stat}<=500ms")
-    elif metric == "output_tps" and stat:
+    elif metric == OUTPUT_TPS and stat:
         pass
     elif metric in RUN_METRICS or metric in SERVER_METRICS:
         if stat:
@@ -234,7 +235,7 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
             return None, ("the server gave no per-request times (vLLM: --enable-per-request-metrics; the embedded "
                           "emulator always does)")
         return float(part[slo.stat]), ""
-    if slo.metric in LATENCY or (slo.metric == "output_tps" and slo.stat):
+    if slo.metric in LATENCY or (slo.metric == OUTPUT_TPS and slo.stat):
         m = summary["metrics"].get(slo.metric)
         if not m or not m["count"]:
             return None, "no successful request measured it"
@@ -266,8 +267,8 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
             return None, "no session had two turns" if slo.metric != "cache_hits_of_achievable" else \
                 "no turn could hit the prefix cache (sessions of one turn, or no usage with cached tokens)"
         return float(found[slo.metric]), ""
-    if slo.metric in ("output_token_rate", "request_rate", "output_tps"):
-        return float(summary[slo.metric if slo.metric != "output_tps" else "output_token_rate"]), ""
+    if slo.metric in ("output_token_rate", "request_rate", OUTPUT_TPS):
+        return float(summary[slo.metric if slo.metric != OUTPUT_TPS else "output_token_rate"]), ""
     if not server:
         return None, "no server-side data (run the sidecar: --sidecar-url)"
     key = slo.metric[len("server."):]

@@ -13,6 +13,7 @@ where the stream's per-request metrics gave none, and the join is counted: spans
 from __future__ import annotations
 
 from typing import Any, Iterable
+from vllm_load.metric_table import CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT
 
 #: vLLM's span of a request (the others, model loading and KV-cache allocation at start-up, are not requests)
 REQUEST_SPAN = "llm_request"
@@ -21,8 +22,8 @@ ATTRIBUTES = {
     "gen_ai.latency.time_in_queue": "queue",
     "gen_ai.latency.time_in_model_prefill": "prefill",
     "gen_ai.latency.time_in_model_decode": "decode",
-    "gen_ai.latency.time_to_first_token": "ttft",
-    "gen_ai.latency.e2e": "e2e",
+    "gen_ai.latency.time_to_first_token": TTFT,
+    "gen_ai.latency.e2e": E2E,
     "gen_ai.request.id": "request_id",
     "gen_ai.usage.prompt_tokens": "prompt_tokens",
     "gen_ai.usage.completion_tokens": "completion_tokens",
@@ -97,12 +98,12 @@ def _disaggregated(r: dict, prefill: dict, decode: dict) -> None:
     """A request served by a prefill and a decode instance (vLLM's router in P/D mode passes its traceparent to both):
     the prefill's queue and prefill, the decode's time to its first token (pulling the prompt's KV from the prefill,
     then one step) as ``kv_transfer``, the decode's decode; which instances served it."""
-    r["server_queue"], r["server_prefill"] = prefill.get("queue"), prefill.get("prefill")
-    r["kv_transfer"], r["server_decode"] = decode.get("ttft"), decode.get("decode")
-    r["server_ttft"] = (prefill.get("e2e") or 0.0) + (decode.get("ttft") or 0.0)
-    r["span_ttft"], r["server_e2e"] = r["server_ttft"], (prefill.get("e2e") or 0.0) + (decode.get("e2e") or 0.0)
-    if r.get("ttft") is not None:
-        r["client_overhead"] = r["ttft"] - r["server_ttft"]
+    r[SERVER_QUEUE], r[SERVER_PREFILL] = prefill.get("queue"), prefill.get("prefill")
+    r[KV_TRANSFER], r[SERVER_DECODE] = decode.get(TTFT), decode.get("decode")
+    r["server_ttft"] = (prefill.get(E2E) or 0.0) + (decode.get(TTFT) or 0.0)
+    r["span_ttft"], r["server_e2e"] = r["server_ttft"], (prefill.get(E2E) or 0.0) + (decode.get(E2E) or 0.0)
+    if r.get(TTFT) is not None:
+        r[CLIENT_OVERHEAD] = r[TTFT] - r["server_ttft"]
     if decode.get("replica"):
         r["replica"] = decode["replica"]
     if prefill.get("replica"):
@@ -133,15 +134,15 @@ def join(records: list[dict], spans: list[dict]) -> dict[str, int]:
         if span is None:
             continue
         used.add(id(span))
-        r["span_ttft"], r["server_e2e"] = span.get("ttft"), span.get("e2e")
+        r["span_ttft"], r["server_e2e"] = span.get(TTFT), span.get(E2E)
         if span.get("replica"):
             r["replica"] = span["replica"]
-        if r.get("server_queue") is None and span.get("queue") is not None and span.get("prefill") is not None:
-            r["server_queue"], r["server_prefill"] = span["queue"], span["prefill"]
-            r["server_decode"] = span.get("decode")
+        if r.get(SERVER_QUEUE) is None and span.get("queue") is not None and span.get("prefill") is not None:
+            r[SERVER_QUEUE], r[SERVER_PREFILL] = span["queue"], span["prefill"]
+            r[SERVER_DECODE] = span.get("decode")
             r["server_ttft"] = span["queue"] + span["prefill"]
-            if r.get("ttft") is not None:
-                r["client_overhead"] = r["ttft"] - r["server_ttft"]
+            if r.get(TTFT) is not None:
+                r[CLIENT_OVERHEAD] = r[TTFT] - r["server_ttft"]
     ok = [r for r in records if r.get("ok")]
     return {"spans": len(spans), "joined": len(used), "unmatched": len(spans) - len(used),
             "requests_without": sum(1 for r in ok if r.get("span_ttft") is None and r.get("server_e2e") is None)}

@@ -17,7 +17,7 @@ from vllm_load.metrics import fold as folding
 from vllm_load.metrics.summary import (  # noqa: F401  (upgrade_summary: where readers found it first)
     NAMES_VERSION, RunSummary, upgrade_summary, upgrade_wire)
 from vllm_load.metrics.summarise import summarise
-from vllm_load.metrics.table import METRICS, WINDOWED
+from vllm_load.metric_table import INPUT_TOKENS, METRICS, OUTPUT_TOKENS, REASONING_TOKENS, WINDOWED
 from vllm_load.client.record import RequestRecord
 
 #: Latency-like histograms (seconds) and per-request output tokens/s.
@@ -217,10 +217,10 @@ class LLMStats:
 
     # -- shipping between processes -------------------------------------------------------------
     _BUCKETS = ("ok_buckets", "conn_buckets", "fail_buckets")
-    _COUNTERS = ("requests", "failures", "input_tokens", "output_tokens", "usage_missing",
+    _COUNTERS = ("requests", "failures", INPUT_TOKENS, OUTPUT_TOKENS, "usage_missing",
                  "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of",
-                 "warmup_excluded", "removed_excluded", "one_token_chunks", "backoffs", "backoff_ms", "reasoning_tokens", "reasoning_requests",
-                 "reasoning_by_tokenizer", "items", "late_merged", "media_items", "media_tokens")
+                 "warmup_excluded", "removed_excluded", "one_token_chunks", "backoffs", "backoff_ms", REASONING_TOKENS,
+                 "reasoning_requests", "reasoning_by_tokenizer", "items", "late_merged", "media_items", "media_tokens")
 
     def to_wire(self) -> dict:
         return {

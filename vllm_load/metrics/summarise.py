@@ -8,6 +8,7 @@ from typing import Any
 from vllm_load.metrics import outages
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.summary import RunSummary, name_order
+from vllm_load.metric_table import INPUT_TOKENS, ITL, OUTPUT_TOKENS, REASONING_TOKENS
 
 
 def summarise(self: Any, duration: float | None = None, records_per_request: int = 0,
@@ -31,8 +32,8 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
         # arrivals per second between the first and the last request's (intended) start
         "send_rate": (self.requests - 1) / (self.last_start - self.first_start)
         if self.requests > 1 and self.last_start and self.first_start and self.last_start > self.first_start else 0.0,
-        "input_tokens": self.input_tokens,
-        "output_tokens": self.output_tokens,
+        INPUT_TOKENS: self.input_tokens,
+        OUTPUT_TOKENS: self.output_tokens,
         "output_token_rate": self.output_tokens / duration if duration else 0.0,
         # vllm bench serve's "Total token throughput": input and output tokens per second
         "total_token_rate": (self.input_tokens + self.output_tokens) / duration if duration else 0.0,
@@ -41,7 +42,7 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
         "input_drift_max_abs": self.drift_max_abs,
         "input_drift_fraction": self.drift_requests / with_usage if with_usage > 0 else 0.0,
         "output_mismatch": self.output_mismatch,
-        "reasoning_tokens": self.reasoning_tokens,
+        REASONING_TOKENS: self.reasoning_tokens,
         "reasoning_requests": self.reasoning_requests,
         "reasoning_by_tokenizer": self.reasoning_by_tokenizer,
         # the server's prefix-cache hits as its usage reported them per request (None: it reported none)
@@ -62,7 +63,7 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
         "percentiles": [percentile_key(p) for p in shown],
         # chunk gaps of 0: two chunks of a stream under one receive stamp (a late read merges them, or the
         # server wrote them together)
-        "shared_stamps": self.hists["itl"].at_most_1ns(),
+        "shared_stamps": self.hists[ITL].at_most_1ns(),
         # of those, the ones a late read of the native reader made (the others landed together: the server's)
         "late_merged_gaps": self.late_merged,
     }

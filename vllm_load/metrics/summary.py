@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
+from vllm_load.metric_table import ITL, ITL_TOKEN
 
 
 class _Absent:
@@ -53,7 +54,7 @@ class RunSummary(Mapping[str, Any]):
     good_request_fraction: float | None = ABSENT  # their share of the requests judged
     good_requests: int = ABSENT
     errors: dict[str, int] = ABSENT  # reason -> count, most common first
-    metrics: dict[str, dict[str, float]] = ABSENT  # metrics.table key -> count, mean, min, percentiles, max
+    metrics: dict[str, dict[str, float]] = ABSENT  # metric_table key -> count, mean, min, percentiles, max
     outages: list[dict] = ABSENT  # outages.Window.to_json() plus "text"
     outage_seconds: float = ABSENT
     media_items: int = ABSENT  # images and audio clips sent, their prompt tokens (server's count minus the exact text
@@ -163,7 +164,7 @@ _KNOWN = frozenset(_FIELDS)
 #: the wire's metric names: 2 since itl means the per-chunk gap (vLLM's) and itl_token the per-token one
 NAMES_VERSION = 2
 #: metric keys before that: the old name -> today's
-_OLD_NAMES = {"itl": "itl_token", "itl_chunk": "itl"}
+_OLD_NAMES = {ITL: ITL_TOKEN, "itl_chunk": ITL}
 
 
 def upgrade_wire(data: dict) -> dict:

@@ -20,6 +20,7 @@ from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
 from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.workload.datasets import records_per_request
+from vllm_load.metric_table import OUTPUT_TOKENS, SEND_LAG
 
 
 @dataclass
@@ -105,7 +106,7 @@ class Collector:
         done = self._workers()  # what the collector knows beyond the totals, added to the summary once at the end
         done["saturation"] = self.saturation.to_json() if self.saturation is not None else None
         if self.dcgm is not None:
-            done["energy"] = energy_summary(self.dcgm.samples, self.measured_from, end, summary["output_tokens"],
+            done["energy"] = energy_summary(self.dcgm.samples, self.measured_from, end, summary[OUTPUT_TOKENS],
                                             summary["succeeded"])
             if done["energy"] is None:
                 done["energy_missing"] = self.dcgm.error or "no GPU telemetry in the run's window"
@@ -113,7 +114,7 @@ class Collector:
             last = monitor.take()
             if last["cpu"] or last["lag"] or last["streams"]:
                 self.health.add("local", last)
-        send_lag = summary["metrics"].get("send_lag", {})
+        send_lag = summary["metrics"].get(SEND_LAG, {})
         # CPU and lag while the server was unreachable or failing every request are the failures' doing
         quiet = [(w["start"], w["end"]) for w in summary["outages"]]
         done["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet,

@@ -11,6 +11,7 @@ from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.client_health import late_merged, shared_stamp, who_fell_behind
 from vllm_load.metrics.routing import routing_line
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
+from vllm_load.metric_table import OUTPUT_TOKENS, SEND_LAG
 
 
 #: the badge's width follows the header: Locust's block on the right (host, status, users, and while a run goes
@@ -206,7 +207,7 @@ def _summary_rows(summary: dict, slos: list | None, has_report: bool) -> list[di
     else:
         rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "", "mean": f"{summary['live_output_tps']:.1f}"})
     rows.append({"metric": "Live charts (TTFT, ITL, tok/s, server)", "count": "", "mean": "/vllm-load/live"})
-    rows.append({"metric": "Output tok/s (run)", "count": summary["output_tokens"],
+    rows.append({"metric": "Output tok/s (run)", "count": summary[OUTPUT_TOKENS],
                  "mean": f"{summary['output_token_rate']:.1f}"})
     rows.append({"metric": "Requests ok / failed", "count": summary["requests"],
                  "mean": f"{summary['succeeded']} / {summary['failed']}"})
@@ -248,7 +249,7 @@ def live_summary(totals: Any, start_wall: float, health: Any = None) -> dict:
     """What the web UI polls: the summary so far (as JSON) with the last seconds' output rate."""
     summary = totals.summary(duration=max(time.time() - start_wall, 1e-9), outage_after=None)
     if health is not None:
-        lag = summary["metrics"].get("send_lag", {})
+        lag = summary["metrics"].get(SEND_LAG, {})
         summary = summary.replace(client=health.verdict(lag.get("p99") if lag.get("count") else None,
                                                         shared_stamp=shared_stamp(summary),
                                                         late_merged=late_merged(summary)))

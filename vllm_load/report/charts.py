@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from vllm_load.metrics.table import BY_KEY
+from vllm_load.metric_table import BY_KEY, E2E, ITL, ITL_TOKEN, TPOT, TTFT
 from vllm_load.report.console import ITL_CHUNK_ONLY, ITL_ONE_ROW, table_rows
 from vllm_load.rundir.files import Run
 
@@ -51,10 +51,10 @@ def timeline_of(s: Any, t0: float, server: list[dict]) -> list[dict[str, Any]]:
     out = []
     wins = sorted(s.windows)
     series = []
-    for metric in ("ttft", "itl_token"):
+    for metric in (TTFT, ITL_TOKEN):
         got = [(w, s.windows[w].get(metric)) for w in wins]
         for p in (50, 99):
-            series.append({"label": f"{BY_KEY[metric].title} p{p}", "dash": metric != "ttft",
+            series.append({"label": f"{BY_KEY[metric].title} p{p}", "dash": metric != TTFT,
                            "values": rounded([h.percentile(p) * 1000 if h is not None and h.count else None
                                              for _, h in got])})
     if wins:
@@ -97,7 +97,7 @@ def distributions(run: Run) -> list[dict[str, Any]]:
     grid = NINES_PERCENTILES
     # the table's decision: where ITL per chunk and per token are one row, they are one line
     one_itl = any(r["metric"].startswith((ITL_ONE_ROW, ITL_CHUNK_ONLY)) for r in table_rows(run.summary))
-    for key, extra in (("ttft", None), ("itl", None if one_itl else "itl_token"), ("tpot", None), ("e2e", None)):
+    for key, extra in ((TTFT, None), (ITL, None if one_itl else ITL_TOKEN), (TPOT, None), (E2E, None)):
         h = run.stats.hists[key]
         if not h.count:
             continue
@@ -133,10 +133,10 @@ def by_level(runs: list[Any], levels: list[float], level: str) -> list[dict[str,
                [{"label": "output tok/s", "values": rounded([r.summary["output_token_rate"] for r in runs])},
                 {"label": "requests/s", "values": rounded([r.summary["request_rate"] for r in runs])}], kind="level"),
         chart("sweep-latency", f"Latency against the {level}", level, "ms", levels,
-               [{"label": "TTFT mean", "values": metric("ttft", "mean")},
-                {"label": "TTFT p99", "values": metric("ttft", "p99"), "dash": True},
-                {"label": "E2E mean", "values": metric("e2e", "mean")},
-                {"label": "E2E p99", "values": metric("e2e", "p99"), "dash": True}], kind="level"),
+               [{"label": "TTFT mean", "values": metric(TTFT, "mean")},
+                {"label": "TTFT p99", "values": metric(TTFT, "p99"), "dash": True},
+                {"label": "E2E mean", "values": metric(E2E, "mean")},
+                {"label": "E2E p99", "values": metric(E2E, "p99"), "dash": True}], kind="level"),
     ]
 
 
@@ -144,7 +144,7 @@ def a_against_b(a: Run, b: Run) -> list[dict[str, Any]]:
     """Two runs' distributions overlaid, metric by metric (A solid, B dashed), on the nines axis."""
     grid = NINES_PERCENTILES
     out = []
-    for key in ("ttft", "itl", "tpot", "e2e"):
+    for key in (TTFT, ITL, TPOT, E2E):
         ha, hb = a.stats.hists[key], b.stats.hists[key]
         if not ha.count and not hb.count:
             continue

@@ -18,7 +18,7 @@ from typing import Any
 
 from vllm_load.metrics.repeats import welch
 from vllm_load.metrics.verdict import UNTRUSTWORTHY, word
-from vllm_load.metrics.table import METRICS
+from vllm_load.metric_table import E2E, ITL, ITL_TOKEN, METRICS, TTFO, TTFT
 from vllm_load.report.console import fmt_number
 from vllm_load.rundir.files import Run, load_run
 
@@ -52,7 +52,7 @@ _NAMING = {"run_dir", "salt", "seed", "csv_prefix", "html_file", "json_file", "j
            "num_users", "processes"}
 #: rows that repeat another where both runs say the same: TTFO is TTFT without reasoning; the per-token ITL is the
 #: per-chunk one when every chunk carries one token
-_SAME_AS = {"ttfo": "ttft", "itl_token": "itl"}
+_SAME_AS = {TTFO: TTFT, ITL_TOKEN: ITL}
 
 
 def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
@@ -140,8 +140,8 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
 #: what repeated runs are compared on: (title, a step's value, better when higher)
 REPEATED = (("request rate", lambda s: s["request_rate"], True),
             ("output tokens/s", lambda s: s["output_token_rate"], True),
-            ("TTFT p99", lambda s: (s["metrics"].get("ttft") or {}).get("p99"), False),
-            ("E2E p99", lambda s: (s["metrics"].get("e2e") or {}).get("p99"), False))
+            ("TTFT p99", lambda s: (s["metrics"].get(TTFT) or {}).get("p99"), False),
+            ("E2E p99", lambda s: (s["metrics"].get(E2E) or {}).get("p99"), False))
 
 
 def _repeats(run: Run) -> list[dict] | None:
@@ -192,7 +192,7 @@ def conclusion(c: dict) -> str:
         ratio = rate["b"] / rate["a"]
         out.append("B served about the same throughput as A" if abs(ratio - 1) < 0.02 else
                    f"B served {ratio:.2f}x A's {rate['title']}")
-    worse = [r for r in c["metrics"] if r["significant"] and r["stat"] == "p99" and r["metric"] in ("ttft", "e2e", "itl")]
+    worse = [r for r in c["metrics"] if r["significant"] and r["stat"] == "p99" and r["metric"] in (TTFT, E2E, ITL)]
     if worse:
         out.append("its p99 " + ", ".join(f"{r['title']} {r['pct']:+.1f}%" for r in worse if r["pct"] is not None))
     else:

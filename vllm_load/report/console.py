@@ -6,7 +6,8 @@ from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers, who_fell_behind
-from vllm_load.metrics.table import BY_KEY, METRICS, REASONING_ONLY
+from vllm_load.metric_table import (
+    BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, REASONING_TOKENS, SEND_LAG, TTFT)
 
 COLUMNS = [percentile_key(p) for p in PERCENTILES] + ["max"]
 
@@ -60,9 +61,9 @@ def _one_itl_row(rows: list[dict], cols: list[str], unknown: bool = False) -> li
 
 
 #: the by-name table's columns: (metric key, statistic, title); times in ms, tokens as means
-NAME_COLUMNS = (("ttft", "p50", "TTFT p50 ms"), ("ttft", "p99", "TTFT p99 ms"), ("itl", "p50", "ITL p50 ms"),
-                ("itl", "p99", "ITL p99 ms"), ("e2e", "p50", "E2E p50 ms"), ("e2e", "p99", "E2E p99 ms"),
-                ("input_tokens", "mean", "input tok"), ("output_tokens", "mean", "output tok"))
+NAME_COLUMNS = ((TTFT, "p50", "TTFT p50 ms"), (TTFT, "p99", "TTFT p99 ms"), (ITL, "p50", "ITL p50 ms"),
+                (ITL, "p99", "ITL p99 ms"), (E2E, "p50", "E2E p50 ms"), (E2E, "p99", "E2E p99 ms"),
+                (INPUT_TOKENS, "mean", "input tok"), (OUTPUT_TOKENS, "mean", "output tok"))
 NAME_HEAD = ["name", "requests", "failed", *(t for _, _, t in NAME_COLUMNS), "cached"]
 
 
@@ -196,8 +197,8 @@ def spec_line(spec: dict) -> str:
 def steady_line(steady: dict, requests: int) -> str:
     """The steady window beside the whole run: its span, its share of the requests, its rates and tails."""
     a, b = steady["window_s"]
-    tails = [f"{label} p99 {steady['metrics'][key]['p99'] * 1000:.1f} ms" for key, label in (("ttft", "TTFT"),
-             ("e2e", "E2E")) if steady["metrics"].get(key, {}).get("count")]
+    tails = [f"{label} p99 {steady['metrics'][key]['p99'] * 1000:.1f} ms" for key, label in ((TTFT, "TTFT"),
+             (E2E, "E2E")) if steady["metrics"].get(key, {}).get("count")]
     return (f"steady window (every user sending; the ramp and the drain left out): {a:.1f}-{b:.1f} s, "
             f"{steady['requests']} of {requests} requests, {steady['request_rate']:.2f} req/s, "
             f"{steady['output_token_rate']:.1f} tok/s" + (f"; {', '.join(tails)}" if tails else ""))
@@ -220,7 +221,7 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
     lines.append(
         f"requests {s['requests']}  succeeded {s['succeeded']}  failed {s['failed']}  "
         f"duration {s['duration_s']:.1f} s  request rate {s['request_rate']:.2f}/s  "
-        f"output {s['output_tokens']} tok ({s['output_token_rate']:.1f} tok/s)  input {s['input_tokens']} tok"
+        f"output {s[OUTPUT_TOKENS]} tok ({s['output_token_rate']:.1f} tok/s)  input {s[INPUT_TOKENS]} tok"
         + (f"  total token throughput {s['total_token_rate']:.1f} tok/s" if s.get("total_token_rate") is not None
            else "")
     )
@@ -234,10 +235,10 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
                      f"{s['inputs'] / max(1, s['succeeded']):.1f} per request), "
                      f"{s['input_token_rate']:.1f} input tok/s")
     if s.get("reasoning_requests"):
-        share = s["reasoning_tokens"] / s["output_tokens"] * 100 if s["output_tokens"] else 0.0
+        share = s[REASONING_TOKENS] / s[OUTPUT_TOKENS] * 100 if s[OUTPUT_TOKENS] else 0.0
         counted = (f"; {s['reasoning_by_tokenizer']} counted with the run's tokenizer (the stream carried no count)"
                    if s.get("reasoning_by_tokenizer") else "")
-        lines.append(f"reasoning: {s['reasoning_tokens']} of the output tokens ({share:.1f}%) over "
+        lines.append(f"reasoning: {s[REASONING_TOKENS]} of the output tokens ({share:.1f}%) over "
                      f"{s['reasoning_requests']} requests; TTFT is the first reasoning token, TTFO the first answer "
                      f"token{counted}")
     if s.get("routing"):
@@ -262,7 +263,7 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
                      f"cached ({s['cached_fraction'] * 100:.1f}%)")
     if s.get("trace"):
         t = s["trace"]
-        lag = s["metrics"].get("send_lag", {})
+        lag = s["metrics"].get(SEND_LAG, {})
         lines.append(f"trace: {t['sent']} of {t['rows']} rows sent, over {t['sent_span_s']:.1f} s of the intended "
                      f"{t['intended_s']:.1f} s" + (f"; send lag p99 {lag['p99'] * 1000:.1f} ms, max "
                                                    f"{lag['max'] * 1000:.1f} ms" if lag.get("count") else ""))

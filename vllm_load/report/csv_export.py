@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import io
 
-from vllm_load.metrics.table import METRICS
+from vllm_load.metric_table import METRICS
 
 STATS = ("count", "mean", "std", "min", "p50", "p90", "p95", "p99", "p99.9", "max")
 HEAD = ("name", "metric", "unit", *STATS)

@@ -30,6 +30,8 @@ from vllm_load.rundir.reqlog import read_log
 from vllm_load.report.csv_export import llm_stats_csv
 from vllm_load.report.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.slo import parse_slo_option
+from vllm_load.metric_table import (
+    CLIENT_OVERHEAD, E2E, INPUT_TOKENS, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
 
 
 def render_html(run: Run, verdict: Verdict) -> str:
@@ -67,12 +69,12 @@ def render_html(run: Run, verdict: Verdict) -> str:
 
 
 #: timing.jsonl: each request's server parts as its spans gave them (--otlp-receiver), beside the request log
-TIMING_FIELDS = ("trace_id", "response_id", "start", "name", "replica", "prefill_replica", "ttft", "e2e", "server_queue",
-                 "server_prefill", "kv_transfer", "server_decode", "server_ttft", "server_e2e", "span_ttft",
-                 "client_overhead")
+TIMING_FIELDS = ("trace_id", "response_id", "start", "name", "replica", "prefill_replica", TTFT, E2E, SERVER_QUEUE,
+                 SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "server_ttft", "server_e2e", "span_ttft",
+                 CLIENT_OVERHEAD)
 #: each part's colour in the report's stacked bars
-PART_COLOURS = {"server_queue": "#d62728", "server_prefill": "#1f77b4", "kv_transfer": "#9467bd", "server_decode": "#2ca02c",
-                "client_overhead": "#ff7f0e", "client": "#ff7f0e"}
+PART_COLOURS = {SERVER_QUEUE: "#d62728", SERVER_PREFILL: "#1f77b4", KV_TRANSFER: "#9467bd", SERVER_DECODE: "#2ca02c",
+                CLIENT_OVERHEAD: "#ff7f0e", "client": "#ff7f0e"}
 
 
 def timing_view(t: dict | None, shown: list[str] | None = None) -> dict | None:
@@ -93,8 +95,8 @@ def timing_view(t: dict | None, shown: list[str] | None = None) -> dict | None:
                          "segments": [{"name": LABELS[p], "ms": ms(v), "share": round(100 * max(0.0, v) / total, 2),
                                        "colour": PART_COLOURS[p]} for p, v in tail["split"].items()]})
     legend = [(LABELS[p], c) for p, c in PART_COLOURS.items() if p != "client"]
-    groups = [(group, label, g["requests"], ms(g["tails"]["ttft"]["p99"]["value"]),
-               ", ".join(f"{ms(v)} {LABELS[p]}" for p, v in g["tails"]["ttft"]["p99"]["split"].items()))
+    groups = [(group, label, g["requests"], ms(g["tails"][TTFT]["p99"]["value"]),
+               ", ".join(f"{ms(v)} {LABELS[p]}" for p, v in g["tails"][TTFT]["p99"]["split"].items()))
               for group in ("replica", "name") for label, g in (t.get(f"by_{group}") or {}).items()]
     return {"rows": rows, "head": ["part", "key", "requests", "mean ms", *cols, "max"], "bars": bars, "legend": legend,
             "groups": groups,
@@ -105,7 +107,7 @@ def routing_view(r: dict | None) -> dict | None:
     """The routing verdict (``metrics/routing.py``): its line and a row per replica."""
     if not r:
         return None
-    rows = [(name, row["requests"], row["failed"], row["input_tokens"], row["cached_tokens"])
+    rows = [(name, row["requests"], row["failed"], row[INPUT_TOKENS], row["cached_tokens"])
             for name, row in r["replicas"].items()]
     return {"line": routing_line(r), "rows": rows}
 

@@ -13,6 +13,7 @@ from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.report import charts  # noqa: E402
 from vllm_load.report.page import render  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
+from vllm_load.metric_table import E2E, ITL, TTFT
 
 
 def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[bool | None]:
@@ -51,8 +52,8 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
             return f"{m[k][stat] * 1000:.1f}" if k in m else ""
         rows.append([r.path.name, r.concurrency or "", f"{r.summary['request_rate']:.2f}",
                      *([f"{r.summary.get('record_rate', 0.0):.2f}"] if with_records else []),
-                     f"{r.summary['output_token_rate']:.1f}", ms("ttft", "mean"), ms("ttft", "p99"), ms("itl", "p99"),
-                     ms("e2e", "mean"), ms("e2e", "p99"), "" if kv is None else f"{kv * 100:.1f}%",
+                     f"{r.summary['output_token_rate']:.1f}", ms(TTFT, "mean"), ms(TTFT, "p99"), ms(ITL, "p99"),
+                     ms(E2E, "mean"), ms(E2E, "p99"), "" if kv is None else f"{kv * 100:.1f}%",
                      "" if pre is None else f"{pre:g}", "" if hit is None else f"{hit * 100:.1f}%", r.summary["failed"],
                      "" if verdict is None else word(verdict)])
     repeats = repeat_rows(runs, level)
@@ -99,7 +100,7 @@ def repeat_rows(runs: list[Run], level: str = "concurrency") -> list[list[str]]:
         rate = over(lambda r: r.summary["request_rate"])
         rows.append([f"{value:g}", len(group), f"{confidence:.0%}", spread_text(rate),
                      spread_text(over(lambda r: r.summary["output_token_rate"]), digits=1),
-                     spread_text(over(stat("ttft", "p50")), 1000, 1), spread_text(over(stat("ttft", "p99")), 1000, 1),
-                     spread_text(over(stat("itl", "p99")), 1000, 1), spread_text(over(stat("e2e", "p99")), 1000, 1),
+                     spread_text(over(stat(TTFT, "p50")), 1000, 1), spread_text(over(stat(TTFT, "p99")), 1000, 1),
+                     spread_text(over(stat(ITL, "p99")), 1000, 1), spread_text(over(stat(E2E, "p99")), 1000, 1),
                      "-" if rate is None else f"{rate['cv']:.1%}"])
     return rows

@@ -16,6 +16,7 @@ from typing import Any
 
 from vllm_load.client.openai_api import public_url
 from vllm_load.errors import UsageError
+from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
 
 #: the run directory's files a tracker keeps (the request logs stay in the directory: they can be large)
 ARTIFACTS = ("report.html", "summary.json", "vllm-result.json", "config.json")
@@ -54,7 +55,7 @@ def metrics(summary: dict) -> dict[str, float]:
     """The summary's numbers: rates and counts as they are, latencies (seconds in the summary) in ms."""
     out: dict[str, float] = {}
     for key in ("requests", "succeeded", "failed", "duration_s", "request_rate", "output_token_rate",
-                "input_tokens", "output_tokens", "goodput", "good_request_fraction"):
+                INPUT_TOKENS, OUTPUT_TOKENS, "goodput", "good_request_fraction"):
         if isinstance(summary.get(key), (int, float)):
             out[key] = float(summary[key])
     for name, stats in (summary.get("metrics") or {}).items():

@@ -19,11 +19,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from vllm_load.metric_table import E2E, INPUT_TOKENS, ITL, OUTPUT_TOKENS, SEND_LAG, TPOT, TTFT
 from vllm_load.metrics.server import server_summary
 from vllm_load.rundir.reqlog import read_log
 
 #: vLLM's names of our metric keys, and the statistics written for each (``median`` is p50)
-_METRICS = (("ttft", "ttft"), ("tpot", "tpot"), ("itl", "itl"), ("e2el", "e2e"))
+_METRICS = (("ttft", TTFT), ("tpot", TPOT), ("itl", ITL), ("e2el", E2E))
 _PERCENTILES = ("p50", "p90", "p95", "p99", "p99.9")
 #: keys a pooling result (vLLM's EmbedBenchmarkMetrics) does not have
 _GENERATION_KEYS = ("total_output_tokens", "output_throughput", "max_output_tokens_per_s", "request_goodput", "rtfx")
@@ -44,7 +45,7 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         rate = float(opts.get("vllm_load_step_users") or 0.0)
     elif opts.get("sweep_level_kind") == "users":
         rate, users = 0.0, opts.get("vllm_load_step_users")
-    tokens_in, tokens_out = int(s.get("input_tokens", 0)), int(s.get("output_tokens", 0))
+    tokens_in, tokens_out = int(s.get(INPUT_TOKENS, 0)), int(s.get(OUTPUT_TOKENS, 0))
     out: dict[str, Any] = {
         "date": time.strftime("%Y%m%d-%H%M%S", time.localtime(run.start)),
         "endpoint_type": backend,
@@ -98,8 +99,8 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
             out.update(ramp_up_start_rps=None, ramp_up_end_rps=None, ramp_up_start_users=opts["ramp_up_start_users"],
                        ramp_up_end_users=opts["ramp_up_end_users"])
         out["request_rate"], out["max_concurrency"] = "inf", None
-    out["latencies"] = [r["e2e"] for r in logs]
-    out["queue_times"] = [r.get("send_lag") or 0.0 for r in logs]
+    out["latencies"] = [r[E2E] for r in logs]
+    out["queue_times"] = [r.get(SEND_LAG) or 0.0 for r in logs]
     spec = (server_summary(run.server) or {}).get("spec_decode") if run.server else None
     if spec:  # the keys vllm bench serve writes when the server drafts (from the sidecar's window, not two scrapes)
         for key in ("acceptance_rate", "acceptance_length", "num_drafts", "draft_tokens", "accepted_tokens",
@@ -107,9 +108,9 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
             out[f"spec_decode_{key}"] = spec[key]
     if detailed:
         ok = logs
-        out["input_lens"] = [r.get("input_tokens") or 0 for r in ok]
-        out["output_lens"] = [r.get("output_tokens") or 0 for r in ok]
-        out["ttfts"] = [r.get("ttft") or 0.0 for r in ok]
+        out["input_lens"] = [r.get(INPUT_TOKENS) or 0 for r in ok]
+        out["output_lens"] = [r.get(OUTPUT_TOKENS) or 0 for r in ok]
+        out["ttfts"] = [r.get(TTFT) or 0.0 for r in ok]
         out["itls"] = [[b - a for a, b in zip(r["chunk_offsets"], r["chunk_offsets"][1:])] for r in ok]
         out["start_times"] = [r["start"] for r in ok]
         out["generated_texts"] = ["" for _ in ok]
@@ -119,7 +120,7 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
 
 def _peak(logs: list[dict]) -> int:
     """The most requests open at one instant (each from its start to its end), exact from the logs."""
-    edges = sorted([(r["start"], 1) for r in logs] + [(r["start"] + r["e2e"], -1) for r in logs],
+    edges = sorted([(r["start"], 1) for r in logs] + [(r["start"] + r[E2E], -1) for r in logs],
                    key=lambda e: (e[0], e[1]))
     peak = open_now = 0
     for _t, step in edges:
@@ -137,7 +138,7 @@ def _alive_per_second(logs: list[dict]) -> int:
     first = min(r["start"] for r in ok)
     buckets: dict[int, int] = {}
     for r in ok:
-        for second in range(int(r["start"] - first), int(r["start"] + r["e2e"] - first) + 1):
+        for second in range(int(r["start"] - first), int(r["start"] + r[E2E] - first) + 1):
             buckets[second] = buckets.get(second, 0) + 1
     return max(buckets.values())
 

@@ -15,6 +15,7 @@ from vllm_load.metrics.verdict import Verdict
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 from vllm_load.tune.children import spawning, stop_group
+from vllm_load.metric_table import E2E, ITL, OUTPUT_TOKENS, OUTPUT_TPS, TTFT
 
 
 @dataclass
@@ -127,7 +128,7 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
     if served is not None:  # what the server completed in the window, whenever its requests started
         s = {**s, "request_rate": served["request_rate"], "output_token_rate": served["output_token_rate"],
              "goodput": served["goodput"] if s.get("goodput") is not None else None}
-    e2e_p99 = get("e2e", "p99")
+    e2e_p99 = get(E2E, "p99")
     window = s.get("duration_s") or 0.0
     short = (f"requests took up to {e2e_p99:.1f} s (E2E p99) in a {window:.1f} s window: raise --probe-duration to "
              f"{SHORT_FACTOR} times that or more" if e2e_p99 and window and e2e_p99 * SHORT_FACTOR > window else "")
@@ -137,9 +138,9 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
     return Probe(level=level, passed=code == 0, code=code, run_dir=str(run_dir), request_rate=s["request_rate"],
                  output_token_rate=s["output_token_rate"],
                  goodput=s.get("goodput") if s.get("goodput") is not None else s["request_rate"],
-                 ttft_mean=get("ttft", "mean"), ttft_p99=get("ttft", "p99"), itl_mean=get("itl", "mean"),
-                 itl_p99=get("itl", "p99"), e2e_mean=get("e2e", "mean"), e2e_p99=get("e2e", "p99"),
-                 tps_per_user=get("output_tps", "p50"), kv_max=server.get("kv_cache_usage.max"),
+                 ttft_mean=get(TTFT, "mean"), ttft_p99=get(TTFT, "p99"), itl_mean=get(ITL, "mean"),
+                 itl_p99=get(ITL, "p99"), e2e_mean=get(E2E, "mean"), e2e_p99=get(E2E, "p99"),
+                 tps_per_user=get(OUTPUT_TPS, "p50"), kv_max=server.get("kv_cache_usage.max"),
                  preemptions=server.get("preemptions"), waiting_max=server.get("waiting.max"),
                  prefix_hit_rate=server.get("prefix_cache_hit_rate"), missed=missed, invalid=invalid,
                  untrustworthy=untrustworthy, short=short)
@@ -164,14 +165,14 @@ def served_in_window(run_dir: Path, summary: dict) -> dict | None:
     if not logs or not end or not length:
         return None
     start = end - length
-    done = [r for r in logs if r.get("ok") and start <= r["start"] + r["e2e"] <= end]
+    done = [r for r in logs if r.get("ok") and start <= r["start"] + r[E2E] <= end]
     tokens = 0
     for r in logs:
-        if not r.get("ok") or r.get("output_tokens") is None:
+        if not r.get("ok") or r.get(OUTPUT_TOKENS) is None:
             continue
         counts = r.get("chunk_tokens") or [1] * len(r.get("chunk_offsets") or [])
         landed = [n for off, n in zip(r.get("chunk_offsets") or [], counts) if start <= r["start"] + off <= end]
         if landed and sum(counts):  # the server's count, spread over its chunks as they carried them
-            tokens += sum(landed) * r["output_tokens"] / sum(counts)
+            tokens += sum(landed) * r[OUTPUT_TOKENS] / sum(counts)
     return {"request_rate": len(done) / length, "output_token_rate": tokens / length,
             "goodput": sum(1 for r in done if r.get("good")) / length}

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from vllm_load.errors import UsageError
+from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
 
 FORMATS = ("weka", "jsonl")
 
@@ -126,7 +127,7 @@ def _jsonl_session(obj: dict, block_size: int | None = None) -> Session:
         if "subagent" in turn:
             steps.append(Fork(_jsonl_session(turn["subagent"], size), bool(turn.get("join", True))))
             continue
-        steps.append(Turn(_count(turn["input_tokens"], "input_tokens"), _count(turn["output_tokens"], "output_tokens"),
+        steps.append(Turn(_count(turn[INPUT_TOKENS], INPUT_TOKENS), _count(turn[OUTPUT_TOKENS], OUTPUT_TOKENS),
                           _seconds(turn.get("delay", 0.0), "delay"), tuple(int(h) for h in turn.get("hash_ids") or ())))
     if not any(isinstance(s, Turn) for s in steps):
         raise ValueError("a session has no turn")
