@@ -357,24 +357,6 @@ static PyStructSequence_Desc lag_desc = {"_rxnative.Lag", "The thread's read lag
                                          lag_fields, 3};
 static PyTypeObject *AcceptedType, *TakenType, *DrainedType, *LagType;
 
-/* a struct sequence of ``type`` from ``n`` new references (NULL, with every one released, if any is NULL) */
-static PyObject *named(PyTypeObject *type, int n, PyObject **items) {
-    PyObject *out = NULL;
-    int ok = 1;
-    for (int i = 0; i < n; i++)
-        ok = ok && items[i];
-    if (ok)
-        out = PyStructSequence_New(type);
-    if (!out) {
-        for (int i = 0; i < n; i++)
-            Py_XDECREF(items[i]);
-        return NULL;
-    }
-    for (int i = 0; i < n; i++)
-        PyStructSequence_SET_ITEM(out, i, items[i]);
-    return out;
-}
-
 /* accepted(fd) -> (chunked, length, keep_alive, start) | None: the head the thread took for expect() */
 static PyObject *Reader_accepted(Reader *r, PyObject *arg) {
     int fd;
@@ -389,7 +371,7 @@ static PyObject *Reader_accepted(Reader *r, PyObject *arg) {
         Py_RETURN_NONE;
     PyObject *items[] = {PyBool_FromLong(chunked), PyLong_FromLongLong(length), PyBool_FromLong(keep),
                          PyFloat_FromDouble(start)};
-    return named(AcceptedType, 4, items);
+    return named_result(AcceptedType, 4, items);
 }
 
 /* a stream's news, taken under the lock and turned into Python objects after it */
@@ -491,7 +473,7 @@ static PyObject *Reader_lines(Reader *r, PyObject *args) {
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     PyObject *items[] = {out, PyLong_FromLong(t.state), PyLong_FromUnsignedLongLong(t.body_bytes), parsed};
-    return named(TakenType, 4, items);
+    return named_result(TakenType, 4, items);
 }
 
 /* quiet(fd) -> seconds since the thread last read the fd (a parsed body's activity, for its timeout) */
@@ -568,7 +550,7 @@ static PyObject *Reader_drain(Reader *r, PyObject *unused) {
         if (lines && parsed && out) {
             PyObject *items[] = {PyLong_FromLong(took[i].fd), lines, PyLong_FromLong(took[i].state),
                                  PyLong_FromUnsignedLongLong(took[i].body_bytes), PyLong_FromLong(took[i].err), parsed};
-            item = named(DrainedType, 6, items);
+            item = named_result(DrainedType, 6, items);
         } else {
             Py_XDECREF(lines);
             Py_XDECREF(parsed);
@@ -596,7 +578,7 @@ static PyObject *Reader_take_lag(Reader *r, PyObject *unused) {
     r->lag_reads = r->late_reads = 0;
     pthread_mutex_unlock(&r->lock);
     PyObject *items[] = {PyFloat_FromDouble(lag), PyLong_FromUnsignedLongLong(reads), PyLong_FromUnsignedLongLong(late)};
-    return named(LagType, 3, items);
+    return named_result(LagType, 3, items);
 }
 
 static PyObject *Reader_stats(Reader *r, PyObject *unused) {

@@ -452,6 +452,23 @@ PyStructSequence_Desc sse_parsed_desc = {"_rxnative.Parsed",
                                          parsed_fields, 17};
 PyTypeObject *SseParsedType;
 
+PyObject *named_result(PyTypeObject *type, int n, PyObject **items) {
+    PyObject *out = NULL;
+    int ok = 1;
+    for (int i = 0; i < n; i++)
+        ok = ok && items[i];
+    if (ok)
+        out = PyStructSequence_New(type);
+    if (!out) {
+        for (int i = 0; i < n; i++)
+            Py_XDECREF(items[i]);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++)
+        PyStructSequence_SET_ITEM(out, i, items[i]);
+    return out;
+}
+
 PyObject *sse_result(const sse_state *st) {
     PyObject *offsets = PyList_New((Py_ssize_t)st->n), *tokens = PyList_New((Py_ssize_t)st->n);
     if (!offsets || !tokens)
@@ -487,18 +504,7 @@ PyObject *sse_result(const sse_state *st) {
     };
     enum { N = sizeof items / sizeof items[0] };
     _Static_assert(N == 17, "Parsed has 17 fields");
-    int ok = 1;
-    for (int i = 0; i < N; i++)
-        ok = ok && items[i];
-    PyObject *out = ok ? PyStructSequence_New(SseParsedType) : NULL;
-    if (!out) {
-        for (int i = 0; i < N; i++)
-            Py_XDECREF(items[i]);
-        return NULL;
-    }
-    for (int i = 0; i < N; i++)
-        PyStructSequence_SET_ITEM(out, i, items[i]);
-    return out;
+    return named_result(SseParsedType, N, items);
 fail:
     Py_XDECREF(offsets);
     Py_XDECREF(tokens);

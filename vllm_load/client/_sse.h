@@ -54,6 +54,9 @@ void sse_free(sse_state *st);
 int sse_line(sse_state *st, const char *line, size_t len, int64_t stamp_ns);
 /* What StreamState.absorb takes: a Parsed (a struct sequence, its fields named in _sse.c's parsed_fields). */
 PyObject *sse_result(const sse_state *st);
+/* a struct sequence of ``type`` from ``n`` new references (NULL, with every one released, if any is NULL): the
+ * module's named results, Parsed among them */
+PyObject *named_result(PyTypeObject *type, int n, PyObject **items);
 /* Parsed's description, and its type once the module made it (_rxnative.c's init) */
 extern PyStructSequence_Desc sse_parsed_desc;
 extern PyTypeObject *SseParsedType;
