@@ -11,6 +11,7 @@ from vllm_load.client.record import RequestRecord
 from vllm_load.report.results import exit_code
 from vllm_load.metrics.slo import evaluate, goodput_thresholds, junit_xml, parse_slo, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
+from vllm_load.metrics.summary import MetricSummary
 
 
 @pytest.mark.parametrize("text, metric, stat, op, value", [
@@ -97,6 +98,11 @@ def test_evaluation_on_known_data():
     root = ET.fromstring(junit_xml(checks))
     assert root.get("tests") == "7" and root.get("failures") == "4"
     assert [tc.get("name") for tc in root.iter("testcase")][1] == "ttft.p99<=100ms"
+    # a saved run re-judged on a percentile it did not compute: the check says so, and fails
+    m = summary.metrics["ttft"]
+    assert isinstance(m, MetricSummary) and m.count == 98 and m.at("p99") == m["p99"] and m.at("p75") is None
+    missing = evaluate([parse_slo("ttft.p75<=1s")], summary)[0]
+    assert not missing.passed and "computed no p75" in missing.detail
 
 
 def test_exit_code_rules():

@@ -26,6 +26,7 @@ import psutil
 
 from vllm_load.client import native, reader_choice
 from vllm_load.metric_table import ITL
+from vllm_load.metrics.summary import metric_stats
 
 CPU_LIMIT = 90.0
 LAG_LIMIT = 0.050
@@ -190,7 +191,7 @@ def lag_cause(report: dict) -> str:
 
 def shared_stamp(summary: dict) -> float:
     """The share of chunk gaps that were 0 (two chunks of a stream under one receive stamp)."""
-    gaps = (summary.get("metrics", {}).get(ITL) or {}).get("count") or 0
+    gaps = metric_stats(summary, ITL).count
     return summary.get("shared_stamps", 0) / gaps if gaps else 0.0
 
 
@@ -199,7 +200,7 @@ def late_merged(summary: dict) -> float | None:
     counted). A gap of 0 from an on-time read is the server's: it wrote the two chunks together."""
     if "late_merged_gaps" not in summary:
         return None
-    gaps = (summary.get("metrics", {}).get(ITL) or {}).get("count") or 0
+    gaps = metric_stats(summary, ITL).count
     return summary["late_merged_gaps"] / gaps if gaps else 0.0
 
 

@@ -15,6 +15,8 @@ from typing import Sequence
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
+from vllm_load.metrics.summary import MetricSummary
+
 try:  # a dozen record_many calls per fold: ~1 us each in C, ~30 us each through numpy (_hdrnative.c)
     from vllm_load.metrics._hdrnative import record as _record_native
 except ImportError:  # built without a C compiler: the numpy path below
@@ -194,8 +196,8 @@ class Histogram:
     def mean(self) -> float:
         return self.total / self.count if self.count else 0.0
 
-    def summary(self, percentiles: tuple[float, ...] = PERCENTILES) -> dict[str, float]:
-        out = {"count": self.count, "mean": self.mean, "min": self.min if self.count else 0.0}
+    def summary(self, percentiles: tuple[float, ...] = PERCENTILES) -> MetricSummary:
+        out = MetricSummary({"count": self.count, "mean": self.mean, "min": self.min if self.count else 0.0})
         hdr = self.counters() if self.count else None
         out["std"] = hdr.get_stddev() / self.scale if hdr is not None else 0.0
         for p in percentiles:

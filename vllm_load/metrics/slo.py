@@ -26,6 +26,7 @@ from vllm_load.errors import UsageError
 from vllm_load import metric_table as table
 from vllm_load.metrics.breakdown import PARTS
 from vllm_load.metric_table import E2E, ITL, OUTPUT_TPS
+from vllm_load.metrics.summary import metric_stats
 
 # the server's parts of each request's time (metrics/breakdown.py) gate as latencies: server_queue.p99<=100ms
 LATENCY = (*table.LATENCY, *PARTS)
@@ -236,10 +237,12 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
                           "emulator always does)")
         return float(part[slo.stat]), ""
     if slo.metric in LATENCY or (slo.metric == OUTPUT_TPS and slo.stat):
-        m = summary["metrics"].get(slo.metric)
-        if not m or not m["count"]:
+        m = metric_stats(summary, slo.metric)
+        if not m.count:
             return None, "no successful request measured it"
-        return float(m[slo.stat]), ""
+        if m.at(slo.stat) is None:  # a saved run re-judged on a percentile it did not compute
+            return None, f"the run computed no {slo.stat} of it (--metric-percentiles)"
+        return float(m.at(slo.stat)), ""
     if slo.metric == "error_rate":
         return summary["error_rate"], ""
     if slo.metric in ("goodput", "good_request_fraction"):

@@ -8,6 +8,7 @@ from collections.abc import Iterator, Mapping
 import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
+
 from vllm_load.metric_table import ITL, ITL_TOKEN
 
 
@@ -21,6 +22,42 @@ class _Absent:
 ABSENT: Final[Any] = _Absent()
 #: summary.json's summary format: 2 since the summary is a RunSummary written with its format (1: the dicts before)
 FORMAT: Final = 2
+
+
+class MetricSummary(dict[str, float]):
+    """One metric's statistics in a summary: ``count``, ``mean``, ``min``, ``std``, the percentiles computed
+    (``p50``, ``p99.9``: ``histogram.percentile_key``) and ``max``. Read by attribute (a percentile by ``at``);
+    a dict underneath, so that every writer (json, orjson, msgpack) writes it as the object it always was."""
+
+    @property
+    def count(self) -> int:
+        return int(self.get("count", 0))
+
+    @property
+    def mean(self) -> float | None:
+        return self.get("mean")
+
+    @property
+    def min(self) -> float | None:
+        return self.get("min")
+
+    @property
+    def std(self) -> float | None:
+        return self.get("std")
+
+    @property
+    def max(self) -> float | None:
+        return self.get("max")
+
+    def at(self, stat: str) -> float | None:
+        """A statistic by its column name (``p99``, ``mean``): None when this summary did not compute it."""
+        return self.get(stat)
+
+
+def metric_stats(summary: Mapping[str, Any], key: str) -> MetricSummary:
+    """A summary's statistics of one metric (count 0 when it has none), from a ``RunSummary`` or its JSON alike."""
+    m = (summary.get("metrics") or {}).get(key)
+    return m if isinstance(m, MetricSummary) else MetricSummary(m or {})
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,7 +91,7 @@ class RunSummary(Mapping[str, Any]):
     good_request_fraction: float | None = ABSENT  # their share of the requests judged
     good_requests: int = ABSENT
     errors: dict[str, int] = ABSENT  # reason -> count, most common first
-    metrics: dict[str, dict[str, float]] = ABSENT  # metric_table key -> count, mean, min, percentiles, max
+    metrics: dict[str, MetricSummary] = ABSENT  # metric_table key -> its statistics
     outages: list[dict] = ABSENT  # outages.Window.to_json() plus "text"
     outage_seconds: float = ABSENT
     media_items: int = ABSENT  # images and audio clips sent, their prompt tokens (server's count minus the exact text
@@ -134,6 +171,8 @@ class RunSummary(Mapping[str, Any]):
             return data
         data = upgrade_summary({k: v for k, v in data.items() if k != "format"})
         known = {k: v for k, v in data.items() if k in _KNOWN}
+        if isinstance(known.get("metrics"), dict):
+            known["metrics"] = {k: MetricSummary(m) for k, m in known["metrics"].items()}
         for group in ("names", "targets"):
             if isinstance(known.get(group), dict):
                 known[group] = {n: cls.from_json(g) for n, g in known[group].items()}

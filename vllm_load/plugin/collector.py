@@ -18,6 +18,7 @@ from vllm_load.plugin.run_clock import MasterClock
 from vllm_load.plugin.sweep import Sweep
 from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
+from vllm_load.metrics.summary import metric_stats
 from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.workload.datasets import records_per_request
 from vllm_load.metric_table import OUTPUT_TOKENS, SEND_LAG
@@ -114,10 +115,10 @@ class Collector:
             last = monitor.take()
             if last["cpu"] or last["lag"] or last["streams"]:
                 self.health.add("local", last)
-        send_lag = summary["metrics"].get(SEND_LAG, {})
+        send_lag = metric_stats(summary, SEND_LAG)
         # CPU and lag while the server was unreachable or failing every request are the failures' doing
         quiet = [(w["start"], w["end"]) for w in summary["outages"]]
-        done["client"] = self.health.verdict(send_lag.get("p99") if send_lag.get("count") else None, quiet,
+        done["client"] = self.health.verdict(send_lag.at("p99") if send_lag.count else None, quiet,
                                              shared_stamp=shared_stamp(summary), late_merged=late_merged(summary),
                                              cap=self.plan.total_users * int(self.opts.max_concurrency))
         done["target_request_rate"] = float(self.opts.request_rate or 0.0)

@@ -10,6 +10,7 @@ from typing import Any, Callable
 from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.client_health import late_merged, shared_stamp, who_fell_behind
 from vllm_load.metrics.routing import routing_line
+from vllm_load.metrics.summary import metric_stats
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
 from vllm_load.metric_table import OUTPUT_TOKENS, SEND_LAG
 
@@ -249,8 +250,8 @@ def live_summary(totals: Any, start_wall: float, health: Any = None) -> dict:
     """What the web UI polls: the summary so far (as JSON) with the last seconds' output rate."""
     summary = totals.summary(duration=max(time.time() - start_wall, 1e-9), outage_after=None)
     if health is not None:
-        lag = summary["metrics"].get(SEND_LAG, {})
-        summary = summary.replace(client=health.verdict(lag.get("p99") if lag.get("count") else None,
+        lag = metric_stats(summary, SEND_LAG)
+        summary = summary.replace(client=health.verdict(lag.at("p99") if lag.count else None,
                                                         shared_stamp=shared_stamp(summary),
                                                         late_merged=late_merged(summary)))
     return {**summary.to_json(), "live_output_tps": totals.recent_output_tps(time.time())}

@@ -11,6 +11,7 @@ from typing import Any
 from vllm_load.metric_table import BY_KEY, E2E, ITL, ITL_TOKEN, TPOT, TTFT
 from vllm_load.report.console import ITL_CHUNK_ONLY, ITL_ONE_ROW, table_rows
 from vllm_load.rundir.files import Run
+from vllm_load.metrics.summary import metric_stats
 
 #: the distributions' x axis: "nines" (-log10 of the share above), so p50, p90, p99 and p99.9 sit evenly apart
 NINES = [round(i * 0.02, 2) for i in range(0, 151)]  # 0 .. 3 nines (p0 .. p99.9); charts.js labels p50 .. p99.9
@@ -126,7 +127,7 @@ def markers(run: Run) -> dict[str, Any]:
 def by_level(runs: list[Any], levels: list[float], level: str) -> list[dict[str, Any]]:
     """A sweep's throughput and latency against its level (users or req/s): one point per run or step."""
     def metric(key: str, stat: str) -> list[float | None]:
-        return rounded([r.summary["metrics"][key][stat] * 1000 if r.summary["metrics"].get(key, {}).get("count")
+        return rounded([metric_stats(r.summary, key).at(stat) * 1000 if metric_stats(r.summary, key).count
                        else None for r in runs])
     return [
         chart("sweep-throughput", f"Throughput against the {level}", level, "per s", levels,

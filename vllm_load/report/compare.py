@@ -21,6 +21,7 @@ from vllm_load.metrics.verdict import UNTRUSTWORTHY, word
 from vllm_load.metric_table import E2E, ITL, ITL_TOKEN, METRICS, TTFO, TTFT
 from vllm_load.report.console import fmt_number
 from vllm_load.rundir.files import Run, load_run
+from vllm_load.metrics.summary import metric_stats
 
 HIST_ERROR = 0.001  # relative, HdrHistogram with 3 significant digits
 #: a metric without a noise estimate is flagged only beyond this relative change (--threshold)
@@ -101,11 +102,11 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
     """``threshold``: the relative change a metric without a noise estimate must exceed to be flagged."""
     rows = []
     for m in (m for m in METRICS if m.table):
-        ma, mb = a.summary["metrics"].get(m.key), b.summary["metrics"].get(m.key)
-        if not ma or not mb or not ma.get("count") or not mb.get("count"):
+        ma, mb = metric_stats(a.summary, m.key), metric_stats(b.summary, m.key)
+        if not ma.count or not mb.count:
             continue
         twin = _SAME_AS.get(m.key)
-        if twin and all((s.summary["metrics"].get(twin) or {}).get(st) == mm.get(st) for s, mm in ((a, ma), (b, mb))
+        if twin and all(metric_stats(s.summary, twin).at(st) == mm.at(st) for s, mm in ((a, ma), (b, mb))
                         for st in STATS):
             continue  # the same numbers as its twin in both runs: said once
         na, nb = window_noise(a, m.key), window_noise(b, m.key)
@@ -140,8 +141,8 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
 #: what repeated runs are compared on: (title, a step's value, better when higher)
 REPEATED = (("request rate", lambda s: s["request_rate"], True),
             ("output tokens/s", lambda s: s["output_token_rate"], True),
-            ("TTFT p99", lambda s: (s["metrics"].get(TTFT) or {}).get("p99"), False),
-            ("E2E p99", lambda s: (s["metrics"].get(E2E) or {}).get("p99"), False))
+            ("TTFT p99", lambda s: metric_stats(s, TTFT).at("p99"), False),
+            ("E2E p99", lambda s: metric_stats(s, E2E).at("p99"), False))
 
 
 def _repeats(run: Run) -> list[dict] | None:

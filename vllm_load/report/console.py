@@ -8,6 +8,7 @@ from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers, who_fell_behind
 from vllm_load.metric_table import (
     BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, REASONING_TOKENS, SEND_LAG, TTFT)
+from vllm_load.metrics.summary import metric_stats
 
 COLUMNS = [percentile_key(p) for p in PERCENTILES] + ["max"]
 
@@ -30,11 +31,11 @@ def table_rows(summary: dict) -> list[dict]:
     reasoned = bool(summary.get("reasoning_requests"))
     for metric in METRICS:
         key, title, unit, factor = metric.key, metric.title, metric.unit, metric.scale
-        m = summary["metrics"].get(key)
-        if not metric.table or not m or not m["count"] or (key in REASONING_ONLY and not reasoned):
+        m = metric_stats(summary, key)
+        if not metric.table or not m.count or (key in REASONING_ONLY and not reasoned):
             continue
-        row = {"metric": f"{title} ({unit})", "count": m["count"], "mean": fmt_number(m["mean"] * factor)}
-        row.update({c: fmt_number(m[c] * factor) for c in columns(summary) if c in m})
+        row = {"metric": f"{title} ({unit})", "count": m.count, "mean": fmt_number(m.mean * factor)}
+        row.update({c: fmt_number(m.at(c) * factor) for c in columns(summary) if m.at(c) is not None})
         rows.append(row)
     return _one_itl_row(rows, columns(summary), bool(summary.get("one_token_chunks")))
 
@@ -81,9 +82,9 @@ def name_rows(summary: dict, group: str = "names") -> list[list[str]]:
     def row(label: str, s: dict) -> list[str]:
         cells = [label, str(s["requests"]), str(s["failed"])]
         for key, stat, _ in NAME_COLUMNS:
-            m = s["metrics"].get(key) or {}
+            m = metric_stats(s, key)
             factor = BY_KEY[key].scale if key in BY_KEY else 1.0
-            cells.append(fmt_number(m[stat] * factor) if m.get("count") else "-")
+            cells.append(fmt_number(m.at(stat) * factor) if m.count else "-")
         frac = s.get("cached_fraction")
         cells.append("-" if frac is None else f"{frac * 100:.1f}%")
         return cells
@@ -197,8 +198,8 @@ def spec_line(spec: dict) -> str:
 def steady_line(steady: dict, requests: int) -> str:
     """The steady window beside the whole run: its span, its share of the requests, its rates and tails."""
     a, b = steady["window_s"]
-    tails = [f"{label} p99 {steady['metrics'][key]['p99'] * 1000:.1f} ms" for key, label in ((TTFT, "TTFT"),
-             (E2E, "E2E")) if steady["metrics"].get(key, {}).get("count")]
+    tails = [f"{label} p99 {metric_stats(steady, key).at('p99') * 1000:.1f} ms" for key, label in ((TTFT, "TTFT"),
+             (E2E, "E2E")) if metric_stats(steady, key).count]
     return (f"steady window (every user sending; the ramp and the drain left out): {a:.1f}-{b:.1f} s, "
             f"{steady['requests']} of {requests} requests, {steady['request_rate']:.2f} req/s, "
             f"{steady['output_token_rate']:.1f} tok/s" + (f"; {', '.join(tails)}" if tails else ""))
@@ -263,10 +264,10 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
                      f"cached ({s['cached_fraction'] * 100:.1f}%)")
     if s.get("trace"):
         t = s["trace"]
-        lag = s["metrics"].get(SEND_LAG, {})
+        lag = metric_stats(s, SEND_LAG)
         lines.append(f"trace: {t['sent']} of {t['rows']} rows sent, over {t['sent_span_s']:.1f} s of the intended "
-                     f"{t['intended_s']:.1f} s" + (f"; send lag p99 {lag['p99'] * 1000:.1f} ms, max "
-                                                   f"{lag['max'] * 1000:.1f} ms" if lag.get("count") else ""))
+                     f"{t['intended_s']:.1f} s" + (f"; send lag p99 {lag.at('p99') * 1000:.1f} ms, max "
+                                                   f"{lag.max * 1000:.1f} ms" if lag.count else ""))
     if s.get("target_request_rate"):
         lines.append(f"open loop: target {s['target_request_rate']:.2f} req/s, achieved send rate {s['send_rate']:.2f} req/s")
     readers = s.get("client", {}).get("readers") or []

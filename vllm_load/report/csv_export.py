@@ -7,6 +7,7 @@ import csv
 import io
 
 from vllm_load.metric_table import METRICS
+from vllm_load.metrics.summary import metric_stats
 
 STATS = ("count", "mean", "std", "min", "p50", "p90", "p95", "p99", "p99.9", "max")
 HEAD = ("name", "metric", "unit", *STATS)
@@ -19,12 +20,12 @@ def llm_stats_csv(summary: dict) -> str:
     groups = [(n, s) for n, s in (summary.get("names") or {}).items()] + [("total", summary)]
     for name, s in groups:
         for m in METRICS:
-            values = s.get("metrics", {}).get(m.key)
-            if not values or not values.get("count"):
+            values = metric_stats(s, m.key)
+            if not values.count:
                 continue
             row = [name, m.key, m.unit]
             for stat in STATS:
-                v = values.get(stat, 0.0)
+                v = values.at(stat) or 0.0
                 row.append(int(v) if stat == "count" else round(v * m.scale, 6))
             out.writerow(row)
     return buf.getvalue()

@@ -14,6 +14,7 @@ from vllm_load.report import charts  # noqa: E402
 from vllm_load.report.page import render  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
 from vllm_load.metric_table import E2E, ITL, TTFT
+from vllm_load.metrics.summary import metric_stats
 
 
 def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[bool | None]:
@@ -44,12 +45,12 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
             "prefix-cache hits", "failed", "SLO"]
     rows = []
     for r, verdict in zip(runs, verdicts):
-        m = r.summary["metrics"]
         srv = server_summary(r.server) or {}
         kv, hit, pre = srv.get("kv_cache_usage.max"), srv.get("prefix_cache_hit_rate"), srv.get("preemptions")
 
         def ms(k: str, stat: str) -> str:
-            return f"{m[k][stat] * 1000:.1f}" if k in m else ""
+            m = metric_stats(r.summary, k)
+            return f"{m.at(stat) * 1000:.1f}" if m.at(stat) is not None else ""
         rows.append([r.path.name, r.concurrency or "", f"{r.summary['request_rate']:.2f}",
                      *([f"{r.summary.get('record_rate', 0.0):.2f}"] if with_records else []),
                      f"{r.summary['output_token_rate']:.1f}", ms(TTFT, "mean"), ms(TTFT, "p99"), ms(ITL, "p99"),
@@ -96,7 +97,7 @@ def repeat_rows(runs: list[Run], level: str = "concurrency") -> list[list[str]]:
             return spread([fn(r) for r in group], confidence)
 
         def stat(key: str, st: str) -> Any:
-            return lambda r: (r.summary["metrics"].get(key) or {}).get(st)
+            return lambda r: metric_stats(r.summary, key).at(st)
         rate = over(lambda r: r.summary["request_rate"])
         rows.append([f"{value:g}", len(group), f"{confidence:.0%}", spread_text(rate),
                      spread_text(over(lambda r: r.summary["output_token_rate"]), digits=1),

@@ -22,6 +22,7 @@ from typing import Any
 from vllm_load.metric_table import E2E, INPUT_TOKENS, ITL, OUTPUT_TOKENS, SEND_LAG, TPOT, TTFT
 from vllm_load.metrics.server import server_summary
 from vllm_load.rundir.reqlog import read_log
+from vllm_load.metrics.summary import metric_stats
 
 #: vLLM's names of our metric keys, and the statistics written for each (``median`` is p50)
 _METRICS = (("ttft", TTFT), ("tpot", TPOT), ("itl", ITL), ("e2el", E2E))
@@ -71,15 +72,14 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         "max_concurrent_streams": _peak(logs),
         "rtfx": 0.0,
     }
-    metrics = s.get("metrics", {})
     for vname, key in _METRICS:
-        m = metrics.get(key) or {}
-        has = bool(m.get("count"))
-        out[f"mean_{vname}_ms"] = m["mean"] * 1000 if has else 0.0
-        out[f"median_{vname}_ms"] = m["p50"] * 1000 if has else 0.0
-        out[f"std_{vname}_ms"] = m.get("std", 0.0) * 1000 if has else 0.0
+        m = metric_stats(s, key)
+        has = bool(m.count)
+        out[f"mean_{vname}_ms"] = m.mean * 1000 if has else 0.0
+        out[f"median_{vname}_ms"] = m.at("p50") * 1000 if has else 0.0
+        out[f"std_{vname}_ms"] = (m.std or 0.0) * 1000 if has else 0.0
         for p in s.get("percentiles") or _PERCENTILES:  # vLLM writes those of its --metric-percentiles
-            out[f"{p}_{vname}_ms"] = m[p] * 1000 if has and p in m else 0.0
+            out[f"{p}_{vname}_ms"] = m.at(p) * 1000 if has and m.at(p) is not None else 0.0
     if api in ("embeddings", "rerank", "score"):  # vLLM's pooling result: inputs, no generation keys
         out["total_input_sequences"] = int(s.get("inputs", 0))
         out["input_sequence_throughput"] = float(s.get("input_rate", 0.0))

@@ -15,7 +15,8 @@ from vllm_load.metrics.verdict import Verdict
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 from vllm_load.tune.children import spawning, stop_group
-from vllm_load.metric_table import E2E, ITL, OUTPUT_TOKENS, OUTPUT_TPS, TTFT
+from vllm_load.metric_table import E2E, ITL, METRICS, OUTPUT_TOKENS, OUTPUT_TPS, TTFT
+from vllm_load.metrics.summary import metric_stats
 
 
 @dataclass
@@ -117,11 +118,10 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
     except (OSError, ValueError):
         return Probe(level, False, code, str(run_dir), invalid=f"the probe wrote no summary (exit code {code})")
     s, server = data["summary"], data.get("server") or {}
-    m = s["metrics"]
+    stats = {m.key: metric_stats(s, m.key) for m in METRICS}
 
     def get(key: str, stat: str) -> float | None:
-        v = m.get(key) or {}
-        return v.get(stat) if v.get("count") else None
+        return stats[key].at(stat) if stats[key].count else None
 
     verdict = Verdict.from_json(data)  # the probe run's own, as its summary.json keeps it
     served = served_in_window(run_dir, s)
