@@ -150,3 +150,28 @@ def test_every_metric_key_is_written_once_in_the_metric_table():
             if isinstance(node, ast.Constant) and node.value in constants:
                 found[(rel, node.value)] = found.get((rel, node.value), 0) + 1
     assert found == FOREIGN_NAMES
+
+
+def test_the_summary_is_read_by_attribute():
+    """A ``RunSummary``'s fields are read as attributes (an absent one is None), each metric's statistics through
+    ``metric_stats``: no ``summary["requests"]`` or ``s.get("energy")`` on a value named as a summary (``summary``,
+    ``s``, ``steady``, ``….summary``), where a misspelt key would read as missing instead of failing."""
+    from vllm_load.metrics.summary import _FIELDS
+
+    found = []
+    for path in PKG.rglob("*.py"):
+        if path.relative_to(PKG).as_posix() == "metrics/summary.py":  # the summary's own file form and upgrades
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Subscript):
+                base, key = node.value, node.slice
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                    and node.args:
+                base, key = node.func.value, node.args[0]
+            else:
+                continue
+            name = ast.unparse(base)
+            if isinstance(key, ast.Constant) and key.value in _FIELDS and (
+                    name in ("summary", "s", "steady") or name.endswith(".summary")):
+                found.append(f"{path.relative_to(PKG)}:{node.lineno}: {name}[{key.value!r}]")
+    assert found == []

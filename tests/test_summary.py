@@ -38,6 +38,11 @@ def test_it_reads_as_the_mapping_of_the_fields_it_has():
         s["energy"]  # noqa: B018
     assert set(s["names"]) == {"turn 1", "turn 2"} and s["names"]["turn 1"]["requests"] == 5
     assert dict(s) == {k: s[k] for k in s} and len(s) == len(list(s))
+    # by attribute, an absent field is None; it stays absent through replace and the JSON
+    assert s.succeeded == 9 and s.energy is None and s.media_items is None and s.metrics["ttft"].count == 9
+    done = s.replace(workers=["w1"])
+    assert done.workers == ["w1"] and "energy" not in done and "energy" not in done.to_json()
+    assert RunSummary.of(s) is s and RunSummary.of(s.to_json()).requests == 10
 
 
 def test_json_round_trip_keeps_every_field_and_the_groups():

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import gevent
 import psutil
 
 from vllm_load.client import native, reader_choice
 from vllm_load.metric_table import ITL
-from vllm_load.metrics.summary import metric_stats
+from vllm_load.metrics.summary import RunSummary, metric_stats
 
 CPU_LIMIT = 90.0
 LAG_LIMIT = 0.050
@@ -85,15 +86,16 @@ def emulator_finding(chunks: int | None, late: int | None) -> tuple[str | None, 
     return (said, False) if share >= EMULATOR_NOTE else (None, False)
 
 
-def silent_workers(summary: dict) -> str | None:
+def silent_workers(summary: Mapping[str, Any]) -> str | None:
     """The sentence for workers Locust marked missing (no heartbeat for ~3 s) that came back, or None. Locust
     takes their users away while they are missing, and stops the test when every worker is."""
-    lost = set(summary.get("workers_lost") or [])
-    silent = {w: t for w, t in (summary.get("workers_missing") or {}).items() if w not in lost}
+    summary = RunSummary.of(summary)
+    lost = set(summary.workers_lost or [])
+    silent = {w: t for w, t in (summary.workers_missing or {}).items() if w not in lost}
     if not silent:
         return None
     named = ", ".join(f"{w} ({t:.1f} s into the run)" for w, t in sorted(silent.items(), key=lambda kv: kv[1]))
-    every = len(silent) >= len(summary.get("workers") or silent)
+    every = len(silent) >= len(summary.workers or silent)
     return (f"worker(s) sent no heartbeat for 3 s (their loop was blocked or their host starved) and Locust marked "
             f"them missing: {named}" + ("; with every worker missing Locust stopped the test" if every else ""))
 
@@ -189,19 +191,21 @@ def lag_cause(report: dict) -> str:
     return "blocked"
 
 
-def shared_stamp(summary: dict) -> float:
+def shared_stamp(summary: Mapping[str, Any]) -> float:
     """The share of chunk gaps that were 0 (two chunks of a stream under one receive stamp)."""
+    summary = RunSummary.of(summary)
     gaps = metric_stats(summary, ITL).count
-    return summary.get("shared_stamps", 0) / gaps if gaps else 0.0
+    return (summary.shared_stamps or 0) / gaps if gaps else 0.0
 
 
-def late_merged(summary: dict) -> float | None:
+def late_merged(summary: Mapping[str, Any]) -> float | None:
     """The share of chunk gaps that the native reader's late reads made 0 (None: a summary from before it was
     counted). A gap of 0 from an on-time read is the server's: it wrote the two chunks together."""
-    if "late_merged_gaps" not in summary:
+    summary = RunSummary.of(summary)
+    if summary.late_merged_gaps is None:
         return None
     gaps = metric_stats(summary, ITL).count
-    return summary["late_merged_gaps"] / gaps if gaps else 0.0
+    return summary.late_merged_gaps / gaps if gaps else 0.0
 
 
 def read_cause(report: dict) -> str:

@@ -20,13 +20,14 @@ import sys
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable
 
 from vllm_load.errors import UsageError
 from vllm_load import metric_table as table
 from vllm_load.metrics.breakdown import PARTS
 from vllm_load.metric_table import E2E, ITL, OUTPUT_TPS
-from vllm_load.metrics.summary import metric_stats
+from vllm_load.metrics.summary import RunSummary, metric_stats
 
 # the server's parts of each request's time (metrics/breakdown.py) gate as latencies: server_queue.p99<=100ms
 LATENCY = (*table.LATENCY, *PARTS)
@@ -216,21 +217,21 @@ class Check:
         return asdict(self)
 
 
-def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, str]:
+def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | None, str]:
     if slo.window == "steady" and slo.metric in WINDOWED:
         if slo.name is not None:
             return None, "the steady window keeps no per-name numbers: judge a named SLO over the run"
-        if not summary.get("steady"):
+        if not summary.steady:
             return None, "no request ran in the steady window (every user sending, before the load wound down)"
-        summary = summary["steady"]
+        summary = summary.steady
     if slo.name is not None:
-        named = summary.get("names", {}).get(slo.name)
+        named = (summary.names or {}).get(slo.name)
         if named is None:
-            seen = ", ".join(repr(n) for n in summary.get("names", {})) or "none"
+            seen = ", ".join(repr(n) for n in (summary.names or {})) or "none"
             return None, f"no request was named {slo.name!r} (names measured: {seen})"
         summary = named
     if slo.metric in PARTS:
-        timing = summary.get("timing") or {}
+        timing = summary.timing or {}
         part = (timing.get("parts") or {}).get(slo.metric)
         if not part:
             return None, ("the server gave no per-request times (vLLM: --enable-per-request-metrics; the embedded "
@@ -244,25 +245,25 @@ def _value(slo: SLO, summary: dict, server: dict | None) -> tuple[float | None, 
             return None, f"the run computed no {slo.stat} of it (--metric-percentiles)"
         return float(m.at(slo.stat)), ""
     if slo.metric == "error_rate":
-        return summary["error_rate"], ""
+        return summary.error_rate, ""
     if slo.metric in ("goodput", "good_request_fraction"):
         if summary.get(slo.metric) is None:
             return None, f"no per-request SLO (ttft, tpot, e2e) to judge {slo.metric} by"
         return summary[slo.metric], ""
     if slo.metric == "input_drift":
         if slo.stat == "share":
-            return float(summary.get("input_drift_fraction", 0.0)), ""
-        return float(summary["input_drift_max_abs"]), ""
+            return float(summary.input_drift_fraction or 0.0), ""
+        return float(summary.input_drift_max_abs), ""
     if slo.metric == "outage.seconds":
-        return float(summary.get("outage_seconds", 0.0)), ""
+        return float(summary.outage_seconds or 0.0), ""
     if slo.metric in ("energy_per_token", "energy_per_request"):
-        energy = summary.get("energy")
+        energy = summary.energy
         key = "energy_per_output_token_j" if slo.metric == "energy_per_token" else "energy_per_request_j"
         if not energy or energy.get(key) is None:
-            return None, summary.get("energy_missing") or "no GPU telemetry (give --dcgm-url)"
+            return None, summary.energy_missing or "no GPU telemetry (give --dcgm-url)"
         return float(energy[key]), ""
     if slo.metric in ("cache_hits_of_achievable", "replica_imbalance", "session_stickiness"):
-        found = summary.get("routing")
+        found = summary.routing
         if not found:
             return None, ("no request said which replica served it: give --capture-header NAME (a response header "
                           "naming the replica), or --host a,b")
@@ -295,8 +296,8 @@ def _show(slo: SLO, value: float) -> str:
     return f"{value:.2f}"
 
 
-def evaluate(slos: list[SLO], summary: dict, server: dict | None = None) -> list[Check]:
-    checks = []
+def evaluate(slos: list[SLO], summary: Mapping[str, Any], server: dict | None = None) -> list[Check]:
+    summary, checks = RunSummary.of(summary), []
     for s in slos:
         value, why = _value(s, summary, server)
         if value is None:

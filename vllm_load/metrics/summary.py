@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
-import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
@@ -13,7 +12,7 @@ from vllm_load.metric_table import ITL, ITL_TOKEN
 
 
 class _Absent:
-    """A field this summary does not have (its group did not happen, or an older run wrote it)."""
+    """A field not given where a summary was built: its group did not happen, or an older run wrote the file."""
 
     def __repr__(self) -> str:
         return "ABSENT"
@@ -63,9 +62,10 @@ def metric_stats(summary: Mapping[str, Any], key: str) -> MetricSummary:
 @dataclass(frozen=True, eq=False)
 class RunSummary(Mapping[str, Any]):
     """One run's (or one group's, or one sweep step's) summary: built once by ``summarise`` and completed once
-    by the collector (``replace``), never changed in place. It reads as a mapping of the fields it has (any
-    field may be absent: a field's group did not happen, or an older run wrote the file), so every medium
-    reads it as it read the JSON; ``to_json``/``from_json`` are its only file form, with ``FORMAT``."""
+    by the collector (``replace``), never changed in place. Any field may be absent (its group did not happen,
+    or an older run wrote the file): read by attribute, an absent field is None; as a mapping, the summary has
+    the fields it has (and the JSON it writes has no key for the others). ``to_json``/``from_json`` are its only
+    file form, with ``FORMAT``; ``of`` takes either."""
 
     # counts and rates, from LLMStats.summary
     requests: int = ABSENT
@@ -138,26 +138,37 @@ class RunSummary(Mapping[str, Any]):
     error_examples: dict[str, str] = ABSENT  # an error kind -> the first full text seen of it
     clock: dict = ABSENT  # a swarm: each worker's offset to the master's clock, its uncertainty, its drift
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer format, kept as read
+    _has: frozenset[str] = field(default=frozenset(), init=False, repr=False)  # the fields given
+
+    def __post_init__(self) -> None:
+        has = frozenset(k for k in _FIELDS if getattr(self, k) is not ABSENT)
+        for k in _FIELDS:
+            if k not in has:
+                object.__setattr__(self, k, None)
+        object.__setattr__(self, "_has", has)
+
+    @classmethod
+    def of(cls, summary: Mapping[str, Any]) -> RunSummary:
+        """``summary`` itself, or the summary its JSON (a dict) holds: for readers handed either."""
+        return summary if isinstance(summary, RunSummary) else cls.from_json(summary)
 
     def __getitem__(self, key: str) -> Any:
-        if key in _KNOWN:
-            value = getattr(self, key)
-            if value is not ABSENT:
-                return value
-        elif key in self.extra:
+        if key in self._has:
+            return getattr(self, key)
+        if key not in _KNOWN and key in self.extra:
             return self.extra[key]
         raise KeyError(key)
 
     def __iter__(self) -> Iterator[str]:
-        yield from (k for k in _FIELDS if getattr(self, k) is not ABSENT)
+        yield from (k for k in _FIELDS if k in self._has)
         yield from self.extra
 
     def __len__(self) -> int:
-        return sum(1 for _ in self)
+        return len(self._has) + len(self.extra)
 
     def replace(self, **changes: Any) -> RunSummary:
         """A copy with ``changes`` (the collector's completion, the verdict's view of the client)."""
-        return dataclasses.replace(self, **changes)
+        return RunSummary(**{**{k: getattr(self, k) for k in self._has}, **changes}, extra=self.extra)
 
     def to_json(self) -> dict[str, Any]:
         """The summary as summary.json and llm_stats.json keep it (groups nested as plain objects)."""
@@ -196,7 +207,7 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-_FIELDS = tuple(f.name for f in fields(RunSummary) if f.name != "extra")  # in order: the file's key order
+_FIELDS = tuple(f.name for f in fields(RunSummary) if f.name not in ("extra", "_has"))  # in order: the file's key order
 _KNOWN = frozenset(_FIELDS)
 
 

@@ -26,41 +26,42 @@ def word(passed: bool) -> str:
 DRIFT_LIMIT = 0.01
 
 
-def validity_checks(summary: RunSummary, slos: list[SLO], min_requests: int = 1, num_requests: int = 0) -> list[Check]:
+def validity_checks(summary: Mapping[str, Any], slos: list[SLO], min_requests: int = 1,
+                    num_requests: int = 0) -> list[Check]:
     """What must hold for the numbers to mean anything, SLOs or not: the run measured something, as many requests
     as --num-requests asked (a run that -t ended at 18 of 1,000,000 is not the run asked for), and the prompts it
     meant to send. An ``input_drift`` SLO replaces the default drift check."""
-    out: list[Check] = []
+    summary, out = RunSummary.of(summary), []
     if num_requests > 0:
-        done = summary["requests"]
+        done = summary.requests
         out.append(Check(f"requests finished >= --num-requests {num_requests}", float(done), done >= num_requests,
                          f"{done} of the {num_requests} requests asked finished" + (
                              "" if done >= num_requests else " before the run ended (-t, or a stop): give it longer, "
                              "or ask for fewer")))
     if min_requests > 0:
-        ok = summary["succeeded"]
+        ok = summary.succeeded
         if ok >= min_requests:
             detail = f"{ok} requests succeeded"
-        elif not summary["requests"]:
+        elif not summary.requests:
             detail = f"no request completed: the run measured nothing (--min-requests {min_requests})"
-            ready, processes = summary.get("processes_ready"), summary.get("processes")
+            ready, processes = summary.processes_ready, summary.processes
             if ready is not None and processes and ready < processes:
                 detail += (f"; only {ready} of its {processes} load processes were ready when it ended (each loads "
                            "the tokenizer and fills its prompt pools first, and the schedule starts once all are): "
                            "give the run longer (-t), or fewer processes on these cores")
         else:
-            detail = (f"only {ok} of {summary['requests']} requests succeeded: the run measured "
+            detail = (f"only {ok} of {summary.requests} requests succeeded: the run measured "
                       f"{'nothing' if not ok else 'too little'} (--min-requests {min_requests})")
         out.append(Check(f"requests succeeded >= {min_requests}", float(ok), ok >= min_requests, detail))
     if not any(s.metric == "input_drift" for s in slos):
-        measured = summary["succeeded"] - summary["usage_missing"]
-        drifted = summary["input_drift_requests"]
+        measured = summary.succeeded - summary.usage_missing
+        drifted = summary.input_drift_requests
         share = drifted / measured if measured else 0.0
         passed = share <= DRIFT_LIMIT
         detail = f"{drifted} of {measured} requests with server usage drifted"
         if not passed:
             detail = (f"{drifted} of {measured} requests ({share:.1%}) had a prompt length other than asked (max "
-                      f"{summary['input_drift_max_abs']} tokens): the tokenizer does not match the server's: pass "
+                      f"{summary.input_drift_max_abs} tokens): the tokenizer does not match the server's: pass "
                       "--tokenizer with the server's own (or --slo 'input_drift<=100%' to accept drift)")
         out.append(Check(f"prompt-length drift <= {DRIFT_LIMIT:.0%} of requests", share, passed, detail))
     return out
@@ -72,13 +73,14 @@ UNTRUSTWORTHY, ACCEPTED = "UNTRUSTWORTHY: ", " (accepted with --allow-untrustwor
 TRUST = "the load generator kept time (trustworthy)"
 
 
-def judge_emulator(summary: Mapping[str, Any], server: dict | None) -> Mapping[str, Any]:
+def judge_emulator(summary: Mapping[str, Any], server: dict | None) -> RunSummary:
     """``summary`` with the embedded emulator's own lateness (``server``: the sidecar's window of its chunks and
-    late chunks) joined to the client's verdict (``summary["client"]``): a starved emulator disowns the run's
+    late chunks) joined to the client's verdict (``summary.client``): a starved emulator disowns the run's
     numbers as a starved client would, and every medium says so. Judged once: a summary that has it already
     is returned as it is."""
+    summary = RunSummary.of(summary)
     said, severe = emulator_finding((server or {}).get("emulator_chunks"), (server or {}).get("emulator_late_chunks"))
-    client = dict(summary.get("client") or {})
+    client = dict(summary.client or {})
     if not said or said in (client.get("reasons") or []) or said in (client.get("notes") or []):
         return summary
     if severe:
@@ -86,18 +88,19 @@ def judge_emulator(summary: Mapping[str, Any], server: dict | None) -> Mapping[s
                       advice=ADVICE["emulator"])
     else:
         client["notes"] = [*(client.get("notes") or []), said]
-    return summary.replace(client=client) if isinstance(summary, RunSummary) else {**summary, "client": client}
+    return summary.replace(client=client)
 
 
-def trust_check(summary: dict, allow: bool = False) -> Check:
+def trust_check(summary: Mapping[str, Any], allow: bool = False) -> Check:
     """Can the numbers be trusted to describe the server? Not when the client could not keep time
-    (``summary["client"]``, with the embedded emulator's own lateness: ``judge_emulator``) or a worker was lost
+    (``summary.client``, with the embedded emulator's own lateness: ``judge_emulator``) or a worker was lost
     mid-run; ``allow`` (--allow-untrustworthy) accepts such a run, and says so."""
-    client = summary.get("client") or {}
+    summary = RunSummary.of(summary)
+    client = summary.client or {}
     reasons = list(client.get("reasons") or [])
-    lost = summary.get("workers_lost") or []
+    lost = summary.workers_lost or []
     if lost:
-        at = summary.get("workers_lost_at") or {}
+        at = summary.workers_lost_at or {}
         named = ", ".join(w if w not in at else f"{w} (never reported)" if at[w] is None
                           else f"{w} (last report {at[w]:.1f} s into the run)" for w in lost)
         reasons.append(f"worker(s) lost mid-run, their requests after their last report missing here: {named}")
@@ -120,7 +123,7 @@ def trust_check(summary: dict, allow: bool = False) -> Check:
     return Check(TRUST, 0.0, allow, detail)
 
 
-def exit_code(summary: dict, checks: list[Check], slos: list[SLO], validity: list[Check] | None = None,
+def exit_code(summary: Mapping[str, Any], checks: list[Check], slos: list[SLO], validity: list[Check] | None = None,
               trust: Check | None = None) -> int:
     """4 when the run is invalid (measured nothing, or the wrong prompts); 5 when it is untrustworthy (and not
     accepted); 3 when an SLO is missed; else 1 when a request failed (unless an error_rate SLO governs); else 0."""
@@ -130,7 +133,7 @@ def exit_code(summary: dict, checks: list[Check], slos: list[SLO], validity: lis
         return EXIT_UNTRUSTWORTHY
     if any(not c.passed for c in checks):
         return EXIT_SLO_MISS
-    if summary["failed"] and not any(s.metric in ("error_rate", "goodput", "good_request_fraction") for s in slos):
+    if RunSummary.of(summary).failed and not any(s.metric in ("error_rate", "goodput", "good_request_fraction") for s in slos):
         return EXIT_ERRORS
     return EXIT_OK
 
@@ -194,9 +197,10 @@ class Verdict:
         return cls(tuple(Check(**c) for c in data.get("slo") or []), validity, int(data.get("exit_code", 0)))
 
 
-def judge(summary: dict, slos: list[SLO], server: dict | None = None, min_requests: int = 1,
+def judge(summary: Mapping[str, Any], slos: list[SLO], server: dict | None = None, min_requests: int = 1,
           allow_untrustworthy: bool = False, num_requests: int = 0) -> Verdict:
     """The one place a run is judged (with the emulator's lateness added to the client's: ``judge_emulator``)."""
+    summary = RunSummary.of(summary)
     checks = evaluate(slos, summary, server)
     validity = validity_checks(summary, slos, min_requests, num_requests)
     summary = judge_emulator(summary, server)

@@ -21,7 +21,7 @@ from vllm_load.metrics.energy import energy_summary
 from vllm_load.metrics.summary import metric_stats
 from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.workload.datasets import records_per_request
-from vllm_load.metric_table import OUTPUT_TOKENS, SEND_LAG
+from vllm_load.metric_table import SEND_LAG
 
 
 @dataclass
@@ -107,8 +107,8 @@ class Collector:
         done = self._workers()  # what the collector knows beyond the totals, added to the summary once at the end
         done["saturation"] = self.saturation.to_json() if self.saturation is not None else None
         if self.dcgm is not None:
-            done["energy"] = energy_summary(self.dcgm.samples, self.measured_from, end, summary[OUTPUT_TOKENS],
-                                            summary["succeeded"])
+            done["energy"] = energy_summary(self.dcgm.samples, self.measured_from, end, summary.output_tokens,
+                                            summary.succeeded)
             if done["energy"] is None:
                 done["energy_missing"] = self.dcgm.error or "no GPU telemetry in the run's window"
         if monitor is not None:  # local: what the monitor saw since its last 3 s report
@@ -117,7 +117,7 @@ class Collector:
                 self.health.add("local", last)
         send_lag = metric_stats(summary, SEND_LAG)
         # CPU and lag while the server was unreachable or failing every request are the failures' doing
-        quiet = [(w["start"], w["end"]) for w in summary["outages"]]
+        quiet = [(w["start"], w["end"]) for w in summary.outages]
         done["client"] = self.health.verdict(send_lag.at("p99") if send_lag.count else None, quiet,
                                              shared_stamp=shared_stamp(summary), late_merged=late_merged(summary),
                                              cap=self.plan.total_users * int(self.opts.max_concurrency))
@@ -129,7 +129,7 @@ class Collector:
         if self.plan.trace_rows:  # the schedule kept: the trace's span as intended, and as the requests were sent
             first, last = self.totals.first_start, self.totals.last_start
             done["trace"] = {"rows": self.plan.trace_rows,
-                             "sent": summary["requests"] + summary.get("warmup_excluded", 0),
+                             "sent": summary.requests + (summary.warmup_excluded or 0),
                              "intended_s": self.plan.trace_span,
                              "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
         done.update(self._profiled())

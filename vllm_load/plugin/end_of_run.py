@@ -322,7 +322,7 @@ def _end_lines(ctl: Controller, run: Run, col: Collector, built: Any, exceptions
     elif render_validity(built.verdict):
         lines.append(render_validity(built.verdict) + "\n")
     through_client = environment.runner.stats.total.num_requests
-    if not built.summary["requests"] and through_client:
+    if not built.summary.requests and through_client:
         lines.append(f"vllm-load: no self.llm request completed; the {through_client} requests Locust counted went "
                      "through self.client, which is not LLM-timed: send LLM requests with self.llm.chat/complete\n")
     if exceptions:

@@ -10,9 +10,9 @@ from typing import Any, Callable
 from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.client_health import late_merged, shared_stamp, who_fell_behind
 from vllm_load.metrics.routing import routing_line
-from vllm_load.metrics.summary import metric_stats
+from vllm_load.metrics.summary import RunSummary, metric_stats
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
-from vllm_load.metric_table import OUTPUT_TOKENS, SEND_LAG
+from vllm_load.metric_table import SEND_LAG
 
 
 #: the badge's width follows the header: Locust's block on the right (host, status, users, and while a run goes
@@ -202,17 +202,17 @@ class LLMTab:
 def _summary_rows(summary: dict, slos: list | None, has_report: bool) -> list[dict]:
     """The LLM tab's rows under the metric table: rates, trust, the server, SLO previews, routing, where the time
     went, the report's link, prompt drift."""
-    rows = table_rows(summary)
+    s, rows = RunSummary.of(summary), table_rows(summary)
     if summary.get("final"):
         rows.append({"metric": "Run stopped: its judged numbers (as in the report)", "count": "", "mean": ""})
     else:
         rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "", "mean": f"{summary['live_output_tps']:.1f}"})
     rows.append({"metric": "Live charts (TTFT, ITL, tok/s, server)", "count": "", "mean": "/vllm-load/live"})
-    rows.append({"metric": "Output tok/s (run)", "count": summary[OUTPUT_TOKENS],
-                 "mean": f"{summary['output_token_rate']:.1f}"})
-    rows.append({"metric": "Requests ok / failed", "count": summary["requests"],
-                 "mean": f"{summary['succeeded']} / {summary['failed']}"})
-    client = summary.get("client") or {}
+    rows.append({"metric": "Output tok/s (run)", "count": s.output_tokens,
+                 "mean": f"{s.output_token_rate:.1f}"})
+    rows.append({"metric": "Requests ok / failed", "count": s.requests,
+                 "mean": f"{s.succeeded} / {s.failed}"})
+    client = s.client or {}
     if client.get("saturated"):
         rows.append({"metric": f"UNTRUSTWORTHY: {who_fell_behind(client.get('cause'))} ({client.get('cause')})",
                      "count": "", "mean": "; ".join(client["reasons"]) + ": " + (client.get("advice") or "")})
@@ -227,14 +227,14 @@ def _summary_rows(summary: dict, slos: list | None, has_report: bool) -> list[di
         # a live preview of the SLOs on the numbers so far; the run's verdict is judged once, at its end
         rows += [{"metric": f"SLO {c.slo}", "count": word(c.passed), "mean": c.detail}
                  for c in evaluate(slos, summary, summary.get("server"))]
-    if summary.get("routing"):  # the run's verdict on the router (metrics/routing.py), once judged
-        rows.append({"metric": "Routing", "count": "", "mean": routing_line(summary["routing"])})
-    rows += [{"metric": "Where the time went", "count": "", "mean": line} for line in tail_lines(summary.get("timing"))]
+    if s.routing:  # the run's verdict on the router (metrics/routing.py), once judged
+        rows.append({"metric": "Routing", "count": "", "mean": routing_line(s.routing)})
+    rows += [{"metric": "Where the time went", "count": "", "mean": line} for line in tail_lines(s.timing)]
     if has_report:
         rows.append({"metric": "Report of the last run", "count": "", "mean": "/vllm-load/report"})
-    if summary["input_drift_requests"]:
-        rows.append({"metric": "PROMPT LENGTH DRIFT (requests, max)", "count": summary["input_drift_requests"],
-                     "mean": summary["input_drift_max_abs"]})
+    if s.input_drift_requests:
+        rows.append({"metric": "PROMPT LENGTH DRIFT (requests, max)", "count": s.input_drift_requests,
+                     "mean": s.input_drift_max_abs})
     return rows
 
 

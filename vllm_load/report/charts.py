@@ -118,9 +118,9 @@ def curve(h: Any, grid: list[float]) -> list[float]:
 
 def markers(run: Run) -> dict[str, Any]:
     """What every timeline chart marks: outage and failure-storm spans, the over-saturation onset and its span."""
-    sat = run.summary.get("saturation")
+    sat = run.summary.saturation
     return {"spans": [{"from": w["start"] - run.start, "to": w["end"] - run.start,
-                       "kind": "outage" if w["outage"] else "storm"} for w in run.summary.get("outages", [])],
+                       "kind": "outage" if w["outage"] else "storm"} for w in (run.summary.outages or [])],
             "saturation": {"from": sat["onset_s"], "to": sat["at_s"]} if sat else None}
 
 
@@ -131,8 +131,8 @@ def by_level(runs: list[Any], levels: list[float], level: str) -> list[dict[str,
                        else None for r in runs])
     return [
         chart("sweep-throughput", f"Throughput against the {level}", level, "per s", levels,
-               [{"label": "output tok/s", "values": rounded([r.summary["output_token_rate"] for r in runs])},
-                {"label": "requests/s", "values": rounded([r.summary["request_rate"] for r in runs])}], kind="level"),
+               [{"label": "output tok/s", "values": rounded([r.summary.output_token_rate for r in runs])},
+                {"label": "requests/s", "values": rounded([r.summary.request_rate for r in runs])}], kind="level"),
         chart("sweep-latency", f"Latency against the {level}", level, "ms", levels,
                [{"label": "TTFT mean", "values": metric(TTFT, "mean")},
                 {"label": "TTFT p99", "values": metric(TTFT, "p99"), "dash": True},

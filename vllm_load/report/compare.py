@@ -71,7 +71,7 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
         if verdict is not None:
             return f"untrustworthy: {verdict.trust.detail.removeprefix(UNTRUSTWORTHY)}" if verdict.distrusted \
                 else "trusted"
-        client = run.summary.get("client") or {}
+        client = run.summary.client or {}
         return "untrustworthy: " + "; ".join(client.get("reasons", [])) if client.get("saturated") else "trusted"
 
     out: list[dict[str, Any]] = []
@@ -80,8 +80,8 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
                           pb.total_users if pb else cb.get("options", {}).get("num_users")),
                          ("load processes", pa and pa.processes, pb and pb.processes),
                          ("targets", len(pa.urls) if pa else None, len(pb.urls) if pb else None),
-                         ("workers that reported", len(a.summary.get("workers") or []),
-                          len(b.summary.get("workers") or [])),
+                         ("workers that reported", len(a.summary.workers or []),
+                          len(b.summary.workers or [])),
                          ("server kind", pa and pa.server_kind, pb and pb.server_kind),
                          ("server version", ca.get("server_version") or "unknown",
                           cb.get("server_version") or "unknown"),
@@ -139,8 +139,8 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
 
 
 #: what repeated runs are compared on: (title, a step's value, better when higher)
-REPEATED = (("request rate", lambda s: s["request_rate"], True),
-            ("output tokens/s", lambda s: s["output_token_rate"], True),
+REPEATED = (("request rate", lambda s: s.request_rate, True),
+            ("output tokens/s", lambda s: s.output_token_rate, True),
             ("TTFT p99", lambda s: metric_stats(s, TTFT).at("p99"), False),
             ("E2E p99", lambda s: metric_stats(s, E2E).at("p99"), False))
 

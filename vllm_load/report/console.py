@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers, who_fell_behind
-from vllm_load.metric_table import (
-    BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, REASONING_TOKENS, SEND_LAG, TTFT)
-from vllm_load.metrics.summary import metric_stats
+from vllm_load.metric_table import BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, SEND_LAG, TTFT
+from vllm_load.metrics.summary import RunSummary, metric_stats
 
 COLUMNS = [percentile_key(p) for p in PERCENTILES] + ["max"]
 
 
-def columns(summary: dict) -> list[str]:
+def columns(summary: Mapping[str, Any]) -> list[str]:
     """The table's statistic columns: the run's percentiles (--metric-percentiles, else the standard five), max."""
-    return [*(summary.get("percentiles") or COLUMNS[:-1]), "max"]
+    return [*(RunSummary.of(summary).percentiles or COLUMNS[:-1]), "max"]
 
 
 def fmt_number(value: float) -> str:
@@ -26,9 +28,9 @@ def fmt_number(value: float) -> str:
     return f"{value:.3f}"
 
 
-def table_rows(summary: dict) -> list[dict]:
-    rows = []
-    reasoned = bool(summary.get("reasoning_requests"))
+def table_rows(summary: Mapping[str, Any]) -> list[dict]:
+    summary, rows = RunSummary.of(summary), []
+    reasoned = bool(summary.reasoning_requests)
     for metric in METRICS:
         key, title, unit, factor = metric.key, metric.title, metric.unit, metric.scale
         m = metric_stats(summary, key)
@@ -37,7 +39,7 @@ def table_rows(summary: dict) -> list[dict]:
         row = {"metric": f"{title} ({unit})", "count": m.count, "mean": fmt_number(m.mean * factor)}
         row.update({c: fmt_number(m.at(c) * factor) for c in columns(summary) if m.at(c) is not None})
         rows.append(row)
-    return _one_itl_row(rows, columns(summary), bool(summary.get("one_token_chunks")))
+    return _one_itl_row(rows, columns(summary), bool(summary.one_token_chunks))
 
 
 #: the ITL row's title when the gaps per chunk and per token are the same numbers (every chunk carried one token)
@@ -79,13 +81,14 @@ def name_rows(summary: dict, group: str = "names") -> list[list[str]]:
     if not names:
         return []
 
-    def row(label: str, s: dict) -> list[str]:
-        cells = [label, str(s["requests"]), str(s["failed"])]
+    def row(label: str, s: Mapping[str, Any]) -> list[str]:
+        s = RunSummary.of(s)
+        cells = [label, str(s.requests), str(s.failed)]
         for key, stat, _ in NAME_COLUMNS:
             m = metric_stats(s, key)
             factor = BY_KEY[key].scale if key in BY_KEY else 1.0
             cells.append(fmt_number(m.at(stat) * factor) if m.count else "-")
-        frac = s.get("cached_fraction")
+        frac = s.cached_fraction
         cells.append("-" if frac is None else f"{frac * 100:.1f}%")
         return cells
 
@@ -172,11 +175,12 @@ def untrustworthy_line(c: dict) -> str:
             f"{c.get('advice') or 'add workers: --processes N or more machines'}")
 
 
-def energy_line(s: dict) -> str:
+def energy_line(s: Mapping[str, Any]) -> str:
     """GPU energy in one line (--dcgm-url), or why it is missing."""
-    e = s.get("energy")
+    s = RunSummary.of(s)
+    e = s.energy
     if not e:
-        return f"energy: missing ({s.get('energy_missing')})"
+        return f"energy: missing ({s.energy_missing})"
 
     def num(key: str, fmt: str) -> str:
         return format(e[key], fmt) if e.get(key) is not None else "n/a"
@@ -195,17 +199,17 @@ def spec_line(spec: dict) -> str:
             f"accepted {spec['accepted_tokens']}" + (f"  per position {per}" if per else ""))
 
 
-def steady_line(steady: dict, requests: int) -> str:
+def steady_line(steady: RunSummary, requests: int) -> str:
     """The steady window beside the whole run: its span, its share of the requests, its rates and tails."""
-    a, b = steady["window_s"]
+    a, b = steady.window_s
     tails = [f"{label} p99 {metric_stats(steady, key).at('p99') * 1000:.1f} ms" for key, label in ((TTFT, "TTFT"),
              (E2E, "E2E")) if metric_stats(steady, key).count]
     return (f"steady window (every user sending; the ramp and the drain left out): {a:.1f}-{b:.1f} s, "
-            f"{steady['requests']} of {requests} requests, {steady['request_rate']:.2f} req/s, "
-            f"{steady['output_token_rate']:.1f} tok/s" + (f"; {', '.join(tails)}" if tails else ""))
+            f"{steady.requests} of {requests} requests, {steady.request_rate:.2f} req/s, "
+            f"{steady.output_token_rate:.1f} tok/s" + (f"; {', '.join(tails)}" if tails else ""))
 
 
-def render_table(summary: dict, title: str = "LLM metrics", server: dict | None | bool = False) -> str:
+def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server: dict | None | bool = False) -> str:
     """The client's table and totals; with ``server`` (a server summary, or None for "missing") the
     server's line too."""
     rows = table_rows(summary)
@@ -215,65 +219,65 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
     lines.append("  ".join(h.ljust(widths[h]) if h == "metric" else h.rjust(widths[h]) for h in head))
     for r in rows:
         lines.append("  ".join(str(r[h]).ljust(widths[h]) if h == "metric" else str(r[h]).rjust(widths[h]) for h in head))
-    s = summary
+    s = RunSummary.of(summary)
     for group in GROUPS:
         if s.get(group):
             lines.append(render_names(s, group))
     lines.append(
-        f"requests {s['requests']}  succeeded {s['succeeded']}  failed {s['failed']}  "
-        f"duration {s['duration_s']:.1f} s  request rate {s['request_rate']:.2f}/s  "
-        f"output {s[OUTPUT_TOKENS]} tok ({s['output_token_rate']:.1f} tok/s)  input {s[INPUT_TOKENS]} tok"
-        + (f"  total token throughput {s['total_token_rate']:.1f} tok/s" if s.get("total_token_rate") is not None
+        f"requests {s.requests}  succeeded {s.succeeded}  failed {s.failed}  "
+        f"duration {s.duration_s:.1f} s  request rate {s.request_rate:.2f}/s  "
+        f"output {s.output_tokens} tok ({s.output_token_rate:.1f} tok/s)  input {s.input_tokens} tok"
+        + (f"  total token throughput {s.total_token_rate:.1f} tok/s" if s.total_token_rate is not None
            else "")
     )
-    if s.get("steady"):
-        lines.append(steady_line(s["steady"], s["requests"]))
-    if s.get("media_items"):
-        lines.append(f"media: {s['media_items']} images/clips, {s['media_tokens']} prompt tokens (the server's count "
-                     f"minus the exact text count), text {s['text_input_tokens']} tokens")
-    if s.get("inputs"):
-        lines.append(f"pooling: {s['inputs']} inputs ({s['input_rate']:.1f}/s, "
-                     f"{s['inputs'] / max(1, s['succeeded']):.1f} per request), "
-                     f"{s['input_token_rate']:.1f} input tok/s")
-    if s.get("reasoning_requests"):
-        share = s[REASONING_TOKENS] / s[OUTPUT_TOKENS] * 100 if s[OUTPUT_TOKENS] else 0.0
-        counted = (f"; {s['reasoning_by_tokenizer']} counted with the run's tokenizer (the stream carried no count)"
-                   if s.get("reasoning_by_tokenizer") else "")
-        lines.append(f"reasoning: {s[REASONING_TOKENS]} of the output tokens ({share:.1f}%) over "
-                     f"{s['reasoning_requests']} requests; TTFT is the first reasoning token, TTFO the first answer "
+    if s.steady:
+        lines.append(steady_line(s.steady, s.requests))
+    if s.media_items:
+        lines.append(f"media: {s.media_items} images/clips, {s.media_tokens} prompt tokens (the server's count "
+                     f"minus the exact text count), text {s.text_input_tokens} tokens")
+    if s.inputs:
+        lines.append(f"pooling: {s.inputs} inputs ({s.input_rate:.1f}/s, "
+                     f"{s.inputs / max(1, s.succeeded):.1f} per request), "
+                     f"{s.input_token_rate:.1f} input tok/s")
+    if s.reasoning_requests:
+        share = s.reasoning_tokens / s.output_tokens * 100 if s.output_tokens else 0.0
+        counted = (f"; {s.reasoning_by_tokenizer} counted with the run's tokenizer (the stream carried no count)"
+                   if s.reasoning_by_tokenizer else "")
+        lines.append(f"reasoning: {s.reasoning_tokens} of the output tokens ({share:.1f}%) over "
+                     f"{s.reasoning_requests} requests; TTFT is the first reasoning token, TTFO the first answer "
                      f"token{counted}")
-    if s.get("routing"):
-        lines.append(routing_line(s["routing"]))
-    lines += tail_lines(s.get("timing"))
-    if s.get("removed_excluded"):
-        lines.append(f"load shape: {s['removed_excluded']} requests were cut when their users were removed mid-run (a "
+    if s.routing:
+        lines.append(routing_line(s.routing))
+    lines += tail_lines(s.timing)
+    if s.removed_excluded:
+        lines.append(f"load shape: {s.removed_excluded} requests were cut when their users were removed mid-run (a "
                      "ramp down, a new user count): logged, neither successes nor failures")
-    if s.get("warmup_excluded"):
-        lines.append(f"warm-up: {s['warmup_excluded']} requests started during --warmup were sent and logged, and "
+    if s.warmup_excluded:
+        lines.append(f"warm-up: {s.warmup_excluded} requests started during --warmup were sent and logged, and "
                      "left out of every number here")
-    if s.get("backoffs"):
-        lines.append(f"backoff: users waited {s['backoffs']} times ({s['backoff_s']:.1f} s in all) before their next "
+    if s.backoffs:
+        lines.append(f"backoff: users waited {s.backoffs} times ({s.backoff_s:.1f} s in all) before their next "
                      "request after a connection failure, a 5xx or a broken stream (--retry-backoff-max)")
-    if s.get("records_per_request"):
-        lines.append(f"records {s['records']} ({s['records_per_request']} per request)  "
-                     f"record rate {s['record_rate']:.2f}/s")
+    if s.records_per_request:
+        lines.append(f"records {s.records} ({s.records_per_request} per request)  "
+                     f"record rate {s.record_rate:.2f}/s")
     if server is not False:
         lines.append(render_server(server))  # type: ignore[arg-type]
-    if s.get("cached_fraction") is not None:
-        lines.append(f"prefix cache (the server's usage per request): {s['cached_tokens']} of the prompt tokens "
-                     f"cached ({s['cached_fraction'] * 100:.1f}%)")
-    if s.get("trace"):
-        t = s["trace"]
+    if s.cached_fraction is not None:
+        lines.append(f"prefix cache (the server's usage per request): {s.cached_tokens} of the prompt tokens "
+                     f"cached ({s.cached_fraction * 100:.1f}%)")
+    if s.trace:
+        t = s.trace
         lag = metric_stats(s, SEND_LAG)
         lines.append(f"trace: {t['sent']} of {t['rows']} rows sent, over {t['sent_span_s']:.1f} s of the intended "
                      f"{t['intended_s']:.1f} s" + (f"; send lag p99 {lag.at('p99') * 1000:.1f} ms, max "
                                                    f"{lag.max * 1000:.1f} ms" if lag.count else ""))
-    if s.get("target_request_rate"):
-        lines.append(f"open loop: target {s['target_request_rate']:.2f} req/s, achieved send rate {s['send_rate']:.2f} req/s")
-    readers = s.get("client", {}).get("readers") or []
+    if s.target_request_rate:
+        lines.append(f"open loop: target {s.target_request_rate:.2f} req/s, achieved send rate {s.send_rate:.2f} req/s")
+    readers = (s.client or {}).get("readers") or []
     if readers == ["native"]:
         lines.append(f"chunks timed by the native reader: each read as it landed, at most "
-                     f"{s['client'].get('read_lag_max', 0.0) * 1000:.1f} ms after (kernel stamps)")
+                     f"{s.client.get('read_lag_max', 0.0) * 1000:.1f} ms after (kernel stamps)")
     elif "clock" in readers:
         lines.append("chunks timed by the clock as the client's loop read each line (https:// or a session of the "
                      "user's own: TLS hides the kernel's stamps): exact while the loop keeps up with every stream"
@@ -282,40 +286,40 @@ def render_table(summary: dict, title: str = "LLM metrics", server: dict | None 
     elif "python" in readers:
         lines.append("chunks timed by the Python reader (the native one is off or not built: see `vllm-load "
                      "native`): exact while the client's loop keeps up with every stream")
-    if s.get("client", {}).get("saturated"):
-        lines.append(untrustworthy_line(s["client"]))
-    for note in s.get("client", {}).get("notes") or []:
+    if (s.client or {}).get("saturated"):
+        lines.append(untrustworthy_line(s.client))
+    for note in (s.client or {}).get("notes") or []:
         lines.append(f"note: {note}")
-    for w in s.get("outages", []):
+    for w in (s.outages or []):
         lines.append(("OUTAGE: " if w["outage"] else "FAILURE STORM: ") + w["text"])
-    if s.get("workers_lost"):
-        at = s.get("workers_lost_at") or {}
+    if s.workers_lost:
+        at = s.workers_lost_at or {}
         lost = ", ".join(w if w not in at else f"{w} (never reported)" if at[w] is None
-                         else f"{w} (last report {at[w]:.1f} s in)" for w in s["workers_lost"])
+                         else f"{w} (last report {at[w]:.1f} s in)" for w in s.workers_lost)
         lines.append(f"WARNING: worker(s) lost mid-run, no final report: {lost} "
                      "(their requests after their last report, at most 3 s, are missing here but in their logs)")
     silent = silent_workers(s)
     if silent:
         lines.append(f"WARNING: {silent}")
-    if s.get("saturation"):
-        lines.append(f"OVER-SATURATED: {s['saturation']['text']}")
-    if s.get("energy") or s.get("energy_missing"):
+    if s.saturation:
+        lines.append(f"OVER-SATURATED: {s.saturation['text']}")
+    if s.energy or s.energy_missing:
         lines.append(energy_line(s))
-    for w in s.get("profiled") or []:  # --profile-at: where the server's profile sits in the run
+    for w in s.profiled or []:  # --profile-at: where the server's profile sits in the run
         lines.append(f"profiled: {w['what']}, {w['from_s']:.1f}-{w['to_s']:.1f} s into the measured window, on "
                      f"{w['targets']} target(s) (the trace is where the server's --profiler-config writes it)")
-    if s["input_drift_requests"]:
+    if s.input_drift_requests:
         lines.append(
-            f"WARNING: {s['input_drift_requests']} requests had a prompt length different from what was asked "
-            f"(max |drift| {s['input_drift_max_abs']} tokens): the tokenizer does not match the server's"
+            f"WARNING: {s.input_drift_requests} requests had a prompt length different from what was asked "
+            f"(max |drift| {s.input_drift_max_abs} tokens): the tokenizer does not match the server's"
         )
-    if s["usage_missing"]:
-        lines.append(f"note: {s['usage_missing']} successful requests had no usage from the server: their output tokens "
+    if s.usage_missing:
+        lines.append(f"note: {s.usage_missing} successful requests had no usage from the server: their output tokens "
                      "were counted from the stream's deltas (one a delta, at most max_tokens; max_tokens where it "
                      "stopped for length: a lower bound where a server merges tokens), their input tokens are the "
                      "client's own exact count")
-    if s["output_mismatch"]:
-        lines.append(f"note: {s['output_mismatch']} requests returned a different number of output tokens than asked")
-    for reason, n in list(s["errors"].items())[:10]:
+    if s.output_mismatch:
+        lines.append(f"note: {s.output_mismatch} requests returned a different number of output tokens than asked")
+    for reason, n in list(s.errors.items())[:10]:
         lines.append(f"failed x{n}: {reason}")
     return "\n".join(lines)

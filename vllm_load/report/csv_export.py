@@ -7,7 +7,7 @@ import csv
 import io
 
 from vllm_load.metric_table import METRICS
-from vllm_load.metrics.summary import metric_stats
+from vllm_load.metrics.summary import RunSummary, metric_stats
 
 STATS = ("count", "mean", "std", "min", "p50", "p90", "p95", "p99", "p99.9", "max")
 HEAD = ("name", "metric", "unit", *STATS)
@@ -17,7 +17,8 @@ def llm_stats_csv(summary: dict) -> str:
     buf = io.StringIO()
     out = csv.writer(buf, lineterminator="\n")
     out.writerow(HEAD)
-    groups = [(n, s) for n, s in (summary.get("names") or {}).items()] + [("total", summary)]
+    summary = RunSummary.of(summary)
+    groups = [(n, s) for n, s in (summary.names or {}).items()] + [("total", summary)]
     for name, s in groups:
         for m in METRICS:
             values = metric_stats(s, m.key)

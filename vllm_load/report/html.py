@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from vllm_load.report import charts
@@ -39,7 +40,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
     interactive charts and the configuration."""
     s = run.summary
     server = server_summary(run.server)
-    client = s.get("client") or {}
+    client = s.client or {}
     latency, itl_note = latency_table(s)
     changed, rest = _options_split(run.config.get("options", {}))
     overall = ("invalid" if verdict.invalid else "untrustworthy" if not verdict.trust.passed else
@@ -51,18 +52,18 @@ def render_html(run: Run, verdict: Verdict) -> str:
         checks=[{"slo": c.slo, "word": word(c.passed), "detail": c.detail} for c in verdict.checks],
         slo_word=word(bool(verdict.slo_passed)), exit_code=verdict.exit_code,
         summary_rows=summary_rows(s), latency_head=latency[0], latency_rows=latency[1], itl_note=itl_note,
-        steady=steady_line(s["steady"], s["requests"]) if s.get("steady") else "",
+        steady=steady_line(s.steady, s.requests) if s.steady else "",
         named=name_rows(s), name_head=NAME_HEAD, by_target=name_rows(s, "targets"), target_head=group_head("targets"),
         client_saturated={"cause": client.get("cause") or "client", "reasons": "; ".join(client.get("reasons") or []),
                           "headline": who_fell_behind(client.get("cause")),
                           "advice": client.get("advice") or "add workers"} if client.get("saturated") else None,
-        saturation=(s.get("saturation") or {}).get("text"), outages=[w["text"] for w in s.get("outages") or []],
-        workers_lost=", ".join(s.get("workers_lost") or []), silent=silent_workers(s),
-        errors=list((s.get("errors") or {}).items()),
+        saturation=(s.saturation or {}).get("text"), outages=[w["text"] for w in s.outages or []],
+        workers_lost=", ".join(s.workers_lost or []), silent=silent_workers(s),
+        errors=list((s.errors or {}).items()),
         server_rows=server_cells(server) if server else [], spec=spec_line(server["spec_decode"])
         if server and server.get("spec_decode") else "",
-        energy=energy_line(s) if s.get("energy") or s.get("energy_missing") else "",
-        timing=timing_view(s.get("timing"), s.get("percentiles")), routing=routing_view(s.get("routing")),
+        energy=energy_line(s) if s.energy or s.energy_missing else "",
+        timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run),
                 "markers": charts.markers(run)})
@@ -112,21 +113,22 @@ def routing_view(r: dict | None) -> dict | None:
     return {"line": routing_line(r), "rows": rows}
 
 
-def summary_rows(s: dict) -> list[tuple[str, str]]:
+def summary_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The client side's headline numbers."""
+    s = RunSummary.of(s)
     return [
-        ("requests (ok / failed)", f"{s['requests']} ({s['succeeded']} / {s['failed']})"),
-        *([("warm-up (excluded)", f"{s['warmup_excluded']} requests started during --warmup")]
-          if s.get("warmup_excluded") else []),
-        ("duration", f"{s['duration_s']:.1f} s"), ("request rate", f"{s['request_rate']:.2f} /s"),
-        ("output tokens/s", f"{s['output_token_rate']:.1f}"),
-        ("goodput (good requests/s, as vllm bench)", "n/a" if s.get("goodput") is None
-         else f"{s['goodput']:.2f} /s ({s['good_request_fraction'] * 100:.1f}% of requests)"),
-        ("prompt-length drift", f"{s['input_drift_requests']} requests (max {s['input_drift_max_abs']} tokens)"),
-        *([("prompt tokens cached (server usage)", f"{s['cached_fraction'] * 100:.1f}% ({s['cached_tokens']} tokens)")]
-          if s.get("cached_fraction") is not None else []),
-        *([("records/s", f"{s['records']} records, {s['records_per_request']} per request: {s['record_rate']:.2f}/s")]
-          if s.get("records_per_request") else []),
+        ("requests (ok / failed)", f"{s.requests} ({s.succeeded} / {s.failed})"),
+        *([("warm-up (excluded)", f"{s.warmup_excluded} requests started during --warmup")]
+          if s.warmup_excluded else []),
+        ("duration", f"{s.duration_s:.1f} s"), ("request rate", f"{s.request_rate:.2f} /s"),
+        ("output tokens/s", f"{s.output_token_rate:.1f}"),
+        ("goodput (good requests/s, as vllm bench)", "n/a" if s.goodput is None
+         else f"{s.goodput:.2f} /s ({s.good_request_fraction * 100:.1f}% of requests)"),
+        ("prompt-length drift", f"{s.input_drift_requests} requests (max {s.input_drift_max_abs} tokens)"),
+        *([("prompt tokens cached (server usage)", f"{s.cached_fraction * 100:.1f}% ({s.cached_tokens} tokens)")]
+          if s.cached_fraction is not None else []),
+        *([("records/s", f"{s.records} records, {s.records_per_request} per request: {s.record_rate:.2f}/s")]
+          if s.records_per_request else []),
     ]
 
 

@@ -36,7 +36,7 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
     that line, and the repeated levels' rows (``repeat_rows``)."""
     runs = sorted((load_run(d) for d in run_dirs), key=lambda r: (r.concurrency or 0, r.start))
     verdicts = sweep_verdicts(runs, slo_texts)
-    with_records = any(r.summary.get("records_per_request") for r in runs)
+    with_records = any(r.summary.records_per_request for r in runs)
     # a rate sweep's levels are request rates, not user counts: name them so
     level = "request rate" if runs and all(r.config.get("options", {}).get("sweep_level_kind") == "rate"
                                            for r in runs) else "concurrency"
@@ -51,11 +51,11 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
         def ms(k: str, stat: str) -> str:
             m = metric_stats(r.summary, k)
             return f"{m.at(stat) * 1000:.1f}" if m.at(stat) is not None else ""
-        rows.append([r.path.name, r.concurrency or "", f"{r.summary['request_rate']:.2f}",
-                     *([f"{r.summary.get('record_rate', 0.0):.2f}"] if with_records else []),
-                     f"{r.summary['output_token_rate']:.1f}", ms(TTFT, "mean"), ms(TTFT, "p99"), ms(ITL, "p99"),
+        rows.append([r.path.name, r.concurrency or "", f"{r.summary.request_rate:.2f}",
+                     *([f"{(r.summary.record_rate or 0.0):.2f}"] if with_records else []),
+                     f"{r.summary.output_token_rate:.1f}", ms(TTFT, "mean"), ms(TTFT, "p99"), ms(ITL, "p99"),
                      ms(E2E, "mean"), ms(E2E, "p99"), "" if kv is None else f"{kv * 100:.1f}%",
-                     "" if pre is None else f"{pre:g}", "" if hit is None else f"{hit * 100:.1f}%", r.summary["failed"],
+                     "" if pre is None else f"{pre:g}", "" if hit is None else f"{hit * 100:.1f}%", r.summary.failed,
                      "" if verdict is None else word(verdict)])
     repeats = repeat_rows(runs, level)
     passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
@@ -98,9 +98,9 @@ def repeat_rows(runs: list[Run], level: str = "concurrency") -> list[list[str]]:
 
         def stat(key: str, st: str) -> Any:
             return lambda r: metric_stats(r.summary, key).at(st)
-        rate = over(lambda r: r.summary["request_rate"])
+        rate = over(lambda r: r.summary.request_rate)
         rows.append([f"{value:g}", len(group), f"{confidence:.0%}", spread_text(rate),
-                     spread_text(over(lambda r: r.summary["output_token_rate"]), digits=1),
+                     spread_text(over(lambda r: r.summary.output_token_rate), digits=1),
                      spread_text(over(stat(TTFT, "p50")), 1000, 1), spread_text(over(stat(TTFT, "p99")), 1000, 1),
                      spread_text(over(stat(ITL, "p99")), 1000, 1), spread_text(over(stat(E2E, "p99")), 1000, 1),
                      "-" if rate is None else f"{rate['cv']:.1%}"])

@@ -17,6 +17,7 @@ from typing import Any
 from vllm_load.client.openai_api import public_url
 from vllm_load.errors import UsageError
 from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
+from vllm_load.metrics.summary import RunSummary
 
 #: the run directory's files a tracker keeps (the request logs stay in the directory: they can be large)
 ARTIFACTS = ("report.html", "summary.json", "vllm-result.json", "config.json")
@@ -58,13 +59,14 @@ def metrics(summary: dict) -> dict[str, float]:
                 INPUT_TOKENS, OUTPUT_TOKENS, "goodput", "good_request_fraction"):
         if isinstance(summary.get(key), (int, float)):
             out[key] = float(summary[key])
-    for name, stats in (summary.get("metrics") or {}).items():
-        if not isinstance(stats, dict) or not stats.get("count"):
+    summary = RunSummary.of(summary)
+    for name, stats in (summary.metrics or {}).items():
+        if not stats.count:
             continue
         for stat, value in stats.items():
             if stat != "count" and isinstance(value, (int, float)):
                 out[f"{name}_{stat}_ms"] = float(value) * 1000.0
-    energy = summary.get("energy") or {}
+    energy = summary.energy or {}
     for key in ("energy_j", "average_power_w", "energy_per_output_token_j", "output_tokens_per_joule"):
         if isinstance(energy.get(key), (int, float)):
             out[key] = float(energy[key])

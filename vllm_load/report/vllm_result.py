@@ -22,7 +22,7 @@ from typing import Any
 from vllm_load.metric_table import E2E, INPUT_TOKENS, ITL, OUTPUT_TOKENS, SEND_LAG, TPOT, TTFT
 from vllm_load.metrics.server import server_summary
 from vllm_load.rundir.reqlog import read_log
-from vllm_load.metrics.summary import metric_stats
+from vllm_load.metrics.summary import RunSummary, metric_stats
 
 #: vLLM's names of our metric keys, and the statistics written for each (``median`` is p50)
 _METRICS = (("ttft", TTFT), ("tpot", TPOT), ("itl", ITL), ("e2el", E2E))
@@ -32,21 +32,21 @@ _GENERATION_KEYS = ("total_output_tokens", "output_throughput", "max_output_toke
 
 
 def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
-    s, cfg = run.summary, run.config
+    s, cfg = RunSummary.of(run.summary), run.config
     opts = cfg.get("options", {})
     plan = run.plan
     logs = [r for r in run_logs(run) if not r.get("warmup") and not r.get("removed")]
     api = logs[0]["api"] if logs else "chat"
     backend = {"chat": "openai-chat", "responses": "openai-responses", "embeddings": "openai-embeddings",
                "rerank": "vllm-rerank"}.get(api, "openai")
-    duration = float(s.get("duration_s") or 0.0)
+    duration = float(s.duration_s or 0.0)
     rate = float(opts.get("request_rate") or 0.0)
     users = plan.total_users if plan else None
     if opts.get("sweep_level_kind") == "rate":  # a sweep step: its own level
         rate = float(opts.get("vllm_load_step_users") or 0.0)
     elif opts.get("sweep_level_kind") == "users":
         rate, users = 0.0, opts.get("vllm_load_step_users")
-    tokens_in, tokens_out = int(s.get(INPUT_TOKENS, 0)), int(s.get(OUTPUT_TOKENS, 0))
+    tokens_in, tokens_out = int(s.input_tokens or 0), int(s.output_tokens or 0)
     out: dict[str, Any] = {
         "date": time.strftime("%Y%m%d-%H%M%S", time.localtime(run.start)),
         "endpoint_type": backend,
@@ -54,17 +54,17 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         "label": None,
         "model_id": cfg.get("model"),
         "tokenizer_id": cfg.get("tokenizer"),
-        "num_prompts": int(s.get("requests", 0)),
+        "num_prompts": int(s.requests or 0),
         "request_rate": rate if rate > 0 else "inf",
         "burstiness": float(opts.get("burstiness") or 1.0),
         "max_concurrency": None if rate > 0 else users,
         "duration": duration,
-        "completed": int(s.get("succeeded", 0)),
-        "failed": int(s.get("failed", 0)),
+        "completed": int(s.succeeded or 0),
+        "failed": int(s.failed or 0),
         "total_input_tokens": tokens_in,
         "total_output_tokens": tokens_out,
-        "request_throughput": s.get("succeeded", 0) / duration if duration else 0.0,
-        "request_goodput": s.get("goodput"),
+        "request_throughput": (s.succeeded or 0) / duration if duration else 0.0,
+        "request_goodput": s.goodput,
         "output_throughput": tokens_out / duration if duration else 0.0,
         "total_token_throughput": (tokens_in + tokens_out) / duration if duration else 0.0,
         "max_output_tokens_per_s": float(max(run.stats.tokens_per_second.values(), default=0)),
@@ -78,17 +78,17 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         out[f"mean_{vname}_ms"] = m.mean * 1000 if has else 0.0
         out[f"median_{vname}_ms"] = m.at("p50") * 1000 if has else 0.0
         out[f"std_{vname}_ms"] = (m.std or 0.0) * 1000 if has else 0.0
-        for p in s.get("percentiles") or _PERCENTILES:  # vLLM writes those of its --metric-percentiles
+        for p in s.percentiles or _PERCENTILES:  # vLLM writes those of its --metric-percentiles
             out[f"{p}_{vname}_ms"] = m.at(p) * 1000 if has and m.at(p) is not None else 0.0
     if api in ("embeddings", "rerank", "score"):  # vLLM's pooling result: inputs, no generation keys
-        out["total_input_sequences"] = int(s.get("inputs", 0))
-        out["input_sequence_throughput"] = float(s.get("input_rate", 0.0))
+        out["total_input_sequences"] = int(s.inputs or 0)
+        out["input_sequence_throughput"] = float(s.input_rate or 0.0)
         for key in [k for k in out if k.endswith(("_ttft_ms", "_tpot_ms", "_itl_ms")) or k in _GENERATION_KEYS]:
             del out[key]
-    if s.get("energy"):  # vllm-load's own: GPU energy over the run (--dcgm-url)
-        out["energy"] = dict(s["energy"])
-    if s.get("saturation"):  # vllm-load's own: where the server stopped keeping up (vLLM has no such key)
-        sat = s["saturation"]
+    if s.energy:  # vllm-load's own: GPU energy over the run (--dcgm-url)
+        out["energy"] = dict(s.energy)
+    if s.saturation:  # vllm-load's own: where the server stopped keeping up (vLLM has no such key)
+        sat = s.saturation
         out["over_saturation"] = {k: sat[k] for k in ("onset_s", "at_s", "offered", "offered_unit", "capacity_rps",
                                                         "queue_source", "text")}
     if opts.get("ramp_up_strategy"):  # vLLM's keys for a ramped rate

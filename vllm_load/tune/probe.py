@@ -8,7 +8,9 @@ import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from vllm_load.metrics.repeats import spread
 from vllm_load.metrics.verdict import Verdict
@@ -16,7 +18,7 @@ from vllm_load.rundir.reqlog import read_log
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 from vllm_load.tune.children import spawning, stop_group
 from vllm_load.metric_table import E2E, ITL, METRICS, OUTPUT_TOKENS, OUTPUT_TPS, TTFT
-from vllm_load.metrics.summary import metric_stats
+from vllm_load.metrics.summary import RunSummary, metric_stats
 
 
 @dataclass
@@ -117,7 +119,7 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
         data = json.loads((run_dir / "summary.json").read_text())
     except (OSError, ValueError):
         return Probe(level, False, code, str(run_dir), invalid=f"the probe wrote no summary (exit code {code})")
-    s, server = data["summary"], data.get("server") or {}
+    s, server = RunSummary.of(data["summary"]), data.get("server") or {}
     stats = {m.key: metric_stats(s, m.key) for m in METRICS}
 
     def get(key: str, stat: str) -> float | None:
@@ -126,18 +128,18 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
     verdict = Verdict.from_json(data)  # the probe run's own, as its summary.json keeps it
     served = served_in_window(run_dir, s)
     if served is not None:  # what the server completed in the window, whenever its requests started
-        s = {**s, "request_rate": served["request_rate"], "output_token_rate": served["output_token_rate"],
-             "goodput": served["goodput"] if s.get("goodput") is not None else None}
+        s = s.replace(request_rate=served["request_rate"], output_token_rate=served["output_token_rate"],
+                      goodput=served["goodput"] if s.goodput is not None else None)
     e2e_p99 = get(E2E, "p99")
-    window = s.get("duration_s") or 0.0
+    window = s.duration_s or 0.0
     short = (f"requests took up to {e2e_p99:.1f} s (E2E p99) in a {window:.1f} s window: raise --probe-duration to "
              f"{SHORT_FACTOR} times that or more" if e2e_p99 and window and e2e_p99 * SHORT_FACTOR > window else "")
     missed = tuple(f"{c.slo} ({c.detail})" for c in verdict.checks if not c.passed)
     invalid = "; ".join(c.detail for c in verdict.validity if not c.passed)
     untrustworthy = verdict.distrust_reasons
-    return Probe(level=level, passed=code == 0, code=code, run_dir=str(run_dir), request_rate=s["request_rate"],
-                 output_token_rate=s["output_token_rate"],
-                 goodput=s.get("goodput") if s.get("goodput") is not None else s["request_rate"],
+    return Probe(level=level, passed=code == 0, code=code, run_dir=str(run_dir), request_rate=s.request_rate,
+                 output_token_rate=s.output_token_rate,
+                 goodput=s.goodput if s.goodput is not None else s.request_rate,
                  ttft_mean=get(TTFT, "mean"), ttft_p99=get(TTFT, "p99"), itl_mean=get(ITL, "mean"),
                  itl_p99=get(ITL, "p99"), e2e_mean=get(E2E, "mean"), e2e_p99=get(E2E, "p99"),
                  tps_per_user=get(OUTPUT_TPS, "p50"), kv_max=server.get("kv_cache_usage.max"),
@@ -150,7 +152,7 @@ def read_probe(level: float, code: int, run_dir: Path) -> Probe:
 SHORT_FACTOR = 3
 
 
-def served_in_window(run_dir: Path, summary: dict) -> dict | None:
+def served_in_window(run_dir: Path, summary: Mapping[str, Any]) -> dict | None:
     """The probe's throughput as the server delivered it in the measured window: the requests that ended in it and
     the output tokens that landed in it, whenever their requests started (the LLM metrics count by start: at
     3,500 input / 500 output tokens, a 25 s window counted the few requests that both started and ended in it, and
@@ -161,7 +163,7 @@ def served_in_window(run_dir: Path, summary: dict) -> dict | None:
     except (OSError, ValueError):
         return None
     logs = [r for f in sorted(run_dir.glob("requests*.jsonl")) for r in read_log(f)]
-    end, length = stats.get("end"), summary.get("duration_s")
+    end, length = stats.get("end"), RunSummary.of(summary).duration_s
     if not logs or not end or not length:
         return None
     start = end - length
