@@ -28,25 +28,11 @@ class MetricSummary(dict[str, float]):
     (``p50``, ``p99.9``: ``histogram.percentile_key``) and ``max``. Read by attribute (a percentile by ``at``);
     a dict underneath, so that every writer (json, orjson, msgpack) writes it as the object it always was."""
 
-    @property
-    def count(self) -> int:
-        return int(self.get("count", 0))
-
-    @property
-    def mean(self) -> float | None:
-        return self.get("mean")
-
-    @property
-    def min(self) -> float | None:
-        return self.get("min")
-
-    @property
-    def std(self) -> float | None:
-        return self.get("std")
-
-    @property
-    def max(self) -> float | None:
-        return self.get("max")
+    count = property(lambda self: int(self.get("count", 0)))
+    mean = property(lambda self: self.get("mean"))
+    min = property(lambda self: self.get("min"))
+    std = property(lambda self: self.get("std"))
+    max = property(lambda self: self.get("max"))
 
     def at(self, stat: str) -> float | None:
         """A statistic by its column name (``p99``, ``mean``): None when this summary did not compute it."""
@@ -207,7 +193,8 @@ def json_default(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-_FIELDS = tuple(f.name for f in fields(RunSummary) if f.name not in ("extra", "_has"))  # in order: the file's key order
+#: in order: the file's key order
+_FIELDS = tuple(f.name for f in fields(RunSummary) if f.name not in ("extra", "_has"))
 _KNOWN = frozenset(_FIELDS)
 
 

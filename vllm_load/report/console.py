@@ -9,7 +9,8 @@ from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers, who_fell_behind
-from vllm_load.metric_table import BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, SEND_LAG, TTFT
+from vllm_load.metric_table import (
+    BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, SEND_LAG, TTFT)
 from vllm_load.metrics.summary import RunSummary, metric_stats
 
 COLUMNS = [percentile_key(p) for p in PERCENTILES] + ["max"]
