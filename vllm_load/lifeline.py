@@ -20,7 +20,9 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(parent: int | None = None, sig: int = signal.SIGTERM) -> str:
-    """Arrange ``sig`` for this process when ``parent`` (default: the current parent) exits; returns how."""
+    """Arrange ``sig`` for this process when ``parent`` (default: the current parent) exits; returns how. The kernel
+    sends it each time the thread this process is parented to exits, so a killed multi-threaded parent can send it
+    more than once: its handler must act once."""
     parent = os.getppid() if parent is None else parent
     how = "watch"
     if sys.platform.startswith("linux"):

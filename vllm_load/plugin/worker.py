@@ -33,6 +33,9 @@ class WorkerProcess(Process):
         #: the run's generator, which takes it when made (a sweep over workers had an empty first step)
         self.step: tuple[int, float] | None = None
         self.own_headers: worker_secrets.OwnHeaders | None = None
+        #: set by the first parent-death signal: the kernel sends one each time the thread it is parented to exits,
+        #: and a killed master's threads exit one by one (a worker said it was stopping twice)
+        self.master_gone = False
         self.listen(environment.events.report_to_master, self._on_report_to_master)
         self.on_message(run_clock.PONG, lambda msg: self._clock().on_pong(msg.data))
         self.on_message(run_clock.EPOCH, lambda msg: self._clock().on_epoch(msg.data))
@@ -114,6 +117,9 @@ class WorkerProcess(Process):
     def _master_gone(self) -> None:
         """The --processes master died (the kernel's parent-death signal): the request log kept, one line, gone at
         once (its numbers have no master to go to; Locust's shutdown would wait for it)."""
+        if self.master_gone:
+            return
+        self.master_gone = True
         print("vllm-load: worker: its --processes master is gone: stopping", flush=True)
         try:
             if self.generator is not None:
