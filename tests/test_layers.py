@@ -175,3 +175,79 @@ def test_the_summary_is_read_by_attribute():
                     name in ("summary", "s", "steady") or name.endswith(".summary")):
                 found.append(f"{path.relative_to(PKG)}:{node.lineno}: {name}[{key.value!r}]")
     assert found == []
+
+
+def _part_reads(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """Each read by string key of a summary part's declared key: ``s.client["reasons"]``, ``(s.client or
+    {}).get("cause")``, ``client["advice"]`` (a name as the part's field), ``e["gpus"]`` after ``e = s.energy`` or
+    for a parameter ``e: Energy``, ``w["text"]`` for ``w`` in ``s.outages`` (inside that loop): (line, the value
+    read, the key)."""
+    from vllm_load.metrics.summary_parts import SUMMARY_PARTS
+
+    def first(expr: ast.AST) -> ast.AST:
+        return expr.values[0] if isinstance(expr, ast.BoolOp) and isinstance(expr.op, ast.Or) else expr
+
+    def part_of(expr: ast.AST, loops: dict[str, type]) -> type | None:
+        expr = first(expr)
+        if isinstance(expr, ast.Name) and expr.id in loops:
+            return loops[expr.id]
+        field = expr.attr if isinstance(expr, ast.Attribute) else expr.id if isinstance(expr, ast.Name) else None
+        shape, cls = SUMMARY_PARTS.get(field, ("", None))
+        return cls if shape == "one" else None
+
+    def reads(scope: ast.AST, loops: dict[str, type]) -> set[tuple[int, int, str, str]]:
+        out = set()
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Subscript):
+                base, key = node.value, node.slice
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                    and node.args:
+                base, key = node.func.value, node.args[0]
+            else:
+                continue
+            cls = part_of(base, loops)
+            if cls is not None and isinstance(key, ast.Constant) and key.value in cls.declared():
+                out.add((node.lineno, node.col_offset, ast.unparse(base), key.value))
+        return out
+
+    found = reads(tree, {})
+    classes = {cls.__name__: cls for _, cls in SUMMARY_PARTS.values()}
+    for fn in ast.walk(tree):  # in a function: a parameter annotated as a part, a name given a part (e = s.energy)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            names = {a.arg: classes[n.id] for a in fn.args.args + fn.args.kwonlyargs if a.annotation is not None
+                     for n in ast.walk(a.annotation) if isinstance(n, ast.Name) and n.id in classes}
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    cls = part_of(node.value, {})
+                    if cls is not None:
+                        names[node.targets[0].id] = cls
+            found |= reads(fn, names)
+    for node in ast.walk(tree):  # a loop over a list of parts (outages, profiled): its name, inside the loop
+        loops = node.generators if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)) \
+            else [node] if isinstance(node, ast.For) else []
+        for loop in loops:
+            it = first(loop.iter)
+            shape, cls = SUMMARY_PARTS.get(it.attr if isinstance(it, ast.Attribute) else "", ("", None))
+            if shape == "list" and isinstance(loop.target, ast.Name):
+                found |= reads(node, {loop.target.id: cls})
+    return [(line, base, key) for line, _, base, key in sorted(found)]
+
+
+def test_the_summary_parts_are_read_by_attribute():
+    """The summary's nested parts (``summary_parts``: the client's verdict, timing, routing, saturation, energy,
+    trace, clock, outages, profiler windows) are read by their declared keys as attributes: none is read by string
+    key anywhere in the package (the parts' own module, which declares them, aside)."""
+    found = []
+    for path in PKG.rglob("*.py"):
+        if path.relative_to(PKG).as_posix() == "metrics/summary_parts.py":
+            continue
+        found += [f"{path.relative_to(PKG)}:{line}: {base}[{key!r}]"
+                  for line, base, key in _part_reads(ast.parse(path.read_text()))]
+    assert found == []
+    # the scan finds each way a part was read before (so that passing is not its blindness)
+    old = ('c = s.client or {}\nc.get("reasons")\ns.client["cause"]\n(s.client or {}).get("saturated")\n'
+           'client["advice"]\nrun.summary.saturation["text"]\nfor w in (s.outages or []): w["outage"]\n'
+           '[w["text"] for w in summary.outages]\ns.timing.get("tails")\nenergy.get("gpus")\n'
+           'def f(s, r: Routing | None):\n    t = s.trace\n    t["sent"]\n    r["replicas"]\n')
+    assert [k for _, _, k in _part_reads(ast.parse(old))] == ["cause", "saturated", "advice", "text", "outage", "text",
+                                                             "tails", "gpus", "sent", "replicas"]

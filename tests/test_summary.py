@@ -66,3 +66,44 @@ def test_an_older_file_is_upgraded_and_a_newer_ones_unknown_keys_are_kept():
 def test_an_unknown_field_is_refused_where_the_code_builds_one():
     with pytest.raises(TypeError):
         RunSummary(requestz=1)  # type: ignore[call-arg]
+
+
+def test_the_nested_parts_are_read_by_attribute_and_written_as_before():
+    """Each part given to a summary (built in the run, or read back from its JSON) reads by attribute, nested parts
+    included (a timing tail, a replica's row, an outage), an absent key as its default; the JSON is the same
+    objects, key for key."""
+    import orjson
+
+    from vllm_load.metrics.summary_parts import ClientVerdict, MetricSummary, OutageWindow, Tail, Timing
+
+    given = {
+        "requests": 4,
+        "client": {"saturated": True, "reasons": ["w1: lag"], "cause": "client"},
+        "timing": {"requests": 4, "parts": {"server_queue": {"count": 4, "mean": 0.01, "p99": 0.02, "max": 0.03}},
+                   "tails": {"ttft": {"p99": {"value": 0.5, "requests": 1, "split": {"server_queue": 0.02}}}},
+                   "by_replica": {"a": {"requests": 2, "tails": {"ttft": {"p99": {"value": 0.4, "requests": 1,
+                                                                                   "split": {}}}}}},
+                   "spans": {"spans": 5, "joined": 4, "unmatched": 1, "requests_without": 0}},
+        "routing": {"source": "x", "replicas": {"a": {"requests": 2, "failed": 0, "input_tokens": 9,
+                                                     "cached_tokens": 3}}, "session_stickiness": None},
+        "outages": [{"start": 1.0, "end": 3.5, "outage": True, "text": "down"}],
+        "saturation": None,
+    }
+    for s in (RunSummary(**given), RunSummary.from_json(json.loads(json.dumps(RunSummary(**given).to_json())))):
+        assert isinstance(s.client, ClientVerdict) and s.client.saturated and s.client.reasons == ["w1: lag"]
+        assert s.client.notes == () and s.client.advice == "" and s.client.read_lag_max == 0.0  # absent: default
+        assert isinstance(s.timing, Timing) and isinstance(s.timing.parts["server_queue"], MetricSummary)
+        assert s.timing.parts["server_queue"].at("p99") == 0.02 and s.timing.parts["server_queue"].at("p90") is None
+        assert isinstance(s.timing.tail("ttft"), Tail) and s.timing.tail("ttft").value == 0.5
+        assert s.timing.groups("replica")["a"].tail("ttft").value == 0.4 and s.timing.groups("name") == {}
+        assert s.timing.spans.unmatched == 1
+        assert s.routing.replicas["a"].input_tokens == 9 and s.routing.session_stickiness is None
+        assert s.routing.cache_hits_of_achievable is None and s.routing.replica_imbalance == 1.0
+        assert isinstance(s.outages[0], OutageWindow) and s.outages[0].outage and s.outages[0].seconds == 0.0
+        assert s.saturation is None and s.energy is None  # given as None, and absent
+        assert s.to_json() == {"format": FORMAT, **given}  # the same objects, written as they were given
+        assert orjson.loads(orjson.dumps(s.to_json())) == json.loads(json.dumps(s.to_json()))
+    with pytest.raises(AttributeError):  # an absent key's default is shared: no reader may change it
+        RunSummary(client={}).client.reasons.append("x")  # type: ignore[attr-defined]
+    with pytest.raises(TypeError):
+        Timing().parts["x"] = 1  # type: ignore[index]

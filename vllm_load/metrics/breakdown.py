@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Iterable
 from vllm_load.metric_table import CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT
+from vllm_load.metrics.summary_parts import SpansJoined, Timing
 
 #: a request's parts, seconds (records' fields): the server's queue, prefill, decode, their TTFT, and the client's rest
 PARTS = (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "server_ttft", CLIENT_OVERHEAD)
@@ -66,7 +67,7 @@ GROUPS = {"replica": lambda r: r.get("replica") or r.get("target"), "name": lamb
 
 
 def breakdown(records: Iterable[dict], percentiles: Iterable[float] = TAILS,
-              replica_of: Callable[[dict], str | None] | None = None) -> dict[str, Any] | None:
+              replica_of: Callable[[dict], str | None] | None = None) -> Timing | None:
     """The parts' statistics and the tails' splits over the measured requests with the server's times, and the
     p99 tails per replica and per name where there are several; None without any. ``replica_of``: which replica
     served a record (the routing verdict's rule), else its span's replica or its target."""
@@ -88,35 +89,37 @@ def breakdown(records: Iterable[dict], percentiles: Iterable[float] = TAILS,
         if len(members) > 1:  # one group is the run itself
             out[f"by_{group}"] = {label: {"requests": len(rs), "tails": _tails(rs, (99.0,))}
                                   for label, rs in sorted(members.items())}
-    return out
+    return Timing(out)
 
 
-def tail_lines(b: dict[str, Any] | None) -> list[str]:
+def spans_line(spans: SpansJoined) -> str:
+    """--otlp-receiver: how the server's spans joined the requests, in one line."""
+    return (f"server spans: {spans.joined} of {spans.spans} joined to this run's requests ({spans.unmatched} "
+            f"unmatched); {spans.requests_without} answered requests had none")
+
+
+def tail_lines(b: Timing | None) -> list[str]:
     """The console's lines: where TTFT's and E2E's tails went."""
     if not b:
         return []
-    out = []
-    spans = b.get("spans")
-    if spans:  # --otlp-receiver: how the server's spans joined the requests
-        out.append(f"server spans: {spans['joined']} of {spans['spans']} joined to this run's requests "
-                   f"({spans['unmatched']} unmatched); {spans['requests_without']} answered requests had none")
+    out = [spans_line(b.spans)] if b.spans else []
     for metric in (TTFT, E2E):
         said: set[tuple[float, int]] = set()
-        for q, tail in b.get("tails", {}).get(metric, {}).items():
-            if q != "p99" and q != max(b["tails"][metric], key=lambda k: float(k[1:])):
+        tails = b.tails.get(metric, {})
+        for q, tail in tails.items():
+            if q != "p99" and q != max(tails, key=lambda k: float(k[1:])):
                 continue
-            if (tail["value"], tail["requests"]) in said:  # a tail of the same requests: said once
+            if (tail.value, tail.requests) in said:  # a tail of the same requests: said once
                 continue
-            said.add((tail["value"], tail["requests"]))
-            split = ", ".join(f"{v * 1000:.1f} {LABELS[p]}" for p, v in tail["split"].items())
-            out.append(f"where {metric.upper()} {q} ({tail['value'] * 1000:.1f} ms, the {tail['requests']} slowest "
+            said.add((tail.value, tail.requests))
+            split = ", ".join(f"{v * 1000:.1f} {LABELS[p]}" for p, v in tail.split.items())
+            out.append(f"where {metric.upper()} {q} ({tail.value * 1000:.1f} ms, the {tail.requests} slowest "
                        f"requests) went, on average: {split} ms")
     for group in GROUPS:  # per replica, per name: TTFT's p99 each
-        rows = b.get(f"by_{group}") or {}
+        rows = b.groups(group)
         if rows:
-            each = "; ".join(f"{label} {g['tails'][TTFT]['p99']['value'] * 1000:.1f} ms ("
-                             + ", ".join(f"{v * 1000:.1f} {LABELS[p]}"
-                                         for p, v in g["tails"][TTFT]["p99"]["split"].items())
+            each = "; ".join(f"{label} {g.tail(TTFT).value * 1000:.1f} ms ("
+                             + ", ".join(f"{v * 1000:.1f} {LABELS[p]}" for p, v in g.tail(TTFT).split.items())
                              + ")" for label, g in rows.items())
             out.append(f"TTFT p99 per {group}: {each}")
     return out

@@ -28,6 +28,7 @@ import psutil
 from vllm_load.client import native, reader_choice
 from vllm_load.metric_table import ITL
 from vllm_load.metrics.summary import RunSummary, metric_stats
+from vllm_load.metrics.summary_parts import ClientVerdict
 
 CPU_LIMIT = 90.0
 LAG_LIMIT = 0.050
@@ -228,7 +229,7 @@ class ClientHealth:
         self.reports.setdefault(worker, []).append(report)
 
     def verdict(self, send_lag_p99: float | None = None, quiet: list[tuple[float, float]] | None = None,
-                shared_stamp: float = 1.0, late_merged: float | None = None, cap: int = 0) -> dict:
+                shared_stamp: float = 1.0, late_merged: float | None = None, cap: int = 0) -> ClientVerdict:
         """``quiet``: spans (wall clock) of outages and failure storms, whose reports are not judged.
         ``shared_stamp``: the share of chunk gaps that were 0 (two chunks of a stream under one stamp). A late
         read can move a measured gap only by merging a stream's chunks under one stamp, and a percentile only
@@ -294,7 +295,7 @@ class ClientHealth:
         # the most specific cause decides the advice: contention explains a lagging schedule too
         order = ("contention", "client", "blocked", "host", "cap", "schedule")
         cause = next((c for c in order if c in causes), None)
-        return {
+        return ClientVerdict({
             "saturated": bool(reasons),
             "reasons": reasons,
             "notes": notes,
@@ -310,7 +311,7 @@ class ClientHealth:
             "readers": sorted({x for r in all_rows for x in (r.get("readers") or [r["reader"]] if "reader" in r
                                                               else [])}),
             "read_lag_max": max((r.get("read_lag", 0.0) for r in all_rows), default=0.0),
-        }
+        })
 
     def _send_lag(self, p99: float, rows: list[dict], cap: int) -> tuple[str, str]:
         """An open loop's late sends, with the evidence over the run that tells their cause: a worker's own CPU at

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import bisect
 
+from vllm_load.metrics.summary_parts import Energy
+
 
 def interpolate_at(points: list[tuple[float, float]], x: float) -> float:
     """A sampled curve's value at ``x``: linear between the samples around it, flat beyond the first and last."""
@@ -31,7 +33,7 @@ def _integral(points: list[tuple[float, float]], start: float, end: float) -> fl
     return sum((x1 - x0) * (y0 + y1) / 2 for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]))
 
 
-def energy_summary(samples: list[dict], start: float, end: float, output_tokens: int, requests: int) -> dict | None:
+def energy_summary(samples: list[dict], start: float, end: float, output_tokens: int, requests: int) -> Energy | None:
     """The energy block of a summary, or None without telemetry in the window."""
     if not samples or end <= start:
         return None
@@ -53,7 +55,7 @@ def energy_summary(samples: list[dict], start: float, end: float, output_tokens:
         powers += [p for t, p in power if start <= t <= end]
         utils += [r["util"] for t, r in rows if start <= t <= end and r.get("util") is not None]
     seconds = end - start
-    return {
+    return Energy({
         "gpus": len(gpus),
         "source": "energy counter" if by_counter else "power samples",
         "energy_j": joules,
@@ -63,4 +65,4 @@ def energy_summary(samples: list[dict], start: float, end: float, output_tokens:
         "energy_per_output_token_j": joules / output_tokens if output_tokens else None,
         "energy_per_request_j": joules / requests if requests else None,
         "output_tokens_per_joule": output_tokens / joules if joules > 0 else None,
-    }
+    })

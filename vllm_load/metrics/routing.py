@@ -13,8 +13,9 @@ every turn misses its cache.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable
+from typing import Iterable
 from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
+from vllm_load.metrics.summary_parts import Routing
 
 #: vLLM's KV-cache block (its default --block-size): the prefix cache hits whole blocks only
 BLOCK = 16
@@ -27,7 +28,7 @@ def replica_of(record: dict, header: str | None) -> str | None:
     return named or record.get("replica") or record.get("target")
 
 
-def routing(records: Iterable[dict], header: str | None = None, block: int = BLOCK) -> dict[str, Any] | None:
+def routing(records: Iterable[dict], header: str | None = None, block: int = BLOCK) -> Routing | None:
     """The verdict over the measured requests (warm-up and removed ones aside); None when no request says its
     replica."""
     replicas: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "failed": 0, INPUT_TOKENS: 0,
@@ -63,7 +64,7 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
             shared = (prev.get(INPUT_TOKENS) or 0) + (prev.get(OUTPUT_TOKENS) or 0)
             achievable += min(shared, cur[INPUT_TOKENS] - 1) // block * block
             achieved += cur.get("cached_tokens") or 0
-    return {
+    return Routing({
         "source": f"the {header} response header" if header else "the replicas' spans (their OTEL_SERVICE_NAME)"
         if any_span else "the client's --host targets",
         "replicas": dict(sorted(replicas.items())),
@@ -74,18 +75,18 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
         "cache_hits_achievable": achievable,
         "cache_hits_achieved": achieved,
         "cache_hits_of_achievable": min(1.0, achieved / achievable) if achievable else None,
-    }
+    })
 
 
-def routing_line(r: dict[str, Any] | None) -> str:
+def routing_line(r: Routing | None) -> str:
     """One console line: the replicas' shares, the sessions' stickiness, the hits kept."""
     if not r:
         return ""
-    shares = ", ".join(f"{name} {row['requests']}" for name, row in r["replicas"].items())
-    out = f"routing ({r['source']}): {len(r['replicas'])} replicas ({shares}; imbalance {r['replica_imbalance']:.2f})"
-    if r["session_stickiness"] is not None:
-        out += f"; {r['sticky_sessions']} of {r['sessions']} sessions kept on one replica ({r['session_stickiness']:.0%})"
-    if r["cache_hits_of_achievable"] is not None:
-        out += (f"; prefix-cache hits {r['cache_hits_achieved']} of {r['cache_hits_achievable']} achievable tokens "
-                f"({r['cache_hits_of_achievable']:.0%})")
+    shares = ", ".join(f"{name} {row.requests}" for name, row in r.replicas.items())
+    out = f"routing ({r.source}): {len(r.replicas)} replicas ({shares}; imbalance {r.replica_imbalance:.2f})"
+    if r.session_stickiness is not None:
+        out += f"; {r.sticky_sessions} of {r.sessions} sessions kept on one replica ({r.session_stickiness:.0%})"
+    if r.cache_hits_of_achievable is not None:
+        out += (f"; prefix-cache hits {r.cache_hits_achieved} of {r.cache_hits_achievable} achievable tokens "
+                f"({r.cache_hits_of_achievable:.0%})")
     return out

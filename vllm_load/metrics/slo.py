@@ -231,12 +231,13 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
             return None, f"no request was named {slo.name!r} (names measured: {seen})"
         summary = named
     if slo.metric in PARTS:
-        timing = summary.timing or {}
-        part = (timing.get("parts") or {}).get(slo.metric)
+        part = summary.timing.parts.get(slo.metric) if summary.timing else None
         if not part:
             return None, ("the server gave no per-request times (vLLM: --enable-per-request-metrics; the embedded "
                           "emulator always does)")
-        return float(part[slo.stat]), ""
+        if part.at(slo.stat) is None:
+            return None, f"the run computed no {slo.stat} of it (--metric-percentiles)"
+        return float(part.at(slo.stat)), ""
     if slo.metric in LATENCY or (slo.metric == OUTPUT_TPS and slo.stat):
         m = metric_stats(summary, slo.metric)
         if not m.count:
@@ -258,19 +259,21 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
         return float(summary.outage_seconds or 0.0), ""
     if slo.metric in ("energy_per_token", "energy_per_request"):
         energy = summary.energy
-        key = "energy_per_output_token_j" if slo.metric == "energy_per_token" else "energy_per_request_j"
-        if not energy or energy.get(key) is None:
+        value = (energy.energy_per_output_token_j if slo.metric == "energy_per_token" else energy.energy_per_request_j
+                 ) if energy else None
+        if value is None:
             return None, summary.energy_missing or "no GPU telemetry (give --dcgm-url)"
-        return float(energy[key]), ""
+        return float(value), ""
     if slo.metric in ("cache_hits_of_achievable", "replica_imbalance", "session_stickiness"):
         found = summary.routing
         if not found:
             return None, ("no request said which replica served it: give --capture-header NAME (a response header "
                           "naming the replica), or --host a,b")
-        if found.get(slo.metric) is None:
+        value = getattr(found, slo.metric)  # one of the Routing part's keys, by the SLO's name
+        if value is None:
             return None, "no session had two turns" if slo.metric != "cache_hits_of_achievable" else \
                 "no turn could hit the prefix cache (sessions of one turn, or no usage with cached tokens)"
-        return float(found[slo.metric]), ""
+        return float(value), ""
     if slo.metric in ("output_token_rate", "request_rate", OUTPUT_TPS):
         return float(summary[slo.metric if slo.metric != OUTPUT_TPS else "output_token_rate"]), ""
     if not server:

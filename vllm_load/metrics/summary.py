@@ -9,6 +9,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Final
 
 from vllm_load.metric_table import ITL, ITL_TOKEN
+from vllm_load.metrics.summary_parts import (ClientVerdict, Energy, MetricSummary, OutageWindow, ProfiledWindow,
+                                             Routing, Saturation, SUMMARY_PARTS, Timing, TraceKept, WorkerOffset,
+                                             wrap_parts)
 
 
 class _Absent:
@@ -21,22 +24,6 @@ class _Absent:
 ABSENT: Final[Any] = _Absent()
 #: summary.json's summary format: 2 since the summary is a RunSummary written with its format (1: the dicts before)
 FORMAT: Final = 2
-
-
-class MetricSummary(dict[str, float]):
-    """One metric's statistics in a summary: ``count``, ``mean``, ``min``, ``std``, the percentiles computed
-    (``p50``, ``p99.9``: ``histogram.percentile_key``) and ``max``. Read by attribute (a percentile by ``at``);
-    a dict underneath, so that every writer (json, orjson, msgpack) writes it as the object it always was."""
-
-    count = property(lambda self: int(self.get("count", 0)))
-    mean = property(lambda self: self.get("mean"))
-    min = property(lambda self: self.get("min"))
-    std = property(lambda self: self.get("std"))
-    max = property(lambda self: self.get("max"))
-
-    def at(self, stat: str) -> float | None:
-        """A statistic by its column name (``p99``, ``mean``): None when this summary did not compute it."""
-        return self.get(stat)
 
 
 def metric_stats(summary: Mapping[str, Any], key: str) -> MetricSummary:
@@ -78,7 +65,7 @@ class RunSummary(Mapping[str, Any]):
     good_requests: int = ABSENT
     errors: dict[str, int] = ABSENT  # reason -> count, most common first
     metrics: dict[str, MetricSummary] = ABSENT  # metric_table key -> its statistics
-    outages: list[dict] = ABSENT  # outages.Window.to_json() plus "text"
+    outages: list[OutageWindow] = ABSENT
     outage_seconds: float = ABSENT
     media_items: int = ABSENT  # images and audio clips sent, their prompt tokens (server's count minus the exact text
     media_tokens: int = ABSENT  # count) and the text's own
@@ -93,8 +80,8 @@ class RunSummary(Mapping[str, Any]):
     cached_fraction: float | None = ABSENT  # their share of those requests' prompt tokens
     warmup_excluded: int = ABSENT  # requests started during --warmup, left out of every number here
     removed_excluded: int = ABSENT  # requests cut when the load shape removed their user mid-run, likewise
-    timing: dict = ABSENT  # metrics/breakdown.py: where each request's time went (the server's parts), from the logs
-    routing: dict = ABSENT  # metrics/routing.py: replicas, sessions' stickiness, prefix-cache hits kept (from the logs)
+    timing: Timing | None = ABSENT  # metrics/breakdown.py: where each request's time went (the server's parts), from the logs
+    routing: Routing | None = ABSENT  # metrics/routing.py: replicas, sessions' stickiness, prefix-cache hits kept (from the logs)
     one_token_chunks: int = ABSENT  # streams whose chunks were each taken for one token (no continuous usage)
     backoffs: int = ABSENT  # closed loop: waits before a next request after a server error (and their total, seconds)
     backoff_s: float = ABSENT
@@ -110,19 +97,19 @@ class RunSummary(Mapping[str, Any]):
     shared_stamps: int = ABSENT  # chunk gaps of 0: two chunks of a stream under one receive stamp
     late_merged_gaps: int = ABSENT  # of those, made by the native reader's late reads (the rest landed together)
     workers_lost_at: dict[str, float | None] = ABSENT  # a lost worker -> seconds into the run of its last report (None: none)
-    energy: dict | None = ABSENT  # metrics/energy.energy_summary over the run's window (--dcgm-url)
+    energy: Energy | None = ABSENT  # metrics/energy.energy_summary over the run's window (--dcgm-url)
     energy_missing: str = ABSENT  # why a run with --dcgm-url has no energy block
-    saturation: dict | None = ABSENT  # metrics/saturation.Finding.to_json(): when the server stopped keeping up
+    saturation: Saturation | None = ABSENT  # metrics/saturation.Finding.to_json(): when the server stopped keeping up
     processes: int = ABSENT  # a swarm: its load processes at the start, and how many got ready (sent READY to the master)
     processes_ready: int = ABSENT
     workers_missing: dict[str, float] = ABSENT  # a worker Locust marked missing (no heartbeat ~3 s) -> seconds into the run
-    client: dict = ABSENT  # ClientHealth.verdict()
+    client: ClientVerdict = ABSENT  # ClientHealth.verdict()
     target_request_rate: float = ABSENT
-    trace: dict = ABSENT  # --trace: rows, sent, intended and achieved span (seconds)
-    profiled: list[dict] = ABSENT  # --profile-at: each profiler window (what, from and to: seconds into the run)
+    trace: TraceKept = ABSENT  # --trace: rows, sent, intended and achieved span (seconds)
+    profiled: list[ProfiledWindow] = ABSENT  # --profile-at: each profiler window (what, from and to: seconds into the run)
     # the rest of the run's summary
     error_examples: dict[str, str] = ABSENT  # an error kind -> the first full text seen of it
-    clock: dict = ABSENT  # a swarm: each worker's offset to the master's clock, its uncertainty, its drift
+    clock: dict[str, WorkerOffset] = ABSENT  # a swarm: each worker's offset to the master's clock, its uncertainty, its drift
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer format, kept as read
     _has: frozenset[str] = field(default=frozenset(), init=False, repr=False)  # the fields given
 
@@ -131,6 +118,8 @@ class RunSummary(Mapping[str, Any]):
         for k in _FIELDS:
             if k not in has:
                 object.__setattr__(self, k, None)
+        for k, v in wrap_parts({k: getattr(self, k) for k in SUMMARY_PARTS if k in has}).items():
+            object.__setattr__(self, k, v)  # each nested part read by attribute, however the summary was made
         object.__setattr__(self, "_has", has)
 
     @classmethod

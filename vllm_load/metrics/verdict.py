@@ -12,6 +12,7 @@ from vllm_load.errors import EXIT_ERRORS, EXIT_INVALID, EXIT_OK, EXIT_SLO_MISS, 
 from vllm_load.metrics.client_health import ADVICE, emulator_finding, silent_workers
 from vllm_load.metrics.slo import SLO, Check, evaluate
 from vllm_load.metrics.summary import RunSummary
+from vllm_load.metrics.summary_parts import ClientVerdict
 
 PASS, FAIL = "PASS", "FAIL"
 
@@ -80,15 +81,15 @@ def judge_emulator(summary: Mapping[str, Any], server: dict | None) -> RunSummar
     is returned as it is."""
     summary = RunSummary.of(summary)
     said, severe = emulator_finding((server or {}).get("emulator_chunks"), (server or {}).get("emulator_late_chunks"))
-    client = dict(summary.client or {})
-    if not said or said in (client.get("reasons") or []) or said in (client.get("notes") or []):
+    client = summary.client or ClientVerdict()
+    if not said or said in client.reasons or said in client.notes:
         return summary
     if severe:
-        client.update(saturated=True, reasons=[said, *(client.get("reasons") or [])], cause="emulator",
-                      advice=ADVICE["emulator"])
+        joined = ClientVerdict(client, saturated=True, reasons=[said, *client.reasons], cause="emulator",
+                               advice=ADVICE["emulator"])
     else:
-        client["notes"] = [*(client.get("notes") or []), said]
-    return summary.replace(client=client)
+        joined = ClientVerdict(client, notes=[*client.notes, said])
+    return summary.replace(client=joined)
 
 
 def trust_check(summary: Mapping[str, Any], allow: bool = False) -> Check:
@@ -96,8 +97,8 @@ def trust_check(summary: Mapping[str, Any], allow: bool = False) -> Check:
     (``summary.client``, with the embedded emulator's own lateness: ``judge_emulator``) or a worker was lost
     mid-run; ``allow`` (--allow-untrustworthy) accepts such a run, and says so."""
     summary = RunSummary.of(summary)
-    client = summary.client or {}
-    reasons = list(client.get("reasons") or [])
+    client = summary.client or ClientVerdict()
+    reasons = list(client.reasons)
     lost = summary.workers_lost or []
     if lost:
         at = summary.workers_lost_at or {}
@@ -109,9 +110,9 @@ def trust_check(summary: Mapping[str, Any], allow: bool = False) -> Check:
         reasons.append(silent)
     if not reasons:
         return Check(TRUST, 1.0, True, "the load generator kept time" + (
-            f" ({len(client['notes'])} note(s): {'; '.join(client['notes'])})" if client.get("notes") else ""))
-    if client.get("reasons"):
-        cause, advice = client.get("cause"), client.get("advice")
+            f" ({len(client.notes)} note(s): {'; '.join(client.notes)})" if client.notes else ""))
+    if client.reasons:
+        cause, advice = client.cause, client.advice
     elif lost:
         cause, advice = "lost", "see why the worker stopped reporting (its log)"
     else:

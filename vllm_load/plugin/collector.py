@@ -117,7 +117,7 @@ class Collector:
                 self.health.add("local", last)
         send_lag = metric_stats(summary, SEND_LAG)
         # CPU and lag while the server was unreachable or failing every request are the failures' doing
-        quiet = [(w["start"], w["end"]) for w in summary.outages]
+        quiet = [(w.start, w.end) for w in summary.outages]
         done["client"] = self.health.verdict(send_lag.at("p99") if send_lag.count else None, quiet,
                                              shared_stamp=shared_stamp(summary), late_merged=late_merged(summary),
                                              cap=self.plan.total_users * int(self.opts.max_concurrency))

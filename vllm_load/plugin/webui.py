@@ -178,7 +178,8 @@ class LLMTab:
 
         if request.path != "/stats/requests" or response.status_code != 200:
             return response
-        summary = self.summary_source()
+        raw = self.summary_source()
+        summary = RunSummary.of(raw) if raw else None  # read once per poll: every row below takes it as it is
         rows = _summary_rows(summary, self.slos, bool(self.report_source())) if summary else []
         target = self.target_source()
         if target is not None:  # what the numbers describe: the built-in emulator, or the server and its model
@@ -199,26 +200,27 @@ class LLMTab:
         return response
 
 
-def _summary_rows(summary: dict, slos: list | None, has_report: bool) -> list[dict]:
+def _summary_rows(s: RunSummary, slos: list | None, has_report: bool) -> list[dict]:
     """The LLM tab's rows under the metric table: rates, trust, the server, SLO previews, routing, where the time
-    went, the report's link, prompt drift."""
-    s, rows = RunSummary.of(summary), table_rows(summary)
-    if summary.get("final"):
+    went, the report's link, prompt drift. The poll's own keys (``final``, ``live_output_tps``, ``server``) are the
+    summary's ``extra``."""
+    rows = table_rows(s)
+    if s.get("final"):
         rows.append({"metric": "Run stopped: its judged numbers (as in the report)", "count": "", "mean": ""})
     else:
-        rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "", "mean": f"{summary['live_output_tps']:.1f}"})
+        rows.append({"metric": "Output tok/s (live, last 10 s)", "count": "", "mean": f"{s['live_output_tps']:.1f}"})
     rows.append({"metric": "Live charts (TTFT, ITL, tok/s, server)", "count": "", "mean": "/vllm-load/live"})
     rows.append({"metric": "Output tok/s (run)", "count": s.output_tokens,
                  "mean": f"{s.output_token_rate:.1f}"})
     rows.append({"metric": "Requests ok / failed", "count": s.requests,
                  "mean": f"{s.succeeded} / {s.failed}"})
-    client = s.client or {}
-    if client.get("saturated"):
-        rows.append({"metric": f"UNTRUSTWORTHY: {who_fell_behind(client.get('cause'))} ({client.get('cause')})",
-                     "count": "", "mean": "; ".join(client["reasons"]) + ": " + (client.get("advice") or "")})
-    if summary.get("server"):
-        rows += [{"metric": f"Server: {t}", "count": "", "mean": v} for t, v in server_cells(summary["server"])]
-    elif "server" in summary:
+    client = s.client
+    if client and client.saturated:
+        rows.append({"metric": f"UNTRUSTWORTHY: {who_fell_behind(client.cause)} ({client.cause})",
+                     "count": "", "mean": "; ".join(client.reasons) + ": " + client.advice})
+    if s.get("server"):
+        rows += [{"metric": f"Server: {t}", "count": "", "mean": v} for t, v in server_cells(s["server"])]
+    elif "server" in s:
         rows.append({"metric": "Server side", "count": "", "mean": "missing (no sidecar data yet)"})
     if slos:
         from vllm_load.metrics.slo import evaluate
@@ -226,7 +228,7 @@ def _summary_rows(summary: dict, slos: list | None, has_report: bool) -> list[di
 
         # a live preview of the SLOs on the numbers so far; the run's verdict is judged once, at its end
         rows += [{"metric": f"SLO {c.slo}", "count": word(c.passed), "mean": c.detail}
-                 for c in evaluate(slos, summary, summary.get("server"))]
+                 for c in evaluate(slos, s, s.get("server"))]
     if s.routing:  # the run's verdict on the router (metrics/routing.py), once judged
         rows.append({"metric": "Routing", "count": "", "mean": routing_line(s.routing)})
     rows += [{"metric": "Where the time went", "count": "", "mean": line} for line in tail_lines(s.timing)]
@@ -238,7 +240,7 @@ def _summary_rows(summary: dict, slos: list | None, has_report: bool) -> list[di
     return rows
 
 
-def _group_rows(summary: dict) -> list[list[str]]:
+def _group_rows(summary: RunSummary) -> list[list[str]]:
     """The "LLM by name" tab's rows: each name's, then each target's (--host a,b), then the one total."""
     names, targets = name_rows(summary, "names"), name_rows(summary, "targets")
     if not names and not targets:

@@ -71,8 +71,8 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
         if verdict is not None:
             return f"untrustworthy: {verdict.trust.detail.removeprefix(UNTRUSTWORTHY)}" if verdict.distrusted \
                 else "trusted"
-        client = run.summary.client or {}
-        return "untrustworthy: " + "; ".join(client.get("reasons", [])) if client.get("saturated") else "trusted"
+        client = run.summary.client
+        return "untrustworthy: " + "; ".join(client.reasons) if client and client.saturated else "trusted"
 
     out: list[dict[str, Any]] = []
     for what, va, vb in (("target", kind(ca), kind(cb)), ("tokenizer", ca.get("tokenizer"), cb.get("tokenizer")),

@@ -12,6 +12,7 @@ from vllm_load.metrics.client_health import silent_workers, who_fell_behind
 from vllm_load.metric_table import (
     BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, SEND_LAG, TTFT)
 from vllm_load.metrics.summary import RunSummary, metric_stats
+from vllm_load.metrics.summary_parts import ClientVerdict
 
 COLUMNS = [percentile_key(p) for p in PERCENTILES] + ["max"]
 
@@ -167,13 +168,13 @@ def kv_connector_line(kv: dict) -> str:
     return "server KV connector: " + ("; ".join(parts) if parts else "no transfers in the run")
 
 
-def untrustworthy_line(c: dict) -> str:
+def untrustworthy_line(c: ClientVerdict) -> str:
     """The console's warning of a run whose numbers describe what fell behind (the client, or the embedded
     emulator), not the server."""
-    return (f"WARNING: UNTRUSTWORTHY RUN: {who_fell_behind(c.get('cause'))}, so these numbers describe "
-            f"{'the emulator' if c.get('cause') == 'emulator' else 'the client'}, not the server: "
-            f"{'; '.join(c['reasons'])}. Cause: {c.get('cause') or 'client'}: "
-            f"{c.get('advice') or 'add workers: --processes N or more machines'}")
+    return (f"WARNING: UNTRUSTWORTHY RUN: {who_fell_behind(c.cause)}, so these numbers describe "
+            f"{'the emulator' if c.cause == 'emulator' else 'the client'}, not the server: "
+            f"{'; '.join(c.reasons)}. Cause: {c.cause or 'client'}: "
+            f"{c.advice or 'add workers: --processes N or more machines'}")
 
 
 def energy_line(s: Mapping[str, Any]) -> str:
@@ -183,13 +184,13 @@ def energy_line(s: Mapping[str, Any]) -> str:
     if not e:
         return f"energy: missing ({s.energy_missing})"
 
-    def num(key: str, fmt: str) -> str:
-        return format(e[key], fmt) if e.get(key) is not None else "n/a"
+    def num(value: float | None, fmt: str) -> str:
+        return format(value, fmt) if value is not None else "n/a"
 
-    return (f"energy (DCGM, {e['gpus']} GPU{'s' if e['gpus'] != 1 else ''}, from the {e['source']}): "
-            f"{e['energy_j']:.0f} J, average power {e['average_power_w']:.0f} W, "
-            f"{num('energy_per_output_token_j', '.4f')} J per output token, "
-            f"{num('output_tokens_per_joule', '.2f')} tokens/J, {num('energy_per_request_j', '.2f')} J per request")
+    return (f"energy (DCGM, {e.gpus} GPU{'s' if e.gpus != 1 else ''}, from the {e.source}): "
+            f"{e.energy_j:.0f} J, average power {e.average_power_w:.0f} W, "
+            f"{num(e.energy_per_output_token_j, '.4f')} J per output token, "
+            f"{num(e.output_tokens_per_joule, '.2f')} tokens/J, {num(e.energy_per_request_j, '.2f')} J per request")
 
 
 def spec_line(spec: dict) -> str:
@@ -270,15 +271,16 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     if s.trace:
         t = s.trace
         lag = metric_stats(s, SEND_LAG)
-        lines.append(f"trace: {t['sent']} of {t['rows']} rows sent, over {t['sent_span_s']:.1f} s of the intended "
-                     f"{t['intended_s']:.1f} s" + (f"; send lag p99 {lag.at('p99') * 1000:.1f} ms, max "
+        lines.append(f"trace: {t.sent} of {t.rows} rows sent, over {t.sent_span_s:.1f} s of the intended "
+                     f"{t.intended_s:.1f} s" + (f"; send lag p99 {lag.at('p99') * 1000:.1f} ms, max "
                                                    f"{lag.max * 1000:.1f} ms" if lag.count else ""))
     if s.target_request_rate:
         lines.append(f"open loop: target {s.target_request_rate:.2f} req/s, achieved send rate {s.send_rate:.2f} req/s")
-    readers = (s.client or {}).get("readers") or []
+    client = s.client or ClientVerdict()
+    readers = list(client.readers)
     if readers == ["native"]:
         lines.append(f"chunks timed by the native reader: each read as it landed, at most "
-                     f"{s.client.get('read_lag_max', 0.0) * 1000:.1f} ms after (kernel stamps)")
+                     f"{client.read_lag_max * 1000:.1f} ms after (kernel stamps)")
     elif "clock" in readers:
         lines.append("chunks timed by the clock as the client's loop read each line (https:// or a session of the "
                      "user's own: TLS hides the kernel's stamps): exact while the loop keeps up with every stream"
@@ -287,12 +289,12 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     elif "python" in readers:
         lines.append("chunks timed by the Python reader (the native one is off or not built: see `vllm-load "
                      "native`): exact while the client's loop keeps up with every stream")
-    if (s.client or {}).get("saturated"):
-        lines.append(untrustworthy_line(s.client))
-    for note in (s.client or {}).get("notes") or []:
+    if client.saturated:
+        lines.append(untrustworthy_line(client))
+    for note in client.notes:
         lines.append(f"note: {note}")
     for w in (s.outages or []):
-        lines.append(("OUTAGE: " if w["outage"] else "FAILURE STORM: ") + w["text"])
+        lines.append(("OUTAGE: " if w.outage else "FAILURE STORM: ") + w.text)
     if s.workers_lost:
         at = s.workers_lost_at or {}
         lost = ", ".join(w if w not in at else f"{w} (never reported)" if at[w] is None
@@ -303,12 +305,12 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     if silent:
         lines.append(f"WARNING: {silent}")
     if s.saturation:
-        lines.append(f"OVER-SATURATED: {s.saturation['text']}")
+        lines.append(f"OVER-SATURATED: {s.saturation.text}")
     if s.energy or s.energy_missing:
         lines.append(energy_line(s))
     for w in s.profiled or []:  # --profile-at: where the server's profile sits in the run
-        lines.append(f"profiled: {w['what']}, {w['from_s']:.1f}-{w['to_s']:.1f} s into the measured window, on "
-                     f"{w['targets']} target(s) (the trace is where the server's --profiler-config writes it)")
+        lines.append(f"profiled: {w.what}, {w.from_s:.1f}-{w.to_s:.1f} s into the measured window, on "
+                     f"{w.targets} target(s) (the trace is where the server's --profiler-config writes it)")
     if s.input_drift_requests:
         lines.append(
             f"WARNING: {s.input_drift_requests} requests had a prompt length different from what was asked "

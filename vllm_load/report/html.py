@@ -14,11 +14,12 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from vllm_load.report import charts
-from vllm_load.metrics.breakdown import LABELS, TAILS, breakdown, tail_lines
+from vllm_load.metrics.breakdown import LABELS, TAILS, breakdown, spans_line
 from vllm_load.metrics.client_health import who_fell_behind
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.routing import replica_of, routing, routing_line
 from vllm_load.metrics.summary import RunSummary
+from vllm_load.metrics.summary_parts import ClientVerdict, Routing, Timing
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head,
                                       name_rows, server_cells, spec_line, steady_line, table_rows)
 from vllm_load.report.page import render
@@ -32,7 +33,7 @@ from vllm_load.report.csv_export import llm_stats_csv
 from vllm_load.report.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.metric_table import (
-    CLIENT_OVERHEAD, E2E, INPUT_TOKENS, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
+    CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
 
 
 def render_html(run: Run, verdict: Verdict) -> str:
@@ -40,7 +41,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
     interactive charts and the configuration."""
     s = run.summary
     server = server_summary(run.server)
-    client = s.client or {}
+    client = s.client or ClientVerdict()
     latency, itl_note = latency_table(s)
     changed, rest = _options_split(run.config.get("options", {}))
     overall = ("invalid" if verdict.invalid else "untrustworthy" if not verdict.trust.passed else
@@ -54,10 +55,10 @@ def render_html(run: Run, verdict: Verdict) -> str:
         summary_rows=summary_rows(s), latency_head=latency[0], latency_rows=latency[1], itl_note=itl_note,
         steady=steady_line(s.steady, s.requests) if s.steady else "",
         named=name_rows(s), name_head=NAME_HEAD, by_target=name_rows(s, "targets"), target_head=group_head("targets"),
-        client_saturated={"cause": client.get("cause") or "client", "reasons": "; ".join(client.get("reasons") or []),
-                          "headline": who_fell_behind(client.get("cause")),
-                          "advice": client.get("advice") or "add workers"} if client.get("saturated") else None,
-        saturation=(s.saturation or {}).get("text"), outages=[w["text"] for w in s.outages or []],
+        client_saturated={"cause": client.cause or "client", "reasons": "; ".join(client.reasons),
+                          "headline": who_fell_behind(client.cause),
+                          "advice": client.advice or "add workers"} if client.saturated else None,
+        saturation=s.saturation.text if s.saturation else None, outages=[w.text for w in s.outages or []],
         workers_lost=", ".join(s.workers_lost or []), silent=silent_workers(s),
         errors=list((s.errors or {}).items()),
         server_rows=server_cells(server) if server else [], spec=spec_line(server["spec_decode"])
@@ -78,38 +79,36 @@ PART_COLOURS = {SERVER_QUEUE: "#d62728", SERVER_PREFILL: "#1f77b4", KV_TRANSFER:
                 CLIENT_OVERHEAD: "#ff7f0e", "client": "#ff7f0e"}
 
 
-def timing_view(t: dict | None, shown: list[str] | None = None) -> dict | None:
+def timing_view(t: Timing | None, shown: list[str] | None = None) -> dict | None:
     """Where each request's time went (``metrics/breakdown.py``): each part's statistics in ms, and each tail's mean
     split as a stacked bar (the segments' widths are shares of the tail's value)."""
     if not t:
         return None
     ms = lambda v: f"{v * 1000:.1f}"  # noqa: E731
-    parts = t.get("parts") or {}
-    cols = [c for c in (shown or ["p50", "p90", "p99"]) if all(c in st for st in parts.values())]
-    rows = [(LABELS.get(p, p), p, st["count"], ms(st["mean"]), *(ms(st[c]) for c in cols), ms(st["max"]))
+    parts = t.parts
+    cols = [c for c in (shown or ["p50", "p90", "p99"]) if all(st.at(c) is not None for st in parts.values())]
+    rows = [(LABELS.get(p, p), p, st.count, ms(st.mean), *(ms(st.at(c)) for c in cols), ms(st.max))
             for p, st in parts.items()]
     bars = []
-    for metric, tails in (t.get("tails") or {}).items():
+    for metric, tails in t.tails.items():
         for q, tail in tails.items():
-            total = sum(max(0.0, v) for v in tail["split"].values()) or 1.0
-            bars.append({"label": f"{metric.upper()} {q}: {tail['value'] * 1000:.1f} ms ({tail['requests']} requests)",
+            total = sum(max(0.0, v) for v in tail.split.values()) or 1.0
+            bars.append({"label": f"{metric.upper()} {q}: {tail.value * 1000:.1f} ms ({tail.requests} requests)",
                          "segments": [{"name": LABELS[p], "ms": ms(v), "share": round(100 * max(0.0, v) / total, 2),
-                                       "colour": PART_COLOURS[p]} for p, v in tail["split"].items()]})
+                                       "colour": PART_COLOURS[p]} for p, v in tail.split.items()]})
     legend = [(LABELS[p], c) for p, c in PART_COLOURS.items() if p != "client"]
-    groups = [(group, label, g["requests"], ms(g["tails"][TTFT]["p99"]["value"]),
-               ", ".join(f"{ms(v)} {LABELS[p]}" for p, v in g["tails"][TTFT]["p99"]["split"].items()))
-              for group in ("replica", "name") for label, g in (t.get(f"by_{group}") or {}).items()]
+    groups = [(group, label, g.requests, ms(g.tail(TTFT).value),
+               ", ".join(f"{ms(v)} {LABELS[p]}" for p, v in g.tail(TTFT).split.items()))
+              for group in ("replica", "name") for label, g in t.groups(group).items()]
     return {"rows": rows, "head": ["part", "key", "requests", "mean ms", *cols, "max"], "bars": bars, "legend": legend,
-            "groups": groups,
-            "spans": tail_lines({"spans": t["spans"]})[0] if t.get("spans") else ""}
+            "groups": groups, "spans": spans_line(t.spans) if t.spans else ""}
 
 
-def routing_view(r: dict | None) -> dict | None:
+def routing_view(r: Routing | None) -> dict | None:
     """The routing verdict (``metrics/routing.py``): its line and a row per replica."""
     if not r:
         return None
-    rows = [(name, row["requests"], row["failed"], row[INPUT_TOKENS], row["cached_tokens"])
-            for name, row in r["replicas"].items()]
+    rows = [(name, row.requests, row.failed, row.input_tokens, row.cached_tokens) for name, row in r.replicas.items()]
     return {"line": routing_line(r), "rows": rows}
 
 
@@ -195,7 +194,7 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
         RunDir(run.path).write_series(RunDir(run.path).timing, [
             {k: r.get(k) for k in TIMING_FIELDS} for r in logs if r.get("span_ttft") is not None])
     if joined is not None:
-        parts = {**(parts or {}), "spans": joined}
+        parts = Timing({**(parts or {}), "spans": joined})
     if parts is not None and isinstance(run.summary, RunSummary):  # where each request's time went
         run.summary = run.summary.replace(timing=parts)
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)

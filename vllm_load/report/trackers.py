@@ -66,10 +66,13 @@ def metrics(summary: dict) -> dict[str, float]:
         for stat, value in stats.items():
             if stat != "count" and isinstance(value, (int, float)):
                 out[f"{name}_{stat}_ms"] = float(value) * 1000.0
-    energy = summary.energy or {}
-    for key in ("energy_j", "average_power_w", "energy_per_output_token_j", "output_tokens_per_joule"):
-        if isinstance(energy.get(key), (int, float)):
-            out[key] = float(energy[key])
+    e = summary.energy
+    if e:
+        for key, value in (("energy_j", e.energy_j), ("average_power_w", e.average_power_w),
+                           ("energy_per_output_token_j", e.energy_per_output_token_j),
+                           ("output_tokens_per_joule", e.output_tokens_per_joule)):
+            if isinstance(value, (int, float)):
+                out[key] = float(value)
     return out
 
 

@@ -89,8 +89,9 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
         out["energy"] = dict(s.energy)
     if s.saturation:  # vllm-load's own: where the server stopped keeping up (vLLM has no such key)
         sat = s.saturation
-        out["over_saturation"] = {k: sat[k] for k in ("onset_s", "at_s", "offered", "offered_unit", "capacity_rps",
-                                                        "queue_source", "text")}
+        out["over_saturation"] = {"onset_s": sat.onset_s, "at_s": sat.at_s, "offered": sat.offered,
+                                  "offered_unit": sat.offered_unit, "capacity_rps": sat.capacity_rps,
+                                  "queue_source": sat.queue_source, "text": sat.text}
     if opts.get("ramp_up_strategy"):  # vLLM's keys for a ramped rate
         out["ramp_up_strategy"] = opts["ramp_up_strategy"]
         out["ramp_up_start_rps"] = opts.get("ramp_up_start_rps")
