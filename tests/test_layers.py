@@ -162,19 +162,25 @@ def test_the_summary_is_read_by_attribute():
     for path in PKG.rglob("*.py"):
         if path.relative_to(PKG).as_posix() == "metrics/summary.py":  # the summary's own file form and upgrades
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Subscript):
-                base, key = node.value, node.slice
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                    and node.args:
-                base, key = node.func.value, node.args[0]
-            else:
-                continue
+        for node, base, key in _key_reads(ast.parse(path.read_text())):
             name = ast.unparse(base)
-            if isinstance(key, ast.Constant) and key.value in _FIELDS and (
-                    name in ("summary", "s", "steady") or name.endswith(".summary")):
-                found.append(f"{path.relative_to(PKG)}:{node.lineno}: {name}[{key.value!r}]")
+            if key in _FIELDS and (name in ("summary", "s", "steady") or name.endswith(".summary")):
+                found.append(f"{path.relative_to(PKG)}:{node.lineno}: {name}[{key!r}]")
     assert found == []
+
+
+def _key_reads(scope: ast.AST):
+    """Each read by a constant key under ``scope``: ``x["k"]`` and ``x.get("k")``, as (node, x, "k")."""
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Subscript):
+            base, key = node.value, node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and node.args:
+            base, key = node.func.value, node.args[0]
+        else:
+            continue
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            yield node, base, key.value
 
 
 def _part_reads(tree: ast.AST) -> list[tuple[int, str, str]]:
@@ -197,17 +203,10 @@ def _part_reads(tree: ast.AST) -> list[tuple[int, str, str]]:
 
     def reads(scope: ast.AST, loops: dict[str, type]) -> set[tuple[int, int, str, str]]:
         out = set()
-        for node in ast.walk(scope):
-            if isinstance(node, ast.Subscript):
-                base, key = node.value, node.slice
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                    and node.args:
-                base, key = node.func.value, node.args[0]
-            else:
-                continue
+        for node, base, key in _key_reads(scope):
             cls = part_of(base, loops)
-            if cls is not None and isinstance(key, ast.Constant) and key.value in cls.declared():
-                out.add((node.lineno, node.col_offset, ast.unparse(base), key.value))
+            if cls is not None and key in cls.declared():
+                out.add((node.lineno, node.col_offset, ast.unparse(base), key))
         return out
 
     found = reads(tree, {})

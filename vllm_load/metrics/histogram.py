@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 from hdrh.histogram import HdrHistogram
 
-from vllm_load.metrics.summary import MetricSummary
+from vllm_load.metrics.summary_parts import MetricSummary
 
 try:  # a dozen record_many calls per fold: ~1 us each in C, ~30 us each through numpy (_hdrnative.c)
     from vllm_load.metrics._hdrnative import record as _record_native
