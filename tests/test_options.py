@@ -22,6 +22,20 @@ def test_the_options_table_lists_every_option_and_no_other():
     assert documented - registry == set(), "docs/options.md's table names options that do not exist"
 
 
+def test_the_docs_table_is_the_registrys_as_vllm_load_options_markdown_writes_it(capsys):
+    """docs/options.md's table is generated from the registry (one definition of each option): a changed default or
+    meaning in vllm_load/options.py fails here until `vllm-load options --markdown` is written into the docs."""
+    from vllm_load.options import MARKDOWN_BEGIN, MARKDOWN_END, markdown
+
+    text = (ROOT / "docs" / "options.md").read_text()
+    generated = text[text.index(MARKDOWN_BEGIN):text.index(MARKDOWN_END) + len(MARKDOWN_END)]
+    assert cli_main(["options", "--markdown"]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == markdown() == generated
+    # what a reader finds in it: a switch reads off, a group's heading, a shown default, a locustfile's option
+    assert "| `--insecure` | `off` |" in generated and "### Load shape" in generated
+    assert "| `--output-tokens` | `64` |" in generated and "env `VLLM_LOAD_TURNS`" in generated
+
+
 def test_vllm_load_options_prints_every_option_with_its_env_and_default(capsys):
     assert cli_main(["options"]) == 0
     out = capsys.readouterr().out

@@ -60,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(Locust's --help cannot show them: it prints before the locustfile is imported)")
     op.add_argument("--search", default="", metavar="WORD",
                     help="only the options whose flag, group or meaning has WORD (case-insensitive), e.g. ttft")
+    op.add_argument("--markdown", action="store_true",
+                    help="docs/options.md's table (Markdown), as the docs hold it")
     sub.add_parser("native", help="which stream reader this install uses: the native receive thread (built from "
                    "C at install time) or the Python fallback, and why")
     args = ap.parse_args(argv)
@@ -69,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         print(native.describe())
         return 0
     if args.cmd == "options":
-        from vllm_load.options import describe
+        from vllm_load.options import describe, markdown
 
+        if args.markdown:
+            print(markdown())
+            return 0
         text = describe(args.search)
         if not text:
             print(f"vllm-load: error: no option mentions {args.search!r} (vllm-load options lists them all)",
