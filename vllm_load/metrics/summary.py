@@ -80,8 +80,8 @@ class RunSummary(Mapping[str, Any]):
     cached_fraction: float | None = ABSENT  # their share of those requests' prompt tokens
     warmup_excluded: int = ABSENT  # requests started during --warmup, left out of every number here
     removed_excluded: int = ABSENT  # requests cut when the load shape removed their user mid-run, likewise
-    timing: Timing | None = ABSENT  # metrics/breakdown.py: where each request's time went (the server's parts), from the logs
-    routing: Routing | None = ABSENT  # metrics/routing.py: replicas, sessions' stickiness, prefix-cache hits kept (from the logs)
+    timing: Timing | None = ABSENT  # metrics/breakdown.py: where each request's time went (the server's parts)
+    routing: Routing | None = ABSENT  # metrics/routing.py: replicas, sessions' stickiness, prefix-cache hits kept
     one_token_chunks: int = ABSENT  # streams whose chunks were each taken for one token (no continuous usage)
     backoffs: int = ABSENT  # closed loop: waits before a next request after a server error (and their total, seconds)
     backoff_s: float = ABSENT
@@ -106,10 +106,10 @@ class RunSummary(Mapping[str, Any]):
     client: ClientVerdict = ABSENT  # ClientHealth.verdict()
     target_request_rate: float = ABSENT
     trace: TraceKept = ABSENT  # --trace: rows, sent, intended and achieved span (seconds)
-    profiled: list[ProfiledWindow] = ABSENT  # --profile-at: each profiler window (what, from and to: seconds into the run)
+    profiled: list[ProfiledWindow] = ABSENT  # --profile-at: each profiler window (seconds into the run)
     # the rest of the run's summary
     error_examples: dict[str, str] = ABSENT  # an error kind -> the first full text seen of it
-    clock: dict[str, WorkerOffset] = ABSENT  # a swarm: each worker's offset to the master's clock, its uncertainty, its drift
+    clock: dict[str, WorkerOffset] = ABSENT  # a swarm: each worker's offset to the master's clock
     extra: Mapping[str, Any] = field(default_factory=dict)  # keys of a newer format, kept as read
     _has: frozenset[str] = field(default=frozenset(), init=False, repr=False)  # the fields given
 
