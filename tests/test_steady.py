@@ -31,12 +31,17 @@ def _full_at(logs: list[dict], users: int) -> float:
     raise AssertionError(f"never {users} requests in flight")
 
 
-def _check_window(logs: list[dict], summary: dict, users: int, ramped: bool = True) -> None:
+def _check_window(logs: list[dict], summary: dict, users: int, ramped: bool = True, workers: int = 1) -> None:
     steady = [r for r in logs if r["steady"]]
     full = _full_at(logs, users)
     # the ramp is left out: requests that started with fewer users sending are not in it (Locust's spawning_complete
-    # comes as the last user's greenlet starts: its first request may follow by a loop turn)
-    assert all(r["start"] >= full - 0.05 for r in steady)
+    # comes as the last user's greenlet starts: its first request may follow by a loop turn). A swarm's workers each
+    # open their window as their own users start: on a busy host one worker's users started up to 0.22 s after the
+    # other's (the master's epoch reached one process late), so each worker's window is checked against its users
+    for worker in {r["worker"] for r in logs}:
+        mine = [r for r in logs if r["worker"] == worker]
+        own_full = _full_at(mine, users // workers) if workers > 1 else full
+        assert all(r["start"] >= own_full - 0.05 for r in mine if r["steady"]), worker
     assert any(r["start"] < full - 0.05 for r in logs if not r["steady"]) or not ramped
     # no hole: every request that started after the full load and ended before the window's last end is in it
     last = max(r["start"] + r["e2e"] for r in steady)
@@ -81,7 +86,7 @@ def test_a_swarms_steady_window_is_its_workers_merged(tmp_path):
     logs = [r for f in sorted(run_dir.glob("requests*.jsonl")) for r in read_log(f)]
     assert len({r["worker"] for r in logs}) == 2
     # a swarm's users may all wait for the run's epoch (the master's clock) and start as one: no ramp to leave out
-    _check_window(logs, out["summary"], USERS, ramped=False)
+    _check_window(logs, out["summary"], USERS, ramped=False, workers=2)
 
 
 @pytest.mark.parametrize("extra, why", [
