@@ -157,8 +157,6 @@ class RunSummary(Mapping[str, Any]):
             return data
         data = upgrade_summary({k: v for k, v in data.items() if k != "format"})
         known = {k: v for k, v in data.items() if k in _KNOWN}
-        if isinstance(known.get("metrics"), dict):
-            known["metrics"] = {k: MetricSummary(m) for k, m in known["metrics"].items()}
         for group in ("names", "targets"):
             if isinstance(known.get(group), dict):
                 known[group] = {n: cls.from_json(g) for n, g in known[group].items()}

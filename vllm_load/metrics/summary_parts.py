@@ -41,7 +41,7 @@ class Part(dict[str, Any]):
     """A nested part of a summary. Subclasses declare their keys as ``Key`` attributes; ``NESTED`` names the keys
     whose values are parts themselves (a part, or a mapping or list of parts), wrapped when the part is made."""
 
-    NESTED: dict[str, tuple[str, type[Part]]] = {}  # key -> ("one" | "map" | "list", its part's class)
+    NESTED: dict[str, tuple[str, type[Part]]] = {}  # key -> ("one" | "map" | "maps" | "list", its part's class)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,11 +62,14 @@ class Part(dict[str, Any]):
 
 
 def wrap(shape: str, cls: type[Part], value: Any) -> Any:
-    """``value`` as ``cls``: one part, a mapping of them (by worker, by label) or a list of them."""
+    """``value`` as ``cls``: one part, a mapping of them (by worker, by label), a mapping of such mappings (a tail
+    by metric, then by percentile) or a list of them."""
     if shape == "one":
         return cls.of(value)
     if shape == "map":
         return {k: cls.of(v) for k, v in value.items()}
+    if shape == "maps":
+        return {k: wrap("map", cls, v) for k, v in value.items()}
     return [cls.of(v) for v in value]
 
 
@@ -97,13 +100,9 @@ class Tail(Part):
 class GroupTails(Part):
     """Requests (a run's, one replica's, one name's) and their TTFT and E2E tails: metric -> "p99" -> ``Tail``."""
 
+    NESTED = {"tails": ("maps", Tail)}
     requests = Key[int](0)
     tails = Key[dict](EMPTY)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.get("tails") is not None:
-            self["tails"] = {m: wrap("map", Tail, qs) for m, qs in self["tails"].items()}
 
     def tail(self, metric: str, q: str = "p99") -> Tail | None:
         return self.tails.get(metric, {}).get(q)
@@ -122,8 +121,8 @@ class Timing(GroupTails):
     """Where each request's time went (``metrics/breakdown.py``): each server part's statistics, the tails' mean
     splits, the p99 tails per replica and per name where there are several, and how the spans joined."""
 
-    NESTED = {"parts": ("map", MetricSummary), "by_replica": ("map", GroupTails), "by_name": ("map", GroupTails),
-              "spans": ("one", SpansJoined)}
+    NESTED = {**GroupTails.NESTED, "parts": ("map", MetricSummary), "by_replica": ("map", GroupTails),
+              "by_name": ("map", GroupTails), "spans": ("one", SpansJoined)}
     parts = Key[dict](EMPTY, "part -> MetricSummary")
     by_replica = Key[dict](EMPTY, "replica -> GroupTails")
     by_name = Key[dict](EMPTY, "name -> GroupTails")
@@ -255,7 +254,7 @@ class ProfiledWindow(Part):
 
 #: RunSummary's fields that hold parts: field -> (shape, part class)
 SUMMARY_PARTS: dict[str, tuple[str, type[Part]]] = {
-    "client": ("one", ClientVerdict), "timing": ("one", Timing), "routing": ("one", Routing),
+    "metrics": ("map", MetricSummary), "client": ("one", ClientVerdict), "timing": ("one", Timing), "routing": ("one", Routing),
     "saturation": ("one", Saturation), "energy": ("one", Energy), "trace": ("one", TraceKept),
     "clock": ("map", WorkerOffset), "outages": ("list", OutageWindow), "profiled": ("list", ProfiledWindow),
 }
