@@ -19,16 +19,20 @@ import time
 TOKENS = 5
 
 
-def events() -> list[bytes]:
+def events(body_metrics: bool = False) -> list[bytes]:
+    """The stream's events; with ``body_metrics`` its usage event also carries vLLM's per-request ``metrics``,
+    which the native thread's parser leaves to Python (with the [DONE] after it)."""
     out = []
     for i in range(TOKENS):
         chunk = {"id": "cmpl-scripted", "object": "text_completion", "model": "m",
                  "choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if i == TOKENS - 1 else None}],
                  "usage": {"prompt_tokens": 8, "completion_tokens": i + 1, "total_tokens": 9 + i}}
         out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-    out.append(b"data: " + json.dumps({"id": "cmpl-scripted", "choices": [],
-                                       "usage": {"prompt_tokens": 8, "completion_tokens": TOKENS,
-                                                 "total_tokens": 8 + TOKENS}}).encode() + b"\n\n")
+    usage = {"id": "cmpl-scripted", "choices": [],
+             "usage": {"prompt_tokens": 8, "completion_tokens": TOKENS, "total_tokens": 8 + TOKENS}}
+    if body_metrics:
+        usage["metrics"] = {"queue_time_ms": 0.1, "time_to_first_token_ms": 10.0, "generation_time_ms": 40.0}
+    out.append(b"data: " + json.dumps(usage).encode() + b"\n\n")
     out.append(b"data: [DONE]\n\n")
     return out
 
@@ -42,8 +46,8 @@ HEAD_CHUNKED = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-
 
 def scenario(name: str) -> tuple[list[bytes], str]:
     """The pieces of one answer, and how the connection ends after it: keep, close or reset."""
-    ev = events()
-    if name == "chunked":  # the usual shape: headers alone, one chunk per event, the last chunk alone
+    ev = events(body_metrics=name == "metrics")
+    if name in ("chunked", "metrics"):  # the usual shape: headers alone, one chunk per event, the last chunk alone
         return [HEAD_CHUNKED, *map(chunk, ev), b"0\r\n\r\n"], "keep"
     if name == "split":  # headers with the first event; chunk sizes, lines and CRLFs cut across pieces
         body = b"".join(chunk(e) for e in ev) + b"0\r\n\r\n"

@@ -15,7 +15,7 @@ import pytest
 from locust.contrib.fasthttp import FastHttpSession
 from locust.event import EventHook
 
-from vllm_load.client import native, rxstamp
+from vllm_load.client import exchange, native, rxstamp
 from vllm_load.client.direct import Connections
 from vllm_load.client.stream import build_request, stream_request
 from vllm_load.client.transport_direct import DirectTransport
@@ -110,6 +110,34 @@ def test_bodies_of_every_shape_read_whole_and_reuse_the_connection(scenario, rea
         assert all(b >= a for a, b in zip(rec.chunk_offsets, rec.chunk_offsets[1:]))
         assert rec.e2e >= rec.chunk_offsets[-1]
     assert srv.log().count("connection") == 1  # the second request reused the first's connection
+
+
+def test_a_request_built_long_before_its_send_counts_every_line_from_the_send(reader, monkeypatch):
+    """A closed loop counts from the send (its kernel stamp), not from the request's build: a new connection's
+    connect comes between them. The thread's parsed chunks counted from the send while the lines it leaves to
+    Python (vLLM's usage event with its body metrics, then the [DONE]: the E2E) counted from the build, so on a
+    busy host a first request's E2E ended 3-12 ms after its exchange returned. Here the build is moved 0.3 s
+    before the send, and the usage event carries vLLM's body metrics."""
+    real = exchange.Clock.now.__func__
+    early = 0.3
+
+    def built_early(cls, intended_start):
+        c = real(cls, intended_start)
+        return cls(c.now_perf - early, c.now_wall - early, c.t0 - early, c.start_wall - early, c.open_loop)
+
+    monkeypatch.setattr(exchange.Clock, "now", classmethod(built_early))
+    srv = Server("metrics")
+    s = session(srv.url, reader)
+    for _ in range(2):  # a new connection, then the same one again
+        before = time.time()
+        rec = send(s)
+        after = time.time()
+        assert rec.ok, rec.error
+        # the E2E ends when [DONE] came: after the last chunk (two 10 ms gaps later), before the exchange returned
+        assert rec.start + rec.e2e <= after
+        assert 0.0 <= rec.e2e - rec.chunk_offsets[-1] < early / 2, (rec.e2e, rec.chunk_offsets)
+        assert rec.start >= before - 0.01  # counted from the send, not from the build 0.3 s earlier
+    srv.log()
 
 
 def test_a_close_delimited_body_ends_at_the_close(reader):
