@@ -103,12 +103,12 @@ class SessionTransport:
             line = readline(b"\n")
             if not line:
                 break
-            feed(line, arrival())
-            if decoder.done:
-                end = perf()
+            at = arrival()
+            feed(line, at)
+            if decoder.done:  # the E2E ends as the [DONE] landed (its stamp), as the native reader ends it
                 while readline(b"\n"):  # drain the terminating chunk so the connection can be reused
                     pass
-                return end
+                return t0 + at
         done_at = decoder.end_offset(None)
         return None if done_at is None else t0 + done_at
 
