@@ -31,6 +31,7 @@ class Output:
     ok: bool = False
     chunk_offsets: list[float] = field(default_factory=list)  # seconds after the request was sent
     error: str = ""
+    e2e: float | None = None  # when the [DONE] came, seconds after the request was sent
 
 
 class SseSplitter:
@@ -68,6 +69,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, model: str, prom
                         continue
                     chunk = message.removeprefix("data: ")
                     if chunk == "[DONE]":
+                        out.e2e = time.perf_counter() - st  # the stream's end, as vllm-load's E2E counts it
                         continue
                     data = json.loads(chunk)
                     if out.response_id is None:
@@ -111,7 +113,7 @@ def main() -> None:
         for r in results:
             f.write(json.dumps({"response_id": r.response_id, "start": r.start, "ok": r.ok, "error": r.error or None,
                                 "ttft": r.chunk_offsets[0] if r.chunk_offsets else None,
-                                "chunk_offsets": r.chunk_offsets}) + "\n")
+                                "chunk_offsets": r.chunk_offsets, "e2e": r.e2e}) + "\n")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,10 @@ response id, and per request:
 
     TTFT error = client TTFT - (first chunk written - request reached the server's kernel)
     ITL error  = client gap between two chunks - the gap between their two writes
+    E2E error  = client E2E - (the stream's last event written - request reached the server's kernel)
+
+``--body-metrics`` has the emulator end each stream as vLLM does with ``--enable-per-request-metrics``: its
+usage event carries the request's own times, a line vllm-load's C parser leaves to Python with the [DONE].
 
 reported as |error| at p50 and p99 over every request and gap of the steady state: requests sent
 after every stream was open and finished before the window closed (the spawn burst and Locust's own
@@ -70,6 +74,8 @@ class Result:
     itl_p999: float = 0.0
     itl_max: float = 0.0
     ttft_max: float = 0.0
+    e2e_p99: float = 0.0
+    e2e_max: float = 0.0
     late_p99: float = 0.0  # emulator: written minus due
     ttft_n: int = 0
     gap_n: int = 0
@@ -89,6 +95,7 @@ def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) 
     work = Path(tempfile.mkdtemp(prefix="vllm-load-timing-"))
     truth_file = work / "truth.jsonl"
     emu, url = start_emulator("--ttft", str(args.ttft), "--itl", str(args.itl), *SCHEDULES[schedule],
+                              *(["--enable-per-request-metrics"] if args.body_metrics else []),
                               "--timing-log", str(truth_file), core=1)
     res = Result(schedule, client, streams)
     try:
@@ -126,6 +133,7 @@ def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) 
         truth[t["id"]] = t
     ttft_err: list[float] = []
     gap_err: list[float] = []
+    e2e_err: list[float] = []
     late: list[float] = []
     window_chunks = 0
     for r in records:
@@ -144,6 +152,8 @@ def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) 
         sent = t["sent"]
         ttft_err.append(abs(offs[0] - sent[0]))
         gap_err.extend(abs((offs[i] - offs[i - 1]) - (sent[i] - sent[i - 1])) for i in range(1, len(offs)))
+        if r.get("e2e") is not None:
+            e2e_err.append(abs(r["e2e"] - t["done"]))
         late.extend(s - d for s, d in zip(sent, t["due"]))
     wall = w1 - w0
     res.chunks_per_s = window_chunks / wall
@@ -154,6 +164,7 @@ def run_one(schedule: str, client: str, streams: int, args: argparse.Namespace) 
     res.itl_p50, res.itl_p99 = pct(gap_err, 50), pct(gap_err, 99)
     res.itl_p999, res.itl_max = pct(gap_err, 99.9), max(gap_err, default=float("nan"))
     res.ttft_max = max(ttft_err, default=float("nan"))
+    res.e2e_p99, res.e2e_max = pct(e2e_err, 99), max(e2e_err, default=float("nan"))
     res.late_p99 = pct(late, 99)
     res.ttft_n, res.gap_n = len(ttft_err), len(gap_err)
     summary_file = out / "summary.json"
@@ -173,7 +184,7 @@ def print_header(args: argparse.Namespace) -> None:
           f"per request; client on core 0; |measured - true| in ms; CPU over a {args.window:g} s steady window")
     print(f"{'schedule':<9}{'client':<13}{'streams':>7}{'chunks/s':>9}{'cli CPU':>8}{'emu CPU':>8}{'chunks/CPU-s':>13}"
           f"{'TTFT p50':>9}{'TTFT p99':>9}{'TTFT max':>9}{'ITL p50':>8}{'ITL p99':>8}{'p99.9':>7}{'max':>7}"
-          f"{'emu late p99':>13}{'TTFTs':>7}{'gaps':>8}"
+          f"{'E2E p99':>8}{'max':>7}{'emu late p99':>13}{'TTFTs':>7}{'gaps':>8}"
           f"{'failed':>7}  verdict [reader]")
 
 
@@ -181,7 +192,8 @@ def print_row(r: Result) -> None:
     print(f"{r.schedule:<9}{r.client:<13}{r.streams:>7}{r.chunks_per_s:>9.0f}{100 * r.client_cpu:>7.0f}%"
           f"{100 * r.emulator_cpu:>7.0f}%{r.chunks_per_cpu_s:>13.0f}{r.ttft_p50 * 1e3:>9.3f}{r.ttft_p99 * 1e3:>9.3f}"
           f"{r.ttft_max * 1e3:>9.2f}{r.itl_p50 * 1e3:>8.3f}{r.itl_p99 * 1e3:>8.3f}{r.itl_p999 * 1e3:>7.2f}"
-          f"{r.itl_max * 1e3:>7.2f}{r.late_p99 * 1e3:>13.3f}{r.ttft_n:>7}{r.gap_n:>8}"
+          f"{r.itl_max * 1e3:>7.2f}{r.e2e_p99 * 1e3:>8.3f}{r.e2e_max * 1e3:>7.2f}{r.late_p99 * 1e3:>13.3f}"
+          f"{r.ttft_n:>7}{r.gap_n:>8}"
           f"{r.failed:>7}  {r.verdict}", flush=True)
 
 
@@ -196,6 +208,8 @@ def main() -> None:
     ap.add_argument("--itl", type=float, default=0.05, help="50 ms: a loaded server; 256 streams = 5k chunks/s")
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--window", type=float, default=8.0, help="seconds of the steady window whose CPU is measured")
+    ap.add_argument("--body-metrics", action="store_true",
+                    help="the emulator's usage event carries vLLM's per-request metrics (--enable-per-request-metrics)")
     ap.add_argument("--keep", action="store_true", help="keep each run's request log and truth for a closer look")
     args = ap.parse_args()
     bad = [s for s in args.schedules.split(",") if s not in SCHEDULES]

@@ -655,10 +655,6 @@ class Emulator:
             if log is not None:  # resumed only once the server has written the chunk
                 sent.append(perf() - received)
                 due.append(em.offset if em.due is None else em.due)
-        if log is not None:
-            log.write(orjson.dumps({"id": head["id"], "arrival": round(arrival, 7),
-                                    "due": [round(arrival + d, 7) for d in due],
-                                    "sent": [round(x, 7) for x in sent]}).decode() + "\n")
         if self.stream_style == "transformers":  # its last chunk: the finish_reason and the usage, no [DONE]
             yield event({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": out_spec.finish}],
                          "usage": usage(out)})
@@ -671,6 +667,11 @@ class Emulator:
         self._export_span(trace, head["id"], queue, ttft, prev, out, prompt_tokens)
         if self.stream_style == "vllm":  # the other servers end the stream after the finish_reason
             yield b"data: [DONE]\n\n"
+        if log is not None:  # resumed once the stream's last event had been written: its end, for the E2E
+            log.write(orjson.dumps({"id": head["id"], "arrival": round(arrival, 7),
+                                    "due": [round(arrival + d, 7) for d in due],
+                                    "sent": [round(x, 7) for x in sent],
+                                    "done": round(perf() - received, 7)}).decode() + "\n")
         self._cache_answer(out_spec, "".join(answer))
 
 
@@ -757,8 +758,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="emit every stream's tokens together on one global ITL grid, like a batched decode step")
     p.add_argument("--timing-log", default="",
                    help="write one JSON line per stream: arrival, scheduled (due) and actual write time of each "
-                        "token-bearing chunk, in seconds after the request reached the server (its kernel receive "
-                        "stamp): the timing benchmark's truth")
+                        "token-bearing chunk, and when its last event had been written (done), in seconds after the "
+                        "request reached the server (its kernel receive stamp): the timing benchmark's truth")
     p.add_argument("--api-key", default="", help="require this bearer token on /v1/*")
     p.add_argument("--profile", default="", choices=["", *PROFILES],
                    help="model vLLM's continuous batching with this cost profile (default: fixed --ttft/--itl schedule)")
