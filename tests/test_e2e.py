@@ -194,6 +194,22 @@ def test_open_loop_rate_is_split_across_workers_and_timed_from_intended_start(em
     assert s["metrics"]["send_lag"]["p50"] < 0.005
 
 
+def test_a_stop_during_an_earlier_stops_drain_waits_for_it(tmp_path):
+    """The run stops itself 1 s in (as --stop-over-saturated does) with two 3 s requests in flight; the -t limit
+    comes 2 s in, during that stop's drain. It waits for the drain: the requests finish and count as answered (they
+    were cancelled and failed, exit 1, when the second stop stopped the users at once)."""
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "tests/locustfiles/early_stop.py"), "--headless", "-u", "2", "-r", "2",
+                      "-t", "2s", "--emulator-itl", "0.1", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=90)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "waiting for 2 request(s) in flight to finish" in res.stdout
+    logs = list(read_log(run_dir / "requests.jsonl"))
+    assert len(logs) == 2 and all(r["ok"] and r["output_tokens"] == 30 for r in logs), logs
+    # they ended after the -t limit, so the limit's stop waited for them
+    first = min(r["start"] for r in logs)
+    assert all(r["start"] + r["e2e"] > first + 2.5 for r in logs)
+
+
 def test_emulator_answers_with_vllms_error_json(emulator_factory):
     import urllib.error
     import urllib.request

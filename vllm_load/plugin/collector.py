@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import gevent.event
+
 from vllm_load.metrics.client_health import ClientHealth, ClientMonitor, late_merged, shared_stamp
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
@@ -43,7 +45,10 @@ class Collector:
     saturation: Any = None  # metrics/saturation.Finding: when the server stopped keeping up (None: it kept up)
     start_wall: float = field(default_factory=time.time)
     end_wall: float | None = None
-    drained: bool = False  # the end-of-run drain has been done
+    drained: bool = False  # the end-of-run drain has begun
+    #: set when that drain is over: a second stop during it (the -t limit reached while an earlier stop's drain
+    #: still waits) waits for it too, not cancelling the requests the first stop let finish
+    drain_over: gevent.event.Event = field(default_factory=gevent.event.Event)
     results: RunSummary | None = None  # what write_results wrote (the run's end writes them once)
     clock: MasterClock = field(default_factory=MasterClock)  # the run's epoch, and the workers' offsets to it
 

@@ -400,12 +400,20 @@ class Controller(Process):
 
     def drain(self) -> None:
         """End the run without losing a request: no new request starts, in-flight streams finish (at most
-        --drain-timeout) and are reported. Idempotent."""
+        --drain-timeout) and are reported. Idempotent: a stop that comes during the drain (the -t limit reached
+        while --stop-over-saturated's stop drains a queued server) waits for it, so Locust stops no user before
+        its request has finished; 4 requests of a saturated run were once cancelled and failed that way."""
         col = self.run.collector if self.run is not None else None
-        if col is None or col.drained:
+        if col is None:
+            return
+        if col.drained:
+            col.drain_over.wait()
             return
         col.drained = True
-        self._drain(float(self.opts.drain_timeout) if self.opts else 30.0)
+        try:
+            self._drain(float(self.opts.drain_timeout) if self.opts else 30.0)
+        finally:
+            col.drain_over.set()
 
     def _drain(self, timeout: float) -> None:
         raise NotImplementedError
