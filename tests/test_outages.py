@@ -10,6 +10,7 @@ from collections import Counter
 from tests.helpers import ROOT, Proc, free_port, run_locust, wait_for
 from tests.test_process_faults import locust, logs
 from vllm_load.metrics.outages import LiveOutage, bucket, find_windows
+from vllm_load.rundir.reqlog import read_log
 
 CHAT = str(ROOT / "locustfiles/chat.py")
 
@@ -192,3 +193,23 @@ def test_refusals_through_a_span_make_it_an_outage_however_many_answered_failure
     storm = Counter({bucket(1.1 + 0.1 * i): 20 for i in range(90)})
     (w,) = find_windows(ok, Counter({bucket(1.1): 1}), storm, min_seconds=2.0)
     assert not w.is_outage  # a failure storm with one refused connection in it
+
+
+def test_requests_the_runs_end_cancels_are_failures_in_no_outage_or_storm(tmp_path):
+    """A saturated server queues requests: their answer's head has not come when the drain times out and the run
+    stops them. They fail (the server did not finish them in time), but they say nothing of the server's being
+    reachable or erring. They once counted as connection failures, and a ramp's end read "OUTAGE: server
+    unreachable ... cancelled after 0 tokens"."""
+    run_dir = tmp_path / "run"
+    # 3 users 2 s apart, each with one request whose first token (and head) would come after 30 s; the run's
+    # end cancels all three 1 s into its drain: their starts span 4 s, over --outage-after's 2 s
+    res = run_locust(["-f", CHAT, "--headless", "-u", "3", "-r", "0.5", "-t", "5s", "--emulator-ttft", "30",
+                      "--drain-timeout", "1", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=90)
+    assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]  # nothing succeeded: the run is invalid
+    records = list(read_log(run_dir / "requests.jsonl"))
+    assert len(records) == 3 and all(r["cancelled"] and r["status"] is None and not r["ok"] for r in records)
+    assert max(r["start"] for r in records) - min(r["start"] for r in records) > 2.5
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    assert summary["failed"] == 3 and summary["outages"] == [], summary["outages"]
+    assert "OUTAGE" not in res.stdout and "FAILURE STORM" not in res.stdout
+    assert "cancelled after N tokens: the test stopped mid-request" in res.stdout

@@ -49,6 +49,9 @@ class RequestRecord:
     retry_after: float | None = None  # seconds the server asked us to wait (Retry-After on 429/503)
     warmup: bool = False  # started during the warm-up: logged, not measured
     removed: bool = False  # cut when the load shape removed its user mid-run: logged, not measured
+    #: the test stopped it mid-request (its user stopped past the drain, or removed): a failure when it is the
+    #: run's end, never a connection failure (a request queued at a saturated server has no answer head yet)
+    cancelled: bool = False
     steady: bool = False  # started and ended in the run's steady window (plugin/steady.py): measured there too
     cached_tokens: int | None = None  # prompt tokens the server's prefix cache held (when its usage says)
     trace_row: int | None = None  # trace replay: the row of the trace this request replayed
@@ -77,8 +80,10 @@ class RequestRecord:
 
     @property
     def connection_failed(self) -> bool:
-        """Failed without any HTTP response: refused, reset before the headers, connect timeout."""
-        return not self.ok and not self.status
+        """Failed without any HTTP response: refused, reset before the headers, connect timeout; not one the test
+        stopped before its answer's head (counted so, a saturated server's queue at the run's end read as an outage:
+        "server unreachable ... 3 attempts, cancelled after 0 tokens")."""
+        return not self.ok and not self.status and not self.cancelled
 
     def chunk_itls(self) -> list[float]:
         o = self.chunk_offsets

@@ -221,7 +221,8 @@ def exchanged(req: ReadyRequest, clock: Clock, ex: Exchange, at: Placement, name
     """The record's fields every request type fills the same way: when it started, how its exchange went, and
     where it belongs (``at``, its name decided)."""
     return {"api": req.api, "start": clock.start_wall, E2E: ex.e2e, "ok": ex.error is None, "error": ex.error,
-            "status": ex.status, "retry_after": ex.retry_after, "worker": at.worker, "step": at.step,
+            "status": ex.status, "cancelled": ex.cancelled is not None, "retry_after": ex.retry_after,
+            "worker": at.worker, "step": at.step,
             "startup": at.startup, "name": name,
             SEND_LAG: None if at.intended_start is None else max(0.0, clock.now_perf - clock.t0),
             "headers": ex.captured, "trace_id": trace_id(own)}

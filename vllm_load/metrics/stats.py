@@ -161,6 +161,8 @@ class LLMStats:
         if not rec.ok:
             self.failures += 1
             self.count_error(rec.error or "unknown error")
+            if rec.cancelled:  # the run's end stopped it: neither refused nor answered badly, in no outage or storm
+                return
             if rec.connection_failed:
                 self.conn_buckets[b] += 1
                 if rec.start >= self.conn_error[0]:
