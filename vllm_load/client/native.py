@@ -136,12 +136,10 @@ class NativeReads:
         """Hand a body's parsed result, then its new lines, each with its own stamp, to its sink; the outcome
         once it ended."""
         if parsed is not None or lines:
-            if body.settle:
-                self._settle(fd, body)
             try:
                 done_at = body.sink.absorb(parsed) if parsed is not None else None
                 if lines:
-                    later = body.sink.feed_lines(lines, body.start_wall)
+                    later = self._feed_lines(fd, body, lines)
                     done_at = done_at if done_at is not None else later
             except Exception as exc:  # the stream broke the protocol (StreamError): its reason is the failure
                 return BodyOutcome(BodyState.RUNNING, body_bytes, body.done_at, exc)
@@ -153,15 +151,17 @@ class NativeReads:
             return BodyOutcome(BodyState.RUNNING, body_bytes, body.done_at, OSError(err, os.strerror(err)))
         return BodyOutcome(state, body_bytes, body.done_at) if state else None
 
-    def _settle(self, fd: int, body: _Body) -> None:
-        """An expected answer's lines count from the start the thread gave its parsed ones: the send's stamp
-        when it came after the request was built. With the build's start instead, the lines it leaves to Python
-        (a usage event carrying vLLM's body metrics, then the [DONE]: the E2E) counted the build too, and on a
-        new connection its connect: an E2E 0.05 ms longer, and 3-12 ms on a first request beside 4 busy loops
-        (tests/test_stream_readers.py)."""
-        taken = self.reader.accepted(fd)
-        if taken is not None:
-            body.start_wall, body.settle = taken.start, False
+    def _feed_lines(self, fd: int, body: _Body, lines: list) -> float | None:
+        """Hand lines the thread left to Python to the body's sink. An expected answer's count from the start the
+        thread gave its parsed ones (the send's stamp when it came after the request was built), read at their
+        first batch. With the build's start instead, these lines (a usage event carrying vLLM's body metrics,
+        then the [DONE]: the E2E) counted the build too, and on a new connection its connect: an E2E 0.05 ms
+        longer, and 3-12 ms on a first request beside 4 busy loops (tests/test_stream_readers.py)."""
+        if body.settle:
+            taken = self.reader.accepted(fd)
+            if taken is not None:
+                body.start_wall, body.settle = taken.start, False
+        return body.sink.feed_lines(lines, body.start_wall)
 
     def _sweep(self) -> None:
         if not self.waiters and not self.bodies:
@@ -192,9 +192,7 @@ class NativeReads:
             if parsed is not None:
                 body.sink.absorb(parsed)
             if lines:
-                if body.settle:
-                    self._settle(fd, body)
-                body.sink.feed_lines(lines, body.start_wall)
+                self._feed_lines(fd, body, lines)
         except Exception:  # noqa: BLE001 - the request fails anyway, for the reason the caller gives
             pass
 
