@@ -52,12 +52,9 @@ def _cumulative(hist: Any, bounds: tuple) -> tuple[np.ndarray, float]:
     """Cumulative counts at each bound (and +Inf last), and the sum of the values (seconds)."""
     counts = np.zeros(len(bounds) + 1)
     if hist.count:
-        values, weights = [], []
-        for item in hist.counters().get_recorded_iterator():
-            values.append(item.value_iterated_to / hist.scale)
-            weights.append(item.count_at_value_iterated_to)
-        idx = np.searchsorted(np.asarray(bounds, dtype=float), np.asarray(values), side="left")
-        np.add.at(counts, idx, np.asarray(weights, dtype=float))
+        values, weights = hist.recorded()
+        idx = np.searchsorted(np.asarray(bounds, dtype=float), values, side="left")
+        np.add.at(counts, idx, weights.astype(float))
     return np.cumsum(counts), float(hist.total)
 
 
