@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from .http import HttpError
+
 KINDS = ("500", "503", "429", "drop", "malformed", "error", "stall", "slow-headers", "overrun")
 HEADER = "HTTP_X_EMULATOR_FAULT"  # WSGI name of the X-Emulator-Fault request header
 
@@ -47,3 +49,10 @@ class FaultPlan:
                 return kind
             x -= rate
         return None
+
+    def raise_overload(self, fault: str | None) -> None:
+        """An HTTP error fault (500, 503, 429) answers before anything is generated; an overloaded server tells
+        clients when to come back (--retry-after; 0: no header)."""
+        if fault in ("500", "503", "429"):
+            retry = self.retry_after if fault in ("503", "429") and self.retry_after > 0 else None
+            raise HttpError(int(fault), f"injected fault: HTTP {fault}", "InternalServerError", retry_after=retry)

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import gevent
 import orjson
 
+from .generate import observe_finish
+
 if TYPE_CHECKING:
     from .app import Emulator
 
@@ -53,7 +55,7 @@ def _cosine(a: list[float], b: list[float]) -> float:
 def _prefill(emu: Emulator, ids: list[int]) -> None:
     """One input through the engine as a prefill-only request; returns when its "first token" is due."""
     for em in emu.engine.generate(len(ids), 1, 0):
-        emu._observe_finish(len(ids), 0, em.offset, em.offset, em.queue_time, "stop")
+        observe_finish(emu, len(ids), 0, em.offset, em.offset, em.queue_time, "stop")
         break
 
 

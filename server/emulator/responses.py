@@ -13,8 +13,11 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import orjson
 
+from .generate import observe_finish
+
 if TYPE_CHECKING:
-    from .app import Emulator, Output
+    from .app import Emulator
+    from .plan import Output
 
 
 class ResponsesError(ValueError):
@@ -114,7 +117,7 @@ def stream(emu: Emulator, model: str, out: Output) -> Iterable[bytes]:
                         content_index=0, delta=word, item_id=current["id"], output_index=len(items) - 1)
     if current is not None:
         yield from close(current, "".join(texts))
-    emu._observe_finish(len(out.ids), n, ttft, prev, queue, out.finish)
+    observe_finish(emu, len(out.ids), n, ttft, prev, queue, out.finish)
     usage = {"input_tokens": len(out.ids), "input_tokens_details": {"cached_tokens": out.cached},
              "output_tokens": n, "output_tokens_details": {"reasoning_tokens": min(n, out.reasoning)},
              "total_tokens": len(out.ids) + n}

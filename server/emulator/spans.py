@@ -31,7 +31,7 @@ class SpanExporter:
         self.pending: list[dict[str, Any]] = []
         self.sent = 0
         self.failed = 0  # spans whose export failed (said once on stderr)
-        gevent.spawn(self._loop)
+        self.loop = gevent.spawn(self._loop)  # stopped with the server (an emulator served in a test's process)
 
     def add(self, row: dict[str, Any]) -> None:
         self.pending.append(row)

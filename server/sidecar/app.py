@@ -153,7 +153,7 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m server.sidecar", description=__doc__.splitlines()[0])
     ap.add_argument("--vllm-url", default="http://127.0.0.1:8000", help="vLLM server to scrape")
     ap.add_argument("--interval", default="1s", help="scrape interval (1s, 500ms, …)")
@@ -163,10 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--token", default="", help="require this bearer token on the HTTP API")
     ap.add_argument("--wait-for-server", default="0",
                     help="wait this long (30s, 15m, …) for vLLM's /health before serving, with a progress line every 10 s")
-    args = ap.parse_args(argv)
-    from vllm_load.lifeline import from_environment
+    return ap
 
-    from_environment()  # embedded in a run: gone with it, however it ends
+
+class BadArguments(ValueError):
+    """An argument the sidecar refuses, or a port or file it cannot take: its one line (exit 2)."""
+
+
+def build(argv: list[str]) -> Sidecar:
+    """The sidecar of these arguments, bound and scraping (``start`` or ``serve_forever`` serves it)."""
+    args = build_parser().parse_args(argv)
     try:
         interval = parse_interval(args.interval)
         host, _, port_text = args.listen.rpartition(":")
@@ -174,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         if not 0 <= port <= 65535:
             raise ValueError(port_text)
     except ValueError as exc:
-        sys.stderr.write(f"sidecar: error: {exc if 'interval' in str(exc) else '--listen must be HOST:PORT, the port 0-65535'}\n")
-        return 2
+        raise BadArguments(str(exc) if "interval" in str(exc) else "--listen must be HOST:PORT, the port 0-65535") \
+            from None
     from vllm_load.errors import UsageError
     from vllm_load.runtime.server_wait import parse_duration, wait_for_server
 
@@ -185,35 +191,75 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_server(args.vllm_url, wait, models=False, prefix="sidecar",
                             say=lambda line: print(line, file=sys.stderr, flush=True))
     except UsageError as exc:
-        sys.stderr.write(f"sidecar: error: {exc}\n")
-        return 2
+        raise BadArguments(str(exc)) from None
     host = host.strip("[]") or "127.0.0.1"
     if not _is_loopback(host) and not args.token:
         sys.stderr.write(f"sidecar: warning: serving on {host} without --token: anyone who reaches it can read the series\n")
     try:
-        series = Series(Path(args.out) if args.out else None)
-        scrape = None if args.log_file else (lambda: scrape_once(args.vllm_url, series, max(1.0, 2 * interval)))
-        server = ThreadingHTTPServer((host, port), make_handler(series, args.token, scrape))
+        return Sidecar.bind(host, port, args.vllm_url, interval, Path(args.out) if args.out else None, args.token,
+                            log_file=args.log_file)
     except OSError as exc:
-        sys.stderr.write(f"sidecar: error: {exc}: check --out and --listen\n")
-        return 2
-    stop = threading.Event()
-    if args.log_file:
-        stream = sys.stdin if args.log_file == "-" else open(args.log_file, encoding="utf-8", errors="replace")
-        worker = threading.Thread(target=follow_log, args=(stream, series, stop, args.log_file != "-"), daemon=True)
-    else:
-        worker = threading.Thread(target=scrape_forever, args=(args.vllm_url, interval, series, stop), daemon=True)
-    worker.start()
-    bound_host, bound_port = server.server_address[:2]
-    print(f"vllm-load sidecar listening on http://{bound_host}:{bound_port} scraping "
-          f"{args.log_file or args.vllm_url}", flush=True)
+        raise BadArguments(f"{exc}: check --out and --listen") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vllm_load.lifeline import from_environment
+
+    from_environment()  # embedded in a run: gone with it, however it ends
     try:
-        server.serve_forever()
+        sidecar = build(sys.argv[1:] if argv is None else argv)
+    except BadArguments as exc:
+        sys.stderr.write(f"sidecar: error: {exc}\n")
+        return 2
+    source = sidecar.log_file or sidecar.vllm_url
+    print(f"vllm-load sidecar listening on {sidecar.url} scraping {source}", flush=True)
+    try:
+        sidecar.server.serve_forever()
     except KeyboardInterrupt:
         pass
     finally:
-        stop.set()
+        sidecar.stopping.set()
     return 0
+
+
+class Sidecar:
+    """A sidecar bound to its port, its scraper (or log follower) running; ``serve_forever`` (``main``) or ``start``
+    (a thread of its own: a sidecar inside a test's or a run's process) serves it."""
+
+    def __init__(self, server: ThreadingHTTPServer, series: Series, stopping: threading.Event, vllm_url: str,
+                 log_file: str) -> None:
+        self.server, self.series, self.stopping = server, series, stopping
+        self.vllm_url, self.log_file = vllm_url, log_file
+        host, port = server.server_address[:2]
+        self.url = f"http://{host}:{port}"
+
+    @classmethod
+    def bind(cls, host: str, port: int, vllm_url: str, interval: float, out: Path | None, token: str = "",
+             log_file: str = "") -> Sidecar:
+        series = Series(out)
+        scrape = None if log_file else (lambda: scrape_once(vllm_url, series, max(1.0, 2 * interval)))
+        server = ThreadingHTTPServer((host, port), make_handler(series, token, scrape))
+        stopping = threading.Event()
+        if log_file:
+            stream = sys.stdin if log_file == "-" else open(log_file, encoding="utf-8", errors="replace")
+            worker = threading.Thread(target=follow_log, args=(stream, series, stopping, log_file != "-"), daemon=True)
+        else:
+            worker = threading.Thread(target=scrape_forever, args=(vllm_url, interval, series, stopping), daemon=True)
+        worker.start()
+        return cls(server, series, stopping, vllm_url, log_file)
+
+    def start(self) -> Sidecar:
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self.stopping.is_set():
+            return
+        self.stopping.set()
+        self.server.shutdown()
+        self.server.server_close()
+        if self.series.fh is not None:
+            self.series.fh.close()
 
 
 if __name__ == "__main__":
