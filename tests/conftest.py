@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Any
 
@@ -9,6 +10,63 @@ import locust  # noqa: F401  (first: see below)
 import pytest
 
 from tests.helpers import Proc
+
+pytest_plugins = ["tests.suite"]  # markers (slow, e2e, quiet_cores), the quiet cores' lock, the budgets
+
+
+def _xdist_on_real_threads() -> None:
+    """pytest-xdist's worker waits for its next test on an execnet Event that execnet's reader thread (a real OS
+    thread, started before Locust's monkey-patching) sets; made after the patching, that Event and its locks were
+    gevent's, and the worker died at once ("LoopExit: This operation would block forever"). A worker's execnet keeps
+    real locks (gevent keeps the originals): between tests the main thread waits on one; nothing of a test runs then."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import execnet.gateway_base as base
+    from gevent import monkey
+
+    allocate = monkey.get_original("_thread", "allocate_lock")
+    rlock = monkey.get_original("_thread", "RLock")
+    start, ident = monkey.get_original("_thread", "start_new_thread"), monkey.get_original("_thread", "get_ident")
+    sleep = monkey.get_original("time", "sleep")
+
+    class RealEvent:
+        """threading.Event's interface on a real lock: held while the event is clear."""
+
+        def __init__(self) -> None:
+            self._guard, self._gate, self._set = allocate(), allocate(), False
+            self._gate.acquire()
+
+        def is_set(self) -> bool:
+            return self._set
+
+        def set(self) -> None:
+            with self._guard:
+                if not self._set:
+                    self._set = True
+                    self._gate.release()
+
+        def clear(self) -> None:
+            with self._guard:
+                if self._set:
+                    self._gate.acquire()
+                    self._set = False
+
+        def wait(self, timeout: float | None = None) -> bool:
+            if self._set:
+                return True
+            if self._gate.acquire(True, -1 if timeout is None else timeout):
+                self._gate.release()
+            return self._set
+
+    model = base.MainThreadOnlyExecModel
+    model.Event = lambda self: RealEvent()
+    model.Lock = model.RLock = lambda self: rlock()
+    model.start = lambda self, func, args=(): start(func, args)
+    model.get_ident = lambda self: ident()
+    model.sleep = lambda self, delay: sleep(delay)
+
+
+_xdist_on_real_threads()
 
 # Importing Locust monkey-patches the process (gevent). The whole suite did it while collecting (test_busy_host imports
 # the plugin), before any test ran; a subset without that module imported it mid-run, after ssl was in use, and the
@@ -30,27 +88,38 @@ def _factory(*module_args: str):
         p.stop()
 
 
+def _served(build: Any, *first: str):
+    """Fixture body: yields ``start(*args)`` for servers served on this process's event loop, stopped after."""
+    served: list = []
+
+    def start(*extra: str) -> Any:
+        server = build([*first, *extra]).start()
+        served.append(server)
+        return server
+
+    yield start
+    for s in served:
+        s.stop()
+
+
 @pytest.fixture
 def emulator_factory():
+    """Emulators served in the test's process (a few ms each, no port wait): a run in another process or in this
+    one (``run_in_process``) reaches it while the test waits, gevent serving it meanwhile."""
+    from server.emulator.cli import build
+
+    yield from _served(build, "--host", "127.0.0.1", "--port", "0", "--log-stats-interval", "0")
+
+
+@pytest.fixture
+def emulator_process_factory():
+    """Emulators as processes of their own: a test that kills one, pins it to a core, or needs its timing apart
+    from the test's loop."""
     yield from _factory("-m", "server.emulator", "--port", "0")
 
 
 @pytest.fixture
 def sidecar_factory():
-    yield from _factory("-m", "server.sidecar", "--listen", "127.0.0.1:0")
+    from server.sidecar.app import build
 
-
-#: the modules whose tests start real vLLMs, swarms of processes, namespaces, capacity searches or long runs: the
-#: full suite's bulk (`python -m pytest -q -m 'not slow' tests` leaves them out while developing)
-SLOW_MODULES = frozenset({
-    "test_real_vllm", "test_real_vllm_pooling", "test_real_vllm_reasoning", "test_real_vllm_tune",
-    "test_real_vllm_vision", "test_saturation", "test_tune", "test_netns", "test_process_faults", "test_busy_host",
-    "test_faults", "test_compose", "test_kubernetes", "test_packaging", "test_webui", "test_sweep",
-    "test_security", "test_router", "test_transformers_serve", "test_real_vllm_timing", "test_real_vllm_fleet",
-})
-
-
-def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
-    for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
-            item.add_marker(pytest.mark.slow)
+    yield from _served(build, "--listen", "127.0.0.1:0")

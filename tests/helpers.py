@@ -52,12 +52,68 @@ def run_locust(args: list[str], cwd: Path, timeout: float = 120.0,
     lateness made 9 tests that check something else fail with exit 5; the verdict still says it, in every file."""
     if not judge_trust and "--allow-untrustworthy" not in args and "--worker" not in args:
         args = [*args, "--allow-untrustworthy"]
+    args = swarm_port(args)
     env = dict(os.environ, PYTHONPATH=str(ROOT), **(env_extra or {}))
     env.pop("VLLM_LOAD_API_KEY", None)
     if "OPENAI_API_KEY" not in (env_extra or {}):
         env.pop("OPENAI_API_KEY", None)
     return subprocess.run([sys.executable, "-m", "locust", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
+
+
+def swarm_port(args: list[str]) -> list[str]:
+    """A --processes swarm's master on a free port of its own: Locust's default (5557) is one per machine, and tests
+    that run side by side (pytest -n) found it taken ("the master's port 5557 ... cannot be bound")."""
+    if "--processes" in args and not any(a.startswith("--master-bind-port") for a in args):
+        return [*args, "--master-bind-port", str(free_port())]
+    return args
+
+
+def run_in_process(args: list[str], cwd: Path, timeout: float = 120.0, env_extra: dict[str, str] | None = None,
+                   judge_trust: bool = False, worker_args: list[str] | None = None,
+                   emulator_process: bool = False) -> Any:
+    return start_in_process(args, cwd, timeout, env_extra, judge_trust, worker_args, emulator_process).wait()
+
+
+def start_in_process(args: list[str], cwd: Path, timeout: float = 120.0, env_extra: dict[str, str] | None = None,
+                     judge_trust: bool = False, worker_args: list[str] | None = None,
+                     emulator_process: bool = False) -> Any:
+    """``run_locust``'s run, built in this process (``vllm_load.testing``: the same parser, role objects, start, end
+    and exit code; the embedded emulator served on this loop): a test of the plugin's logic costs its run's length,
+    not a Locust process, an emulator process and a sidecar process. Same arguments, same untrustworthy policy;
+    ``--processes N``: a master and N workers in this process; ``emulator_process``: the embedded emulator as a
+    process of its own (its timing is the subject). ``start_in_process``: the run goes on beside the test, which
+    ``wait()``s for its end or ``stop()``s it (``vllm_load.testing.Running``)."""
+    from vllm_load import testing
+
+    if not judge_trust and "--allow-untrustworthy" not in args:
+        args = [*args, "--allow-untrustworthy"]
+    env: dict[str, str | None] = {"VLLM_LOAD_API_KEY": None, **(env_extra or {})}
+    if "OPENAI_API_KEY" not in (env_extra or {}):
+        env["OPENAI_API_KEY"] = None
+    return testing.start(args, cwd=cwd, env=env, timeout=timeout, worker_args=worker_args,
+                         emulator_process=emulator_process)
+
+
+class UIHere:
+    """A Locust web UI (a locustfile, chat.py by default, against the embedded emulator) served in the test's
+    process on a free port, until close(), which gives what it printed."""
+
+    def __init__(self, tmp: Path, *extra: str, env: dict[str, str] | None = None,
+                 locustfile: Path = ROOT / "locustfiles" / "chat.py") -> None:
+        self.running = start_in_process(["-f", str(locustfile), "--web-port", "0", "--output-tokens", "4",
+                                         "--run-dir", str(tmp / "run"), *extra], tmp, env_extra=env, timeout=600)
+        self.base = self.running.web_url
+
+    def state(self) -> str:
+        import json
+
+        with urllib.request.urlopen(self.base + "/stats/requests", timeout=15) as r:
+            return json.loads(r.read())["state"]
+
+    def close(self) -> str:
+        out = self.running.stop()
+        return out.stdout + out.stderr
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "", poll: float = 0.1) -> Any:

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from tests.helpers import ROOT, free_port, run_locust
+from tests.helpers import ROOT, free_port, run_in_process, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 CHAT = str(ROOT / "locustfiles" / "chat.py")
@@ -81,7 +81,7 @@ def test_other_servers_streams_are_measured_whole(tmp_path, emulator_factory, st
     emu = emulator_factory("--stream-style", style, *OTHER_SERVER, "--tokens-per-chunk", "2", "--ttft", "0.005",
                            "--itl", "0.002")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "4s", "--host", emu.url,
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "4s", "--host", emu.url,
                       "--output-tokens", "8-24", "--run-dir", str(run_dir)], tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
@@ -103,7 +103,7 @@ def test_other_servers_streams_are_measured_whole(tmp_path, emulator_factory, st
 
 def test_openai_mode_forced_against_vllm_says_so(tmp_path, emulator_factory):
     emu = emulator_factory()
-    res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", emu.url,
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", emu.url,
                       "--server-kind", "openai", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
                      tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-2000:]
@@ -111,7 +111,9 @@ def test_openai_mode_forced_against_vllm_says_so(tmp_path, emulator_factory):
     assert "the server is not vLLM" not in res.stdout
 
 
+@pytest.mark.e2e
 def test_a_master_port_in_use_is_one_line_and_processes_follow_their_masters_port(tmp_path, emulator_factory):
+    """A process's own: the master's port settled once per process, before Locust forks the --processes workers."""
     emu = emulator_factory()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -138,7 +140,7 @@ def test_reset_prefix_cache_before_a_run_leaves_no_hit_carried_over(tmp_path, em
             "--input-tokens", "96", "--output-tokens", "4", "--salt", "fixed", "--seed", "3"]
 
     def first_cached(name, *extra):
-        res = run_locust([*same, *extra, "--run-dir", str(tmp_path / name)], tmp_path, timeout=120)
+        res = run_in_process([*same, *extra, "--run-dir", str(tmp_path / name)], tmp_path, timeout=120)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         logs = sorted(read_log(tmp_path / name / "requests.jsonl"), key=lambda r: r["start"])
         return logs[0]["cached_tokens"], res.stdout

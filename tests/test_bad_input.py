@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, Proc, run_locust
+from tests.helpers import ROOT, Proc, run_in_process, run_locust
 
 CHAT, SWEEP = str(ROOT / "locustfiles/chat.py"), str(ROOT / "locustfiles/sweep.py")
 ROOT_LF = str(ROOT / "locustfiles") + "/"
@@ -71,7 +71,7 @@ CASES = [
 def test_bad_input_is_one_line_and_exit_2(tmp_path, emulator, locustfile, args, says):
     args = [a.replace("{file}", _a_file(tmp_path)) for a in args]
     host = [] if "--host" in args else ["--host", emulator.url]
-    r = run_locust(["-f", locustfile, "--headless", "-t", "5s", *host, *args], cwd=tmp_path, timeout=60)
+    r = run_in_process(["-f", locustfile, "--headless", "-t", "5s", *host, *args], cwd=tmp_path, timeout=60)
     errors = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]
     assert r.returncode == 2, (r.returncode, r.stdout[-1500:], r.stderr[-1500:])
     assert len(errors) == 1 and says in errors[0], r.stderr
@@ -84,8 +84,8 @@ def test_openai_api_key_is_read_when_no_key_is_given(tmp_path):
     try:
         args = ["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "4",
                 "--run-dir", str(tmp_path / "run")]
-        with_key = run_locust(args, cwd=tmp_path, env_extra={"OPENAI_API_KEY": "k-env"})
-        without = run_locust(args, cwd=tmp_path, timeout=60)
+        with_key = run_in_process(args, cwd=tmp_path, env_extra={"OPENAI_API_KEY": "k-env"})
+        without = run_in_process(args, cwd=tmp_path, timeout=60)
     finally:
         emu.stop()
     assert with_key.returncode == 0, with_key.stdout[-2000:] + with_key.stderr[-2000:]
@@ -96,7 +96,7 @@ def test_openai_api_key_is_read_when_no_key_is_given(tmp_path):
 def test_a_host_with_credentials_in_it_is_refused_without_echoing_them(tmp_path):
     """http://user:password@host: one line, exit 2, and the password in no output (the server check echoed the
     whole URL, and such a URL never reached a server: discovery could not resolve it)."""
-    res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", "http://user:s3cr3tpw@127.0.0.1:9",
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", "http://user:s3cr3tpw@127.0.0.1:9",
                       "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
     assert res.returncode == 2 and len(errors) == 1, res.stderr[-2000:]
@@ -118,6 +118,7 @@ def tiny_filesystem(path: Path, size: str = "200k"):
             subprocess.run(["umount", "-l", str(path)], check=False)
 
 
+@pytest.mark.e2e
 def test_a_run_dir_that_fills_up_gives_one_line_its_verdict_and_exit_6(tmp_path, emulator):
     import os
     import sys

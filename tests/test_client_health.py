@@ -2,7 +2,9 @@
 
 import json
 
-from tests.helpers import ROOT, run_locust
+import pytest
+
+from tests.helpers import ROOT, run_in_process, run_locust
 from vllm_load.metrics.client_health import ClientHealth
 
 
@@ -69,7 +71,7 @@ def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_p
     emu = emulator_factory("--ttft", "0.05", "--itl", "0.01")
     run_dir = tmp_path / "run"
     # 50 req/s asked, but one user may hold only 2 streams of ~0.4 s: the client itself falls behind
-    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-r", "1", "-t", "4s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-r", "1", "-t", "4s",
                       "--host", emu.url, "--request-rate", "50", "--max-concurrency", "2", "--output-tokens", "32",
                       "--run-dir", str(run_dir)], cwd=tmp_path, judge_trust=True)
     assert res.returncode == 5, res.stderr[-2000:]  # a gate must not pass on numbers the tool disowns
@@ -79,7 +81,7 @@ def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_p
     assert data["valid"] is False and not data["trust"]["passed"] and data["exit_code"] == 5
     assert "UNTRUSTWORTHY RUN" in res.stdout and "exit code 5" in res.stdout
     assert "id='client-saturated'" in (run_dir / "report.html").read_text()
-    accepted = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-r", "1", "-t",
+    accepted = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-r", "1", "-t",
                            "4s", "--host", emu.url, "--request-rate", "50", "--max-concurrency", "2", "--output-tokens",
                            "32", "--run-dir", str(tmp_path / "accepted"), "--allow-untrustworthy"], cwd=tmp_path)
     assert accepted.returncode == 0, accepted.stdout[-2000:]
@@ -89,7 +91,7 @@ def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_p
 def test_a_comfortable_run_is_not_flagged(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
                       "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], cwd=tmp_path,
                      judge_trust=True)
     assert res.returncode == 0
@@ -117,11 +119,12 @@ def test_the_verdict_names_its_cause_from_the_evidence():
     assert verdict(lag=0.001)["cause"] is None and not verdict(lag=0.001)["saturated"]
 
 
+@pytest.mark.quiet_cores
 def test_a_light_open_loop_run_is_on_time_from_its_first_second_and_trusted(tmp_path):
     """2 processes at 20 req/s against the embedded emulator: the schedule starts once the users' prompt
     pools hold their first prompts, so even the first requests leave on time (they left ~300 ms late)."""
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "8", "-r", "8",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "8", "-r", "8",
                       "-t", "8s", "--request-rate", "20", "--output-tokens", "16", "--run-dir", str(run_dir)],
                      cwd=tmp_path, judge_trust=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -134,6 +137,8 @@ def test_a_light_open_loop_run_is_on_time_from_its_first_second_and_trusted(tmp_
     assert "UNTRUSTWORTHY" not in res.stdout
 
 
+@pytest.mark.e2e
+@pytest.mark.quiet_cores
 def test_readme_command_1_on_a_quiet_machine_is_not_flagged(tmp_path):
     # the first run a newcomer makes: 16 users, 30 s, the embedded emulator (was flagged for 13 late reads of
     # 22,443, at most 9.8 ms late, that merged nothing, with the advice to add processes)
@@ -170,6 +175,8 @@ def test_an_embedded_emulator_that_fell_behind_is_named_not_read_as_a_slow_serve
         "the emulator, not the server")
 
 
+@pytest.mark.e2e
+@pytest.mark.quiet_cores
 def test_a_starved_embedded_emulator_makes_the_run_untrustworthy(tmp_path):
     """The embedded emulator stopped (SIGSTOP) for 0.3 s at a time, 8 times mid-run: its chunks come late by its own
     schedule, and the run says so (exit 5) instead of reporting a slow server."""

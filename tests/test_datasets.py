@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 from vllm_load.workload.datasets import BATCH_INSTRUCTION, DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.errors import UsageError
 from vllm_load.workload.prompts import PromptFactory
@@ -91,7 +91,7 @@ def test_dataset_prompts_are_unique_even_when_records_repeat(files):
 def test_csv_batch_run_end_to_end(files, tmp_path):
     _, _, cs = files
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
                       "--dataset", str(cs), "--dataset-field", "review", "--dataset-batch", "2",
                       "--align-with-server", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -106,7 +106,7 @@ def test_align_with_server_catches_a_wrong_tokenizer(tmp_path, emulator_factory)
 
     emu = emulator_factory()
     bpe = build_byte_level_bpe(tmp_path / "bpe")
-    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-t", "2s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-t", "2s",
                       "--host", emu.url, "--tokenizer", str(bpe), "--align-with-server",
                       "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 2
@@ -146,7 +146,7 @@ def test_a_run_sends_the_records_of_a_local_hugging_face_dataset(tmp_path, emula
     datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "saved"))
     sent = tmp_path / "sent.jsonl"
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(sent))
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--host", emu.url,
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--host", emu.url,
                       "--dataset", f"hf:{tmp_path / 'saved'}", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
                      cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -165,7 +165,7 @@ def test_a_hub_dataset_without_the_hub_is_one_line_at_once(tmp_path):
         s.bind(("127.0.0.1", 0))
         closed = s.getsockname()[1]
     t0 = time.monotonic()
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
                       "--dataset", "hf:someone/not-cached", "--run-dir", str(tmp_path / "run")], cwd=tmp_path,
                      env_extra={"HF_ENDPOINT": f"http://127.0.0.1:{closed}", "HF_HOME": str(tmp_path / "hf")})
     took = time.monotonic() - t0

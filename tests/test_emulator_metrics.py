@@ -42,10 +42,11 @@ def test_metrics_naming_maps_to_the_same_schema(emulator_factory, naming):
 
 
 @pytest.mark.parametrize("naming", ["v1", "v0"])
-def test_stats_log_line_is_vllms_and_the_sidecar_reads_it(tmp_path, naming, emulator_factory, sidecar_factory):
+def test_stats_log_line_is_vllms_and_the_sidecar_reads_it(tmp_path, naming, emulator_process_factory,
+                                                          sidecar_factory):
     log = tmp_path / "emulator.log"
-    with open(log, "w") as err:
-        emu = emulator_factory("--metrics-naming", naming, "--log-stats-interval", "0.2", stderr=err)
+    with open(log, "w") as err:  # the lines the emulator process writes on its stderr, as vLLM's own
+        emu = emulator_process_factory("--metrics-naming", naming, "--log-stats-interval", "0.2", stderr=err)
         post(emu.url + "/v1/completions", {"model": "emulator/mistral-7b-v0.1", "prompt": "hello", "max_tokens": 3})
         side = sidecar_factory("--log-file", str(log), "--out", "")
 

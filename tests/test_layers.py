@@ -21,8 +21,9 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_only_the_plugin_imports_locust():
+    """And ``testing.py``, which builds Locust's environments and runners as ``locust`` does (at the top layer)."""
     offenders = [str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
-                 if "locust" in _imports(p) and p.relative_to(PKG).parts[0] not in ("plugin", "locustfiles")]
+                 if "locust" in _imports(p) and p.relative_to(PKG).parts[0] not in ("plugin", "locustfiles", "testing.py")]
     assert offenders == []
 
 
@@ -64,7 +65,8 @@ def test_each_c_extension_has_a_stub_that_matches_it():
 #: (``report`` once imported the plugin's options, which now sit at the bottom; ``runtime`` holds what a load
 #: process runs on besides Locust, and the sidecar and ``tune`` import it rather than the plugin)
 LAYERS = (("errors", "redact", "lifeline", "options", "metric_table"), ("workload",), ("client",), ("runtime",),
-          ("metrics",), ("rundir",), ("report",), ("plugin",), ("locustfiles", "tune"), ("cli", "__init__"))
+          ("metrics",), ("rundir",), ("report",), ("plugin",), ("locustfiles", "tune"), ("cli", "__init__"),
+          ("testing",))
 
 
 def _layer(name: str) -> int:
@@ -107,7 +109,10 @@ def test_the_plugin_runtime_is_one_object_per_role():
     assert {n for n, _ in found} == {"roles.py"} and len(found) <= 2, found
     assert len(sources["listeners.py"].splitlines()) < 80
     hooks = re.findall(r"@events\.(\w+)\.add_listener", "".join(sources.values()))
-    assert sorted(hooks) == ["init", "init_command_line_parser", "test_start"]
+    assert hooks == ["init_command_line_parser"]
+    # init and test_start, put on an environment's events by ``attach`` (Locust's global ones at import)
+    assert re.findall(r"hooks\.(\w+)\.add_listener", sources["listeners.py"]) == ["init", "test_start"]
+    assert re.findall(r"^attach\((\w+)\)$", sources["listeners.py"], re.M) == ["events"]
 
 
 def test_no_plugin_function_is_over_40_lines():

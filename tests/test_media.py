@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.workload.media import MediaMaker, parse_image_size
 
@@ -35,7 +35,7 @@ def test_chat_with_images_reports_media_tokens_apart_and_sends_no_image_twice(tm
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005", "--request-log", str(log))
     run_dir = tmp_path / "run"
     # ended by its count, -t a bound: two processes starting on a busy host once sent nothing in a 3 s run
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "90s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "90s",
                       "--num-requests", "12",
                       "--host", emu.url, "--processes", "2", "--images-per-request", "2", "--image-size", "256x256",
                       "--audio-seconds", "2", "--input-tokens", "64", "--output-tokens", "8",
@@ -57,7 +57,7 @@ def test_chat_with_images_reports_media_tokens_apart_and_sends_no_image_twice(tm
 
 def test_a_users_own_image_and_audio(tmp_path):
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "tests/locustfiles/vision.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+    res = run_in_process(["-f", str(ROOT / "tests/locustfiles/vision.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
                       "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
@@ -83,7 +83,7 @@ def test_images_and_clips_from_folders(tmp_path, emulator_factory):
         w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000), w.writeframes(b"\0\0" * 16000)  # 1 s
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.003")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
                       "--host", emu.url, "--images-per-request", "1", "--images-from", str(folder), "--audio-from",
                       str(clip), "--input-tokens", "40", "--output-tokens", "4", "--run-dir", str(run_dir)],
                      cwd=tmp_path)
@@ -91,6 +91,6 @@ def test_images_and_clips_from_folders(tmp_path, emulator_factory):
     logs = read_log(run_dir / "requests.jsonl")
     # a.png: 2x2 patches, b.jpg: 4x1; 1 s of audio: 25 tokens
     assert logs and {r["media_tokens"] for r in logs} == {4 + 25}, sorted({r["media_tokens"] for r in logs})
-    bad = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "2s", "--host", emu.url,
+    bad = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "2s", "--host", emu.url,
                       "--images-per-request", "1", "--images-from", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
     assert bad.returncode == 2 and "--images-from" in bad.stderr and "no " in bad.stderr

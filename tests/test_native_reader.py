@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.helpers import run_locust
+from tests.helpers import run_in_process, run_locust
 from vllm_load.client import native
 from vllm_load.rundir.reqlog import read_log
 
@@ -130,6 +130,7 @@ def test_reader_reports_a_reset_as_the_error_it_was():
 BLOCKING = textwrap.dedent("""
     import time
     import gevent
+    from locust import events
     from vllm_load.plugin.users import ChatUser
 
     class Blocked(ChatUser):
@@ -142,19 +143,23 @@ BLOCKING = textwrap.dedent("""
             while time.perf_counter() < end:
                 pass
 
-    gevent.spawn(block)
+    @events.test_start.add_listener
+    def _block(environment, **_kw):  # for the run's length (a run in the test's own process ends with it)
+        blocker = gevent.spawn(block)
+        environment.events.quitting.add_listener(lambda **_kw: blocker.kill(block=False))
 """)
 
 
+@pytest.mark.quiet_cores
 @pytest.mark.parametrize("reader", ["native", "python"])
-def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_factory, tmp_path):
+def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_process_factory, tmp_path):
     if reader == "native" and not native.built():
         pytest.fail("the native reader is not built")
     truth_file = tmp_path / "truth.jsonl"
-    emu = emulator_factory("--ttft", "0.05", "--itl", "0.01", "--timing-log", str(truth_file))
+    emu = emulator_process_factory("--ttft", "0.05", "--itl", "0.01", "--timing-log", str(truth_file))
     (tmp_path / "blocked.py").write_text(BLOCKING)
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(tmp_path / "blocked.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host",
+    res = run_in_process(["-f", str(tmp_path / "blocked.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host",
                       emu.url, "--input-tokens", "32", "--output-tokens", "30", "--run-dir", str(run_dir),
                       "--allow-untrustworthy"],  # the blocked loop lags: judged below, not by the exit code
                      cwd=tmp_path, env_extra={"VLLM_LOAD_NATIVE": "1" if reader == "native" else "0"})

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections import Counter
 
-from tests.helpers import ROOT, Proc, free_port, run_locust, wait_for
-from tests.test_process_faults import locust, logs
+from tests.helpers import ROOT, Proc, free_port, run_in_process, start_in_process, wait_for
+from tests.test_process_faults import logs
 from vllm_load.metrics.outages import LiveOutage, bucket, find_windows
 from vllm_load.rundir.reqlog import read_log
 
@@ -93,9 +92,9 @@ def test_a_server_killed_and_restarted_is_one_outage_with_bounded_retries(tmp_pa
     server = Proc(args)
     run_dir = tmp_path / "run"
     users, cap = 4, 0.5
-    p = locust(["-f", CHAT, "--headless", "-u", str(users), "-r", str(users), "-t", "120s", "--host", server.url,
-                "--output-tokens", "20", "--retry-backoff-max", f"{cap}s", "--slo", "outage.seconds<=0",
-                "--run-dir", str(run_dir)], tmp_path)
+    run = start_in_process(["-f", CHAT, "--headless", "-u", str(users), "-r", str(users), "-t", "120s", "--host",
+                            server.url, "--output-tokens", "20", "--retry-backoff-max", f"{cap}s", "--slo",
+                            "outage.seconds<=0", "--run-dir", str(run_dir)], tmp_path, timeout=150)
     try:
         wait_for(lambda: sum(r["ok"] for r in logs(run_dir)) >= 8, what="successes before the kill")
         server.p.kill()
@@ -109,12 +108,12 @@ def test_a_server_killed_and_restarted_is_one_outage_with_bounded_retries(tmp_pa
         # successes after it, and time for the live watcher (1 s polls) to have said so
         wait_for(lambda: sum(r["ok"] and r["start"] > back for r in logs(run_dir)) >= 8 and time.time() - back > 3,
                  what="successes after the restart", poll=0.2)
-        p.send_signal(signal.SIGTERM)
-        out, err = p.communicate(timeout=90)
+        res = run.stop()
+        out, err = res.stdout, res.stderr
     finally:
         server.stop()
-        if p.poll() is None:
-            p.kill()
+        if not run.greenlet.dead:
+            run.stop()
     summary, w = the_one_outage(run_dir)
     # the window is where the server was gone: from the kill to its restart, to the backoff's precision
     assert abs(w["start"] - killed) < 1.0 and abs(w["end"] - back) < 1.0, (w, killed, back)
@@ -127,7 +126,7 @@ def test_a_server_killed_and_restarted_is_one_outage_with_bounded_retries(tmp_pa
     assert "vllm-load: OUTAGE: server unreachable since" in out and "the server answers again" in out, out[-3000:] + err[-3000:]
     assert "OUTAGE: server unreachable from" in out and "connection refused" in w["text"]
     assert summary["client"]["saturated"] is False, summary["client"]
-    assert p.returncode == 3 and "FAIL  outage.seconds<=0" in out
+    assert res.code == 3 and "FAIL  outage.seconds<=0" in out
     assert "id='outages'" in (run_dir / "report.html").read_text()
     assert "server unreachable from" in (run_dir / "summary.md").read_text()
 
@@ -136,19 +135,21 @@ def test_stop_on_outage_ends_the_run_with_the_reason(tmp_path):
     port = free_port()
     server = Proc(["-m", "server.emulator", "--port", str(port), "--ttft", "0.01", "--itl", "0.005"])
     run_dir = tmp_path / "run"
-    p = locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "120s", "--host", server.url,
-                "--output-tokens", "8", "--stop-on-outage", "3s", "--run-dir", str(run_dir)], tmp_path)
+    run = start_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "120s", "--host", server.url,
+                            "--output-tokens", "8", "--stop-on-outage", "3s", "--run-dir", str(run_dir)], tmp_path,
+                           timeout=150)
     try:
         wait_for(lambda: sum(r["ok"] for r in logs(run_dir)) >= 4, what="successes before the kill")
         server.stop()
         killed = time.time()
-        out, err = p.communicate(timeout=60)
+        res = run.wait(timeout=60)
+        out, err = res.stdout, res.stderr
         took = time.time() - killed
     finally:
         server.stop()
-        if p.poll() is None:
-            p.kill()
-    assert p.returncode == 1, out[-2000:]
+        if not run.greenlet.dead:
+            run.stop()
+    assert res.code == 1, out[-2000:]
     assert "stopping the run (--stop-on-outage 3s)" in err and "the run was stopped: server unreachable" in out
     assert took < 20  # stopped 3 s into the outage (+ reports every 3 s, drain, report), not at -t 120 s
 
@@ -156,7 +157,7 @@ def test_stop_on_outage_ends_the_run_with_the_reason(tmp_path):
 def test_a_503_with_retry_after_makes_the_user_wait(tmp_path, emulator_factory):
     emu = emulator_factory("--fault", "503:1", "--retry-after", "1")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "4s", "--host", emu.url,
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "4s", "--host", emu.url,
                       "--min-requests", "0", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 1, res.stdout[-2000:]
     starts = sorted(r["start"] for r in logs(run_dir))
@@ -168,7 +169,7 @@ def test_a_503_with_retry_after_makes_the_user_wait(tmp_path, emulator_factory):
 
 def test_without_retry_after_a_5xx_is_backed_off_too(tmp_path, emulator_factory):
     emu = emulator_factory("--fault", "500:1")
-    res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", emu.url,
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", emu.url,
                       "--min-requests", "0", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 1
     # 50 ms doubling: ~6 attempts in 2 s (the 503 storm was ~625 a second per user)
@@ -203,7 +204,7 @@ def test_requests_the_runs_end_cancels_are_failures_in_no_outage_or_storm(tmp_pa
     run_dir = tmp_path / "run"
     # 3 users 2 s apart, each with one request whose first token (and head) would come after 30 s; the run's
     # end cancels all three 1 s into its drain: their starts span 4 s, over --outage-after's 2 s
-    res = run_locust(["-f", CHAT, "--headless", "-u", "3", "-r", "0.5", "-t", "5s", "--emulator-ttft", "30",
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "3", "-r", "0.5", "-t", "5s", "--emulator-ttft", "30",
                       "--drain-timeout", "1", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=90)
     assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]  # nothing succeeded: the run is invalid
     records = list(read_log(run_dir / "requests.jsonl"))

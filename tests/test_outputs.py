@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 
 SAMPLE = ROOT / "tests" / "data" / "vllm-bench-serve-0.32-result.json"  # written by vllm bench serve 0.32
 
@@ -17,7 +17,7 @@ def test_the_vllm_result_has_every_key_vllm_writes_with_the_summarys_values_and_
         emulator_factory, tmp_path):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005", "--tokens-per-chunk", "2")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
                       "--host", emu.url, "--output-tokens", "16", "--save-detailed", "--csv", str(tmp_path / "lc"),
                       "--slo", "itl.p50>=8ms", "--slo", "itl_token.p50<=6ms", "--slo", "e2el.p99<=2s",
                       "--slo", "ttft.p99<=2s", "--run-dir", str(run_dir)], cwd=tmp_path)
@@ -57,6 +57,7 @@ def _scrape(url: str) -> dict:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
+@pytest.mark.e2e
 def test_prometheus_metrics_of_a_two_worker_run_equal_its_summary(emulator_factory, tmp_path):
     import os
     import subprocess
@@ -69,7 +70,8 @@ def test_prometheus_metrics_of_a_two_worker_run_equal_its_summary(emulator_facto
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "tests" / "locustfiles" / "conversation.py"),
                              "--host", emu.url, "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart",
-                             "-u", "4", "-r", "4", "-t", "4s", "--autoquit", "20", "--processes", "2", "--turns", "2",
+                             "-u", "4", "-r", "4", "-t", "4s", "--autoquit", "20", "--processes", "2",
+                             "--master-bind-port", str(free_port()), "--turns", "2",
                              "--input-tokens", "40", "--turn-input-tokens", "10", "--run-dir", str(run_dir)],
                             cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -97,6 +99,7 @@ def test_prometheus_metrics_of_a_two_worker_run_equal_its_summary(emulator_facto
         proc.wait(timeout=30)
 
 
+@pytest.mark.e2e
 def test_a_headless_run_serves_prometheus_metrics_on_its_port(emulator_factory, tmp_path):
     import os
     import subprocess
@@ -184,7 +187,7 @@ def test_the_vllm_result_writes_latencies_and_queue_times_always_and_vllms_concu
 
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
                       "--host", emu.url, "--output-tokens", "8", "--request-rate", "10", "--run-dir", str(run_dir)],
                      cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
@@ -198,6 +201,7 @@ def test_the_vllm_result_writes_latencies_and_queue_times_always_and_vllms_concu
     assert _alive_per_second(one_at_a_time) == 3 and _peak(one_at_a_time) == 1  # second 1 sees 3 of them
 
 
+@pytest.mark.e2e
 def test_the_console_ends_with_one_block_after_locusts_tables_and_says_each_thing_once(tmp_path):
     """A two-process run, stdout and stderr in one stream as a terminal shows them: the stop says what it waits
     for; Locust's early "not all reports received" alarm and its workers' own "Shutting down" lines are gone; the
@@ -205,11 +209,12 @@ def test_the_console_ends_with_one_block_after_locusts_tables_and_says_each_thin
     import subprocess
     import sys
 
-    from tests.helpers import ROOT as root
+    from tests.helpers import ROOT as root, free_port
 
     out = subprocess.run([sys.executable, "-m", "locust", "-f", str(root / "locustfiles/chat.py"), "--headless",
                           # 10 s: two processes start before their first request (seconds on a busy 2-core host)
-                          "-u", "4", "-r", "4", "-t", "10s", "--processes", "2", "--output-tokens", "32",
+                          "-u", "4", "-r", "4", "-t", "10s", "--processes", "2", "--master-bind-port", str(free_port()),
+                          "--output-tokens", "32",
                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=120,
                          env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
@@ -224,7 +229,7 @@ def test_the_console_ends_with_one_block_after_locusts_tables_and_says_each_thin
 def test_locusts_own_table_starts_over_when_the_warm_up_ends(tmp_path):
     """--warmup 2s: the LLM metrics leave out the requests started in the first 2 s, and Locust's table starts over
     then and counts by the same rule: the two counts are equal."""
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
                       "--warmup", "2s", "--output-tokens", "8", "--emulator-ttft", "0.01", "--emulator-itl", "0.002",
                       "--csv", str(tmp_path / "locust"), "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

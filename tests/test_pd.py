@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.helpers import ROOT, Proc, Router, free_port, run_locust
+from tests.helpers import ROOT, Proc, Router, free_port, run_in_process, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 PER_TOKEN = 20e-6  # the emulator's KV transfer per prompt token: 512 tokens -> ~10 ms, plain in a 2-core machine's noise
@@ -41,7 +41,7 @@ def pd_pair():
 def test_each_request_splits_into_prefill_kv_transfer_and_decode(tmp_path, pd_pair):
     url, spans, sidecar = pd_pair
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "5s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "5s",
                       "--host", url, "--input-tokens", "256-1024", "--output-tokens", "16", "--otlp-receiver",
                       f"127.0.0.1:{spans}", "--sidecar-url", sidecar, "--slo", "kv_transfer.p99<=1s", "--run-dir", str(run_dir),
                       "--allow-untrustworthy"], tmp_path, timeout=120)

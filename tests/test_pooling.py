@@ -10,13 +10,13 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 
 def _run(tmp_path, locustfile, *args):
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(locustfile), "--headless", "-u", "4", "-r", "4", "-t", "4s",
+    res = run_in_process(["-f", str(locustfile), "--headless", "-u", "4", "-r", "4", "-t", "4s",
                       "--run-dir", str(run_dir), *args], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = [r for f in run_dir.glob("requests*.jsonl") for r in read_log(f)]

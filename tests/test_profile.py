@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 
 def _sweep(tmp_path, url: str, *args: str):
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", url, "--sweep", "1,3",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", url, "--sweep", "1,3",
                       "--step-duration", "3", "--output-tokens", "8", "--run-dir", str(run_dir), *args], cwd=tmp_path,
                      timeout=120)
     return res, run_dir
@@ -55,7 +55,7 @@ def test_bad_profile_points_are_one_line(tmp_path):
                        # no series to read the server's running requests from (nothing is sent to the host)
                        ([chat, "-t", "1s", "--host", "http://127.0.0.1:9", "--profile-at", "4"],
                         "--profile-at 4 starts on the server's running requests")):
-        res = run_locust(["-f", *args, "--headless", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
+        res = run_in_process(["-f", *args, "--headless", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
         assert res.returncode == 2 and said in res.stderr, (args, res.stderr[-1000:])
 
 
@@ -67,7 +67,7 @@ def test_profile_at_n_starts_when_the_server_runs_n_requests(tmp_path, emulator_
                            json.dumps({"profiler": "torch", "torch_profiler_dir": str(traces)}))
     side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", "")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--host", emu.url, "-u", "6", "-r", "1",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--host", emu.url, "-u", "6", "-r", "1",
                       "-t", "12s", "--output-tokens", "64", "--sidecar-url", side.url, "--profile-at", "3",
                       "--profile-seconds", "2", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
@@ -88,10 +88,11 @@ def test_the_web_uis_form_refuses_a_profile_point_as_the_command_line_does(tmp_p
     """The start form is judged as the command line is: --profile-at N with no series to read (a --host with no
     sidecar), or a sweep step outside a sweep, is refused where it was given, in one line; --repeat shapes the run at
     start-up, so the form has no field for it."""
-    from tests.test_security import UI, _form, request
+    from tests.helpers import UIHere
+    from tests.test_security import _form, request
 
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
-    ui = UI(tmp_path, "--host", emu.url)
+    ui = UIHere(tmp_path, "--host", emu.url)
     try:
         for form, said in ((_form(profile_at="4"), "--profile-at 4 starts on the server's running requests"),
                            (_form(profile_at="step:2"), "step:LEVEL profiles a sweep's step"),

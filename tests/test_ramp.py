@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.workload.arrivals import ramp_rate
 
@@ -39,13 +39,14 @@ def _expected(strategy, start, end, seconds=6.0, until=6.0):
     return halves
 
 
+@pytest.mark.quiet_cores
 @pytest.mark.parametrize("strategy,start,end", [("linear", 2, 20), ("exponential", 2, 32)])
 def test_a_ramped_run_sends_what_the_ramp_says(tmp_path, strategy, start, end):
     """With --burstiness inf (vLLM's constant gaps) the sends in each half of a 6 s run are the ramp's integral
     (19.5/46.5 for linear 2 -> 20 req/s, 13/52 for exponential 2 -> 32), from the run's one sequence over its
     two users."""
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
                       "--ramp-up-strategy", strategy, "--ramp-up-start-rps", str(start), "--ramp-up-end-rps", str(end),
                       "--burstiness", "inf", "--output-tokens", "4", "--emulator-ttft", "0.005",
                       "--emulator-itl", "0.002", "--run-dir", str(run_dir)], cwd=tmp_path)
@@ -64,7 +65,7 @@ def test_a_ramped_run_sends_what_the_ramp_says(tmp_path, strategy, start, end):
 
 def test_a_ramp_over_a_request_count_ends_at_the_end_rate(tmp_path):
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1",
                       "--num-requests", "21", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "4",
                       "--ramp-up-end-rps", "40", "--burstiness", "inf", "--output-tokens", "4",
                       "--emulator-ttft", "0.005", "--emulator-itl", "0.002", "--run-dir", str(run_dir)], cwd=tmp_path)
@@ -97,7 +98,7 @@ def test_a_closed_loop_ramps_its_users(tmp_path):
     from vllm_load.workload.arrivals import ramp_users
 
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "8s", "--ramp-up-strategy",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "8s", "--ramp-up-strategy",
                       "exponential", "--ramp-up-start-users", "1", "--ramp-up-end-users", "16", "--output-tokens", "4",
                       "--emulator-ttft", "0.01", "--emulator-itl", "0.005", "--run-dir", str(run_dir),
                       "--csv", str(tmp_path / "locust"), "--csv-full-history"], cwd=tmp_path)

@@ -42,11 +42,11 @@ def test_repeat_runs_any_locustfiles_load_n_times_with_its_spread(tmp_path, emul
     emptied before each, each repeat a step directory, and the spread over them computed from their own numbers."""
     import json
 
-    from tests.helpers import ROOT, run_locust
+    from tests.helpers import ROOT, run_in_process, run_locust
 
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.004")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--host", emu.url, "-u", "2", "-r", "2",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--host", emu.url, "-u", "2", "-r", "2",
                       "-t", "2s", "--repeat", "3", "--confidence", "0.9", "--output-tokens", "8",
                       "--reset-prefix-cache", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
@@ -62,7 +62,7 @@ def test_repeat_runs_any_locustfiles_load_n_times_with_its_spread(tmp_path, emul
 
 
 def test_bad_repeats_are_one_line(tmp_path):
-    from tests.helpers import ROOT, run_locust
+    from tests.helpers import ROOT, run_in_process
 
     chat, sweep = str(ROOT / "locustfiles/chat.py"), str(ROOT / "locustfiles/sweep.py")
     for args, said in (([chat, "-t", "2s", "--repeat", "0"], "--repeat must be >= 1, got 0"),
@@ -70,5 +70,5 @@ def test_bad_repeats_are_one_line(tmp_path):
                        ([sweep, "--sweep", "2", "--repeat", "2"], "a sweep repeats a level with --sweep LEVELxN"),
                        ([chat, "-t", "4s", "--repeat", "2", "--ramp-up-strategy", "linear", "--ramp-up-start-rps",
                          "1", "--ramp-up-end-rps", "4"], "--repeat repeats a steady load")):
-        res = run_locust(["-f", *args, "--headless", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
+        res = run_in_process(["-f", *args, "--headless", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
         assert res.returncode == 2 and said in res.stderr, (args, res.stderr[-1000:])

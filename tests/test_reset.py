@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import csv
 import json
 import os
@@ -9,7 +11,7 @@ import subprocess
 import sys
 import urllib.request
 
-from tests.helpers import ROOT, free_port, run_locust, wait_for
+from tests.helpers import ROOT, free_port, run_in_process, run_locust, wait_for
 from tests.test_process_faults import logs
 
 CHAT = str(ROOT / "locustfiles/chat.py")
@@ -19,7 +21,7 @@ def test_reset_stats_resets_the_llm_metrics_in_every_worker_and_the_master(tmp_p
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
     run_dir = tmp_path / "run"
     # 4 users at 1/s over 2 workers: each worker's first user runs 2 s before its second one spawns (the reset)
-    res = run_locust(["-f", CHAT, "--headless", "--processes", "2", "-u", "4", "-r", "1", "-t", "6s", "--host", emu.url,
+    res = run_in_process(["-f", CHAT, "--headless", "--processes", "2", "-u", "4", "-r", "1", "-t", "6s", "--host", emu.url,
                       "--output-tokens", "8", "--reset-stats", "--csv", str(tmp_path / "locust"),
                       "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -41,12 +43,14 @@ def _stats(base):
     return locust_total, ours
 
 
+@pytest.mark.e2e
 def test_the_web_uis_reset_button_resets_both_tables_alike(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", CHAT, "--host", emu.url, "--processes", "2",
-                             "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart", "-u", "4", "-r", "4",
+                             "--master-bind-port", str(free_port()), "--web-host", "127.0.0.1", "--web-port", str(port),
+                             "--autostart", "-u", "4", "-r", "4",
                              "--output-tokens", "8", "--run-dir", str(tmp_path / "run")],
                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"

@@ -50,6 +50,7 @@ def wait_for(cond, timeout: float, what: str) -> None:
             gevent.sleep(0.002)
 
 
+@pytest.mark.quiet_cores
 def test_the_offset_is_measured_then_followed_when_it_moves_and_not_for_jitter(monkeypatch):
     monkeypatch.setattr(run_clock, "REMEASURE_S", 0.05)
     worker, master = WorkerClock(), MasterClock()
@@ -121,12 +122,12 @@ def test_the_first_request_leaves_within_a_second_of_the_last_user_spawned(tmp_p
     own users (measured: 2-4 ms; the open loop waits for the run clock's epoch, 0.2-0.3 s)."""
     import glob
 
-    from tests.helpers import ROOT, run_locust
+    from tests.helpers import ROOT, run_in_process, run_locust
 
     log = tmp_path / "spawned.txt"
     run_dir = tmp_path / "run"
     extra = ["--request-rate", "20"] if loop == "open" else []
-    res = run_locust(["-f", str(ROOT / "tests/locustfiles/spawn_times.py"), "--headless", "-u", "4", "-r", "4",
+    res = run_in_process(["-f", str(ROOT / "tests/locustfiles/spawn_times.py"), "--headless", "-u", "4", "-r", "4",
                       "-t", "5s", "--processes", "2", "--output-tokens", "16", "--run-dir", str(run_dir), *extra],
                      cwd=tmp_path, timeout=120, env_extra={"SPAWN_LOG": str(log)})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

@@ -6,7 +6,7 @@ import json
 import statistics
 import textwrap
 
-from tests.helpers import run_locust
+from tests.helpers import run_in_process, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 # A client whose loop is blocked 6 ms out of every 8 ms: stamped at read time, a chunk that arrives
@@ -40,7 +40,7 @@ def test_a_blocked_client_loop_does_not_move_ttft_or_gaps(emulator_factory, tmp_
     emu = emulator_factory("--ttft", "0.05", "--itl", "0.03", "--jitter", "0.5", "--timing-log", str(truth_file))
     (tmp_path / "busy.py").write_text(LOCUSTFILE)
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(tmp_path / "busy.py"), "--headless", "-u", "4", "-r", "4", "-t", "5s", "--host",
+    res = run_in_process(["-f", str(tmp_path / "busy.py"), "--headless", "-u", "4", "-r", "4", "-t", "5s", "--host",
                       emu.url, "--input-tokens", "32", "--output-tokens", "20", "--run-dir", str(run_dir)],
                      cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

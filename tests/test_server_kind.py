@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 from vllm_load.rundir.files import load_run
 from vllm_load.rundir.reqlog import read_log
 
@@ -18,7 +18,7 @@ def test_a_server_that_is_not_vllm_gets_standard_fields_only(tmp_path, emulator_
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.003", "--owned-by", "llamacpp", "--reject", VLLM_FIELDS,
                            "--request-log", str(bodies))
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
                       "--host", emu.url, "--output-tokens", "12", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "the server is not vLLM (/v1/models owned_by 'llamacpp'" in res.stdout
@@ -35,7 +35,7 @@ def test_a_server_that_is_not_vllm_gets_standard_fields_only(tmp_path, emulator_
 def test_server_kind_vllm_overrides_the_detection(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.003", "--owned-by", "llamacpp", "--reject", "min_tokens")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "2s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "2s",
                       "--host", emu.url, "--output-tokens", "4", "--server-kind", "vllm", "--run-dir", str(run_dir)],
                      cwd=tmp_path)
     logs = read_log(run_dir / "requests.jsonl")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from server.sidecar.vllm_schema import derive, parse_log_line, parse_metrics
-from tests.helpers import ROOT, run_locust, wait_for
+from tests.helpers import ROOT, run_in_process, run_locust, wait_for
 
 REAL = (Path(__file__).parent / "data" / "vllm-0.32-cpu-metrics.txt").read_text()
 
@@ -115,7 +115,7 @@ def test_run_dir_holds_both_sides_on_one_clock(tmp_path, emulator_factory, sidec
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.01")
     side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", str(tmp_path / "series.jsonl"))
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "6", "-r", "6", "-t", "4s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "6", "-r", "6", "-t", "4s",
                       "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "40",
                       "--slo", "server.prefix_cache_hit_rate<=0%", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
@@ -137,7 +137,7 @@ def test_run_dir_holds_both_sides_on_one_clock(tmp_path, emulator_factory, sidec
 
 
 def test_shared_prefix_shows_up_as_prefix_cache_hits(tmp_path):
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "3s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "3s",
                       "--shared-prefix-tokens", "64", "--slo", "server.prefix_cache_hit_rate<=0%",
                       "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 3, res.stdout[-2000:]
@@ -147,7 +147,7 @@ def test_shared_prefix_shows_up_as_prefix_cache_hits(tmp_path):
 
 def test_unreachable_sidecar_does_not_stop_the_run(tmp_path, emulator_factory):
     emu = emulator_factory()
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
                       "--host", emu.url, "--sidecar-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "run")],
                      cwd=tmp_path)
     assert res.returncode == 0
@@ -179,7 +179,7 @@ def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, 
     with FakePrometheus(answer) as prom:
         emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
         run_dir = tmp_path / "run"
-        res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--host", emu.url,
+        res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--host", emu.url,
                           "--output-tokens", "4", "--prometheus-url", prom.url,
                           "--prometheus-selector", '{pod=~"vllm.*"}', "--slo", "server.kv_cache_usage.max<=50%",
                           "--run-dir", str(run_dir)], cwd=tmp_path)

@@ -11,7 +11,7 @@ import pytest
 from server.emulator.engine import EngineConfig, FixedScheduleEngine
 from server.sidecar.vllm_schema import parse_metrics
 from vllm_load.rundir.reqlog import read_log
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 
 
 def test_each_decode_step_yields_one_plus_its_accepted_drafts_in_one_step_time():
@@ -36,7 +36,7 @@ def test_a_run_reports_the_servers_acceptance_exactly(tmp_path, emulator_factory
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.004", "--spec-tokens", "3", "--spec-acceptance", "0.6")
     side = sidecar_factory("--vllm-url", emu.url, "--interval", "200ms", "--out", "")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s",
                       "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "40",
                       "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -63,7 +63,7 @@ def test_a_run_reports_the_servers_acceptance_exactly(tmp_path, emulator_factory
 
 def test_the_embedded_emulator_drafts_when_asked(tmp_path):
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
                       "--emulator-spec-tokens", "2", "--emulator-spec-acceptance", "1.0", "--output-tokens", "21",
                       "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

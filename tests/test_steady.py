@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.client.record import RequestRecord
 from vllm_load.metrics.slo import evaluate, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
@@ -61,7 +61,7 @@ def test_a_closed_loop_run_reports_its_steady_window_and_judges_the_slos_on_it(t
     stop one by one after it)."""
     run_dir = tmp_path / "run"
     # 6 users at 2/s: 2.5 s of ramp; the SLO judged on the steady window's TTFT
-    res = run_locust(["-f", CHAT, "--headless", "-u", str(USERS), "-r", "2", *length, "--output-tokens", "24",
+    res = run_in_process(["-f", CHAT, "--headless", "-u", str(USERS), "-r", "2", *length, "--output-tokens", "24",
                       "--run-dir", str(run_dir), "--slo", "ttft.p99<=5s", "--window", "steady"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = json.loads((run_dir / "summary.json").read_text())
@@ -79,7 +79,7 @@ def test_a_swarms_steady_window_is_its_workers_merged(tmp_path):
     """Locust's master passes its spawning_complete on to its workers: each opens its window then, and the master's
     steady numbers are its workers' flagged requests merged."""
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", CHAT, "--headless", "-u", str(USERS), "-r", "3", "-t", "9s", "--processes", "2",
+    res = run_in_process(["-f", CHAT, "--headless", "-u", str(USERS), "-r", "3", "-t", "9s", "--processes", "2",
                       "--output-tokens", "24", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = json.loads((run_dir / "summary.json").read_text())
@@ -94,7 +94,7 @@ def test_a_swarms_steady_window_is_its_workers_merged(tmp_path):
     (["--repeat", "2"], "--repeat's) steps each run at their own level"),
 ])
 def test_window_steady_is_refused_where_a_run_has_no_one_level(tmp_path, extra, why):
-    res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-t", "3s", "--window", "steady", "--slo", "ttft.p99<=1s",
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-t", "3s", "--window", "steady", "--slo", "ttft.p99<=1s",
                       "--run-dir", str(tmp_path / "run"), *extra], cwd=tmp_path, timeout=90)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     errors = [x for x in res.stderr.splitlines() if x.startswith("vllm-load: error:")]

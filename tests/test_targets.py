@@ -1,17 +1,17 @@
 """Several targets in one run (--host a,b): replicas of one model, users spread over them round robin across the
 swarm's processes, per-target rows beside the totals, and a replica that goes down named as that target's outage
-while the other keeps the run going. Real processes on 127.0.0.1: two emulators, Locust's own master and workers
-(--processes)."""
+while the other keeps the run going. Two emulators on 127.0.0.1, Locust's own master and workers (--processes), all
+in the test's process (``run_in_process``)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.request
 from collections import Counter
 
-from tests.helpers import ROOT, run_locust, wait_for
+import gevent
+
+from tests.helpers import ROOT, run_in_process, wait_for
 from vllm_load.rundir.reqlog import read_log
 
 
@@ -33,7 +33,7 @@ def test_two_replicas_share_a_swarms_users_and_each_has_its_rows(tmp_path, emula
     sidecars = [sidecar_factory("--vllm-url", url, "--interval", "500ms", "--out", str(tmp_path / f"side{k}.jsonl")).url
                 for k, url in enumerate((a, b))]
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "4", "-r", "4",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "4", "-r", "4",
                       "-t", "6s", "--host", f"{a},{b}", "--sidecar-url", ",".join(sidecars), "--output-tokens", "8",
                       "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -64,20 +64,17 @@ def test_two_replicas_share_a_swarms_users_and_each_has_its_rows(tmp_path, emula
 def test_a_replica_that_goes_down_is_that_targets_outage_only(tmp_path, emulator_factory):
     a, b = emulator_factory("--ttft", "0.02", "--itl", "0.005"), emulator_factory("--ttft", "0.02", "--itl", "0.005")
     run_dir = tmp_path / "run"
-    import os
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/chat.py"), "--headless",
-                             "-u", "4", "-r", "4", "-t", "9s", "--host", f"{a.url},{b.url}", "--output-tokens", "8",
-                             "--outage-after", "1s", "--retry-backoff-max", "0.2s", "--run-dir", str(run_dir)],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+    def take_b_down() -> None:  # beside the run, on the same loop: replica B goes away for the rest of the run
         wait_for(lambda: _served(b.url) >= 10, timeout=60, what="replica B serving the run", poll=0.2)
-        b.stop()  # replica B goes away for the rest of the run
-        out, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        b.stop()
+
+    down = gevent.spawn(take_b_down)
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "9s",
+                          "--host", f"{a.url},{b.url}", "--output-tokens", "8", "--outage-after", "1s",
+                          "--retry-backoff-max", "0.2s", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
+    down.get(timeout=1)  # it went down during the run
+    out = res.stdout
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     outages = summary["outages"]
     assert [w["target"] for w in outages if w["outage"]] == [b.url], outages
@@ -85,13 +82,13 @@ def test_a_replica_that_goes_down_is_that_targets_outage_only(tmp_path, emulator
     assert summary["outage_seconds"] == 0.0  # the run itself never lost its target: replica A answered throughout
     assert summary["targets"][a.url]["failed"] == 0 and summary["targets"][b.url]["failed"] > 0
     assert f"OUTAGE: target {b.url}: server unreachable since" in out, out[-3000:]
-    assert proc.returncode == 1, out[-3000:]  # requests failed (Locust's exit code for that), nothing worse
+    assert res.returncode == 1, out[-3000:]  # requests failed (Locust's exit code for that), nothing worse
 
 
 def test_replicas_must_serve_one_model(tmp_path, emulator_factory):
     a = emulator_factory("--model", "one/model", "--tokenizer", "builtin:mistral-7b-v0.1").url
     b = emulator_factory("--model", "another/model", "--tokenizer", "builtin:mistral-7b-v0.1").url
-    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
                       "--host", f"{a},{b}", "--tokenizer", "builtin:mistral-7b-v0.1", "--run-dir",
                       str(tmp_path / "run")], cwd=tmp_path)
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("vllm-load: error:")]

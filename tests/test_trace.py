@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 from tests.make_trace import make_trace
 from tests.test_e2e import load_run
 from vllm_load.errors import UsageError
@@ -18,7 +18,7 @@ def test_a_mooncake_trace_replays_each_row_once_on_time_with_its_length_and_pref
     rows = make_trace(tmp_path / "trace.jsonl")
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--enable-prompt-tokens-details")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "4", "-r", "4",
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "4", "-r", "4",
                       "--processes", "2", "--host", emu.url, "--trace", str(tmp_path / "trace.jsonl"),
                       "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
     assert "the trace was replayed: stopping the run" in res.stdout  # it ends with the trace, no -t

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 from vllm_load.plugin.log_repeats import RepeatFilter
 from vllm_load.report.results import validity_checks
 from vllm_load.metrics.slo import parse_slo
@@ -23,7 +23,7 @@ def summary_of(run_dir):
 
 
 def test_a_chat_run_below_the_chat_templates_minimum_is_refused_before_it_starts(tmp_path):
-    res = run_locust(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "20s", "--input-tokens", "2-40",
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "20s", "--input-tokens", "2-40",
                       "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=90)
     assert res.returncode == 2, res.stdout[-2000:]
     errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
@@ -34,7 +34,7 @@ def test_a_chat_run_below_the_chat_templates_minimum_is_refused_before_it_starts
 
 
 def test_completions_keep_their_own_smaller_minimum(tmp_path):
-    res = run_locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
                       "--input-tokens", "2-12", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
                      cwd=tmp_path, timeout=90)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -44,7 +44,7 @@ def test_completions_keep_their_own_smaller_minimum(tmp_path):
 def test_a_run_whose_every_request_fails_exits_non_zero_even_when_an_slo_allows_errors(tmp_path, emulator_factory):
     emu = emulator_factory("--fault", "500:1")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host", emu.url,
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host", emu.url,
                       "--slo", "error_rate<=100%", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 4, res.stdout[-2000:]
     assert "RUN INVALID: only 0 of" in res.stdout and "the run measured nothing" in res.stdout
@@ -57,7 +57,7 @@ def test_a_run_whose_every_request_fails_exits_non_zero_even_when_an_slo_allows_
     # (each user backs off after a 5xx: ~10 attempts per user in 4 s, where it used to be hundreds)
     assert data["summary"]["failed"] > 10 and len(res.stderr) < 20_000, len(res.stderr)
     # --min-requests 0 opts out: the error_rate SLO then governs alone
-    res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "2s", "--host", emu.url,
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "2s", "--host", emu.url,
                       "--slo", "error_rate<=100%", "--min-requests", "0", "--run-dir", str(tmp_path / "r2")],
                      cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:]
@@ -74,7 +74,7 @@ def test_a_task_that_raises_the_same_error_every_time_writes_a_bounded_log(tmp_p
         "    @task\n"
         "    def generate(self):\n"
         "        raise ValueError('the same mistake')\n")
-    res = run_locust(["-f", str(lf), "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", emu.url,
+    res = run_in_process(["-f", str(lf), "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", emu.url,
                       "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     # tens of thousands of raises in 3 s: one traceback, then one line per power of ten
     assert res.stderr.count("Traceback") == 1, res.stderr[-3000:]
@@ -95,8 +95,14 @@ def test_a_prompt_failure_that_every_request_would_repeat_stops_the_swarm_at_onc
         "def build_request(self, api):\n"
         "    raise UsageError('record 7 is longer than max_model_len: drop it')\n\n"
         "RequestSource.build_request = build_request\n")
-    res = run_locust(["-f", str(lf), "--headless", "--processes", "2", "-u", "4", "-r", "4", "-t", "60s",
-                      "--host", emu.url, "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
+    from vllm_load.plugin.request_source import RequestSource
+
+    original = RequestSource.build_request  # the locustfile patches the class: this process's later runs need it back
+    try:
+        res = run_in_process(["-f", str(lf), "--headless", "--processes", "2", "-u", "4", "-r", "4", "-t", "60s",
+                              "--host", emu.url, "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
+    finally:
+        RequestSource.build_request = original
     assert res.returncode == 2, (res.stdout[-2000:], res.stderr[-2000:])
     errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
     assert errors == ["vllm-load: error: record 7 is longer than max_model_len: drop it"], res.stderr[-3000:]
@@ -108,13 +114,13 @@ def test_a_wrong_tokenizer_fails_the_run_unless_an_input_drift_slo_accepts_it(tm
     # the server counts with Tekken, the client builds prompts with Mistral's SentencePiece
     emu = emulator_factory("--tokenizer", "builtin:mistral-tekken", "--ttft", "0.01", "--itl", "0.002")
     args = ["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", emu.url, "--output-tokens", "8"]
-    res = run_locust([*args, "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
+    res = run_in_process([*args, "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
     assert res.returncode == 4, res.stdout[-2000:]
     assert "the tokenizer does not match the server's: pass --tokenizer" in res.stdout
     assert summary_of(tmp_path / "a")["summary"]["input_drift_fraction"] > 0.5
-    res = run_locust([*args, "--slo", "input_drift<=100%", "--run-dir", str(tmp_path / "b")], cwd=tmp_path)
+    res = run_in_process([*args, "--slo", "input_drift<=100%", "--run-dir", str(tmp_path / "b")], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:]
-    res = run_locust([*args, "--slo", "input_drift<=1%", "--run-dir", str(tmp_path / "c")], cwd=tmp_path)
+    res = run_in_process([*args, "--slo", "input_drift<=1%", "--run-dir", str(tmp_path / "c")], cwd=tmp_path)
     assert res.returncode == 3, res.stdout[-2000:]
 
 
@@ -180,10 +186,12 @@ def _pinned(core: int):
 needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores to pin to")
 
 
+@pytest.mark.e2e
+@pytest.mark.quiet_cores
 @needs_two_cores
-def test_a_cpu_hog_on_the_clients_core_is_named_as_contention_not_add_workers(tmp_path, emulator_factory):
+def test_a_cpu_hog_on_the_clients_core_is_named_as_contention_not_add_workers(tmp_path, emulator_process_factory):
     cores = sorted(os.sched_getaffinity(0))
-    emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
+    emu = emulator_process_factory("--ttft", "0.02", "--itl", "0.005")
     os.sched_setaffinity(emu.p.pid, {cores[1]})
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -218,10 +226,12 @@ def test_a_cpu_hog_on_the_clients_core_is_named_as_contention_not_add_workers(tm
     assert "add workers" not in stdout
 
 
+@pytest.mark.e2e
+@pytest.mark.quiet_cores
 @needs_two_cores
-def test_a_client_at_its_own_cpu_limit_is_told_to_add_workers(tmp_path, emulator_factory):
+def test_a_client_at_its_own_cpu_limit_is_told_to_add_workers(tmp_path, emulator_process_factory):
     cores = sorted(os.sched_getaffinity(0))
-    emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
+    emu = emulator_process_factory("--ttft", "0.02", "--itl", "0.005")
     os.sched_setaffinity(emu.p.pid, {cores[1]})
     lf = tmp_path / "busy.py"
     lf.write_text(  # a user task that computes between requests: the client's own CPU is the limit
@@ -259,7 +269,7 @@ def test_batch_1_and_batch_8_send_the_same_instruction_and_report_records_per_se
     rates = {}
     for k in (1, 8):
         run_dir = tmp_path / f"k{k}"
-        res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--host", emu.url,
+        res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--host", emu.url,
                           "--dataset", str(reviews), "--dataset-batch", str(k), "--run-dir", str(run_dir)],
                          cwd=tmp_path)
         assert res.returncode == 0, res.stdout[-2000:]

@@ -12,6 +12,8 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
+import pytest
+
 from tests.helpers import ROOT, free_port, listening, wait_for
 
 KEY, SIDECAR, PROM = "sk-SECRET-key-7f3a9", "sidecar-SECRET-tok-41c2", "prom-SECRET-tok-88d0"
@@ -62,6 +64,7 @@ def swarm_form(host, **extra):
             "prometheus_token": "", **extra}
 
 
+@pytest.mark.e2e
 def test_no_page_carries_a_secret_and_a_swarm_elsewhere_sends_no_key(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     capture = Capture()
@@ -109,6 +112,7 @@ def test_no_page_carries_a_secret_and_a_swarm_elsewhere_sends_no_key(tmp_path, e
     assert "is not sent to http://127.0.0.1" in out
 
 
+@pytest.mark.e2e
 def test_a_wider_bind_warns_that_the_ui_has_no_login(tmp_path, emulator_factory):
     emu = emulator_factory()
     port = free_port()

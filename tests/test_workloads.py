@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 from tests.test_e2e import load_run
 
 CHAT = str(ROOT / "locustfiles" / "chat.py")
@@ -22,7 +22,7 @@ def test_headers_extra_body_temperature_and_models_reach_the_server(emulator_fac
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(sent),
                            "--served-model-name", "alias-a", "--lora-modules", "lora-b")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--host", emu.url,
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--host", emu.url,
                       "--output-tokens", "8", "--header", "X-Tenant: team-a", "--header", "X-Api-Token: sekrit-value",
                       "--extra-body", '{"top_k": 5, "repetition_penalty": 1.1}', "--temperature", "0.5",
                       "--model", "alias-a,lora-b", "--run-dir", str(run_dir)], cwd=tmp_path)
@@ -46,11 +46,11 @@ def test_headers_extra_body_temperature_and_models_reach_the_server(emulator_fac
 
 def test_a_server_that_refuses_min_tokens_and_continuous_usage_works_with_the_switches(emulator_factory, tmp_path):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--reject", "min_tokens,continuous_usage_stats")
-    refused = run_locust(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "8",
+    refused = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "8",
                           "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
     assert refused.returncode == 4  # nothing succeeded: the run measured nothing
     assert "Unrecognized request argument supplied: min_tokens" in refused.stdout
-    ok = run_locust(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "8",
+    ok = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "8",
                      "--no-ignore-eos", "--no-continuous-usage", "--run-dir", str(tmp_path / "b")], cwd=tmp_path)
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
     _, logs = load_run(tmp_path / "b")
@@ -61,7 +61,7 @@ def test_a_server_that_refuses_min_tokens_and_continuous_usage_works_with_the_sw
 def test_warmup_requests_are_logged_and_left_out_of_every_number(emulator_factory, tmp_path):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "5s", "--host", emu.url,
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "5s", "--host", emu.url,
                       "--output-tokens", "8", "--warmup", "3s", "--slo", "ttft.p99<=2s", "--run-dir", str(run_dir)],
                      cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -83,7 +83,7 @@ def test_warmup_requests_are_logged_and_left_out_of_every_number(emulator_factor
 def _run(emu, tmp_path, tag, *extra):
     sent = tmp_path / f"sent-{tag}.jsonl"
     run_dir = tmp_path / tag
-    res = run_locust(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "3s", "--host", emu.url,
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "3s", "--host", emu.url,
                       "--input-tokens", "20-300", "--output-tokens", "2-12", "--request-rate", "12",
                       "--run-dir", str(run_dir), *extra], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -124,12 +124,12 @@ def test_tls_targets_are_verified_unless_told_otherwise(emulator_factory, tmp_pa
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--ssl-keyfile", str(key), "--ssl-certfile", str(cert))
     assert emu.url.startswith("https://")
     args = ["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "4"]
-    refused = run_locust([*args, "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
+    refused = run_in_process([*args, "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
     assert refused.returncode == 2
     errors = [line for line in refused.stderr.splitlines() if line.startswith("vllm-load: error:")]
     assert len(errors) == 1 and "pass --ca-bundle FILE with its CA, or --insecure" in errors[0]
     for tag, extra in (("b", ["--ca-bundle", str(cert)]), ("c", ["--insecure"])):
-        ok = run_locust([*args, *extra, "--run-dir", str(tmp_path / tag)], cwd=tmp_path)
+        ok = run_in_process([*args, *extra, "--run-dir", str(tmp_path / tag)], cwd=tmp_path)
         assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
         _, logs = load_run(tmp_path / tag)
         assert logs and all(r["ok"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)

@@ -27,13 +27,18 @@ from typing import Any
 
 import gevent
 import gevent.event
-from locust import events, task
+from locust import task
 
 from vllm_load import LLMUser
 from vllm_load.workload.sessions import Fork, Session, Turn, read_sessions
 
-_queue: list[Session] | None = None  # this process's share, taken in turn by its users
-_left = 0  # sessions of the share not yet finished
+
+class _Share:
+    """This process's share of the sessions in one run, taken in turn by its users."""
+
+    def __init__(self, sessions: list[Session]) -> None:
+        self.queue = sessions
+        self.left = len(sessions)  # sessions of the share not yet finished
 
 
 class SessionReplay(LLMUser):
@@ -53,24 +58,26 @@ class SessionReplay(LLMUser):
 
     @task
     def replay(self) -> None:
-        global _queue, _left
-        if _queue is None:
-            _queue = self.llm.share(read_sessions(self.llm.options.sessions, self.llm.options.sessions_format))
-            _left = len(_queue)
-            if not _queue:
-                self.llm.finished()
-        if not _queue:
+        share = self.llm.shared("sessions", self._take_share)
+        if not share.queue:
             gevent.event.Event().wait()  # the share is replayed: wait for the run's end
-        session = _queue.pop(0)
+        session = share.queue.pop(0)
         first, self.started = not getattr(self, "started", False), True
         try:
             if first and self.llm.options.session_start:
                 session = self._warm(session, start_range(self.llm.options.session_start))
             self._play(session, time.time())
         finally:
-            _left -= 1
-            if _left == 0:
+            share.left -= 1
+            if share.left == 0:
                 self.llm.finished()
+
+    def _take_share(self) -> _Share:
+        """A run's first replay here reads the sessions and takes this process's share (none: it is done at once)."""
+        share = _Share(self.llm.share(read_sessions(self.llm.options.sessions, self.llm.options.sessions_format)))
+        if not share.queue:
+            self.llm.finished()
+        return share
 
     def _warm(self, session: Session, ratios: tuple[float, float]) -> Session:
         """AgentX's t*: the session from a turn drawn in ``ratios`` of its turns on, after the turn before it is
@@ -127,10 +134,3 @@ def start_range(text: str) -> tuple[float, float]:
     if not 0 <= low <= high <= 1:
         raise UsageError(f"--session-start {text!r}: need 0 <= MIN <= MAX <= 1")
     return (low, high)
-
-
-@events.test_start.add_listener
-def _new_run(**_kw: Any) -> None:
-    """A new run (the web UI's next start) replays the sessions again."""
-    global _queue
-    _queue = None

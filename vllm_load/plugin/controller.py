@@ -22,8 +22,7 @@ from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.plugin import (end_of_run, saturation_watch, startup, ui_guard, validate, warmup_reset, web_form, webui,
                               wire, worker_secrets)
 from vllm_load.plugin.collector import Collector
-from vllm_load.runtime.embedded import (ChildServer, emulator_args, emulator_mode, private_temp_file, start_emulator,
-                                       start_sidecar)
+from vllm_load.runtime.embedded import CHILDREN, Children, Served, emulator_args, emulator_mode, private_temp_file
 from vllm_load.plugin.plan import ramp_kind
 from vllm_load.plugin.process import Process
 from vllm_load.plugin.run import Run
@@ -45,9 +44,10 @@ class Controller(Process):
         self.target: Target | None = None
         self.target_error: str | None = None  # the web UI's target failed its check: shown there until fixed
         self.slos: list = []
-        self.emulator: ChildServer | None = None
+        self.children: Children = getattr(environment, CHILDREN, None) or Children()  # how the emulator is started
+        self.emulator: Served | None = None
         self.emulator_log: Path | None = None  # the embedded emulator's log (copied into each run directory)
-        self.sidecar: ChildServer | None = None
+        self.sidecar: Served | None = None
         self.sidecar_url = ""  # --sidecar-url, or the embedded emulator's sidecar
         self.span_receiver: Any = None  # --otlp-receiver (span_receiver.SpanReceiver)
         self.cache_reset: Any = None  # --reset-prefix-cache (server_control.CacheReset)
@@ -140,12 +140,12 @@ class Controller(Process):
             return
         self.emulator_log = private_temp_file("emulator", ".log")
         spans = self.span_receiver.endpoint if self.span_receiver is not None else None
-        self.emulator = start_emulator(emulator_args(opts, spans), self.emulator_log)
+        self.emulator = self.children.emulator(emulator_args(opts, spans), self.emulator_log)
         env.host = self.emulator.url
         print(f"vllm-load: no --host given: started the built-in vLLM EMULATOR at {self.emulator.url}, "
               f"{emulator_mode(opts)} (results describe the emulator, not a real vLLM)", flush=True)
         if not opts.sidecar_url:
-            self.sidecar = start_sidecar(self.emulator.url, private_temp_file("sidecar", ".jsonl"))
+            self.sidecar = self.children.sidecar(self.emulator.url, private_temp_file("sidecar", ".jsonl"))
             self.sidecar_url = self.sidecar.url
 
     def stop_children(self) -> None:

@@ -83,6 +83,7 @@ class Generator:
     clock: WorkerClock = field(default_factory=WorkerClock)  # the run's epoch, shared by every load process
     users_made: int = 0  # this process's users so far: with the worker index, a user's number in the swarm
     steady: SteadyWindow = field(default_factory=lambda: SteadyWindow(False))  # the run's steady window here
+    shared: dict = field(default_factory=dict)  # what this process's users share in the run (``LLM.shared``)
 
     def target_for_new_user(self) -> str | None:
         """--host a,b: the replica of the next user made here, round robin from a start of this process's own

@@ -281,6 +281,15 @@ class LLM:
         n = max(1, gen.plan.processes)
         return [x for i, x in enumerate(items) if i % n == gen.worker_index % n]
 
+    def shared(self, key: str, make: Callable[[], Any]) -> Any:
+        """What this process's users share during one run (a locustfile's own state: the sessions it replays), made
+        by ``make()`` at the run's first call and gone with the run: a new run (the web UI's next start) starts over,
+        and each process of a swarm (a worker in a test's process too) has its own."""
+        shared = self._generator().shared
+        if key not in shared:
+            shared[key] = make()
+        return shared[key]
+
     def finished(self) -> None:
         """This process sent all of its share (and every request came back): the run ends once every process
         has said so (as a trace replay ends)."""

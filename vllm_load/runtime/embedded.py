@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import atexit
 import importlib
@@ -90,6 +90,30 @@ def start_emulator(extra_args: list[str], log: Path | None = None) -> ChildServe
 def start_sidecar(vllm_url: str, out: Path) -> ChildServer:
     return start_child("sidecar", ["--vllm-url", vllm_url, "--listen", "127.0.0.1:0", "--interval", "1s",
                                           "--out", str(out)])
+
+
+class Served(Protocol):
+    """A server the run started for itself: where it listens, and how it stops."""
+
+    url: str
+
+    def stop(self) -> None: ...
+
+
+class Children:
+    """How a run with no --host starts its emulator and sidecar: as child processes (a run on the command line). An
+    environment may carry another way in ``CHILDREN`` (``vllm_load.testing`` serves both inside the test's process,
+    on its own event loop: no interpreter, tokenizer or port wait per run)."""
+
+    def emulator(self, args: list[str], log: Path | None) -> Served:
+        return start_emulator(args, log)
+
+    def sidecar(self, vllm_url: str, out: Path) -> Served:
+        return start_sidecar(vllm_url, out)
+
+
+#: the Locust environment's attribute that names its ``Children`` (none: child processes)
+CHILDREN = "vllm_load_children"
 
 
 #: the embedded emulator's continuous batching when nothing else is asked: a GPU server scaled to this machine

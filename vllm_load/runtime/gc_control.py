@@ -38,4 +38,6 @@ def collect_if_due(force: bool = False) -> int:
 
 
 def restore() -> None:
+    """The run is over: the collector runs by itself again, over the whole heap (the next run freezes its own)."""
+    gc.unfreeze()
     gc.enable()

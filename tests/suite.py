@@ -1,0 +1,147 @@
+"""The suite's own rules, as a pytest plugin (``tests/conftest.py`` loads it): which tests are slow, the quiet cores a
+timing test gets beside the others of ``pytest -n``, and the budgets (docs in README.md, "Tests").
+
+- ``slow``: the full suite's bulk (real servers, swarms of processes, namespaces, capacity searches), left out of
+  the developer's ``-m 'not slow'``; every test of ``SLOW_MODULES`` and every ``e2e`` test is one.
+- ``e2e``: starts a real Locust process, for what only a process shows (signals, forks, a CPU pinned, resource
+  limits, the console's order against Locust's own tables, exit codes of the command itself). Everything else runs
+  in the test's process (``tests/helpers.run_in_process``).
+- ``quiet_cores``: the test bounds a time the client keeps (a send's lateness, a gap against the server's schedule,
+  the trust verdict on a quiet machine): under ``pytest -n`` it runs alone (the other workers wait), and it is the
+  only kind ``tests/test_busy_suite.py`` leaves out beside its busy loops. A check on counts, ids or order never is.
+- Budgets: the fast selection starts at most ``LOCUST_PROCESSES_FAST`` Locust processes; no test's call takes over
+  ``TEST_LIMIT_S`` but the real servers' (``LONG_TESTS``); the session's wall time is said beside its budget.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+import pytest
+
+#: the modules whose tests are all slow (real vLLMs, swarms of processes, namespaces, capacity searches, browsers)
+SLOW_MODULES = frozenset({
+    "test_real_vllm", "test_real_vllm_pooling", "test_real_vllm_reasoning", "test_real_vllm_tune",
+    "test_real_vllm_vision", "test_saturation", "test_tune", "test_netns", "test_process_faults", "test_busy_host",
+    "test_faults", "test_compose", "test_kubernetes", "test_packaging", "test_webui", "test_sweep",
+    "test_security", "test_router", "test_transformers_serve", "test_real_vllm_timing", "test_real_vllm_fleet",
+})
+#: Locust processes the fast selection may start (each costs an interpreter, an emulator and a sidecar: seconds)
+LOCUST_PROCESSES_FAST = 0
+#: the longest a test's call may take (seconds), but the named real-server ones
+TEST_LIMIT_S = 60.0
+LONG_TESTS = ("test_real_vllm", "test_transformers_serve", "test_real_vllm_tune", "test_saturation")
+#: the session's budget in seconds on 2 cores: the full suite, and the fast selection (README.md, "Tests")
+BUDGET_S = {"full": 20 * 60, "fast": 3 * 60}
+#: the directory of the quiet-cores lock files, shared by pytest -n's workers (set by the controller)
+LOCK_ENV = "VLLM_LOAD_TEST_LOCKS"
+
+
+def pytest_configure(config: Any) -> None:
+    config.addinivalue_line("markers", "e2e: starts a real Locust process (what only a process shows); slow too")
+    config.addinivalue_line("markers", "quiet_cores: bounds a time the client keeps: runs alone under pytest -n, "
+                                       "and is left out beside busy loops")
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault(LOCK_ENV, tempfile.mkdtemp(prefix="vllm-load-test-locks-"))
+    config._vllm_load = {"started": time.monotonic(), "locust": 0, "locust_tests": [], "long": []}
+    _count_locust_processes(config)
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.get_closest_marker("e2e"):
+            item.add_marker(pytest.mark.slow)
+
+
+def _count_locust_processes(config: Any) -> None:
+    """Every Locust process a test starts (``python -m locust``, the ``locust`` script), counted for the budget."""
+    popen_init = subprocess.Popen.__init__
+
+    def init(self: Any, args: Any, *a: Any, **kw: Any) -> None:
+        argv = [str(x) for x in (args if isinstance(args, (list, tuple)) else [args])]
+        if any(x.endswith("/locust") or x == "locust" for x in argv[:1]) or \
+                any(argv[i] == "-m" and argv[i + 1] == "locust" for i in range(len(argv) - 1)):
+            config._vllm_load["locust"] += 1
+            config._vllm_load["locust_tests"].append(os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0])
+        popen_init(self, args, *a, **kw)
+
+    subprocess.Popen.__init__ = init  # type: ignore[method-assign]
+
+
+@pytest.fixture(autouse=True)
+def _cores(request: Any) -> Any:
+    """Readers and a writer on two lock files (the writer waits for the readers, and new readers for the writer):
+    a ``quiet_cores`` test has the machine's cores to itself while the other workers of pytest -n wait."""
+    where = os.environ.get(LOCK_ENV)
+    if not where or not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    quiet = request.node.get_closest_marker("quiet_cores") is not None
+    with open(os.path.join(where, "turnstile"), "a") as turnstile, open(os.path.join(where, "room"), "a") as room:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        fcntl.flock(room, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        if not quiet:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(room, fcntl.LOCK_UN)
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    if report.when == "call" and report.duration > TEST_LIMIT_S and \
+            not any(f"/{m}.py::" in f"/{report.nodeid}" for m in LONG_TESTS):
+        _state(report)["long"].append(f"{report.nodeid} ({report.duration:.0f} s)")
+
+
+def _state(report: Any) -> dict:
+    return _CONFIG[0]._vllm_load
+
+
+_CONFIG: list = []
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: Any) -> None:
+    _CONFIG[:] = [session.config]
+
+
+def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
+    """Workers hand their count to the controller; the controller (or a run without -n) judges the budgets."""
+    state = session.config._vllm_load
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["locust"] = state["locust"]
+        session.config.workeroutput["locust_tests"] = state["locust_tests"]
+        return
+    fast = "not slow" in (session.config.option.markexpr or "")
+    elapsed = time.monotonic() - state["started"]
+    budget = BUDGET_S["fast" if fast else "full"]
+    lines = [f"suite: {elapsed:.0f} s of its {budget} s budget ({'fast' if fast else 'full'}), "
+             f"{state['locust']} Locust processes started"]
+    failed = []
+    if fast and state["locust"] > LOCUST_PROCESSES_FAST:
+        failed.append(f"the fast selection started {state['locust']} Locust processes (at most "
+                      f"{LOCUST_PROCESSES_FAST}): test the logic in-process, or mark the test e2e: "
+                      + ", ".join(sorted(set(state["locust_tests"]))))
+    if state["long"]:
+        failed.append(f"over {TEST_LIMIT_S:.0f} s: " + ", ".join(state["long"]))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    for line in lines + [f"suite: budget exceeded: {f}" for f in failed]:
+        if reporter is not None:
+            reporter.write_line(line)
+    if failed and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest -n: a worker's count joins the controller's."""
+    out = getattr(node, "workeroutput", {}) or {}
+    if _CONFIG:
+        _CONFIG[0]._vllm_load["locust"] += int(out.get("locust", 0))
+        _CONFIG[0]._vllm_load["locust_tests"] += list(out.get("locust_tests", []))
