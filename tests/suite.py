@@ -56,6 +56,9 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.slow)
+    # the quiet_cores tests last: each one waits for every other worker to finish its test, which in the middle of
+    # the run left the workers idle for ~400 s of test time per fast selection; at the end they run one after another
+    items.sort(key=lambda item: item.get_closest_marker("quiet_cores") is not None)
 
 
 def _count_locust_processes(config: Any) -> None:
@@ -92,6 +95,26 @@ def _cores(request: Any) -> Any:
         finally:
             fcntl.flock(room, fcntl.LOCK_UN)
             fcntl.flock(turnstile, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
+    """VLLM_LOAD_TEST_CPU=FILE: each test's CPU seconds (this process and the children it reaped) and wall seconds
+    appended to FILE, for the budget's accounts."""
+    out = os.environ.get("VLLM_LOAD_TEST_CPU")
+    if not out:
+        yield
+        return
+    import resource
+
+    def cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    used, began = cpu(), time.monotonic()
+    yield
+    with open(out, "a") as fh:
+        fh.write(f"{cpu() - used:.2f} {time.monotonic() - began:.2f} {item.nodeid}\n")
 
 
 def pytest_runtest_logreport(report: Any) -> None:

@@ -57,8 +57,9 @@ def test_chat_with_images_reports_media_tokens_apart_and_sends_no_image_twice(tm
 
 def test_a_users_own_image_and_audio(tmp_path):
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "tests/locustfiles/vision.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+    # ended by its count: a 2 s run once completed no request beside two busy loops ("measured nothing", exit 4)
+    res = run_in_process(["-f", str(ROOT / "tests/locustfiles/vision.py"), "--headless", "-u", "2", "-r", "2", "-t", "60s",
+                          "--num-requests", "4", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
     assert logs and all(r["ok"] and r["media"] == 2 for r in logs), [r["error"] for r in logs][:3]

@@ -25,7 +25,7 @@ def test_the_options_table_lists_every_option_and_no_other():
 def test_the_docs_table_is_the_registrys_as_vllm_load_options_markdown_writes_it(capsys):
     """docs/options.md's table is generated from the registry (one definition of each option): a changed default or
     meaning in vllm_load/options.py fails here until `vllm-load options --markdown` is written into the docs."""
-    from vllm_load.options import MARKDOWN_BEGIN, MARKDOWN_END, markdown
+    from vllm_load.option_docs import MARKDOWN_BEGIN, MARKDOWN_END, markdown
 
     text = (ROOT / "docs" / "options.md").read_text()
     generated = text[text.index(MARKDOWN_BEGIN):text.index(MARKDOWN_END) + len(MARKDOWN_END)]
@@ -88,3 +88,9 @@ def test_options_search_finds_by_flag_group_and_meaning(capsys):
     assert "--api-key" not in out and "--turns" not in out
     assert cli_main(["options", "--search", "no-such-word"]) == 2
     assert "no option mentions 'no-such-word'" in capsys.readouterr().err
+    # a word's start, not inside another word: "rate" is no hit in "generate" or "accurate" (7 of 17 hits were)
+    assert cli_main(["options", "--search", "rate"]) == 0
+    listed = {line.split()[0] for line in capsys.readouterr().out.splitlines() if line.startswith("--")}
+    assert "--request-rate" in listed and "--sweep-mode" in listed  # "... or 'rate' (open loop ...)"
+    assert listed == {o.flag for o in OPTIONS if re.search(r"(?<![a-z0-9])rate", f"{o.group} {o.flag} {o.help}".lower())}
+    assert "--output-tokens" not in listed  # its help says "generate", not "rate"

@@ -56,8 +56,10 @@ def test_repeat_runs_any_locustfiles_load_n_times_with_its_spread(tmp_path, emul
     expected = spread(rates, 0.9)
     line = next(x for x in res.stdout.splitlines() if x.startswith("vllm-load: repeated level 2,"))
     assert f"steps 3, confidence 90%, req/s {expected['mean']:.2f} ± {expected['half']:.2f}" in line, line
+    # said as repeats, not as a sweep's steps (it said "repeat 1 of 3 (0)" and "sweep of 3 steps")
     assert [x for x in res.stdout.splitlines() if x.startswith("vllm-load: repeat ")] == [
-        f"vllm-load: repeat {i + 1} of 3 ({i}): 2 users" for i in range(3)]
+        f"vllm-load: repeat {i + 1} of 3: 2 users" for i in range(3)]
+    assert "vllm-load: 3 repeats: " in res.stdout and "sweep of" not in res.stdout
     assert res.stdout.count("prefix cache reset on 1 target(s) before") == 3
 
 

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(native.describe())
         return 0
     if args.cmd == "options":
-        from vllm_load.options import describe, markdown
+        from vllm_load.option_docs import describe, markdown
 
         if args.markdown:
             print(markdown())

@@ -28,6 +28,7 @@ class Option:
         #: the shipped locustfiles that read it; empty: every run reads it. A user or shape class that reads
         #: such an option names it in its ``uses_options``; given to a run whose classes do not, it is refused.
         self.locustfiles = locustfiles
+        self.group = ""  # its group in `vllm-load options`, the docs and the web UI's form (``group`` sets it)
 
     @property
     def dest(self) -> str:
@@ -42,19 +43,19 @@ class Option:
         return not self.locustfiles or any(self.dest in getattr(c, "uses_options", frozenset()) for c in classes)
 
 
-OPTIONS: tuple[Option, ...] = (
+def group(name: str, *options: Option) -> tuple[Option, ...]:
+    """Options of one group, declared together: an option is defined once, its group included."""
+    for o in options:
+        o.group = name
+    return options
+
+
+OPTIONS: tuple[Option, ...] = (*group(
+    "target",
     Option("--model", "", "model to request (default: the server's first /v1/models id); several, comma-separated "
         "(a base model and its LoRA adapters): requests rotate over them and the metrics are grouped per model"),
     Option("--tokenizer", "", "tokenizer: HF id, local folder, or a built-in one: builtin:mistral-7b-v0.1 (SentencePiece, "
         "the emulator's), builtin:mistral-tekken (Tekken, for vLLM's --tokenizer-mode mistral) (default: the model name)", web=False),
-    Option("--input-tokens", "128", "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD "
-        "(multiturn.py: the first user message's; later turns take --turn-input-tokens and carry the conversation; "
-        "embeddings.py, rerank.py: each text's)"),
-    Option("--output-tokens", "", "output length in tokens (forced with ignore_eos/min_tokens): N, LOW-HIGH, "
-        "normal:MEAN,STD (with --dataset: the dataset's answer length, or the answer lines a --dataset-batch "
-        "instruction asks for; the pooling locustfiles generate none)", shown_default="64"),
-    Option("--wait-for-server", "0", "wait this long (30s, 15m, …) for the server's /health and /v1/models before the "
-        "run, with a progress line every 10 s (a vLLM loading its model takes minutes)"),
     Option("--api-key", "", "bearer token for the server (never logged, written or shown in the web UI; default: "
         "$OPENAI_API_KEY, as OpenAI's clients read it)", is_secret=True),
     Option("--api-key-file", "", "read the bearer token from this file (each process reads its own: a master sends "
@@ -62,25 +63,64 @@ OPTIONS: tuple[Option, ...] = (
     Option("--ca-bundle", "", "https:// targets: verify the server's certificate against these CA certificates (PEM)", web=False),
     Option("--insecure", False, "https:// targets: do not verify the server's certificate (a self-signed test server)",
         action="store_true"),
-    Option("--run-dir", "", "where the run's files go (default: reports/<run id>)", web=False),
-    Option("--save-detailed", False, "vllm-result.json also holds the per-request arrays (input_lens, output_lens, "
-        "ttfts, itls, latencies, errors …), as vllm bench serve --save-detailed", action="store_true"),
-    Option("--metric-percentiles", "", "the percentiles shown (console, summary, report, vllm-result.json), as vllm "
-        "bench serve's option, e.g. 25,50,99,99.9; computed exactly from the histograms; default 50,90,95,99,99.9"),
+    Option("--wait-for-server", "0", "wait this long (30s, 15m, …) for the server's /health and /v1/models before the "
+        "run, with a progress line every 10 s (a vLLM loading its model takes minutes)"),
+    Option("--server-kind", "auto", "vllm: send vLLM's fields (ignore_eos, min_tokens, continuous_usage_stats) for exact "
+        "lengths and per-chunk token counts; openai: standard OpenAI fields only (llama.cpp, TGI, SGLang, a gateway); "
+        "auto: vllm when /v1/models says owned_by vllm", choices=["auto", "vllm", "openai"]),
+    Option("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
+        action="store_true"),
+    Option("--request-timeout", 600.0, "seconds without a byte from the server before a request fails", type=float),
+), *group(
+    "workload",
+    Option("--input-tokens", "128", "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD "
+        "(multiturn.py: the first user message's; later turns take --turn-input-tokens and carry the conversation; "
+        "embeddings.py, rerank.py: each text's)"),
+    Option("--output-tokens", "", "output length in tokens (forced with ignore_eos/min_tokens): N, LOW-HIGH, "
+        "normal:MEAN,STD (with --dataset: the dataset's answer length, or the answer lines a --dataset-batch "
+        "instruction asks for; the pooling locustfiles generate none)", shown_default="64"),
+    Option("--shared-prefix-tokens", 0, "deliberately share this many leading prompt tokens across requests", type=int),
+    Option("--seed", -1, "repeatable runs: the same lengths, arrival times, dataset order and trace split every run "
+        "(content stays unique per run unless --salt is given too); -1: fresh draws", type=int),
+    Option("--salt", "", "fix the prompts' content too (default: a fresh salt per run, so a repeated run cannot hit "
+        "the prefix cache the last one left)"),
+    Option("--prompt-pool", 32, "prompts prepared ahead per process, off the event loop", type=int),
+    Option("--turns", 3, "multiturn.py: turns per conversation (with --dataset: at most this many of each "
+        "conversation's user turns)", type=int, locustfiles=("multiturn.py",)),
+    Option("--turn-input-tokens", "50", "multiturn.py: tokens of each later user message: N, LOW-HIGH, "
+        "normal:MEAN,STD", locustfiles=("multiturn.py",)),
+    Option("--think-time", "0", "multiturn.py, agent.py: seconds between a reply and the next turn: S or LOW-HIGH",
+        locustfiles=("multiturn.py", "agent.py")),
+    Option("--tool-rounds", 2, "agent.py: tool calls per task before the model's final answer", type=int,
+        locustfiles=("agent.py",)),
+    Option("--tool-result-tokens", "200", "agent.py: tokens of each tool result: N, LOW-HIGH, normal:MEAN,STD",
+        locustfiles=("agent.py",)),
+    Option("--batch-size", 1, "pooling requests: unique texts per embeddings request, documents per rerank request "
+        "(each of --input-tokens)", type=int, locustfiles=("embeddings.py", "rerank.py")),
+), *group(
+    "images and audio",
+    Option("--images-per-request", 0, "chat.py: this many unique images (JPEG data URLs) after each prompt's text",
+        type=int, locustfiles=("chat.py",)),
+    Option("--image-size", "512x512", "chat.py: the images' size, WxH; each side a length (256-1024x512), or a list to "
+        "draw from (256x256,1024x768)", locustfiles=("chat.py",)),
+    Option("--images-from", "", "chat.py: the images come from this file or folder (jpg, png, webp, gif, bmp), in "
+        "turn, instead of being generated: a file sent twice can hit vLLM's multimodal cache", locustfiles=("chat.py",), web=False),
+    Option("--audio-from", "", "chat.py: one clip per request from this file or folder (wav, mp3), in turn, instead "
+        "of --audio-seconds' generated ones", locustfiles=("chat.py",), web=False),
+    Option("--audio-seconds", 0.0, "chat.py: one unique audio clip (16 kHz WAV, input_audio) of this many seconds "
+        "after each prompt's text; 0: none", type=float, locustfiles=("chat.py",)),
+), *group(
+    "load shape",
     Option("--num-requests", 0, "end the run once this many requests finished, across all workers (warm-up aside), as "
         "vllm bench serve --num-prompts; in a --sweep, each step ends after this many (its --step-duration unused); "
         "0: the run ends by -t", type=int),
     Option("--warmup", "0", "requests started in the first DURATION of the run (and of each sweep step) are sent and "
         "logged as warm-up, and left out of every metric, SLO and plot (the report says how many), e.g. 30s"),
-    Option("--seed", -1, "repeatable runs: the same lengths, arrival times, dataset order and trace split every run "
-        "(content stays unique per run unless --salt is given too); -1: fresh draws", type=int),
-    Option("--salt", "", "fix the prompts' content too (default: a fresh salt per run, so a repeated run cannot hit "
-        "the prefix cache the last one left)"),
-    Option("--shared-prefix-tokens", 0, "deliberately share this many leading prompt tokens across requests", type=int),
-    Option("--request-timeout", 600.0, "seconds without a byte from the server before a request fails", type=float),
     Option("--request-rate", 0.0, "open loop: total requests/s over all users and workers (0: closed loop, one "
         "request in flight per user)", type=float),
     Option("--burstiness", 1.0, "open loop: gamma shape of inter-arrival times (1 = Poisson)", type=float),
+    Option("--ramp-up", 0.0, "open loop: seconds over which the rate grows linearly to --request-rate "
+        "(closed loop ramps with Locust's own -r/--spawn-rate)", type=float),
     Option("--ramp-up-strategy", "", "open loop: the rate goes from --ramp-up-start-rps to --ramp-up-end-rps over the "
         "run (-t, or --num-requests' count), linear or exponential, as vllm bench serve's option; closed loop: the "
         "users go from --ramp-up-start-users to --ramp-up-end-users over -t",
@@ -92,11 +132,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--ramp-up-end-users", 0, "--ramp-up-strategy, closed loop: the users at the run's end", type=int),
     Option("--stop-over-saturated", False, "end the run (or the sweep) once the server stops keeping up: its queue and "
         "TTFT both rising with significance (always detected and reported; this stops there)", action="store_true"),
-    Option("--ramp-up", 0.0, "open loop: seconds over which the rate grows linearly to --request-rate "
-        "(closed loop ramps with Locust's own -r/--spawn-rate)", type=float),
     Option("--max-concurrency", 1000, "open loop: most requests in flight per user (more arrivals are sent late)",
         type=int),
-    Option("--prompt-pool", 32, "prompts prepared ahead per process, off the event loop", type=int),
     Option("--sweep", "", "locustfiles/sweep.py: comma-separated levels (users, or req/s with --sweep-mode rate); "
         "LEVELxN repeats one N times (16x5): the sweep gives each repeated level's mean and confidence interval",
         locustfiles=("sweep.py",)),
@@ -112,15 +149,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--step-duration", 60.0, "seconds per sweep step", type=float, locustfiles=("sweep.py",)),
     Option("--stop-on-slo-miss", False, "end the sweep at the first step that misses an SLO", action="store_true",
         locustfiles=("sweep.py",)),
-    Option("--retry-backoff-max", "2s", "closed loop: after a connection failure (refused, reset, connect timeout) a "
-        "user waits 50 ms, doubling up to this, with jitter (also the cap on a server's Retry-After)"),
-    Option("--outage-after", "2s", "connection failures with no success for this long are reported as a server outage"),
-    Option("--stop-on-outage", "0", "end the run (exit 1) once an outage has lasted this long (0: never)"),
     Option("--drain-timeout", 30.0, "at the end of a run, seconds to let in-flight streams finish before they are cancelled",
         type=float),
-    Option("--server-kind", "auto", "vllm: send vLLM's fields (ignore_eos, min_tokens, continuous_usage_stats) for exact "
-        "lengths and per-chunk token counts; openai: standard OpenAI fields only (llama.cpp, TGI, SGLang, a gateway); "
-        "auto: vllm when /v1/models says owned_by vllm", choices=["auto", "vllm", "openai"]),
+), *group(
+    "request body",
     Option("--no-ignore-eos", False, "do not send ignore_eos/min_tokens (output length is then up to the model)",
         action="store_true"),
     Option("--no-continuous-usage", False, "do not ask for stream_options.continuous_usage_stats (servers that refuse "
@@ -131,6 +163,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("--header", [], "an HTTP header 'Name: value' on every request (repeatable); values of credential-like "
         "names (Authorization, *token*, *key*, cookie …) are never logged or written", action="append",
         web=False),
+    Option("--session-header", "X-Session-ID", "the request header a session's id goes in (self.llm.session(); "
+        "multiturn.py's conversations, agent.py's tasks): vLLM's router hashes X-Session-ID with --policy "
+        "consistent_hash to keep a session on one replica"),
+    Option("--capture-header", [], "log this response header of every request (its value in the request log's "
+        "headers; repeatable), e.g. the replica a router sent it to; its answers' heads are then read by Python",
+        action="append", web=False),
+), *group(
+    "datasets and traces",
     Option("--dataset", "", "take prompts from this file (ShareGPT .json, .jsonl, .csv), or from a Hugging Face "
         "dataset saved locally (hf:PATH, a save_to_disk folder; hf:NAME reads the Hub's, which needs network; "
         "pip install 'vllm-load[hf]'), instead of synthetic text", web=False),
@@ -147,22 +187,6 @@ OPTIONS: tuple[Option, ...] = (
     Option("--trace-speed", 1.0, "replay this many times faster than recorded (0.5: half speed)", type=float),
     Option("--trace-block-size", 512, "tokens per hash id of a Mooncake trace: the same id, the same block of "
         "content, so the server's prefix cache sees the reuse the trace recorded", type=int),
-    Option("--turns", 3, "multiturn.py: turns per conversation (with --dataset: at most this many of each "
-        "conversation's user turns)", type=int, locustfiles=("multiturn.py",)),
-    Option("--turn-input-tokens", "50", "multiturn.py: tokens of each later user message: N, LOW-HIGH, "
-        "normal:MEAN,STD", locustfiles=("multiturn.py",)),
-    Option("--think-time", "0", "multiturn.py, agent.py: seconds between a reply and the next turn: S or LOW-HIGH",
-        locustfiles=("multiturn.py", "agent.py")),
-    Option("--tool-rounds", 2, "agent.py: tool calls per task before the model's final answer", type=int,
-        locustfiles=("agent.py",)),
-    Option("--tool-result-tokens", "200", "agent.py: tokens of each tool result: N, LOW-HIGH, normal:MEAN,STD",
-        locustfiles=("agent.py",)),
-    Option("--session-header", "X-Session-ID", "the request header a session's id goes in (self.llm.session(); "
-        "multiturn.py's conversations, agent.py's tasks): vLLM's router hashes X-Session-ID with --policy "
-        "consistent_hash to keep a session on one replica"),
-    Option("--capture-header", [], "log this response header of every request (its value in the request log's "
-        "headers; repeatable), e.g. the replica a router sent it to; its answers' heads are then read by Python",
-        action="append", web=False),
     Option("--sessions", "", "sessions.py: replay these agent sessions (a Weka/AgentX trace file or folder, or "
         "sessions JSONL: docs/sessions.md): each turn sent when its predecessor completed plus its recorded delay, "
         "subagents forked and joined, each session on one user with its own --session-header id",
@@ -175,8 +199,8 @@ OPTIONS: tuple[Option, ...] = (
         "turn. Empty: every session from its first turn", locustfiles=("sessions.py",)),
     Option("--max-idle", 10.0, "sessions.py: the longest wait between a turn's completion and the next turn (a "
         "recorded coffee break is cut to this; AgentX's cap is 10 s)", type=float, locustfiles=("sessions.py",)),
-    Option("--align-with-server", False, "before the run, check our token counts against the server's /tokenize",
-        action="store_true"),
+), *group(
+    "SLOs and gates",
     Option("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",
         action="append", web=False),
     Option("--window", "run", "what the SLOs judge: 'run' (every measured request) or 'steady' (the requests that ran "
@@ -187,31 +211,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("--allow-untrustworthy", False, "accept a run the tool calls untrustworthy (the client could not keep "
         "time, or a worker was lost): exit by the SLOs instead of with code 5", action="store_true"),
     Option("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)", web=False),
-    Option("--metrics-port", 0, "serve the client's metrics in Prometheus' format on this port (headless runs; with "
-        "the web UI they are on its port, /metrics); 0: off", type=int, web=False),
-    Option("--metrics-host", "127.0.0.1", "address of --metrics-port (0.0.0.0 exposes it beyond this host)", web=False),
-    Option("--sidecar-url", "", "the sidecar (python -m server.sidecar) beside vLLM; its series lands in the run dir "
-           "(auto with the emulator); one per replica, comma-separated, with --host a,b: merged into the fleet's"),
-    Option("--reset-prefix-cache", False, "empty the server's prefix cache (vLLM's POST /reset_prefix_cache, served "
-        "with VLLM_SERVER_DEV_MODE=1) before the run and before each sweep step, so none inherits the last one's "
-        "hits; a server that refuses it is said once", action="store_true"),
-    Option("--profile-at", "", "run vLLM's profiler (POST /start_profile, /stop_profile: vLLM started with "
-        "--profiler-config) at a chosen load: N (once the server runs N requests, from the sidecar's or Prometheus' "
-        "series, for --profile-seconds), 'run' (the measured window, after --warmup), or step:LEVEL (a sweep's first "
-        "step at LEVEL, from its start to the next step's); the window lands in summary.json (profiled); a server "
-        "that refuses it is said once, and the run goes on"),
-    Option("--profile-seconds", 10.0, "how long --profile-at N profiles (the run's end stops it sooner)", type=float),
-    Option("--dcgm-url", "", "GPU telemetry: a DCGM exporter's /metrics, read every second on the client's clock; "
-        "the run reports energy (J), average power, energy per output token and per request, tokens per joule "
-        "(SLO: energy_per_token<=0.5J), e.g. http://dcgm-exporter:9400/metrics"),
-    Option("--prometheus-url", "", "read the server side from this Prometheus (which scrapes vLLM) over the run's "
-        "window, instead of a sidecar, e.g. http://prometheus.monitoring:9090"),
-    Option("--prometheus-selector", "", "the label selector of vLLM's series in that Prometheus, e.g. "
-        "'{namespace=\"llm\",pod=~\"vllm-.*\"}' (default: every vllm:* series)"),
-    Option("--dcgm-selector", "", "GPU telemetry through --prometheus-url (instead of --dcgm-url): the label selector "
-        "of the serving GPUs' DCGM_FI_DEV_* series, read over the run's window at its end, e.g. "
-        "'{Hostname=\"gpu-node-1\"}' ('{}': every GPU that Prometheus has)"),
-    Option("--prometheus-token", "", "bearer token of that Prometheus, when it requires one", is_secret=True),
+    Option("--retry-backoff-max", "2s", "closed loop: after a connection failure (refused, reset, connect timeout) a "
+        "user waits 50 ms, doubling up to this, with jitter (also the cap on a server's Retry-After)"),
+    Option("--outage-after", "2s", "connection failures with no success for this long are reported as a server outage"),
+    Option("--stop-on-outage", "0", "end the run (exit 1) once an outage has lasted this long (0: never)"),
+), *group(
+    "outputs",
+    Option("--run-dir", "", "where the run's files go (default: reports/<run id>)", web=False),
+    Option("--save-detailed", False, "vllm-result.json also holds the per-request arrays (input_lens, output_lens, "
+        "ttfts, itls, latencies, errors …), as vllm bench serve --save-detailed", action="store_true"),
+    Option("--metric-percentiles", "", "the percentiles shown (console, summary, report, vllm-result.json), as vllm "
+        "bench serve's option, e.g. 25,50,99,99.9; computed exactly from the histograms; default 50,90,95,99,99.9"),
     Option("--otlp-endpoint", "", "at the run's end, send its LLM metrics over OpenTelemetry (OTLP/HTTP) to this "
         "collector, e.g. http://otel-collector:4318 (the Prometheus export's names and buckets; pip install "
         "'vllm-load[otel]')", web=False),
@@ -226,24 +236,43 @@ OPTIONS: tuple[Option, ...] = (
     Option("--wandb-project", "", "at the run's end, log it to this Weights & Biases project (its options, numbers, "
         "verdict and report; WANDB_API_KEY or WANDB_MODE=offline from the environment; pip install "
         "'vllm-load[wandb]')", web=False),
-    Option("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True),
+    Option("--metrics-port", 0, "serve the client's metrics in Prometheus' format on this port (headless runs; with "
+        "the web UI they are on its port, /metrics); 0: off", type=int, web=False),
+    Option("--metrics-host", "127.0.0.1", "address of --metrics-port (0.0.0.0 exposes it beyond this host)", web=False),
+), *group(
+    "web UI",
     Option("--web-allowed-host", [], "a host name the web UI answers to besides 127.0.0.1, localhost and --web-host "
         "(a name in front of it: a proxy, a tunnel's name); repeatable; other Host headers are refused",
         action="append", web=False),
     Option("--web-password-file", "", "--web-login's password, from this file (or $VLLM_LOAD_WEB_PASSWORD; without "
         "either, one is made for the run and its file named at start-up)", web=False),
-    Option("--images-per-request", 0, "chat.py: this many unique images (JPEG data URLs) after each prompt's text",
-        type=int, locustfiles=("chat.py",)),
-    Option("--image-size", "512x512", "chat.py: the images' size, WxH; each side a length (256-1024x512), or a list to "
-        "draw from (256x256,1024x768)", locustfiles=("chat.py",)),
-    Option("--images-from", "", "chat.py: the images come from this file or folder (jpg, png, webp, gif, bmp), in "
-        "turn, instead of being generated: a file sent twice can hit vLLM's multimodal cache", locustfiles=("chat.py",), web=False),
-    Option("--audio-from", "", "chat.py: one clip per request from this file or folder (wav, mp3), in turn, instead "
-        "of --audio-seconds' generated ones", locustfiles=("chat.py",), web=False),
-    Option("--audio-seconds", 0.0, "chat.py: one unique audio clip (16 kHz WAV, input_audio) of this many seconds "
-        "after each prompt's text; 0: none", type=float, locustfiles=("chat.py",)),
-    Option("--batch-size", 1, "pooling requests: unique texts per embeddings request, documents per rerank request "
-        "(each of --input-tokens)", type=int, locustfiles=("embeddings.py", "rerank.py")),
+), *group(
+    "server side",
+    Option("--reset-prefix-cache", False, "empty the server's prefix cache (vLLM's POST /reset_prefix_cache, served "
+        "with VLLM_SERVER_DEV_MODE=1) before the run and before each sweep step, so none inherits the last one's "
+        "hits; a server that refuses it is said once", action="store_true"),
+    Option("--profile-at", "", "run vLLM's profiler (POST /start_profile, /stop_profile: vLLM started with "
+        "--profiler-config) at a chosen load: N (once the server runs N requests, from the sidecar's or Prometheus' "
+        "series, for --profile-seconds), 'run' (the measured window, after --warmup), or step:LEVEL (a sweep's first "
+        "step at LEVEL, from its start to the next step's); the window lands in summary.json (profiled); a server "
+        "that refuses it is said once, and the run goes on"),
+    Option("--profile-seconds", 10.0, "how long --profile-at N profiles (the run's end stops it sooner)", type=float),
+    Option("--sidecar-url", "", "the sidecar (python -m server.sidecar) beside vLLM; its series lands in the run dir "
+           "(auto with the emulator); one per replica, comma-separated, with --host a,b: merged into the fleet's"),
+    Option("--sidecar-token", "", "bearer token of the sidecar, when it requires one", is_secret=True),
+    Option("--prometheus-url", "", "read the server side from this Prometheus (which scrapes vLLM) over the run's "
+        "window, instead of a sidecar, e.g. http://prometheus.monitoring:9090"),
+    Option("--prometheus-selector", "", "the label selector of vLLM's series in that Prometheus, e.g. "
+        "'{namespace=\"llm\",pod=~\"vllm-.*\"}' (default: every vllm:* series)"),
+    Option("--prometheus-token", "", "bearer token of that Prometheus, when it requires one", is_secret=True),
+    Option("--dcgm-url", "", "GPU telemetry: a DCGM exporter's /metrics, read every second on the client's clock; "
+        "the run reports energy (J), average power, energy per output token and per request, tokens per joule "
+        "(SLO: energy_per_token<=0.5J), e.g. http://dcgm-exporter:9400/metrics"),
+    Option("--dcgm-selector", "", "GPU telemetry through --prometheus-url (instead of --dcgm-url): the label selector "
+        "of the serving GPUs' DCGM_FI_DEV_* series, read over the run's window at its end, e.g. "
+        "'{Hostname=\"gpu-node-1\"}' ('{}': every GPU that Prometheus has)"),
+), *group(
+    "emulator",
     Option("--emulator-profile", "", "embedded emulator: its continuous-batching cost profile (small-gpu, a100-llama8b, "
         "h100-llama8b, cpu-tiny), or 'fixed' for a fixed TTFT/ITL schedule at any load; default: small-gpu (32 "
         "sequences at a time: latency grows with load and a queue forms past it), or fixed when --emulator-ttft, "
@@ -261,37 +290,13 @@ OPTIONS: tuple[Option, ...] = (
         "decode step (vllm:spec_decode_* counted; the run reports acceptance rate and length); 0: off", type=int),
     Option("--emulator-spec-acceptance", 0.7, "embedded emulator: the chance that a draft position is accepted, "
         "given the positions before it were", type=float),
-)
+))
 
 
-#: `vllm-load options` groups (and the order it prints them in): every option is in exactly one
-GROUPS: dict[str, tuple[str, ...]] = {
-    "target": ("--model", "--tokenizer", "--api-key", "--api-key-file", "--ca-bundle", "--insecure", "--wait-for-server",
-               "--server-kind", "--align-with-server", "--request-timeout"),
-    "workload": ("--input-tokens", "--output-tokens", "--shared-prefix-tokens", "--seed", "--salt", "--prompt-pool",
-                 "--turns", "--turn-input-tokens", "--think-time", "--tool-rounds", "--tool-result-tokens",
-                 "--batch-size"),
-    "images and audio": ("--images-per-request", "--image-size", "--images-from", "--audio-from", "--audio-seconds"),
-    "load shape": ("--num-requests", "--warmup", "--request-rate", "--burstiness", "--ramp-up", "--ramp-up-strategy",
-                   "--ramp-up-start-rps", "--ramp-up-end-rps", "--ramp-up-start-users", "--ramp-up-end-users",
-                   "--stop-over-saturated", "--max-concurrency",
-                   "--sweep", "--repeat", "--confidence", "--sweep-mode", "--sweep-users", "--step-duration", "--stop-on-slo-miss",
-                   "--drain-timeout"),
-    "request body": ("--no-ignore-eos", "--no-continuous-usage", "--temperature", "--extra-body", "--header",
-                     "--session-header", "--capture-header"),
-    "datasets and traces": ("--dataset", "--dataset-format", "--dataset-field", "--dataset-batch",
-                            "--dataset-answer-tokens", "--trace", "--trace-format", "--trace-speed",
-                            "--trace-block-size", "--sessions", "--sessions-format", "--session-start", "--max-idle"),
-    "SLOs and gates": ("--slo", "--window", "--min-requests", "--allow-untrustworthy", "--junit", "--retry-backoff-max",
-                       "--outage-after", "--stop-on-outage"),
-    "outputs": ("--run-dir", "--save-detailed", "--metric-percentiles", "--otlp-endpoint", "--otlp-token", "--otlp-receiver",
-                "--mlflow-uri", "--mlflow-experiment", "--wandb-project", "--metrics-port", "--metrics-host"),
-    "web UI": ("--web-allowed-host", "--web-password-file"),
-    "server side": ("--reset-prefix-cache", "--profile-at", "--profile-seconds", "--sidecar-url", "--sidecar-token", "--prometheus-url", "--prometheus-selector",
-                    "--prometheus-token", "--dcgm-url", "--dcgm-selector"),
-    "emulator": ("--emulator-profile", "--emulator-max-num-seqs", "--emulator-dcgm", "--emulator-ttft", "--emulator-itl",
-                 "--emulator-tokens-per-chunk", "--emulator-reasoning-tokens", "--emulator-spec-tokens", "--emulator-spec-acceptance"),
-}
+#: `vllm-load options` groups, in the order it prints them: each option's group, as its definition says
+GROUPS: dict[str, tuple[str, ...]] = {}
+for _o in OPTIONS:
+    GROUPS[_o.group] = (*GROUPS.get(_o.group, ()), _o.flag)
 
 
 def add_arguments(parser: Any) -> None:
@@ -302,53 +307,3 @@ def add_arguments(parser: Any) -> None:
             default = os.environ.get("OPENAI_API_KEY", "")
         extra = {} if o.web else {"include_in_web_ui": False}
         parser.add_argument(o.flag, default=default, env_var=o.env, help=f"{o.help} [env {o.env}]", **o.kw, **extra)
-
-
-def shown_default(o: Option) -> str:
-    """An option's default as every listing says it ("off" for a switch, "" for none)."""
-    if o.kw.get("action") == "store_true":
-        return "off"
-    return str(o.shown_default or ("" if o.default in ("", [], None) else o.default))
-
-
-#: docs/options.md's generated part lies between these lines (``vllm-load options --markdown`` writes it)
-MARKDOWN_BEGIN = "<!-- generated by `vllm-load options --markdown`: edit vllm_load/options.py, not this table -->"
-MARKDOWN_END = "<!-- end of the generated table -->"
-
-
-def markdown() -> str:
-    """docs/options.md's table, from the registry: a section per group, each option's default, environment
-    variable, the locustfiles that read it and its meaning (a test keeps the docs equal to it)."""
-    by_flag = {o.flag: o for o in OPTIONS}
-    out = [MARKDOWN_BEGIN]
-    for group, flags in GROUPS.items():
-        out += ["", f"### {group[0].upper()}{group[1:]}", "", "| option | default | meaning |", "|---|---|---|"]
-        for flag in flags:
-            o = by_flag[flag]
-            default = shown_default(o)
-            said = all(f in o.help for f in o.locustfiles)  # "multiturn.py: turns per …" says it already
-            only = f" ({', '.join(o.locustfiles)} only)" if o.locustfiles and not said else ""
-            # a table cell: a pipe would end it, <run id> would be taken for an HTML tag, * for emphasis
-            meaning = o.help.replace("|", "\\|").replace("<", "&lt;").replace("*", "\\*")
-            out.append(f"| `{o.flag}` | {f'`{default}`' if default else ''} | {meaning}{only}; env `{o.env}` |")
-    return "\n".join([*out, "", MARKDOWN_END])
-
-
-def describe(search: str = "") -> str:
-    """`vllm-load options`: every option, by group, with its default, environment variable and meaning; with
-    ``search``, only those whose flag, group or meaning has that word (empty text: none has it)."""
-    by_flag = {o.flag: o for o in OPTIONS}
-    word = search.lower()
-    rows = []
-    for group, flags in GROUPS.items():
-        hits = [f for f in flags if not word or word in group.lower() or word in f.lower()
-                or word in by_flag[f].help.lower()]
-        if not hits:
-            continue
-        rows.append(f"\n{group.upper()}")
-        for flag in hits:
-            o = by_flag[flag]
-            default = shown_default(o)
-            only = f"; {', '.join(o.locustfiles)} only" if o.locustfiles else ""
-            rows.append(f"{o.flag}  (default: {default if default != '' else '-'}; env {o.env}{only})\n    {o.help}")
-    return "\n".join(rows).lstrip("\n")

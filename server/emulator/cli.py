@@ -7,7 +7,7 @@ import argparse
 import random
 import sys
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO
 
 import gevent
 from gevent.pywsgi import WSGIHandler

@@ -164,6 +164,19 @@ class Collector:
             if client.state == "missing" and client.id not in self.workers_missing:
                 self.workers_missing[client.id] = round(time.time() - self.start_wall, 1)
 
+    def drain_once(self, drain: Any) -> None:
+        """The end-of-run drain, run once: a stop that comes during it (the -t limit reached while
+        --stop-over-saturated's stop drains a queued server) waits for it, so Locust stops no user before its
+        request has finished; 4 requests of a saturated run were once cancelled and failed that way."""
+        if self.drained:
+            self.drain_over.wait()
+            return
+        self.drained = True
+        try:
+            drain()
+        finally:
+            self.drain_over.set()
+
     def reset_metrics(self) -> None:
         """Locust's --reset-stats / the web UI's Reset: the merged metrics start over with Locust's table."""
         self.totals.__init__()  # type: ignore[misc]

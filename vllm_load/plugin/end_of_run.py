@@ -16,12 +16,10 @@ import gevent.event
 from vllm_load.client.openai_api import auth_header, public_url
 from vllm_load.redact import redact_urls
 from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
-from vllm_load.metrics.outages import LiveOutage, describe
 from vllm_load.metrics.verdict import judge, render_checks
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.run import Run
 from vllm_load.plugin.server_side import fetch_samples
-from vllm_load.plugin.wire import end_run
 from vllm_load.report.console import render_table
 from vllm_load.report.results import render_validity
 
@@ -29,6 +27,32 @@ if TYPE_CHECKING:
     from vllm_load.plugin.controller import Controller
 
 log = logging.getLogger("vllm_load")
+
+
+class Ending:
+    """What the end of a run leaves on its process: the last report, the stopped run's judged summary (the web UI's
+    until the next start), the end-of-run block (printed when Locust quits, after its own last tables), and the end
+    being written (a signal that comes meanwhile waits for it)."""
+
+    def __init__(self) -> None:
+        self.report: str | None = None  # the last run's report.html
+        self.final_summary: dict | None = None  # the stopped run's judged summary
+        self.block = ""  # the end-of-run block
+        self.writing: gevent.event.Event | None = None  # set once the end is written
+        self.signals = 0  # quitting events that came while it was written
+
+    def started(self) -> None:
+        """A new run: live numbers again."""
+        self.final_summary = None
+
+    def print_block(self) -> None:
+        """When Locust quits: after its final tables (printed after the quitting event, then the quit event fires),
+        one readable block at the very end of a headless run's output, not between Locust's tables."""
+        if self.block:
+            sys.stderr.flush()  # Locust's tables (stderr) first
+            sys.stdout.write(self.block)
+            sys.stdout.flush()
+            self.block = ""
 
 
 def judge_step(ctl: Controller, step: int) -> bool:
@@ -56,50 +80,11 @@ def _write_sweep(col: Collector) -> None:
     for d in dirs:
         build(d)
     page, best, repeats = build_sweep(dirs, col.plan.files.path)
-    print(f"vllm-load: sweep of {len(dirs)} steps: {best} ({page})", flush=True)
+    repeated = int(getattr(col.opts, "repeat", 1) or 1) > 1  # --repeat N: N repeats, not a sweep of N steps
+    print(f"vllm-load: {f'{len(dirs)} repeats' if repeated else f'sweep of {len(dirs)} steps'}: {best} ({page})",
+          flush=True)
     for row in repeats:  # repeated levels: their spread, run to run
         print("vllm-load: repeated " + ", ".join(f"{h} {v}" for h, v in zip(REPEAT_HEAD, row)), flush=True)
-
-
-def watch_heartbeats(runner: Any, col: Collector) -> None:
-    """A master notes each worker Locust marks missing, and when (Locust's check runs every second)."""
-    while True:
-        gevent.sleep(0.5)
-        col.note_missing(runner)
-
-
-def watch_outages(environment: Any, run: Run) -> None:
-    """Say on the console (and the web UI) when the server becomes unreachable and when it is back, from the
-    merged counts (on a master: as of the workers' last reports, every 3 s); --stop-on-outage ends the run.
-    With --host a,b each replica is watched too: one that goes down is named, and stops nothing while the
-    others answer."""
-    col = run.collector
-    assert col is not None
-    stop_after = col.plan.stop_on_outage
-    watches: dict[str | None, LiveOutage] = {}
-    down: dict[str | None, str] = {}  # None: the run (every target); else a target's URL
-    while True:
-        gevent.sleep(1.0)
-        for key, t in [(None, col.totals), *sorted(col.totals.targets.items())]:
-            if key is not None and None in down:  # every target is down: said once, for the run
-                continue
-            live = watches.setdefault(key, LiveOutage(col.plan.outage_after))
-            span = live.check(t.ok_buckets, t.conn_buckets, t.fail_buckets, time.time())
-            cur = span if span is not None and span.is_outage else None
-            if cur is None:
-                if down.pop(key, None) is not None:
-                    print(f"vllm-load: {'the server' if key is None else f'target {key}'} answers again", flush=True)
-                continue
-            text = ("" if key is None else f"target {key}: ") + describe(cur, col.start_wall, t.conn_error[1], live=True)
-            if key not in down:
-                print(f"vllm-load: OUTAGE: {text}", flush=True)
-            down[key] = text
-            if key is None and stop_after and cur.seconds >= stop_after and run.outage_stop is None:
-                run.outage_stop = f"{text}: stopping the run (--stop-on-outage {environment.parsed_options.stop_on_outage})"
-                sys.stderr.write(f"vllm-load: error: {run.outage_stop}\n")
-                sys.stderr.flush()
-                end_run(environment)
-        run.outage_now = "; ".join(down.values()) or None
 
 
 def _collect_server_side(col: Collector, opts: Any) -> None:
@@ -125,7 +110,7 @@ def _collect_server_side(col: Collector, opts: Any) -> None:
 def _take_spans(ctl: Controller, col: Collector) -> None:
     """--otlp-receiver: the spans of the run's last requests waited for (within span_receiver.WAIT_S), then kept in
     spans.jsonl for the report to join; once per run."""
-    rx = ctl.span_receiver
+    rx = ctl.servers.span_receiver
     if rx is None or col.plan.files.spans.exists():
         return
     from vllm_load.plugin.span_receiver import WAIT_S
@@ -166,12 +151,12 @@ def stopped(ctl: Controller) -> None:
             from vllm_load.report.html import build
 
             built = build(col.plan.files.path)
-            ctl.report = str(built.report)
+            ctl.end.report = str(built.report)
             # the web UI shows the run as judged from now on, not numbers recomputed against a moving clock
             # (its output rate kept falling with wall time, 183 -> 52 tok/s, and the verdict kept sampling)
-            ctl.final_summary = {**dict(built.summary.to_json() if hasattr(built.summary, "to_json")
+            ctl.end.final_summary = {**dict(built.summary.to_json() if hasattr(built.summary, "to_json")
                                         else built.summary), "server": built.server, "final": True}
-            print(f"vllm-load: run {col.plan.run_id} stopped: report {ctl.report} (the LLM tab links it)", flush=True)
+            print(f"vllm-load: run {col.plan.run_id} stopped: report {ctl.end.report} (the LLM tab links it)", flush=True)
     except (OSError, OutputError) as exc:  # no traceback out of Locust's handler: quitting gives the verdict
         _output_failed(run, exc)
 
@@ -185,24 +170,25 @@ def quitting(ctl: Controller) -> None:
     """The end of the run, once. Locust runs a shutdown per SIGTERM (in that signal's greenlet), and its main
     greenlet runs one more when the runner stops: two wrote two different summaries. A later one waits for the
     first, then for the first to exit the process (with its code); a third signal quits at once."""
-    if ctl.ending is None:
-        ctl.ending = gevent.event.Event()
+    end = ctl.end
+    if end.writing is None:
+        end.writing = gevent.event.Event()
         try:
             _end(ctl)
         finally:
-            ctl.ending.set()
+            end.writing.set()
         return
     signalled = gevent.getcurrent().parent is not None  # not the main greenlet: a signal's shutdown
     if signalled:
-        ctl.end_signals += 1
-        if ctl.end_signals >= 2:
+        end.signals += 1
+        if end.signals >= 2:
             sys.stderr.write("vllm-load: a third signal: quitting now; the run's files may be incomplete\n")
             sys.stderr.flush()
             os._exit(EXIT_ERRORS)
-        if not ctl.ending.is_set():
+        if not end.writing.is_set():
             sys.stderr.write("vllm-load: the run's end is being written: waiting for it (another signal quits now)\n")
             sys.stderr.flush()
-    ctl.ending.wait()
+    end.writing.wait()
     # the first shutdown goes on to Locust's tables and its exit, which ends the process (its SystemExit reaches
     # the main greenlet with the run's code): this one waits for that rather than printing and exiting again
     gevent.sleep(30.0)
@@ -301,14 +287,15 @@ def _finish(ctl: Controller, run: Run, col: Collector) -> None:
         code = EXIT_ERRORS
     if run.outage_stop:
         code = EXIT_ERRORS
-    ctl.report = str(built.report)
-    if ctl.emulator_log is not None and ctl.emulator_log.exists():  # its log, beside the run's numbers
-        col.plan.files.copy_in(ctl.emulator_log, "emulator.log")
+    ctl.end.report = str(built.report)
+    log_file = ctl.servers.emulator_log
+    if log_file is not None and log_file.exists():  # its log, beside the run's numbers
+        col.plan.files.copy_in(log_file, "emulator.log")
     prefix = getattr(opts, "csv_prefix", None)
     if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
         shutil.copyfile(col.plan.files.llm_csv, f"{prefix}_llm_stats.csv")
     # the end-of-run block, printed once, after Locust's own last tables (Controller._on_quit)
-    ctl.end_block = "".join(_end_lines(ctl, run, col, built, exceptions, code))
+    ctl.end.block = "".join(_end_lines(ctl, run, col, built, exceptions, code))
     environment.process_exit_code = code
 
 

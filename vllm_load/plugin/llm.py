@@ -9,28 +9,24 @@ process's stats (per ``name=`` too), the per-request log and Locust's own table,
 
 from __future__ import annotations
 
-import contextlib
-import uuid
-
 import dataclasses
 import random
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import gevent
 from gevent import getcurrent
 
 from vllm_load.client.exchange import JsonBody, Transport
-from vllm_load.client.pooling import (POOLING, count_each, count_inputs, embeddings_request, pooling_request, rerank_request,
-                                      score_request)
+from vllm_load.client.pooling import POOLING, pooling_request
 from vllm_load.client.reply import Reply
 from vllm_load.client.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
 from vllm_load.client.trace_context import HEADER, new_traceparent
-from vllm_load.client.stream import (Placement, ReadyRequest, StreamCancelled, build_request, ready_request,
-                                     stream_request)
+from vllm_load.client.stream import Placement, ReadyRequest, StreamCancelled, build_request, stream_request
 from vllm_load.plugin.generator import Generator
+from vllm_load.plugin.llm_pooling import PoolingCalls
+from vllm_load.plugin.llm_sessions import Due, SessionCalls
 from vllm_load.plugin.llm_checks import check_max_tokens, check_messages, split_media
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.process import generator_of
@@ -44,23 +40,7 @@ STARTUP_S = 2.0
 BACKOFF_START = 0.05
 
 
-@dataclass(frozen=True)
-class Due:
-    """Open loop: when the task started by one arrival should have sent its first request."""
-
-    intended: float  # perf_counter time
-    schedule_start: float  # when the schedule (the run's, or a sweep step's rate) began
-
-
-def _turn_request(src: Any, input_tokens: int, output_tokens: int, hash_ids: tuple[int, ...], block_size: int,
-                  model: str, group: str | None) -> ReadyRequest:
-    """A session turn's request, in the prompt thread: the blocks' content at its exact length, or unique text."""
-    f = src.factory("chat")
-    prompt = f.from_blocks(hash_ids, block_size, input_tokens) if hash_ids else f.make(input_tokens)
-    return ready_request("chat", model, prompt, output_tokens, src.defaults, group)
-
-
-class LLM:
+class LLM(PoolingCalls, SessionCalls):
     """The LLM client of one Locust user (``self.llm``)."""
 
     def __init__(self, user: Any) -> None:
@@ -186,52 +166,6 @@ class LLM:
         return self.send(responses_request(model, input, tokens, max_output_tokens, defaults=src.defaults,
                                            extra=body, group=group), name=name, headers=headers)
 
-    def embed(self, inputs: str | list[str], *, name: str | None = None, headers: dict[str, str] | None = None,
-              **body: Any) -> Reply:
-        """One ``/v1/embeddings`` request of ``inputs`` (a text or a list of texts), each counted under the run's
-        tokenizer first (as vLLM counts it: special tokens included) and checked against the server's usage;
-        ``Reply.data`` is the answer (its ``data[i].embedding``). ``body`` keys merge into the request
-        (``encoding_format``, ``dimensions``, ``model`` …)."""
-        texts = [inputs] if isinstance(inputs, str) else inputs
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise TypeError("self.llm.embed(inputs): give a str or a non-empty list of str")
-        src = self._source()
-        tokens = src.offload(count_inputs, src.tokenizer.count_completion, texts)
-        model, group = (body.pop("model"), None) if "model" in body else src.next_model()
-        return self.send(embeddings_request(model, texts, tokens, defaults=src.defaults, extra=body, group=group),
-                         name=name, headers=headers)
-
-    def rerank(self, query: str, documents: list[str], *, name: str | None = None,
-               headers: dict[str, str] | None = None, **body: Any) -> Reply:
-        """One ``/v1/rerank`` request: ``documents`` ranked against ``query`` (``Reply.data["results"]``). The
-        input tokens are checked as the server's usage says it counted them: a bi-encoder the query once and each
-        document once, a cross-encoder the query in every (query, document) pair."""
-        if not isinstance(query, str) or not isinstance(documents, list) or not documents \
-                or not all(isinstance(d, str) for d in documents):
-            raise TypeError("self.llm.rerank(query, documents): give a str and a non-empty list of str")
-        src = self._source()
-        counts = src.offload(count_each, src.tokenizer.count_completion, [query, *documents])
-        model, group = (body.pop("model"), None) if "model" in body else src.next_model()
-        return self.send(rerank_request(model, query, documents, sum(counts), defaults=src.defaults, extra=body,
-                                        group=group, query_tokens=counts[0]), name=name, headers=headers)
-
-    def score(self, queries: str | list[str], documents: list[str], *, name: str | None = None,
-              headers: dict[str, str] | None = None, **body: Any) -> Reply:
-        """One ``/v1/score`` request: each document scored against the query (a str), or query i against document i
-        (a list as long as ``documents``); ``Reply.data["data"][i]["score"]``. Input tokens are checked as a
-        bi-encoder counts them (each text once), as ``rerank``."""
-        qs = [queries] if isinstance(queries, str) else queries
-        if not isinstance(qs, list) or not qs or not all(isinstance(q, str) for q in qs) \
-                or not isinstance(documents, list) or not documents or not all(isinstance(d, str) for d in documents) \
-                or len(qs) not in (1, len(documents)):
-            raise TypeError("self.llm.score(queries, documents): give a str (or as many str as documents) and a "
-                            "non-empty list of str")
-        src = self._source()
-        counts = src.offload(count_each, src.tokenizer.count_completion, [*qs, *documents])
-        model, group = (body.pop("model"), None) if "model" in body else src.next_model()
-        return self.send(score_request(model, queries, documents, sum(counts), defaults=src.defaults, extra=body,
-                                       group=group, query_tokens=counts[0]), name=name, headers=headers)
-
     def prepared(self, api: str = "chat") -> ReadyRequest:
         """The next request of the run's own workload (--input-tokens, --output-tokens, --dataset, …), built
         ahead by the prompt thread: what the built-in users send."""
@@ -241,76 +175,6 @@ class LLM:
         except PromptError:  # the pool told the plugin once, which stops the run: no error storm here
             Generator.park()
             raise  # not reached
-
-    def turn(self, input_tokens: int, output_tokens: int, *, hash_ids: tuple[int, ...] | list[int] = (),
-             block_size: int = 64, name: str | None = None, headers: dict[str, str] | None = None) -> Reply:
-        """One streaming chat request of a replayed session's turn: a prompt of exactly ``input_tokens`` tokens
-        (the chat template included) whose content is the blocks ``hash_ids`` name, in order (the same id, the same
-        ``block_size`` tokens of content for the whole run, so two turns share exactly the blocks their ids share,
-        as the server's prefix cache sees them), and exactly ``output_tokens`` tokens asked. Built off the event
-        loop."""
-        return self.send(self.turn_request(input_tokens, output_tokens, hash_ids=hash_ids, block_size=block_size),
-                         name=name, headers=headers)
-
-    def turn_request(self, input_tokens: int, output_tokens: int, *, hash_ids: tuple[int, ...] | list[int] = (),
-                     block_size: int = 64) -> ReadyRequest:
-        """``turn``'s request, built (off the event loop) but not sent: a replay builds the next turn while it
-        waits for its time, then ``send``s it (a 128k-token turn of kept blocks: ~1.6 ms of CPU,
-        benchmarks/long_context.py)."""
-        src = self._source()
-        model, group = src.next_model()
-        return src.offload(_turn_request, src, int(input_tokens), int(output_tokens), tuple(hash_ids),
-                           int(block_size), model, group)
-
-    def send_at(self, ready: ReadyRequest, at: float, *, name: str | None = None,
-                headers: dict[str, str] | None = None, warmup: bool = False) -> Reply:
-        """Send ``ready`` at the wall-clock time ``at`` (at once, if that has passed), timed from ``at``: a send
-        the client made late counts its lateness in the request's latency and its ``send_lag``, as an open loop's
-        arrival does (a replay's turn is due at its predecessor's completion plus its delay)."""
-        gen = self._generator()
-        wait = at - time.time()
-        if wait > 0:
-            gevent.sleep(wait)
-        self._due[getcurrent()] = Due(time.perf_counter() - (time.time() - at), gen.schedule_start())
-        return self.send(ready, name=name, headers=headers, warmup=warmup)
-
-    def share(self, items: list[Any]) -> list[Any]:
-        """This load process's part of ``items`` (item i where i mod the run's processes is its index): a swarm
-        splits sessions, each kept whole on one process."""
-        gen = self._generator()
-        n = max(1, gen.plan.processes)
-        return [x for i, x in enumerate(items) if i % n == gen.worker_index % n]
-
-    def shared(self, key: str, make: Callable[[], Any]) -> Any:
-        """What this process's users share during one run (a locustfile's own state: the sessions it replays), made
-        by ``make()`` at the run's first call and gone with the run: a new run (the web UI's next start) starts over,
-        and each process of a swarm (a worker in a test's process too) has its own."""
-        shared = self._generator().shared
-        if key not in shared:
-            shared[key] = make()
-        return shared[key]
-
-    def finished(self) -> None:
-        """This process sent all of its share (and every request came back): the run ends once every process
-        has said so (as a trace replay ends)."""
-        gen = self._generator()
-        gevent.spawn(lambda: (gen.idle.wait(), gen.on_trace_done()))
-
-    @contextlib.contextmanager
-    def session(self, session_id: str | None = None) -> Iterator[str]:
-        """Every request sent inside carries ``session_id`` in --session-header (X-Session-ID: the key vLLM's
-        router hashes to keep a session on one replica); without one, a new id unique in the swarm. Yields it."""
-        sid = session_id if session_id is not None else f"{self._generator().source}-{uuid.uuid4().hex[:12]}"
-        me = getcurrent()  # per greenlet: a subagent's greenlet beside its parent has a session of its own
-        before = self._sessions.get(me)
-        self._sessions[me] = sid
-        try:
-            yield sid
-        finally:
-            if before is None:
-                self._sessions.pop(me, None)
-            else:
-                self._sessions[me] = before
 
     def send(self, ready: ReadyRequest, *, name: str | None = None, headers: dict[str, str] | None = None,
              warmup: bool = False) -> Reply:

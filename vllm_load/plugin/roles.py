@@ -9,7 +9,7 @@ from typing import Any
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
-from vllm_load.plugin import end_of_run, run_clock, ui_guard, wire, worker_secrets
+from vllm_load.plugin import run_clock, ui_guard, wire, worker_secrets
 from vllm_load.plugin.controller import Controller
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.process import Process
@@ -74,9 +74,6 @@ class MasterProcess(Controller):
 
     def _master_runner(self) -> Any:
         return self.environment.runner
-
-    def _watch_role(self, run: Run) -> None:
-        run.watchers.spawn(end_of_run.watch_heartbeats, self.environment.runner, run.collector)
 
     def _clock(self) -> run_clock.MasterClock:
         col = self.run.collector if self.run is not None else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from vllm_load.client.openai_api import auth_header, public_url
 from vllm_load.errors import UsageError
@@ -132,3 +132,12 @@ class Profiler(_Control):
         self.windows.append({"what": self._what, "start": started, "stop": stopped_at, "targets": self._targets})
         self.say(f"vllm-load: profiler stopped after {stopped_at - started:.1f} s of {self._what} (the trace is "
                  "where the server's --profiler-config writes it)")
+
+
+def check_profile_source(opts: Any, sidecar_url: str) -> None:
+    """--profile-at N reads the server's running requests from its series: a sidecar (the embedded emulator's too)
+    or a Prometheus; without one nothing would start the profiler (one line, exit 2)."""
+    at = profile_point(opts)
+    if at is not None and at.kind == "running" and not sidecar_url and not opts.prometheus_url:
+        raise UsageError(f"--profile-at {opts.profile_at} starts on the server's running requests, read from its "
+                         "series: give --sidecar-url (or --prometheus-url), or --profile-at run")

@@ -62,7 +62,7 @@ class SweepShape(LoadTestShape):
         ends = self.count_ends
         ctl = process_of(self.runner.environment)
         processes = ctl.run.plan.processes if ctl.run is not None else 1
-        while len(ends) < len(levels) and ctl.steps_done.get(len(ends), 0) >= processes:
+        while len(ends) < len(levels) and ctl.steps.done.get(len(ends), 0) >= processes:
             ends.append(t)
         return ends
 

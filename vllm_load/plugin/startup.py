@@ -25,6 +25,20 @@ def install_gate(environment: Any, opts: Any, check: Callable[[Any], None]) -> N
     web_gate.install(environment, names, check, password)
 
 
+def guard_web_ui(environment: Any, opts: Any) -> None:
+    """A web UI's guards, before anything at start-up can fail (the UI stays up to show the error): no secret in
+    its pages, the start form as the command line groups it, a word when it listens beyond this host."""
+    if environment.web_ui is None:
+        return
+    from vllm_load.plugin import ui_guard, web_form
+
+    ui_guard.SecretGuard(environment).install(environment.web_ui)
+    web_form.install(environment)
+    warning = ui_guard.bind_warning(opts.web_host, bool(opts.web_login))
+    if warning:
+        print(warning, flush=True)
+
+
 def announce_web_ui(web_ui: Any, opts: Any, wait_s: float = 300.0) -> None:
     """The web UI's address, said once its port accepts connections (Locust said it before its init, seconds before
     anything listened). A greenlet: Locust starts the server after init returns."""

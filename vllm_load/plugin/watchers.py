@@ -1,0 +1,111 @@
+"""What watches a run while it goes (a local runner's or a master's): outages said as they start and end (and
+--stop-on-outage), the workers Locust marks missing, the saturation watch, GPU telemetry, the server's live samples
+for the web UI, and the profiler's window. Each is a greenlet of ``Run.watchers`` (killed with the run)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable
+
+import gevent
+import gevent.pool
+
+from vllm_load.metrics.outages import LiveOutage, describe
+from vllm_load.plugin import saturation_watch
+from vllm_load.plugin.collector import Collector
+from vllm_load.plugin.run import Run
+from vllm_load.plugin.server_control import Profiler
+from vllm_load.plugin.server_side import LiveServer
+from vllm_load.plugin.wire import end_run
+
+
+def start(environment: Any, run: Run, window: Callable[[], float], master_runner: Any = None) -> None:
+    """The run's watchers; ``window``: when its measured window opens (read again at the warm-up's end);
+    ``master_runner``: a master's runner, whose workers it watches (None: a local runner)."""
+    opts, col, plan = environment.parsed_options, run.collector, run.plan
+    assert col is not None
+    run.watchers = gevent.pool.Group()
+    run.watchers.spawn(watch_outages, environment, run)
+    if master_runner is not None:
+        run.watchers.spawn(watch_heartbeats, master_runner, col)
+    if col.profiler is not None and col.profiler.at.kind == "run":
+        run.watchers.spawn(_profile_window, col.profiler, window, plan.warmup)
+    run.watchers.spawn(saturation_watch.watch, environment, run, bool(opts.stop_over_saturated),
+                       master_runner is not None)
+    dcgm_url = opts.dcgm_url or (plan.host.rstrip("/") + "/dcgm/metrics" if plan.is_emulator and opts.emulator_dcgm
+                                 else "")
+    if dcgm_url:
+        from vllm_load.plugin.dcgm_source import DcgmPoller
+
+        col.dcgm = DcgmPoller(dcgm_url)
+    elif opts.dcgm_selector:  # the same fields from a Prometheus that scrapes the exporter, at the run's end
+        from vllm_load.plugin.dcgm_source import PrometheusDcgm
+
+        col.dcgm = PrometheusDcgm(opts.prometheus_url, opts.dcgm_selector, opts.prometheus_token, col.start_wall)
+    if opts.prometheus_url:  # the web UI's server side, the saturation watch's queue
+        run.live_server = LiveServer.prometheus(opts.prometheus_url, opts.prometheus_selector, col.start_wall,
+                                                opts.prometheus_token, interval=2.0)
+    elif plan.sidecar_url:
+        run.live_server = LiveServer.sidecar(plan.sidecar_url, col.start_wall, opts.sidecar_token, interval=2.0)
+    if col.profiler is not None and col.profiler.at.kind == "running" and run.live_server is not None:
+        run.watchers.spawn(_profile_when_running, col.profiler, run.live_server, int(col.profiler.at.value),
+                           float(opts.profile_seconds))
+
+
+def watch_heartbeats(runner: Any, col: Collector) -> None:
+    """A master notes each worker Locust marks missing, and when (Locust's check runs every second)."""
+    while True:
+        gevent.sleep(0.5)
+        col.note_missing(runner)
+
+
+def watch_outages(environment: Any, run: Run) -> None:
+    """Say on the console (and the web UI) when the server becomes unreachable and when it is back, from the
+    merged counts (on a master: as of the workers' last reports, every 3 s); --stop-on-outage ends the run.
+    With --host a,b each replica is watched too: one that goes down is named, and stops nothing while the
+    others answer."""
+    col = run.collector
+    assert col is not None
+    stop_after = col.plan.stop_on_outage
+    watches: dict[str | None, LiveOutage] = {}
+    down: dict[str | None, str] = {}  # None: the run (every target); else a target's URL
+    while True:
+        gevent.sleep(1.0)
+        for key, t in [(None, col.totals), *sorted(col.totals.targets.items())]:
+            if key is not None and None in down:  # every target is down: said once, for the run
+                continue
+            live = watches.setdefault(key, LiveOutage(col.plan.outage_after))
+            span = live.check(t.ok_buckets, t.conn_buckets, t.fail_buckets, time.time())
+            cur = span if span is not None and span.is_outage else None
+            if cur is None:
+                if down.pop(key, None) is not None:
+                    print(f"vllm-load: {'the server' if key is None else f'target {key}'} answers again", flush=True)
+                continue
+            text = ("" if key is None else f"target {key}: ") + describe(cur, col.start_wall, t.conn_error[1], live=True)
+            if key not in down:
+                print(f"vllm-load: OUTAGE: {text}", flush=True)
+            down[key] = text
+            if key is None and stop_after and cur.seconds >= stop_after and run.outage_stop is None:
+                run.outage_stop = f"{text}: stopping the run (--stop-on-outage {environment.parsed_options.stop_on_outage})"
+                sys.stderr.write(f"vllm-load: error: {run.outage_stop}\n")
+                sys.stderr.flush()
+                end_run(environment)
+        run.outage_now = "; ".join(down.values()) or None
+
+
+def _profile_window(profiler: Profiler, start_wall: Callable[[], float], warmup: float) -> None:
+    """--profile-at run: the profiler starts when the measured window opens (after --warmup)."""
+    while (wait := start_wall() + warmup - time.time()) > 0:
+        gevent.sleep(min(wait, 0.5))
+    profiler.start("the measured window")
+
+
+def _profile_when_running(profiler: Profiler, live: LiveServer, running: int, seconds: float) -> None:
+    """--profile-at N: the profiler starts once the server's series says it runs N requests (the sidecar's samples,
+    seconds behind), for --profile-seconds; the run's end stops it sooner."""
+    while not (live.samples and live.samples[-1].get("running", 0) >= running):
+        gevent.sleep(0.5)
+    profiler.start(f"the server at {running}+ running requests")
+    gevent.sleep(seconds)
+    profiler.stop()
