@@ -1,0 +1,37 @@
+"""The routing verdict's arithmetic (``metrics/routing.py``), on request records as the logs hold them: each replica's
+share, each session's stickiness, and the prefix-cache hits a session made achievable against those its own next
+turn achieved (the real router and fleets: tests/test_router.py, test_real_vllm_fleet.py)."""
+
+from __future__ import annotations
+
+from vllm_load.metrics.routing import BLOCK, routing
+
+
+def _turn(session: str, start: float, replica: str, input_tokens: int, output_tokens: int, cached: int | None,
+          ok: bool = True) -> dict:
+    return {"session": session, "start": start, "target": replica, "ok": ok, "input_tokens": input_tokens,
+            "output_tokens": output_tokens, "cached_tokens": cached}
+
+
+def test_each_turn_is_judged_on_its_own_hits_against_what_its_session_made_achievable():
+    records = [
+        _turn("kept", 0.0, "a", 100, 20, 0), _turn("kept", 1.0, "a", 200, 20, 112),  # the second turn hit 112
+        _turn("moved", 0.5, "b", 100, 20, 48), _turn("moved", 1.5, "a", 200, 20, 0),  # its history was on b
+        _turn("alone", 0.7, "b", 64, 8, 16),  # one turn: nothing achievable, its own hit counts nowhere
+    ]
+    r = routing(records)
+    assert r.replicas["a"].requests == 3 and r.replicas["b"].requests == 2
+    assert r.sessions == 2 and r.sticky_sessions == 1 and r.session_stickiness == 0.5
+    # each next turn could hit the last turn's prompt and answer, in whole blocks, its last prompt token computed
+    assert r.cache_hits_achievable == 2 * (120 // BLOCK * BLOCK)
+    assert r.cache_hits_achieved == 112 + 0  # the turns' own hits: not the earlier turns' (48 on b)
+    assert r.cache_hits_of_achievable == 112 / 224
+    assert r.replica_imbalance == 3 / 2.5
+
+
+def test_a_failed_turn_makes_nothing_achievable_and_warm_ups_are_left_out():
+    records = [_turn("s", 0.0, "a", 100, 20, 0), _turn("s", 1.0, "a", 200, 20, 0, ok=False),
+               _turn("s", 2.0, "a", 300, 20, 96), {**_turn("w", 0.0, "b", 100, 20, 0), "warmup": True}]
+    r = routing(records)
+    assert set(r.replicas) == {"a"} and r.replicas["a"].requests == 3
+    assert r.cache_hits_achievable == 0 and r.cache_hits_achieved == 0 and r.cache_hits_of_achievable is None
