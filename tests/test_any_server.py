@@ -82,7 +82,7 @@ def test_other_servers_streams_are_measured_whole(tmp_path, emulator_factory, st
                            "--itl", "0.002")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "4s", "--host", emu.url,
-                      "--output-tokens", "8-24", "--run-dir", str(run_dir)], tmp_path, timeout=120)
+                          "--output-tokens", "8-24", "--run-dir", str(run_dir)], tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
     assert logs and all(r["ok"] for r in logs), [r["error"] for r in logs][:3]
@@ -104,8 +104,8 @@ def test_other_servers_streams_are_measured_whole(tmp_path, emulator_factory, st
 def test_openai_mode_forced_against_vllm_says_so(tmp_path, emulator_factory):
     emu = emulator_factory()
     res = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", emu.url,
-                      "--server-kind", "openai", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
-                     tmp_path, timeout=120)
+                          "--server-kind", "openai", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
+                         tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-2000:]
     assert "--server-kind openai (the server says it is vLLM" in res.stdout
     assert "the server is not vLLM" not in res.stdout

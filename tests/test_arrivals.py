@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.reqlog import read_log
 
 CHAT = str(ROOT / "locustfiles" / "chat.py")
@@ -21,8 +21,8 @@ def _intended(run_dir):
 def _run(tmp_path, name, *args):
     run_dir = tmp_path / name
     res = run_in_process(["-f", CHAT, "--headless", "-r", "100", "--output-tokens", "1", "--emulator-ttft", "0.002",
-                      "--emulator-itl", "0.001", "--allow-untrustworthy", "--run-dir", str(run_dir), *args],
-                     cwd=tmp_path, timeout=180)
+                          "--emulator-itl", "0.001", "--allow-untrustworthy", "--run-dir", str(run_dir), *args],
+                         cwd=tmp_path, timeout=180)
     # --allow-untrustworthy: what is checked is the schedule each request was due at, not how late a busy host
     # sent it (send_lag), which the trust verdict is about
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

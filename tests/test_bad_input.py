@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, Proc, run_in_process, run_locust
+from tests.helpers import ROOT, Proc, run_in_process
 
 CHAT, SWEEP = str(ROOT / "locustfiles/chat.py"), str(ROOT / "locustfiles/sweep.py")
 ROOT_LF = str(ROOT / "locustfiles") + "/"
@@ -97,7 +97,7 @@ def test_a_host_with_credentials_in_it_is_refused_without_echoing_them(tmp_path)
     """http://user:password@host: one line, exit 2, and the password in no output (the server check echoed the
     whole URL, and such a URL never reached a server: discovery could not resolve it)."""
     res = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", "http://user:s3cr3tpw@127.0.0.1:9",
-                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+                          "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
     assert res.returncode == 2 and len(errors) == 1, res.stderr[-2000:]
     assert "--host 'http://127.0.0.1:9' carries credentials (user:password@): give the key with --api-key" in errors[0]

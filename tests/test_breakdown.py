@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import statistics
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.reqlog import read_log
 
 CHAT = str(ROOT / "locustfiles" / "chat.py")

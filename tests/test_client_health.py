@@ -72,8 +72,8 @@ def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_p
     run_dir = tmp_path / "run"
     # 50 req/s asked, but one user may hold only 2 streams of ~0.4 s: the client itself falls behind
     res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-r", "1", "-t", "4s",
-                      "--host", emu.url, "--request-rate", "50", "--max-concurrency", "2", "--output-tokens", "32",
-                      "--run-dir", str(run_dir)], cwd=tmp_path, judge_trust=True)
+                          "--host", emu.url, "--request-rate", "50", "--max-concurrency", "2", "--output-tokens", "32",
+                          "--run-dir", str(run_dir)], cwd=tmp_path, judge_trust=True)
     assert res.returncode == 5, res.stderr[-2000:]  # a gate must not pass on numbers the tool disowns
     data = json.loads((run_dir / "summary.json").read_text())
     summary = data["summary"]
@@ -82,8 +82,8 @@ def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_p
     assert "UNTRUSTWORTHY RUN" in res.stdout and "exit code 5" in res.stdout
     assert "id='client-saturated'" in (run_dir / "report.html").read_text()
     accepted = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-r", "1", "-t",
-                           "4s", "--host", emu.url, "--request-rate", "50", "--max-concurrency", "2", "--output-tokens",
-                           "32", "--run-dir", str(tmp_path / "accepted"), "--allow-untrustworthy"], cwd=tmp_path)
+                               "4s", "--host", emu.url, "--request-rate", "50", "--max-concurrency", "2", "--output-tokens",
+                               "32", "--run-dir", str(tmp_path / "accepted"), "--allow-untrustworthy"], cwd=tmp_path)
     assert accepted.returncode == 0, accepted.stdout[-2000:]
     assert "accepted with --allow-untrustworthy" in (tmp_path / "accepted" / "summary.json").read_text()
 
@@ -92,8 +92,8 @@ def test_a_comfortable_run_is_not_flagged(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
-                      "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], cwd=tmp_path,
-                     judge_trust=True)
+                          "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], cwd=tmp_path,
+                         judge_trust=True)
     assert res.returncode == 0
     client = json.loads((run_dir / "summary.json").read_text())["summary"]["client"]
     assert client["saturated"] is False and client["streams_max"] >= 1
@@ -125,8 +125,8 @@ def test_a_light_open_loop_run_is_on_time_from_its_first_second_and_trusted(tmp_
     pools hold their first prompts, so even the first requests leave on time (they left ~300 ms late)."""
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "8", "-r", "8",
-                      "-t", "8s", "--request-rate", "20", "--output-tokens", "16", "--run-dir", str(run_dir)],
-                     cwd=tmp_path, judge_trust=True)
+                          "-t", "8s", "--request-rate", "20", "--output-tokens", "16", "--run-dir", str(run_dir)],
+                         cwd=tmp_path, judge_trust=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     m = summary["metrics"]

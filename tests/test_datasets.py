@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.workload.datasets import BATCH_INSTRUCTION, DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.errors import UsageError
 from vllm_load.workload.prompts import PromptFactory
@@ -92,8 +92,8 @@ def test_csv_batch_run_end_to_end(files, tmp_path):
     _, _, cs = files
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                      "--dataset", str(cs), "--dataset-field", "review", "--dataset-batch", "2",
-                      "--align-with-server", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--dataset", str(cs), "--dataset-field", "review", "--dataset-batch", "2",
+                          "--align-with-server", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "--align-with-server: a 100-token chat prompt by tokenizer" in res.stdout and "prompt lengths match" in res.stdout
     logs = read_log(run_dir / "requests.jsonl")
@@ -107,8 +107,8 @@ def test_align_with_server_catches_a_wrong_tokenizer(tmp_path, emulator_factory)
     emu = emulator_factory()
     bpe = build_byte_level_bpe(tmp_path / "bpe")
     res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-t", "2s",
-                      "--host", emu.url, "--tokenizer", str(bpe), "--align-with-server",
-                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+                          "--host", emu.url, "--tokenizer", str(bpe), "--align-with-server",
+                          "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 2
     assert "pass --tokenizer with the server's own tokenizer" in res.stderr
 
@@ -147,8 +147,8 @@ def test_a_run_sends_the_records_of_a_local_hugging_face_dataset(tmp_path, emula
     sent = tmp_path / "sent.jsonl"
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(sent))
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--host", emu.url,
-                      "--dataset", f"hf:{tmp_path / 'saved'}", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
-                     cwd=tmp_path)
+                          "--dataset", f"hf:{tmp_path / 'saved'}", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
+                         cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     contents = [json.loads(line)["body"]["messages"][-1]["content"] for line in sent.read_text().splitlines()]
     assert len(contents) >= 6 and {c.split("\n", 1)[1] for c in contents} == set(texts)
@@ -166,8 +166,8 @@ def test_a_hub_dataset_without_the_hub_is_one_line_at_once(tmp_path):
         closed = s.getsockname()[1]
     t0 = time.monotonic()
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
-                      "--dataset", "hf:someone/not-cached", "--run-dir", str(tmp_path / "run")], cwd=tmp_path,
-                     env_extra={"HF_ENDPOINT": f"http://127.0.0.1:{closed}", "HF_HOME": str(tmp_path / "hf")})
+                          "--dataset", "hf:someone/not-cached", "--run-dir", str(tmp_path / "run")], cwd=tmp_path,
+                         env_extra={"HF_ENDPOINT": f"http://127.0.0.1:{closed}", "HF_HOME": str(tmp_path / "hf")})
     took = time.monotonic() - t0
     errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
     assert res.returncode == 2 and len(errors) == 1, res.stderr[-2000:]

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.metrics.histogram import Histogram
 from vllm_load.rundir.reqlog import read_log
 
@@ -27,8 +27,8 @@ def test_headless_run_measures_the_configured_schedule(emulator_factory, tmp_pat
     emu = emulator_factory("--ttft", str(TTFT), "--itl", str(ITL), "--tokens-per-chunk", "2")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s",
-                      "--host", emu.url, "--input-tokens", "200", "--output-tokens", "32", "--run-dir", str(run_dir)],
-                     cwd=tmp_path)
+                          "--host", emu.url, "--input-tokens", "200", "--output-tokens", "32", "--run-dir", str(run_dir)],
+                         cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "vllm-load LLM metrics" in res.stdout and "TTFT (ms)" in res.stdout
     stats, logs = load_run(run_dir)
@@ -61,8 +61,8 @@ def test_measured_timings_match_the_emulators_write_times(emulator_factory, tmp_
                            "--enable-per-request-metrics")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "4", "-r", "4", "-t", "3s",
-                      "--host", emu.url, "--input-tokens", "32", "--output-tokens", "24", "--run-dir", str(run_dir)],
-                     cwd=tmp_path)
+                          "--host", emu.url, "--input-tokens", "32", "--output-tokens", "24", "--run-dir", str(run_dir)],
+                         cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     _, logs = load_run(run_dir)
     truth = {t["id"]: t for t in map(json.loads, truth_file.read_text().splitlines())}
@@ -99,7 +99,7 @@ def test_measured_timings_match_the_emulators_write_times(emulator_factory, tmp_
 
 def test_no_host_starts_the_embedded_emulator_and_says_so(tmp_path):
     res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                      "--input-tokens", "50", "--output-tokens", "8", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+                          "--input-tokens", "50", "--output-tokens", "8", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "EMULATOR" in res.stdout
     # the embedded emulator's own log lines go to the run directory, not to the console
@@ -117,8 +117,8 @@ def test_master_and_two_workers_merge_exactly(emulator_factory, tmp_path):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.004")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "6", "-r", "6", "-t", "5s",
-                      "--processes", "2", "--host", emu.url, "--input-tokens", "64-256", "--output-tokens", "8-40",
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--processes", "2", "--host", emu.url, "--input-tokens", "64-256", "--output-tokens", "8-40",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     stats, logs = load_run(run_dir)
     s = stats["summary"]
@@ -169,7 +169,7 @@ def test_master_and_two_workers_merge_exactly(emulator_factory, tmp_path):
 ])
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, needle):
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
-                      "--run-dir", str(tmp_path / "run"), *args], cwd=tmp_path, timeout=90)
+                          "--run-dir", str(tmp_path / "run"), *args], cwd=tmp_path, timeout=90)
     assert res.returncode == 2, (res.stdout[-1000:], res.stderr[-2000:])
     errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
     assert len(errors) == 1 and needle in errors[0], res.stderr[-2000:]
@@ -179,8 +179,8 @@ def test_open_loop_rate_is_split_across_workers_and_timed_from_intended_start(em
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "4", "-r", "4", "-t", "6s",
-                      "--processes", "2", "--host", emu.url, "--request-rate", "40", "--output-tokens", "8",
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--processes", "2", "--host", emu.url, "--request-rate", "40", "--output-tokens", "8",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     stats, logs = load_run(run_dir)
     s = stats["summary"]
@@ -197,17 +197,17 @@ def test_open_loop_rate_is_split_across_workers_and_timed_from_intended_start(em
 
 
 def test_a_stop_during_an_earlier_stops_drain_waits_for_it(tmp_path):
-    """The run stops itself (as --stop-over-saturated does) with two 3 s requests in flight; the -t limit
-    comes 2 s in, during that stop's drain. It waits for the drain: the requests finish and count as answered (they
-    were cancelled and failed, exit 1, when the second stop stopped the users at once)."""
+    """The run stops itself (as --stop-over-saturated does) with two 3 s requests in flight, and a second stop comes
+    during that stop's drain (as the -t limit came). It waits for the drain: the requests finish and count as
+    answered (they were cancelled and failed, exit 1, when the second stop stopped the users at once)."""
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "tests/locustfiles/early_stop.py"), "--headless", "-u", "2", "-r", "2",
-                      "-t", "2s", "--emulator-itl", "0.1", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=90)
+                          "-t", "60s", "--emulator-itl", "0.1", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=90)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "waiting for 2 request(s) in flight to finish" in res.stdout
     logs = list(read_log(run_dir / "requests.jsonl"))
     assert len(logs) == 2 and all(r["ok"] and r["output_tokens"] == 30 for r in logs), logs
-    # they ended after the -t limit, so the limit's stop waited for them
+    # they ended after the second stop (0.5 s after the first, with both in flight), so it waited for them
     first = min(r["start"] for r in logs)
     assert all(r["start"] + r["e2e"] > first + 2.5 for r in logs)
 
@@ -235,7 +235,7 @@ def test_emulator_answers_with_vllms_error_json(emulator_factory):
 def _embedded(tmp_path, name, *args):
     run_dir = tmp_path / name
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "5s", "--output-tokens", "24",
-                      "--run-dir", str(run_dir), "--allow-untrustworthy", *args], cwd=tmp_path, timeout=120)
+                          "--run-dir", str(run_dir), "--allow-untrustworthy", *args], cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     return res, json.loads((run_dir / "summary.json").read_text())
 

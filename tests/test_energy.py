@@ -9,7 +9,7 @@ import urllib.request
 import pytest
 
 from server.emulator.dcgm import PowerModel
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.metrics.energy import energy_summary
 from vllm_load.plugin.dcgm_source import parse
 
@@ -44,8 +44,8 @@ def test_a_run_reports_the_power_models_energy_per_token(tmp_path, emulator_fact
                            "--dcgm-watts-per-seq", "10")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "3", "-r", "3", "-t", "4s",
-                      "--host", emu.url, "--dcgm-url", emu.url + "/dcgm/metrics", "--output-tokens", "32",
-                      "--slo", "energy_per_token<=100J", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--host", emu.url, "--dcgm-url", emu.url + "/dcgm/metrics", "--output-tokens", "32",
+                          "--slo", "energy_per_token<=100J", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     with urllib.request.urlopen(emu.url + "/dcgm/metrics") as resp:  # no idle draw: every joule is the run's
         total_j = next(iter(parse(resp.read().decode()).values()))["energy_mj"] / 1000.0
@@ -62,7 +62,7 @@ def test_a_run_reports_the_power_models_energy_per_token(tmp_path, emulator_fact
 def test_the_embedded_emulator_serves_its_telemetry_when_asked(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                      "--emulator-dcgm", "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--emulator-dcgm", "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     e = json.loads((run_dir / "summary.json").read_text())["summary"]["energy"]
     assert e["average_power_w"] >= 60.0 and e["energy_per_request_j"] > 0  # idle 60 W, 4 W a sequence
@@ -86,8 +86,8 @@ def test_the_gpus_can_come_through_a_prometheus_that_scrapes_dcgm(tmp_path, emul
         emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
         run_dir = tmp_path / "run"
         res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-t", "3s",
-                          "--host", emu.url, "--output-tokens", "8", "--prometheus-url", prom.url,
-                          "--dcgm-selector", '{Hostname="node-1"}', "--run-dir", str(run_dir)], cwd=tmp_path)
+                              "--host", emu.url, "--output-tokens", "8", "--prometheus-url", prom.url,
+                              "--dcgm-selector", '{Hostname="node-1"}', "--run-dir", str(run_dir)], cwd=tmp_path)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     seen = prom.seen
     assert 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{Hostname="node-1"}' in seen

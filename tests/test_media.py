@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.workload.media import MediaMaker, parse_image_size
 
@@ -36,10 +36,10 @@ def test_chat_with_images_reports_media_tokens_apart_and_sends_no_image_twice(tm
     run_dir = tmp_path / "run"
     # ended by its count, -t a bound: two processes starting on a busy host once sent nothing in a 3 s run
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "90s",
-                      "--num-requests", "12",
-                      "--host", emu.url, "--processes", "2", "--images-per-request", "2", "--image-size", "256x256",
-                      "--audio-seconds", "2", "--input-tokens", "64", "--output-tokens", "8",
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--num-requests", "12",
+                          "--host", emu.url, "--processes", "2", "--images-per-request", "2", "--image-size", "256x256",
+                          "--audio-seconds", "2", "--input-tokens", "64", "--output-tokens", "8",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = [r for f in run_dir.glob("requests*.jsonl") for r in read_log(f)]
     charge = 2 * math.ceil(256 / 28) ** 2 + 2 * 25  # two images of 10x10 patches, 2 s of audio
@@ -85,13 +85,13 @@ def test_images_and_clips_from_folders(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.003")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
-                      "--host", emu.url, "--images-per-request", "1", "--images-from", str(folder), "--audio-from",
-                      str(clip), "--input-tokens", "40", "--output-tokens", "4", "--run-dir", str(run_dir)],
-                     cwd=tmp_path)
+                          "--host", emu.url, "--images-per-request", "1", "--images-from", str(folder), "--audio-from",
+                          str(clip), "--input-tokens", "40", "--output-tokens", "4", "--run-dir", str(run_dir)],
+                         cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
     # a.png: 2x2 patches, b.jpg: 4x1; 1 s of audio: 25 tokens
     assert logs and {r["media_tokens"] for r in logs} == {4 + 25}, sorted({r["media_tokens"] for r in logs})
     bad = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "2s", "--host", emu.url,
-                      "--images-per-request", "1", "--images-from", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
+                          "--images-per-request", "1", "--images-from", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
     assert bad.returncode == 2 and "--images-from" in bad.stderr and "no " in bad.stderr

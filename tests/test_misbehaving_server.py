@@ -4,7 +4,7 @@ the native reader and with the Python one (real Locust processes against the emu
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from tests.test_e2e import load_run
 
 CHAT = str(ROOT / "locustfiles/chat.py")
@@ -15,7 +15,7 @@ def test_a_failing_server_sees_a_bounded_request_rate(emulator_factory, tmp_path
     emu = emulator_factory("--ttft", "0.002", "--itl", "0.001", "--fault", f"{fault}:1")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "4s", "--host", emu.url,
-                      "--output-tokens", "4", "--retry-backoff-max", "1s", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--output-tokens", "4", "--retry-backoff-max", "1s", "--run-dir", str(run_dir)], cwd=tmp_path)
     stats, logs = load_run(run_dir)
     s = stats["summary"]
     assert res.returncode != 0 and s["failed"] == s["requests"] == len(logs) > 0
@@ -30,8 +30,8 @@ def test_a_stream_far_past_max_tokens_is_cut_and_counted(emulator_factory, tmp_p
     emu = emulator_factory("--ttft", "0.005", "--itl", "0.002", "--fault", "overrun:1")  # 1,600 tokens for 16
     run_dir = tmp_path / "run"
     run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--host", emu.url, "--output-tokens",
-                "16", "--retry-backoff-max", "50ms", "--run-dir", str(run_dir)], cwd=tmp_path,
-               env_extra={"VLLM_LOAD_NATIVE": native})
+                    "16", "--retry-backoff-max", "50ms", "--run-dir", str(run_dir)], cwd=tmp_path,
+                   env_extra={"VLLM_LOAD_NATIVE": native})
     _stats, logs = load_run(run_dir)
     cut = [r for r in logs if not r["ok"] and "ran past 32 tokens for max_tokens 16: cut" in (r["error"] or "")]
     assert len(cut) >= 2 and len(cut) >= len(logs) - 2, [r["error"] for r in logs]
@@ -46,7 +46,7 @@ def test_failures_quoting_a_unique_id_make_one_error_row_and_a_small_summary(emu
     emu = emulator_factory("--ttft", "0.002", "--itl", "0.001", "--fault", "error:1")  # each error names its request
     run_dir = tmp_path / "run"
     run_in_process(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", emu.url, "--request-rate", "150",
-                "--output-tokens", "4", "--run-dir", str(run_dir)], cwd=tmp_path)
+                    "--output-tokens", "4", "--run-dir", str(run_dir)], cwd=tmp_path)
     data = json.loads((run_dir / "summary.json").read_text())
     s = data["summary"]
     _stats, logs = load_run(run_dir)

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.helpers import run_in_process, run_locust
+from tests.helpers import run_in_process
 from vllm_load.client import native
 from vllm_load.rundir.reqlog import read_log
 
@@ -160,9 +160,9 @@ def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_process_
     (tmp_path / "blocked.py").write_text(BLOCKING)
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(tmp_path / "blocked.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host",
-                      emu.url, "--input-tokens", "32", "--output-tokens", "30", "--run-dir", str(run_dir),
-                      "--allow-untrustworthy"],  # the blocked loop lags: judged below, not by the exit code
-                     cwd=tmp_path, env_extra={"VLLM_LOAD_NATIVE": "1" if reader == "native" else "0"})
+                          emu.url, "--input-tokens", "32", "--output-tokens", "30", "--run-dir", str(run_dir),
+                          "--allow-untrustworthy"],  # the blocked loop lags: judged below, not by the exit code
+                         cwd=tmp_path, env_extra={"VLLM_LOAD_NATIVE": "1" if reader == "native" else "0"})
     assert res.returncode == 0, res.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert summary["client"]["readers"] == [reader]  # the run says which reader timed it

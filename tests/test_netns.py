@@ -218,6 +218,7 @@ def test_eight_workers_over_four_hosts_and_two_replicas_one_of_which_goes_down(t
     assert len(clock) == 8 and all(abs(c["offset_ms"]) <= c["uncertainty_ms"] + 0.5 for c in clock.values()), clock
 
 
+@pytest.mark.quiet_cores
 def test_a_trace_split_over_four_workers_on_two_hosts_leaves_in_trace_order(tmp_path):
     """200 rows 20 ms apart replayed by 4 workers (2 hosts × 2 processes) against a server on a host of its own:
     one run clock, so the rows leave in trace order (0 inversions), and each worker's offset is in the summary."""

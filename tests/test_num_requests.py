@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.reqlog import read_log
 
 
@@ -15,7 +15,7 @@ def _logs(run_dir):
 def test_exactly_n_requests_across_two_processes(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "6", "-r", "6", "--processes", "2",
-                      "--num-requests", "41", "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--num-requests", "41", "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = _logs(run_dir)
     assert len(logs) == 41 and all(r["ok"] for r in logs)
@@ -29,8 +29,8 @@ def test_exactly_n_requests_across_two_processes(tmp_path):
 def test_warm_up_requests_do_not_count(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4",
-                      "--emulator-ttft", "0.02", "--emulator-itl", "0.01", "--output-tokens", "10",
-                      "--warmup", "1s", "--num-requests", "30", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--emulator-ttft", "0.02", "--emulator-itl", "0.01", "--output-tokens", "10",
+                          "--warmup", "1s", "--num-requests", "30", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = _logs(run_dir)
     warm = [r for r in logs if r["warmup"]]
@@ -44,8 +44,8 @@ def test_each_sweep_step_ends_after_exactly_n_requests(tmp_path):
     steps take no --step-duration: the default 60 s would fail the deadline), and each step's vLLM JSON says N."""
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--processes", "2", "--sweep", "2,6",
-                      "--num-requests", "15", "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path,
-                     timeout=50)
+                          "--num-requests", "15", "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path,
+                         timeout=50)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = _logs(run_dir)
     assert sorted({r["step"] for r in logs}) == [0, 1]

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 
 
 def test_a_collector_receives_the_ttft_histogram_with_the_summarys_count(tmp_path):
@@ -31,8 +31,8 @@ def test_a_collector_receives_the_ttft_histogram_with_the_summarys_count(tmp_pat
     try:
         run_dir = tmp_path / "run"
         res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                          "--output-tokens", "8", "--otlp-endpoint", f"http://127.0.0.1:{server.server_port}",
-                          "--otlp-token", "otel-secret-1", "--run-dir", str(run_dir)], cwd=tmp_path)
+                              "--output-tokens", "8", "--otlp-endpoint", f"http://127.0.0.1:{server.server_port}",
+                              "--otlp-token", "otel-secret-1", "--run-dir", str(run_dir)], cwd=tmp_path)
     finally:
         server.shutdown()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -59,7 +59,7 @@ def test_an_unreachable_collector_is_said_and_the_run_keeps_its_verdict(tmp_path
     from tests.helpers import free_port
 
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "2s",
-                      "--output-tokens", "4", "--otlp-endpoint", f"http://127.0.0.1:{free_port()}",
-                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+                          "--output-tokens", "4", "--otlp-endpoint", f"http://127.0.0.1:{free_port()}",
+                          "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "the metrics did not go over OTLP: the OTLP endpoint" in res.stderr

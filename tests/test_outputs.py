@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 
 SAMPLE = ROOT / "tests" / "data" / "vllm-bench-serve-0.32-result.json"  # written by vllm bench serve 0.32
 
@@ -18,9 +18,9 @@ def test_the_vllm_result_has_every_key_vllm_writes_with_the_summarys_values_and_
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005", "--tokens-per-chunk", "2")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                      "--host", emu.url, "--output-tokens", "16", "--save-detailed", "--csv", str(tmp_path / "lc"),
-                      "--slo", "itl.p50>=8ms", "--slo", "itl_token.p50<=6ms", "--slo", "e2el.p99<=2s",
-                      "--slo", "ttft.p99<=2s", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--host", emu.url, "--output-tokens", "16", "--save-detailed", "--csv", str(tmp_path / "lc"),
+                          "--slo", "itl.p50>=8ms", "--slo", "itl_token.p50<=6ms", "--slo", "e2el.p99<=2s",
+                          "--slo", "ttft.p99<=2s", "--run-dir", str(run_dir)], cwd=tmp_path)
     # vLLM's names: itl is the gap between chunks (2 tokens, ~10 ms), itl_token the gap per token (~5 ms)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     ours = json.loads((run_dir / "vllm-result.json").read_text())
@@ -70,7 +70,7 @@ def test_prometheus_metrics_of_a_two_worker_run_equal_its_summary(emulator_facto
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "tests" / "locustfiles" / "conversation.py"),
                              "--host", emu.url, "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart",
-                             "-u", "4", "-r", "4", "-t", "4s", "--autoquit", "20", "--processes", "2",
+                             "-u", "4", "-r", "4", "-t", "8s", "--autoquit", "20", "--processes", "2",
                              "--master-bind-port", str(free_port()), "--turns", "2",
                              "--input-tokens", "40", "--turn-input-tokens", "10", "--run-dir", str(run_dir)],
                             cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
@@ -188,8 +188,8 @@ def test_the_vllm_result_writes_latencies_and_queue_times_always_and_vllms_concu
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                      "--host", emu.url, "--output-tokens", "8", "--request-rate", "10", "--run-dir", str(run_dir)],
-                     cwd=tmp_path)
+                          "--host", emu.url, "--output-tokens", "8", "--request-rate", "10", "--run-dir", str(run_dir)],
+                         cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     ours = json.loads((run_dir / "vllm-result.json").read_text())
     from vllm_load.rundir.reqlog import read_log
@@ -230,8 +230,8 @@ def test_locusts_own_table_starts_over_when_the_warm_up_ends(tmp_path):
     """--warmup 2s: the LLM metrics leave out the requests started in the first 2 s, and Locust's table starts over
     then and counts by the same rule: the two counts are equal."""
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
-                      "--warmup", "2s", "--output-tokens", "8", "--emulator-ttft", "0.01", "--emulator-itl", "0.002",
-                      "--csv", str(tmp_path / "locust"), "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+                          "--warmup", "2s", "--output-tokens", "8", "--emulator-ttft", "0.01", "--emulator-itl", "0.002",
+                          "--csv", str(tmp_path / "locust"), "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     assert "vllm-load: warm-up over (2 s): Locust's table starts over now" in res.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())["summary"]

@@ -55,8 +55,10 @@ def test_a_wheel_installed_outside_the_checkout_runs_the_chat_locustfile(tmp_pat
     if sys.platform.startswith("linux"):
         said = run([str(venv / "bin" / "vllm-load"), "native"], cwd=tmp_path, env=env).stdout
         assert said.startswith("native reader: in use") and str(venv) in said, said
+    # what is tested is the wheel's files, not the client's timing: on a busy host the run may be untrustworthy
     res = run([str(py), "-m", "locust", "-f", locustfile, "--headless", "-u", "2", "-r", "2", "-t", "3s",
-               "--output-tokens", "8", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=env)
+               "--output-tokens", "8", "--allow-untrustworthy", "--run-dir", str(tmp_path / "run")], cwd=tmp_path,
+              env=env)
     assert "EMULATOR" in res.stdout and "(exit code 0)" in res.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())["summary"]
     assert summary["succeeded"] > 0 and summary["failed"] == 0

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.helpers import ROOT, Proc, Router, free_port, run_in_process, run_locust
+from tests.helpers import ROOT, Proc, Router, free_port, run_in_process
 from vllm_load.rundir.reqlog import read_log
 
 PER_TOKEN = 20e-6  # the emulator's KV transfer per prompt token: 512 tokens -> ~10 ms, plain in a 2-core machine's noise
@@ -38,13 +38,14 @@ def pd_pair():
             p.stop()
 
 
+@pytest.mark.quiet_cores
 def test_each_request_splits_into_prefill_kv_transfer_and_decode(tmp_path, pd_pair):
     url, spans, sidecar = pd_pair
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "5s",
-                      "--host", url, "--input-tokens", "256-1024", "--output-tokens", "16", "--otlp-receiver",
-                      f"127.0.0.1:{spans}", "--sidecar-url", sidecar, "--slo", "kv_transfer.p99<=1s", "--run-dir", str(run_dir),
-                      "--allow-untrustworthy"], tmp_path, timeout=120)
+                          "--host", url, "--input-tokens", "256-1024", "--output-tokens", "16", "--otlp-receiver",
+                          f"127.0.0.1:{spans}", "--sidecar-url", sidecar, "--slo", "kv_transfer.p99<=1s", "--run-dir", str(run_dir),
+                          "--allow-untrustworthy"], tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]]
     assert len(logs) >= 5
@@ -75,6 +76,7 @@ def test_each_request_splits_into_prefill_kv_transfer_and_decode(tmp_path, pd_pa
     assert f"{megabytes:.1f} MB, 0 failed" in res.stdout
 
 
+@pytest.mark.quiet_cores
 def test_a_decode_answer_not_streamed_has_its_token_gaps_after_the_pull(emulator_factory):
     """A non-streamed decode request: the KV pull delays its first token only; the emulator's ITL histogram holds
     the decode steps' gaps, not gaps shortened by the pull."""

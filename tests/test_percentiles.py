@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.metrics.histogram import Histogram, parse_percentiles
 from vllm_load.errors import UsageError
 from vllm_load.rundir.reqlog import read_log
@@ -31,8 +31,8 @@ def test_parse_and_the_histograms_rank():
 def test_a_run_shows_the_percentiles_asked_for_in_every_medium(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "3s",
-                      "--output-tokens", "8", "--metric-percentiles", "25,50,75", "--slo", "ttft.p80<=10s",
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--output-tokens", "8", "--metric-percentiles", "25,50,75", "--slo", "ttft.p80<=10s",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     header = next(line for line in res.stdout.splitlines() if line.startswith("metric "))
     assert header.split()[3:] == ["p25", "p50", "p75", "max"]

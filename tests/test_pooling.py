@@ -10,14 +10,14 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.reqlog import read_log
 
 
 def _run(tmp_path, locustfile, *args):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(locustfile), "--headless", "-u", "4", "-r", "4", "-t", "4s",
-                      "--run-dir", str(run_dir), *args], cwd=tmp_path)
+                          "--run-dir", str(run_dir), *args], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = [r for f in run_dir.glob("requests*.jsonl") for r in read_log(f)]
     return res, logs, json.loads((run_dir / "summary.json").read_text())["summary"]

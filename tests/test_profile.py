@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.reqlog import read_log
 
 
 def _sweep(tmp_path, url: str, *args: str):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", url, "--sweep", "1,3",
-                      "--step-duration", "3", "--output-tokens", "8", "--run-dir", str(run_dir), *args], cwd=tmp_path,
-                     timeout=120)
+                          "--step-duration", "3", "--output-tokens", "8", "--run-dir", str(run_dir), *args], cwd=tmp_path,
+                         timeout=120)
     return res, run_dir
 
 
@@ -68,8 +68,8 @@ def test_profile_at_n_starts_when_the_server_runs_n_requests(tmp_path, emulator_
     side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", "")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--host", emu.url, "-u", "6", "-r", "1",
-                      "-t", "12s", "--output-tokens", "64", "--sidecar-url", side.url, "--profile-at", "3",
-                      "--profile-seconds", "2", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
+                          "-t", "12s", "--output-tokens", "64", "--sidecar-url", side.url, "--profile-at", "3",
+                          "--profile-seconds", "2", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     (written,) = traces.glob("emulator-profile-*.json")
     profile = json.loads(written.read_text())

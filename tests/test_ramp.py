@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.workload.arrivals import ramp_rate
 
@@ -39,7 +39,6 @@ def _expected(strategy, start, end, seconds=6.0, until=6.0):
     return halves
 
 
-@pytest.mark.quiet_cores
 @pytest.mark.parametrize("strategy,start,end", [("linear", 2, 20), ("exponential", 2, 32)])
 def test_a_ramped_run_sends_what_the_ramp_says(tmp_path, strategy, start, end):
     """With --burstiness inf (vLLM's constant gaps) the sends in each half of a 6 s run are the ramp's integral
@@ -47,9 +46,9 @@ def test_a_ramped_run_sends_what_the_ramp_says(tmp_path, strategy, start, end):
     two users."""
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
-                      "--ramp-up-strategy", strategy, "--ramp-up-start-rps", str(start), "--ramp-up-end-rps", str(end),
-                      "--burstiness", "inf", "--output-tokens", "4", "--emulator-ttft", "0.005",
-                      "--emulator-itl", "0.002", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--ramp-up-strategy", strategy, "--ramp-up-start-rps", str(start), "--ramp-up-end-rps", str(end),
+                          "--burstiness", "inf", "--output-tokens", "4", "--emulator-ttft", "0.005",
+                          "--emulator-itl", "0.002", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     starts = _starts(run_dir)
     t0 = json.loads((run_dir / "llm_stats.json").read_text())["start"]  # the schedule's start (its epoch)
@@ -66,9 +65,9 @@ def test_a_ramped_run_sends_what_the_ramp_says(tmp_path, strategy, start, end):
 def test_a_ramp_over_a_request_count_ends_at_the_end_rate(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1",
-                      "--num-requests", "21", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "4",
-                      "--ramp-up-end-rps", "40", "--burstiness", "inf", "--output-tokens", "4",
-                      "--emulator-ttft", "0.005", "--emulator-itl", "0.002", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--num-requests", "21", "--ramp-up-strategy", "linear", "--ramp-up-start-rps", "4",
+                          "--ramp-up-end-rps", "40", "--burstiness", "inf", "--output-tokens", "4",
+                          "--emulator-ttft", "0.005", "--emulator-itl", "0.002", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     starts = _starts(run_dir)
     gaps = [b - a for a, b in zip(starts, starts[1:])]
@@ -99,9 +98,9 @@ def test_a_closed_loop_ramps_its_users(tmp_path):
 
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "8s", "--ramp-up-strategy",
-                      "exponential", "--ramp-up-start-users", "1", "--ramp-up-end-users", "16", "--output-tokens", "4",
-                      "--emulator-ttft", "0.01", "--emulator-itl", "0.005", "--run-dir", str(run_dir),
-                      "--csv", str(tmp_path / "locust"), "--csv-full-history"], cwd=tmp_path)
+                          "exponential", "--ramp-up-start-users", "1", "--ramp-up-end-users", "16", "--output-tokens", "4",
+                          "--emulator-ttft", "0.01", "--emulator-itl", "0.005", "--run-dir", str(run_dir),
+                          "--csv", str(tmp_path / "locust"), "--csv-full-history"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = [r for r in csv.DictReader(open(tmp_path / "locust_stats_history.csv")) if r["Name"] == "Aggregated"]
     counts = [int(r["User Count"]) for r in rows]

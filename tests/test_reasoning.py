@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.reqlog import read_log
 
 TTFT, ITL, THINK, OUT = 0.05, 0.01, 32, 48
@@ -16,9 +16,9 @@ TTFT, ITL, THINK, OUT = 0.05, 0.01, 32, 48
 def test_a_reasoning_model_reports_ttfo_after_its_thinking(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
-                      "--emulator-ttft", str(TTFT), "--emulator-itl", str(ITL), "--emulator-reasoning-tokens",
-                      str(THINK), "--input-tokens", "64", "--output-tokens", str(OUT), "--run-dir", str(run_dir),
-                      "--slo", "ttfo.p99<=2s"], cwd=tmp_path)
+                          "--emulator-ttft", str(TTFT), "--emulator-itl", str(ITL), "--emulator-reasoning-tokens",
+                          str(THINK), "--input-tokens", "64", "--output-tokens", str(OUT), "--run-dir", str(run_dir),
+                          "--slo", "ttfo.p99<=2s"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = [r for f in run_dir.glob("requests*.jsonl") for r in read_log(f)]
     assert len(logs) >= 4 and all(r["ok"] for r in logs)
@@ -47,7 +47,7 @@ def test_a_reasoning_model_reports_ttfo_after_its_thinking(tmp_path):
 def test_a_model_that_does_not_reason_shows_no_reasoning_rows(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "2s",
-                      "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     logs = [r for f in run_dir.glob("requests*.jsonl") for r in read_log(f)]
     assert logs and all(r["ttfo"] == r["ttft"] and r["reasoning_tokens"] is None for r in logs)

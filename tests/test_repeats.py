@@ -42,13 +42,13 @@ def test_repeat_runs_any_locustfiles_load_n_times_with_its_spread(tmp_path, emul
     emptied before each, each repeat a step directory, and the spread over them computed from their own numbers."""
     import json
 
-    from tests.helpers import ROOT, run_in_process, run_locust
+    from tests.helpers import ROOT, run_in_process
 
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.004")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--host", emu.url, "-u", "2", "-r", "2",
-                      "-t", "2s", "--repeat", "3", "--confidence", "0.9", "--output-tokens", "8",
-                      "--reset-prefix-cache", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
+                          "-t", "2s", "--repeat", "3", "--confidence", "0.9", "--output-tokens", "8",
+                          "--reset-prefix-cache", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     steps = sorted((run_dir / "steps").iterdir())
     assert [d.name for d in steps] == ["00-users-2", "01-users-2", "02-users-2"]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import urllib.request
 
-from tests.helpers import ROOT, free_port, run_in_process, run_locust, wait_for
+from tests.helpers import ROOT, free_port, run_in_process, wait_for
 from tests.test_process_faults import logs
 
 CHAT = str(ROOT / "locustfiles/chat.py")
@@ -20,10 +20,12 @@ CHAT = str(ROOT / "locustfiles/chat.py")
 def test_reset_stats_resets_the_llm_metrics_in_every_worker_and_the_master(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
     run_dir = tmp_path / "run"
-    # 4 users at 1/s over 2 workers: each worker's first user runs 2 s before its second one spawns (the reset)
-    res = run_in_process(["-f", CHAT, "--headless", "--processes", "2", "-u", "4", "-r", "1", "-t", "6s", "--host", emu.url,
-                      "--output-tokens", "8", "--reset-stats", "--csv", str(tmp_path / "locust"),
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+    # 4 users at 0.5/s over 2 workers: each worker's first user runs 4 s before its second one spawns (the reset;
+    # at 1/s a busy host once finished no request before it)
+    res = run_in_process(["-f", CHAT, "--headless", "--processes", "2", "-u", "4", "-r", "0.5", "-t", "9s", "--host",
+                          emu.url,
+                          "--output-tokens", "8", "--reset-stats", "--csv", str(tmp_path / "locust"),
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     with open(tmp_path / "locust_stats.csv") as fh:

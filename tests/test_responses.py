@@ -8,7 +8,7 @@ import json
 import orjson
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.client.responses import ResponsesState
 from vllm_load.client.sse import StreamError
 from vllm_load.rundir.reqlog import read_log
@@ -72,8 +72,8 @@ def test_a_broken_responses_stream_says_why(lines, reason):
 def test_responses_locustfile_against_the_emulator(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/responses.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                      "--emulator-ttft", "0.04", "--emulator-itl", "0.01", "--emulator-reasoning-tokens", "6",
-                      "--input-tokens", "100", "--output-tokens", "20", "--run-dir", str(run_dir)], cwd=tmp_path,
+                          "--emulator-ttft", "0.04", "--emulator-itl", "0.01", "--emulator-reasoning-tokens", "6",
+                          "--input-tokens", "100", "--output-tokens", "20", "--run-dir", str(run_dir)], cwd=tmp_path,
                          emulator_process=True)  # the reasoning gap is checked against the emulator's schedule
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
@@ -88,8 +88,10 @@ def test_responses_locustfile_against_the_emulator(tmp_path):
 
 def test_a_users_own_respond_calls(tmp_path):
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "tests/locustfiles/respond.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+    # each user's task sends a string input, then the two-turn input: four requests, two of each (a 3 s run on a
+    # busy host once finished only the first kind)
+    res = run_in_process(["-f", str(ROOT / "tests/locustfiles/respond.py"), "--headless", "-u", "2", "-r", "2", "-t",
+                          "60s", "--num-requests", "4", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
     names = {r["name"] for r in logs}

@@ -122,14 +122,14 @@ def test_the_first_request_leaves_within_a_second_of_the_last_user_spawned(tmp_p
     own users (measured: 2-4 ms; the open loop waits for the run clock's epoch, 0.2-0.3 s)."""
     import glob
 
-    from tests.helpers import ROOT, run_in_process, run_locust
+    from tests.helpers import ROOT, run_in_process
 
     log = tmp_path / "spawned.txt"
     run_dir = tmp_path / "run"
     extra = ["--request-rate", "20"] if loop == "open" else []
     res = run_in_process(["-f", str(ROOT / "tests/locustfiles/spawn_times.py"), "--headless", "-u", "4", "-r", "4",
-                      "-t", "5s", "--processes", "2", "--output-tokens", "16", "--run-dir", str(run_dir), *extra],
-                     cwd=tmp_path, timeout=120, env_extra={"SPAWN_LOG": str(log)})
+                          "-t", "5s", "--processes", "2", "--output-tokens", "16", "--run-dir", str(run_dir), *extra],
+                         cwd=tmp_path, timeout=120, env_extra={"SPAWN_LOG": str(log)})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     spawned = {int(i): float(t) for i, t in (line.split() for line in log.read_text().splitlines())}
     assert sorted(spawned) == [0, 1], spawned

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import statistics
 import textwrap
 
-from tests.helpers import run_in_process, run_locust
+from tests.helpers import run_in_process
 from vllm_load.rundir.reqlog import read_log
 
 # A client whose loop is blocked 6 ms out of every 8 ms: stamped at read time, a chunk that arrives
@@ -35,14 +37,15 @@ LOCUSTFILE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.quiet_cores
 def test_a_blocked_client_loop_does_not_move_ttft_or_gaps(emulator_factory, tmp_path):
     truth_file = tmp_path / "truth.jsonl"
     emu = emulator_factory("--ttft", "0.05", "--itl", "0.03", "--jitter", "0.5", "--timing-log", str(truth_file))
     (tmp_path / "busy.py").write_text(LOCUSTFILE)
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(tmp_path / "busy.py"), "--headless", "-u", "4", "-r", "4", "-t", "5s", "--host",
-                      emu.url, "--input-tokens", "32", "--output-tokens", "20", "--run-dir", str(run_dir)],
-                     cwd=tmp_path)
+                          emu.url, "--input-tokens", "32", "--output-tokens", "20", "--run-dir", str(run_dir)],
+                         cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
     truth = {t["id"]: t for t in map(json.loads, truth_file.read_text().splitlines())}
     errors: dict[str, dict[str, list[float]]] = {}

@@ -50,6 +50,7 @@ def test_a_long_but_flat_ttft_or_a_queue_alone_is_not():
     assert b == pytest.approx(1.0) and moe == pytest.approx(0.0)
 
 
+@pytest.mark.quiet_cores
 def test_a_ramp_finds_the_capacity_tune_finds(tmp_path):
     """The embedded emulator with a small capacity: one exponential ramp with --stop-over-saturated against
     `vllm-load tune --search rate` on the same profile (TTFT p99 <= 2 s): the ramp's capacity against the most the
@@ -100,6 +101,7 @@ def test_a_ramp_finds_the_capacity_tune_finds(tmp_path):
     assert ramp_s < tune_s, (ramp_s, tune_s)
 
 
+@pytest.mark.quiet_cores
 def test_long_prompts_at_a_sustainable_rate_are_not_stopped(tmp_path):
     run_dir = tmp_path / "long"
     res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "25s",

@@ -71,14 +71,14 @@ def test_throughput_saturates_and_latency_grows_like_the_a100_measurement(small,
 def test_emulator_under_load_queues_like_vllm_and_the_sidecar_sees_it(tmp_path, emulator_factory, sidecar_factory):
     import json
 
-    from tests.helpers import ROOT, run_in_process, run_locust
+    from tests.helpers import ROOT, run_in_process
 
     emu = emulator_factory("--profile", "cpu-tiny", "--max-num-seqs", "2", "--time-scale", "1")
     side = sidecar_factory("--vllm-url", emu.url, "--interval", "200ms", "--out", str(tmp_path / "series.jsonl"))
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "6", "-r", "6", "-t", "4s",
-                      "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "30",
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "30",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     series = [json.loads(x) for x in (run_dir / "server.jsonl").read_text().splitlines()]
     assert max(s["running"] for s in series) == 2  # never more than max_num_seqs

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.files import load_run
 from vllm_load.rundir.reqlog import read_log
 
@@ -19,7 +19,7 @@ def test_a_server_that_is_not_vllm_gets_standard_fields_only(tmp_path, emulator_
                            "--request-log", str(bodies))
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
-                      "--host", emu.url, "--output-tokens", "12", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--host", emu.url, "--output-tokens", "12", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "the server is not vLLM (/v1/models owned_by 'llamacpp'" in res.stdout
     logs = read_log(run_dir / "requests.jsonl")
@@ -36,8 +36,8 @@ def test_server_kind_vllm_overrides_the_detection(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.003", "--owned-by", "llamacpp", "--reject", "min_tokens")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "2s",
-                      "--host", emu.url, "--output-tokens", "4", "--server-kind", "vllm", "--run-dir", str(run_dir)],
-                     cwd=tmp_path)
+                          "--host", emu.url, "--output-tokens", "4", "--server-kind", "vllm", "--run-dir", str(run_dir)],
+                         cwd=tmp_path)
     logs = read_log(run_dir / "requests.jsonl")
     # told it is vLLM, the client sends min_tokens, which this server refuses
     assert logs and all(not r["ok"] and "min_tokens" in r["error"] for r in logs) and res.returncode != 0

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT, Proc, free_port, run_in_process, run_locust, wait_for
+from tests.helpers import ROOT, Proc, free_port, run_in_process, wait_for
 from vllm_load.errors import UsageError
 from vllm_load.runtime.server_wait import parse_duration
 
@@ -36,8 +36,8 @@ def test_a_run_waits_for_a_server_that_comes_up_late_and_then_runs_normally(tmp_
     try:
         t0 = time.monotonic()
         res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--host", f"http://127.0.0.1:{port}",
-                          "--wait-for-server", "30s", "--output-tokens", "8", "--run-dir", str(tmp_path / "run")],
-                         cwd=tmp_path)
+                              "--wait-for-server", "30s", "--output-tokens", "8", "--run-dir", str(tmp_path / "run")],
+                             cwd=tmp_path)
         took = time.monotonic() - t0
     finally:
         timer.join()
@@ -56,7 +56,7 @@ def test_no_server_within_the_wait_is_exit_2_with_the_reason(tmp_path):
     port = free_port()
     t0 = time.monotonic()
     res = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", f"http://127.0.0.1:{port}",
-                      "--wait-for-server", "3s", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+                          "--wait-for-server", "3s", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     took = time.monotonic() - t0
     assert res.returncode == 2
     errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]

@@ -9,7 +9,7 @@ from collections import defaultdict
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from tests.make_sessions import BLOCK, sessions_jsonl, weka_traces
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.workload.sessions import Fork, read_sessions
@@ -23,7 +23,7 @@ def _replay(tmp_path, emulator_factory, source, *extra):
     emu = emulator_factory("--enable-prompt-tokens-details", "--ttft", "0.005", "--itl", "0.002")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", SESSIONS, "--headless", "-u", "5", "-r", "5", "-t", "90s", "--host", emu.url,
-                      "--sessions", str(source), *extra, "--run-dir", str(run_dir)], tmp_path, timeout=180)
+                          "--sessions", str(source), *extra, "--run-dir", str(run_dir)], tmp_path, timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "the trace was replayed: stopping the run" in res.stdout  # it ended by itself, not by -t
     return read_log(run_dir / "requests.jsonl"), res
@@ -89,6 +89,7 @@ def _check(logs, sessions):
     assert len(offsets) == 1, offsets  # one constant: the template's shared leading tokens, whole blocks of them
 
 
+@pytest.mark.quiet_cores
 def test_a_sessions_jsonl_replays_every_turn_paced_by_completions(tmp_path, emulator_factory):
     made = sessions_jsonl(tmp_path / "sessions.jsonl")
     sessions = read_sessions(tmp_path / "sessions.jsonl")
@@ -98,6 +99,7 @@ def test_a_sessions_jsonl_replays_every_turn_paced_by_completions(tmp_path, emul
     assert len(logs) == sum(s.turns() for s in sessions)
 
 
+@pytest.mark.quiet_cores
 def test_weka_agentx_traces_replay_with_their_subagents(tmp_path, emulator_factory):
     weka_traces(tmp_path / "traces")
     sessions = read_sessions(tmp_path / "traces")
@@ -113,7 +115,7 @@ def test_bad_sessions_files_are_one_line(tmp_path):
                                                       "requests": []}), "is not a Weka trace")):
         (tmp_path / name).write_text(text)
         res = run_in_process(["-f", SESSIONS, "--headless", "-u", "1", "-t", "5s", "--sessions", str(tmp_path / name),
-                          "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
+                              "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
         errors = [x for x in res.stderr.splitlines() if x.startswith("vllm-load: error:")]
         assert res.returncode == 2 and len(errors) == 1 and said in errors[0], res.stderr[-1500:]
 
@@ -121,7 +123,7 @@ def test_bad_sessions_files_are_one_line(tmp_path):
 @pytest.mark.parametrize("option", ["--sessions"])
 def test_sessions_options_belong_to_sessions_py(tmp_path, option):
     res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "1", "-t", "3s", option, "x",
-                      "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
+                          "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
     assert res.returncode == 2 and "read by locustfiles/sessions.py only" in res.stderr
 
 
@@ -157,5 +159,5 @@ def test_agentx_start_point_warms_the_turn_before_it_and_measures_from_it(tmp_pa
 def test_a_bad_session_start_is_one_line(tmp_path):
     sessions_jsonl(tmp_path / "s.jsonl", count=2)
     res = run_in_process(["-f", SESSIONS, "--headless", "-u", "1", "-t", "5s", "--sessions", str(tmp_path / "s.jsonl"),
-                      "--session-start", "0.8,0.2", "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
+                          "--session-start", "0.8,0.2", "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
     assert res.returncode == 2 and "--session-start '0.8,0.2': need 0 <= MIN <= MAX <= 1" in res.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from server.sidecar.vllm_schema import derive, parse_log_line, parse_metrics
-from tests.helpers import ROOT, run_in_process, run_locust, wait_for
+from tests.helpers import ROOT, run_in_process, wait_for
 
 REAL = (Path(__file__).parent / "data" / "vllm-0.32-cpu-metrics.txt").read_text()
 
@@ -116,8 +116,8 @@ def test_run_dir_holds_both_sides_on_one_clock(tmp_path, emulator_factory, sidec
     side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", str(tmp_path / "series.jsonl"))
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "6", "-r", "6", "-t", "4s",
-                      "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "40",
-                      "--slo", "server.prefix_cache_hit_rate<=0%", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "40",
+                          "--slo", "server.prefix_cache_hit_rate<=0%", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     series = [json.loads(x) for x in (run_dir / "server.jsonl").read_text().splitlines()]
     stats = json.loads((run_dir / "llm_stats.json").read_text())
@@ -138,8 +138,8 @@ def test_run_dir_holds_both_sides_on_one_clock(tmp_path, emulator_factory, sidec
 
 def test_shared_prefix_shows_up_as_prefix_cache_hits(tmp_path):
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "3s",
-                      "--shared-prefix-tokens", "64", "--slo", "server.prefix_cache_hit_rate<=0%",
-                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+                          "--shared-prefix-tokens", "64", "--slo", "server.prefix_cache_hit_rate<=0%",
+                          "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 3, res.stdout[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["server"]["prefix_cache_hit_rate"] > 0.3
@@ -148,8 +148,8 @@ def test_shared_prefix_shows_up_as_prefix_cache_hits(tmp_path):
 def test_unreachable_sidecar_does_not_stop_the_run(tmp_path, emulator_factory):
     emu = emulator_factory()
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
-                      "--host", emu.url, "--sidecar-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "run")],
-                     cwd=tmp_path)
+                          "--host", emu.url, "--sidecar-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "run")],
+                         cwd=tmp_path)
     assert res.returncode == 0
     assert "server side missing" in res.stderr
     assert "id='server-missing'" in (tmp_path / "run" / "report.html").read_text()
@@ -158,7 +158,7 @@ def test_unreachable_sidecar_does_not_stop_the_run(tmp_path, emulator_factory):
 
 def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, emulator_factory):
     """A Prometheus-compatible query_range endpoint served here stands for kube-prometheus."""
-    from tests.helpers import ROOT, FakePrometheus, run_locust
+    from tests.helpers import ROOT, FakePrometheus
 
     def answer(query, start, end):
         value = {"running": 3, "waiting": 1, "kv_cache": 0.42, "preemptions": 0, "prefix_cache_hits": 50,
@@ -179,10 +179,11 @@ def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, 
     with FakePrometheus(answer) as prom:
         emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
         run_dir = tmp_path / "run"
-        res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--host", emu.url,
-                          "--output-tokens", "4", "--prometheus-url", prom.url,
-                          "--prometheus-selector", '{pod=~"vllm.*"}', "--slo", "server.kv_cache_usage.max<=50%",
-                          "--run-dir", str(run_dir)], cwd=tmp_path)
+        # 5 s: the live reads come every 2 s (a 2 s run on a busy host once made none before its end)
+        res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "5s", "--host", emu.url,
+                              "--output-tokens", "4", "--prometheus-url", prom.url,
+                              "--prometheus-selector", '{pod=~"vllm.*"}', "--slo", "server.kv_cache_usage.max<=50%",
+                              "--run-dir", str(run_dir)], cwd=tmp_path)
         assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
         assert any('vllm:kv_cache_usage_perc{pod=~"vllm.*"}' in q for q in prom.seen)
         # read live during the run too (the web UI's server side, the saturation watch's queue), not only at its end

@@ -5,7 +5,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.errors import UsageError
 from vllm_load.client.record import RequestRecord
 from vllm_load.report.results import exit_code
@@ -120,8 +120,8 @@ def test_headless_exit_codes(emulator_factory, tmp_path, slo, code, verdict):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
     junit = tmp_path / "ci" / "slo.xml"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                      "--host", emu.url, "--output-tokens", "16", "--slo", slo, "--slo", "error_rate<=0%",
-                      "--junit", str(junit), "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+                          "--host", emu.url, "--output-tokens", "16", "--slo", slo, "--slo", "error_rate<=0%",
+                          "--junit", str(junit), "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == code, res.stdout[-2000:] + res.stderr[-2000:]
     assert f"SLO verdict: {verdict.upper()}" in res.stdout
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -131,7 +131,7 @@ def test_headless_exit_codes(emulator_factory, tmp_path, slo, code, verdict):
 
 def test_malformed_slo_is_refused_before_the_run(tmp_path):
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
-                      "--slo", "ttft<=5", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+                          "--slo", "ttft<=5", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 2
     assert [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")] == [
         "vllm-load: error: SLO 'ttft<=5' needs a statistic: ttft.p99, ttft.p50, ttft.max …"]

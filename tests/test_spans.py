@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT, free_port, run_in_process, run_locust
+from tests.helpers import ROOT, free_port, run_in_process
 from vllm_load.errors import EXIT_SLO_MISS, UsageError
 from vllm_load.metrics.spans import export_request, join, parse_export
 from vllm_load.plugin.span_receiver import SpanReceiver, parse_address
@@ -105,7 +105,7 @@ def test_a_busy_receiver_port_is_one_line_and_exit_2(tmp_path):
     rx = SpanReceiver("127.0.0.1:0")
     try:
         res = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--otlp-receiver",
-                          f"127.0.0.1:{rx.server.server_port}", "--run-dir", str(tmp_path / "run")], tmp_path)
+                              f"127.0.0.1:{rx.server.server_port}", "--run-dir", str(tmp_path / "run")], tmp_path)
     finally:
         rx.close()
     assert res.returncode == 2 and "--otlp-receiver 127.0.0.1:" in res.stderr and "cannot listen there" in res.stderr
@@ -121,7 +121,7 @@ def test_the_embedded_emulators_spans_join_every_request_exactly(tmp_path):
     per-request metrics in the stream (the same numbers, two paths), every trace id is the request's own."""
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "4s", "--otlp-receiver", "0",
-                      "--output-tokens", "16", "--run-dir", str(run_dir)], tmp_path, timeout=120)
+                          "--output-tokens", "16", "--run-dir", str(run_dir)], tmp_path, timeout=120)
     assert res.returncode in (0, 5), res.stdout[-3000:] + res.stderr[-3000:]  # 5: a busy host; trust is not tested
     assert "OTLP trace receiver at http://127.0.0.1:" in res.stdout
     logs = [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]]
@@ -154,9 +154,9 @@ def test_spans_alone_give_each_request_its_parts_and_gate_the_run(tmp_path, emul
                            "a100-llama8b", "--max-num-seqs", "1")  # one at a time: the others queue
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host", emu.url,
-                      "--otlp-receiver", f"127.0.0.1:{port}", "--output-tokens", "32", "--slo",
-                      "server_queue.p90<=1ms", "--run-dir", str(run_dir), "--allow-untrustworthy"], tmp_path,
-                     timeout=120)
+                          "--otlp-receiver", f"127.0.0.1:{port}", "--output-tokens", "32", "--slo",
+                          "server_queue.p90<=1ms", "--run-dir", str(run_dir), "--allow-untrustworthy"], tmp_path,
+                         timeout=120)
     logs = [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]]
     assert logs and all(r["server_queue"] is None for r in logs)  # nothing in the stream
     summary = _summary(run_dir)

@@ -11,7 +11,7 @@ import pytest
 from server.emulator.engine import EngineConfig, FixedScheduleEngine
 from server.sidecar.vllm_schema import parse_metrics
 from vllm_load.rundir.reqlog import read_log
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 
 
 def test_each_decode_step_yields_one_plus_its_accepted_drafts_in_one_step_time():
@@ -37,8 +37,8 @@ def test_a_run_reports_the_servers_acceptance_exactly(tmp_path, emulator_factory
     side = sidecar_factory("--vllm-url", emu.url, "--interval", "200ms", "--out", "")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s",
-                      "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "40",
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--host", emu.url, "--sidecar-url", side.url, "--output-tokens", "40",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     with urllib.request.urlopen(emu.url + "/metrics") as resp:  # the emulator's own totals: the run was its only load
         own = parse_metrics(resp.read().decode())
@@ -64,8 +64,8 @@ def test_a_run_reports_the_servers_acceptance_exactly(tmp_path, emulator_factory
 def test_the_embedded_emulator_drafts_when_asked(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                      "--emulator-spec-tokens", "2", "--emulator-spec-acceptance", "1.0", "--output-tokens", "21",
-                      "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--emulator-spec-tokens", "2", "--emulator-spec-acceptance", "1.0", "--output-tokens", "21",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     spec = json.loads((run_dir / "summary.json").read_text())["server"]["spec_decode"]
     # the server's series runs past the last request's end (the end waits for the sidecar's next scrape): its

@@ -62,7 +62,7 @@ def test_a_closed_loop_run_reports_its_steady_window_and_judges_the_slos_on_it(t
     run_dir = tmp_path / "run"
     # 6 users at 2/s: 2.5 s of ramp; the SLO judged on the steady window's TTFT
     res = run_in_process(["-f", CHAT, "--headless", "-u", str(USERS), "-r", "2", *length, "--output-tokens", "24",
-                      "--run-dir", str(run_dir), "--slo", "ttft.p99<=5s", "--window", "steady"], cwd=tmp_path)
+                          "--run-dir", str(run_dir), "--slo", "ttft.p99<=5s", "--window", "steady"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = json.loads((run_dir / "summary.json").read_text())
     logs = list(read_log(run_dir / "requests.jsonl"))
@@ -80,7 +80,7 @@ def test_a_swarms_steady_window_is_its_workers_merged(tmp_path):
     steady numbers are its workers' flagged requests merged."""
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", CHAT, "--headless", "-u", str(USERS), "-r", "3", "-t", "9s", "--processes", "2",
-                      "--output-tokens", "24", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
+                          "--output-tokens", "24", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     out = json.loads((run_dir / "summary.json").read_text())
     logs = [r for f in sorted(run_dir.glob("requests*.jsonl")) for r in read_log(f)]
@@ -95,7 +95,7 @@ def test_a_swarms_steady_window_is_its_workers_merged(tmp_path):
 ])
 def test_window_steady_is_refused_where_a_run_has_no_one_level(tmp_path, extra, why):
     res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-t", "3s", "--window", "steady", "--slo", "ttft.p99<=1s",
-                      "--run-dir", str(tmp_path / "run"), *extra], cwd=tmp_path, timeout=90)
+                          "--run-dir", str(tmp_path / "run"), *extra], cwd=tmp_path, timeout=90)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     errors = [x for x in res.stderr.splitlines() if x.startswith("vllm-load: error:")]
     assert len(errors) == 1 and "--window steady" in errors[0] and why in errors[0], res.stderr[-2000:]

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from tests.helpers import ROOT, run_locust
 from vllm_load.rundir.reqlog import read_log
 
@@ -130,6 +132,7 @@ def test_bad_repeats_and_confidence_are_one_line(tmp_path):
         assert res.returncode == 2 and said in res.stderr, res.stderr[-1000:]
 
 
+@pytest.mark.quiet_cores
 def test_compare_decides_from_repeated_runs_spread(tmp_path, emulator_factory, capsys):
     """Two runs of one load repeated three times each, against a server twice as slow per token for B: compare
     decides from both sides' spread (Welch's interval) that B's request rate is worse, beyond its runs' noise."""

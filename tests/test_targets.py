@@ -34,8 +34,8 @@ def test_two_replicas_share_a_swarms_users_and_each_has_its_rows(tmp_path, emula
                 for k, url in enumerate((a, b))]
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "4", "-r", "4",
-                      "-t", "6s", "--host", f"{a},{b}", "--sidecar-url", ",".join(sidecars), "--output-tokens", "8",
-                      "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
+                          "-t", "6s", "--host", f"{a},{b}", "--sidecar-url", ",".join(sidecars), "--output-tokens", "8",
+                          "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     targets = summary["targets"]
@@ -89,8 +89,8 @@ def test_replicas_must_serve_one_model(tmp_path, emulator_factory):
     a = emulator_factory("--model", "one/model", "--tokenizer", "builtin:mistral-7b-v0.1").url
     b = emulator_factory("--model", "another/model", "--tokenizer", "builtin:mistral-7b-v0.1").url
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s",
-                      "--host", f"{a},{b}", "--tokenizer", "builtin:mistral-7b-v0.1", "--run-dir",
-                      str(tmp_path / "run")], cwd=tmp_path)
+                          "--host", f"{a},{b}", "--tokenizer", "builtin:mistral-7b-v0.1", "--run-dir",
+                          str(tmp_path / "run")], cwd=tmp_path)
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("vllm-load: error:")]
     assert res.returncode == 2 and len(errors) == 1, res.stderr[-2000:]
     assert f"--host {b} serves 'another/model', not 'one/model'" in errors[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from tests.make_trace import make_trace
 from tests.test_e2e import load_run
 from vllm_load.errors import UsageError
@@ -19,8 +19,8 @@ def test_a_mooncake_trace_replays_each_row_once_on_time_with_its_length_and_pref
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--enable-prompt-tokens-details")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "4", "-r", "4",
-                      "--processes", "2", "--host", emu.url, "--trace", str(tmp_path / "trace.jsonl"),
-                      "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
+                          "--processes", "2", "--host", emu.url, "--trace", str(tmp_path / "trace.jsonl"),
+                          "--run-dir", str(run_dir)], cwd=tmp_path, timeout=180)
     assert "the trace was replayed: stopping the run" in res.stdout  # it ends with the trace, no -t
     assert f"trace: {len(rows)} of {len(rows)} rows sent" in res.stdout
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 
 mlflow = pytest.importorskip("mlflow", reason="the test extra installs mlflow-skinny")
 wandb = pytest.importorskip("wandb", reason="the test extra installs wandb")
@@ -21,10 +21,10 @@ def logged(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("trackers")
     store = (tmp / "mlruns").as_uri()
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-t", "3s", "--output-tokens",
-                      "8", "--slo", "ttft.p99<=10s", "--mlflow-uri", store, "--mlflow-experiment", "gate",
-                      "--wandb-project", "vllm-load-test", "--otlp-token", "s3cr3t-t0ken", "--run-dir",
-                      str(tmp / "run")], cwd=tmp,
-                     env_extra={"MLFLOW_ALLOW_FILE_STORE": "true", "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+                          "8", "--slo", "ttft.p99<=10s", "--mlflow-uri", store, "--mlflow-experiment", "gate",
+                          "--wandb-project", "vllm-load-test", "--otlp-token", "s3cr3t-t0ken", "--run-dir",
+                          str(tmp / "run")], cwd=tmp,
+                         env_extra={"MLFLOW_ALLOW_FILE_STORE": "true", "WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return tmp / "run", store, res.stdout
 
@@ -89,8 +89,8 @@ def test_wandb_holds_the_runs_options_numbers_verdict_and_report(logged):
 
 def test_a_tracker_that_cannot_be_reached_is_said_and_the_run_keeps_its_exit_code(tmp_path):
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--output-tokens",
-                      "4", "--mlflow-uri", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "run")], cwd=tmp_path,
-                     env_extra={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "3"})
+                          "4", "--mlflow-uri", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "run")], cwd=tmp_path,
+                         env_extra={"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "3"})
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     line = next(x for x in res.stdout.splitlines() if "not logged to MLflow" in x)
     assert line.startswith("vllm-load: the run was not logged to MLflow: ")

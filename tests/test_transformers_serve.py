@@ -48,9 +48,12 @@ def transformers_serve_batching():
     yield from _serve("--continuous-batching")
 
 
-def _chat(tmp_path, name, url, tokenizer, seconds="10s", users="2"):
+def _chat(tmp_path, name, url, tokenizer, requests=8, users="2"):
+    """A run ended by its count (a 10 s run of transformers serve with batching once completed nothing on a busy
+    host): what the tests compare are its counts and rates, over whatever time they took."""
     run_dir = tmp_path / name
-    res = run_locust(["-f", CHAT, "--headless", "-u", users, "-r", users, "-t", seconds, "--host", url, "--tokenizer",
+    res = run_locust(["-f", CHAT, "--headless", "-u", users, "-r", users, "-t", "240s", "--num-requests",
+                      str(requests), "--host", url, "--tokenizer",
                       tokenizer, "--input-tokens", "32", "--output-tokens", "16", "--run-dir", str(run_dir),
                       # the servers and the client share 2 cores: what is checked is counts, not the client's timing
                       "--allow-untrustworthy"], tmp_path, timeout=300)
@@ -59,7 +62,7 @@ def _chat(tmp_path, name, url, tokenizer, seconds="10s", users="2"):
 
 def test_a_chat_run_against_transformers_serve_is_whole_and_exact(tmp_path, transformers_serve):
     url, model = transformers_serve
-    res, run_dir = _chat(tmp_path, "run", url, model, seconds="30s")
+    res, run_dir = _chat(tmp_path, "run", url, model, requests=12)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "the server is not vLLM (/v1/models owned_by 'local'" in res.stdout
     logs = read_log(run_dir / "requests.jsonl")
@@ -83,7 +86,7 @@ def test_the_seed_comparison_vllm_against_transformers_with_and_without_batching
     try:
         runs = {}
         for name, target in (("vllm", vllm_url), ("transformers", url), ("transformers-cb", with_batching)):
-            res, runs[name] = _chat(tmp_path, name, target, model, users="4")
+            res, runs[name] = _chat(tmp_path, name, target, model, requests=16, users="4")
             assert res.returncode == 0, (name, res.stdout[-2000:], res.stderr[-2000:])
     finally:
         vllm.close()

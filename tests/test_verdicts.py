@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process, run_locust
+from tests.helpers import ROOT, run_in_process
 from vllm_load.plugin.log_repeats import RepeatFilter
 from vllm_load.report.results import validity_checks
 from vllm_load.metrics.slo import parse_slo
@@ -24,7 +24,7 @@ def summary_of(run_dir):
 
 def test_a_chat_run_below_the_chat_templates_minimum_is_refused_before_it_starts(tmp_path):
     res = run_in_process(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "20s", "--input-tokens", "2-40",
-                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=90)
+                          "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=90)
     assert res.returncode == 2, res.stdout[-2000:]
     errors = [line for line in res.stderr.splitlines() if line.startswith("vllm-load: error:")]
     # the chat minimum (template 8 + 1 word with Mistral's template), not the completions one (2)
@@ -35,8 +35,8 @@ def test_a_chat_run_below_the_chat_templates_minimum_is_refused_before_it_starts
 
 def test_completions_keep_their_own_smaller_minimum(tmp_path):
     res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
-                      "--input-tokens", "2-12", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
-                     cwd=tmp_path, timeout=90)
+                          "--input-tokens", "2-12", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
+                         cwd=tmp_path, timeout=90)
     assert res.returncode == 0, res.stderr[-2000:]
     assert min(r["input_tokens"] for r in map(json.loads, (tmp_path / "run" / "requests.jsonl").open())) >= 2
 
@@ -45,7 +45,7 @@ def test_a_run_whose_every_request_fails_exits_non_zero_even_when_an_slo_allows_
     emu = emulator_factory("--fault", "500:1")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host", emu.url,
-                      "--slo", "error_rate<=100%", "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--slo", "error_rate<=100%", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 4, res.stdout[-2000:]
     assert "RUN INVALID: only 0 of" in res.stdout and "the run measured nothing" in res.stdout
     data = summary_of(run_dir)
@@ -58,8 +58,8 @@ def test_a_run_whose_every_request_fails_exits_non_zero_even_when_an_slo_allows_
     assert data["summary"]["failed"] > 10 and len(res.stderr) < 20_000, len(res.stderr)
     # --min-requests 0 opts out: the error_rate SLO then governs alone
     res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "2s", "--host", emu.url,
-                      "--slo", "error_rate<=100%", "--min-requests", "0", "--run-dir", str(tmp_path / "r2")],
-                     cwd=tmp_path)
+                          "--slo", "error_rate<=100%", "--min-requests", "0", "--run-dir", str(tmp_path / "r2")],
+                         cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:]
 
 
@@ -75,7 +75,7 @@ def test_a_task_that_raises_the_same_error_every_time_writes_a_bounded_log(tmp_p
         "    def generate(self):\n"
         "        raise ValueError('the same mistake')\n")
     res = run_in_process(["-f", str(lf), "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", emu.url,
-                      "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+                          "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     # tens of thousands of raises in 3 s: one traceback, then one line per power of ten
     assert res.stderr.count("Traceback") == 1, res.stderr[-3000:]
     counted = [line for line in res.stderr.splitlines() if "the same error" in line and "times so far" in line]
@@ -270,8 +270,8 @@ def test_batch_1_and_batch_8_send_the_same_instruction_and_report_records_per_se
     for k in (1, 8):
         run_dir = tmp_path / f"k{k}"
         res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--host", emu.url,
-                          "--dataset", str(reviews), "--dataset-batch", str(k), "--run-dir", str(run_dir)],
-                         cwd=tmp_path)
+                              "--dataset", str(reviews), "--dataset-batch", str(k), "--run-dir", str(run_dir)],
+                             cwd=tmp_path)
         assert res.returncode == 0, res.stdout[-2000:]
         s = summary_of(run_dir)["summary"]
         assert s["records_per_request"] == k and s["records"] == k * s["succeeded"]

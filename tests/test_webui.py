@@ -43,7 +43,7 @@ def test_llm_tab_live_rows_slo_status_server_side_and_report_link(tmp_path, emul
         return (page, rows) if done and server else None
 
     try:
-        page, rows = wait_for(report_listed, timeout=60, what="the LLM tab to list the run's report", poll=0.2)
+        page, rows = wait_for(report_listed, timeout=180, what="the LLM tab to list the run's report", poll=0.2)
         report = get(base + "/vllm-load/report")[1]
         assert '"extended_tabs"' in page and '"LLM"' in page
         names = [r["metric"] for r in rows]
@@ -88,7 +88,7 @@ def test_llm_by_name_tab_shows_one_row_per_name_and_the_total(tmp_path, emulator
         return rows if '"LLM by name"' in page and [r["c0"] for r in rows] == ["turn 1", "turn 2", "total"] else None
 
     try:
-        rows = wait_for(by_name, timeout=60, what="the LLM by name tab to list both turns", poll=0.2)
+        rows = wait_for(by_name, timeout=180, what="the LLM by name tab to list both turns", poll=0.2)
         turn1, turn2, total = rows
         assert int(total["c1"]) >= int(turn1["c1"]) + int(turn2["c1"]) - 0 and int(turn1["c1"]) >= 1
         assert float(turn2["c9"]) > float(turn1["c9"])  # the second turn re-sends the first: more input tokens
@@ -127,7 +127,7 @@ def test_live_charts_render_the_runs_series_in_headless_chromium(tmp_path, emula
         return data if {"latency", "throughput", "server-requests", "server-kv"} <= ids else None
 
     try:
-        wait_for(series, timeout=60, what="client and server series in /vllm-load/live.json", poll=0.5)
+        wait_for(series, timeout=180, what="client and server series in /vllm-load/live.json", poll=0.5)
         out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                               "--disable-background-networking", "--disable-component-update", "--disable-sync",
                               f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=4000", "--dump-dom",
@@ -188,9 +188,9 @@ def test_the_llm_tab_names_the_emulator_in_a_browser(tmp_path):
     code in headless Chromium, the tab opened by its ?tab= link)."""
     proc, base = _ui(tmp_path, "--autostart", "-u", "1", "-r", "1", "-t", "120s", "--autoquit", "5")
     try:
-        row = wait_for(lambda: _target_row(base), timeout=60, what="the web UI with its target", poll=0.2)
+        row = wait_for(lambda: _target_row(base), timeout=180, what="the web UI with its target", poll=0.2)
         assert row["count"] == "EMULATOR (of vLLM 0.32.0)" and "not a real vLLM" in row["mean"]
-        wait_for(lambda: "TTFT (ms)" in get(base + "/stats/requests")[1], timeout=60, what="the run's first rows")
+        wait_for(lambda: "TTFT (ms)" in get(base + "/stats/requests")[1], timeout=180, what="the run's first rows")
         import re
 
         doms: list[str] = []
@@ -217,7 +217,7 @@ def test_a_swarm_to_a_dead_host_is_refused_where_it_was_started(tmp_path):
     """The reason comes back in /swarm's answer, which the UI shows beside its start button; nothing starts."""
     proc, base = _ui(tmp_path)
     try:
-        wait_for(lambda: _target_row(base), timeout=60, what="the web UI with its target", poll=0.2)
+        wait_for(lambda: _target_row(base), timeout=180, what="the web UI with its target", poll=0.2)
         dead = f"http://127.0.0.1:{free_port()}"
         form = urllib.parse.urlencode({"user_count": 1, "spawn_rate": 1, "host": dead}).encode()
         with urllib.request.urlopen(urllib.request.Request(base + "/swarm", data=form), timeout=60) as r:
@@ -388,7 +388,7 @@ def test_the_start_form_is_grouped_as_the_command_line_with_short_labels(tmp_pat
         browser.call("Input.insertText", text="96")
         browser.eval("[...document.querySelectorAll('button')].find(b => b.textContent.trim() === 'Start').click()")
         config = tmp_path / "run" / "config.json"
-        wait_for(lambda: config.exists(), timeout=60, what="the run started from the form")
+        wait_for(lambda: config.exists(), timeout=180, what="the run started from the form")
         assert json.loads(config.read_text())["options"]["input_tokens"] == "96"
     finally:
         browser.close()

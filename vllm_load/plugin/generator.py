@@ -124,11 +124,13 @@ class Generator:
         rt.requests = RequestSource(opts, plan, worker_index, rt.on_fatal, rt.on_trace_done, rt.idle)
         rt.requests.fill_pools(apis)
         encode_in_calling_thread()  # the prompt thread's encodes at its own (low) priority from here on
-        rt.start_wall = time.time()  # this process's load starts now, not before its pools were ready
-        rt.start_perf = time.perf_counter()  # the same instant on the clock the schedules use
         warm_up()  # before the heap is frozen: what it loads is start-up heap too
         # before the loop-lag monitor starts: the one full collection here takes ~0.1 s
         gc_control.freeze_startup_heap()  # collections run from _fold_when_idle instead
+        # this process's load starts now, once it is ready (its pools full, its heap frozen: on a busy host that
+        # took 0.5 s, and a local run's schedule, started after it, lagged the run's start by as much)
+        rt.start_wall = time.time()
+        rt.start_perf = time.perf_counter()  # the same instant on the clock the schedules use
         # local: reports go straight to the collector; each second a loop too busy to idle still collects
         rt.monitor = ClientMonitor(lambda: rt.in_flight, health_sink, tick=lambda: gc_control.collect_if_due(force=True))
         rt.monitor.start()

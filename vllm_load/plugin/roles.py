@@ -33,7 +33,7 @@ class LocalProcess(Controller):
         col.totals, col.start_wall = gen.stats, gen.start_wall  # the collector's totals are the generator's own
         if col.sweep is not None:  # and each step's stats its own per-step stats
             col.sweep.stats_source = gen.step_stats
-        gen.clock.start_local()
+        gen.clock.start_local(gen.start_wall, gen.start_perf)
 
     def _window(self, run: Run) -> Any:
         gen = run.generator

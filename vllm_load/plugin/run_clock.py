@@ -51,9 +51,11 @@ class WorkerClock:
         self.keeper: Any = None  # the greenlet re-estimating the offset during the run
         self._perf_epoch: float | None = None  # the master's epoch on this process's perf clock, before the offset
 
-    def start_local(self) -> None:
-        """A local runner: one process, one clock; the epoch is now."""
-        self.epoch.set(time.time())
+    def start_local(self, wall: float, perf: float) -> None:
+        """A local runner: one process, one clock; the epoch is its load's start (``wall``, ``perf`` on the
+        perf_counter clock), exactly: the run's start and its schedules' count from the same instant."""
+        self._perf_epoch = perf
+        self.epoch.set(wall)
 
     def _estimate(self, runner: Any) -> tuple[float, float] | None:
         """(offset, uncertainty) from PINGS round trips: the one of least delay (None: no answer)."""
