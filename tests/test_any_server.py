@@ -125,7 +125,8 @@ def test_a_master_port_in_use_is_one_line_and_processes_follow_their_masters_por
     assert res.returncode == 2 and len(errors) == 1 and f"port {port}" in errors[0], res.stderr[-2000:]
     assert "--master-bind-port" in errors[0] and "Traceback" not in res.stderr
     # only --master-bind-port: the forked workers join it (they joined 5557, and the run hung past -t)
-    res = run_locust(["-f", CHAT, "--headless", "--processes", "2", "-u", "2", "-r", "2", "-t", "4s", "--host",
+    res = run_locust(["-f", CHAT, "--headless", "--processes", "2", "-u", "2", "-r", "2", "-t", "60s",
+                      "--num-requests", "4", "--host",  # by its count: 4 s on a busy host once sent nothing
                       emu.url, "--output-tokens", "4", "--master-bind-port", str(free_port()), "--run-dir",
                       str(tmp_path / "b")], tmp_path, timeout=90)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]

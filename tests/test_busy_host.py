@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers import ROOT, run_locust
 from vllm_load.report.results import trust_check
 from vllm_load.rundir.reqlog import read_log
@@ -80,6 +82,7 @@ def test_a_slow_start_up_keeps_the_heartbeats_and_the_rate_counts_from_the_first
     assert abs(summary["request_rate"] - summary["succeeded"] / summary["duration_s"]) < 1e-6
 
 
+@pytest.mark.quiet_cores
 def test_a_worker_whose_loop_is_held_is_named_and_the_run_is_untrustworthy(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     out, run_dir = _run(tmp_path, HELD_LOOP, 14, emu.url, judge_trust=True)

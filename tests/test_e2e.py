@@ -273,3 +273,27 @@ def test_a_fixed_schedule_option_given_at_its_default_still_asks_for_the_fixed_s
     monkeypatch.setattr(sys, "argv", ["locust"])
     monkeypatch.setenv("VLLM_LOAD_EMULATOR_TTFT", "0.05")
     assert emulator_profile(opts) is None
+
+
+def test_a_stop_that_comes_while_the_run_starts_leaves_a_whole_run_directory(tmp_path, emulator_factory, monkeypatch):
+    """-t shorter than the start-up (a busy host's prompt pools took seconds): the stop comes while the run is still
+    starting. Its end wrote results, then failed to build the report with a traceback ("not a complete run
+    directory: it needs config.json"); now the directory is whole and the verdict says the run measured nothing."""
+    import gevent
+
+    from vllm_load.plugin.generator import Generator
+
+    create = Generator.create.__func__
+
+    def slow_create(cls, *args, **kw):
+        gevent.sleep(2.0)  # the -t limit (1 s) comes meanwhile
+        return create(cls, *args, **kw)
+
+    monkeypatch.setattr(Generator, "create", classmethod(slow_create))
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "1s", "--host",
+                          emu.url, "--run-dir", str(run_dir)], cwd=tmp_path, timeout=60)
+    assert "Traceback" not in res.stderr and "Uncaught exception" not in res.stderr, res.stderr[-3000:]
+    assert res.returncode == 4 and "RUN INVALID: no request completed" in res.stdout, res.stdout[-2000:]
+    assert all((run_dir / f).exists() for f in ("config.json", "llm_stats.json", "summary.json", "report.html"))

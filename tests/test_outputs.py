@@ -70,7 +70,7 @@ def test_prometheus_metrics_of_a_two_worker_run_equal_its_summary(emulator_facto
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "tests" / "locustfiles" / "conversation.py"),
                              "--host", emu.url, "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart",
-                             "-u", "4", "-r", "4", "-t", "8s", "--autoquit", "20", "--processes", "2",
+                             "-u", "4", "-r", "4", "-t", "60s", "--num-requests", "8", "--autoquit", "20", "--processes", "2",
                              "--master-bind-port", str(free_port()), "--turns", "2",
                              "--input-tokens", "40", "--turn-input-tokens", "10", "--run-dir", str(run_dir)],
                             cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,

@@ -50,16 +50,20 @@ class Collector:
     #: still waits) waits for it too, not cancelling the requests the first stop let finish
     drain_over: gevent.event.Event = field(default_factory=gevent.event.Event)
     results: RunSummary | None = None  # what write_results wrote (the run's end writes them once)
+    target: Target | None = None  # the checked target the run was planned against (config.json says it)
+    config_written: bool = False
     clock: MasterClock = field(default_factory=MasterClock)  # the run's epoch, and the workers' offsets to it
 
     @classmethod
-    def create(cls, opts: Any, plan: RunPlan, master_runner: Any = None) -> Collector:
+    def create(cls, opts: Any, plan: RunPlan, master_runner: Any = None, target: Target | None = None) -> Collector:
         plan.files.path.mkdir(parents=True, exist_ok=True)
-        col = cls(opts=opts, plan=plan, sweep=Sweep(plan.sweep_kind) if plan.sweep_kind else None)
+        col = cls(opts=opts, plan=plan, sweep=Sweep(plan.sweep_kind) if plan.sweep_kind else None, target=target)
         col.clock.reset(plan.processes, master_runner)  # the epoch is fixed once this many workers are ready
         return col
 
-    def write_config(self, target: Target | None) -> None:
+    def write_config(self) -> None:
+        """config.json: what the run was (its plan, target and options), once its load has started (``started``)."""
+        target = self.target
         info = {
             "format": FORMAT_VERSION,
             "run_id": self.plan.run_id,
@@ -79,6 +83,7 @@ class Collector:
             "options": public_options(self.opts),
         }
         self.plan.files.write(self.plan.files.config, info, indent=2)
+        self.config_written = True
 
     @property
     def measured_from(self) -> float:
@@ -92,6 +97,8 @@ class Collector:
     def write_results(self, monitor: ClientMonitor | None = None) -> RunSummary:
         """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
         end = self.end_wall or time.time()
+        if not self.config_written:  # a stop that came while the run was starting (-t shorter than a busy host's
+            self.write_config()  # start-up): the run directory is complete all the same (its report once failed)
         if self.dcgm is not None:  # its last read, past the run's end, closes the window
             self.dcgm.stop()
             self.plan.files.write_series(self.plan.files.dcgm, self.dcgm.samples)

@@ -142,7 +142,7 @@ class Controller(Process):
         assert self.target is not None
         master = self._master_runner()
         plan = wire.decide_plan(env, self.target, self.slos, self.servers.sidecar_url, master)
-        col = Collector.create(opts, plan, master)
+        col = Collector.create(opts, plan, master, self.target)
         col.swarm = master is not None
         self.run = run = Run(plan, collector=col)
         at = profile_point(opts)  # read at each run's start: the web UI's form may have changed it
@@ -154,7 +154,7 @@ class Controller(Process):
         self.configure_users()
         if self.steps.last is not None and env.shape_class is not None:
             self.begin_step(*self.steps.last)
-        col.write_config(self.target)
+        col.write_config()
         print(f"vllm-load: run {plan.run_id} writes to {plan.files.path} "
               f"({free_text(shutil.disk_usage(plan.files.path).free)})", flush=True)
 
