@@ -67,7 +67,7 @@ def _run(tmp_path, source: str, seconds: int, host: str, judge_trust: bool = Fal
 
 def test_a_slow_start_up_keeps_the_heartbeats_and_the_rate_counts_from_the_first_request(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
-    out, run_dir = _run(tmp_path, SLOW_START, 12, emu.url)
+    out, run_dir = _run(tmp_path, SLOW_START, 20, emu.url)  # 6 s of loading, then load (12 s once sent none)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     assert "failed to send heartbeat" not in text

@@ -20,8 +20,8 @@ BUSY = ("import os, sys; from vllm_load.lifeline import die_with_parent; die_wit
 
 
 @pytest.mark.slow
-@pytest.mark.quiet_cores  # its busy loops are the only other load: nothing of the outer suite runs beside it
-def test_the_fast_selection_passes_beside_a_busy_loop_on_every_core(tmp_path):
+@pytest.mark.quiet_cores  # its busy loops are the only other load: beside the rest of the suite too, runs that end
+def test_the_fast_selection_passes_beside_a_busy_loop_on_every_core(tmp_path):  # by time measured nothing
     cores = sorted(os.sched_getaffinity(0))
     # the inner suite is a pytest of its own: its own workers and locks, not this worker's
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST") and k != LOCK_ENV}

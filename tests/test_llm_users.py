@@ -115,7 +115,9 @@ def test_the_emulator_streams_tool_calls_in_vllm_chunks_and_the_parser_assembles
 def test_a_tool_call_loop_completes_its_rounds(emulator_factory, tmp_path):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles" / "agent.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
+    # by its count: each user's task is two tool calls and the answer (4 s on a busy host once ended inside one)
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "agent.py"), "--headless", "-u", "2", "-r", "2", "-t", "60s",
+                          "--num-requests", "6",
                           "--host", emu.url, "--tool-rounds", "2", "--tool-result-tokens", "40", "--output-tokens", "8",
                           "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -167,7 +169,8 @@ def test_multiturn_replays_every_user_turn_of_a_sharegpt_conversation(emulator_f
     data.write_text(json.dumps(convs))
     sent = tmp_path / "sent.jsonl"
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(sent))
-    res = run_in_process(["-f", str(ROOT / "locustfiles" / "multiturn.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "multiturn.py"), "--headless", "-u", "2", "-r", "2", "-t", "60s",
+                          "--num-requests", "6",  # each user's conversation, whole (3 s did not finish one, once)
                           "--host", emu.url, "--dataset", str(data), "--turns", "3", "--output-tokens", "6",
                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
@@ -213,3 +216,15 @@ def test_a_run_with_requests_only_through_self_client_says_so(emulator_factory, 
                           "--host", emu.url, "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 4, res.stdout[-2000:]  # measured nothing LLM-timed: invalid
     assert "no self.llm request completed; the " in res.stdout and "went through self.client" in res.stdout
+
+
+def test_the_in_process_testing_example_in_the_docs_runs_as_written(tmp_path, monkeypatch):
+    """docs/testing.md's example, taken from the page and run (from the checkout, where its locustfile path is)."""
+    import re
+
+    text = (ROOT / "docs" / "testing.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text, re.S).group(1)
+    space: dict = {}
+    exec(compile(code, "docs/testing.md", "exec"), space)  # noqa: S102 (the page's own code)
+    monkeypatch.chdir(ROOT)
+    space["test_my_conversation_sends_three_turns"](tmp_path)

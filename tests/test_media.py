@@ -48,7 +48,9 @@ def test_chat_with_images_reports_media_tokens_apart_and_sends_no_image_twice(tm
     s = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert s["media_items"] == 3 * len(logs) and s["media_tokens"] == charge * len(logs)
     assert s["text_input_tokens"] == 64 * len(logs) and s["input_drift_requests"] == 0
-    assert "media: " in res.stdout and "WARNING" not in res.stdout
+    # no warning but the client's own timing, which a busy host may make untrustworthy (allowed here)
+    assert "media: " in res.stdout
+    assert [x for x in res.stdout.splitlines() if "WARNING" in x and "UNTRUSTWORTHY" not in x] == []
     parts = [p for line in log.read_text().splitlines() for p in json.loads(line)["body"]["messages"][-1]["content"]
              if p["type"] != "text"]
     media = [p["image_url"]["url"] if p["type"] == "image_url" else p["input_audio"]["data"] for p in parts]

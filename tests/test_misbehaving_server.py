@@ -45,7 +45,8 @@ def test_failures_quoting_a_unique_id_make_one_error_row_and_a_small_summary(emu
 
     emu = emulator_factory("--ttft", "0.002", "--itl", "0.001", "--fault", "error:1")  # each error names its request
     run_dir = tmp_path / "run"
-    run_in_process(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", emu.url, "--request-rate", "150",
+    run_in_process(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "60s", "--num-requests", "220", "--host",
+                    emu.url, "--request-rate", "150",
                     "--output-tokens", "4", "--run-dir", str(run_dir)], cwd=tmp_path)
     data = json.loads((run_dir / "summary.json").read_text())
     s = data["summary"]

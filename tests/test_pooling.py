@@ -16,7 +16,8 @@ from vllm_load.rundir.reqlog import read_log
 
 def _run(tmp_path, locustfile, *args):
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(locustfile), "--headless", "-u", "4", "-r", "4", "-t", "4s",
+    # by its count: 12 requests, each user's task whole in the RAG locustfile (4 s on a busy host once sent none)
+    res = run_in_process(["-f", str(locustfile), "--headless", "-u", "4", "-r", "4", "-t", "60s", "--num-requests", "12",
                           "--run-dir", str(run_dir), *args], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = [r for f in run_dir.glob("requests*.jsonl") for r in read_log(f)]

@@ -132,12 +132,13 @@ def test_responses_api_against_real_vllm(tmp_path, real_vllm, locustfile):
     vLLM 0.32 counts a Responses input with the tokenizer's BOS added to the rendered template: exact anyway."""
     URL, TOKENIZER = real_vllm
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", str(ROOT / locustfile), "--headless", "-u", "2", "-r", "2", "-t", "5s", "--host", URL,
-                      "--tokenizer", TOKENIZER, "--input-tokens", "60", "--output-tokens", "10",
+    # ended by its count: 4 requests, both kinds of the user's own calls (5 s on a busy host once completed none)
+    res = run_locust(["-f", str(ROOT / locustfile), "--headless", "-u", "2", "-r", "2", "-t", "120s", "--num-requests",
+                      "4", "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "60", "--output-tokens", "10",
                       "--run-dir", str(run_dir), "--allow-untrustworthy"], tmp_path, timeout=240)  # shared cores
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
-    assert len(logs) >= 4 and all(r["ok"] and r["api"] == "responses" for r in logs), [r["error"] for r in logs][:3]
+    assert len(logs) == 4 and all(r["ok"] and r["api"] == "responses" for r in logs), [r["error"] for r in logs][:3]
     assert all(r["tokens_from_usage"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
     assert all(r["ttfo"] == r["ttft"] and r["response_id"].startswith("resp_") for r in logs)
     # the fixture's random model can answer a request with tokens that all decode to no text: vLLM then sends no

@@ -32,10 +32,12 @@ def _served(url: str) -> float:
     return counter(url, "vllm:request_success_total")
 
 
-def _run(tmp_path, router, users, *slos):
+def _run(tmp_path, router, users, requests, *slos):
+    """Conversations of 4 turns, ended by their count (6 s on a busy host once sent nothing)."""
     run_dir = tmp_path / "run"
-    res = run_locust(["-f", MULTITURN, "--headless", "-u", str(users), "-r", str(users), "-t", "6s", "--host",
-                      router.url, "--turns", "4", "--output-tokens", "8", "--capture-header", REPLICA,
+    res = run_locust(["-f", MULTITURN, "--headless", "-u", str(users), "-r", str(users), "-t", "120s", "--num-requests",
+                      str(requests), "--host", router.url, "--turns", "4", "--output-tokens", "8", "--capture-header",
+                      REPLICA,
                       *(a for s in slos for a in ("--slo", s)), "--run-dir", str(run_dir)], tmp_path, timeout=120)
     routing = json.loads((run_dir / "summary.json").read_text())["summary"].get("routing")
     return res, run_dir, routing
@@ -45,8 +47,8 @@ def test_consistent_hash_keeps_every_session_on_one_replica_and_both_replicas_se
     router = Router([p.url for p in replicas], "consistent_hash")
     before = [_served(p.url) for p in replicas]
     try:
-        res, run_dir, routing = _run(tmp_path, router, 4, "cache_hits_of_achievable>=0.9", "replica_imbalance<=1.5",
-                                     "session_stickiness>=100%")
+        res, run_dir, routing = _run(tmp_path, router, 4, 40, "cache_hits_of_achievable>=0.9",
+                                     "replica_imbalance<=1.5", "session_stickiness>=100%")
     finally:
         router.stop()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -65,11 +67,12 @@ def test_consistent_hash_keeps_every_session_on_one_replica_and_both_replicas_se
 def test_round_robin_breaks_sessions_and_an_achievable_hits_slo_fails_the_run(tmp_path, replicas):
     router = Router([p.url for p in replicas], "round_robin")
     try:
-        # 3 users: each user's turns alternate over the 2 replicas (with an even count they can line up by chance)
-        res, _run_dir, routing = _run(tmp_path, router, 3, "cache_hits_of_achievable>=0.95")
+        # one user: its turns alternate over the 2 replicas, every one of its sessions broken (with several users
+        # the turns interleave, and under load two of three sessions once lined up on one replica by chance)
+        res, _run_dir, routing = _run(tmp_path, router, 1, 8, "cache_hits_of_achievable>=0.95")
     finally:
         router.stop()
-    assert routing["session_stickiness"] < 0.5, routing
+    assert routing["sessions"] == 2 and routing["session_stickiness"] == 0.0, routing
     assert routing["cache_hits_achieved"] < routing["cache_hits_achievable"]
     assert res.returncode == 3, res.stdout[-3000:]  # the SLO missed
     assert "FAIL  cache_hits_of_achievable>=0.95" in res.stdout

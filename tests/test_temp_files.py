@@ -20,7 +20,8 @@ def test_private_temp_files_are_0600(tmp_path, monkeypatch):
 def test_an_embedded_emulator_run_leaves_nothing_in_the_temp_folder(tmp_path):
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "60s",
+                          "--num-requests", "4",
                           "--output-tokens", "4", "--run-dir", str(tmp_path / "run")], cwd=tmp_path,
                          env_extra={"TMPDIR": str(tmp)})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
