@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
@@ -9,7 +11,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from vllm_load.tune.server import free_port  # noqa: F401  (a port for processes that take a number, not 0)
 
@@ -134,18 +136,37 @@ REAL_VLLM_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
 REAL_VLLM_SCRIPT = ROOT / "tests" / "real_vllm" / "real-vllm-cpu.sh"
 
 
+@contextlib.contextmanager
+def one_server_starting() -> Iterator[None]:
+    """Real servers start one at a time across pytest -n's workers (a lock file beside the quiet cores' lock): the
+    modules sharing a server go first, and six vLLMs loading at once on 2 cores made each start take minutes."""
+    from tests.suite import LOCK_ENV
+
+    where = os.environ.get(LOCK_ENV)
+    if not where:
+        yield
+        return
+    with open(os.path.join(where, "server-start"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def serve_real_vllm(model: str, name: str, *flags: str, build: str = "", env: dict[str, str] | None = None):
     """A real vLLM serving ``$R/model`` as ``name`` with ``flags`` (and ``env``) while a test module runs (a
     generator for a module-scoped fixture: yields (url, model folder)); ``build``: the script's command that makes
     the model when it is missing."""
     folder = os.path.join(REAL_VLLM_DIR, model)
     env = dict(os.environ, R=REAL_VLLM_DIR, PORT=str(free_port()), **(env or {}))
-    if build and not os.path.exists(os.path.join(folder, "model.safetensors")):
-        built = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), build], env=env, capture_output=True, text=True,
-                               timeout=400)
-        assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
-    started = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), "serve", folder, name, *flags], env=env,
-                             capture_output=True, text=True, timeout=400)
+    with one_server_starting():
+        if build and not os.path.exists(os.path.join(folder, "model.safetensors")):
+            built = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), build], env=env, capture_output=True, text=True,
+                                   timeout=400)
+            assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+        started = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), "serve", folder, name, *flags], env=env,
+                                 capture_output=True, text=True, timeout=400)
     try:
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield f"http://127.0.0.1:{env['PORT']}", folder

@@ -53,13 +53,34 @@ def pytest_configure(config: Any) -> None:
     _count_locust_processes(config)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which names each item by its group (--dist loadgroup)
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    shared = set()
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.slow)
-    # the quiet_cores tests last: each one waits for every other worker to finish its test, which in the middle of
-    # the run left the workers idle for ~400 s of test time per fast selection; at the end they run one after another
-    items.sort(key=lambda item: item.get_closest_marker("quiet_cores") is not None)
+        if item.get_closest_marker("quiet_cores") is not None:
+            # one worker runs them all, one after another: a single quiet test waits for the cores at a time, and
+            # the other workers never find the room empty mid-run (with several waiting on several workers, the
+            # last two workers running between tests let one in: 5 workers then waited 211 s behind it)
+            item.add_marker(pytest.mark.xdist_group("quiet-cores"))
+        elif _shares_a_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            shared.add(item)
+    # the order pytest -n hands them out in (--no-loadscope-reorder keeps it, pyproject.toml): the modules sharing a
+    # server first (their tests run one after another on one worker: the longest units), the quiet_cores tests last
+    # (xdist's own order, biggest group first, gave the quiet group a worker at the start, idle 134 s of 200)
+    items.sort(key=lambda item: (item.get_closest_marker("quiet_cores") is not None, item not in shared))
+
+
+def _shares_a_fixture(item: Any) -> bool:
+    """A test that uses a module- or session-scoped fixture (a real vLLM, a router's replicas): its module's tests
+    go to one worker of ``pytest -n`` (``--dist loadgroup``, pyproject.toml), which builds the fixture once; spread
+    over 6 workers, test_real_vllm's 8 tests once started up to 6 vLLMs side by side."""
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(d.scope in ("module", "session") and not d.argname.startswith("_") and d.baseid and
+               d.baseid.endswith(".py") and d.baseid.split("::")[0].endswith(item.module.__name__.rsplit(".", 1)[-1] + ".py")
+               for fixturedefs in defs.values() for d in fixturedefs)
 
 
 def _count_locust_processes(config: Any) -> None:
@@ -79,23 +100,22 @@ def _count_locust_processes(config: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def _cores(request: Any) -> Any:
-    """Readers and a writer on two lock files (the writer waits for the readers, and new readers for the writer):
-    a ``quiet_cores`` test has the machine's cores to itself while the other workers of pytest -n wait."""
+    """A shared lock on one file for every test, an exclusive one for a ``quiet_cores`` test: it has the machine's
+    cores to itself. The others never wait for it (flock lets a shared lock in beside a waiting exclusive one), so a
+    quiet test waits until no other test runs, which, the quiet tests sorted last, is the session's end. (A
+    turnstile that made the others wait for a pending quiet test idled 5 workers for up to 355 s each while it
+    waited for one real-vLLM test to end.)"""
     where = os.environ.get(LOCK_ENV)
     if not where or not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
     quiet = request.node.get_closest_marker("quiet_cores") is not None
-    with open(os.path.join(where, "turnstile"), "a") as turnstile, open(os.path.join(where, "room"), "a") as room:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
+    with open(os.path.join(where, "room"), "a") as room:
         fcntl.flock(room, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
-        if not quiet:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
         try:
             yield
         finally:
             fcntl.flock(room, fcntl.LOCK_UN)
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
 
 
 @pytest.hookimpl(hookwrapper=True)

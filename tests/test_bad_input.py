@@ -82,8 +82,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, emulator, locustfile, args, 
 def test_openai_api_key_is_read_when_no_key_is_given(tmp_path):
     emu = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.01", "--itl", "0.002", "--api-key", "k-env"])
     try:
-        args = ["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "4",
-                "--run-dir", str(tmp_path / "run")]
+        args = ["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "60s", "--num-requests", "2", "--host", emu.url,
+                "--output-tokens", "4", "--run-dir", str(tmp_path / "run")]
         with_key = run_in_process(args, cwd=tmp_path, env_extra={"OPENAI_API_KEY": "k-env"})
         without = run_in_process(args, cwd=tmp_path, timeout=60)
     finally:

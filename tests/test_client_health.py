@@ -80,12 +80,18 @@ def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_p
     assert summary["client"]["saturated"] and "late at p99" in summary["client"]["reasons"][-1]
     assert data["valid"] is False and not data["trust"]["passed"] and data["exit_code"] == 5
     assert "UNTRUSTWORTHY RUN" in res.stdout and "exit code 5" in res.stdout
-    assert "id='client-saturated'" in (run_dir / "report.html").read_text()
+    page = (run_dir / "report.html").read_text()  # the untrustworthy paragraph once (it came twice)
+    assert "id='run-untrustworthy'" in page and "id='client-saturated'" not in page
+    assert page.count("requests left") == 1, page.count("requests left")
     accepted = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "1", "-r", "1", "-t",
                                "4s", "--host", emu.url, "--request-rate", "50", "--max-concurrency", "2", "--output-tokens",
                                "32", "--run-dir", str(tmp_path / "accepted"), "--allow-untrustworthy"], cwd=tmp_path)
     assert accepted.returncode == 0, accepted.stdout[-2000:]
     assert "accepted with --allow-untrustworthy" in (tmp_path / "accepted" / "summary.json").read_text()
+    accepted_page = (tmp_path / "accepted" / "report.html").read_text()  # accepted: the cause still said, once
+    assert "id='client-saturated'" in accepted_page and "id='run-untrustworthy'" not in accepted_page
+    # the options set for the run: none shown as null (the embedded emulator's host, a local run's processes)
+    assert "<td>host</td><td>null</td>" not in accepted_page.replace(" ", "")
 
 
 def test_a_comfortable_run_is_not_flagged(tmp_path, emulator_factory):
@@ -125,7 +131,7 @@ def test_a_light_open_loop_run_is_on_time_from_its_first_second_and_trusted(tmp_
     pools hold their first prompts, so even the first requests leave on time (they left ~300 ms late)."""
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "8", "-r", "8",
-                          "-t", "8s", "--request-rate", "20", "--output-tokens", "16", "--run-dir", str(run_dir)],
+                          "-t", "4s", "--request-rate", "20", "--output-tokens", "16", "--run-dir", str(run_dir)],
                          cwd=tmp_path, judge_trust=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
@@ -228,3 +234,25 @@ def test_many_workers_with_harmless_late_reads_give_one_note():
         two.add(f"w{i}", {"cpu": 3.0, "lag": 0.001, "streams": 2, "reader": "native", "read_lag": 0.006,
                           "reads": 8000, "late_reads": 3})
     assert len(two.verdict(late_merged=0.0001)["notes"]) == 2  # a few are each said
+
+
+def test_a_run_shorter_than_the_start_up_grace_is_judged_on_all_its_sends():
+    """The first 2 s of an open loop's sends are left out of the verdict, unless they are all the run has."""
+    from vllm_load.client.record import RequestRecord
+    from vllm_load.metrics.client_health import judged_send_lag
+    from vllm_load.metrics.stats import LLMStats
+
+    def run(*sends):
+        stats = LLMStats()
+        for i, (lag, startup) in enumerate(sends):
+            stats.add(RequestRecord(api="chat", start=float(i), e2e=0.1, ok=True, ttft=0.05, output_tokens=1,
+                                    chunk_offsets=[0.05], chunk_tokens=[1], send_lag=lag, startup=startup))
+        stats.fold()
+        return stats.summary(duration=2.0)
+
+    short = run(*[(0.180, True)] * 8, *[(0.001, True)] * 58)  # 66 turns in 1.1 s, the first 8 late
+    assert judged_send_lag(short) == pytest.approx(0.180, rel=0.01)
+    longer = run(*[(0.180, True)] * 8, *[(0.001, False)] * 58)  # the same lateness at the start of a longer run
+    assert judged_send_lag(longer) == pytest.approx(0.001, rel=0.01)
+    assert judged_send_lag(run((None, False))) is None  # a closed loop has no schedule to keep
+    assert ClientHealth().verdict(judged_send_lag(short)).saturated

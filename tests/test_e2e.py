@@ -179,7 +179,7 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, args, needle):
 def test_open_loop_rate_is_split_across_workers_and_timed_from_intended_start(emulator_factory, tmp_path):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "4", "-r", "4", "-t", "6s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s",
                           "--processes", "2", "--host", emu.url, "--request-rate", "40", "--output-tokens", "8",
                           "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -235,7 +235,7 @@ def test_emulator_answers_with_vllms_error_json(emulator_factory):
 
 def _embedded(tmp_path, name, *args):
     run_dir = tmp_path / name
-    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "5s", "--output-tokens", "24",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "3s", "--output-tokens", "24",
                           "--run-dir", str(run_dir), "--allow-untrustworthy", *args], cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     return res, json.loads((run_dir / "summary.json").read_text())

@@ -216,7 +216,7 @@ def test_the_console_ends_with_one_block_after_locusts_tables_and_says_each_thin
     out = subprocess.run([sys.executable, "-m", "locust", "-f", str(root / "locustfiles/chat.py"), "--headless",
                           # 10 s: two processes start before their first request (seconds on a busy 2-core host)
                           "-u", "4", "-r", "4", "-t", "10s", "--processes", "2", "--master-bind-port", str(free_port()),
-                          "--output-tokens", "32",
+                          "--output-tokens", "32", "--allow-untrustworthy",  # the console's order, not the timing
                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path, stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, timeout=120,
                          env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
@@ -241,3 +241,23 @@ def test_locusts_own_table_starts_over_when_the_warm_up_ends(tmp_path):
     locust_count = int(rows["Aggregated"]["Request Count"])
     assert summary["warmup_excluded"] > 20  # the warm-up sent plenty, which Locust's table no longer counts
     assert locust_count == summary["requests"], (locust_count, summary["requests"])
+
+
+def test_two_runs_into_one_run_dir_leave_two_complete_separate_runs(tmp_path):
+    """A second run into a --run-dir that holds a run goes beside it under its run id (it appended its requests to
+    the first's log, beside a summary of its own count) and says where."""
+    run_dir = tmp_path / "out"
+    args = ["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "60s",
+            "--output-tokens", "4", "--run-dir", str(run_dir)]
+    first = run_in_process([*args, "--num-requests", "3"], cwd=tmp_path)
+    second = run_in_process([*args, "--num-requests", "5"], cwd=tmp_path)
+    assert first.returncode == second.returncode == 0, second.stdout[-2000:]
+    assert first.run_dir == run_dir and second.run_dir != run_dir and second.run_dir.parent == tmp_path
+    run_id = json.loads((second.run_dir / "config.json").read_text())["run_id"]
+    assert second.run_dir.name == f"out-{run_id}"
+    assert f"writes to {second.run_dir} " in second.stdout and f"{run_dir} holds an earlier run" in second.stdout
+    for out, count in ((first, 3), (second, 5)):  # each whole: its log, its summary and its report agree
+        assert len(out.requests()) == count and out.summary()["summary"]["requests"] == count
+        assert (out.run_dir / "report.html").exists() and (out.run_dir / "config.json").exists()
+        # junit.xml in every run, SLOs or not: the validity checks are its test cases
+        assert 'name="requests succeeded &gt;= 1"' in (out.run_dir / "junit.xml").read_text()

@@ -42,7 +42,7 @@ def pd_pair():
 def test_each_request_splits_into_prefill_kv_transfer_and_decode(tmp_path, pd_pair):
     url, spans, sidecar = pd_pair
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "5s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
                           "--host", url, "--input-tokens", "256-1024", "--output-tokens", "16", "--otlp-receiver",
                           f"127.0.0.1:{spans}", "--sidecar-url", sidecar, "--slo", "kv_transfer.p99<=1s", "--run-dir", str(run_dir),
                           "--allow-untrustworthy"], tmp_path, timeout=120)

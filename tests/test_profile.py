@@ -60,15 +60,15 @@ def test_bad_profile_points_are_one_line(tmp_path):
 
 
 def test_profile_at_n_starts_when_the_server_runs_n_requests(tmp_path, emulator_factory, sidecar_factory):
-    """--profile-at 3: users added one a second; the profiler starts once the server's own series (its sidecar, 4 samples
+    """--profile-at 3: users added two a second; the profiler starts once the server's own series (its sidecar, 4 samples
     a second) says it runs 3 requests, and stops --profile-seconds later."""
     traces = tmp_path / "traces"
     emu = emulator_factory("--ttft", "0.05", "--itl", "0.02", "--profiler-config",
                            json.dumps({"profiler": "torch", "torch_profiler_dir": str(traces)}))
     side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", "")
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--host", emu.url, "-u", "6", "-r", "1",
-                          "-t", "12s", "--output-tokens", "64", "--sidecar-url", side.url, "--profile-at", "3",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--host", emu.url, "-u", "6", "-r", "2",
+                          "-t", "9s", "--output-tokens", "64", "--sidecar-url", side.url, "--profile-at", "3",
                           "--profile-seconds", "2", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     (written,) = traces.glob("emulator-profile-*.json")
@@ -87,7 +87,7 @@ def test_profile_at_n_starts_when_the_server_runs_n_requests(tmp_path, emulator_
 def test_the_web_uis_form_refuses_a_profile_point_as_the_command_line_does(tmp_path, emulator_factory):
     """The start form is judged as the command line is: --profile-at N with no series to read (a --host with no
     sidecar), or a sweep step outside a sweep, is refused where it was given, in one line; --repeat shapes the run at
-    start-up, so the form has no field for it."""
+    start-up, so the form has no field for it; an empty Host is refused as a dead one is."""
     from tests.helpers import UIHere
     from tests.test_security import _form, request
 
@@ -97,7 +97,10 @@ def test_the_web_uis_form_refuses_a_profile_point_as_the_command_line_does(tmp_p
         for form, said in ((_form(profile_at="4"), "--profile-at 4 starts on the server's running requests"),
                            (_form(profile_at="step:2"), "step:LEVEL profiles a sweep's step"),
                            (_form(profile_seconds="0"), "--profile-seconds must be > 0"),
-                           (_form(repeat="3"), "the form has no field 'repeat'")):
+                           (_form(repeat="3"), "the form has no field 'repeat'"),
+                           # an emptied Host: it printed IndexError and StopTest, and the badge kept its old target
+                           (_form(host=" "), f"Host is empty: give the server's URL, e.g. http://127.0.0.1:8000 "
+                                             f"(it was {emu.url})")):
             status, _h, body = request(ui.base + "/swarm", form, {"Origin": ui.base})
             answer = json.loads(body)
             assert status == 200 and answer["success"] is False and said in answer["message"], (form, body)

@@ -20,9 +20,9 @@ CHAT = str(ROOT / "locustfiles/chat.py")
 def test_reset_stats_resets_the_llm_metrics_in_every_worker_and_the_master(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
     run_dir = tmp_path / "run"
-    # 4 users at 0.5/s over 2 workers: each worker's first user runs 4 s before its second one spawns (the reset;
-    # at 1/s a busy host once finished no request before it)
-    res = run_in_process(["-f", CHAT, "--headless", "--processes", "2", "-u", "4", "-r", "0.5", "-t", "9s", "--host",
+    # 4 users at 0.4/s over 2 workers: each worker's first user runs 5 s before its second one spawns (the reset;
+    # at 1/s a busy host once finished no request before it, and at 0.5/s once beside the full suite)
+    res = run_in_process(["-f", CHAT, "--headless", "--processes", "2", "-u", "4", "-r", "0.4", "-t", "11s", "--host",
                           emu.url,
                           "--output-tokens", "8", "--reset-stats", "--csv", str(tmp_path / "locust"),
                           "--run-dir", str(run_dir)], cwd=tmp_path)

@@ -47,8 +47,9 @@ def test_consistent_hash_keeps_every_session_on_one_replica_and_both_replicas_se
     router = Router([p.url for p in replicas], "consistent_hash")
     before = [_served(p.url) for p in replicas]
     try:
+        # no imbalance SLO: 12 sessions hashed over 2 replicas split 8:4 or worse by chance (CI once had 32 of 40)
         res, run_dir, routing = _run(tmp_path, router, 4, 40, "cache_hits_of_achievable>=0.9",
-                                     "replica_imbalance<=1.5", "session_stickiness>=100%")
+                                     "session_stickiness>=100%")
     finally:
         router.stop()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -57,6 +58,7 @@ def test_consistent_hash_keeps_every_session_on_one_replica_and_both_replicas_se
     # the join is exact: each replica's requests, as its answers named it, equal its own counter's increase
     served = [_served(p.url) - b for p, b in zip(replicas, before)]
     assert [routing["replicas"][n]["requests"] for n in ("r1", "r2")] == served
+    assert routing["replica_imbalance"] == pytest.approx(max(served) / (sum(served) / 2))
     logs = read_log(run_dir / "requests.jsonl")
     assert all(r["session"] and r["headers"][REPLICA.lower()] in ("r1", "r2") for r in logs)
     assert "sessions kept on one replica (100%)" in res.stdout

@@ -43,7 +43,7 @@ def test_a_blocked_client_loop_does_not_move_ttft_or_gaps(emulator_factory, tmp_
     emu = emulator_factory("--ttft", "0.05", "--itl", "0.03", "--jitter", "0.5", "--timing-log", str(truth_file))
     (tmp_path / "busy.py").write_text(LOCUSTFILE)
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(tmp_path / "busy.py"), "--headless", "-u", "4", "-r", "4", "-t", "5s", "--host",
+    res = run_in_process(["-f", str(tmp_path / "busy.py"), "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host",
                           emu.url, "--input-tokens", "32", "--output-tokens", "20", "--run-dir", str(run_dir)],
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -67,6 +67,10 @@ def test_a_closed_loop_run_reports_its_steady_window_and_judges_the_slos_on_it(t
     out = json.loads((run_dir / "summary.json").read_text())
     logs = list(read_log(run_dir / "requests.jsonl"))
     _check_window(logs, out["summary"], USERS)
+    if "--num-requests" in length:  # the window closes as the last ticket's request starts, not a request earlier:
+        # whatever ended before that start, after the full load, is in it (benchmarks/mutations.py, mutation 2)
+        full, last_start = _full_at(logs, USERS), max(r["start"] for r in logs)
+        assert all(r["steady"] for r in logs if r["start"] >= full + 0.05 and r["start"] + r["e2e"] < last_start)
     (check,) = out["slo"]
     assert check["value"] == pytest.approx(out["summary"]["steady"]["metrics"]["ttft"]["p99"])
     assert check["detail"].endswith("in the steady window")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REAL_VLLM_DIR, ROOT, free_port, run_locust, serve_real_vllm
+from tests.helpers import REAL_VLLM_DIR, ROOT, free_port, one_server_starting, run_locust, serve_real_vllm
 from vllm_load.rundir.reqlog import read_log
 
 TRANSFORMERS_DIR = os.environ.get("VLLM_LOAD_TRANSFORMERS_DIR", "")
@@ -29,8 +29,9 @@ pytestmark = pytest.mark.skipif(not (TRANSFORMERS_DIR and REAL_VLLM_DIR),
 def _serve(*flags: str):
     env = dict(os.environ, T=TRANSFORMERS_DIR, PORT=str(free_port()))
     model = os.path.join(REAL_VLLM_DIR, "tiny")
-    started = subprocess.run(["bash", str(SCRIPT), "serve", model, *flags], env=env, capture_output=True, text=True,
-                             timeout=300)
+    with one_server_starting():
+        started = subprocess.run(["bash", str(SCRIPT), "serve", model, *flags], env=env, capture_output=True,
+                                 text=True, timeout=300)
     try:
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield f"http://127.0.0.1:{env['PORT']}", model

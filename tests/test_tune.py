@@ -70,8 +70,10 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
     # a server that exits at start fails its configuration, with the reason from its log; the tune goes on
     assert by["0"]["status"] == "failed" and "exited with code 2 at start" in by["0"]["reason"]
     assert "scheduler sizes must be >= 1" in by["0"]["reason"]
-    # known capacities: up to max_num_seqs users nobody queues; one more waits a whole request (> 200 ms)
-    assert by["4"]["capacity"] == 4 and by["16"]["capacity"] == 16
+    # known capacities: up to max_num_seqs users nobody queues; one more waits a whole request (> 200 ms). Found
+    # within the search's 25 % tolerance below them, never above (on a busy host 16 users' TTFT p99 once passed
+    # 200 ms without any queue, and 12 was found)
+    assert 3 <= by["4"]["capacity"] <= 4 and 12 <= by["16"]["capacity"] <= 16, (by["4"]["capacity"], by["16"]["capacity"])
     caps = [by[k]["capacity"] for k in ("4", "16", "64")]
     assert caps[0] < caps[1] < caps[2], caps
     # the bisection stays within its promise
@@ -85,15 +87,24 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
     gain_16 = (at["16"]["output_token_rate"] - at["4"]["output_token_rate"]) / (caps[1] - caps[0])
     gain_64 = (at["64"]["output_token_rate"] - at["16"]["output_token_rate"]) / (caps[2] - caps[1])
     assert gain_64 < gain_16, (gain_16, gain_64)
-    assert data["recommended"] == {"max_num_seqs": "64"}
+    # the most goodput is max_num_seqs=64's; a configuration whose probes could not all be trusted (the client
+    # could not keep time on a busy host) comes after every one whose probes could, and is then not "recommended"
+    untrusted = {k for k in ("4", "16", "64") if any(p.get("untrustworthy") for p in by[k]["probes"])}
+    # and no capacity stands on a pass too short for its requests: the headline then names it, not recommending it
+    doubted = untrusted | {k for k in ("4", "16", "64") if any(p["short"] and p["passed"] for p in by[k]["probes"])}
+    if "64" not in untrusted:
+        assert data["recommended"] == {"max_num_seqs": "64"}
+        assert ("recommended max_num_seqs=64" in res.stdout) == ("64" not in doubted), res.stdout[-2000:]
+    else:
+        assert data["recommended"] != {"max_num_seqs": "64"} or untrusted == {"4", "16", "64"}, (untrusted, data)
     # the losers' reasons come from their first missed probe: the SLO and the server's own numbers
-    assert "recommended max_num_seqs=64" in res.stdout
     line4 = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith("max_num_seqs=4:"))
     assert "at 5:" in line4 or "at 6:" in line4 or "at 8:" in line4
     assert all(by[k]["probes"][0]["level"] == 4 for k in ("4", "16", "64"))
     assert "ttft.p99<=200ms" in line4 and "waiting max" in line4
     md = (tmp_path / "tune" / "tune.md").read_text()
-    assert "**Recommended: max_num_seqs=64**" in md and "| max_num_seqs=16 | 16 " in md
+    assert ("**Recommended: max_num_seqs=64**" in md) == ("64" not in doubted), doubted
+    assert f"| max_num_seqs=16 | {by['16']['capacity']:g} " in md
     page = (tmp_path / "tune" / "tune.html").read_text()
     charts = json.loads(re.search(r'<script type="application/json" id="chart-data">(.*?)</script>', page, re.S)[1])
     latency, throughput, per_user = charts["tune"]
@@ -328,3 +339,23 @@ def test_a_probes_throughput_is_what_the_server_completed_in_its_window(tmp_path
     assert served["goodput"] == sum(1 for r in ended if r["good"]) / length
     by_start = sum(1 for r in logs if r["start"] >= start and r["start"] + r["e2e"] <= end)
     assert by_start / length < served["request_rate"]  # what the probe said before
+
+
+def test_no_recommendation_stands_on_probes_too_short_for_their_requests(tmp_path):
+    """tune.html showed a green "Recommended" over a configuration whose every probe was TOO SHORT."""
+    from dataclasses import asdict
+
+    from vllm_load.tune.probe import Probe
+    from vllm_load.tune.report import write
+
+    short = "requests took up to 9.0 s (E2E p99) in a 3.0 s window: raise --probe-duration to 27 s or more"
+    probes = [asdict(Probe(level=n, passed=True, code=0, run_dir=str(tmp_path / f"p{n}"), request_rate=1.0,
+                           output_token_rate=10.0, goodput=1.0, short=short)) for n in (1, 2)]
+    results = [{"params": {"max_num_seqs": "4"}, "status": "ok", "reason": "", "capacity": 2, "goodput": 1.0,
+                "probes": probes}]
+    best = write(tmp_path, results, "concurrency", ["ttft.p99<=1s"])
+    md, page = (tmp_path / "tune.md").read_text(), (tmp_path / "tune.html").read_text()
+    assert best is not None and "Recommended" not in md and "Recommended" not in page
+    assert "**Best measured, not a recommendation: max_num_seqs=4**" in md and "2 of its 2 probes" in md
+    assert "class='verdict v-untrustworthy'" in page and "class='verdict v-pass'" not in page
+    assert json.loads((tmp_path / "tune.json").read_text())["recommended_trustworthy"] is False

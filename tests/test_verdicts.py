@@ -113,7 +113,9 @@ def test_a_prompt_failure_that_every_request_would_repeat_stops_the_swarm_at_onc
 def test_a_wrong_tokenizer_fails_the_run_unless_an_input_drift_slo_accepts_it(tmp_path, emulator_factory):
     # the server counts with Tekken, the client builds prompts with Mistral's SentencePiece
     emu = emulator_factory("--tokenizer", "builtin:mistral-tekken", "--ttft", "0.01", "--itl", "0.002")
-    args = ["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "3s", "--host", emu.url, "--output-tokens", "8"]
+    # ended by a count: what is judged is the prompts' token counts against the server's
+    args = ["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "60s", "--num-requests", "12", "--host", emu.url,
+            "--output-tokens", "8"]
     res = run_in_process([*args, "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
     assert res.returncode == 4, res.stdout[-2000:]
     assert "the tokenizer does not match the server's: pass --tokenizer" in res.stdout
@@ -287,3 +289,68 @@ def test_batch_1_and_batch_8_send_the_same_instruction_and_report_records_per_se
     # the answer budget is per record: 8 records ask for 8 answer lines' worth of tokens
     budgets = {c.count("\n") - 1: b["max_tokens"] for c, b in zip(contents, bodies)}
     assert budgets[8] == 8 * budgets[1] and budgets[1] >= 4
+
+
+def test_a_task_raising_in_a_loop_is_named_as_the_cause_not_a_lack_of_workers():
+    """The evidence (a client at its CPU limit) is the same as a real lack of workers; the exceptions, outnumbering
+    the requests, name the task and its error instead."""
+    from vllm_load.metrics.client_health import ClientHealth, looping_errors
+
+    tb = ('  File "/usr/lib/python3/site-packages/locust/user/task.py", line 340, in execute_task\n    task(self)\n'
+          '  File "/home/me/lf.py", line 9, in ask\n    self.llm.chat("hello there")\n'
+          '  File "/work/main/vllm_load/plugin/llm.py", line 126, in chat\n    check_messages(messages)\n')
+    errors = [(12339, "self.llm.chat(messages): messages must be a non-empty list", tb), (3, "other", "")]
+    assert looping_errors(errors, requests=0) == (12342, "'self.llm.chat(messages): messages must be a non-empty "
+                                                         "list' in ask (lf.py:9), 12339 times")
+    assert looping_errors(errors, requests=20000) is None  # a few failing calls among many requests: not the cause
+    assert looping_errors([(49, "x", tb)], requests=0) is None
+    health = ClientHealth()
+    hot = {"t": 0.0, "cpu": 99.0, "lag": 0.3, "streams": 0, "cpu_at_lag": 99.0, "wait_at_lag": 0.0}
+    health.add("local", hot)
+    health.add("local", dict(hot, t=3.0))
+    plain = health.verdict()
+    assert plain.cause == "client" and "add workers" in plain.advice
+    named = health.verdict(user_errors=looping_errors(errors, requests=0))
+    assert named.saturated and named.cause == "user_error" and "add workers" not in named.advice
+    assert "in ask (lf.py:9), 12339 times" in named.advice and "fix the task" in named.advice
+    assert ClientHealth().verdict(user_errors=(60, "x")).cause is None  # a kept time is not blamed on anything
+
+
+def test_a_user_calling_self_llm_wrongly_is_told_so_with_one_exit_code(tmp_path, emulator_factory):
+    """The issue's run: ``self.llm.chat("hello there")`` in a task. One cause (the task and its exception), and
+    every line's exit code the process's own."""
+    emu = emulator_factory()
+    lf = tmp_path / "wrong.py"
+    lf.write_text("from locust import task\n"
+                  "from vllm_load.plugin.users import LLMUser\n\n"
+                  "class Mine(LLMUser):\n"
+                  "    @task\n"
+                  "    def ask(self):\n"
+                  "        self.llm.chat('hello there')\n")
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(lf), "--headless", "-u", "4", "-r", "4", "-t", "4s", "--host", emu.url,
+                          "--run-dir", str(run_dir)], cwd=tmp_path, judge_trust=True)
+    assert res.returncode == 4, res.stdout[-3000:]  # it measured nothing: invalid comes first
+    assert "RUN INVALID: no request completed" in res.stdout
+    assert "exit code 5" not in res.stdout and "add workers" not in res.stdout, res.stdout[-3000:]
+    client = summary_of(run_dir)["summary"]["client"]
+    # late or not (a busy host makes it so), never blamed on the client's capacity: the task is named
+    assert not client["saturated"] or (client["cause"] == "user_error" and "in ask (wrong.py:7)" in client["advice"])
+    assert "UNTRUSTWORTHY RUN: exit code" not in res.stdout
+
+
+def test_an_invalid_and_untrustworthy_run_states_one_exit_code_everywhere(tmp_path):
+    """The console, summary.md and the report say the exit code the process ends with (they said 5, it exited 4)."""
+    from vllm_load.metrics.stats import LLMStats
+    from vllm_load.metrics.summary_parts import ClientVerdict
+    from vllm_load.metrics.verdict import judge
+    from vllm_load.report.results import render_validity, summary_markdown
+
+    late = {"saturated": True, "reasons": ["local: event loop lagged 300 ms"], "cause": "client", "advice": "x"}
+    summary = LLMStats().summary(duration=1.0).replace(client=ClientVerdict(late)).to_json()
+    verdict = judge(summary, [], None, 1, False, 0)
+    assert verdict.exit_code == 4 and verdict.invalid and not verdict.trust.passed
+    said = render_validity(verdict) + summary_markdown(summary, verdict, "t")
+    assert "exit code 5" not in said and "UNTRUSTWORTHY RUN too (exit code 4" in said
+    alone = judge(summary, [], None, 0, False, 0)  # --min-requests 0: only the trust fails
+    assert alone.exit_code == 5 and "UNTRUSTWORTHY RUN: exit code 5" in render_validity(alone)

@@ -37,7 +37,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("tune", help="find the server configuration that carries the most load within the SLOs "
                    "(vllm-load tune --help)")
-    rp = sub.add_parser("report", help="rebuild report.html, summary.json/.md and the SLO verdict of run directories")
+    rp = sub.add_parser("report", help="rebuild report.html, summary.json/.md and the SLO verdict of run directories",
+                        description="Rebuild a run directory's report.html, summary.json/.md and SLO verdict from its "
+                        "files (judged again by other SLOs with --slo); with several run directories, also the sweep "
+                        "report comparing them. The exit code is the verdict's, as the run's own (the worst one of several).",
+                        epilog="example: vllm-load report reports/RUN --slo 'ttft.p99<=500ms' --junit junit.xml")
     rp.add_argument("run_dirs", nargs="+", help="one or more run directories")
     rp.add_argument("--slo", action="append", default=[], help="SLOs to judge by (default: the run's own)")
     rp.add_argument("--junit", default="", help="also write the JUnit XML here")

@@ -217,7 +217,8 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--stop-on-outage", "0", "end the run (exit 1) once an outage has lasted this long (0: never)"),
 ), *group(
     "outputs",
-    Option("--run-dir", "", "where the run's files go (default: reports/<run id>)", web=False),
+    Option("--run-dir", "", "where the run's files go (default: reports/<run id>); a DIR holding an earlier run is "
+        "left whole, this run going beside it as DIR-<run id>", web=False),
     Option("--save-detailed", False, "vllm-result.json also holds the per-request arrays (input_lens, output_lens, "
         "ttfts, itls, latencies, errors …), as vllm bench serve --save-detailed", action="store_true"),
     Option("--metric-percentiles", "", "the percentiles shown (console, summary, report, vllm-result.json), as vllm "

@@ -40,7 +40,7 @@ case "${1:-}" in
     kill -TERM -- "-$pid" 2>/dev/null || true
     for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
     kill -KILL -- "-$pid" 2>/dev/null || true
-    rm -f "$T/serve-$PORT.pid"
+    rm -f "$T/serve-$PORT.pid" "$T/serve-$PORT.log"
     ;;
   *) echo "usage: T=DIR bash $0 install|serve MODEL_DIR [flags]|stop" >&2; exit 2 ;;
 esac

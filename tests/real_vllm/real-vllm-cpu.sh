@@ -180,8 +180,10 @@ do_smoke() {
 do_stop() {
   local P; P=$(cat "$R/server-$PORT.pid")
   kill -TERM -- "-$P" 2>/dev/null || true   # setsid made the server its own process group
-  for _ in $(seq 1 30); do ps -g "$P" >/dev/null 2>&1 || { echo stopped; return 0; }; sleep 1; done
+  # stopped: its pid file and log go too (the cache folder had gathered 70 of each)
+  for _ in $(seq 1 30); do ps -g "$P" >/dev/null 2>&1 || { rm -f "$R/server-$PORT.pid" "$R/server-$PORT.log"; echo stopped; return 0; }; sleep 1; done
   kill -KILL -- "-$P" 2>/dev/null || true
+  rm -f "$R/server-$PORT.pid" "$R/server-$PORT.log"
 }
 
 case "${1:-all}" in

@@ -62,6 +62,21 @@ def gaps(c: Chunks, ok: np.ndarray) -> tuple[np.ndarray, ...]:
     itl_rec = np.concatenate([c.rec_of[f], c.rec_of[j][keep]])
     return gaps, itl, itl_n, itl_rec
 
+def _answer_chunk(r: RequestRecord) -> int:
+    """The index of the answer's first chunk. Chunks read together share an offset (a late read), so the offset
+    alone leaves a range; the thinking's tokens counted over the chunks pick the one within it (taking the range's
+    first moved 2 of a request's 31 thinking gaps into its answer on a busy host)."""
+    o = r.chunk_offsets
+    if r.ttfo is None:
+        return len(o)
+    lo, hi = bisect.bisect_left(o, r.ttfo), bisect.bisect_right(o, r.ttfo)
+    if hi - lo > 1 and r.reasoning_tokens and r.chunk_tokens and len(r.chunk_tokens) == len(o):
+        k = int(np.searchsorted(np.cumsum(r.chunk_tokens), r.reasoning_tokens, side="right"))
+        if lo <= k < hi:
+            return k
+    return lo
+
+
 def _phase_gaps(recs: list[RequestRecord]) -> tuple[list[float], list[float]]:
     """The chunk gaps of reasoning requests within their thinking and within their answer (the gap that crosses
     from one to the other is in neither); nothing for requests that did not reason."""
@@ -70,8 +85,8 @@ def _phase_gaps(recs: list[RequestRecord]) -> tuple[list[float], list[float]]:
     for r in recs:
         if r.reasoning_tokens is None:
             continue
+        k = _answer_chunk(r)
         o = r.chunk_offsets
-        k = bisect.bisect_left(o, r.ttfo) if r.ttfo is not None else len(o)
         thinking += [o[i] - o[i - 1] for i in range(1, k)]
         answering += [o[i] - o[i - 1] for i in range(k + 1, len(o))]
     return thinking, answering

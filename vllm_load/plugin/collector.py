@@ -7,11 +7,12 @@ from __future__ import annotations
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import gevent.event
 
-from vllm_load.metrics.client_health import ClientHealth, ClientMonitor, late_merged, shared_stamp
+from vllm_load.metrics.client_health import ClientHealth, judged_send_lag, late_merged, looping_errors, shared_stamp
+from vllm_load.metrics.client_monitor import ClientMonitor
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.runtime.embedded import emulator_mode
@@ -23,7 +24,6 @@ from vllm_load.metrics.energy import energy_summary
 from vllm_load.metrics.summary import metric_stats
 from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.workload.datasets import records_per_request
-from vllm_load.metric_table import SEND_LAG
 
 
 @dataclass
@@ -53,6 +53,8 @@ class Collector:
     target: Target | None = None  # the checked target the run was planned against (config.json says it)
     config_written: bool = False
     clock: MasterClock = field(default_factory=MasterClock)  # the run's epoch, and the workers' offsets to it
+    #: Locust's exception rows so far, (count, message, traceback) each: a task raising in a loop is the cause
+    user_errors: Callable[[], list] = list
 
     @classmethod
     def create(cls, opts: Any, plan: RunPlan, master_runner: Any = None, target: Target | None = None) -> Collector:
@@ -108,6 +110,14 @@ class Collector:
         self.plan.files.write(self.plan.files.stats, data)
         return summary
 
+    def _take_local(self, monitor: ClientMonitor) -> None:
+        """A local run's last report: what the monitor saw since its last 3 s one. A run shorter than the monitor's
+        first second still says which readers timed its chunks (a 0.9 s TLS run dropped its only report, and with
+        it the console's "timed by the clock" line)."""
+        last = monitor.take()
+        if last["cpu"] or last["lag"] or last["streams"] or not self.health.reports.get("local"):
+            self.health.add("local", last)
+
     def summarise(self, monitor: ClientMonitor | None = None, end: float | None = None) -> RunSummary:
         """The run's summary (``results``) up to ``end`` (default: the run's end, else now), judged from the merged
         totals, without touching the disk."""
@@ -123,16 +133,14 @@ class Collector:
                                             summary.succeeded)
             if done["energy"] is None:
                 done["energy_missing"] = self.dcgm.error or "no GPU telemetry in the run's window"
-        if monitor is not None:  # local: what the monitor saw since its last 3 s report
-            last = monitor.take()
-            if last["cpu"] or last["lag"] or last["streams"]:
-                self.health.add("local", last)
-        send_lag = metric_stats(summary, SEND_LAG)
+        if monitor is not None:
+            self._take_local(monitor)
         # CPU and lag while the server was unreachable or failing every request are the failures' doing
         quiet = [(w.start, w.end) for w in summary.outages]
-        done["client"] = self.health.verdict(send_lag.at("p99") if send_lag.count else None, quiet,
+        done["client"] = self.health.verdict(judged_send_lag(summary), quiet,
                                              shared_stamp=shared_stamp(summary), late_merged=late_merged(summary),
-                                             cap=self.plan.total_users * int(self.opts.max_concurrency))
+                                             cap=self.plan.total_users * int(self.opts.max_concurrency),
+                                             user_errors=looping_errors(self.user_errors(), summary.requests))
         done["target_request_rate"] = float(self.opts.request_rate or 0.0)
         if self.swarm:  # how many of its load processes got ready (the epoch waits for all)
             done["processes"], done["processes_ready"] = self.clock.expected, len(self.clock.ready)

@@ -144,6 +144,7 @@ class Controller(Process):
         plan = wire.decide_plan(env, self.target, self.slos, self.servers.sidecar_url, master)
         col = Collector.create(opts, plan, master, self.target)
         col.swarm = master is not None
+        col.user_errors = lambda: [(e["count"], e["msg"], e["traceback"]) for e in env.runner.exceptions.values()]
         self.run = run = Run(plan, collector=col)
         at = profile_point(opts)  # read at each run's start: the web UI's form may have changed it
         if at is not None:  # a profiler per run (its windows go into this run's summary)
@@ -155,8 +156,9 @@ class Controller(Process):
         if self.steps.last is not None and env.shape_class is not None:
             self.begin_step(*self.steps.last)
         col.write_config()
+        moved = f"; {opts.run_dir} holds an earlier run" if opts.run_dir and plan.run_dir != opts.run_dir else ""
         print(f"vllm-load: run {plan.run_id} writes to {plan.files.path} "
-              f"({free_text(shutil.disk_usage(plan.files.path).free)})", flush=True)
+              f"({free_text(shutil.disk_usage(plan.files.path).free)}{moved})", flush=True)
 
     def _master_runner(self) -> Any:
         """The MasterRunner whose workers this process waits for (None: it generates the load itself)."""

@@ -16,7 +16,7 @@ import gevent.event
 from vllm_load.client.direct import Connections
 from vllm_load.client.record import RequestRecord
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, OutputError
-from vllm_load.metrics.client_health import ClientMonitor
+from vllm_load.metrics.client_monitor import ClientMonitor
 from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.runtime import gc_control

@@ -11,6 +11,7 @@ from typing import Any
 from vllm_load.metrics.histogram import parse_percentiles
 from vllm_load.plugin.sweep import SweepSpec
 from vllm_load.plugin.target import Target
+from vllm_load.rundir.files import own_run_dir
 from vllm_load.rundir.plan import RunPlan
 
 __all__ = ["PLAN", "RunPlan", "decide", "ramp_kind", "why_no_window"]
@@ -48,7 +49,7 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
     sweep = SweepSpec.of(opts)
     return RunPlan(run_id=run_id, salt=opts.salt or secrets.token_hex(16), seed=opts.seed if opts.seed >= 0 else None,
-                   run_dir=opts.run_dir or str(Path("reports") / run_id),
+                   run_dir=own_run_dir(opts.run_dir, run_id) if opts.run_dir else str(Path("reports") / run_id),
                    host=target.host, model=target.model, tokenizer=target.tokenizer, is_emulator=target.is_emulator,
                    slos=tuple(slos), sidecar_url=sidecar_url, total_users=max(1, int(total_users or 1)),
                    backoff_max=target.backoff_max, outage_after=target.outage_after,

@@ -28,6 +28,7 @@ import socket
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+from vllm_load.client.openai_api import public_url
 from vllm_load.errors import UsageError
 from vllm_load.plugin.worker_secrets import read_secret_file
 
@@ -146,6 +147,9 @@ def screen_swarm(form: dict[str, list[str]], shown: set[str], opts: Any, environ
             return f"the form has no field {key!r}: set it on the command line"
         if len(values) > 1 and key not in _MULTIPLE:
             return f"the field {key!r} was given {len(values)} times: give it once"
+    if "host" in form and not form["host"][0].strip():  # Locust took it, and the target check failed on it
+        return (f"Host is empty: give the server's URL, e.g. http://127.0.0.1:8000"
+                + (f" (it was {public_url(environment.host)})" if environment.host else ""))
     trial = copy.copy(opts) if opts is not None else argparse.Namespace()
     for key, values in form.items():
         if key in LOCUST_FORM_FIELDS or not hasattr(trial, key):

@@ -6,7 +6,8 @@ the runs' own noise: for TTFT, ITL per token and E2E, the spread (standard devia
 medians within each run, combined over the two runs (a run that wanders by 5 ms between its own windows
 cannot show a 2 ms change). Metrics without windows have no noise estimate: a change of theirs is flagged only
 beyond a stated relative threshold (``--threshold``, 5 % by default), and the output says so (two nearly equal runs
-showed 17 "changed" lines of +0.2 % before).
+showed 17 "changed" lines of +0.2 % before). A percentile is flagged only when, besides, the two runs' sampling
+intervals of it are apart (``percentile_interval``).
 """
 
 from __future__ import annotations
@@ -98,6 +99,31 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
     return out
 
 
+def percentile_interval(h: Any, p: float, z: float = 1.96) -> tuple[float, float] | None:
+    """The 95 % interval of a histogram's ``p``-th percentile from its sampling alone: the ranks n*p/100 +- z*sqrt(n
+    p (1-p)) read back as values; a rank past the largest value leaves that side open (the p99 of 40 requests lies
+    above their largest two times in three: 0.99^40), so such a percentile is never called changed. None: no values."""
+    n = int(getattr(h, "count", 0) or 0)
+    if n < 1:
+        return None
+    q = p / 100.0
+    half = z * math.sqrt(q * (1.0 - q) / n) * 100.0
+    lo, hi = h.percentiles([max(0.0, p - half), min(100.0, p + half)])
+    return lo, (math.inf if n * q + z * math.sqrt(n * q * (1.0 - q)) >= n - 0.5 else hi)
+
+
+def _intervals_apart(a: Run, b: Run, key: str, stat: str) -> bool | None:
+    """Whether the two runs' sampling intervals of a percentile are apart (None: not a percentile, or no histogram):
+    two runs of one command were flagged "TTFT p99 -13.2 % changed", each p99 within the other's sampling."""
+    if not stat.startswith("p"):
+        return None
+    ha, hb = (getattr(getattr(r, "stats", None), "hists", {}).get(key) for r in (a, b))
+    ia, ib = (percentile_interval(h, float(stat[1:])) if h is not None else None for h in (ha, hb))
+    if ia is None or ib is None:
+        return None
+    return ia[1] < ib[0] or ib[1] < ia[0]
+
+
 def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
     """``threshold``: the relative change a metric without a noise estimate must exceed to be flagged."""
     rows = []
@@ -116,9 +142,11 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
             delta = vb - va
             floor = HIST_ERROR * max(abs(va), abs(vb))
             limit = max(floor, 2 * noise) if noise is not None else max(floor, threshold * max(abs(va), abs(vb)))
+            apart = _intervals_apart(a, b, m.key, stat)  # a percentile's own sampling error, from each histogram
             rows.append({"metric": m.key, "title": m.title, "unit": m.unit, "stat": stat, "a": va * m.scale,
                          "b": vb * m.scale, "delta": delta * m.scale,
-                         "pct": (delta / va * 100) if va else None, "significant": abs(delta) > limit,
+                         "pct": (delta / va * 100) if va else None,
+                         "significant": abs(delta) > limit and apart is not False,
                          "noise": None if noise is None else noise * m.scale})
     rates = []
     for key, title, unit in RATES:
@@ -304,7 +332,8 @@ def render_html(c: dict, a: Run, b: Run) -> str:
                 "cells": [f"{r['title']} ({r['unit']})", r["stat"], _fmt(r["a"]), _fmt(r["b"]), _fmt(r["delta"]),
                           "-" if r["pct"] is None else f"{r['pct']:+.1f}%", _fmt(r["noise"]),
                           "changed" if r["significant"] else ""]} for r in c["metrics"]]
-    return render("compare.html.j2", a=c["a"], b=c["b"], differs=[(d["what"], d["a"], d["b"]) for d in c["differs"]],
+    return render("compare.html.j2", a=c["a"], b=c["b"], conclusion=conclusion(c), throughput=throughput_line(c),
+                  differs=[(d["what"], d["a"], d["b"]) for d in c["differs"]],
                   threshold=f"{c.get('threshold', DEFAULT_THRESHOLD):.0%}", metrics=metrics,
                   slos=[(v["slo"], _verdict(v["a"]), _verdict(v["b"]), "changed" if v["changed"] else "")
                         for v in c["slos"]], charts={"distributions": charts.a_against_b(a, b)})

@@ -155,7 +155,8 @@ def _options_split(opts: dict) -> tuple[list, list]:
     defaults = {o.flag.lstrip("-").replace("-", "_"): o.default for o in OPTIONS}
     changed, rest = [], []
     for k, v in sorted(opts.items()):
-        if k in _ALWAYS or (k in defaults and v != defaults[k] and not (v in ("", None, []) and defaults[k] in ("", None, []))):
+        if (k in _ALWAYS and v is not None) or (k in defaults and v != defaults[k] and not (
+                v in ("", None, []) and defaults[k] in ("", None, []))):  # (a set "host null" said nothing)
             changed.append((k, v))
         else:
             rest.append((k, v))

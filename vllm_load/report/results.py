@@ -13,9 +13,16 @@ from vllm_load.rundir.files import RunDir
 def render_validity(verdict: Verdict) -> str:
     """Console lines for the checks that failed (nothing when the run is valid)."""
     failed = [c for c in verdict.validity if not c.passed]
-    return "\n".join(f"RUN INVALID: {c.detail}" if c.slo != TRUST else
-                     "UNTRUSTWORTHY RUN: exit code 5, so that a gate does not pass on it (the reasons are above; "
-                     "--allow-untrustworthy accepts it)" for c in failed)
+    return "\n".join(f"RUN INVALID: {c.detail}" if c.slo != TRUST else _untrusted(verdict) for c in failed)
+
+
+def _untrusted(verdict: Verdict) -> str:
+    """The untrustworthy line, with the exit code the run ends with: an invalid run's 4 comes first (the line said
+    5 while the process exited 4)."""
+    if verdict.invalid:
+        return f"UNTRUSTWORTHY RUN too (exit code {verdict.exit_code}: the run is invalid, which comes first)"
+    return (f"UNTRUSTWORTHY RUN: exit code {verdict.exit_code}, so that a gate does not pass on it (the reasons are "
+            "above; --allow-untrustworthy accepts it)")
 
 
 def summary_markdown(summary: dict, verdict: Verdict, title: str, server: dict | None = None) -> str:
@@ -23,7 +30,7 @@ def summary_markdown(summary: dict, verdict: Verdict, title: str, server: dict |
     if verdict.invalid:
         lines += ["**RUN INVALID**", ""] + [f"- {c.detail}" for c in verdict.invalid] + [""]
     if not verdict.trust.passed:
-        lines += ["**UNTRUSTWORTHY RUN** (exit code 5; `--allow-untrustworthy` accepts it)", ""]
+        lines += [f"**{_untrusted(verdict)}**", ""]
     if verdict.checks:
         lines += [f"**SLO verdict: {word(bool(verdict.slo_passed))}**", "", "| SLO | result | detail |", "|---|---|---|"]
         lines += [f"| `{c.slo}` | {word(c.passed)} | {c.detail} |" for c in verdict.checks]
@@ -41,12 +48,13 @@ def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, t
     rd = RunDir(run_dir)
     rd.write(rd.summary_json, data, indent=2)
     rd.write(rd.summary_md, summary_markdown(summary, verdict, title, server))
-    if verdict.checks or junit_path or not verdict.valid:
-        xml = junit_xml(list(verdict.checks), validity=list(verdict.validity))
-        rd.write(rd.junit, xml)
-        if junit_path:
-            Path(junit_path).parent.mkdir(parents=True, exist_ok=True)
-            Path(junit_path).write_text(xml)
+    # always: a gate reads junit.xml from every run, the validity checks its test cases when no SLO was given (it
+    # was written only with SLOs or a failed check, and the README listed it for every run)
+    xml = junit_xml(list(verdict.checks), validity=list(verdict.validity))
+    rd.write(rd.junit, xml)
+    if junit_path:
+        Path(junit_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(junit_path).write_text(xml)
     return verdict
 
 

@@ -73,6 +73,19 @@ class RunDir:
         return target
 
 
+def holds_a_run(path: Path) -> bool:
+    """``path`` already holds a run's files: a run into it would mix with them (two headless runs into one
+    --run-dir left 20 lines in requests.jsonl beside a summary of 10)."""
+    return path.is_dir() and (any((path / n).exists() for n in ("config.json", "summary.json", "llm_stats.json"))
+                              or any(path.glob("requests*.jsonl")))
+
+
+def own_run_dir(asked: str, run_id: str) -> str:
+    """The directory a run writes to: ``asked`` (--run-dir), or beside it under the run id when it holds an
+    earlier run (the web UI's second run, a re-run of a command, every run of a Kubernetes master)."""
+    return f"{asked.rstrip('/')}-{run_id}" if holds_a_run(Path(asked)) else asked
+
+
 def check_writable(path: Path, option: str = "--run-dir") -> int:
     """Before the run: ``path`` is, or can be made, a directory this process can write; returns its free bytes.
     A run that cannot keep its files is refused with one line instead of losing them at the end."""

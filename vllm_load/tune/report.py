@@ -66,14 +66,21 @@ def distrusted(result: dict) -> list[dict]:
     return [p for p in result["probes"] if p.get("untrustworthy")]
 
 
+def doubtful(result: dict) -> list[dict]:
+    """Those, and the passes too short for their requests: no capacity stands on them (tune.html recommended, in
+    green, a configuration whose every probe was TOO SHORT). A short probe that missed only ends the search."""
+    return [p for p in result["probes"] if p.get("untrustworthy") or (p.get("short") and p["passed"])]
+
+
 def trust_note(result: dict) -> str:
-    """'' when every probe of the configuration was trustworthy, else one sentence saying which were not."""
-    bad = distrusted(result)
+    """'' when every probe of the configuration stands, else one sentence saying which do not."""
+    bad = doubtful(result)
     if not bad:
         return ""
+    first = bad[0].get("untrustworthy") or f"too short: {bad[0]['short']}"
     return (f"UNTRUSTWORTHY: {len(bad)} of its {len(result['probes'])} probes could not be trusted "
-            f"(at {', '.join(format(p['level'], 'g') for p in bad)}: {bad[0]['untrustworthy']}); its numbers may "
-            "describe the load generator, not the server")
+            f"(at {', '.join(format(p['level'], 'g') for p in bad)}: {first}); its numbers may "
+            "describe the load generator or a probe's start, not the server")
 
 
 def recommend(results: list[dict]) -> dict | None:
@@ -101,7 +108,8 @@ def headline(best: dict | None, unit: str) -> str:
     if not best:
         return "**No configuration met the SLOs.**"
     note = trust_note(best)
-    return (f"**Recommended: {label(best['params'])}**: capacity {best['capacity']:g} {unit}, goodput "
+    said = "Best measured, not a recommendation" if note else "Recommended"
+    return (f"**{said}: {label(best['params'])}**: capacity {best['capacity']:g} {unit}, goodput "
             f"{best['goodput']:.2f} good req/s." + (f" **{note}.**" if note else ""))
 
 
@@ -172,7 +180,7 @@ def render_html(results: list[dict], best: dict | None, mode: str) -> str:
     from vllm_load.report.page import render
 
     unit = "users" if mode == "concurrency" else "req/s"
-    overall = "none" if best is None else "untrustworthy" if distrusted(best) else "pass"
+    overall = "none" if best is None else "untrustworthy" if doubtful(best) else "pass"
     return render("tune.html.j2", configs=len(results), probes=sum(len(r["probes"]) for r in results),
                   overall=overall, headline=headline(best, unit).replace("**", ""), config_head=CONFIG_HEAD,
                   config_rows=config_rows(results, unit), probe_head=HEAD, probe_rows=probe_rows(results),
@@ -184,7 +192,7 @@ def write(out: Path, results: list[dict], mode: str, slos: list[str]) -> dict | 
     md = render_markdown(results, best, mode)
     (out / "tune.md").write_text(md)
     (out / "tune.json").write_text(json.dumps({"mode": mode, "slos": slos, "recommended": best and best["params"],
-                                               "recommended_trustworthy": bool(best) and not distrusted(best),
+                                               "recommended_trustworthy": bool(best) and not doubtful(best),
                                                "untrustworthy_probes": sum(len(distrusted(r)) for r in results),
                                                "configs": results}, indent=1))
     (out / "tune.html").write_text(render_html(results, best, mode))

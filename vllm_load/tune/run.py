@@ -31,7 +31,12 @@ from vllm_load.tune.children import Stopped, installed, spawning
 
 
 class _Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Each option with its default; the examples as written."""
+    """Each option with its default (none said for an empty one: it showed "(default: )"); the examples as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in ("", None, [], ()) or action.default is argparse.SUPPRESS:
+            return action.help or ""
+        return super()._get_help_string(action) or ""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -140,7 +145,8 @@ def tune(args: argparse.Namespace, locust_args: list[str]) -> int:
         print(f"vllm-load tune: no configuration met the SLOs ({out / 'tune.md'})", flush=True)
         return EXIT_SLO_MISS
     note = trust_note(best)
-    print(f"vllm-load tune: recommended {label(best['params'])}: capacity {best['capacity']:g}, goodput "
+    print(f"vllm-load tune: {'best measured (not recommended)' if note else 'recommended'} {label(best['params'])}: "
+          f"capacity {best['capacity']:g}, goodput "
           f"{best['goodput']:.2f} good req/s" + (f". WARNING: {note}" if note else ""), flush=True)
     for r in results:
         if r is not best:
