@@ -43,7 +43,7 @@ MUTATIONS = (
     Mutation("the steady window closes one request early", "vllm_load/plugin/generator.py",
              "            if self.tickets_taken == self.quota:",
              "            if self.tickets_taken == self.quota - 1:",
-             ("tests/test_steady.py",)),
+             ("tests/test_steady.py::test_a_count_ended_window_closes_as_its_last_request_starts", "tests/test_steady.py")),
     Mutation("TTFT and ITL swapped", "vllm_load/metrics/fold.py",
              "    h[ITL].record_many(chunk_gaps)\n",
              "    h[ITL].record_many([r.ttft for r in ok if r.ttft is not None])\n"

@@ -142,3 +142,17 @@ def test_window_steady_judges_the_steady_requests_and_says_when_there_were_none(
     empty.add(_rec(1.0, 0.5, 0.1))
     (none,) = evaluate(steady, empty.summary())
     assert not none.passed and "no request ran in the steady window" in none.detail
+
+
+def test_a_count_ended_window_closes_as_its_last_request_starts(tmp_path):
+    """--num-requests: the share's last ticket closes the window, not the one before it (an open loop at 10 req/s
+    spaces the two 0.1 s apart; benchmarks/mutations.py's mutation 2 closed it a ticket early and no test saw it)."""
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "60s", "--num-requests", "20",
+                          "--request-rate", "10", "--burstiness", "inf", "--output-tokens", "4", "--window", "steady",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    starts = sorted(r["start"] for r in read_log(run_dir / "requests.jsonl"))
+    assert len(starts) == 20
+    # closed at the 20th request's begin: at or after its (intended) start, and well after the 19th's
+    assert res.run.generator.steady.end >= starts[-1] - 0.02 > starts[-2] + 0.05, (res.run.generator.steady.end, starts[-2:])
