@@ -146,8 +146,10 @@ def test_a_run_sends_the_records_of_a_local_hugging_face_dataset(tmp_path, emula
     datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "saved"))
     sent = tmp_path / "sent.jsonl"
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(sent))
-    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "2s", "--host", emu.url,
-                          "--dataset", f"hf:{tmp_path / 'saved'}", "--output-tokens", "4", "--run-dir", str(tmp_path / "run")],
+    # ended by its count (2 s beside six busy workers once sent 1)
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "60s", "--num-requests",
+                          "6", "--host", emu.url, "--dataset", f"hf:{tmp_path / 'saved'}", "--output-tokens", "4",
+                          "--run-dir", str(tmp_path / "run")],
                          cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     contents = [json.loads(line)["body"]["messages"][-1]["content"] for line in sent.read_text().splitlines()]

@@ -35,9 +35,10 @@ def test_a_server_that_is_not_vllm_gets_standard_fields_only(tmp_path, emulator_
 def test_server_kind_vllm_overrides_the_detection(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.003", "--owned-by", "llamacpp", "--reject", "min_tokens")
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "2s",
-                          "--host", emu.url, "--output-tokens", "4", "--server-kind", "vllm", "--run-dir", str(run_dir)],
-                         cwd=tmp_path)
+    # ended by its count (2 s beside six busy workers once sent none)
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "60s",
+                          "--num-requests", "3", "--host", emu.url, "--output-tokens", "4", "--server-kind", "vllm",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
     logs = read_log(run_dir / "requests.jsonl")
     # told it is vLLM, the client sends min_tokens, which this server refuses
     assert logs and all(not r["ok"] and "min_tokens" in r["error"] for r in logs) and res.returncode != 0
