@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import shutil
@@ -11,7 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from vllm_load.tune.server import free_port  # noqa: F401  (a port for processes that take a number, not 0)
 
@@ -136,22 +135,12 @@ REAL_VLLM_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
 REAL_VLLM_SCRIPT = ROOT / "tests" / "real_vllm" / "real-vllm-cpu.sh"
 
 
-@contextlib.contextmanager
-def one_server_starting() -> Iterator[None]:
+def one_server_starting() -> Any:
     """Real servers start one at a time across pytest -n's workers (a lock file beside the quiet cores' lock): the
     modules sharing a server go first, and six vLLMs loading at once on 2 cores made each start take minutes."""
-    from tests.suite import LOCK_ENV
+    from tests.suite import locked
 
-    where = os.environ.get(LOCK_ENV)
-    if not where:
-        yield
-        return
-    with open(os.path.join(where, "server-start"), "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return locked("server-start", fcntl.LOCK_EX)
 
 
 def serve_real_vllm(model: str, name: str, *flags: str, build: str = "", env: dict[str, str] | None = None):

@@ -15,12 +15,13 @@ timing test gets beside the others of ``pytest -n``, and the budgets (docs in RE
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import subprocess
 import tempfile
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -78,8 +79,8 @@ def _shares_a_fixture(item: Any) -> bool:
     go to one worker of ``pytest -n`` (``--dist loadgroup``, pyproject.toml), which builds the fixture once; spread
     over 6 workers, test_real_vllm's 8 tests once started up to 6 vLLMs side by side."""
     defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
-    return any(d.scope in ("module", "session") and not d.argname.startswith("_") and d.baseid and
-               d.baseid.endswith(".py") and d.baseid.split("::")[0].endswith(item.module.__name__.rsplit(".", 1)[-1] + ".py")
+    module = item.nodeid.split("::")[0]  # its file, as a fixture defined there is based
+    return any(d.scope in ("module", "session") and not d.argname.startswith("_") and d.baseid == module
                for fixturedefs in defs.values() for d in fixturedefs)
 
 
@@ -98,6 +99,22 @@ def _count_locust_processes(config: Any) -> None:
     subprocess.Popen.__init__ = init  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def locked(name: str, kind: int) -> Iterator[None]:
+    """``flock`` of ``kind`` (LOCK_SH, LOCK_EX) on the lock file ``name`` the session's processes share (nothing
+    without the session's lock folder)."""
+    where = os.environ.get(LOCK_ENV)
+    if not where:
+        yield
+        return
+    with open(os.path.join(where, name), "a") as fh:
+        fcntl.flock(fh, kind)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 @pytest.fixture(autouse=True)
 def _cores(request: Any) -> Any:
     """A shared lock on one file for every test, an exclusive one for a ``quiet_cores`` test: it has the machine's
@@ -105,17 +122,11 @@ def _cores(request: Any) -> Any:
     quiet test waits until no other test runs, which, the quiet tests sorted last, is the session's end. (A
     turnstile that made the others wait for a pending quiet test idled 5 workers for up to 355 s each while it
     waited for one real-vLLM test to end.)"""
-    where = os.environ.get(LOCK_ENV)
-    if not where or not os.environ.get("PYTEST_XDIST_WORKER"):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    quiet = request.node.get_closest_marker("quiet_cores") is not None
-    with open(os.path.join(where, "room"), "a") as room:
-        fcntl.flock(room, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
-        try:
-            yield
-        finally:
-            fcntl.flock(room, fcntl.LOCK_UN)
+    with locked("room", fcntl.LOCK_EX if request.node.get_closest_marker("quiet_cores") is not None else fcntl.LOCK_SH):
+        yield
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -17,11 +17,12 @@ from vllm_load.metrics.stats import LLMStats
 SECRET = "sk-fixture-secret-0123456789"
 
 
-def make_run_dir(path, users=4, emulator=True, with_server=True, slo=("ttft.p99<=500ms",), base_ttft=0.05):
+def make_run_dir(path, users=4, emulator=True, with_server=True, slo=("ttft.p99<=500ms",), base_ttft=0.05,
+                 ttfts=None):
+    """A run directory of 60 requests whose TTFT steps 1 ms at a time from ``base_ttft`` (or one per ``ttfts``)."""
     stats = LLMStats()
     t0 = 1_800_000_000.0
-    for i in range(60):
-        ttft = base_ttft + 0.001 * (i % 10)
+    for i, ttft in enumerate(ttfts if ttfts is not None else [base_ttft + 0.001 * (i % 10) for i in range(60)]):
         offs = [ttft + 0.01 * k for k in range(20)]
         stats.add(RequestRecord(api="chat", start=t0 + i * 0.5, e2e=offs[-1], ok=True, ttft=ttft, chunk_offsets=offs,
                                 chunk_tokens=[1] * 20, output_tokens=20, input_tokens=128, input_tokens_asked=128,
@@ -304,20 +305,8 @@ def _sampled_run(path, seed, shift=0.0, n=40):
     import random
 
     rng = random.Random(seed)
-    stats = LLMStats()
-    for i in range(n):
-        ttft = 0.05 * rng.lognormvariate(0.0, 0.4) + shift
-        offs = [ttft + 0.01 * k for k in range(8)]
-        stats.add(RequestRecord(api="chat", start=1_800_000_000.0 + i * 0.5, e2e=offs[-1], ok=True, ttft=ttft,
-                                chunk_offsets=offs, chunk_tokens=[1] * 8, output_tokens=8, input_tokens=128,
-                                input_tokens_asked=128, tokens_from_usage=True))
-    path.mkdir(parents=True)
-    (path / "config.json").write_text(json.dumps({"run_id": path.name, "host": "http://127.0.0.1:1",
-                                                  "target_is_emulator": True, "model": "m", "options": {}}))
-    (path / "llm_stats.json").write_text(json.dumps({
-        "run_id": path.name, "start": 1_800_000_000.0, "end": 1_800_000_020.0,
-        "summary": stats.summary(duration=20.0).to_json(), "stats": stats.to_wire()}))
-    return path
+    return make_run_dir(path, with_server=False, slo=(),
+                        ttfts=[0.05 * rng.lognormvariate(0.0, 0.4) + shift for _ in range(n)])
 
 
 def test_compare_flags_a_percentile_only_beyond_its_own_sampling_interval(tmp_path):

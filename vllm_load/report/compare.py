@@ -100,16 +100,16 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
 
 
 def percentile_interval(h: Any, p: float, z: float = 1.96) -> tuple[float, float] | None:
-    """The 95 % interval of a histogram's ``p``-th percentile from its sampling alone: the ranks n*p/100 +- z*sqrt(n
-    p (1-p)) read back as values; a rank past the largest value leaves that side open (the p99 of 40 requests lies
-    above their largest two times in three: 0.99^40), so such a percentile is never called changed. None: no values."""
-    n = int(getattr(h, "count", 0) or 0)
+    """A ``Histogram``'s ``p``-th percentile's 95 % interval from its sampling alone: ranks n*q +- z*sqrt(n q (1-q))
+    read back as values; a rank past the largest leaves that side open (the p99 of 40 requests lies above their
+    largest 2 times in 3: 0.99^40), so such a percentile is never called changed. None: no values."""
+    n = h.count
     if n < 1:
         return None
     q = p / 100.0
-    half = z * math.sqrt(q * (1.0 - q) / n) * 100.0
-    lo, hi = h.percentiles([max(0.0, p - half), min(100.0, p + half)])
-    return lo, (math.inf if n * q + z * math.sqrt(n * q * (1.0 - q)) >= n - 0.5 else hi)
+    spread = z * math.sqrt(n * q * (1.0 - q))  # the interval's half-width, in ranks (100 * spread / n percent)
+    lo, hi = h.percentiles([max(0.0, p - 100.0 * spread / n), min(100.0, p + 100.0 * spread / n)])
+    return lo, (math.inf if n * q + spread >= n - 0.5 else hi)
 
 
 def _intervals_apart(a: Run, b: Run, key: str, stat: str) -> bool | None:
@@ -117,8 +117,8 @@ def _intervals_apart(a: Run, b: Run, key: str, stat: str) -> bool | None:
     two runs of one command were flagged "TTFT p99 -13.2 % changed", each p99 within the other's sampling."""
     if not stat.startswith("p"):
         return None
-    ha, hb = (getattr(getattr(r, "stats", None), "hists", {}).get(key) for r in (a, b))
-    ia, ib = (percentile_interval(h, float(stat[1:])) if h is not None else None for h in (ha, hb))
+    ia, ib = (percentile_interval(h, float(stat[1:])) if (h := r.stats.hists.get(key)) is not None else None
+              for r in (a, b))
     if ia is None or ib is None:
         return None
     return ia[1] < ib[0] or ib[1] < ia[0]
