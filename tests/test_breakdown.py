@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import statistics
 
+import pytest
+
 from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.reqlog import read_log
 
@@ -48,6 +50,8 @@ def test_a_small_server_s_tail_is_its_queue_and_an_slo_on_the_queue_fails(tmp_pa
     assert res.returncode == 3 and "FAIL  server_queue.p99<=10ms" in res.stdout, res.stdout[-2000:]
 
 
+@pytest.mark.slow  # a quiet test of seconds: the full suite's (the fast selection's quiet tail is serial)
+@pytest.mark.quiet_cores  # which part of the time is the largest: a starved client's overhead can outgrow a prefill
 def test_long_prompts_tail_is_the_prefill(tmp_path):
     res, _logs, summary = _run(tmp_path, "-u", "1", "-t", "6s", "--emulator-profile", "cpu-tiny", "--input-tokens",
                                "3000", "--output-tokens", "4", "--slo", "server_prefill.p50>=1ms")
@@ -75,3 +79,27 @@ def test_tails_are_split_per_replica_and_per_name_where_there_are_several():
     assert any(line.startswith("TTFT p99 per replica: a 61.0 ms (1.0 queue") for line in lines), lines
     one = breakdown([{**r, "replica": "a", "name": None} for r in records])
     assert "by_replica" not in one and "by_name" not in one  # one group is the run itself
+
+
+def test_the_spans_split_the_api_servers_share_from_what_lies_outside_the_server():
+    """A span's TTFT runs from the request's arrival at the API server: beyond the engine's queue and prefill it is
+    the API server's (input processing, the engine busy between steps), the rest of the client's TTFT the client's,
+    the network's and the router's. Without spans the rest keeps one name that says all it holds."""
+    from vllm_load.metrics.breakdown import breakdown, tail_lines
+
+    def rec(ttft: float, span_ttft: float | None) -> dict:
+        r = {"ok": True, "ttft": ttft, "e2e": ttft + 0.2, "server_queue": 0.01, "server_prefill": 0.03,
+             "server_decode": 0.2, "server_ttft": 0.04, "client_overhead": ttft - 0.04}
+        return {**r, "span_ttft": span_ttft} if span_ttft is not None else r
+
+    starved = breakdown([rec(0.5, 0.05)] * 20)["tails"]["ttft"]["p99"]["split"]  # a client late to read
+    assert starved["outside"] == pytest.approx(0.45) and starved["api_server"] == pytest.approx(0.01)
+    busy = breakdown([rec(0.4, 0.38)] * 20)  # an API server that held each request 340 ms before the engine
+    split = busy["tails"]["ttft"]["p99"]["split"]
+    assert split["api_server"] == pytest.approx(0.34) and split["outside"] == pytest.approx(0.02)
+    assert max(split, key=split.get) == "api_server"
+    e2e = busy["tails"]["e2e"]["p99"]["split"]
+    assert sum(e2e.values()) == pytest.approx(0.6) and e2e["api_server"] == pytest.approx(0.34)
+    assert "340.0 API server, 20.0 client/network/router ms" in "\n".join(tail_lines(busy))
+    plain = breakdown([rec(0.4, None)] * 20)  # no spans: one remainder, named for all it holds
+    assert "360.0 client/network/router/API server ms" in "\n".join(tail_lines(plain))

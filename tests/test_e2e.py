@@ -109,8 +109,9 @@ def test_no_host_starts_the_embedded_emulator_and_says_so(tmp_path):
     stats, logs = load_run(tmp_path / "run")
     assert stats["summary"]["requests"] == len(logs) > 0
     assert all(r["api"] == "completions" and r["input_tokens"] == 50 for r in logs)
-    # -t 3s means 3 s of load even after seconds of blocking start-up (a stale loop clock once made it 0.1 s)
-    assert stats["summary"]["duration_s"] >= 2.0, stats["summary"]["duration_s"]
+    # -t 3s means 3 s of load even after seconds of blocking start-up (a stale loop clock once made it 0.1 s; a
+    # starved host's first sends come late, so the measured window is only bounded well below the 3 s)
+    assert stats["summary"]["duration_s"] >= 1.0, stats["summary"]["duration_s"]
 
 
 def test_master_and_two_workers_merge_exactly(emulator_factory, tmp_path):
@@ -241,6 +242,8 @@ def _embedded(tmp_path, name, *args):
     return res, json.loads((run_dir / "summary.json").read_text())
 
 
+@pytest.mark.slow  # a quiet test of seconds: the full suite's (the fast selection's quiet tail is serial)
+@pytest.mark.quiet_cores  # its latencies are the emulator's model (beside a busy suite late reads merged every gap)
 def test_the_default_target_behaves_like_a_server_under_load(tmp_path):
     """With no --host the embedded emulator batches like a GPU server scaled to this machine (32 sequences at a
     time): latency grows with the load and a queue forms past its batch, and every output says so; the fixed

@@ -39,6 +39,8 @@ def test_energy_over_a_window_from_the_counter_or_the_power():
     assert energy_summary([], 0.0, 1.0, 1, 1) is None
 
 
+@pytest.mark.slow  # a quiet test of seconds: the full suite's (the fast selection's quiet tail is serial)
+@pytest.mark.quiet_cores  # the window's edges lie between 1 s reads: a starved start stretched them (9 % off)
 def test_a_run_reports_the_power_models_energy_per_token(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005", "--dcgm", "--dcgm-idle-watts", "0",
                            "--dcgm-watts-per-seq", "10")

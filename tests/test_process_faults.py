@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import pytest
 
-from tests.helpers import ROOT, Proc, free_port, wait_for
+from tests.helpers import ROOT, Proc, free_port, swarm_port, wait_for
 from vllm_load.rundir.reqlog import read_log
 
 
@@ -28,10 +28,12 @@ def _sigint_as_in_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def locust(args: list[str], cwd: Path, **env_extra: str) -> subprocess.Popen:
+def locust(args: list[str], cwd: Path, session: bool = False, **env_extra: str) -> subprocess.Popen:
+    """``session``: in a session (and process group) of its own, as a terminal's foreground job is."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), **env_extra)
-    return subprocess.Popen([sys.executable, "-m", "locust", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_as_in_a_terminal)
+    return subprocess.Popen([sys.executable, "-m", "locust", *swarm_port(args)], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_as_in_a_terminal, start_new_session=session)
 
 
 def log_files(run_dir: Path, pattern: str = "requests*.jsonl") -> list[Path]:
@@ -70,6 +72,77 @@ def test_master_stopped_by_a_signal_leaves_a_complete_run_dir(tmp_path, emulator
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert summary["requests"] == len(logs(run_dir)) >= 10 and summary["failed"] == 0
     assert (run_dir / "report.html").exists() and "vllm-load LLM metrics" in out
+
+
+@pytest.mark.parametrize("extra,sig", [([], signal.SIGINT), (["--processes", "2"], signal.SIGINT),
+                                       (["--processes", "2"], signal.SIGTERM)],
+                         ids=["embedded emulator, SIGINT", "two processes, SIGINT", "two processes, SIGTERM"])
+def test_a_signal_to_the_whole_process_group_ends_the_run_as_one_to_locust_does(tmp_path, extra, sig):
+    """Ctrl-C in a terminal signals its whole foreground group: the embedded emulator died with the client while it
+    drained (2 requests failed mid-stream, exit 1), and --processes' workers quit without their final reports (a
+    summary of 6 beside logs of 10). The group signalled (``kill -INT -- -PGID``): exit 0, nothing failed, the
+    summary equal to the logs."""
+    run_dir = tmp_path / "run"
+    p = locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "120s",
+                "--output-tokens", "16", "--run-dir", str(run_dir), "--allow-untrustworthy", *extra], tmp_path,
+               session=True)
+    try:
+        wait_for(lambda: len(logs(run_dir)) >= 10, timeout=120, what="10 finished requests")
+        os.killpg(p.pid, sig)
+        out, err = _ended(p, sig)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 0, out[-2000:] + err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    assert summary["requests"] == len(logs(run_dir)) >= 10 and summary["failed"] == 0, (summary["requests"],
+                                                                                        summary["failed"])
+    assert "Traceback" not in err, err[-3000:]
+
+
+@pytest.mark.parametrize("extra,sig", [([], signal.SIGINT), (["--processes", "2"], signal.SIGINT),
+                                       (["--processes", "2"], signal.SIGTERM)],
+                         ids=["one process, SIGINT", "two processes, SIGINT", "two processes, SIGTERM"])
+def test_a_second_ctrl_c_cuts_the_drain_and_still_writes_the_summary(tmp_path, emulator_factory, extra, sig):
+    """Ctrl-C twice while requests of 4 s are in flight: the second one raised out of the drain (a traceback, no
+    summary.json). Now it cuts them: the run ends without waiting, they are counted as cancelled (failed, exit 1, as
+    the drain's timeout counts them), and the summary equals the logs; a swarm's workers cut theirs too."""
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.01")
+    run_dir = tmp_path / "run"
+    p = locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "120s",
+                "--host", emu.url, "--output-tokens", "400", "--run-dir", str(run_dir), "--allow-untrustworthy",
+                *extra], tmp_path, session=True)
+    try:
+        said = []
+        # a request done (the run measured something), and one in flight
+        wait_for(lambda: len(logs(run_dir)) >= 1 and _running(emu.url) >= 1, timeout=50,
+                 what="a request done and one in flight")
+        os.killpg(p.pid, sig)
+        for line in p.stdout:  # the first signal's drain has begun
+            said.append(line)
+            if "vllm-load: stopping: waiting for" in line:
+                break
+        os.killpg(p.pid, sig)
+        out, err = _ended(p, sig)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert "Traceback" not in err and "the requests still in flight are cut" in err, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    cut = [r for r in logs(run_dir) if r.get("cancelled")]
+    assert summary["requests"] == len(logs(run_dir)) and summary["failed"] == len(cut) >= 1, (summary["failed"],
+                                                                                              len(cut))
+    assert p.returncode == 1, "".join(said)[-2000:] + out[-2000:]
+
+
+def _running(url: str) -> float:
+    """vLLM's vllm:num_requests_running on the emulator's /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
 
 
 def _ended(p: subprocess.Popen, sig: signal.Signals, timeout: float = 90) -> tuple[str, str]:

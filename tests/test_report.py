@@ -94,6 +94,32 @@ def test_cli_sweep_and_bad_dir(tmp_path, capsys):
     assert "is not a complete run directory" in capsys.readouterr().err
 
 
+def test_report_and_compare_on_a_read_only_run_directory_are_one_line(tmp_path, capsys, monkeypatch):
+    """A run directory on a read-only mount: `report` exited 1 with two tracebacks (summary.json.tmp), `compare`
+    with one. Each is now one line naming the file and what to do, exit 6 (files not written), as a run's."""
+    import errno
+    from pathlib import Path
+
+    a, b = make_run_dir(tmp_path / "a"), make_run_dir(tmp_path / "ro" / "b")
+    write_text = Path.write_text
+
+    def read_only(self, *args, **kw):  # the mount's refusal, for every file under ro/
+        if str(self).startswith(str(tmp_path / "ro")):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return write_text(self, *args, **kw)
+
+    monkeypatch.setattr(Path, "write_text", read_only)
+    assert cli_main(["report", str(b)]) == 6
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"vllm-load: error: cannot write the report {b}/"), err
+    assert "Read-only file system: copy the run directory somewhere writable" in err[0]
+    assert cli_main(["compare", str(a), str(b)]) == 6
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Read-only file system: give --out DIR somewhere writable" in err[0], err
+    assert cli_main(["compare", str(a), str(b), "--out", str(tmp_path / "elsewhere")]) == 0
+    assert (tmp_path / "elsewhere" / "compare.html").exists()
+
+
 def chromium():
     return shutil.which("chromium") or shutil.which("chromium-browser")
 

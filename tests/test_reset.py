@@ -17,6 +17,8 @@ from tests.test_process_faults import logs
 CHAT = str(ROOT / "locustfiles/chat.py")
 
 
+@pytest.mark.slow  # a quiet test of seconds: the full suite's (the fast selection's quiet tail is serial)
+@pytest.mark.quiet_cores  # requests before the spawn's end (the reset): beside a busy suite 3 in 11 s, all after it
 def test_reset_stats_resets_the_llm_metrics_in_every_worker_and_the_master(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
     run_dir = tmp_path / "run"

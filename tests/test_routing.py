@@ -35,3 +35,25 @@ def test_a_failed_turn_makes_nothing_achievable_and_warm_ups_are_left_out():
     r = routing(records)
     assert set(r.replicas) == {"a"} and r.replicas["a"].requests == 3
     assert r.cache_hits_achievable == 0 and r.cache_hits_achieved == 0 and r.cache_hits_of_achievable is None
+
+
+def test_hits_the_answers_do_not_carry_are_the_replicas_counters_or_not_known_never_zero():
+    """vLLM sends a request's cached tokens only with --enable-prompt-tokens-details: through a router without it,
+    the verdict printed "0 of 38400 achievable tokens (0%)" while the replicas' counters rose by 38,400."""
+    from vllm_load.metrics.routing import NO_CACHED_TOKENS, routing_line
+    from vllm_load.metrics.slo import evaluate, parse_slo_option
+
+    records = [_turn("s", 0.0, "a", 100, 20, None), _turn("s", 1.0, "a", 200, 20, None)]
+    unknown = routing(records)
+    assert unknown.cache_hits_achievable == 112 and unknown.cache_hits_achieved is None
+    assert unknown.cache_hits_of_achievable is None and unknown.cache_hits_unknown == NO_CACHED_TOKENS
+    assert unknown.replicas["a"].cached_tokens is None
+    line = routing_line(unknown)
+    assert "(0%)" not in line and "of 112 achievable tokens not known: the answers carry no cached tokens" in line
+    check, = evaluate(parse_slo_option(["cache_hits_of_achievable>=0.9"]), {"routing": unknown})
+    assert not check.passed and "not known: the answers carry no cached tokens" in check.detail, check
+    counted = routing(records, server_hits=112.0)  # the fleet's own counters over the run (its sidecars)
+    assert counted.cache_hits_achieved == 112 and counted.cache_hits_of_achievable == 1.0
+    assert "prefix-cache hits 112 of 112 achievable tokens (100%, from the replicas' own" in routing_line(counted)
+    told = routing([_turn("s", 0.0, "a", 100, 20, 0), _turn("s", 1.0, "a", 200, 20, 0)], server_hits=500.0)
+    assert told.cache_hits_achieved == 0 and told.cache_hits_of_achievable == 0.0  # the answers' own zeros stand

@@ -115,6 +115,8 @@ def test_the_start_up_heartbeat_grace_holds_until_every_worker_is_ready_and_is_l
     assert runners.HEARTBEAT_LIVENESS == normal
 
 
+@pytest.mark.slow  # a quiet test of seconds: the full suite's (the fast selection's quiet tail is serial)
+@pytest.mark.quiet_cores  # a second after the spawn: timing is the subject
 @pytest.mark.parametrize("loop", ["closed", "open"])
 def test_the_first_request_leaves_within_a_second_of_the_last_user_spawned(tmp_path, loop):
     """Issue 35's start-up goal, --processes 2 on this (quiet) host: the run's first request leaves within 1 s of

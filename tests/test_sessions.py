@@ -12,6 +12,7 @@ import pytest
 from tests.helpers import ROOT, run_in_process
 from tests.make_sessions import BLOCK, sessions_jsonl, weka_traces
 from vllm_load.rundir.reqlog import read_log
+from vllm_load.errors import UsageError
 from vllm_load.workload.sessions import Fork, read_sessions
 
 SESSIONS = str(ROOT / "locustfiles" / "sessions.py")
@@ -118,6 +119,34 @@ def test_bad_sessions_files_are_one_line(tmp_path):
                               "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
         errors = [x for x in res.stderr.splitlines() if x.startswith("vllm-load: error:")]
         assert res.returncode == 2 and len(errors) == 1 and said in errors[0], res.stderr[-1500:]
+
+
+@pytest.mark.parametrize("text,said", [
+    ('{"session_id": "a", "turns": [{"input_tokens": 0, "output_tokens": 2}]}',
+     "line 1 is not a session (ValueError: turn 1: input_tokens 0 must be 1 or more)"),
+    ('{"session_id": "a", "block_size": -16, "turns": [{"input_tokens": 9, "output_tokens": 2}]}',
+     "block_size -16 must be 1 or more and 1048576 or less"),
+    ('{"session_id": "a", "turns": [{"input_tokens": 9, "output_tokens": 2}, {"input_tokens": 9.5, '
+     '"output_tokens": 2}]}', "turn 2: input_tokens 9.5 is not a count"),
+    ('{"session_id": "a", "turns": [{"input_tokens": 9, "output_tokens": 2, "hash_ids": [1, -2]}]}',
+     "turn 1: a hash id -2 must be 0 or more"),
+    (json.dumps({"id": "t", "block_size": 0, "requests": []}), "block_size 0 must be 1 or more"),
+    (json.dumps({"id": "t", "block_size": 16, "requests": [{"type": "n", "t": 0, "in": 5, "out": 1},
+                                                          {"type": "n", "t": 1, "in": 0, "out": 1}]}),
+     "t call 2: in 0 must be 1 or more"),
+    (json.dumps({"id": "t", "block_size": 16, "requests": [{"type": "n", "t": 0, "in": 1e400, "out": 1}]}),
+     "t call 1: in inf is not a count"),
+], ids=["no input", "negative block", "fractional input", "negative hash id", "weka block 0", "weka in 0",
+        "weka infinite"])
+def test_every_sessions_field_is_checked_before_anything_native_runs(tmp_path, text, said):
+    """A turn of 0 input tokens raised in the user task; a block_size of 0 or -16 reached the C code (SystemError:
+    negative size). Each is one line naming the file, the line or call, and the field, at load."""
+    path = tmp_path / ("s.jsonl" if text.startswith('{"session_id"') else "t.json")
+    path.write_text(text + "\n")
+    with pytest.raises(UsageError) as err:
+        read_sessions(path)
+    assert str(err.value).startswith(f"sessions {path}") and said in str(err.value), str(err.value)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("option", ["--sessions"])

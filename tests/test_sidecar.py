@@ -137,8 +137,10 @@ def test_run_dir_holds_both_sides_on_one_clock(tmp_path, emulator_factory, sidec
 
 
 def test_shared_prefix_shows_up_as_prefix_cache_hits(tmp_path):
-    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "3s",
-                          "--shared-prefix-tokens", "64", "--slo", "server.prefix_cache_hit_rate<=0%",
+    # ended by its count (the hits are the subject): beside a busy suite 3 s once completed no request
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "120s",
+                          "--num-requests", "24", "--shared-prefix-tokens", "64",
+                          "--slo", "server.prefix_cache_hit_rate<=0%",
                           "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
     assert res.returncode == 3, res.stdout[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -272,3 +274,31 @@ def test_a_fresh_read_takes_a_sample_as_it_is_asked(emulator_factory, sidecar_fa
     assert len(fresh) == 2 and fresh[-1]["t"] >= asked and took < 5.0
     stale = [json.loads(x) for x in get(side.url + "/series").splitlines()]
     assert len(stale) == 2  # a plain read takes none
+
+
+def test_a_sidecar_url_with_credentials_is_read_with_them_as_basic_auth():
+    """--sidecar-url http://user:pw@HOST was redacted in files, as it must be, but read as unreachable ("Name or
+    service not known": urllib took the credentials for part of the host name). They go as Basic auth."""
+    import base64
+
+    from gevent.pywsgi import WSGIServer
+
+    from vllm_load.plugin.server_side import _get
+
+    seen: list = []
+
+    def app(environ, start_response):
+        seen.append((environ.get("HTTP_AUTHORIZATION"), environ.get("HTTP_HOST"), environ["PATH_INFO"]))
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [b"ok"]
+
+    server = WSGIServer(("127.0.0.1", 0), app, log=None)
+    server.start()
+    try:
+        port = server.server_port
+        assert _get(f"http://me:p%40ss@127.0.0.1:{port}/samples", "", 5) == b"ok"
+        assert _get(f"http://127.0.0.1:{port}/plain", "tok", 5) == b"ok"
+    finally:
+        server.stop()
+    assert seen[0] == ("Basic " + base64.b64encode(b"me:p@ss").decode(), f"127.0.0.1:{port}", "/samples")
+    assert seen[1] == ("Bearer tok", f"127.0.0.1:{port}", "/plain")

@@ -85,8 +85,30 @@ def test_the_receiver_takes_protobuf_exports_from_its_own_host_only():
         assert _post(url, b"\xff\xff not protobuf") == 400
         assert len(rx.spans) == 1 and rx.refused == 6
         assert rx.wait_for(1, timeout=0.1) and not rx.wait_for(2, timeout=0.2)
+        assert "warning" not in rx.banner()  # loopback: nothing to warn of
     finally:
         rx.close()
+
+
+def test_the_receiver_keeps_at_most_its_cap_of_spans_and_warns_of_a_wide_bind(monkeypatch):
+    """Every span sent was kept (three 16 MB exports: 159 -> 686 MB); past the cap the rest is dropped, counted."""
+    from vllm_load.plugin import span_receiver
+
+    monkeypatch.setattr(span_receiver, "MAX_SPANS", 5)
+    rx = SpanReceiver("127.0.0.1:0")
+    try:
+        body = export_request([_span(f"{i:032x}", f"chatcmpl-{i}") for i in range(4)])
+        assert _post(rx.endpoint, body) == 200 and _post(rx.endpoint, body) == 200  # the exporter is not refused
+        assert len(rx.spans) == 5 and rx.dropped == 3
+        rx.clear()  # a new run: room again
+        assert _post(rx.endpoint, body) == 200 and len(rx.spans) == 4 and rx.dropped == 0
+    finally:
+        rx.close()
+    wide = SpanReceiver("0.0.0.0:0")
+    try:
+        assert "warning: it listens on every interface, unauthenticated" in wide.banner()
+    finally:
+        wide.close()
 
 
 @pytest.mark.parametrize("text,expected", [("4318", ("127.0.0.1", 4318)), ("0.0.0.0:4318", ("0.0.0.0", 4318)),

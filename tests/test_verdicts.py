@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -314,6 +315,13 @@ def test_a_task_raising_in_a_loop_is_named_as_the_cause_not_a_lack_of_workers():
     assert named.saturated and named.cause == "user_error" and "add workers" not in named.advice
     assert "in ask (lf.py:9), 12339 times" in named.advice and "fix the task" in named.advice
     assert ClientHealth().verdict(user_errors=(60, "x")).cause is None  # a kept time is not blamed on anything
+    # the web UI's live summary judges as the end does: the task is named while the run goes on
+    from vllm_load.metrics.stats import LLMStats
+    from vllm_load.plugin.webui import live_summary
+
+    live = live_summary(LLMStats(), time.time() - 5, health, errors)["client"]
+    assert live["cause"] == "user_error" and "in ask (lf.py:9)" in live["advice"], live
+    assert live_summary(LLMStats(), time.time() - 5, health)["client"]["cause"] == "client"
 
 
 def test_a_user_calling_self_llm_wrongly_is_told_so_with_one_exit_code(tmp_path, emulator_factory):
@@ -354,3 +362,21 @@ def test_an_invalid_and_untrustworthy_run_states_one_exit_code_everywhere(tmp_pa
     assert "exit code 5" not in said and "UNTRUSTWORTHY RUN too (exit code 4" in said
     alone = judge(summary, [], None, 0, False, 0)  # --min-requests 0: only the trust fails
     assert alone.exit_code == 5 and "UNTRUSTWORTHY RUN: exit code 5" in render_validity(alone)
+
+
+def test_summary_md_shows_a_servers_words_as_text_not_as_html_or_table_cells():
+    """A server's error text went into summary.md raw: a ``<script>`` in it was HTML to any Markdown viewer, a ``|``
+    split the SLO table's row, and backticks could close the table's fence."""
+    from vllm_load.metrics.slo import parse_slo_option
+    from vllm_load.metrics.stats import LLMStats
+    from vllm_load.metrics.verdict import judge
+    from vllm_load.report.results import summary_markdown
+
+    summary = LLMStats().summary(duration=1.0).to_json()
+    summary["error_examples"] = {"x": "HTTP 500: <script>alert(1)</script> | ```"}
+    verdict = judge(summary, parse_slo_option(["error_rate<=0"]), None, 0, True, 0)
+    md = summary_markdown(summary, verdict, "run <b>1</b>")
+    assert "<script>" not in md and "<b>" not in md and "# run &lt;b&gt;1&lt;/b&gt;" in md
+    for line in md.splitlines():
+        if line.startswith("| `"):
+            assert line.count(" | ") == 2, line  # three cells, whatever the detail says

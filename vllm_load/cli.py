@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_load.errors import EXIT_BAD_INPUT, UsageError
+from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, UsageError
 
 
 LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sessions", "sweep", "embeddings", "rerank", "responses")
@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         except UsageError as exc:
             sys.stderr.write(f"vllm-load: error: {exc}\n")
             return EXIT_BAD_INPUT
+        except OSError as exc:  # RUN_B on a read-only mount: one line, not a traceback
+            return _unwritable(exc, "the comparison", "give --out DIR somewhere writable")
         print(render_console(c))
         print(f"{out / 'compare.html'}")
         return 0
@@ -116,7 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         sys.stderr.write(f"vllm-load: error: {exc}\n")
         return EXIT_BAD_INPUT
+    except OSError as exc:  # a run directory on a read-only mount: one line, not two tracebacks
+        return _unwritable(exc, "the report", "copy the run directory somewhere writable and run vllm-load report "
+                                              "on the copy")
     return max(codes)
+
+
+def _unwritable(exc: OSError, what: str, advice: str) -> int:
+    """A command's files could not be written: one line naming the file and the cause, exit 6 (as a run's)."""
+    where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
+    sys.stderr.write(f"vllm-load: error: cannot write {what}{where}: {exc.strerror or exc}: {advice}\n")
+    return EXIT_OUTPUT
 
 
 if __name__ == "__main__":

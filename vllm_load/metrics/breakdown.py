@@ -2,10 +2,13 @@
 
 A p99 TTFT of 480 ms says that something is slow, not what. vLLM says per request (its per-request metrics, in the
 stream's last chunk) how long the request waited to be scheduled, how long from its scheduling to its first token
-(the prefill), and from its first token to its last (the decode); the client's TTFT beyond the server's is the network,
-the API server and a router. Here, from the request logs: each part's percentiles (exact, over the requests that
-carried them; SLOs such as ``server_queue.p99<=100ms``), and for TTFT and E2E at p50/p90/p99 the mean split of the
-requests in that tail.
+(the prefill), and from its first token to its last (the decode); the client's TTFT beyond the engine's is the client,
+the network, a router and the API server. With the server's spans (--otlp-receiver), whose TTFT runs from the
+request's arrival at the API server, the API server's own share is split out (input processing, the engine busy
+between steps: 214 ms a request against two real replicas behind vllm-router, which "client/network" held), and
+the rest is the client's, the network's and the router's. Here, from the request logs: each part's percentiles
+(exact, over the requests that carried them; SLOs such as ``server_queue.p99<=100ms``), and for TTFT and E2E at
+p50/p90/p99 the mean split of the requests in that tail.
 """
 
 from __future__ import annotations
@@ -17,12 +20,18 @@ from vllm_load.metrics.summary_parts import SpansJoined, Timing
 
 #: a request's parts, seconds (records' fields): the server's queue, prefill, decode, their TTFT, and the client's rest
 PARTS = (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "server_ttft", CLIENT_OVERHEAD)
+#: the tails' parts a span adds: the API server's share of TTFT, and the rest outside the server
+API_SERVER, OUTSIDE = "api_server", "outside"
 #: what each tail is split into (an E2E's client part is what the server's three parts leave of it)
 SPLITS = {TTFT: (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, CLIENT_OVERHEAD),
           E2E: (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "client")}
+#: the same with the spans' TTFT: the API server's share, and what lies outside the server
+SPAN_SPLITS = {TTFT: (SERVER_QUEUE, SERVER_PREFILL, API_SERVER, OUTSIDE),
+               E2E: (SERVER_QUEUE, SERVER_PREFILL, SERVER_DECODE, API_SERVER, "outside_e2e")}
+REST = "client/network/router/API server"  # what the rest holds, without a span to split it
 LABELS = {SERVER_QUEUE: "queue", SERVER_PREFILL: "prefill", SERVER_DECODE: "decode", "server_ttft": "server TTFT",
-          KV_TRANSFER: "KV transfer",
-          CLIENT_OVERHEAD: "client/network", "client": "client/network"}
+          KV_TRANSFER: "KV transfer", API_SERVER: "API server",
+          CLIENT_OVERHEAD: REST, "client": REST, OUTSIDE: "client/network/router", "outside_e2e": "client/network/router"}
 TAILS = (50.0, 90.0, 99.0)
 
 
@@ -39,10 +48,22 @@ def _stats(values: list[float], percentiles: Iterable[float] = (50.0, 90.0, 99.0
     return out
 
 
+def _api_server(r: dict) -> float:
+    """The API server's share of a request's TTFT: its span's TTFT (from its arrival at the API server) beyond the
+    engine's queue and prefill; 0 without a span."""
+    if r.get("span_ttft") is None:
+        return 0.0
+    return max(0.0, r["span_ttft"] - (r.get(SERVER_QUEUE) or 0.0) - (r.get(SERVER_PREFILL) or 0.0))
+
+
 def _part(r: dict, part: str) -> float:
-    if part == "client":
+    if part in ("client", "outside_e2e"):
         return (r[E2E] - r[SERVER_QUEUE] - r[SERVER_PREFILL] - (r.get(SERVER_DECODE) or 0.0)
-                - (r.get(KV_TRANSFER) or 0.0))
+                - (r.get(KV_TRANSFER) or 0.0) - (_api_server(r) if part == "outside_e2e" else 0.0))
+    if part == API_SERVER:
+        return _api_server(r)
+    if part == OUTSIDE:
+        return (r.get(CLIENT_OVERHEAD) or 0.0) - _api_server(r)
     return r.get(part) or 0.0
 
 
@@ -50,7 +71,10 @@ def _tails(joined: list[dict], percentiles: Iterable[float]) -> dict[str, dict[s
     """TTFT's and E2E's tails at each percentile: the tail's edge, its requests and their mean split."""
     tails: dict[str, dict[str, Any]] = {}
     pd = any(r.get(KV_TRANSFER) is not None for r in joined)  # disaggregated: the KV transfer is a part of its own
-    for metric, split in ((m, tuple(p for p in s if pd or p != KV_TRANSFER)) for m, s in SPLITS.items()):
+    # the spans' TTFT splits the API server out (a P/D pair's spans are two instances': their TTFT is the pair's)
+    spans = not pd and any(r.get("span_ttft") is not None for r in joined)
+    for metric, split in ((m, tuple(p for p in s if pd or p != KV_TRANSFER))
+                          for m, s in (SPAN_SPLITS if spans else SPLITS).items()):
         values = sorted(r[metric] for r in joined)
         tails[metric] = {}
         for q in sorted(set(percentiles)):

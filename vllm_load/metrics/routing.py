@@ -5,9 +5,11 @@ embedded emulator sends ``X-Vllm-Load-Replica``), else the replica's own span of
 ``OTEL_SERVICE_NAME``), else the target the client chose (``--host a,b``). Per replica:
 its requests and tokens; per session (``self.llm.session``, ``--session-header``): whether all its turns stayed on
 one replica; and the prefix-cache hits the sessions made achievable against those achieved (the server's
-``cached_tokens`` per request). A router that spreads one session's turns over replicas loses the hits the
-conversation's shared prefix would have had: a run can look green while one replica serves everything, or while
-every turn misses its cache.
+``cached_tokens`` per request; vLLM sends them only with --enable-prompt-tokens-details: without them, the replicas'
+own ``vllm:prefix_cache_hits`` over the run from their sidecars, else "not known", never 0: a run through a router
+printed 0 % while the replicas' counters rose by every achievable token). A router that spreads one session's
+turns over replicas loses the hits the conversation's shared prefix would have had: a run can look green while one
+replica serves everything, or while every turn misses its cache.
 """
 
 from __future__ import annotations
@@ -28,11 +30,20 @@ def replica_of(record: dict, header: str | None) -> str | None:
     return named or record.get("replica") or record.get("target")
 
 
-def routing(records: Iterable[dict], header: str | None = None, block: int = BLOCK) -> Routing | None:
+#: where the achieved hits come from: the answers' usage, else the fleet's own counters
+ANSWERS, COUNTERS = "the answers' cached tokens", "the replicas' own vllm:prefix_cache_hits (sidecars)"
+#: why the achieved hits are not known, and what gives them
+NO_CACHED_TOKENS = ("not known: the answers carry no cached tokens (start vLLM with --enable-prompt-tokens-details, "
+                    "or give each replica's sidecar: --sidecar-url a,b)")
+
+
+def routing(records: Iterable[dict], header: str | None = None, block: int = BLOCK,
+            server_hits: float | None = None) -> Routing | None:
     """The verdict over the measured requests (warm-up and removed ones aside); None when no request says its
-    replica."""
-    replicas: dict[str, dict[str, int]] = defaultdict(lambda: {"requests": 0, "failed": 0, INPUT_TOKENS: 0,
-                                                               "cached_tokens": 0})
+    replica. ``server_hits``: the fleet's own prefix-cache hits over the run (tokens), read when no answer carried
+    its cached tokens."""
+    replicas: dict[str, dict[str, int | None]] = defaultdict(lambda: {"requests": 0, "failed": 0, INPUT_TOKENS: 0,
+                                                                      "cached_tokens": None})
     turns: dict[str, list[dict]] = defaultdict(list)
     any_span = False
     for r in records:
@@ -46,7 +57,8 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
         row["requests"] += 1
         row["failed"] += not r.get("ok")
         row[INPUT_TOKENS] += r.get(INPUT_TOKENS) or 0
-        row["cached_tokens"] += r.get("cached_tokens") or 0
+        if r.get("cached_tokens") is not None:
+            row["cached_tokens"] = (row["cached_tokens"] or 0) + r["cached_tokens"]
         if r.get("session"):
             turns[r["session"]].append({**r, "replica": replica})
     if not replicas:
@@ -54,7 +66,8 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
     counts = [row["requests"] for row in replicas.values()]
     multi = {s: sorted(rs, key=lambda x: x["start"]) for s, rs in turns.items() if len(rs) > 1}
     sticky = sum(1 for rs in multi.values() if len({x["replica"] for x in rs}) == 1)
-    achievable = achieved = 0
+    achievable, achieved = 0, 0
+    told = any(row["cached_tokens"] is not None for row in replicas.values())
     for rs in multi.values():
         for prev, cur in zip(rs, rs[1:]):
             if not (prev.get("ok") and cur.get("ok")) or cur.get(INPUT_TOKENS) is None:
@@ -64,6 +77,12 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
             shared = (prev.get(INPUT_TOKENS) or 0) + (prev.get(OUTPUT_TOKENS) or 0)
             achievable += min(shared, cur[INPUT_TOKENS] - 1) // block * block
             achieved += cur.get("cached_tokens") or 0
+    source, unknown = ANSWERS, ""
+    if not told:
+        if server_hits is not None:
+            achieved, source = int(server_hits), COUNTERS
+        else:
+            achieved, source, unknown = None, "", NO_CACHED_TOKENS
     return Routing({
         "source": f"the {header} response header" if header else "the replicas' spans (their OTEL_SERVICE_NAME)"
         if any_span else "the client's --host targets",
@@ -74,7 +93,9 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
         "session_stickiness": sticky / len(multi) if multi else None,
         "cache_hits_achievable": achievable,
         "cache_hits_achieved": achieved,
-        "cache_hits_of_achievable": min(1.0, achieved / achievable) if achievable else None,
+        "cache_hits_of_achievable": min(1.0, achieved / achievable) if achievable and achieved is not None else None,
+        "cache_hits_source": source,
+        "cache_hits_unknown": unknown,
     })
 
 
@@ -88,5 +109,8 @@ def routing_line(r: Routing | None) -> str:
         out += f"; {r.sticky_sessions} of {r.sessions} sessions kept on one replica ({r.session_stickiness:.0%})"
     if r.cache_hits_of_achievable is not None:
         out += (f"; prefix-cache hits {r.cache_hits_achieved} of {r.cache_hits_achievable} achievable tokens "
-                f"({r.cache_hits_of_achievable:.0%})")
+                f"({r.cache_hits_of_achievable:.0%}" + (f", from {COUNTERS})" if r.cache_hits_source == COUNTERS
+                                                         else ")"))
+    elif r.cache_hits_achievable and r.cache_hits_unknown:
+        out += f"; prefix-cache hits of {r.cache_hits_achievable} achievable tokens {r.cache_hits_unknown}"
     return out

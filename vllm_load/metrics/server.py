@@ -33,6 +33,8 @@ def server_summary(series: list[dict]) -> dict | None:
         "preemptions": delta("preemptions_total"),
         "prefix_cache_hit_rate": (hits / queries) if queries else 0.0 if queries == 0 else gauge_rate,
     }
+    if hits is not None:  # tokens: the routing verdict's achieved hits when the answers carry none
+        out["prefix_cache_hits"] = hits
     if last.get("emulator_chunks") is not None:  # the embedded emulator's own lateness over the window
         out["emulator_chunks"], out["emulator_late_chunks"] = delta("emulator_chunks"), delta("emulator_late_chunks")
     spec = spec_decode(first, last)

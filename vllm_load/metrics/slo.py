@@ -272,7 +272,8 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
         value = getattr(found, slo.metric)  # one of the Routing part's keys, by the SLO's name
         if value is None:
             return None, "no session had two turns" if slo.metric != "cache_hits_of_achievable" else \
-                "no turn could hit the prefix cache (sessions of one turn, or no usage with cached tokens)"
+                f"the prefix-cache hits are {found.cache_hits_unknown}" if found.cache_hits_unknown else \
+                "no turn could hit the prefix cache (sessions of one turn)"
         return float(value), ""
     if slo.metric in ("output_token_rate", "request_rate", OUTPUT_TPS):
         return float(summary[slo.metric if slo.metric != OUTPUT_TPS else "output_token_rate"]), ""

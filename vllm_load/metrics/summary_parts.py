@@ -157,8 +157,7 @@ class ReplicaRow(Part):
     requests = Key[int](0)
     failed = Key[int](0)
     input_tokens = Key[int](0, key=INPUT_TOKENS)
-    cached_tokens = Key[int](0)
-
+    cached_tokens = Key[int](doc="None: its answers carried no cached tokens (vLLM's --enable-prompt-tokens-details)")
 
 
 class Routing(Part):
@@ -173,8 +172,10 @@ class Routing(Part):
     sticky_sessions = Key[int](0)
     session_stickiness = Key[float]()
     cache_hits_achievable = Key[int](0)
-    cache_hits_achieved = Key[int](0)
+    cache_hits_achieved = Key[int](doc="None: not known (cache_hits_unknown says why), never taken as 0")
     cache_hits_of_achievable = Key[float]()
+    cache_hits_source = Key[str]("", "where the achieved hits come from: the answers' usage, or the replicas' counters")
+    cache_hits_unknown = Key[str]("", "why the achieved hits are not known")
 
 
 class Saturation(Part):

@@ -16,7 +16,7 @@ import gevent
 from vllm_load.client.openai_api import tls_context, use_tls_context
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError, die
 from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.plugin import end_of_run, startup, validate, warmup_reset, watchers, wire, worker_secrets
+from vllm_load.plugin import end_of_run, interrupt, startup, validate, warmup_reset, watchers, wire, worker_secrets
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.live_view import LiveView
 from vllm_load.plugin.plan import ramp_kind
@@ -55,6 +55,7 @@ class Controller(Process):
         self.listen(events.test_stopping, lambda **_kw: self.drain())
         self.listen(events.test_stop, lambda **_kw: end_of_run.stopped(self))
         self.listen(events.quit, lambda **_kw: self.end.print_block())
+        interrupt.hurry = self.hurry  # this process's: one controller per process
 
     # -- start-up ---------------------------------------------------------------------------------------
     def start_up(self) -> None:
@@ -223,6 +224,10 @@ class Controller(Process):
     def _reset_own(self) -> None:
         super()._reset_own()
         self.live.forget()  # the web UI's next poll shows the numbers as they start over
+
+    def hurry(self) -> None:
+        """A second Ctrl-C: the end stops waiting for requests in flight (``plugin/interrupt.py``)."""
+        self.end.cut.set()
 
     def drain(self) -> None:
         """End the run without losing a request: no new request starts, in-flight streams finish (at most

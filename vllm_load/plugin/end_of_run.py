@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,8 @@ class Ending:
         self.block = ""  # the end-of-run block
         self.writing: gevent.event.Event | None = None  # set once the end is written
         self.signals = 0  # quitting events that came while it was written
+        #: set by a second Ctrl-C or SIGTERM: the end stops waiting for requests in flight (they are cut)
+        self.cut = gevent.event.Event()
 
     def started(self) -> None:
         """A new run: live numbers again."""
@@ -113,11 +116,14 @@ def _take_spans(ctl: Controller, col: Collector) -> None:
     rx = ctl.servers.span_receiver
     if rx is None or col.plan.files.spans.exists():
         return
-    from vllm_load.plugin.span_receiver import WAIT_S
+    from vllm_load.plugin.span_receiver import MAX_SPANS, WAIT_S
 
     s = col.results
     expected = int(getattr(s, "succeeded", 0) or 0) + int(getattr(s, "warmup_excluded", 0) or 0) if s else 0
-    if not rx.wait_for(expected):
+    if rx.dropped:
+        print(f"vllm-load: the OTLP receiver kept {MAX_SPANS} server spans, its most for a run, and dropped "
+              f"{rx.dropped} more (the report joins those it kept)", flush=True)
+    elif not rx.wait_for(expected):
         print(f"vllm-load: {len(rx.spans)} server spans for {expected} answered requests within {WAIT_S:.0f} s of the "
               "run's end (the report joins those that came)", flush=True)
     col.plan.files.write_series(col.plan.files.spans, rx.spans)
@@ -181,13 +187,15 @@ def quitting(ctl: Controller) -> None:
     signalled = gevent.getcurrent().parent is not None  # not the main greenlet: a signal's shutdown
     if signalled:
         end.signals += 1
-        if end.signals >= 2:
+        if end.signals >= 2:  # 128 + the signal, as a shell says of a process a signal ended (1 is "requests failed")
             sys.stderr.write("vllm-load: a third signal: quitting now; the run's files may be incomplete\n")
             sys.stderr.flush()
-            os._exit(EXIT_ERRORS)
+            os._exit(128 + signal.SIGTERM)
         if not end.writing.is_set():
-            sys.stderr.write("vllm-load: the run's end is being written: waiting for it (another signal quits now)\n")
+            sys.stderr.write("vllm-load: a second signal: the requests still in flight are cut (cancelled, in the "
+                             "log) and the run's end is written now (another signal quits at once)\n")
             sys.stderr.flush()
+            ctl.hurry()
     end.writing.wait()
     # the first shutdown goes on to Locust's tables and its exit, which ends the process (its SystemExit reaches
     # the main greenlet with the run's code): this one waits for that rather than printing and exiting again

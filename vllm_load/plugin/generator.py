@@ -5,7 +5,6 @@ the client's own health monitor. A master has none."""
 from __future__ import annotations
 
 import functools
-
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.runtime import gc_control
 from vllm_load.plugin.plan import RunPlan
+from vllm_load.plugin.refusals import Refusals
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.run_clock import WorkerClock
 from vllm_load.plugin.steady import SteadyWindow
@@ -68,6 +68,7 @@ class Generator:
     folder: Any = None  # greenlet folding finished requests into the stats while the loop is idle
     #: a failure every request would repeat (prompts cannot be built): the plugin stops the run with it
     on_fatal: Any = field(default=lambda message, code=EXIT_BAD_INPUT: None)
+    refusals: Refusals | None = None  # its first answers, watched for a refusal every request would repeat
     #: told once every row of the share is sent and back, or the --num-requests share finished (with the sweep
     #: step it finished in, None outside a sweep)
     on_trace_done: Any = field(default=lambda step=None: None)
@@ -108,6 +109,7 @@ class Generator:
         rt.fold_slice = cls.FOLD_SLICE_NATIVE if Connections.reads_natively(plan.urls[0]) else cls.FOLD_SLICE_PYTHON
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
+        rt.refusals = Refusals(rt.on_fatal, bool(getattr(opts, "worker", False)), bool(getattr(opts, "api_key", "")))
         if on_trace_done is not None:
             rt.on_trace_done = on_trace_done
         rt.quota = plan.share(worker_index) if plan.num_requests else 0
@@ -129,8 +131,7 @@ class Generator:
         gc_control.freeze_startup_heap()  # collections run from _fold_when_idle instead
         # this process's load starts now, once it is ready (its pools full, its heap frozen: on a busy host that
         # took 0.5 s, and a local run's schedule, started after it, lagged the run's start by as much)
-        rt.start_wall = time.time()
-        rt.start_perf = time.perf_counter()  # the same instant on the clock the schedules use
+        rt.start_wall, rt.start_perf = time.time(), time.perf_counter()  # one instant, on the schedules' clock too
         # local: reports go straight to the collector; each second a loop too busy to idle still collects
         rt.monitor = ClientMonitor(lambda: rt.in_flight, health_sink, tick=lambda: gc_control.collect_if_due(force=True))
         rt.monitor.start()
@@ -232,11 +233,12 @@ class Generator:
             self.in_flight = 0
             self.idle.set()
 
-    def drain(self, timeout: float) -> bool:
-        """Start no new request and wait (at most ``timeout`` s) for the ones in flight to finish."""
+    def drain(self, timeout: float, cut: gevent.event.Event | None = None) -> bool:
+        """Start no new request; wait (at most ``timeout`` s, or until ``cut`` is set) for those in flight to end."""
         self.draining = True
         self.steady.close(time.time())  # every stop drains (a master's tells its workers to): the users wind down
-        drained = bool(self.idle.wait(timeout))
+        gevent.wait([self.idle, *([cut] if cut is not None else [])], timeout=timeout, count=1)
+        drained = self.idle.is_set()
         self.flush_log()  # what the end of the run reads is all written
         return drained
 
@@ -270,6 +272,8 @@ class Generator:
 
     def on_record(self, rec: RequestRecord) -> None:
         self.end_request()
+        if self.refusals is not None:
+            self.refusals.add(rec)
         if rec.removed:  # its user was removed mid-run: logged, in no metric
             self._exclude(rec, "removed_excluded")
             return

@@ -6,16 +6,25 @@ result) or a user's task between counting a request and logging it. Raised there
 lost: requests that finished never wake, and the drain waits for them until its timeout. Here the
 signal is taken by the event loop, which throws KeyboardInterrupt into the main greenlet where it waits
 (Locust's ``main_greenlet.join()``): Locust then stops as it does on Ctrl-C, and nothing was cut mid-way.
+
+A second Ctrl-C, while the run's end waits for requests in flight, ends that wait (``hurry``): thrown into the main
+greenlet again, it raised out of the drain with a traceback and lost summary.json. A third quits at once.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
 import threading
+from typing import Callable
 
 import gevent
 
 _installed: list = []
+_seen = [0]  # SIGINTs taken
+#: what a second Ctrl-C does: the process's controller sets it (its end stops waiting for requests in flight)
+hurry: Callable[[], None] | None = None
 
 
 def install() -> None:
@@ -29,5 +38,16 @@ def install() -> None:
 
 
 def _interrupt() -> None:
+    _seen[0] += 1
+    if _seen[0] >= 3:
+        sys.stderr.write("vllm-load: a third Ctrl-C: quitting now; the run's files may be incomplete\n")
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGINT)
+    if _seen[0] == 2 and hurry is not None:
+        sys.stderr.write("vllm-load: a second Ctrl-C: the requests still in flight are cut (cancelled, in the log) "
+                         "and the run's end is written now (a third quits at once)\n")
+        sys.stderr.flush()
+        hurry()
+        return
     hub = gevent.get_hub()
     hub.loop.run_callback(hub.parent.throw, KeyboardInterrupt)  # from the hub: no traceback printed

@@ -33,6 +33,10 @@ def _add_options(parser: Any, **_kw: Any) -> None:
     def parse_args(*args: Any, **kw: Any) -> Any:
         options = parse(*args, **kw)
         ports.settle(options)  # before Locust's runner binds (or forks workers onto) the master's port
+        # decided before the fork, which makes every --processes child a worker: a master's own workers leave the
+        # terminal's process group (plugin/worker.py); a --worker host's parent waits for its children to take Ctrl-C
+        options.workers_of_this_master = bool(getattr(options, "processes", 0)) and not getattr(options, "worker",
+                                                                                                  False)
         return options
 
     parser.parse_args = parse_args

@@ -75,7 +75,7 @@ class LiveView:
         made, of, summary = self._summary
         now = time.monotonic()
         if of is not run or summary is None or now - made >= FRESH_S:
-            summary = webui.live_summary(col.totals, col.measured_from, col.health)
+            summary = webui.live_summary(col.totals, col.measured_from, col.health, col.user_errors())
             summary["server"] = run.live_server.summary() if run.live_server is not None else None
             self._summary = (now, run, summary)
         return summary

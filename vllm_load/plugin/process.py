@@ -5,14 +5,18 @@ removes them in ``close()``; nothing branches on the role. Users find it through
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from typing import Any, Callable
 
+import gevent.event
 import gevent.ssl
 
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.plan import ramp_kind
 from vllm_load.plugin.run import Run
+
+log = logging.getLogger("vllm_load")
 
 #: the Locust environment's attribute that holds its process (one environment per process)
 ATTR = "vllm_load_process"
@@ -90,6 +94,18 @@ class Process:
             gen.steady.open(time.time())
         if self.environment.reset_stats:
             self._reset_own()
+
+    def drain_or_cut(self, gen: Generator, timeout: float, cut: gevent.event.Event) -> None:
+        """The end's drain (at most ``timeout``), cut short by ``cut`` (a second Ctrl-C): the users still in a request
+        are then stopped here, so their requests are recorded as cancelled (counted failed, as at the drain's
+        timeout) before the final numbers are made, not after them (Locust stops its users once the end is written)."""
+        if gen.drain(timeout, cut=cut):
+            return
+        if cut.is_set():
+            self.environment.runner.user_greenlets.kill(block=True, timeout=10)
+            gen.flush_log()
+        else:
+            log.warning("vllm-load: %d requests still in flight after the drain timeout", gen.in_flight)
 
     def _on_quitting(self, **_kw: Any) -> None:
         self._close_run()

@@ -46,8 +46,7 @@ class LocalProcess(Controller):
         if gen.in_flight:
             print(f"vllm-load: stopping: waiting for {gen.in_flight} request(s) in flight to finish "
                   f"(at most --drain-timeout {timeout:g} s)", flush=True)
-        if not gen.drain(timeout):
-            log.warning("vllm-load: %d requests still in flight after the drain timeout", gen.in_flight)
+        self.drain_or_cut(gen, timeout, self.end.cut)
 
 
 class MasterProcess(Controller):
@@ -98,6 +97,13 @@ class MasterProcess(Controller):
     def _announce_step(self, step: int, rate: float) -> None:
         for client in self.environment.runner.clients.all:
             self.environment.runner.send_message(wire.STEP, {"step": step, "rate": rate}, client_id=client.id)
+
+    def hurry(self) -> None:
+        """A second Ctrl-C: every worker cuts its requests in flight and sends its final numbers at once."""
+        super().hurry()
+        runner = self.environment.runner
+        for cid in wire.live_workers(runner):
+            runner.send_message(wire.CUT, None, client_id=cid)
 
     def _drain(self, timeout: float) -> None:
         """Every worker drains and sends its final numbers. A worker Locust marked missing (no heartbeat) cannot

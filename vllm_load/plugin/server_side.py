@@ -3,10 +3,12 @@ on (``LiveServer``: the sidecar's or a Prometheus')."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
@@ -15,7 +17,15 @@ from vllm_load.metrics.server import server_summary
 
 
 def _get(url: str, token: str, timeout: float) -> bytes:
-    req = urllib.request.Request(url, headers=auth_header(token))
+    """A GET of the sidecar; a ``user:password@`` in its URL goes as Basic auth (urllib took it for part of the host
+    name: "unreachable (Name or service not known)"), the token as the bearer."""
+    parts = urllib.parse.urlsplit(url)
+    headers = auth_header(token)
+    if parts.username is not None:
+        pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
+        headers = {"Authorization": "Basic " + base64.b64encode(pair.encode()).decode(), **headers}
+        url = urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    req = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return resp.read()
 

@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 PATH = "/v1/traces"
 #: the largest export accepted: vLLM's batch exporter sends at most 512 spans (~300 KB) at a time
 MAX_BODY = 16 << 20
+#: the most spans a run keeps: a P/D fleet's two per request for 100,000 requests. Every span sent was kept: three
+#: valid 16 MB exports took the process from 159 to 686 MB and made the run untrustworthy; past this the rest of
+#: an export is dropped, counted, and the run's end says so
+MAX_SPANS = 200_000
 #: how long the end of a run waits for the spans of its last requests: vLLM's batch exporter sends every 5 s
 #: (OTEL_BSP_SCHEDULE_DELAY), so twice that and some
 WAIT_S = 12.0
@@ -53,6 +57,7 @@ class SpanReceiver:
         self.spans: list[dict[str, Any]] = []
         self.exports = 0  # export requests taken
         self.refused = 0  # requests answered 4xx (wrong path, host, type, size or body)
+        self.dropped = 0  # spans past MAX_SPANS in this run, not kept
         self._arrived = gevent.event.Event()
         self.server = WSGIServer((self.host, port), self._app, log=None, error_log=None)
         try:
@@ -66,12 +71,16 @@ class SpanReceiver:
         return f"http://{host}:{self.server.server_port}{PATH}"
 
     def banner(self) -> str:
+        wide = "" if host_name(self.host) in LOOPBACK_NAMES else (
+            f"; warning: it listens on {'every interface' if self.host in ('0.0.0.0', '::') else self.host}, "
+            "unauthenticated: anything that reaches the port can send spans into the run's report (at most "
+            f"{MAX_SPANS} spans a run; no secret is there to take). Keep it on a private network")
         return (f"vllm-load: OTLP trace receiver at {self.endpoint}: start vLLM with --otlp-traces-endpoint "
                 f"{self.endpoint} and OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf (its spans say where each "
-                "request's time went)")
+                f"request's time went){wide}")
 
     def clear(self) -> None:
-        self.spans = []
+        self.spans, self.dropped = [], 0
 
     def complete(self, expected: int) -> bool:
         """Spans of ``expected`` requests came: as many trace ids, and where the fleet is disaggregated (a trace with
@@ -129,7 +138,9 @@ class SpanReceiver:
         except ValueError as exc:
             return self._refuse(start_response, "400 Bad Request", str(exc))
         self.exports += 1
-        self.spans.extend(spans)
+        room = max(0, MAX_SPANS - len(self.spans))
+        self.dropped += max(0, len(spans) - room)
+        self.spans.extend(spans[:room])
         self._arrived.set()
         start_response("200 OK", [("Content-Type", "application/x-protobuf")])
         return [b""]  # an empty ExportTraceServiceResponse: everything accepted

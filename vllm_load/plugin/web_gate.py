@@ -25,6 +25,8 @@ import math
 import os
 import secrets
 import socket
+import time
+from collections import deque
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
@@ -236,6 +238,11 @@ class _Operator:
         return "operator"
 
 
+#: failed logins (from anywhere) within LOGIN_WINDOW_S that close the form until the oldest ages out: a made
+#: password has 144 bits, a chosen one may not, and nothing slowed a guesser down nor said one was there
+LOGIN_FAILURES, LOGIN_WINDOW_S = 5, 60.0
+
+
 def _install_login(web_ui: Any, password: str) -> None:
     """--web-login out of the box: a session key made for this run, a password form, the password checked in
     constant time."""
@@ -249,12 +256,22 @@ def _install_login(web_ui: Any, password: str) -> None:
     web_ui.auth_args = {"username_password_callback": "/login_submit",
                         "info": "vllm-load: any user name; the password vllm-load printed the source of"}
     expected = password.encode()
+    failed: deque[float] = deque()
 
     @app.route("/login_submit", methods=["POST"])
     def _login_submit() -> Any:
+        now = time.monotonic()
+        while failed and now - failed[0] > LOGIN_WINDOW_S:
+            failed.popleft()
+        if len(failed) >= LOGIN_FAILURES:  # closed, the right password too: a guesser learns nothing meanwhile
+            wait = LOGIN_WINDOW_S - (now - failed[0])
+            return f"too many failed logins: try again in {wait:.0f} s", 429, {"Retry-After": f"{wait:.0f}"}
         given = (request.form.get("password") or "").encode()
         if hmac.compare_digest(given, expected):
             login_user(_Operator())
             return redirect("/")
+        failed.append(now)
+        log.warning("vllm-load: web UI: a failed login from %s (%d in the last %.0f s; %d close the form for a while)",
+                    request.remote_addr, len(failed), LOGIN_WINDOW_S, LOGIN_FAILURES)
         session["auth_error"] = "wrong password"
         return redirect("/login")

@@ -8,11 +8,10 @@ from html import escape
 from typing import Any, Callable
 
 from vllm_load.metrics.breakdown import tail_lines
-from vllm_load.metrics.client_health import late_merged, shared_stamp, who_fell_behind
+from vllm_load.metrics.client_health import judged_send_lag, late_merged, looping_errors, shared_stamp, who_fell_behind
 from vllm_load.metrics.routing import routing_line
-from vllm_load.metrics.summary import RunSummary, metric_stats
+from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
-from vllm_load.metric_table import SEND_LAG
 
 
 #: the badge's width follows the header: Locust's block on the right (host, status, users, and while a run goes
@@ -21,6 +20,7 @@ from vllm_load.metric_table import SEND_LAG
 #: room: hidden; the LLM tab's first row names the target too
 BADGE_FIT = """(() => {
   const LEFT = 230, GAP = 12, PAD = 20;
+  let need = 200;
   const fit = () => {
     const badge = document.getElementById('vllm-load-target');
     const header = document.querySelector('header');
@@ -31,8 +31,11 @@ BADGE_FIT = """(() => {
       const r = e.getBoundingClientRect();
       if (r.width > 0 && r.right > LEFT) room = Math.min(room, r.left - LEFT - GAP);  // the logo ends before LEFT
     }
+    // its links never elide (the target's text does): shown only where they fit whole
+    const links = badge.querySelector('.vllm-load-links');
+    if (links && links.offsetWidth) need = links.offsetWidth + PAD + 40;
     badge.style.maxWidth = Math.max(0, room - PAD) + 'px';
-    badge.style.display = room < 80 ? 'none' : '';
+    badge.style.display = room < need ? 'none' : 'flex';
   };
   fit();
   setInterval(fit, 300);
@@ -59,6 +62,43 @@ CHARTS_TAB = """(() => {
     main.appendChild(box);
   };
   setInterval(sync, 500);
+})();"""
+
+
+#: Locust's tables draw a cell's value as text: the LLM tab's paths to the live charts and the report become links
+#: (React keeps the cell's own text node, emptied; a row that moves brings its new text there, and the link goes)
+LINK_CELLS = """(() => {
+  const PATH = /^\\/vllm-load\\/(live|report)$/;
+  const link = () => {
+    for (const td of document.querySelectorAll('td')) {
+      const own = [...td.childNodes].filter(n => n.nodeType === 3);
+      const text = own.map(n => n.nodeValue).join('');
+      const a = td.querySelector('a.vllm-load-cell');
+      if (a && text) a.remove();
+      if (PATH.test(text)) {
+        own.forEach(n => { n.nodeValue = ''; });
+        const made = document.createElement('a');
+        made.className = 'vllm-load-cell';
+        made.href = '.' + text;
+        made.target = '_blank';
+        made.textContent = text;
+        td.appendChild(made);
+      }
+    }
+  };
+  setInterval(link, 500);
+})();"""
+
+#: Locust's UI polls its stats only while a run spawns or runs: a tab open through the stop kept the numbers of the
+#: last poll, mid-drain (386.5 tok/s against the report's 413.3). A page that showed a run reloads once the run's
+#: judged numbers are in, and then shows them on every tab
+FINAL_TURN = """(() => {
+  let live = false;
+  const look = () => fetch('./vllm-load/state', {credentials: 'same-origin'}).then(r => r.json()).then(s => {
+    if (!s.final) live = live || s.state !== 'ready';
+    else if (live && s.state === 'stopped') location.reload();
+  }).catch(() => {});
+  setInterval(look, 1000);
 })();"""
 
 
@@ -93,7 +133,8 @@ class LLMTab:
         app.after_request(self._target_in_header)
         app.after_request(self._add_llm_stats)
         for rule, view in (("/vllm-load/report", self._report), ("/vllm-load/live", self._live_page),
-                           ("/vllm-load/live.json", self._live_data), ("/metrics", self._metrics),
+                           ("/vllm-load/live.json", self._live_data), ("/vllm-load/state", self._state),
+                           ("/metrics", self._metrics),
                            ("/vllm-load/llm_stats.csv", self._llm_csv)):
             app.add_url_rule(rule, f"vllm_load{view.__name__}", view)
 
@@ -122,14 +163,16 @@ class LLMTab:
         emulator = " (results describe the emulator, not a real vLLM: --host points at a server)" \
             if target.is_emulator else ""
         # in the header's free middle, between Locust's logo (~210 px) and its host/status block (BADGE_FIT)
-        style = ("position:fixed;top:20px;left:230px;max-width:calc(100vw - 760px);overflow:hidden;"
-                 "text-overflow:ellipsis;white-space:nowrap;z-index:2000;padding:3px 10px;"
+        style = ("position:fixed;top:20px;left:230px;max-width:calc(100vw - 760px);display:flex;"
+                 "white-space:nowrap;z-index:2000;padding:3px 10px;"
                  "font:600 12px sans-serif;border-radius:6px;"
                  + ("background:#f5c542;color:#000" if target.is_emulator else "background:#2e7d32;color:#fff"))
-        links = " · <a href='./vllm-load/live' target='_blank' style='color:inherit'>live charts</a>" \
-                " · <a href='./vllm-load/report' target='_blank' style='color:inherit'>last report</a>"
+        links = ("<span class='vllm-load-links' style='flex:none'>"
+                 "&nbsp;· <a href='./vllm-load/live' target='_blank' style='color:inherit'>live charts</a>"
+                 " · <a href='./vllm-load/report' target='_blank' style='color:inherit'>last report</a></span>")
         banner = (f"<div id='vllm-load-target' style='{style}' title='{text}{escape(emulator)}'>"
-                  f"<span>{text}</span>{links}</div><script>{BADGE_FIT}{CHARTS_TAB}</script>")
+                  f"<span style='overflow:hidden;text-overflow:ellipsis;min-width:0'>{text}</span>{links}</div>"
+                  f"<script>{BADGE_FIT}{CHARTS_TAB}{LINK_CELLS}{FINAL_TURN}</script>")
         body = response.get_data(as_text=True)
         if "</body>" in body:
             response.set_data(body.replace("</body>", banner + "</body>", 1))
@@ -150,6 +193,15 @@ class LLMTab:
         from vllm_load.plugin.live_charts import page
 
         return Response(page(), mimetype="text/html")
+
+    def _state(self) -> Any:
+        """The runner's state and whether the numbers are the run's judged ones (FINAL_TURN asks every second)."""
+        from flask import jsonify
+
+        runner = self.environment.runner
+        summary = self.summary_source() if runner is not None and runner.state != "ready" else None
+        return jsonify({"state": runner.state if runner is not None else "ready",
+                        "final": bool(summary and summary.get("final"))})
 
     def _live_data(self) -> Any:
         from flask import Response
@@ -248,12 +300,15 @@ def _group_rows(summary: RunSummary) -> list[list[str]]:
     return [*names[:-1], *([f"target {r[0]}", *r[1:]] for r in targets[:-1]), (names or targets)[-1]]
 
 
-def live_summary(totals: Any, start_wall: float, health: Any = None) -> dict:
-    """What the web UI polls: the summary so far (as JSON) with the last seconds' output rate."""
+def live_summary(totals: Any, start_wall: float, health: Any = None,
+                 user_errors: list[tuple[int, str, str]] | None = None) -> dict:
+    """What the web UI polls: the summary so far (as JSON) with the last seconds' output rate, judged as the end
+    judges it (the same send lag, and a task raising in a loop named, not a lack of workers). ``user_errors``:
+    Locust's exception rows (count, message, traceback)."""
     summary = totals.summary(duration=max(time.time() - start_wall, 1e-9), outage_after=None)
     if health is not None:
-        lag = metric_stats(summary, SEND_LAG)
-        summary = summary.replace(client=health.verdict(lag.at("p99") if lag.count else None,
-                                                        shared_stamp=shared_stamp(summary),
-                                                        late_merged=late_merged(summary)))
+        summary = summary.replace(client=health.verdict(judged_send_lag(summary), shared_stamp=shared_stamp(summary),
+                                                        late_merged=late_merged(summary),
+                                                        user_errors=looping_errors(user_errors or [],
+                                                                                   summary.requests)))
     return {**summary.to_json(), "live_output_tps": totals.recent_output_tps(time.time())}

@@ -19,6 +19,9 @@ from vllm_load.plugin.target import Target
 TRACE_DONE = "vllm_load_trace_done"
 FLUSH, FLUSHED, STEP, FATAL, RESET = ("vllm_load_flush", "vllm_load_flushed", "vllm_load_step", "vllm_load_fatal",
                                       "vllm_load_reset")
+#: master -> worker: a second Ctrl-C: stop waiting for the requests in flight, cut them, and send the final numbers
+CUT = "vllm_load_cut"
+
 
 
 def end_run(environment: Any) -> None:

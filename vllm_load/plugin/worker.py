@@ -3,12 +3,12 @@ messages (clock, step, reset, flush)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 from typing import Any
 
 import gevent
+import gevent.event
 from locust import runners
 
 from vllm_load import lifeline
@@ -18,7 +18,6 @@ from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.process import Process
 from vllm_load.plugin.run import Run
 
-log = logging.getLogger("vllm_load")
 #: seconds without the master's heartbeat (sent every second) before a worker stops: a killed master's remote
 #: workers kept sending for Locust's 60 s; a master busy writing a report goes quiet for well under this
 MASTER_SILENCE_S = 15
@@ -40,6 +39,8 @@ class WorkerProcess(Process):
         self.on_message(run_clock.PONG, lambda msg: self._clock().on_pong(msg.data))
         self.on_message(run_clock.EPOCH, lambda msg: self._clock().on_epoch(msg.data))
         self.on_message(wire.FLUSH, self._on_flush, concurrent=True)
+        self.cut = gevent.event.Event()  # the master's CUT: its end stops waiting for the requests in flight
+        self.on_message(wire.CUT, lambda _msg: self.cut.set(), concurrent=True)
         self.on_message(wire.STEP, self._on_step)
         self.on_message(wire.RESET, self._on_reset)
 
@@ -56,6 +57,11 @@ class WorkerProcess(Process):
         if getattr(opts, "processes", None):  # a fork of the master: it goes when the master goes, however killed
             gevent.signal_handler(signal.SIGUSR2, self._master_gone)
             lifeline.die_with_parent(os.getppid(), signal.SIGUSR2)
+        if getattr(opts, "workers_of_this_master", False):
+            # a process group of its own: a terminal's Ctrl-C goes to the whole foreground group, and the workers quit
+            # without their final reports (a summary of 6 requests beside logs of 10); the master stops them after
+            # their drain, and Locust's exit signals each one itself
+            os.setpgid(0, 0)
         # a remote worker whose master went silent stops after this long, not Locust's 60 s (its own line says so)
         runners.MASTER_HEARTBEAT_TIMEOUT = MASTER_SILENCE_S
 
@@ -103,8 +109,7 @@ class WorkerProcess(Process):
         """The master asked for the end of the run: drain, then ship the final numbers before Locust quits."""
         runner, gen = self.environment.runner, self.generator
         if gen is not None:
-            if not gen.drain(float(self.opts.drain_timeout)):
-                log.warning("vllm-load: %d requests still in flight after the drain timeout", gen.in_flight)
+            self.drain_or_cut(gen, float(self.opts.drain_timeout), self.cut)
             # Locust's and our final report, before the master quits: WorkerRunner._send_stats is private (checked
             # against Locust 2.40-2.47, setup.cfg's bounds; tests/test_sweep.py fails when it goes)
             runner._send_stats()

@@ -59,13 +59,25 @@ def read_key_file(opts: Any) -> None:
         opts.api_key = read_secret_file(path, "--api-key-file", "key")
 
 
+#: the most a secret file may hold: a key, token or password is at most a few KB (``--api-key-file /dev/zero`` was
+#: read until the kernel killed the process at 23.9 GB)
+SECRET_MAX = 64 * 1024
+
+
 def read_secret_file(path: str, option: str, what: str) -> str:
-    """A secret kept in a file (its surrounding white space dropped); one line when it cannot be read or is empty."""
+    """A secret kept in a file (its surrounding white space dropped); one line when it cannot be read, is empty, or
+    is larger than a secret is (``SECRET_MAX``)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            secret = fh.read().strip()
+        with open(path, "rb") as fh:
+            raw = fh.read(SECRET_MAX + 1)
+        secret = raw.decode("utf-8").strip()
     except OSError as exc:
         raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{option} {path} is not text: write the {what} in it") from None
+    if len(raw) > SECRET_MAX:
+        raise UsageError(f"{option} {path} holds more than {SECRET_MAX // 1024} KB: a {what} is shorter (is it the "
+                         f"right file?)")
     if not secret:
         raise UsageError(f"{option} {path} is empty: write the {what} in it")
     return secret

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from vllm_load.report import charts
-from vllm_load.metrics.breakdown import LABELS, TAILS, breakdown, spans_line
+from vllm_load.metrics.breakdown import API_SERVER, LABELS, OUTSIDE, TAILS, breakdown, spans_line
 from vllm_load.metrics.client_health import who_fell_behind
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.routing import replica_of, routing, routing_line
@@ -76,7 +76,8 @@ TIMING_FIELDS = ("trace_id", "response_id", "start", "name", "replica", "prefill
                  CLIENT_OVERHEAD)
 #: each part's colour in the report's stacked bars
 PART_COLOURS = {SERVER_QUEUE: "#d62728", SERVER_PREFILL: "#1f77b4", KV_TRANSFER: "#9467bd", SERVER_DECODE: "#2ca02c",
-                CLIENT_OVERHEAD: "#ff7f0e", "client": "#ff7f0e"}
+                API_SERVER: "#8c564b", CLIENT_OVERHEAD: "#ff7f0e", "client": "#ff7f0e", OUTSIDE: "#ff7f0e",
+                "outside_e2e": "#ff7f0e"}
 
 
 def timing_view(t: Timing | None, shown: list[str] | None = None) -> dict | None:
@@ -96,7 +97,8 @@ def timing_view(t: Timing | None, shown: list[str] | None = None) -> dict | None
             bars.append({"label": f"{metric.upper()} {q}: {tail.value * 1000:.1f} ms ({tail.requests} requests)",
                          "segments": [{"name": LABELS[p], "ms": ms(v), "share": round(100 * max(0.0, v) / total, 2),
                                        "colour": PART_COLOURS[p]} for p, v in tail.split.items()]})
-    legend = [(LABELS[p], c) for p, c in PART_COLOURS.items() if p != "client"]
+    present = {p for tails in t.tails.values() for tail in tails.values() for p in tail.split}
+    legend = list(dict.fromkeys((LABELS[p], c) for p, c in PART_COLOURS.items() if p in present))
     groups = [(group, label, g.requests, ms(g.tail(TTFT).value),
                ", ".join(f"{ms(v)} {LABELS[p]}" for p, v in g.tail(TTFT).split.items()))
               for group in ("replica", "name") for label, g in t.groups(group).items()]
@@ -108,7 +110,8 @@ def routing_view(r: Routing | None) -> dict | None:
     """The routing verdict (``metrics/routing.py``): its line and a row per replica."""
     if not r:
         return None
-    rows = [(name, row.requests, row.failed, row.input_tokens, row.cached_tokens) for name, row in r.replicas.items()]
+    rows = [(name, row.requests, row.failed, row.input_tokens,
+             row.cached_tokens if row.cached_tokens is not None else "not known") for name, row in r.replicas.items()]
     return {"line": routing_line(r), "rows": rows}
 
 
@@ -186,7 +189,7 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     spans = read_log(run.path / "spans.jsonl") if (run.path / "spans.jsonl").exists() else None
     joined = join(logs, spans) if spans is not None else None  # the server's spans (--otlp-receiver), per request
     header = str(captured[0]).lower() if captured else None
-    routed = routing(logs, header)
+    routed = routing(logs, header, server_hits=server.get("prefix_cache_hits") if server else None)
     if routed is not None and isinstance(run.summary, RunSummary):  # which replica served what, from the logs
         run.summary = run.summary.replace(routing=routed)
     parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS,

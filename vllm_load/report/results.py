@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 
 from vllm_load.metrics.slo import SLO, junit_xml
@@ -9,6 +11,7 @@ from vllm_load.metrics.verdict import (  # noqa: F401  (the verdict's parts, whe
     DRIFT_LIMIT, TRUST, Verdict, exit_code, judge, judge_emulator, render_checks, trust_check, validity_checks, word)
 from vllm_load.report.console import render_table
 from vllm_load.rundir.files import RunDir
+
 
 def render_validity(verdict: Verdict) -> str:
     """Console lines for the checks that failed (nothing when the run is valid)."""
@@ -25,17 +28,25 @@ def _untrusted(verdict: Verdict) -> str:
             "above; --allow-untrustworthy accepts it)")
 
 
+def _md(text: str) -> str:
+    """Text a server may have written (its error's words), as Markdown shows it: no HTML of its own (a ``<script>``
+    in an error went into summary.md raw), no table cell broken by a ``|``."""
+    return html.escape(str(text), quote=False).replace("|", "\\|")
+
+
 def summary_markdown(summary: dict, verdict: Verdict, title: str, server: dict | None = None) -> str:
-    lines = [f"# {title}", ""]
+    lines = [f"# {_md(title)}", ""]
     if verdict.invalid:
-        lines += ["**RUN INVALID**", ""] + [f"- {c.detail}" for c in verdict.invalid] + [""]
+        lines += ["**RUN INVALID**", ""] + [f"- {_md(c.detail)}" for c in verdict.invalid] + [""]
     if not verdict.trust.passed:
-        lines += [f"**{_untrusted(verdict)}**", ""]
+        lines += [f"**{_md(_untrusted(verdict))}**", ""]
     if verdict.checks:
         lines += [f"**SLO verdict: {word(bool(verdict.slo_passed))}**", "", "| SLO | result | detail |", "|---|---|---|"]
-        lines += [f"| `{c.slo}` | {word(c.passed)} | {c.detail} |" for c in verdict.checks]
+        lines += [f"| `{c.slo}` | {word(c.passed)} | {_md(c.detail)} |" for c in verdict.checks]
         lines.append("")
-    lines += ["```", render_table(summary, "LLM metrics", server=server), "```", ""]
+    table = render_table(summary, "LLM metrics", server=server)
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", table)), default=0))  # longer than any inside
+    lines += [fence, table, fence, ""]
     return "\n".join(lines)
 
 

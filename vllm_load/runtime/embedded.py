@@ -63,7 +63,10 @@ def start_child(module: str, args: list[str], timeout: float = 60.0, log: Path |
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     module = f"{package.__name__}.{module}"
     err = open(log, "ab") if log is not None else None  # noqa: SIM115 (the child holds it)
-    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=err, env=env)
+    # a session of its own: a terminal's Ctrl-C goes to its whole foreground group, and the emulator died with it
+    # while the run drained (2 requests failed mid-stream, exit 1); the run stops it after its drain
+    proc = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=err, env=env,
+                            start_new_session=True)
     if err is not None:
         err.close()
     emu = ChildServer(url="", process=proc)

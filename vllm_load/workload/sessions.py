@@ -106,11 +106,27 @@ def _text(p: Path) -> str:
         raise _fail(p, f"cannot be read ({exc})") from None
 
 
-def _count(value: Any, what: str) -> int:
-    n = int(value)
-    if n < 0 or n != value:
+#: the largest block a trace may name (tokens per hash id): a bad value once reached the native code as a
+#: negative size (SystemError); vLLM's own blocks are 16-128 tokens, Weka's traces 64
+MAX_BLOCK = 1 << 20
+
+
+def _count(value: Any, what: str, least: int = 0, most: int | None = None) -> int:
+    """A whole number from least to most: anything else is one line naming the field (``"in": 0`` raised in the
+    user task, a ``block_size`` of -16 reached the C code)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or (isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()))):
         raise ValueError(f"{what} {value!r} is not a count")
+    n = int(value)
+    if n < least or (most is not None and n > most):
+        raise ValueError(f"{what} {value!r} must be {least} or more" + (f" and {most} or less" if most else ""))
     return n
+
+
+def _hash_ids(values: Any) -> tuple[int, ...]:
+    if not isinstance(values, (list, tuple)):
+        raise ValueError(f"hash_ids {values!r} is not a list")
+    return tuple(_count(h, "a hash id") for h in values)
 
 
 def _seconds(value: Any, what: str) -> float:
@@ -121,14 +137,17 @@ def _seconds(value: Any, what: str) -> float:
 
 
 def _jsonl_session(obj: dict, block_size: int | None = None) -> Session:
-    size = int(obj.get("block_size") or block_size or 64)
+    size = _count(obj["block_size"], "block_size", 1, MAX_BLOCK) if "block_size" in obj else block_size or 64
     steps: list[Step] = []
-    for turn in obj["turns"]:
+    for i, turn in enumerate(obj["turns"], 1):
         if "subagent" in turn:
             steps.append(Fork(_jsonl_session(turn["subagent"], size), bool(turn.get("join", True))))
             continue
-        steps.append(Turn(_count(turn[INPUT_TOKENS], INPUT_TOKENS), _count(turn[OUTPUT_TOKENS], OUTPUT_TOKENS),
-                          _seconds(turn.get("delay", 0.0), "delay"), tuple(int(h) for h in turn.get("hash_ids") or ())))
+        try:
+            steps.append(Turn(_count(turn[INPUT_TOKENS], INPUT_TOKENS, 1), _count(turn[OUTPUT_TOKENS], OUTPUT_TOKENS, 1),
+                              _seconds(turn.get("delay", 0.0), "delay"), _hash_ids(turn.get("hash_ids") or ())))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"turn {i}: {exc}") from None
     if not any(isinstance(s, Turn) for s in steps):
         raise ValueError("a session has no turn")
     return Session(str(obj["session_id"]), tuple(steps), size)
@@ -140,7 +159,8 @@ def weka_session(trace: dict) -> Session:
     if scope not in ("local", "global"):
         raise ValueError(f"hash_id_scope {scope!r} is neither local nor global")
     salt = None if scope == "global" else str(trace["id"])
-    return _weka_steps(str(trace["id"]), trace["requests"], int(trace["block_size"]), salt)
+    return _weka_steps(str(trace["id"]), trace["requests"], _count(trace["block_size"], "block_size", 1, MAX_BLOCK),
+                       salt)
 
 
 def _block(h: int, salt: str | None) -> int:
@@ -153,25 +173,39 @@ def _block(h: int, salt: str | None) -> int:
 def _weka_steps(sid: str, requests: list, block_size: int, salt: str | None) -> Session:
     steps: list[Step] = []
     prev_end: float | None = None  # when the previous call ended (t + api_time), on the trace's clock
-    for req in requests:
-        kind = req["type"]
-        if kind == "subagent":
-            child = _weka_steps(f"{sid}::sa:{req['agent_id']}", req["requests"], block_size, salt)
-            steps.append(Fork(child, join=req.get("status") != "async_launched"))
+    for i, req in enumerate(requests, 1):
+        try:
+            step = _weka_step(sid, req, block_size, salt, prev_end)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{sid} call {i}: {exc}") from None
+        if isinstance(step, Fork):
+            steps.append(step)
             continue
-        if kind not in ("n", "s"):
-            raise ValueError(f"request type {kind!r}")
-        t = _seconds(req["t"], "t")
-        if req.get("think_time") is not None:
-            delay = _seconds(req["think_time"], "think_time")
-        else:
-            delay = max(0.0, t - prev_end) if prev_end is not None else 0.0
-        prev_end = t + _seconds(req.get("api_time") or 0.0, "api_time")
-        steps.append(Turn(_count(req["in"], "in"), max(1, _count(req["out"], "out")), delay,
-                          tuple(_block(h, salt) for h in req.get("hash_ids") or ())))
+        turn, prev_end = step
+        steps.append(turn)
     if not any(isinstance(s, Turn) for s in steps):
         raise ValueError("a trace has no call")
     return Session(sid, tuple(steps), block_size)
+
+
+def _weka_step(sid: str, req: dict, block_size: int, salt: str | None,
+               prev_end: float | None) -> Fork | tuple[Turn, float]:
+    """One call of a trace (a turn, and when it ended on the trace's clock), or its subagent."""
+    kind = req["type"]
+    if kind == "subagent":
+        child = _weka_steps(f"{sid}::sa:{req['agent_id']}", req["requests"], block_size, salt)
+        return Fork(child, join=req.get("status") != "async_launched")
+    if kind not in ("n", "s"):
+        raise ValueError(f"request type {kind!r}")
+    t = _seconds(req["t"], "t")
+    if req.get("think_time") is not None:
+        delay = _seconds(req["think_time"], "think_time")
+    else:
+        delay = max(0.0, t - prev_end) if prev_end is not None else 0.0
+    end = t + _seconds(req.get("api_time") or 0.0, "api_time")
+    turn = Turn(_count(req["in"], "in", 1), max(1, _count(req["out"], "out")), delay,
+                tuple(_block(h, salt) for h in _hash_ids(req.get("hash_ids") or ())))
+    return turn, end
 
 
 def share(sessions: list[Session], index: int, processes: int) -> list[Session]:
