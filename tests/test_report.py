@@ -142,6 +142,8 @@ def test_report_renders_its_verdict_and_interactive_charts_in_headless_chromium(
               "b.setAttribute('data-server-top',top('server-side'));"
               "b.setAttribute('data-canvases',document.querySelectorAll('.uplot canvas').length);"
               "b.setAttribute('data-axis-labels',window.vllmLoadCharts.map(p=>p.axes.map(a=>a.label).join('/')).join('|'));"
+              "b.setAttribute('data-x-ranges',window.vllmLoadCharts.filter(p=>p.cursor.sync&&p.cursor.sync.key)"
+              ".map(p=>p.scales.x.min+'/'+p.scales.x.max).join('|'));"
               "b.setAttribute('data-inked',[...document.querySelectorAll('.uplot canvas')].filter(c=>{"
               "const d=c.getContext('2d').getImageData(0,0,c.width,c.height).data;let n=0;"
               "for(let i=3;i<d.length;i+=4)if(d[i])n++;return n>1000}).length);"
@@ -162,6 +164,9 @@ def test_report_renders_its_verdict_and_interactive_charts_in_headless_chromium(
     assert labels.count("seconds since the run started/ms") == 1 and labels.count("percentile/ms") == 4, labels
     assert "seconds since the run started/%" in labels  # KV-cache usage and the prefix-cache hit rate
     assert "TTFT p99 (ms)" in attr["legend"] and "KV-cache usage %" in attr["legend"]
+    # every timeline chart spans the run's time, whatever its series hold (latency's 10 s windows 5-25 s, the
+    # throughput 0-29 s, the prefix-cache rate 1-29 s: each drew its own axis)
+    assert attr["x-ranges"].split("|") == ["0/29"] * 6, attr["x-ranges"]
     assert ">FAIL</span>" in dom and "Exit code <b>3</b>" in dom
     shot = tmp_path / "first-screen.png"
     subprocess.run([*flags, f"--screenshot={shot}", html_path.as_uri()], capture_output=True, timeout=90)

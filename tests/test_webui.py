@@ -372,6 +372,32 @@ def test_a_run_watched_by_two_tabs_and_a_poller_keeps_its_rate_and_stays_trusted
     assert not watched["client"]["saturated"], watched["client"]
 
 
+def test_each_run_the_web_ui_starts_writes_a_run_directory_of_its_own(tmp_path):
+    """The UI's second run once appended 18 requests to the first's 14 and overwrote its report. Two runs started
+    from one UI's form: the first in --run-dir, the second beside it under its run id, each whole."""
+    from tests.helpers import UIHere
+    from tests.test_security import _form, request
+    from vllm_load.rundir.reqlog import read_log
+
+    ui = UIHere(tmp_path)
+    try:
+        for n in (1, 2):
+            status, _h, body = request(ui.base + "/swarm", _form(user_count="2", spawn_rate="2", run_time="2s"),
+                                       {"Origin": ui.base})
+            assert status == 200 and json.loads(body)["success"], body
+            wait_for(lambda: ui.state() == "stopped" and len(list(tmp_path.glob("run*/summary.json"))) == n,
+                     timeout=120, what=f"run {n}'s summary")
+    finally:
+        ui.close()
+    dirs = sorted(d for d in tmp_path.iterdir() if d.name.startswith("run"))
+    assert [d.name for d in dirs][0] == "run" and dirs[1].name.startswith("run-") and len(dirs) == 2, dirs
+    for d in dirs:  # each its own: its summary counts its own log's requests
+        summary = json.loads((d / "summary.json").read_text())["summary"]
+        assert summary["requests"] == len(read_log(d / "requests.jsonl")) > 0 and (d / "report.html").exists()
+    first = json.loads((dirs[0] / "config.json").read_text())["run_id"]
+    assert dirs[1].name == f"run-{json.loads((dirs[1] / 'config.json').read_text())['run_id']}" != f"run-{first}"
+
+
 @pytest.mark.parametrize("state", ["idle", "running"])
 def test_the_target_badge_overlaps_no_header_label_at_1000_and_1400_px(tmp_path, state):
     """The badge sits in the header's free middle, between Locust's logo and its host/status block, whose width

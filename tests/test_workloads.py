@@ -3,6 +3,7 @@ strict servers), the tokenizer vLLM loaded, warm-up exclusion, reproducible runs
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -143,3 +144,44 @@ def test_tls_targets_are_verified_unless_told_otherwise(emulator_factory, tmp_pa
         # TLS hides the kernel's stamps: the console says the clock timed the chunks, not the native reader
         assert "chunks timed by the clock as the client's loop read each line (https://" in ok.stdout
         assert "kernel stamps)" not in ok.stdout
+
+
+def test_a_weighted_model_mix_sends_each_model_its_share(emulator_factory, tmp_path):
+    """--model base:0.6,lora-a:0.3,lora-b:0.1 (``--model a,b`` sent equal turns): each model gets its share of the
+    requests the server received, exactly to within a request a process, interleaved, and the metrics per model."""
+    sent = tmp_path / "sent.jsonl"
+    emu = emulator_factory("--ttft", "0.005", "--itl", "0.002", "--request-log", str(sent),
+                           "--served-model-name", "base", "--lora-modules", "lora-a", "lora-b")
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "60s", "--num-requests", "100",
+                          "--host", emu.url, "--output-tokens", "4", "--model", "base:0.6,lora-a:0.3,lora-b:0.1",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    models = [r["body"]["model"] for r in _sent(sent)]
+    counts = {m: models.count(m) for m in ("base", "lora-a", "lora-b")}
+    assert sum(counts.values()) == len(models) >= 100
+    assert abs(counts["base"] - 0.6 * len(models)) <= 1 and abs(counts["lora-a"] - 0.3 * len(models)) <= 1
+    assert abs(counts["lora-b"] - 0.1 * len(models)) <= 1, counts
+    # the choice is interleaved: no burst of one model (two users' requests reach the server in either order)
+    from vllm_load.workload.model_mix import ModelMix
+
+    mix = ModelMix(("base", "lora-a", "lora-b"), (0.6, 0.3, 0.1))
+    dealt = [mix.next() for _ in range(30)]
+    assert max(len(list(group)) for _, group in itertools.groupby(dealt)) == 2, dealt
+    assert [dealt[i:i + 10].count("lora-b") for i in (0, 10, 20)] == [1, 1, 1]
+    stats, _logs = load_run(run_dir)
+    assert {k: v["requests"] for k, v in stats["summary"]["names"].items()} == counts  # grouped per model
+
+
+@pytest.mark.parametrize("text,said", [("base:0", "a model's weight must be a number above 0"),
+                                       ("base:0.5,lora", "give every model a weight or none"),
+                                       ("base,base", "names a model twice")])
+def test_a_bad_model_mix_is_one_line(text, said):
+    from vllm_load.errors import UsageError
+    from vllm_load.workload.model_mix import parse_models
+
+    with pytest.raises(UsageError, match=said):
+        parse_models(text)
+    # a name's last ':' and a number is its weight; any other ':' is the name's own
+    assert parse_models("llama3:8b,org/m") == (("llama3:8b", "org/m"), ())
+    assert parse_models("a:3, b:1") == (("a", "b"), (0.75, 0.25))

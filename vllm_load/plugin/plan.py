@@ -54,6 +54,7 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
                    slos=tuple(slos), sidecar_url=sidecar_url, total_users=max(1, int(total_users or 1)),
                    backoff_max=target.backoff_max, outage_after=target.outage_after,
                    stop_on_outage=target.stop_on_outage, models=target.models or (target.model,), warmup=target.warmup,
+                   model_weights=target.model_weights,
                    processes=max(1, processes), trace_rows=target.trace_rows, trace_span=target.trace_span,
                    max_model_len=target.max_model_len, num_requests=max(0, int(opts.num_requests)),
                    server_kind=target.server_kind,

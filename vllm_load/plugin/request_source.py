@@ -21,6 +21,7 @@ from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record,
 from vllm_load.workload.history import HistoryCounter
 from vllm_load.workload.lengths import parse_length
 from vllm_load.workload.media import AUDIO_TYPES, IMAGE_TYPES, ImageSize, MediaFiles, MediaMaker, parse_image_size
+from vllm_load.workload.model_mix import ModelMix
 from vllm_load.workload.prompt_pool import PromptPool, token_thread
 from vllm_load.workload.prompts import Prompt, PromptFactory, prompt_api
 from vllm_load.workload.tokenizer import load_tokenizer
@@ -62,7 +63,7 @@ class RequestSource:
         #: loop like the prompt pool's, and one thread so that the text factory's sequence stays ordered
         self.helper: Any = None
         self.text_factory: PromptFactory | None = None
-        self.model_turn = 0  # --model a,b: the next request's model is models[model_turn % len]
+        self.models = ModelMix(plan.models or (plan.model,), plan.model_weights)  # --model a,b or a:0.6,b:0.4
         #: images and audio: the prompt thread's maker (the workload's) and the helper thread's (self.llm.image)
         self.pool_media: MediaMaker | None = None
         self.helper_media: MediaMaker | None = None
@@ -255,11 +256,10 @@ class RequestSource:
         self.on_trace_done()
 
     def next_model(self) -> tuple[str, str | None]:
-        """The next request's model, rotating over --model a,b, and its metrics group (None with one model)."""
-        models = self.plan.models or (self.plan.model,)
-        model = models[self.model_turn % len(models)]
-        self.model_turn += 1
-        return model, (model if len(models) > 1 else None)
+        """The next request's model (--model a,b in turns, a:0.6,b:0.4 in shares) and its metrics group (None with
+        one model)."""
+        model = self.models.next()
+        return model, (model if len(self.models.models) > 1 else None)
 
     def new_prompt(self, api: str) -> tuple[Prompt, int]:
         """A new prompt (exact length, unique) and the output length to ask for."""

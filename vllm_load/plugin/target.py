@@ -15,6 +15,7 @@ from vllm_load.runtime.server_wait import parse_duration
 from vllm_load.plugin.worker_secrets import SECRET_OPTIONS
 from vllm_load.workload.datasets import read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
+from vllm_load.workload.model_mix import parse_models
 from vllm_load.workload.prompts import PromptFactory, prompt_api
 from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
 
@@ -100,6 +101,7 @@ class Target:
     server_version: str = ""  # what /version said ("" when the server has none)
     #: the replicas users are spread over (--host a,b): each checked like ``host``; () for one target
     hosts: tuple[str, ...] = ()
+    model_weights: tuple[float, ...] = ()  # --model a:0.6,b:0.4: each model's share (none: equal turns)
 
     @property
     def kind(self) -> str:
@@ -150,15 +152,13 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
     return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec, backoff_max, outage_after,
                   stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup,
                   len(trace), trace[-1].at / opts.trace_speed if trace else 0.0, server_kind(opts, served),
-                  served.owned_by, server_version(host, opts.api_key, headers=headers))
+                  served.owned_by, server_version(host, opts.api_key, headers=headers),
+                  model_weights=parse_models(opts.model)[1] if len(models) > 1 else ())
 
 
 def _models(opts: Any) -> list[str]:
-    """--model a,b: the ids asked (none: the server's first)."""
-    models = [m.strip() for m in str(opts.model or "").split(",") if m.strip()]
-    if str(opts.model or "").strip() and not models:
-        raise UsageError(f"--model {opts.model!r} names no model: write one id or several, e.g. --model base,lora-a")
-    return models
+    """--model a,b (or a:0.6,b:0.4): the ids asked (none: the server's first)."""
+    return list(parse_models(opts.model)[0])
 
 
 def _check_inputs(opts: Any) -> None:

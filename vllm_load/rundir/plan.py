@@ -32,6 +32,7 @@ class RunPlan:
     outage_after: float
     stop_on_outage: float
     models: tuple[str, ...] = ()  # every model requests rotate over (one: ``model``)
+    model_weights: tuple[float, ...] = ()  # --model a:0.6,b:0.4: each model's share (none: equal turns)
     warmup: float = 0.0  # --warmup seconds: requests started this soon after the run's (or a step's) start are excluded
     trace_rows: int = 0  # --trace: its rows, and the span they are due over (seconds)
     trace_span: float = 0.0
@@ -100,6 +101,7 @@ class RunPlan:
         data = asdict(self)
         data["slos"] = list(self.slos)
         data["models"] = list(self.models)
+        data["model_weights"] = list(self.model_weights)
         data["hosts"] = list(self.hosts)
         return data
 
@@ -110,5 +112,6 @@ class RunPlan:
         known = {f.name for f in fields(cls)}
         data = {k: v for k, v in data.items() if k in known}
         return cls(**{**data, "slos": tuple(data.get("slos") or ()), "models": tuple(data.get("models") or ()),
+                      "model_weights": tuple(data.get("model_weights") or ()),
                       "percentiles": tuple(data.get("percentiles") or ()), "ramp": tuple(data.get("ramp") or ()),
                       "sweep_levels": tuple(data.get("sweep_levels") or ()), "hosts": tuple(data.get("hosts") or ())})

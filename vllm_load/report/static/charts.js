@@ -9,6 +9,19 @@
   var marks = data.markers || {spans: [], saturation: null};
   var sync = uPlot.sync("timeline");
   var NINES = {"0": "p0", "0.301": "p50", "1": "p90", "2": "p99", "3": "p99.9"};
+  /* every timeline chart spans the run's whole time, whatever its own series hold (a chart whose first point came
+     later, or whose last came earlier, drew its own axis: the report's time axes did not line up) */
+  var span = [Infinity, -Infinity];
+  Object.keys(data).forEach(function (group) {
+    (Array.isArray(data[group]) ? data[group] : []).forEach(function (spec) {
+      if (spec.kind === "time" && spec.x.length) {
+        span = [Math.min(span[0], spec.x[0]), Math.max(span[1], spec.x[spec.x.length - 1])];
+      }
+    });
+  });
+  function timeRange(u, lo, hi) {  /* the live page's data grows: the run's span so far, or more */
+    return span[0] <= span[1] ? [Math.min(span[0], lo), Math.max(span[1], hi)] : [lo, hi];
+  }
 
   function fmt(v) {
     if (v == null) return "-";
@@ -66,7 +79,7 @@
     }
     var opts = {
       width: Math.min(1100, Math.max(480, host.clientWidth - 20)), height: 240,
-      scales: {x: {time: false}, y: spec.y_range ? {range: spec.y_range} : {
+      scales: {x: timeline ? {time: false, range: timeRange} : {time: false}, y: spec.y_range ? {range: spec.y_range} : {
         range: function (u, lo, hi) {  /* a flat series gets a range around it, not ±5 % of nothing */
           if (lo == null) return [0, 1];
           if (hi - lo < 1e-9) return [Math.max(0, lo - Math.max(1, Math.abs(lo) * 0.1)), hi + Math.max(1, Math.abs(hi) * 0.1)];
