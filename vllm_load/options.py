@@ -115,6 +115,9 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--num-requests", 0, "end the run once this many requests finished, across all workers (warm-up aside), as "
         "vllm bench serve --num-prompts; in a --sweep, each step ends after this many (its --step-duration unused); "
         "0: the run ends by -t", type=int),
+    Option("--cancel", "", "a share of the requests the client gives up on mid-answer, as users close a tab: "
+        "rate=SHARE,after=Ntok (e.g. rate=0.1,after=16tok: every tenth request is cut once it carried 16 tokens); "
+        "counted apart (neither success nor failure) and logged with their partial timings"),
     Option("--warmup", "0", "requests started in the first DURATION of the run (and of each sweep step) are sent and "
         "logged as warm-up, and left out of every metric, SLO and plot (the report says how many), e.g. 30s"),
     Option("--request-rate", 0.0, "open loop: total requests/s over all users and workers (0: closed loop, one "

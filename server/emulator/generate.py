@@ -100,6 +100,17 @@ def export_span(emu: Emulator, trace: str | None, rid: str, queue: float, ttft: 
 def stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usage: bool,
            continuous: bool, fault: str | None = None, received: float = 0.0,
            trace: str | None = None) -> Iterable[bytes]:
+    """The answer's events; a client that goes away mid-answer (the server closes the stream) is counted as vLLM
+    counts it: ``vllm:request_success_total{finished_reason="abort"}``, its sequence freed."""
+    try:
+        yield from _stream(emu, chat, model, out_spec, include_usage, continuous, fault, received, trace)
+    except GeneratorExit:
+        emu.metrics.success.labels(finished_reason="abort", **emu.metrics.labels).inc()
+        raise
+
+
+def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usage: bool,
+            continuous: bool, fault: str | None, received: float, trace: str | None) -> Iterable[bytes]:
     m = emu.metrics
     log = emu.timing_log
     due: list[float] = []

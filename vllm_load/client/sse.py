@@ -84,6 +84,10 @@ class StreamState:
     #: failure; None: no limit. The C parser hands every line past it to ``feed``, which raises.
     limit: int | None = None
     asked: int | None = None  # the max_tokens it was set from (said in the failure)
+    #: --cancel: the client gives up once the stream carried this many tokens (the same cut as ``limit``'s), and
+    #: whether it did
+    cancel_after: int | None = None
+    abandoned: bool = False
     streamed: int = 0  # tokens of the chunks so far (``sum(chunk_tokens)``, kept as they come)
     #: a reasoning model's phases: the offset of the first chunk of the answer (content, text or a tool call: not
     #: reasoning), the tokens of the chunks before it, and the server's own count of the reasoning tokens
@@ -182,12 +186,18 @@ class StreamState:
         return f"stream ended before a finish_reason or [DONE] after {self.streamed} tokens"
 
     def _check_limit(self) -> None:
+        if self.cancel_after is not None and self.streamed >= self.cancel_after:
+            self.abandoned = True
+            raise StreamError(f"abandoned by the client after {self.streamed} tokens (--cancel)")
         if self.limit is not None and self.streamed > self.limit:
             raise StreamError(f"protocol: the stream ran past {self.limit} tokens for max_tokens {self.asked}: cut")
 
     def cap(self, max_tokens: int | None) -> None:
-        """Cut the stream (a protocol failure) once it carries more than ``overrun_limit(max_tokens)`` tokens."""
+        """Cut the stream (a protocol failure) once it carries more than ``overrun_limit(max_tokens)`` tokens, or
+        (``cancel_after``) once it carried that many: the native parser hands ``feed`` every line past the limit."""
         self.asked, self.limit = max_tokens, overrun_limit(max_tokens)
+        if self.cancel_after is not None:
+            self.limit = self.cancel_after - 1 if self.limit is None else min(self.limit, self.cancel_after - 1)
 
     def feed_lines(self, lines: list[tuple[bytes, float]], start_wall: float) -> float | None:
         """Feed the native reader's (line, landing stamp) pairs; the offset of the line that completed the

@@ -181,6 +181,7 @@ def stream_request(transport: Transport, req: ReadyRequest, headers: dict[str, s
         ttfo=state.answer_at,
         late_merged=state.late_merged,
         media=req.media,
+        abandoned=state.abandoned,
     )
     rec.reasoning_tokens, rec.reasoning_source = reasoning_count(state, count_output)
     if state.server_metrics and rec.ok:

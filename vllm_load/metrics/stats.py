@@ -58,6 +58,7 @@ class LLMStats:
     #: requests cut because the load shape (a ramp down, the web UI's new user count) removed their user mid-run:
     #: logged, neither a success nor a failure (a healthy server ran 6 of them as failures and exit 1)
     removed_excluded: int = 0
+    abandoned_excluded: int = 0  # --cancel: requests the client gave up on mid-answer: logged, in no metric
     #: successful streams whose chunks' token counts the server did not say (no continuous usage): each chunk is
     #: taken for one token, so ITL per token is per chunk, whatever a chunk carried
     one_token_chunks: int = 0
@@ -221,8 +222,9 @@ class LLMStats:
     _BUCKETS = ("ok_buckets", "conn_buckets", "fail_buckets")
     _COUNTERS = ("requests", "failures", INPUT_TOKENS, OUTPUT_TOKENS, "usage_missing",
                  "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of",
-                 "warmup_excluded", "removed_excluded", "one_token_chunks", "backoffs", "backoff_ms", REASONING_TOKENS,
-                 "reasoning_requests", "reasoning_by_tokenizer", "items", "late_merged", "media_items", "media_tokens")
+                 "warmup_excluded", "removed_excluded", "abandoned_excluded", "one_token_chunks", "backoffs",
+                 "backoff_ms", REASONING_TOKENS, "reasoning_requests", "reasoning_by_tokenizer", "items", "late_merged",
+                 "media_items", "media_tokens")
 
     def to_wire(self) -> dict:
         return {

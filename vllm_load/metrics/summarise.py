@@ -54,6 +54,7 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
         "good_requests": self.good,
         "warmup_excluded": self.warmup_excluded,
         "removed_excluded": self.removed_excluded,
+        "abandoned_excluded": self.abandoned_excluded,
         "one_token_chunks": self.one_token_chunks,
         "backoffs": self.backoffs,
         "backoff_s": self.backoff_ms / 1000.0,

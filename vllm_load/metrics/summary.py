@@ -80,6 +80,7 @@ class RunSummary(Mapping[str, Any]):
     cached_fraction: float | None = ABSENT  # their share of those requests' prompt tokens
     warmup_excluded: int = ABSENT  # requests started during --warmup, left out of every number here
     removed_excluded: int = ABSENT  # requests cut when the load shape removed their user mid-run, likewise
+    abandoned_excluded: int = ABSENT  # --cancel: requests the client gave up on mid-answer, likewise
     timing: Timing | None = ABSENT  # metrics/breakdown.py: where each request's time went (the server's parts)
     routing: Routing | None = ABSENT  # metrics/routing.py: replicas, sessions' stickiness, prefix-cache hits kept
     one_token_chunks: int = ABSENT  # streams whose chunks were each taken for one token (no continuous usage)

@@ -274,8 +274,8 @@ class Generator:
         self.end_request()
         if self.refusals is not None:
             self.refusals.add(rec)
-        if rec.removed:  # its user was removed mid-run: logged, in no metric
-            self._exclude(rec, "removed_excluded")
+        if rec.removed or rec.abandoned:  # its user was removed mid-run, or it gave up (--cancel): logged, no metric
+            self._exclude(rec, "removed_excluded" if rec.removed else "abandoned_excluded")
             return
         if rec.warmup or self.in_warmup(rec):
             rec.warmup = True

@@ -186,6 +186,8 @@ class LLM(PoolingCalls, SessionCalls):
         gen.begin_request()  # counted from here: a drain waits for it
         state: StreamState | JsonBody = (JsonBody() if ready.api in POOLING else ResponsesState()
                                          if ready.api == "responses" else StreamState())
+        if isinstance(state, StreamState) and gen.requests is not None:
+            state.cancel_after = gen.requests.cancel_after()  # --cancel: this one given up mid-answer, or not
         try:
             if self._transport is None:
                 self._transport = transport_for(self._user)

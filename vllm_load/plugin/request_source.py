@@ -21,6 +21,7 @@ from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record,
 from vllm_load.workload.history import HistoryCounter
 from vllm_load.workload.lengths import parse_length
 from vllm_load.workload.media import AUDIO_TYPES, IMAGE_TYPES, ImageSize, MediaFiles, MediaMaker, parse_image_size
+from vllm_load.workload.cancel import parse_cancel
 from vllm_load.workload.model_mix import ModelMix
 from vllm_load.workload.prompt_pool import PromptPool, token_thread
 from vllm_load.workload.prompts import Prompt, PromptFactory, prompt_api
@@ -64,6 +65,7 @@ class RequestSource:
         self.helper: Any = None
         self.text_factory: PromptFactory | None = None
         self.models = ModelMix(plan.models or (plan.model,), plan.model_weights)  # --model a,b or a:0.6,b:0.4
+        self.cancel, self.sent = parse_cancel(getattr(opts, "cancel", "")), 0  # --cancel, and this process's count
         #: images and audio: the prompt thread's maker (the workload's) and the helper thread's (self.llm.image)
         self.pool_media: MediaMaker | None = None
         self.helper_media: MediaMaker | None = None
@@ -254,6 +256,11 @@ class RequestSource:
     def _trace_finished(self) -> None:
         self.idle.wait()
         self.on_trace_done()
+
+    def cancel_after(self) -> int | None:
+        """--cancel: the tokens after which this process's next streamed request is given up (None: not this one)."""
+        index, self.sent = self.sent, self.sent + 1
+        return self.cancel.after_tokens if self.cancel is not None and self.cancel.cuts(index) else None
 
     def next_model(self) -> tuple[str, str | None]:
         """The next request's model (--model a,b in turns, a:0.6,b:0.4 in shares) and its metrics group (None with

@@ -82,6 +82,9 @@ def check_numbers(opts: Any) -> None:
     if getattr(opts, "metric_percentiles", ""):
         from vllm_load.metrics.histogram import parse_percentiles
         parse_percentiles(opts.metric_percentiles)
+    if getattr(opts, "cancel", ""):
+        from vllm_load.workload.cancel import parse_cancel
+        parse_cancel(opts.cancel)
     spec = getattr(opts, "emulator_spec_tokens", 0)
     if spec < 0 or not 0.0 <= getattr(opts, "emulator_spec_acceptance", 0.7) <= 1.0:
         raise UsageError("--emulator-spec-tokens must be >= 0 and --emulator-spec-acceptance within 0..1")

@@ -254,6 +254,9 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     if s.removed_excluded:
         lines.append(f"load shape: {s.removed_excluded} requests were cut when their users were removed mid-run (a "
                      "ramp down, a new user count): logged, neither successes nor failures")
+    if s.abandoned_excluded:
+        lines.append(f"cancelled by the client (--cancel): {s.abandoned_excluded} requests given up on mid-answer: "
+                     "logged with their partial timings, neither successes nor failures")
     if s.warmup_excluded:
         lines.append(f"warm-up: {s.warmup_excluded} requests started during --warmup were sent and logged, and "
                      "left out of every number here")
