@@ -98,6 +98,10 @@ def test_the_web_uis_form_refuses_a_profile_point_as_the_command_line_does(tmp_p
                            (_form(profile_at="step:2"), "step:LEVEL profiles a sweep's step"),
                            (_form(profile_seconds="0"), "--profile-seconds must be > 0"),
                            (_form(repeat="3"), "the form has no field 'repeat'"),
+                           # values the command line refuses: they answered "Swarming started" and sat at 0 requests
+                           (_form(input_tokens="-5"), "--input-tokens"),
+                           (_form(output_tokens="0"), "--output-tokens"),
+                           (_form(extra_body="{bad"), "--extra-body"),
                            # an emptied Host: it printed IndexError and StopTest, and the badge kept its old target
                            (_form(host=" "), f"Host is empty: give the server's URL, e.g. http://127.0.0.1:8000 "
                                              f"(it was {emu.url})")):

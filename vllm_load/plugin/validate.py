@@ -75,9 +75,18 @@ def check_numbers(opts: Any) -> None:
     if not 0 < confidence < 1:
         raise UsageError(f"--confidence {confidence:g} must be between 0 and 1, e.g. 0.95")
     _check_media(opts)
-    if getattr(opts, "emulator_reasoning_tokens", ""):
-        from vllm_load.workload.lengths import parse_length
-        parse_length(opts.emulator_reasoning_tokens, "--emulator-reasoning-tokens")
+    from vllm_load.workload.lengths import parse_length
+
+    # the lengths and the body, as the target's check reads them: here before any server is asked (the web UI's
+    # form took input_tokens=-5 or extra_body={bad, answered "Swarming started", and sat at 0 requests)
+    for flag, value in (("--input-tokens", getattr(opts, "input_tokens", "")),
+                        ("--output-tokens", getattr(opts, "output_tokens", "")),
+                        ("--emulator-reasoning-tokens", getattr(opts, "emulator_reasoning_tokens", ""))):
+        if value:
+            parse_length(value, flag)
+    if getattr(opts, "extra_body", ""):
+        from vllm_load.plugin.target import body_defaults
+        body_defaults(opts)
     _check_exports(opts)
     if getattr(opts, "metric_percentiles", ""):
         from vllm_load.metrics.histogram import parse_percentiles
