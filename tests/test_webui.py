@@ -423,12 +423,17 @@ def test_the_target_badge_overlaps_no_header_label_at_1000_and_1400_px(tmp_path,
                     && (e.children.length === 0 && e.textContent.trim() || e.tagName === 'svg'))
                     .map(e => [e.tagName + ' ' + e.textContent.trim().slice(0, 20), box(e)])
                     .filter(([, b]) => b[1] > b[0]);
-                return JSON.stringify({badge: box(badge), others}); })()"""))
+                const links = [...badge.querySelectorAll('a')].map(box);
+                return JSON.stringify({badge: box(badge), others, links,
+                                       shown: getComputedStyle(badge).display !== 'none'}); })()"""))
             browser.screenshot(tmp_path / f"header-{state}-{width}.png")
             left, right, top, bottom = boxes["badge"]
             assert right <= width, boxes["badge"]
             if width == 1400:
                 assert right - left > 100, boxes["badge"]  # shown, wide enough to read
+            if boxes["shown"]:  # its links never elide: both whole inside it wherever it shows
+                assert len(boxes["links"]) == 2 and all(a[1] <= right + 0.5 and a[1] > a[0]
+                                                        for a in boxes["links"]), boxes
             assert [name for name, (l, r, t, b) in boxes["others"]  # noqa: E741
                     if l < right and left < r and t < bottom and top < b] == [], boxes
             assert len(boxes["others"]) >= 5  # the logo, Host, Status, RPS, Failures: the check saw the header

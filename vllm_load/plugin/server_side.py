@@ -140,7 +140,12 @@ class LiveServer:
         import gevent
 
         self.fetch, self.interval = fetch, interval
+        #: the samples' numbers (what the charts, the saturation watch and the maxima read); the first and the latest
+        #: kept whole besides, for the deltas of the histograms and per-label counters. Every sample was kept whole:
+        #: a vLLM's histograms made the client grow ~0.07 MB a second beside a sidecar
         self.samples: list[dict] = []
+        self.first: dict | None = None
+        self.last: dict | None = None
         self.since = start
         self.why: str | None = "no sample yet"
         self._greenlet = gevent.spawn(self._poll)
@@ -160,17 +165,24 @@ class LiveServer:
 
         while True:
             new, why = self.fetch(self.since, time.time() + 1)
-            new = [s for s in new if s["t"] > self.since]
-            if new:
-                self.samples.extend(new)
-                self.since = new[-1]["t"]
-                self.why = None
-            elif not self.samples:
-                self.why = why
+            self.take([s for s in new if s["t"] > self.since], why)
             gevent.sleep(self.interval)
 
+    def take(self, new: list[dict], why: str | None = None) -> None:
+        """New samples: their numbers kept, the first and latest whole."""
+        if new:
+            self.first = self.first or new[0]
+            self.last = new[-1]
+            self.samples.extend({k: v for k, v in s.items() if not isinstance(v, (dict, list))} for s in new)
+            self.since = new[-1]["t"]
+            self.why = None
+        elif not self.samples:
+            self.why = why
+
     def summary(self) -> dict | None:
-        return server_summary(self.samples)
+        if self.first is None or self.last is None:
+            return None
+        return server_summary([self.first, *self.samples[1:-1], self.last] if len(self.samples) > 1 else [self.last])
 
     def stop(self) -> None:
         self._greenlet.kill(block=False)
