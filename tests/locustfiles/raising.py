@@ -1,6 +1,6 @@
-"""A test locustfile whose task raises its own exception after its first request and every second one after (public
-API only): any user that sent one raised (an open loop deals a run's 6 arrivals to 3 users unevenly, and after every
-second request left a run with none raised)."""
+"""A test locustfile whose task raises its own exception at its first turn, before any request, and after every second
+request (public API only): every user raised (an open loop deals a run's 6 arrivals to 3 users unevenly, and a raise
+only after a request could come after the count had ended the run)."""
 
 from locust import task
 
@@ -14,6 +14,8 @@ class Raising(LLMUser):
     @task
     def work(self) -> None:
         self.n += 1
+        if self.n == 1:  # before any request: every user raises, however soon the count ends the run (beside busy
+            raise RuntimeError("boom in the user's own task")  # loops the 6 requests ended it before any raise after)
         reply = self.llm.chat([{"role": "user", "content": self.llm.text(tokens=40)}], max_tokens=8, name="asked")
         assert reply.ok, reply.error
         if self.n % 2 == 1:
