@@ -79,8 +79,7 @@ def check_numbers(opts: Any) -> None:
 
     # the lengths and the body, as the target's check reads them: here before any server is asked (the web UI's
     # form took input_tokens=-5 or extra_body={bad, answered "Swarming started", and sat at 0 requests)
-    for flag, value in (("--input-tokens", getattr(opts, "input_tokens", "")),
-                        ("--output-tokens", getattr(opts, "output_tokens", "")),
+    for flag, value in (("--input-tokens", opts.input_tokens), ("--output-tokens", opts.output_tokens),
                         ("--emulator-reasoning-tokens", getattr(opts, "emulator_reasoning_tokens", ""))):
         if value:
             parse_length(value, flag)
