@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, UsageError
+from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, OutputError, UsageError
 
 
 LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sessions", "sweep", "embeddings", "rerank", "responses")
@@ -126,8 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _unwritable(exc: OSError, what: str, advice: str) -> int:
     """A command's files could not be written: one line naming the file and the cause, exit 6 (as a run's)."""
-    where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
-    sys.stderr.write(f"vllm-load: error: cannot write {what}{where}: {exc.strerror or exc}: {advice}\n")
+    sys.stderr.write(f"vllm-load: error: {OutputError.of(exc, what, advice)}\n")
     return EXIT_OUTPUT
 
 

@@ -21,9 +21,9 @@ class OutputError(Exception):
     """A file of the run could not be written; the message is one line naming the file and the cause."""
 
     @classmethod
-    def of(cls, exc: OSError, what: str) -> OutputError:
+    def of(cls, exc: OSError, what: str, advice: str = "free space or pick another --run-dir") -> OutputError:
         where = f" {exc.filename}" if getattr(exc, "filename", None) else ""
-        return cls(f"cannot write {what}{where}: {exc.strerror or exc}: free space or pick another --run-dir")
+        return cls(f"cannot write {what}{where}: {exc.strerror or exc}: {advice}")
 
 
 class UsageError(Exception):

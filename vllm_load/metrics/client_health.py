@@ -176,6 +176,14 @@ class ClientHealth:
     def add(self, worker: str, report: dict) -> None:
         self.reports.setdefault(worker, []).append(report)
 
+    def judge(self, summary: RunSummary, errors: list[tuple[int, str, str]],
+              quiet: list[tuple[float, float]] | None = None, cap: int = 0) -> ClientVerdict:
+        """The verdict on a run's summary, as the end and the web UI's live view both give it: its judged send lag,
+        its stamps, and Locust's exception rows (``errors``) naming a task that raises in a loop."""
+        return self.verdict(judged_send_lag(summary), quiet, shared_stamp=shared_stamp(summary),
+                            late_merged=late_merged(summary), cap=cap,
+                            user_errors=looping_errors(errors, summary.requests))
+
     def verdict(self, send_lag_p99: float | None = None, quiet: list[tuple[float, float]] | None = None,
                 shared_stamp: float = 1.0, late_merged: float | None = None, cap: int = 0,
                 user_errors: tuple[int, str] | None = None) -> ClientVerdict:

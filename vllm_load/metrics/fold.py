@@ -62,6 +62,7 @@ def gaps(c: Chunks, ok: np.ndarray) -> tuple[np.ndarray, ...]:
     itl_rec = np.concatenate([c.rec_of[f], c.rec_of[j][keep]])
     return gaps, itl, itl_n, itl_rec
 
+
 def _answer_chunk(r: RequestRecord) -> int:
     """The index of the answer's first chunk. Chunks read together share an offset (a late read), so the offset
     alone leaves a range; the thinking's tokens counted over the chunks pick the one within it (taking the range's

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import gevent.event
 
-from vllm_load.metrics.client_health import ClientHealth, judged_send_lag, late_merged, looping_errors, shared_stamp
+from vllm_load.metrics.client_health import ClientHealth
 from vllm_load.metrics.client_monitor import ClientMonitor
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
@@ -137,10 +137,8 @@ class Collector:
             self._take_local(monitor)
         # CPU and lag while the server was unreachable or failing every request are the failures' doing
         quiet = [(w.start, w.end) for w in summary.outages]
-        done["client"] = self.health.verdict(judged_send_lag(summary), quiet,
-                                             shared_stamp=shared_stamp(summary), late_merged=late_merged(summary),
-                                             cap=self.plan.total_users * int(self.opts.max_concurrency),
-                                             user_errors=looping_errors(self.user_errors(), summary.requests))
+        done["client"] = self.health.judge(summary, self.user_errors(), quiet,
+                                           cap=self.plan.total_users * int(self.opts.max_concurrency))
         done["target_request_rate"] = float(self.opts.request_rate or 0.0)
         if self.swarm:  # how many of its load processes got ready (the epoch waits for all)
             done["processes"], done["processes_ready"] = self.clock.expected, len(self.clock.ready)

@@ -128,7 +128,7 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
     trace = _check_trace(opts)
     headers = request_headers(opts)
     body_defaults(opts)
-    models = _models(opts)
+    models, weights = parse_models(opts.model)  # --model a,b (or a:0.6,b:0.4): none asked, the server's first
     served = discover_model(host, models[0] if models else "", opts.api_key, headers=headers)
     for other in models[1:]:
         discover_model(host, other, opts.api_key, headers=headers)  # each must be served: one line if not
@@ -153,12 +153,7 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
                   stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup,
                   len(trace), trace[-1].at / opts.trace_speed if trace else 0.0, server_kind(opts, served),
                   served.owned_by, server_version(host, opts.api_key, headers=headers),
-                  model_weights=parse_models(opts.model)[1] if len(models) > 1 else ())
-
-
-def _models(opts: Any) -> list[str]:
-    """--model a,b (or a:0.6,b:0.4): the ids asked (none: the server's first)."""
-    return list(parse_models(opts.model)[0])
+                  model_weights=weights if len(models) > 1 else ())
 
 
 def _check_inputs(opts: Any) -> None:

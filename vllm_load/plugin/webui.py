@@ -8,7 +8,7 @@ from html import escape
 from typing import Any, Callable
 
 from vllm_load.metrics.breakdown import tail_lines
-from vllm_load.metrics.client_health import judged_send_lag, late_merged, looping_errors, shared_stamp, who_fell_behind
+from vllm_load.metrics.client_health import who_fell_behind
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
@@ -307,8 +307,5 @@ def live_summary(totals: Any, start_wall: float, health: Any = None,
     Locust's exception rows (count, message, traceback)."""
     summary = totals.summary(duration=max(time.time() - start_wall, 1e-9), outage_after=None)
     if health is not None:
-        summary = summary.replace(client=health.verdict(judged_send_lag(summary), shared_stamp=shared_stamp(summary),
-                                                        late_merged=late_merged(summary),
-                                                        user_errors=looping_errors(user_errors or [],
-                                                                                   summary.requests)))
+        summary = summary.replace(client=health.judge(summary, user_errors or []))
     return {**summary.to_json(), "live_output_tps": totals.recent_output_tps(time.time())}

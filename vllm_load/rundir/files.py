@@ -76,7 +76,8 @@ class RunDir:
 def holds_a_run(path: Path) -> bool:
     """``path`` already holds a run's files: a run into it would mix with them (two headless runs into one
     --run-dir left 20 lines in requests.jsonl beside a summary of 10)."""
-    return path.is_dir() and (any((path / n).exists() for n in ("config.json", "summary.json", "llm_stats.json"))
+    rd = RunDir(path)
+    return path.is_dir() and (any(f.exists() for f in (rd.config, rd.summary_json, rd.stats))
                               or any(path.glob("requests*.jsonl")))
 
 
