@@ -102,6 +102,8 @@ def test_the_web_uis_form_refuses_a_profile_point_as_the_command_line_does(tmp_p
                            (_form(input_tokens="-5"), "--input-tokens"),
                            (_form(output_tokens="0"), "--output-tokens"),
                            (_form(extra_body="{bad"), "--extra-body"),
+                           (_form(cancel="rate=2,after=4tok"), "--cancel 'rate=2,after=4tok': rate must be a share"),
+                           (_form(model="base:0,lora-a:1"), "a model's weight must be a number above 0"),
                            # an emptied Host: it printed IndexError and StopTest, and the badge kept its old target
                            (_form(host=" "), f"Host is empty: give the server's URL, e.g. http://127.0.0.1:8000 "
                                              f"(it was {emu.url})")):

@@ -93,6 +93,9 @@ def check_numbers(opts: Any) -> None:
     if getattr(opts, "cancel", ""):
         from vllm_load.workload.cancel import parse_cancel
         parse_cancel(opts.cancel)
+    if getattr(opts, "model", ""):  # its weights, before a server is asked which ids it serves
+        from vllm_load.workload.model_mix import parse_models
+        parse_models(opts.model)
     spec = getattr(opts, "emulator_spec_tokens", 0)
     if spec < 0 or not 0.0 <= getattr(opts, "emulator_spec_acceptance", 0.7) <= 1.0:
         raise UsageError("--emulator-spec-tokens must be >= 0 and --emulator-spec-acceptance within 0..1")
