@@ -170,6 +170,7 @@ def test_web_login_covers_every_route_the_plugins_too_and_the_logged_in_ui_works
     ui = UI(tmp_path, "--web-login", env=_env(VLLM_LOAD_WEB_PASSWORD="open-sesame-3"))
     try:
         for path in ("/", "/stats/requests", "/vllm-load/report", "/vllm-load/live", "/vllm-load/live.json",
+                     "/vllm-load/state",
                      "/metrics", "/vllm-load/llm_stats.csv", "/logs"):
             status, headers, _ = request(ui.base + path)
             assert status == 302 and headers.get("Location", "").endswith("/login"), (path, status)

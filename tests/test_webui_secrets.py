@@ -21,7 +21,7 @@ KEY, SIDECAR, PROM = "sk-SECRET-key-7f3a9", "sidecar-SECRET-tok-41c2", "prom-SEC
 #: every page and JSON endpoint of Locust's UI and vllm-load's (the report only exists after a run)
 PATHS = ["/", "/stats/requests", "/stats/requests/csv", "/stats/failures/csv", "/stats/report", "/exceptions",
          "/exceptions/csv", "/tasks", "/logs", "/user_classes", "/vllm-load/live", "/vllm-load/live.json",
-         "/metrics", "/vllm-load/llm_stats.csv", "/vllm-load/report"]
+         "/metrics", "/vllm-load/llm_stats.csv", "/vllm-load/report", "/vllm-load/state"]
 
 
 class Capture:
