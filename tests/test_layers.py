@@ -130,6 +130,8 @@ FOREIGN_NAMES = {
     ("client/responses.py", "input_tokens"): 1,  # the Responses API's usage
     ("client/responses.py", "output_tokens"): 1,
     ("client/responses.py", "reasoning_tokens"): 2,  # its usage's output_tokens_details
+    ("client/messages.py", "input_tokens"): 2,  # Anthropic's Messages usage
+    ("client/messages.py", "output_tokens"): 2,
     ("client/sse.py", "reasoning_tokens"): 2,  # chat's and completions' usage.completion_tokens_details
     ("workload/trace.py", "input_tokens"): 1,  # a trace file's column names, as other tools write them
     ("workload/trace.py", "output_tokens"): 1,

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, Proc, free_port, one_server_starting, run_locust
+from tests.helpers import ROOT, Proc, free_port, one_server_starting, run_in_process, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 REAL_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
@@ -148,6 +148,32 @@ def test_responses_api_against_real_vllm(tmp_path, real_vllm, locustfile):
     assert len(timed) >= len(logs) / 2 and all(0 < r["ttft"] <= r["e2e"] for r in timed)
     want = {None: 10, "string input": 8, "messages": 12}
     assert all(r["output_tokens"] == want[r["name"]] for r in logs)
+
+
+@pytest.mark.parametrize("locustfile", ["locustfiles/messages.py", "tests/locustfiles/anthropic.py"])
+def test_messages_api_against_real_vllm(tmp_path, real_vllm, locustfile):
+    """Anthropic's Messages API: the built-in workload and a user's own calls (a system prompt, a two-turn history).
+    Every request and token the run counts equals the server's own counters, and each input is exact: vLLM converts
+    the request to the chat request whose template the run counted. The length is a cap (no ignore_eos there)."""
+    from tests.helpers import counter
+
+    URL, TOKENIZER = real_vllm
+    names = ("vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+    before = [counter(URL, n) for n in names]
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / locustfile), "--headless", "-u", "2", "-r", "2", "-t", "120s",
+                          "--num-requests", "4", "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "60",
+                          "--output-tokens", "10", "--run-dir", str(run_dir), "--allow-untrustworthy"], tmp_path,
+                         timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    assert len(logs) == 4 and all(r["ok"] and r["api"] == "messages" for r in logs), [r["error"] for r in logs][:3]
+    assert all(r["tokens_from_usage"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
+    cap = {None: 10, "one turn": 8, "two turns": 12}
+    assert all(1 <= r["output_tokens"] <= cap[r["name"]] for r in logs)
+    after = [counter(URL, n) for n in names]
+    assert [a - b for a, b in zip(after, before)] == [
+        len(logs), sum(r["input_tokens"] for r in logs), sum(r["output_tokens"] for r in logs)]
 
 
 def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm, traces):

@@ -56,3 +56,29 @@ def test_real_vllm_responses_reasoning_never_exceeds_the_tokens_generated(tmp_pa
     for r in logs:
         assert r["output_tokens"] == 12 and r["reasoning_tokens"] is not None
         assert 0 < r["reasoning_tokens"] <= r["output_tokens"], r  # answer = generated - reasoning >= 0
+
+
+def test_real_vllm_messages_thinking_is_reasoning(tmp_path, reasoning_vllm):
+    """Anthropic's Messages API: vLLM turns the reasoning parser's output into a thinking block, read as reasoning
+    (the first thinking delta is TTFT; no text block: no TTFO); every request and token equals the server's."""
+    from tests.helpers import counter, run_in_process
+
+    url, tokenizer = reasoning_vllm
+    names = ("vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+    before = [counter(url, n) for n in names]
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles/messages.py"), "--headless", "-u", "2", "-r", "2", "-t", "120s",
+                          "--num-requests", "4", "--host", url, "--tokenizer", tokenizer, "--input-tokens", "48",
+                          "--output-tokens", "12", "--run-dir", str(run_dir), "--allow-untrustworthy"], tmp_path,
+                         timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    assert len(logs) == 4 and all(r["ok"] and r["api"] == "messages" for r in logs), [r["error"] for r in logs][:3]
+    thought = [r for r in logs if r["ttfo"] is None]  # a random </think> (1 in ~4,000 a token) ends the thinking
+    assert len(thought) >= 3
+    for r in thought:
+        assert r["input_tokens"] == r["input_tokens_asked"] == 48 and 1 <= r["output_tokens"] <= 12
+        assert r["ttft"] is not None and 0 < r["reasoning_tokens"] <= r["output_tokens"], r
+    after = [counter(url, n) for n in names]
+    assert [a - b for a, b in zip(after, before)] == [
+        len(logs), sum(r["input_tokens"] for r in logs), sum(r["output_tokens"] for r in logs)]

@@ -13,7 +13,8 @@ from pathlib import Path
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, OutputError, UsageError
 
 
-LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sessions", "sweep", "embeddings", "rerank", "responses")
+LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sessions", "sweep", "embeddings", "rerank", "responses",
+              "messages")
 
 
 def parse_share(text: str, flag: str) -> float:

@@ -5,7 +5,7 @@
 It is the default target of the locustfiles (started on 127.0.0.1 when no --host is given) and
 the fixture of the tests; every report says when the target was this emulator. This module routes the requests
 (``Emulator``); ``plan`` decides what a generation request produces, ``generate`` writes it, ``engine`` and
-``scheduler`` pace it, ``pooling`` and ``responses`` serve those APIs, ``pd`` the prefill/decode split, ``faults`` the
+``scheduler`` pace it, ``pooling``, ``responses`` and ``messages`` serve those APIs, ``pd`` the prefill/decode split, ``faults`` the
 injected faults, ``spans`` the OTLP export, ``cli`` the command line and the server.
 """
 
@@ -18,12 +18,12 @@ from typing import IO, Any, Iterable
 
 import orjson
 
-from . import media, pooling, responses
+from . import media, messages, pooling, responses
 from .engine import FixedScheduleEngine
 from .faults import FaultPlan
 from .generate import VERSION, complete, stream
 from .http import HttpError, Start, error_reply, loggable_headers, post_body, reply
-from .plan import Output, plan
+from .plan import Output, plan, prompt_ids
 from .prefix_cache import PrefixCache
 from .profiler import Profiler
 from .scheduler import BatchingEngine
@@ -129,6 +129,8 @@ class Emulator:
             return self._pool(environ, start_response, path)
         if path == "/v1/responses":
             return self._responses(environ, start_response)
+        if path in ("/v1/messages", "/v1/messages/count_tokens"):
+            return self._messages(environ, start_response, path.endswith("count_tokens"))
         if path in GENERATION_PATHS:
             return self._generate(environ, start_response, path == "/v1/chat/completions")
         raise HttpError(404, f"Not Found: {path}", "NotFoundError")
@@ -169,6 +171,26 @@ class Emulator:
         model, out = plan(self, True, plan_body, self.faults.pick(environ), responses.input_ids(self, messages))
         start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
         return responses.stream(self, model, out)
+
+    def _messages(self, environ: dict, start_response: Start, count: bool) -> Iterable[bytes]:
+        """Anthropic's Messages API, as vLLM converts it to a chat request (``messages.py``)."""
+        body = post_body(environ)
+        self._log_request(environ, body)
+        try:
+            chat = {"model": body.get("model", self.served[0]), "messages": messages.chat_messages(body),
+                    "max_tokens": body.get("max_tokens")}
+        except messages.MessagesError as exc:
+            raise HttpError(400, str(exc), "BadRequestError", "messages") from None
+        if count:
+            self.model_of(chat)
+            return reply(start_response, 200, orjson.dumps({"input_tokens": len(prompt_ids(self, True, chat))}))
+        if not isinstance(chat["max_tokens"], int):
+            raise HttpError(400, "max_tokens: Field required", "BadRequestError", "max_tokens")
+        model, out = plan(self, True, chat, self.faults.pick(environ))
+        if not body.get("stream"):
+            return reply(start_response, 200, messages.whole(self, model, out))
+        start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
+        return messages.stream(self, model, out)
 
     def _generate(self, environ: dict, start_response: Start, chat: bool) -> Iterable[bytes]:
         received = time.perf_counter()  # the timing log's zero for this request: when it reached the server

@@ -27,7 +27,8 @@ from vllm_load.workload.prompts import Prompt
 from vllm_load.metric_table import E2E, SEND_LAG
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
-         "rerank": "/v1/rerank", "score": "/v1/score", "responses": "/v1/responses"}
+         "rerank": "/v1/rerank", "score": "/v1/score", "responses": "/v1/responses",
+         "messages": "/v1/messages"}
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from gevent import getcurrent
 from vllm_load.client.exchange import JsonBody, Transport
 from vllm_load.client.pooling import POOLING, pooling_request
 from vllm_load.client.reply import Reply
+from vllm_load.client.messages import MessagesState, messages_request
 from vllm_load.client.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
 from vllm_load.client.trace_context import HEADER, new_traceparent
@@ -36,6 +37,8 @@ from vllm_load.workload.prompt_pool import PromptError
 #: Open loop: requests sent within this many seconds of a schedule's start (a run's, or a sweep step's
 #: new rate) have their send lag judged apart from the steady state (connections opening, users spawning).
 STARTUP_S = 2.0
+#: the request types whose streams are named events, not chat chunks
+STATES: dict[str, type[StreamState]] = {"responses": ResponsesState, "messages": MessagesState}
 #: first wait after a connection failure (closed loop), doubled per further failure up to --retry-backoff-max
 BACKOFF_START = 0.05
 
@@ -166,6 +169,30 @@ class LLM(PoolingCalls, SessionCalls):
         return self.send(responses_request(model, input, tokens, max_output_tokens, defaults=src.defaults,
                                            extra=body, group=group), name=name, headers=headers)
 
+    def messages(self, messages: list[dict[str, Any]], *, max_tokens: int, system: str | None = None,
+                 name: str | None = None, headers: dict[str, str] | None = None, **body: Any) -> Reply:
+        """One streaming Anthropic Messages request (``/v1/messages``): ``messages`` as chat's (roles user and
+        assistant, string contents), ``system`` Anthropic's system prompt, ``max_tokens`` its required cap (no
+        ``ignore_eos``: the model may stop before it), ``tools`` Anthropic's (``name``, ``description``,
+        ``input_schema``). Counted as vLLM counts it (the chat request it converts it to); timed like ``chat``
+        (TTFT, TTFO from a thinking block, gaps, the usage of ``message_delta``)."""
+        check_messages(messages, "messages(messages)")
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ValueError(f"self.llm.messages(max_tokens={max_tokens!r}): the Messages API needs a positive int")
+        src = self._source()
+        counted = [{"role": "system", "content": system}, *messages] if system else messages
+        text_only, _ = split_media(counted)
+        tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description"),
+                                                   "parameters": t.get("input_schema")}}
+                 for t in body.get("tools") or ()]
+        tokens = self.count_chat(text_only, tools or None)
+        check_max_tokens("messages", max_tokens, tokens, src.plan.max_model_len)
+        model, group = (body.pop("model"), None) if "model" in body else src.next_model()
+        if system:
+            body["system"] = system
+        return self.send(messages_request(model, messages, tokens, max_tokens, defaults=src.defaults, extra=body,
+                                          group=group), name=name, headers=headers)
+
     def prepared(self, api: str = "chat") -> ReadyRequest:
         """The next request of the run's own workload (--input-tokens, --output-tokens, --dataset, …), built
         ahead by the prompt thread: what the built-in users send."""
@@ -184,8 +211,8 @@ class LLM(PoolingCalls, SessionCalls):
         gen = self._generator()
         due = self._due.pop(getcurrent(), None)
         gen.begin_request()  # counted from here: a drain waits for it
-        state: StreamState | JsonBody = (JsonBody() if ready.api in POOLING else ResponsesState()
-                                         if ready.api == "responses" else StreamState())
+        state: StreamState | JsonBody = (JsonBody() if ready.api in POOLING else
+                                         STATES.get(ready.api, StreamState)())
         if isinstance(state, StreamState) and gen.requests is not None:
             state.cancel_after = gen.requests.cancel_after()  # --cancel: this one given up mid-answer, or not
         try:

@@ -13,6 +13,7 @@ from typing import Any, Callable
 import gevent
 
 from vllm_load.client.pooling import POOLING, embeddings_request, rerank_request
+from vllm_load.client.messages import messages_request
 from vllm_load.client.responses import responses_request
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, ready_request
 from vllm_load.plugin.plan import RunPlan
@@ -175,6 +176,11 @@ class RequestSource:
             return self._pooling_request(api)
         if api == "responses":
             return self._responses_request()
+        if api == "messages":
+            prompt, max_tokens = self.new_prompt("chat")
+            model, group = self.next_model()
+            return messages_request(model, prompt.messages, prompt.tokens, max_tokens, defaults=self.defaults,
+                                    group=group)
         prompt, max_tokens = self.new_prompt(api)
         model, group = self.next_model()
         return ready_request(api, model, prompt, max_tokens, self.defaults, group,

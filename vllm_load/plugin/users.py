@@ -199,6 +199,14 @@ class ResponsesUser(_WorkloadUser):
     api = "responses"
 
 
+class MessagesUser(_WorkloadUser):
+    """/v1/messages (Anthropic's Messages API, as vLLM serves it), streamed: the run's workload as messages (the
+    system prompt in ``system``), timed like chat; the answer is at most --output-tokens long (no ignore_eos)."""
+
+    abstract = False
+    api = "messages"
+
+
 class EmbeddingsUser(_WorkloadUser):
     """/v1/embeddings: --batch-size unique texts of --input-tokens each per request."""
 

@@ -37,7 +37,8 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
     plan = run.plan
     logs = [r for r in run_logs(run) if not r.get("warmup") and not r.get("removed")]
     api = logs[0]["api"] if logs else "chat"
-    backend = {"chat": "openai-chat", "responses": "openai-responses", "embeddings": "openai-embeddings",
+    backend = {"chat": "openai-chat", "responses": "openai-responses", "messages": "anthropic-messages",
+               "embeddings": "openai-embeddings",
                "rerank": "vllm-rerank"}.get(api, "openai")
     duration = float(s.duration_s or 0.0)
     rate = float(opts.get("request_rate") or 0.0)

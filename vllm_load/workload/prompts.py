@@ -33,7 +33,7 @@ def prompt_api(api: str) -> Api:
     """How a request API's texts are built and counted: a Responses input as chat messages, a pooling input
     (embeddings, rerank, score) as a completion prompt (each text on its own, the tokenizer's special tokens
     included, as vLLM counts it)."""
-    return "chat" if api in ("chat", "responses") else "completions"
+    return "chat" if api in ("chat", "responses", "messages") else "completions"
 
 _WORD = re.compile(r"^[a-z]{3,10}$")
 #: trace blocks kept as text per factory (~450 bytes each at 64 tokens): a 128k-token context is 2,000 blocks
