@@ -214,6 +214,9 @@ OPTIONS: tuple[Option, ...] = (*group(
         "on a run that measured nothing", type=int),
     Option("--allow-untrustworthy", False, "accept a run the tool calls untrustworthy (the client could not keep "
         "time, or a worker was lost): exit by the SLOs instead of with code 5", action="store_true"),
+    Option("--strict-load", False, "fail the run (exit 4) when the load delivered was not the load asked: an open "
+        "loop's sent rate or inter-arrival CV beyond its sampling band, a closed loop's requests in flight under 90 % "
+        "of its users (said in every run either way)", action="store_true"),
     Option("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)", web=False),
     Option("--retry-backoff-max", "2s", "closed loop: after a connection failure (refused, reset, connect timeout) a "
         "user waits 50 ms, doubling up to this, with jitter (also the cap on a server's Retry-After)"),

@@ -11,6 +11,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from vllm_load.metrics import outages
+from vllm_load.metrics.delivered import Sends
 from vllm_load.metrics.error_kinds import MAX_KINDS, OTHER, error_kind
 from vllm_load.metrics.histogram import PERCENTILES, Histogram
 from vllm_load.metrics import fold as folding
@@ -94,6 +95,8 @@ class LLMStats:
     targets: dict = field(default_factory=dict)
     #: the same over a phase of the run: "steady", its requests that ran in the steady window (``plugin/steady.py``)
     phases: dict = field(default_factory=dict)
+    #: open loop at a constant rate: every process's actual send times (``delivered``: the load delivered)
+    sends: Sends = field(default_factory=Sends)
     timeline: bool = True  # per-second and per-window series (a name's group keeps none: the run's has them)
     _pending: list = field(default_factory=list, repr=False, compare=False)
 
@@ -247,6 +250,7 @@ class LLMStats:
             "names_version": NAMES_VERSION,
             **({"targets": {t: sub.to_wire() for t, sub in self.targets.items()}} if self.targets else {}),
             **({"phases": {p: sub.to_wire() for p, sub in self.phases.items()}} if self.phases else {}),
+            **({"sends": self.sends.times.tolist()} if self.sends.times else {}),
         }
 
     @classmethod
@@ -271,6 +275,7 @@ class LLMStats:
         for k in cls._BUCKETS:  # older run dirs have none
             setattr(s, k, Counter({int(b): n for b, n in data.get(k, {}).items()}))
         s.conn_error = tuple(data.get("conn_error", (0.0, "")))
+        s.sends.extend(data.get("sends") or ())
         for group in ("names", "targets", "phases"):
             for key, wire in data.get(group, {}).items():
                 sub = cls.from_wire(wire)
@@ -299,6 +304,7 @@ class LLMStats:
         for k in self._BUCKETS:
             getattr(self, k).update(getattr(other, k))
         self.conn_error = max(self.conn_error, other.conn_error, key=lambda e: e[0])
+        self.sends.extend(other.sends.times)
         for w, ms in other.windows.items():
             mine = self.windows[w]
             for m, h in ms.items():

@@ -106,6 +106,9 @@ class RunSummary(Mapping[str, Any]):
     workers_missing: dict[str, float] = ABSENT  # a worker Locust marked missing (no heartbeat ~3 s) -> seconds into the run
     client: ClientVerdict = ABSENT  # ClientHealth.verdict()
     target_request_rate: float = ABSENT
+    #: the load delivered against the asked (``metrics/delivered.py``): an open loop's rate and inter-arrival CV, a
+    #: closed loop's requests in flight; each with ``as_asked`` and its one-line ``detail``
+    delivered: dict = ABSENT
     trace: TraceKept = ABSENT  # --trace: rows, sent, intended and achieved span (seconds)
     profiled: list[ProfiledWindow] = ABSENT  # --profile-at: each profiler window (seconds into the run)
     # the rest of the run's summary

@@ -28,7 +28,7 @@ DRIFT_LIMIT = 0.01
 
 
 def validity_checks(summary: Mapping[str, Any], slos: list[SLO], min_requests: int = 1,
-                    num_requests: int = 0) -> list[Check]:
+                    num_requests: int = 0, strict_load: bool = False) -> list[Check]:
     """What must hold for the numbers to mean anything, SLOs or not: the run measured something, as many requests
     as --num-requests asked (a run that -t ended at 18 of 1,000,000 is not the run asked for), and the prompts it
     meant to send. An ``input_drift`` SLO replaces the default drift check."""
@@ -65,6 +65,11 @@ def validity_checks(summary: Mapping[str, Any], slos: list[SLO], min_requests: i
                       f"{summary.input_drift_max_abs} tokens): the tokenizer does not match the server's: pass "
                       "--tokenizer with the server's own (or --slo 'input_drift<=100%' to accept drift)")
         out.append(Check(f"prompt-length drift <= {DRIFT_LIMIT:.0%} of requests", share, passed, detail))
+    if strict_load:  # the load delivered was the load asked (metrics/delivered.py): else not the run asked for
+        found = summary.delivered or {}
+        passed = found.get("as_asked") is not False
+        out.append(Check("delivered load as asked (--strict-load)", 1.0 if passed else 0.0, passed,
+                         found.get("detail") or "not judged: no constant open-loop rate or steady window to judge"))
     return out
 
 
@@ -200,11 +205,11 @@ class Verdict:
 
 
 def judge(summary: Mapping[str, Any], slos: list[SLO], server: dict | None = None, min_requests: int = 1,
-          allow_untrustworthy: bool = False, num_requests: int = 0) -> Verdict:
+          allow_untrustworthy: bool = False, num_requests: int = 0, strict_load: bool = False) -> Verdict:
     """The one place a run is judged (with the emulator's lateness added to the client's: ``judge_emulator``)."""
     summary = RunSummary.of(summary)
     checks = evaluate(slos, summary, server)
-    validity = validity_checks(summary, slos, min_requests, num_requests)
+    validity = validity_checks(summary, slos, min_requests, num_requests, strict_load)
     summary = judge_emulator(summary, server)
     trust = trust_check(summary, allow_untrustworthy)
     return Verdict(tuple(checks), (*validity, trust), exit_code(summary, checks, slos, validity, trust))

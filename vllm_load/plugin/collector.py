@@ -13,6 +13,7 @@ import gevent.event
 
 from vllm_load.metrics.client_health import ClientHealth
 from vllm_load.metrics.client_monitor import ClientMonitor
+from vllm_load.metrics.delivered import delivered, in_flight, in_flight_finding
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.runtime.embedded import emulator_mode
@@ -23,6 +24,7 @@ from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
 from vllm_load.metrics.summary import metric_stats
 from vllm_load.rundir.files import FORMAT_VERSION
+from vllm_load.metric_table import E2E
 from vllm_load.workload.datasets import records_per_request
 
 
@@ -140,6 +142,7 @@ class Collector:
         done["client"] = self.health.judge(summary, self.user_errors(), quiet,
                                            cap=self.plan.total_users * int(self.opts.max_concurrency))
         done["target_request_rate"] = float(self.opts.request_rate or 0.0)
+        done["delivered"] = self._delivered()
         if self.swarm:  # how many of its load processes got ready (the epoch waits for all)
             done["processes"], done["processes_ready"] = self.clock.expected, len(self.clock.ready)
         if self.clock.ready:  # each worker's offset to the master's clock, and its uncertainty
@@ -154,6 +157,20 @@ class Collector:
         summary = summary.replace(**done)
         self.results = summary  # the verdict is given from it even when the disk refuses the file
         return summary
+
+    def _delivered(self) -> dict | None:
+        """The load delivered against the asked (``metrics/delivered.py``): an open loop's sends at its one rate, a
+        closed loop's requests in flight in its steady window against its users; None where neither applies."""
+        if self.plan.constant_rate > 0:
+            found = delivered(self.totals.sends.times, self.plan.constant_rate, float(self.opts.burstiness))
+            return found.to_json() if found is not None else None
+        steady = self.totals.phases.get("steady")
+        if steady is None or not steady.requests or steady.first_start is None or self.plan.trace_rows:
+            return None
+        window, mean_e2e = steady.last_end - steady.first_start, steady.hists[E2E].mean
+        if window < 10 * mean_e2e:  # requests across its edges, left out, would weigh more than a tenth
+            return None
+        return in_flight_finding(in_flight(steady.requests, mean_e2e, window), self.plan.total_users)
 
     def _profiled(self) -> dict:
         """--profile-at: where in the run the server's profile is (seconds from the measured window's start)."""

@@ -261,7 +261,7 @@ def _finish_unwritten(ctl: Controller, run: Run, col: Collector) -> None:
     environment = ctl.environment
     opts = environment.parsed_options
     verdict = judge(summary, list(ctl.slos), None, int(opts.min_requests), bool(opts.allow_untrustworthy),
-                    0 if col.plan.sweep_kind else col.plan.num_requests)
+                    0 if col.plan.sweep_kind else col.plan.num_requests, bool(opts.strict_load))
     sys.stdout.write("\n" + render_table(summary, _table_title(ctl, col)) + "\n")
     if render_validity(verdict):
         sys.stdout.write(render_validity(verdict) + "\n")

@@ -274,11 +274,13 @@ class Generator:
         self.end_request()
         if self.refusals is not None:
             self.refusals.add(rec)
+        rec.warmup = rec.warmup or self.in_warmup(rec)
+        if self.plan.constant_rate and rec.send_lag is not None and not (rec.startup or rec.warmup):
+            self.stats.sends.add(rec.start + rec.send_lag)  # sent: the load delivered, whatever became of it
         if rec.removed or rec.abandoned:  # its user was removed mid-run, or it gave up (--cancel): logged, no metric
             self._exclude(rec, "removed_excluded" if rec.removed else "abandoned_excluded")
             return
-        if rec.warmup or self.in_warmup(rec):
-            rec.warmup = True
+        if rec.warmup:
             self._exclude(rec, "warmup_excluded")
             return
         if self.goodput_limits:
@@ -330,8 +332,7 @@ class Generator:
     def reset_metrics(self) -> None:
         """Locust's --reset-stats / the web UI's Reset: this process's LLM metrics start over, in place (the
         folder and the collector of a local run hold these objects), the instant Locust resets its table."""
-        self.stats.__init__()  # type: ignore[misc]
-        for s in self.step_stats.values():
+        for s in (self.stats, *self.step_stats.values()):
             s.__init__()  # type: ignore[misc]
         if self.monitor is not None:
             self.monitor.take()

@@ -62,4 +62,5 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
                    ramp=(opts.ramp_up_strategy, float(opts.ramp_up_start_rps), float(opts.ramp_up_end_rps),
                          0.0 if opts.num_requests else float(opts.run_time or 0)) if ramp_kind(opts) == "rate" else (),
                    sweep_kind=sweep.kind if sweep else "", sweep_levels=sweep.levels if sweep else (),
-                   hosts=target.hosts, steady=why_no_window(opts, shaped) is None)
+                   hosts=target.hosts, steady=why_no_window(opts, shaped) is None,
+                   constant_rate=float(opts.request_rate or 0.0) if why_no_window(opts, shaped) is None else 0.0)

@@ -64,6 +64,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         server_rows=server_cells(server) if server else [], spec=spec_line(server["spec_decode"])
         if server and server.get("spec_decode") else "",
         energy=energy_line(s) if s.energy or s.energy_missing else "",
+        delivered=(s.delivered or {}).get("detail", ""),
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run),
@@ -206,7 +207,7 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     # a sweep's --num-requests is each step's (judged there); a run's is the whole run's
     asked = plan.num_requests if plan is not None and not plan.sweep_kind else 0
     verdict = finish(run.path, run.summary, slos, server, title, junit, min_requests,
-                     bool(opts.get("allow_untrustworthy")), asked)
+                     bool(opts.get("allow_untrustworthy")), asked, bool(opts.get("strict_load")))
     rd = RunDir(run.path)
     out = rd.report
     rd.write(out, render_html(run, verdict))

@@ -52,9 +52,9 @@ def summary_markdown(summary: dict, verdict: Verdict, title: str, server: dict |
 
 def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, title: str,
            junit_path: str = "", min_requests: int = 1, allow_untrustworthy: bool = False,
-           num_requests: int = 0) -> Verdict:
+           num_requests: int = 0, strict_load: bool = False) -> Verdict:
     """Judge the run once and write summary.json / summary.md / junit files into ``run_dir``."""
-    verdict = judge(summary, slos, server, min_requests, allow_untrustworthy, num_requests)
+    verdict = judge(summary, slos, server, min_requests, allow_untrustworthy, num_requests, strict_load)
     data = {"title": title, **verdict.to_json(), "summary": summary, "server": server}
     rd = RunDir(run_dir)
     rd.write(rd.summary_json, data, indent=2)

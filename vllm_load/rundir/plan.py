@@ -51,6 +51,9 @@ class RunPlan:
     hosts: tuple[str, ...] = ()
     #: the run has a steady window (one load level: no sweep, ramp, trace or shape; ``plugin/steady.py``)
     steady: bool = False
+    #: the open loop's one rate (req/s) when it has one level (``steady``): what the delivered load is judged
+    #: against (``metrics/delivered.py``); 0: a closed loop, or a rate that changes
+    constant_rate: float = 0.0
 
     def ramp_rate(self, elapsed: float, sent: int, share: int) -> float:
         """--ramp-up-strategy's total rate ``elapsed`` seconds after the run's epoch (a ramp over -t), or after
