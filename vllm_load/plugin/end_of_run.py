@@ -4,7 +4,6 @@ the report, the console's last lines and the exit code."""
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import signal
 import sys
@@ -18,6 +17,7 @@ from vllm_load.client.openai_api import auth_header, public_url
 from vllm_load.redact import redact_urls
 from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
 from vllm_load.metrics.verdict import judge, render_checks
+from vllm_load.plugin import interrupt
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.run import Run
 from vllm_load.plugin.server_side import fetch_samples
@@ -40,7 +40,6 @@ class Ending:
         self.final_summary: dict | None = None  # the stopped run's judged summary
         self.block = ""  # the end-of-run block
         self.writing: gevent.event.Event | None = None  # set once the end is written
-        self.signals = 0  # quitting events that came while it was written
         #: set by a second Ctrl-C or SIGTERM: the end stops waiting for requests in flight (they are cut)
         self.cut = gevent.event.Event()
 
@@ -175,8 +174,11 @@ def _local_monitor(run: Run) -> Any:
 def quitting(ctl: Controller) -> None:
     """The end of the run, once. Locust runs a shutdown per SIGTERM (in that signal's greenlet), and its main
     greenlet runs one more when the runner stops: two wrote two different summaries. A later one waits for the
-    first, then for the first to exit the process (with its code); a third signal quits at once."""
+    first, then for the first to exit the process (with its code); a SIGTERM is counted with the SIGINTs
+    (``interrupt.repeated``: the second signal cuts, the third quits)."""
     end = ctl.end
+    signalled = gevent.getcurrent().parent is not None  # not the main greenlet: a SIGTERM's shutdown
+    n = interrupt.noted() if signalled else 0
     if end.writing is None:
         end.writing = gevent.event.Event()
         try:
@@ -184,18 +186,8 @@ def quitting(ctl: Controller) -> None:
         finally:
             end.writing.set()
         return
-    signalled = gevent.getcurrent().parent is not None  # not the main greenlet: a signal's shutdown
-    if signalled:
-        end.signals += 1
-        if end.signals >= 2:  # 128 + the signal, as a shell says of a process a signal ended (1 is "requests failed")
-            sys.stderr.write("vllm-load: a third signal: quitting now; the run's files may be incomplete\n")
-            sys.stderr.flush()
-            os._exit(128 + signal.SIGTERM)
-        if not end.writing.is_set():
-            sys.stderr.write("vllm-load: a second signal: the requests still in flight are cut (cancelled, in the "
-                             "log) and the run's end is written now (another signal quits at once)\n")
-            sys.stderr.flush()
-            ctl.hurry()
+    if signalled and (n >= 3 or not end.writing.is_set()):  # while the end is written: a second signal at least
+        interrupt.repeated(max(n, 2), signal.SIGTERM)
     end.writing.wait()
     # the first shutdown goes on to Locust's tables and its exit, which ends the process (its SystemExit reaches
     # the main greenlet with the run's code): this one waits for that rather than printing and exiting again

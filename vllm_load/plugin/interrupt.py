@@ -8,7 +8,9 @@ signal is taken by the event loop, which throws KeyboardInterrupt into the main 
 (Locust's ``main_greenlet.join()``): Locust then stops as it does on Ctrl-C, and nothing was cut mid-way.
 
 A second Ctrl-C, while the run's end waits for requests in flight, ends that wait (``hurry``): thrown into the main
-greenlet again, it raised out of the drain with a traceback and lost summary.json. A third quits at once.
+greenlet again, it raised out of the drain with a traceback and lost summary.json. A third quits at once. SIGINT and
+SIGTERM are counted together (``noted``; SIGTERM's in ``end_of_run.quitting``, where Locust's own handler delivers
+it): the second signal of either kind cuts, the third quits with 128 + its number, whatever their order.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Callable
 import gevent
 
 _installed: list = []
-_seen = [0]  # SIGINTs taken
+_seen = [0]  # SIGINTs and SIGTERMs taken
 #: what a second Ctrl-C does: the process's controller sets it (its end stops waiting for requests in flight)
 hurry: Callable[[], None] | None = None
 
@@ -37,17 +39,32 @@ def install() -> None:
     _installed.append(gevent.signal_handler(signal.SIGINT, _interrupt))
 
 
-def _interrupt() -> None:
+def noted() -> int:
+    """One more stopping signal (SIGINT or SIGTERM): how many there have been."""
     _seen[0] += 1
-    if _seen[0] >= 3:
-        sys.stderr.write("vllm-load: a third Ctrl-C: quitting now; the run's files may be incomplete\n")
+    return _seen[0]
+
+
+def repeated(n: int, sig: signal.Signals) -> bool:
+    """What the ``n``-th stopping signal does past the first: the second cuts the requests in flight (``hurry``), the
+    third quits with 128 + its number (as a shell says of a process a signal ended; 1 means "requests failed").
+    False for the first: the caller stops the run."""
+    if n >= 3:
+        sys.stderr.write(f"vllm-load: a third signal ({sig.name}): quitting now; the run's files may be incomplete\n")
         sys.stderr.flush()
-        os._exit(128 + signal.SIGINT)
-    if _seen[0] == 2 and hurry is not None:
-        sys.stderr.write("vllm-load: a second Ctrl-C: the requests still in flight are cut (cancelled, in the log) "
-                         "and the run's end is written now (a third quits at once)\n")
-        sys.stderr.flush()
-        hurry()
+        os._exit(128 + sig)
+    if n == 2:
+        if hurry is not None:
+            sys.stderr.write(f"vllm-load: a second signal ({sig.name}): the requests still in flight are cut "
+                             "(cancelled, in the log) and the run's end is written now (a third quits at once)\n")
+            sys.stderr.flush()
+            hurry()
+        return True
+    return False
+
+
+def _interrupt() -> None:
+    if repeated(noted(), signal.SIGINT):
         return
     hub = gevent.get_hub()
     hub.loop.run_callback(hub.parent.throw, KeyboardInterrupt)  # from the hub: no traceback printed
