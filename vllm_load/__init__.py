@@ -25,6 +25,10 @@ def __getattr__(name: str) -> Any:
         from vllm_load.client.reply import Reply
 
         return Reply
+    if name == "on_fault":  # a locustfile's own fault action (--fault 'AT: call: NAME')
+        from vllm_load.plugin.fault_plan import on_fault
+
+        return on_fault
     if name == "UsageError":
         from vllm_load.errors import UsageError
 

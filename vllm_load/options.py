@@ -259,6 +259,11 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--reset-prefix-cache", False, "empty the server's prefix cache (vLLM's POST /reset_prefix_cache, served "
         "with VLLM_SERVER_DEV_MODE=1) before the run and before each sweep step, so none inherits the last one's "
         "hits; a server that refuses it is said once", action="store_true"),
+    Option("--fault", [], "a fault plan's action on the run's clock, 'AT: KIND: WHAT' (repeatable): KIND kill, stop, "
+        "start, restart or exec runs the command WHAT (e.g. '30s: kill: kill -9 $(cat r2.pid)'), call runs the "
+        "locustfile's @vllm_load.on_fault(WHAT) hook; once per swarm; the disruption verdict judges each",
+        action="append", web=False),
+    Option("--fault-plan", "", "a file of --fault actions, one per line ('#' comments)", web=False),
     Option("--profile-at", "", "run vLLM's profiler (POST /start_profile, /stop_profile: vLLM started with "
         "--profiler-config) at a chosen load: N (once the server runs N requests, from the sidecar's or Prometheus' "
         "series, for --profile-seconds), 'run' (the measured window, after --warmup), or step:LEVEL (a sweep's first "

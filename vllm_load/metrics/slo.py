@@ -40,7 +40,11 @@ RUN_METRICS = {
     "energy_per_token": "J", "energy_per_request": "J",  # GPU telemetry (--dcgm-url)
     # a fleet's routing (metrics/routing.py): from --capture-header's replica, or --host a,b
     "cache_hits_of_achievable": "%", "replica_imbalance": "", "session_stickiness": "%",
+    # a fault plan's disruption (metrics/disruption.py): each action's worst
+    "lost_requests": "count", "recovery.seconds": "s", "rehomed_sessions": "count", "goodput_during_fault": "%",
 }
+_DISRUPTION = {"lost_requests": "lost_requests", "recovery.seconds": "recovery_s",
+               "rehomed_sessions": "rehomed_sessions", "goodput_during_fault": "goodput_during_fault"}
 #: what --window steady judges on the steady window's requests (the rest is the run's: its outages, the server's
 #: series, the routing, the server's per-request parts, the energy)
 WINDOWED = frozenset({*table.LATENCY, "error_rate", "goodput", "good_request_fraction", "output_token_rate",
@@ -102,7 +106,7 @@ def parse_slo(text: str) -> SLO:
         _deprecated("goodput%", "goodput is now good requests per second, as vllm bench serve defines it: write "
                                 "good_request_fraction>=95% for the share")
         metric = "good_request_fraction"
-    if name is not None and (metric.startswith("server.") or metric == "outage.seconds"):
+    if name is not None and (metric.startswith("server.") or metric == "outage.seconds" or metric in _DISRUPTION):
         raise UsageError(f"SLO {text!r}: {metric} belongs to the whole run, not to requests named {name!r}")
     if stat and f"{metric}.{stat}" in SERVER_METRICS:  # server.kv_cache_usage.max is one name
         metric, stat = f"{metric}.{stat}", ""
@@ -275,6 +279,15 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
                 f"the prefix-cache hits are {found.cache_hits_unknown}" if found.cache_hits_unknown else \
                 "no turn could hit the prefix cache (sessions of one turn)"
         return float(value), ""
+    if slo.metric in _DISRUPTION:
+        found = summary.disruption
+        if not found:
+            return None, "no fault plan ran (--fault, --fault-plan)"
+        value = found.get(_DISRUPTION[slo.metric])
+        if value is None:
+            return None, ("the fleet had not recovered when the run ended" if slo.metric == "recovery.seconds" else
+                          "no request started between a fault and its recovery")
+        return float(value), ""
     if slo.metric in ("output_token_rate", "request_rate", OUTPUT_TPS):
         return float(summary[slo.metric if slo.metric != OUTPUT_TPS else "output_token_rate"]), ""
     if not server:
@@ -286,8 +299,10 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
 
 
 def _show(slo: SLO, value: float) -> str:
-    if slo.metric == "outage.seconds":
+    if slo.metric in ("outage.seconds", "recovery.seconds"):
         return f"{value:.1f} s"
+    if RUN_METRICS.get(slo.metric) == "count":
+        return f"{value:.0f}"
     if slo.metric in LATENCY:
         return f"{value * 1000:.2f} ms"
     if slo.metric == "goodput":

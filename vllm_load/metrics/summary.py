@@ -109,6 +109,9 @@ class RunSummary(Mapping[str, Any]):
     #: the load delivered against the asked (``metrics/delivered.py``): an open loop's rate and inter-arrival CV, a
     #: closed loop's requests in flight; each with ``as_asked`` and its one-line ``detail``
     delivered: dict = ABSENT
+    #: the fault plan's actions (start and end on the wall clock, outcome) and what each did to the requests
+    faults: list[dict] = ABSENT
+    disruption: dict = ABSENT
     trace: TraceKept = ABSENT  # --trace: rows, sent, intended and achieved span (seconds)
     profiled: list[ProfiledWindow] = ABSENT  # --profile-at: each profiler window (seconds into the run)
     # the rest of the run's summary

@@ -35,6 +35,7 @@ class Collector:
     totals: LLMStats = field(default_factory=LLMStats)  # master: merge of worker deltas; local: the generator's
     sweep: Sweep | None = None  # --sweep: its steps, their windows, merged stats and verdicts
     health: ClientHealth = field(default_factory=ClientHealth)
+    faults: list = field(default_factory=list)  # the fault plan's actions that began (``fault_plan.run_plan``)
     workers_seen: set = field(default_factory=set)
     workers_lost: list = field(default_factory=list)  # workers that never sent their final report
     last_report: dict = field(default_factory=dict)  # worker -> wall time of its latest report (when it was lost)
@@ -143,6 +144,8 @@ class Collector:
                                            cap=self.plan.total_users * int(self.opts.max_concurrency))
         done["target_request_rate"] = float(self.opts.request_rate or 0.0)
         done["delivered"] = self._delivered()
+        if self.faults:  # the fault plan's actions as they ran (their start and end, wall clock)
+            done["faults"] = [dict(f) for f in self.faults]
         if self.swarm:  # how many of its load processes got ready (the epoch waits for all)
             done["processes"], done["processes_ready"] = self.clock.expected, len(self.clock.ready)
         if self.clock.ready:  # each worker's offset to the master's clock, and its uncertainty

@@ -256,6 +256,10 @@ def check_options(environment: Any) -> None:
         from vllm_load.plugin.server_control import profile_point
 
         profile_point(opts)
+    if getattr(opts, "fault", None) or getattr(opts, "fault_plan", ""):  # once the locustfile registered its hooks
+        from vllm_load.plugin.fault_plan import check_hooks, parse_plan
+
+        check_hooks(parse_plan(opts.fault, opts.fault_plan))
     for cls in classes:
         check = getattr(cls, "check_options", None)
         if check is not None:

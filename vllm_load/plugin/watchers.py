@@ -1,6 +1,6 @@
 """What watches a run while it goes (a local runner's or a master's): outages said as they start and end (and
 --stop-on-outage), the workers Locust marks missing, the saturation watch, GPU telemetry, the server's live samples
-for the web UI, and the profiler's window. Each is a greenlet of ``Run.watchers`` (killed with the run)."""
+for the web UI, the profiler's window and the fault plan's actions. Each is a greenlet of ``Run.watchers`` (killed with the run)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import gevent
 import gevent.pool
 
 from vllm_load.metrics.outages import LiveOutage, describe
-from vllm_load.plugin import saturation_watch
+from vllm_load.plugin import fault_plan, saturation_watch
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.run import Run
 from vllm_load.plugin.server_control import Profiler
@@ -31,6 +31,9 @@ def start(environment: Any, run: Run, window: Callable[[], float], master_runner
         run.watchers.spawn(watch_heartbeats, master_runner, col)
     if col.profiler is not None and col.profiler.at.kind == "run":
         run.watchers.spawn(_profile_window, col.profiler, window, plan.warmup)
+    if opts.fault or opts.fault_plan:  # once per swarm: here, the master's or the local runner's
+        run.watchers.spawn(fault_plan.run_plan, fault_plan.parse_plan(opts.fault, opts.fault_plan), col.start_wall,
+                           col.faults, lambda line: print(line, flush=True))
     run.watchers.spawn(saturation_watch.watch, environment, run, bool(opts.stop_over_saturated),
                        master_runner is not None)
     dcgm_url = opts.dcgm_url or (plan.host.rstrip("/") + "/dcgm/metrics" if plan.is_emulator and opts.emulator_dcgm

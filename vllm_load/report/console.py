@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_load.metrics.breakdown import tail_lines
+from vllm_load.metrics.disruption import describe as disruption_lines
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers, who_fell_behind
@@ -281,6 +282,8 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
         lines.append(f"open loop: target {s.target_request_rate:.2f} req/s, achieved send rate {s.send_rate:.2f} req/s")
     if s.delivered:
         lines.append(f"delivered load: {s.delivered['detail']}")
+    if s.disruption:
+        lines += [f"fault: {line}" for line in disruption_lines(s.disruption)]
     client = s.client or ClientVerdict()
     readers = list(client.readers)
     if readers == ["native"]:

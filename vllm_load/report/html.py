@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from vllm_load.report import charts
 from vllm_load.metrics.breakdown import API_SERVER, LABELS, OUTSIDE, TAILS, breakdown, spans_line
 from vllm_load.metrics.client_health import who_fell_behind
+from vllm_load.metrics.disruption import describe as disruption_lines, disruption, limits_of
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.routing import replica_of, routing, routing_line
 from vllm_load.metrics.summary import RunSummary
@@ -65,6 +66,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         if server and server.get("spec_decode") else "",
         energy=energy_line(s) if s.energy or s.energy_missing else "",
         delivered=(s.delivered or {}).get("detail", ""),
+        disruption=disruption_lines(s.disruption) if s.disruption else [],
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run),
@@ -193,6 +195,9 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     routed = routing(logs, header, server_hits=server.get("prefix_cache_hits") if server else None)
     if routed is not None and isinstance(run.summary, RunSummary):  # which replica served what, from the logs
         run.summary = run.summary.replace(routing=routed)
+    if isinstance(run.summary, RunSummary) and run.summary.faults:  # what each fault did to the requests
+        run.summary = run.summary.replace(disruption=disruption(
+            [{**r, "target": replica_of(r, header)} for r in logs], run.summary.faults, limits_of(slos)))
     parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS,
                       lambda r: replica_of(r, header))
     if joined is not None:  # the join, request by request (the logs are the workers' own: left as they were)

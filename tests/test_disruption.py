@@ -1,0 +1,151 @@
+"""A fault plan (--fault, --fault-plan) runs its actions on the run's clock, once, and the disruption verdict says
+what each did to the requests: those in flight and what became of them, the requests lost, the time to recovery
+within the run's SLOs, the sessions re-homed, the goodput meanwhile; SLOs on them gate the run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import pytest
+
+from tests.helpers import ROOT, Proc, counter, run_in_process
+from vllm_load.errors import UsageError
+from vllm_load.metrics.disruption import WINDOW_S, disruption, limits_of, recovered_at
+from vllm_load.metrics.slo import parse_slo, parse_slo_option
+from vllm_load.metrics.verdict import judge
+from vllm_load.plugin.fault_plan import parse_action, parse_plan
+from vllm_load.tune.server import free_port
+
+
+def rec(start, e2e=0.5, ok=True, target="a", session=None, ttft=0.05, cancelled=False):
+    return {"start": start, "e2e": e2e, "ok": ok, "target": target, "session": session, "ttft": ttft,
+            "cancelled": cancelled, "good": None}
+
+
+def fleet(kill_at=10.0, back_at=14.0, end=30.0):
+    """Two replicas, a request every 0.25 s on each; b is dead from kill_at to back_at: its requests in flight at
+    the kill fail, and those started while it is down fail at once."""
+    logs = []
+    t = 0.0
+    while t < end:
+        logs.append(rec(t, target="a", session=f"s{int(t) % 4}"))
+        down = kill_at <= t < back_at
+        in_flight = t < kill_at < t + 0.5
+        logs.append(rec(t, e2e=0.01 if down else 0.5, ok=not (down or in_flight), target="b",
+                        session=f"s{4 + int(t) % 4}"))
+        t += 0.25
+    return logs
+
+
+def test_the_verdict_counts_what_a_kill_did():
+    action = {"start": 10.0, "label": "kill at 10 s: kill -9 b", "ok": True}
+    d = disruption(fleet(), [action], {})
+    a = d["actions"][0]
+    # in flight at 10.0: each replica's requests started at 9.75 (0.5 s each): a's finishes, b's fails
+    assert a["in_flight"] == {"requests": 2, "finished": 1, "failed": 1, "cancelled": 0}
+    assert a["lost_requests"] == 1 + 16  # and b's 16 requests started while it was down (4 s at 4 a second)
+    assert a["recovery_s"] == pytest.approx(4.0)  # every window from b's return holds no failure
+    assert d["recovery_s"] == a["recovery_s"] and d["lost_requests"] == 17
+    assert a["goodput_during_fault"] == pytest.approx(16 / 32)  # a's half succeeded meanwhile
+    assert a["rehomed_sessions"] == 0  # each session stayed on its replica
+
+
+def test_a_latency_slo_holds_the_recovery_until_the_tail_is_back():
+    logs = fleet()
+    for r in logs:  # after b's return its answers are slow for 6 s (a cold cache)
+        if 14.0 <= r["start"] < 20.0 and r["target"] == "b":
+            r["ttft"] = 2.0
+    assert recovered_at(logs, 10.0, {}) == pytest.approx(14.0)
+    assert recovered_at(logs, 10.0, limits_of(parse_slo_option(["ttft.p99<=500ms"]))) == pytest.approx(20.0)
+
+
+def test_sessions_that_move_to_another_replica_are_rehomed():
+    logs = [rec(1.0, session="x", target="a"), rec(1.0, session="y", target="b"),
+            rec(5.0, session="x", target="b"), rec(5.0, session="y", target="b")]
+    assert disruption(logs, [{"start": 3.0}], {})["rehomed_sessions"] == 1
+
+
+def test_a_fleet_that_never_recovers_fails_its_recovery_slo():
+    logs = fleet(back_at=99.0)
+    d = disruption(logs, [{"start": 10.0, "label": "kill"}], {})
+    assert d["recovery_s"] is None
+    summary = {"requests": len(logs), "succeeded": 1, "failed": 0, "usage_missing": 0, "input_drift_requests": 0,
+               "disruption": d}
+    verdict = judge(summary, [parse_slo("recovery.seconds<=30s"), parse_slo("lost_requests<=1000")])
+    assert verdict.exit_code == 3 and [c.passed for c in verdict.checks] == [False, True]
+    assert "had not recovered when the run ended" in verdict.checks[0].detail
+    with pytest.raises(UsageError, match="belongs to the whole run"):
+        parse_slo("lost_requests[turn 2]<=0")
+
+
+@pytest.mark.parametrize("text,said", [
+    ("30s kill pkill vllm", "is not an action: write 'AT: KIND: WHAT'"),
+    ("30s: nuke: x", "'nuke' is no action"),
+    ("soon: kill: x", "its time 'soon' is not a duration"),
+])
+def test_a_bad_action_is_one_line(text, said):
+    with pytest.raises(UsageError, match=said):
+        parse_action(text)
+
+
+def test_a_plan_file_reads_its_lines_in_time_order(tmp_path):
+    plan = tmp_path / "plan.txt"
+    plan.write_text("# a rollout\n20s: start: true\n\n5s: kill: true\n")
+    assert [(a.at, a.kind) for a in parse_plan(["1m: exec: echo done"], str(plan))] == [
+        (5.0, "kill"), (20.0, "start"), (60.0, "exec")]
+    with pytest.raises(UsageError, match="line 1:"):
+        plan.write_text("later: kill: x\n")
+        parse_plan([], str(plan))
+
+
+def test_a_kill_and_restart_of_a_replica_mid_run(tmp_path):
+    """Two emulators behind --host a,b; the plan kills b at 3 s and starts it again on its port at 5 s. Every request
+    is in one bucket: served by a (= a's own success counter), served by b before the kill or by the restarted b
+    (= its counter), failed, or cancelled by the run's end; the verdict names both actions, the requests lost and the
+    recovery, and an SLO on the recovery gates it."""
+    a = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.05", "--itl", "0.02"])
+    port = free_port()
+    b = Proc(["-m", "server.emulator", "--port", str(port), "--ttft", "0.05", "--itl", "0.02"])
+    pidfile = tmp_path / "b2.pid"
+    restart = (f"cd {ROOT} && PYTHONPATH={ROOT} {sys.executable} -m server.emulator --port {port} --ttft 0.05 "
+               f"--itl 0.02 >/dev/null 2>&1 & echo $! > {pidfile}")
+    run_dir = tmp_path / "run"
+    try:
+        res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "14s",
+                              "--host", f"{a.url},{b.url}", "--input-tokens", "32", "--output-tokens", "24",
+                              "--retry-backoff-max", "0.5s", "--fault", f"3s: kill: kill -9 {b.p.pid}",
+                              "--fault", f"5s: start: {restart}", "--run-dir", str(run_dir)], cwd=tmp_path)
+        assert pidfile.read_text().strip()  # the restart ran (at 5 s of the 14 s run)
+        b2_served = counter(b.url, "vllm:request_success_total")
+        a_served = counter(a.url, "vllm:request_success_total")
+    finally:
+        a.stop()
+        b.p.wait(timeout=10)
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]  # b's requests failed (no error SLO)
+    assert "fault plan: kill at 3 s" in res.stdout and "fault plan: start at 5 s" in res.stdout
+    logs = [json.loads(line) for f in run_dir.glob("requests*.jsonl") for line in f.read_text().splitlines()]
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    kill = summary["faults"][0]
+    ok_a = [r for r in logs if r["ok"] and r["target"] == a.url]
+    ok_b = [r for r in logs if r["ok"] and r["target"] == b.url]
+    failed = [r for r in logs if not r["ok"] and not r["cancelled"]]
+    cancelled = [r for r in logs if r["cancelled"]]
+    assert len(ok_a) + len(ok_b) + len(failed) + len(cancelled) == len(logs) == summary["requests"]
+    assert a_served == len(ok_a)  # the replica that stayed: its own count, exactly
+    assert b2_served == len([r for r in ok_b if r["start"] > kill["start"]])  # the restarted one's
+    assert failed and all(r["target"] == b.url for r in failed)  # only the killed replica's requests failed
+    d = summary["disruption"]
+    assert [x["label"].split(":")[0] for x in d["actions"]] == ["kill at 3 s", "start at 5 s"]
+    assert d["actions"][0]["lost_requests"] == len(
+        [r for r in failed if r["start"] + r["e2e"] > kill["start"]]) and d["actions"][0]["in_flight"]["failed"] >= 1
+    assert d["recovery_s"] is not None and 0 < d["recovery_s"] < 14 - 3
+    assert any(line.startswith("fault: kill at 3 s") for line in res.stdout.splitlines())
+    from vllm_load.report.html import build  # re-judged with SLOs on the disruption
+    assert build(run_dir, ["recovery.seconds<=60s", "lost_requests<=1000"]).verdict.exit_code == 1
+    assert build(run_dir, ["recovery.seconds<=0.01s"]).verdict.exit_code == 3
+    assert WINDOW_S == 5.0

@@ -1,0 +1,139 @@
+"""What each action of a fault plan did to the requests (``plugin/fault_plan.py``), from the request logs: the verdict
+an operator asks for before a rollout, "how many requests do we lose, which sessions move, how long until latency
+is back within the SLO?".
+
+Per action, at its start t0 (wall clock, as the logs' starts):
+
+- ``in_flight``: the requests running at t0, and what became of each (finished, failed, cancelled);
+- ``recovery_s``: from t0 to the first moment from which every window of ``WINDOW_S`` (slid by ``STEP_S``, to the
+  last request's start) holds requests and is within the run's SLOs: its error rate within ``error_rate`` (0 without
+  that SLO), its TTFT and E2E p99 within theirs; None: not recovered before the run ended;
+- ``lost_requests``: the failures among the requests in flight at t0 or started before the recovery (until the end
+  of the run when it never came), cancellations by the run's own end left out;
+- ``rehomed_sessions``: sessions served by one replica before t0 and by another after (the replica each request
+  was grouped under: ``--capture-header``'s, or ``--host a,b``'s target);
+- ``goodput_during_fault``: the share of requests started from t0 to the recovery that succeeded (and met the
+  per-request SLOs, when there are any).
+
+The run's figures are each action's worst (most lost, longest recovery, most moved, least goodput): what the SLOs
+``lost_requests``, ``recovery.seconds``, ``rehomed_sessions`` and ``goodput_during_fault`` judge.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from typing import Any
+
+from vllm_load.metric_table import E2E, TTFT
+
+#: the sliding window the recovery is judged in, and its step (seconds)
+WINDOW_S, STEP_S = 5.0, 0.5
+#: the SLOs these figures are judged by (metrics/slo.py)
+METRICS = ("lost_requests", "recovery.seconds", "rehomed_sessions", "goodput_during_fault")
+
+
+def _measured(r: dict) -> bool:
+    return not (r.get("warmup") or r.get("removed") or r.get("abandoned"))
+
+
+def _failed(r: dict) -> bool:
+    return not r["ok"] and not r.get("cancelled")
+
+
+def _p99(values: list[float]) -> float:
+    values = sorted(values)
+    return values[max(0, math.ceil(0.99 * len(values)) - 1)]
+
+
+def _within(window: list[dict], limits: dict[str, float]) -> bool:
+    if not window:
+        return False  # nothing served: the fleet is not back
+    failed = sum(_failed(r) for r in window)
+    if failed / len(window) > limits.get("error_rate", 0.0):
+        return False
+    for metric in (TTFT, E2E):
+        if metric in limits:
+            values = [r[metric] for r in window if r["ok"] and r.get(metric) is not None]
+            if values and _p99(values) > limits[metric]:
+                return False
+    return True
+
+
+def recovered_at(logs: list[dict], t0: float, limits: dict[str, float]) -> float | None:
+    """The first moment from t0 from which every window of the rest of the run is within ``limits``."""
+    starts = [r["start"] for r in logs]  # the logs by start
+    if not starts or starts[-1] < t0:
+        return None
+    last, s, found = starts[-1], t0, None
+    while s <= max(t0, last - WINDOW_S) + 1e-9:
+        window = logs[bisect.bisect_left(starts, s):bisect.bisect_left(starts, s + WINDOW_S)]
+        if _within(window, limits):
+            found = s if found is None else found
+        else:
+            found = None
+        s += STEP_S
+    return found
+
+
+def judge_action(logs: list[dict], action: dict, limits: dict[str, float]) -> dict[str, Any]:
+    t0 = float(action["start"])
+    running = [r for r in logs if r["start"] < t0 < r["start"] + (r.get(E2E) or 0.0)]
+    back = recovered_at(logs, t0, limits)
+    until = back if back is not None else math.inf
+    during = [r for r in logs if t0 <= r["start"] < until]
+    seen = {id(r) for r in running}
+    lost = sum(_failed(r) for r in running) + sum(_failed(r) for r in during if id(r) not in seen)
+    good = [r for r in during if r["ok"] and r.get("good") is not False]
+    homes: dict[str, tuple[set, set]] = {}
+    for r in logs:
+        if r.get("session") and r.get("target") and r["ok"]:
+            before, after = homes.setdefault(r["session"], (set(), set()))
+            (before if r["start"] < t0 else after).add(r["target"])
+    moved = sum(1 for before, after in homes.values() if before and after and not after <= before)
+    return {"label": action.get("label", ""), "start": t0, "ok": action.get("ok"),
+            "in_flight": {"requests": len(running), "finished": sum(r["ok"] for r in running),
+                          "failed": sum(_failed(r) for r in running),
+                          "cancelled": sum(bool(r.get("cancelled")) for r in running)},
+            "lost_requests": lost, "recovery_s": None if back is None else max(0.0, back - t0),
+            "rehomed_sessions": moved,
+            "goodput_during_fault": len(good) / len(during) if during else None}
+
+
+def limits_of(slos: list[Any]) -> dict[str, float]:
+    """The run's SLOs a window is judged by: ``error_rate``, ``ttft.p99``, ``e2e.p99`` (upper bounds, whole run)."""
+    limits: dict[str, float] = {}
+    for s in slos:
+        if s.op in ("<=", "<") and s.name is None and (s.metric == "error_rate" or
+                                                       (s.metric in (TTFT, E2E) and s.stat == "p99")):
+            limits[s.metric] = min(s.threshold, limits.get(s.metric, math.inf))
+    return limits
+
+
+def disruption(logs: list[dict], actions: list[dict], limits: dict[str, float]) -> dict[str, Any] | None:
+    """Each action's verdict and the run's worst figures (see the module); None without actions."""
+    if not actions:
+        return None
+    measured = sorted((r for r in logs if _measured(r)), key=lambda r: r["start"])
+    each = [judge_action(measured, a, limits) for a in actions]
+    recoveries = [a["recovery_s"] for a in each]
+    goodputs = [a["goodput_during_fault"] for a in each if a["goodput_during_fault"] is not None]
+    return {"actions": each, "lost_requests": max(a["lost_requests"] for a in each),
+            "recovery_s": None if None in recoveries else max(recoveries),  # type: ignore[type-var]
+            "rehomed_sessions": max(a["rehomed_sessions"] for a in each),
+            "goodput_during_fault": min(goodputs) if goodputs else None, "window_s": WINDOW_S}
+
+
+def describe(d: dict[str, Any]) -> list[str]:
+    """The console's and the report's lines: one per action."""
+    lines = []
+    for a in d["actions"]:
+        f = a["in_flight"]
+        back = "not recovered before the run ended" if a["recovery_s"] is None else \
+            f"recovered in {a['recovery_s']:.1f} s"
+        goodput = "" if a["goodput_during_fault"] is None else \
+            f", goodput {a['goodput_during_fault'] * 100:.0f}% until then"
+        lines.append(f"{a['label']}{'' if a['ok'] is not False else ' (the action FAILED)'}: {f['requests']} in "
+                     f"flight ({f['finished']} finished, {f['failed']} failed, {f['cancelled']} cancelled), "
+                     f"{a['lost_requests']} lost, {back}{goodput}, {a['rehomed_sessions']} sessions re-homed")
+    return lines

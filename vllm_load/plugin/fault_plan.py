@@ -1,0 +1,125 @@
+"""A fault plan: actions on the run's clock while the load goes on (``--fault 'AT: KIND: WHAT'``, repeatable, or
+``--fault-plan FILE`` with one such line each), run once per swarm (by the master, or the local runner).
+
+KIND is ``kill``, ``stop``, ``start``, ``restart`` or ``exec`` (WHAT: a command, run by ``sh -c`` in a session of
+its own and waited for: ``kubectl rollout restart deployment/vllm``, ``kill -9 $(cat r2.pid)``), or ``call`` (WHAT:
+a Python hook of the locustfile's, ``@vllm_load.on_fault("name")``, called with the action). The kinds other than
+``exec`` and ``call`` name what the command does to the fleet, for the verdict and the charts. Each action's start
+and end (seconds from the run's start) and outcome are kept; ``metrics/disruption.py`` judges what each did to the
+requests.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import gevent
+
+from vllm_load.errors import UsageError
+from vllm_load.redact import redact_urls
+from vllm_load.runtime.server_wait import parse_duration
+
+KINDS = ("kill", "stop", "start", "restart", "exec", "call")
+#: the longest a command may take before it is stopped (its action then ends failed)
+COMMAND_TIMEOUT_S = 600.0
+_LINE = re.compile(r"^\s*([^:]+?)\s*:\s*([a-z]+)\s*:\s*(.+?)\s*$")
+#: the locustfile's hooks, by name (``on_fault``)
+HOOKS: dict[str, Callable[[dict], Any]] = {}
+
+
+def on_fault(name: str) -> Callable[[Callable[[dict], Any]], Callable[[dict], Any]]:
+    """Register a locustfile's own fault action: ``--fault '30s: call: NAME'`` calls it with the action (a dict)."""
+    def register(fn: Callable[[dict], Any]) -> Callable[[dict], Any]:
+        HOOKS[name] = fn
+        return fn
+    return register
+
+
+@dataclass(frozen=True)
+class Action:
+    at: float  # seconds from the run's start
+    kind: str
+    what: str
+
+    @property
+    def label(self) -> str:
+        """How the verdict and the charts name it (a command's credentials redacted)."""
+        return f"{self.kind} at {self.at:g} s: {redact_urls(self.what)}"
+
+
+def parse_action(text: str, where: str = "--fault") -> Action:
+    m = _LINE.match(text)
+    if not m:
+        raise UsageError(f"{where} {text!r} is not an action: write 'AT: KIND: WHAT', e.g. '30s: kill: kill -9 "
+                         f"$(cat r2.pid)' (KIND one of {', '.join(KINDS)})")
+    at, kind, what = m.groups()
+    if kind not in KINDS:
+        raise UsageError(f"{where} {text!r}: {kind!r} is no action: use one of {', '.join(KINDS)}")
+    return Action(parse_duration(at, f"{where} {text!r}: its time"), kind, what)
+
+
+def parse_plan(faults: list[str] | None, plan_file: str = "") -> list[Action]:
+    """Every action of ``--fault`` and ``--fault-plan``, by time; a bad one is a one-line UsageError."""
+    actions = [parse_action(f) for f in faults or ()]
+    if plan_file:
+        try:
+            lines = open(plan_file, encoding="utf-8").read().splitlines()
+        except OSError as exc:
+            raise UsageError(f"--fault-plan {plan_file}: cannot be read ({exc.strerror or exc})") from None
+        for n, line in enumerate(lines, 1):
+            if line.strip() and not line.lstrip().startswith("#"):
+                actions.append(parse_action(line, f"--fault-plan {plan_file} line {n}:"))
+    return sorted(actions, key=lambda a: a.at)
+
+
+def check_hooks(actions: list[Action]) -> None:
+    """A ``call`` names a hook the locustfile registered (checked once the locustfile is imported)."""
+    for a in actions:
+        if a.kind == "call" and a.what not in HOOKS:
+            known = ", ".join(sorted(HOOKS)) or "none"
+            raise UsageError(f"--fault '{a.label}': no @vllm_load.on_fault({a.what!r}) hook in the locustfile "
+                             f"(registered: {known})")
+
+
+def run_plan(actions: list[Action], start_wall: float, done: list[dict], say: Callable[[str], None]) -> None:
+    """Run each action at its time from ``start_wall``, appending its record to ``done`` as it starts (its end and
+    outcome when it ends): a run stopped mid-action keeps what began."""
+    for action in actions:
+        gevent.sleep(max(0.0, start_wall + action.at - time.time()))
+        began = time.time()
+        record = {"at": action.at, "kind": action.kind, "label": action.label, "start": began, "end": None,
+                  "ok": None, "detail": ""}
+        done.append(record)
+        say(f"vllm-load: fault plan: {action.label}")
+        ok, detail = _call(action) if action.kind == "call" else _command(action.what)
+        record.update(end=time.time(), ok=ok, detail=detail)
+        say(f"vllm-load: fault plan: {action.kind} at {action.at:g} s {'done' if ok else 'FAILED'} in "
+            f"{record['end'] - began:.1f} s" + (f": {detail}" if detail else ""))
+
+
+def _command(command: str) -> tuple[bool, str]:
+    proc = subprocess.Popen(["sh", "-c", command], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # a terminal's Ctrl-C is the run's, not the command's
+    try:
+        out, _ = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        return False, f"still running after {COMMAND_TIMEOUT_S:.0f} s: stopped"
+    finally:
+        if proc.poll() is None:  # the run ended mid-command (its greenlet killed): the command goes too
+            proc.kill()
+    tail = redact_urls(out.decode(errors="replace").strip()[-300:])
+    return proc.returncode == 0, (f"exit {proc.returncode}" + (f": {tail}" if tail else "")) if proc.returncode else tail
+
+
+def _call(action: Action) -> tuple[bool, str]:
+    try:
+        HOOKS[action.what]({"at": action.at, "kind": action.kind, "what": action.what})
+    except Exception as exc:  # noqa: BLE001  (a user's hook: its failure is the action's, not the run's)
+        return False, f"{type(exc).__name__}: {exc}"[:300]
+    return True, ""
