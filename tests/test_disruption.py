@@ -145,6 +145,10 @@ def test_a_kill_and_restart_of_a_replica_mid_run(tmp_path):
         [r for r in failed if r["start"] + r["e2e"] > kill["start"]]) and d["actions"][0]["in_flight"]["failed"] >= 1
     assert d["recovery_s"] is not None and 0 < d["recovery_s"] < 14 - 3
     assert any(line.startswith("fault: kill at 3 s") for line in res.stdout.splitlines())
+    from vllm_load.report.charts import markers
+    from vllm_load.rundir.files import load_run
+    marks = markers(load_run(run_dir))["faults"]  # every timeline chart marks both actions where they ran
+    assert [round(m["from"]) for m in marks] == [3, 5] and all(m["to"] >= m["from"] for m in marks)
     from vllm_load.report.html import build  # re-judged with SLOs on the disruption
     assert build(run_dir, ["recovery.seconds<=60s", "lost_requests<=1000"]).verdict.exit_code == 1
     assert build(run_dir, ["recovery.seconds<=0.01s"]).verdict.exit_code == 3

@@ -117,11 +117,14 @@ def curve(h: Any, grid: list[float]) -> list[float]:
 
 
 def markers(run: Run) -> dict[str, Any]:
-    """What every timeline chart marks: outage and failure-storm spans, the over-saturation onset and its span."""
+    """What every timeline chart marks: outage and failure-storm spans, the over-saturation onset and its span, the
+    fault plan's actions (from their start to their end)."""
     sat = run.summary.saturation
     return {"spans": [{"from": w.start - run.start, "to": w.end - run.start,
                        "kind": "outage" if w.outage else "storm"} for w in (run.summary.outages or [])],
-            "saturation": {"from": sat.onset_s, "to": sat.at_s} if sat else None}
+            "saturation": {"from": sat.onset_s, "to": sat.at_s} if sat else None,
+            "faults": [{"from": f["start"] - run.start, "to": (f["end"] or f["start"]) - run.start, "label": f["label"]}
+                       for f in (run.summary.faults or [])]}
 
 
 def by_level(runs: list[Any], levels: list[float], level: str) -> list[dict[str, Any]]:

@@ -32,7 +32,8 @@
 
   function pctOf(nines) { return (100 * (1 - Math.pow(10, -nines))).toPrecision(4).replace(/\.?0+$/, ""); }
 
-  /* outages (red), failure storms (orange) and the over-saturated span (purple, dashed at its onset) */
+  /* outages (red), failure storms (orange), the over-saturated span (purple, dashed at its onset) and the fault
+     plan's actions (a black line at each start, grey while it ran) */
   function drawMarks(u) {
     var ctx = u.ctx, top = u.bbox.top, h = u.bbox.height;
     function x(v) { return u.valToPos(v, "x", true); }
@@ -40,6 +41,12 @@
     marks.spans.forEach(function (s) {
       ctx.fillStyle = s.kind === "outage" ? "rgba(214,39,40,0.15)" : "rgba(255,127,14,0.15)";
       ctx.fillRect(x(s.from), top, x(s.to) - x(s.from), h);
+    });
+    (marks.faults || []).forEach(function (f) {
+      ctx.fillStyle = "rgba(0,0,0,0.08)";
+      ctx.fillRect(x(f.from), top, Math.max(1, x(f.to) - x(f.from)), h);
+      ctx.fillStyle = "#000";
+      ctx.fillRect(x(f.from), top, 1, h);
     });
     if (marks.saturation) {
       var a = x(marks.saturation.from), b = x(marks.saturation.to);
