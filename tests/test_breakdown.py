@@ -103,3 +103,33 @@ def test_the_spans_split_the_api_servers_share_from_what_lies_outside_the_server
     assert "340.0 API server, 20.0 client/network/router ms" in "\n".join(tail_lines(busy))
     plain = breakdown([rec(0.4, None)] * 20)  # no spans: one remainder, named for all it holds
     assert "360.0 client/network/router/API server ms" in "\n".join(tail_lines(plain))
+
+
+def test_a_spans_start_splits_the_way_to_the_server_from_the_clients_side():
+    """The span starts at the request's arrival at the API server: its start less the request's send (intended
+    start and send lag) is the network's and a router's; the rest outside the server is the client's (its send lag,
+    the answer's way back, the read). A router that holds each request 150 ms shows there, not in the client's part;
+    a client late to send shows in its own."""
+    from vllm_load.metrics.breakdown import breakdown, tail_lines
+    from vllm_load.metrics.spans import join
+
+    def rec(i: int, send_lag: float) -> dict:
+        return {"ok": True, "trace_id": f"t{i}", "start": 100.0 + i, "send_lag": send_lag, "ttft": 0.4 + send_lag,
+                "e2e": 0.6 + send_lag}
+
+    def span(i: int, arrival: float) -> dict:
+        return {"trace_id": f"t{i}", "start": 100.0 + i + arrival, "ttft": 0.2, "e2e": 0.4, "queue": 0.01,
+                "prefill": 0.03, "decode": 0.2}
+
+    routed = [rec(i, 0.0) for i in range(20)]
+    join(routed, [span(i, 0.15) for i in range(20)])  # a router held each 150 ms on the way
+    split = breakdown(routed)["tails"]["ttft"]["p99"]["split"]
+    assert split["before_server"] == pytest.approx(0.15) and split["client_side"] == pytest.approx(0.05)
+    assert split["api_server"] == pytest.approx(0.16) and sum(split.values()) == pytest.approx(0.4)
+    assert "150.0 network/router to the server" in "\n".join(tail_lines(breakdown(routed)))
+    late = [rec(i, 0.3) for i in range(20)]  # a client that sent each 300 ms late: its own part, not the network's
+    join(late, [span(i, 0.3 + 0.005) for i in range(20)])
+    split = breakdown(late)["tails"]["ttft"]["p99"]["split"]
+    assert split["before_server"] == pytest.approx(0.005) and split["client_side"] == pytest.approx(0.495)
+    e2e = breakdown(late)["tails"]["e2e"]["p99"]["split"]
+    assert sum(e2e.values()) == pytest.approx(0.9) and e2e["before_server"] == pytest.approx(0.005)

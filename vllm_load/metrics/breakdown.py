@@ -18,20 +18,28 @@ from typing import Any, Callable, Iterable
 from vllm_load.metric_table import CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT
 from vllm_load.metrics.summary_parts import SpansJoined, Timing
 
-#: a request's parts, seconds (records' fields): the server's queue, prefill, decode, their TTFT, and the client's rest
-PARTS = (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "server_ttft", CLIENT_OVERHEAD)
-#: the tails' parts a span adds: the API server's share of TTFT, and the rest outside the server
-API_SERVER, OUTSIDE = "api_server", "outside"
+#: the tails' parts a span adds: the API server's share of TTFT, and the rest outside the server; with the span's start,
+#: that rest splits into the way to the server (the span's start less the request's send: network and router) and the
+#: client's side (its send lag, the answer's way back, the read)
+API_SERVER, OUTSIDE, BEFORE_SERVER, CLIENT_SIDE = "api_server", "outside", "before_server", "client_side"
+#: a request's parts, seconds (records' fields): the server's queue, prefill, decode, their TTFT, the client's rest, and
+#: with a span the way to the server
+PARTS = (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "server_ttft", CLIENT_OVERHEAD, BEFORE_SERVER)
 #: what each tail is split into (an E2E's client part is what the server's three parts leave of it)
 SPLITS = {TTFT: (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, CLIENT_OVERHEAD),
           E2E: (SERVER_QUEUE, SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "client")}
 #: the same with the spans' TTFT: the API server's share, and what lies outside the server
 SPAN_SPLITS = {TTFT: (SERVER_QUEUE, SERVER_PREFILL, API_SERVER, OUTSIDE),
                E2E: (SERVER_QUEUE, SERVER_PREFILL, SERVER_DECODE, API_SERVER, "outside_e2e")}
+#: the same with the spans' start too: the way to the server apart from the client's side
+START_SPLITS = {TTFT: (SERVER_QUEUE, SERVER_PREFILL, API_SERVER, BEFORE_SERVER, CLIENT_SIDE),
+                E2E: (SERVER_QUEUE, SERVER_PREFILL, SERVER_DECODE, API_SERVER, BEFORE_SERVER, "client_side_e2e")}
 REST = "client/network/router/API server"  # what the rest holds, without a span to split it
 LABELS = {SERVER_QUEUE: "queue", SERVER_PREFILL: "prefill", SERVER_DECODE: "decode", "server_ttft": "server TTFT",
           KV_TRANSFER: "KV transfer", API_SERVER: "API server",
-          CLIENT_OVERHEAD: REST, "client": REST, OUTSIDE: "client/network/router", "outside_e2e": "client/network/router"}
+          CLIENT_OVERHEAD: REST, "client": REST, OUTSIDE: "client/network/router", "outside_e2e": "client/network/router",
+          BEFORE_SERVER: "network/router to the server", CLIENT_SIDE: "client (send lag, the way back, the read)",
+          "client_side_e2e": "client (send lag, the way back, the read)"}
 TAILS = (50.0, 90.0, 99.0)
 
 
@@ -57,13 +65,15 @@ def _api_server(r: dict) -> float:
 
 
 def _part(r: dict, part: str) -> float:
-    if part in ("client", "outside_e2e"):
+    if part in ("client", "outside_e2e", "client_side_e2e"):
         return (r[E2E] - r[SERVER_QUEUE] - r[SERVER_PREFILL] - (r.get(SERVER_DECODE) or 0.0)
-                - (r.get(KV_TRANSFER) or 0.0) - (_api_server(r) if part == "outside_e2e" else 0.0))
+                - (r.get(KV_TRANSFER) or 0.0) - (_api_server(r) if part != "client" else 0.0)
+                - ((r.get(BEFORE_SERVER) or 0.0) if part == "client_side_e2e" else 0.0))
     if part == API_SERVER:
         return _api_server(r)
-    if part == OUTSIDE:
-        return (r.get(CLIENT_OVERHEAD) or 0.0) - _api_server(r)
+    if part in (OUTSIDE, CLIENT_SIDE):
+        return ((r.get(CLIENT_OVERHEAD) or 0.0) - _api_server(r)
+                - ((r.get(BEFORE_SERVER) or 0.0) if part == CLIENT_SIDE else 0.0))
     return r.get(part) or 0.0
 
 
@@ -73,8 +83,9 @@ def _tails(joined: list[dict], percentiles: Iterable[float]) -> dict[str, dict[s
     pd = any(r.get(KV_TRANSFER) is not None for r in joined)  # disaggregated: the KV transfer is a part of its own
     # the spans' TTFT splits the API server out (a P/D pair's spans are two instances': their TTFT is the pair's)
     spans = not pd and any(r.get("span_ttft") is not None for r in joined)
+    starts = spans and all(r.get(BEFORE_SERVER) is not None for r in joined)  # the spans' starts: every request's
     for metric, split in ((m, tuple(p for p in s if pd or p != KV_TRANSFER))
-                          for m, s in (SPAN_SPLITS if spans else SPLITS).items()):
+                          for m, s in (START_SPLITS if starts else SPAN_SPLITS if spans else SPLITS).items()):
         values = sorted(r[metric] for r in joined)
         tails[metric] = {}
         for q in sorted(set(percentiles)):

@@ -13,7 +13,9 @@ where the stream's per-request metrics gave none, and the join is counted: spans
 from __future__ import annotations
 
 from typing import Any, Iterable
-from vllm_load.metric_table import CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT
+from vllm_load.metric_table import (CLIENT_OVERHEAD, E2E, KV_TRANSFER, SEND_LAG, SERVER_DECODE, SERVER_PREFILL,
+                                    SERVER_QUEUE, TTFT)
+from vllm_load.metrics.breakdown import BEFORE_SERVER
 
 #: vLLM's span of a request (the others, model loading and KV-cache allocation at start-up, are not requests)
 REQUEST_SPAN = "llm_request"
@@ -94,6 +96,14 @@ def export_request(spans: Iterable[dict[str, Any]], service: str = "unknown_serv
     return msg.SerializeToString()
 
 
+def _before_server(r: dict, span: dict) -> None:
+    """The time from the request's send (its intended start and its send lag: the client's clock) to its arrival at
+    the API server (its span's start: the server's clock): the network and any router. Exact on one host; across
+    machines it rests on their clocks' alignment (NTP), which the report says."""
+    if span.get("start") is not None and r.get("start") is not None:
+        r[BEFORE_SERVER] = span["start"] - r["start"] - (r.get(SEND_LAG) or 0.0)
+
+
 def _disaggregated(r: dict, prefill: dict, decode: dict) -> None:
     """A request served by a prefill and a decode instance (vLLM's router in P/D mode passes its traceparent to both):
     the prefill's queue and prefill, the decode's time to its first token (pulling the prompt's KV from the prefill,
@@ -129,11 +139,13 @@ def join(records: list[dict], spans: list[dict]) -> dict[str, int]:
             pair = sorted(found, key=lambda s: s.get("start") or 0.0)
             used.update(id(s) for s in pair)
             _disaggregated(r, pair[0], pair[-1])
+            _before_server(r, pair[0])
             continue
         span = found[0] if found else by_id.get(r.get("response_id") or "")
         if span is None:
             continue
         used.add(id(span))
+        _before_server(r, span)
         r["span_ttft"], r["server_e2e"] = span.get(TTFT), span.get(E2E)
         if span.get("replica"):
             r["replica"] = span["replica"]

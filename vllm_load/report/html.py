@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from vllm_load.report import charts
-from vllm_load.metrics.breakdown import API_SERVER, LABELS, OUTSIDE, TAILS, breakdown, spans_line
+from vllm_load.metrics.breakdown import (API_SERVER, BEFORE_SERVER, CLIENT_SIDE, LABELS, OUTSIDE, TAILS, breakdown,
+                                         spans_line)
 from vllm_load.metrics.client_health import who_fell_behind
 from vllm_load.metrics.disruption import describe as disruption_lines, disruption, limits_of
 from vllm_load.metrics.spans import join
@@ -76,11 +77,11 @@ def render_html(run: Run, verdict: Verdict) -> str:
 #: timing.jsonl: each request's server parts as its spans gave them (--otlp-receiver), beside the request log
 TIMING_FIELDS = ("trace_id", "response_id", "start", "name", "replica", "prefill_replica", TTFT, E2E, SERVER_QUEUE,
                  SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "server_ttft", "server_e2e", "span_ttft",
-                 CLIENT_OVERHEAD)
+                 CLIENT_OVERHEAD, BEFORE_SERVER)
 #: each part's colour in the report's stacked bars
 PART_COLOURS = {SERVER_QUEUE: "#d62728", SERVER_PREFILL: "#1f77b4", KV_TRANSFER: "#9467bd", SERVER_DECODE: "#2ca02c",
-                API_SERVER: "#8c564b", CLIENT_OVERHEAD: "#ff7f0e", "client": "#ff7f0e", OUTSIDE: "#ff7f0e",
-                "outside_e2e": "#ff7f0e"}
+                API_SERVER: "#8c564b", BEFORE_SERVER: "#7f7f7f", CLIENT_OVERHEAD: "#ff7f0e", "client": "#ff7f0e",
+                OUTSIDE: "#ff7f0e", "outside_e2e": "#ff7f0e", CLIENT_SIDE: "#ff7f0e", "client_side_e2e": "#ff7f0e"}
 
 
 def timing_view(t: Timing | None, shown: list[str] | None = None) -> dict | None:
