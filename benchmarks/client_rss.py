@@ -30,8 +30,8 @@ def main() -> int:
     loc = subprocess.Popen([sys.executable, "-m", "locust", "-f", "locustfiles/chat.py", "--headless", "-u",
                             str(args.users), "-r", str(args.users), "-t", f"{seconds}s", "--emulator-ttft", "0.05",
                             "--emulator-itl", "0.01", "--input-tokens", "256", "--output-tokens", "64",
-                            "--run-dir", run_dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
-                           cwd=ROOT)
+                            "--run-dir", run_dir], stdout=open(f"{run_dir}.log", "w"), stderr=subprocess.STDOUT,
+                           env=ENV, cwd=ROOT)
     proc = psutil.Process(loc.pid)
     samples: list[tuple[float, float]] = []
     began = time.monotonic()
@@ -54,7 +54,8 @@ def main() -> int:
     settled = [rss for t, rss in samples if t >= 120]
     if settled:
         print(f"\nfrom minute 2 to the end: {settled[0]:.1f} -> {settled[-1]:.1f} MB ({settled[-1] - settled[0]:+.1f} MB; "
-              f"max {max(settled):.1f}), {args.users} users, exit {loc.returncode}, run dir {run_dir}")
+              f"max {max(settled):.1f}), {args.users} users, exit {loc.returncode}, run dir {run_dir} (its output: "
+              f"{run_dir}.log)")
     return 0
 
 

@@ -32,6 +32,8 @@ SLOW_MODULES = frozenset({
     "test_faults", "test_compose", "test_kubernetes", "test_packaging", "test_webui", "test_sweep",
     "test_security", "test_router", "test_transformers_serve", "test_real_vllm_timing", "test_real_vllm_fleet",
 })
+#: the test that runs the fast selection beside busy loops (the whole suite leaves that selection to it)
+BUSY_SUITE = "test_busy_suite.py::test_the_fast_selection_passes_beside_a_busy_loop_on_every_core"
 #: Locust processes the fast selection may start (each costs an interpreter, an emulator and a sidecar: seconds)
 LOCUST_PROCESSES_FAST = 0
 #: the longest a test's call may take (seconds), but the named real-server ones
@@ -60,6 +62,8 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     for item in items:
         if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.get_closest_marker("e2e"):
             item.add_marker(pytest.mark.slow)
+    _leave_the_fast_selection_to_the_busy_suite(config, items)
+    for item in items:
         if item.get_closest_marker("quiet_cores") is not None:
             # one worker runs them all, one after another: a single quiet test waits for the cores at a time, and
             # the other workers never find the room empty mid-run (with several waiting on several workers, the
@@ -72,6 +76,20 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     # server first (their tests run one after another on one worker: the longest units), the quiet_cores tests last
     # (xdist's own order, biggest group first, gave the quiet group a worker at the start, idle 134 s of 200)
     items.sort(key=lambda item: (item.get_closest_marker("quiet_cores") is not None, item not in shared))
+
+
+def _leave_the_fast_selection_to_the_busy_suite(config: Any, items: list[Any]) -> None:
+    """The whole suite (no -m, no -k) runs the fast selection once: inside ``test_busy_suite``, beside a busy loop on
+    every core, which is the stricter test of them; run here too, each ran twice (549 s of a 2,208 s serial run).
+    Every test still runs once, and a failure inside fails the busy suite with the inner run's report."""
+    if config.option.markexpr or config.option.keyword or not any(
+            i.nodeid.endswith(BUSY_SUITE) for i in items):
+        return
+    inner = [i for i in items if i.get_closest_marker("slow") is None and i.get_closest_marker("quiet_cores") is None]
+    if inner:
+        config.hook.pytest_deselected(items=inner)
+        items[:] = [i for i in items if i.get_closest_marker("slow") is not None
+                    or i.get_closest_marker("quiet_cores") is not None]
 
 
 def _shares_a_fixture(item: Any) -> bool:

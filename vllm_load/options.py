@@ -115,6 +115,10 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--num-requests", 0, "end the run once this many requests finished, across all workers (warm-up aside), as "
         "vllm bench serve --num-prompts; in a --sweep, each step ends after this many (its --step-duration unused); "
         "0: the run ends by -t", type=int),
+    Option("--accuracy", [], "accuracy under load: KIND:FILE[:SHARE] (repeatable) makes SHARE (0.1) of the chat "
+        "requests a graded set's items, named KIND, each answer graded: gsm8k (question, answer '#### N'), mmlu "
+        "(question, choices, answer letter), json (prompt, schema); accuracy and its 95 % interval per set, "
+        "'accuracy[gsm8k]>=0.8' gates on it", action="append", web=False),
     Option("--cancel", "", "a share of the requests the client gives up on mid-answer, as users close a tab: "
         "rate=SHARE,after=Ntok (e.g. rate=0.1,after=16tok: every tenth request is cut once it carried 16 tokens); "
         "counted apart (neither success nor failure) and logged with their partial timings"),
@@ -299,6 +303,8 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--emulator-tokens-per-chunk", 1, "embedded emulator: tokens per SSE chunk", type=int),
     Option("--emulator-reasoning-tokens", "", "embedded emulator: a reasoning model whose chat answers start with "
         "this many reasoning tokens (N, LOW-HIGH or normal:MEAN,STD), streamed as vLLM's reasoning parsers do"),
+    Option("--emulator-graded-correct", 1.0, "embedded emulator: the share of --accuracy's items it answers right "
+        "(a model of known accuracy; the rest wrong)", type=float),
     Option("--emulator-spec-tokens", 0, "embedded emulator: speculative decoding, drafting this many tokens per "
         "decode step (vllm:spec_decode_* counted; the run reports acceptance rate and length); 0: off", type=int),
     Option("--emulator-spec-acceptance", 0.7, "embedded emulator: the chance that a draft position is accepted, "

@@ -57,6 +57,7 @@ class Emulator:
         #: --reasoning-tokens: a chat answer starts with this many reasoning tokens (a LengthSpec; None: none),
         #: streamed as vLLM's reasoning parser streams them (``delta.reasoning``) and counted in usage
         self.reasoning = reasoning
+        self.graded: Any = None  # --graded: a model of known accuracy (graded.py)
         self.reasoning_rng = random.Random(seed)
         self.served = list(served_names or [model])  # vLLM's --served-model-name: the ids clients use
         self.loras = list(lora_modules or [])  # adapters served beside the base model (vLLM's --lora-modules)

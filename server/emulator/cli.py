@@ -12,7 +12,7 @@ from typing import IO
 import gevent
 from gevent.pywsgi import WSGIHandler
 
-from . import dcgm, media
+from . import dcgm, graded, media
 from .app import REPLICA_HEADER, Emulator
 from .app import __doc__ as APP_DOC
 from .engine import EngineConfig, FixedScheduleEngine
@@ -88,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a reasoning model: each chat answer starts with this many reasoning tokens (N, LOW-HIGH or "
                         "normal:MEAN,STD; within max_tokens), streamed in delta.reasoning as vLLM's reasoning "
                         "parsers do, and counted in usage.completion_tokens_details.reasoning_tokens")
+    p.add_argument("--graded", action="append", default=[], metavar="KIND:FILE",
+                   help="answer this graded set's items (vllm-load's --accuracy formats: gsm8k, mmlu, json) right at "
+                        "--graded-correct of the requests, wrong otherwise (repeatable)")
+    p.add_argument("--graded-correct", type=float, default=1.0, help="the share of graded items answered right")
     p.add_argument("--spec-tokens", type=int, default=0,
                    help="speculative decoding: each decode step drafts this many tokens (vLLM's "
                         "num_speculative_tokens) and yields 1 + the accepted ones; vllm:spec_decode_* counted (0: off)")
@@ -192,6 +196,7 @@ def _app(args: argparse.Namespace, timing_log: IO[str] | None) -> Emulator:
     try:
         reasoning = parse_length(args.reasoning_tokens, "--reasoning-tokens") if args.reasoning_tokens else None
         tok = load_tokenizer(args.tokenizer or args.model)
+        answers = graded.of(args)
     except UsageError as exc:
         raise BadArguments(str(exc)) from None
     engine = _engine(args)
@@ -206,6 +211,7 @@ def _app(args: argparse.Namespace, timing_log: IO[str] | None) -> Emulator:
                    seed=args.seed, media_cost=media.MediaCost(max(1, args.image_patch),
                                                                max(0.0, args.audio_tokens_per_second),
                                                                max(0.0, args.encode_seconds)))
+    app.graded = answers
     app.owned_by = args.owned_by
     app.stream_style = args.stream_style
     app.per_request_metrics = args.enable_per_request_metrics

@@ -45,7 +45,7 @@ def complete(emu: Emulator, start_response: Start, chat: bool, model: str, out: 
     prompt_tokens, max_tokens = len(out.ids), out.max_tokens
     text, ttft, last = [], 0.0, 0.0
     m, first, queue = emu.metrics, True, 0.0
-    pieces = tool_pieces(out.tool, max_tokens) if out.tool else None
+    pieces = tool_pieces(out.tool, max_tokens) if out.tool else iter(out.answer) if out.answer else None
     shift = pull_kv(emu, out)
     for em in emu.engine.generate(prompt_tokens, max_tokens, out.cached, remote=out.kv == "consume"):
         offset = em.offset + shift  # after its arrival here, a decode's KV pull included
@@ -124,7 +124,7 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
     words = itertools.cycle(WORDS)
     prompt_tokens, max_tokens, cached = len(out_spec.ids), out_spec.max_tokens, out_spec.cached
     tool = out_spec.tool
-    pieces = tool_pieces(tool, max_tokens) if tool else None
+    pieces = tool_pieces(tool, max_tokens) if tool else iter(out_spec.answer) if out_spec.answer else None
     answer: list[str] = []
     out, ttft, prev, queue = 0, 0.0, 0.0, 0.0
 

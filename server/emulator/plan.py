@@ -38,6 +38,7 @@ class Output:
     #: disaggregated prefill/decode, as vLLM's router asks (kv_transfer_params): "produce" (a prefill: its answer
     #: carries the KV's whereabouts), "consume" (a decode: the prompt's KV is pulled from the prefill, not computed)
     kv: str = ""
+    answer: list[str] | None = None  # a graded item's answer, piece by piece (``graded.py``): the whole answer
 
 
 def tool_to_call(body: dict) -> str | None:
@@ -121,6 +122,9 @@ def plan(emu: Emulator, chat: bool, body: dict, fault: str | None = None,
             max_tokens, finish = emu.eos_after, "stop"
     if tool is not None:  # a call's arguments are short, whatever the length asked
         max_tokens, finish = min(max_tokens, TOOL_CALL_TOKENS), "tool_calls"
+    answer = emu.graded.answer(body) if chat and tool is None and emu.graded is not None else None
+    if answer is not None and isinstance(max_tokens, int):  # a graded item: its answer, then the model stops
+        max_tokens, finish = min(max_tokens, len(answer)), "stop"
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise HttpError(400, f"max_tokens must be at least 1, got {max_tokens}.", "BadRequestError", "max_tokens")
     if prompt_tokens + max_tokens > emu.max_model_len:
@@ -138,12 +142,12 @@ def plan(emu: Emulator, chat: bool, body: dict, fault: str | None = None,
     if fault == "overrun":  # a broken server: it streams 100 times the tokens asked
         max_tokens = max_tokens * 100
     thinking = 0
-    if chat and tool is None and emu.reasoning is not None:  # within max_tokens, as a real model's thinking
+    if chat and tool is None and answer is None and emu.reasoning is not None:  # within max_tokens, as a real model's thinking
         thinking = min(max_tokens, emu.reasoning.sample(emu.reasoning_rng))
     kv_params = body.get("kv_transfer_params")
     kv = ("" if not isinstance(kv_params, dict) else "produce" if kv_params.get("do_remote_decode")
           else "consume" if kv_params.get("do_remote_prefill") else "")
-    return model, Output(ids, max_tokens, finish, tool, cached, thinking, kv)
+    return model, Output(ids, max_tokens, finish, tool, cached, thinking, kv, answer)
 
 
 def usage(emu: Emulator, out: Output, n: int) -> dict:

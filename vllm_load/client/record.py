@@ -66,6 +66,8 @@ class RequestRecord:
     items: int | None = None  # pooling requests: the inputs (texts, documents) it carried
     late_merged: int = 0  # chunk gaps of 0 made by the native reader's late reads (a late read merged two chunks)
     media: int = 0  # images and audio clips in the prompt: input_tokens_asked counts its text only
+    graded: str | None = None  # --accuracy: the graded set's kind, and whether the answer was right
+    correct: bool | None = None
     target: str | None = None  # --host a,b: the replica it went to (its metrics are grouped under it too)
     headers: dict[str, str] | None = None  # the response header fields --capture-header asked for
     session: str | None = None  # the session id it carried (self.llm.session, --session-header)

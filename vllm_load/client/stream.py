@@ -49,6 +49,8 @@ class ReadyRequest:
     #: (query, document) pair, N - 1 more times than a bi-encoder; the server's usage says which it is
     cross: tuple[int, int] | None = None
     media: int = 0  # images and audio clips in the prompt (input_tokens counts its text only)
+    graded: str | None = None  # --accuracy: the graded set's kind, and the answer its grader expects
+    expected: str | None = None
 
     @property
     def path(self) -> str:

@@ -172,6 +172,9 @@ def count_success(stats: Any, rec: RequestRecord) -> None:
         stats.reasoning_by_tokenizer += rec.reasoning_source == "tokenizer"
     if rec.items:
         stats.items += rec.items
+    if rec.correct is not None:
+        stats.graded += 1
+        stats.correct += rec.correct
     stats.late_merged += rec.late_merged
     if rec.media:
         stats.media_items += rec.media

@@ -42,9 +42,9 @@ RUN_METRICS = {
     "cache_hits_of_achievable": "%", "replica_imbalance": "", "session_stickiness": "%",
     # a fault plan's disruption (metrics/disruption.py): each action's worst
     "lost_requests": "count", "recovery.seconds": "s", "rehomed_sessions": "count", "goodput_during_fault": "%",
-}
-_DISRUPTION = {"lost_requests": "lost_requests", "recovery.seconds": "recovery_s",
-               "rehomed_sessions": "rehomed_sessions", "goodput_during_fault": "goodput_during_fault"}
+    "accuracy": "%"}  # --accuracy's graded answers (accuracy[gsm8k]>=0.8 judges one set)
+_DISRUPTION = {m: m if m != "recovery.seconds" else "recovery_s" for m in
+               ("lost_requests", "recovery.seconds", "rehomed_sessions", "goodput_during_fault")}
 #: what --window steady judges on the steady window's requests (the rest is the run's: its outages, the server's
 #: series, the routing, the server's per-request parts, the energy)
 WINDOWED = frozenset({*table.LATENCY, "error_rate", "goodput", "good_request_fraction", "output_token_rate",
@@ -263,8 +263,8 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
         return float(summary.outage_seconds or 0.0), ""
     if slo.metric in ("energy_per_token", "energy_per_request"):
         energy = summary.energy
-        value = (energy.energy_per_output_token_j if slo.metric == "energy_per_token" else energy.energy_per_request_j
-                 ) if energy else None
+        value = getattr(energy, "energy_per_output_token_j" if slo.metric == "energy_per_token" else
+                        "energy_per_request_j", None)
         if value is None:
             return None, summary.energy_missing or "no GPU telemetry (give --dcgm-url)"
         return float(value), ""
@@ -279,11 +279,13 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
                 f"the prefix-cache hits are {found.cache_hits_unknown}" if found.cache_hits_unknown else \
                 "no turn could hit the prefix cache (sessions of one turn)"
         return float(value), ""
+    if slo.metric == "accuracy":
+        found = summary.accuracy
+        return (float(found), "") if found is not None else (None, "no graded answer (--accuracy KIND:FILE)")
     if slo.metric in _DISRUPTION:
-        found = summary.disruption
-        if not found:
+        value = (summary.disruption or {}).get(_DISRUPTION[slo.metric])
+        if not summary.disruption:
             return None, "no fault plan ran (--fault, --fault-plan)"
-        value = found.get(_DISRUPTION[slo.metric])
         if value is None:
             return None, ("the fleet had not recovered when the run ended" if slo.metric == "recovery.seconds" else
                           "no request started between a fault and its recovery")
@@ -309,8 +311,7 @@ def _show(slo: SLO, value: float) -> str:
         return f"{value:.2f} good req/s"
     if RUN_METRICS.get(slo.metric) == "J":
         return f"{value:.3f} J"
-    if slo.metric in ("error_rate", "good_request_fraction") or "%" in (SERVER_METRICS.get(slo.metric), RUN_METRICS.get(slo.metric)) \
-            or slo.stat == "share":
+    if "%" in (SERVER_METRICS.get(slo.metric), RUN_METRICS.get(slo.metric)) or slo.stat == "share":
         return f"{value * 100:.2f}%"
     return f"{value:.2f}"
 

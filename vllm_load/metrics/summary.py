@@ -70,6 +70,10 @@ class RunSummary(Mapping[str, Any]):
     media_items: int = ABSENT  # images and audio clips sent, their prompt tokens (server's count minus the exact text
     media_tokens: int = ABSENT  # count) and the text's own
     text_input_tokens: int = ABSENT
+    #: --accuracy: graded answers, the share right, and its 95 % Wilson interval (per name: each set's own)
+    graded: int = ABSENT
+    accuracy: float = ABSENT
+    accuracy_ci: list[float] = ABSENT
     inputs: int = ABSENT  # pooling requests (embeddings, rerank): the inputs they carried, inputs/s and input tokens/s
     input_rate: float = ABSENT
     input_token_rate: float = ABSENT

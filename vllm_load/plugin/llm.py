@@ -32,6 +32,7 @@ from vllm_load.plugin.llm_checks import check_max_tokens, check_messages, split_
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.process import generator_of
 from vllm_load.plugin.transport_session import transport_for
+from vllm_load.workload.graded import grade
 from vllm_load.workload.prompt_pool import PromptError
 
 #: Open loop: requests sent within this many seconds of a schedule's start (a run's, or a sweep step's
@@ -237,6 +238,8 @@ class LLM(PoolingCalls, SessionCalls):
             raise
         rec.target, rec.session = self._served_by(rec), self._sessions.get(getcurrent())
         rec.warmup = rec.warmup or warmup
+        if ready.graded is not None and rec.ok and isinstance(state, StreamState):  # --accuracy: right or wrong
+            rec.graded, rec.correct = ready.graded, grade(ready.graded, state.content, ready.expected or "")
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
             self._back_off(gen, rec)

@@ -15,7 +15,7 @@ import gevent
 from vllm_load.client.pooling import POOLING, embeddings_request, rerank_request
 from vllm_load.client.messages import messages_request
 from vllm_load.client.responses import responses_request
-from vllm_load.client.stream import BodyDefaults, ReadyRequest, ready_request
+from vllm_load.client.stream import BodyDefaults, ReadyRequest, build_request, ready_request
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS, body_defaults
 from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
@@ -23,6 +23,7 @@ from vllm_load.workload.history import HistoryCounter
 from vllm_load.workload.lengths import parse_length
 from vllm_load.workload.media import AUDIO_TYPES, IMAGE_TYPES, ImageSize, MediaFiles, MediaMaker, parse_image_size
 from vllm_load.workload.cancel import parse_cancel
+from vllm_load.workload.graded import GradedMix, Item, parse_accuracy
 from vllm_load.workload.model_mix import ModelMix
 from vllm_load.workload.prompt_pool import PromptPool, token_thread
 from vllm_load.workload.prompts import Prompt, PromptFactory, prompt_api
@@ -67,6 +68,8 @@ class RequestSource:
         self.text_factory: PromptFactory | None = None
         self.models = ModelMix(plan.models or (plan.model,), plan.model_weights)  # --model a,b or a:0.6,b:0.4
         self.cancel, self.sent = parse_cancel(getattr(opts, "cancel", "")), 0  # --cancel, and this process's count
+        sets = parse_accuracy(getattr(opts, "accuracy", None))  # --accuracy: a graded share of the chat requests
+        self.graded = off_loop(GradedMix, sets, f"{plan.draws}/{self.source}/graded") if sets else None
         #: images and audio: the prompt thread's maker (the workload's) and the helper thread's (self.llm.image)
         self.pool_media: MediaMaker | None = None
         self.helper_media: MediaMaker | None = None
@@ -174,6 +177,8 @@ class RequestSource:
             return self._trace_request(api)
         if api in POOLING:
             return self._pooling_request(api)
+        if api == "chat" and self.graded is not None and (item := self.graded.next()) is not None:
+            return self._graded_request(item)
         if api == "responses":
             return self._responses_request()
         if api == "messages":
@@ -227,6 +232,16 @@ class RequestSource:
         model, group = self.next_model()
         return responses_request(model, prompt.messages, prompt.tokens + extra, self.output_spec.sample(self.rng),
                                  defaults=self.defaults, group=group)
+
+    def _graded_request(self, item: Item) -> ReadyRequest:
+        """A graded set's next item as a chat request named by its kind, its length the model's (capped)."""
+        assert self.tokenizer is not None and self.output_spec is not None
+        messages = [{"role": "user", "content": item.prompt}]
+        model, _ = self.next_model()
+        ready = build_request("chat", model, messages, self.tokenizer.count_chat(messages),
+                              self.output_spec.sample(self.rng), group=item.kind,
+                              defaults=dataclasses.replace(self.defaults, ignore_eos=False))
+        return dataclasses.replace(ready, graded=item.kind, expected=item.expected)
 
     def _pooling_request(self, api: str) -> ReadyRequest:
         """--batch-size unique texts of --input-tokens each (embeddings), or a query and --batch-size documents

@@ -93,6 +93,10 @@ def check_numbers(opts: Any) -> None:
     if getattr(opts, "cancel", ""):
         from vllm_load.workload.cancel import parse_cancel
         parse_cancel(opts.cancel)
+    if getattr(opts, "accuracy", None):  # the sets read and checked here: a bad file is one line before the run
+        from vllm_load.workload.graded import load_set, parse_accuracy
+        for s in parse_accuracy(opts.accuracy):
+            load_set(s.kind, s.path)
     if getattr(opts, "model", ""):  # its weights, before a server is asked which ids it serves
         from vllm_load.workload.model_mix import parse_models
         parse_models(opts.model)

@@ -212,6 +212,13 @@ def steady_line(steady: RunSummary, requests: int) -> str:
             f"{steady.output_token_rate:.1f} tok/s" + (f"; {', '.join(tails)}" if tails else ""))
 
 
+def accuracy_line(name: str, s: RunSummary) -> str:
+    low, high = s.accuracy_ci or (0.0, 1.0)
+    right = round(s.accuracy * s.graded)
+    return (f"accuracy [{name}]: {s.accuracy * 100:.1f}% ({right} of {s.graded} graded answers right; 95% interval "
+            f"{low * 100:.1f}-{high * 100:.1f}%)")
+
+
 def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server: dict | None | bool = False) -> str:
     """The client's table and totals; with ``server`` (a server summary, or None for "missing") the
     server's line too."""
@@ -284,6 +291,9 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
         lines.append(f"delivered load: {s.delivered['detail']}")
     if s.disruption:
         lines += [f"fault: {line}" for line in disruption_lines(s.disruption)]
+    if s.accuracy is not None:  # --accuracy: each graded set's (its name's), with its interval
+        lines += [accuracy_line(name, RunSummary.of(part)) for name, part in (s.names or {}).items()
+                  if RunSummary.of(part).accuracy is not None]
     client = s.client or ClientVerdict()
     readers = list(client.readers)
     if readers == ["native"]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import gevent
 
 from vllm_load import lifeline
+from vllm_load.workload.graded import parse_accuracy
 from vllm_load.errors import UsageError
 
 
@@ -165,6 +166,11 @@ def emulator_args(opts: Any, spans_endpoint: str | None = None) -> list[str]:
             "--enable-per-request-metrics"]
     if opts.emulator_reasoning_tokens:
         args += ["--reasoning-tokens", opts.emulator_reasoning_tokens]
+    graded = parse_accuracy(getattr(opts, "accuracy", None))  # --accuracy's sets, answered right at the rate given
+    for s in graded:
+        args += ["--graded", f"{s.kind}:{os.path.abspath(s.path)}"]
+    if graded:
+        args += ["--graded-correct", str(opts.emulator_graded_correct)]
     if opts.emulator_spec_tokens:
         args += ["--spec-tokens", str(opts.emulator_spec_tokens), "--spec-acceptance", str(opts.emulator_spec_acceptance)]
     if opts.emulator_dcgm:
