@@ -94,3 +94,15 @@ def test_a_model_right_70_percent_of_the_time_measures_70_percent_under_load(tmp
     assert named["accuracy_ci"] == pytest.approx(list(wilson(70, 100)))
     assert "accuracy [gsm8k]: 70.0% (70 of 100 graded answers right; 95% interval 60.4-78.1%)" in res.stdout
     assert "FAIL  accuracy[gsm8k]>=0.8" in res.stdout and s["slo"][0]["passed"] is False
+
+
+def test_compare_shows_each_shared_sets_accuracy_and_whether_their_intervals_part():
+    from vllm_load.metrics.summary import RunSummary, accuracy_rows
+
+    def run(right: int) -> RunSummary:
+        named = {"graded": 100, "accuracy": right / 100, "accuracy_ci": list(wilson(right, 100))}
+        return RunSummary.of({"names": {"gsm8k": named, "chat": {"requests": 3}}})
+
+    rows = accuracy_rows(run(90), run(50))
+    assert [(r["metric"], r["a"], r["b"], r["significant"]) for r in rows] == [("accuracy[gsm8k]", 90.0, 50.0, True)]
+    assert accuracy_rows(run(70), run(74))[0]["significant"] is False  # within each other's interval

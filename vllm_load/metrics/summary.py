@@ -229,3 +229,17 @@ def name_order(name: str) -> list:
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", name)]
 
 
+
+
+def accuracy_rows(a: RunSummary, b: RunSummary) -> list[dict[str, Any]]:
+    """``compare``'s rows of each graded set two runs share (--accuracy): A's and B's accuracy in %, apart when their
+    95 % intervals do not overlap."""
+    rows = []
+    for name in sorted(set(a.names or {}) & set(b.names or {})):
+        sa, sb = RunSummary.of(a.names[name]), RunSummary.of(b.names[name])
+        if sa.accuracy is not None and sb.accuracy is not None:
+            rows.append({"metric": f"accuracy[{name}]", "title": f"accuracy [{name}]", "unit": "%",
+                         "a": sa.accuracy * 100, "b": sb.accuracy * 100, "delta": (sb.accuracy - sa.accuracy) * 100,
+                         "pct": (sb.accuracy - sa.accuracy) / sa.accuracy * 100 if sa.accuracy else None,
+                         "significant": sa.accuracy_ci[1] < sb.accuracy_ci[0] or sb.accuracy_ci[1] < sa.accuracy_ci[0]})
+    return rows

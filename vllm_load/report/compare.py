@@ -22,7 +22,7 @@ from vllm_load.metrics.verdict import UNTRUSTWORTHY, word
 from vllm_load.metric_table import E2E, ITL, ITL_TOKEN, METRICS, TTFO, TTFT
 from vllm_load.report.console import fmt_number
 from vllm_load.rundir.files import Run, load_run
-from vllm_load.metrics.summary import metric_stats
+from vllm_load.metrics.summary import accuracy_rows, metric_stats
 
 HIST_ERROR = 0.001  # relative, HdrHistogram with 3 significant digits
 #: a metric without a noise estimate is flagged only beyond this relative change (--threshold)
@@ -156,11 +156,10 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
         scale = 100.0 if unit == "%" else 1.0
         rates.append({"metric": key, "title": title, "unit": unit, "a": va * scale, "b": vb * scale,
                       "delta": (vb - va) * scale, "pct": ((vb - va) / va * 100) if va else None})
-    verdicts = []
+    rates += accuracy_rows(a.summary, b.summary)
     slo_a, slo_b = _verdicts(a), _verdicts(b)
-    for text in list(dict.fromkeys([*slo_a, *slo_b])):
-        verdicts.append({"slo": text, "a": slo_a.get(text), "b": slo_b.get(text),
-                         "changed": slo_a.get(text) != slo_b.get(text)})
+    verdicts = [{"slo": text, "a": slo_a.get(text), "b": slo_b.get(text), "changed": slo_a.get(text) != slo_b.get(text)}
+                for text in dict.fromkeys([*slo_a, *slo_b])]
     return {"a": str(a.path), "b": str(b.path), "servers": [server_name(a), server_name(b)],
             "differs": setup_differences(a, b), "metrics": rows, "rates": rates, "slos": verdicts,
             "threshold": threshold, "repeats": repeated_comparison(a, b)}
