@@ -104,24 +104,26 @@ def test_strict_load_makes_an_undelivered_run_invalid():
     assert judge(summary, [], strict_load=True).exit_code == 0
 
 
+@pytest.mark.slow  # the fast selection's unit tests hold the logic; these two runs its timing, on quiet cores
 @pytest.mark.quiet_cores  # the sends' own timing is the subject
 def test_an_open_loop_run_says_its_delivered_load(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "8", "-r", "8", "-t", "60s",
-                          "--request-rate", "40", "--burstiness", "4", "--num-requests", "400", "--strict-load",
+                          "--request-rate", "40", "--burstiness", "4", "--num-requests", "260", "--strict-load",
                           "--input-tokens", "32", "--output-tokens", "4", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     d = json.loads((run_dir / "summary.json").read_text())["summary"]["delivered"]
-    assert d["as_asked"] is True and d["cv_asked"] == 0.5 and d["gaps"] >= 300, d
+    assert d["as_asked"] is True and d["cv_asked"] == 0.5 and d["gaps"] >= 150, d
     assert "delivered load: " in res.stdout
     assert "Delivered load: " in (run_dir / "report.html").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.quiet_cores  # requests in flight are a matter of the client's time
 def test_a_closed_loop_run_says_its_requests_in_flight(tmp_path):
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "60s",
-                          "--num-requests", "300", "--strict-load", "--emulator-ttft", "0.02", "--emulator-itl", "0.01",
+                          "--num-requests", "200", "--strict-load", "--emulator-ttft", "0.02", "--emulator-itl", "0.01",
                           "--input-tokens", "32", "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     d = json.loads((run_dir / "summary.json").read_text())["summary"]["delivered"]

@@ -176,6 +176,25 @@ def test_messages_api_against_real_vllm(tmp_path, real_vllm, locustfile):
         len(logs), sum(r["input_tokens"] for r in logs), sum(r["output_tokens"] for r in logs)]
 
 
+def test_accuracy_under_load_against_real_vllm(tmp_path, real_vllm):
+    """The plumbing of --accuracy against a real server: half the requests are an MMLU-style set's, each answer
+    graded (the fixture's random weights score near chance, whatever they say), its accuracy and interval reported."""
+    URL, TOKENIZER = real_vllm
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "120s",
+                          "--num-requests", "8", "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "40",
+                          "--output-tokens", "8", "--accuracy", f"mmlu:{ROOT / 'tests/data/mmlu-mini.jsonl'}:0.5",
+                          "--run-dir", str(run_dir), "--allow-untrustworthy"], tmp_path, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    graded = [r for r in logs if r["graded"] == "mmlu"]
+    assert len(graded) == 4 and all(r["ok"] and r["correct"] in (True, False) for r in graded)
+    assert all(r["input_tokens"] == r["input_tokens_asked"] for r in logs)  # the graded prompts counted exactly
+    named = json.loads((run_dir / "summary.json").read_text())["summary"]["names"]["mmlu"]
+    assert named["graded"] == 4 and named["accuracy"] == sum(r["correct"] for r in graded) / 4
+    assert "accuracy [mmlu]: " in res.stdout
+
+
 def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm, traces):
     """Next to last in this module: it stops the module's server and serves it again (~50 s on these CPUs)."""
     import signal
