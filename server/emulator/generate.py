@@ -39,6 +39,25 @@ def observe_finish(emu: Emulator, prompt_tokens: int, out: int, ttft: float, e2e
     m.l(m.req_generation).observe(out)
 
 
+def paced(emu: Emulator, out: Output) -> Iterable[int]:
+    """The answer's tokens on the engine's schedule, a count per emission, observed as vLLM's histograms (and the
+    request's end once they are all out): the named-event APIs' pace (``responses``, ``messages``)."""
+    m = emu.metrics
+    n, ttft, prev, queue = 0, 0.0, 0.0, 0.0
+    for em in emu.engine.generate(len(out.ids), out.max_tokens, out.cached):
+        if n == 0:
+            ttft, queue = em.offset, em.queue_time
+            m.l(m.ttft).observe(ttft)
+        else:
+            for _ in range(em.tokens):
+                m.l(m.itl).observe((em.offset - prev) / em.tokens)
+        prev = em.offset
+        m.l(m.generation_tokens).inc(em.tokens)
+        n += em.tokens
+        yield em.tokens
+    observe_finish(emu, len(out.ids), n, ttft, prev, queue, out.finish)
+
+
 def complete(emu: Emulator, start_response: Start, chat: bool, model: str, out: Output,
              trace: str | None = None) -> list[bytes]:
     words = itertools.cycle(WORDS)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import orjson
 
-from .generate import observe_finish
+from .generate import paced
 from .plan import WORDS
 
 if TYPE_CHECKING:
@@ -67,24 +67,6 @@ def stream(emu: Emulator, model: str, out: Output) -> Iterable[bytes]:
         raise
 
 
-def _paced(emu: Emulator, out: Output) -> Iterable[int]:
-    """The answer's tokens on the engine's schedule, a count per emission, observed as vLLM's histograms."""
-    m = emu.metrics
-    n, ttft, prev, queue = 0, 0.0, 0.0, 0.0
-    for em in emu.engine.generate(len(out.ids), out.max_tokens, out.cached):
-        if n == 0:
-            ttft, queue = em.offset, em.queue_time
-            m.l(m.ttft).observe(ttft)
-        else:
-            for _ in range(em.tokens):
-                m.l(m.itl).observe((em.offset - prev) / em.tokens)
-        prev = em.offset
-        m.l(m.generation_tokens).inc(em.tokens)
-        n += em.tokens
-        yield em.tokens
-    observe_finish(emu, len(out.ids), n, ttft, prev, queue, out.finish)
-
-
 def _stream(emu: Emulator, model: str, out: Output) -> Iterable[bytes]:
     def event(kind: str, **data: Any) -> bytes:
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps({"type": kind, **data}) + b"\n\n"
@@ -95,7 +77,7 @@ def _stream(emu: Emulator, model: str, out: Output) -> Iterable[bytes]:
         "model": model, "stop_reason": None, "stop_sequence": None, "usage": usage(prompt, out.cached, 0)})
     words = itertools.cycle(WORDS)
     block, index, n = None, -1, 0
-    for tokens in _paced(emu, out):
+    for tokens in paced(emu, out):
         for _ in range(tokens):
             kind = "thinking" if n < out.reasoning else "text"
             if kind != block:
@@ -121,7 +103,7 @@ def _close(event: Any, block: str, index: int) -> Iterable[bytes]:
 
 def whole(emu: Emulator, model: str, out: Output) -> bytes:
     """A message answered whole (``stream`` false): its tokens on the engine's schedule, then one body."""
-    n = sum(_paced(emu, out))
+    n = sum(paced(emu, out))
     words = itertools.cycle(WORDS)
     thinking = min(n, out.reasoning)
     content = []

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import orjson
 
-from .generate import observe_finish
+from .generate import paced
+from .plan import WORDS
 
 if TYPE_CHECKING:
     from .app import Emulator
@@ -69,12 +70,11 @@ def stream(emu: Emulator, model: str, out: Output) -> Iterable[bytes]:
 
     yield event("response.created", response=response("in_progress", [], None))
     yield event("response.in_progress", response=response("in_progress", [], None))
-    words = itertools.cycle(("the", " model", " answers", " with", " tokens", " that", " mean", " nothing"))
-    m = emu.metrics
+    words = itertools.cycle(WORDS)
     items: list[dict] = []
     current: dict | None = None
     texts: list[str] = []
-    n, ttft, prev, queue = 0, 0.0, 0.0, 0.0
+    n = 0
 
     def close(item: dict, text: str) -> Iterable[bytes]:
         kind = item["type"]
@@ -86,16 +86,8 @@ def stream(emu: Emulator, model: str, out: Output) -> Iterable[bytes]:
         item.update(content=[part], status="completed")
         yield event("response.output_item.done", item=item, output_index=len(items) - 1)
 
-    for em in emu.engine.generate(len(out.ids), out.max_tokens, out.cached):
-        if n == 0:
-            ttft, queue = em.offset, em.queue_time
-            m.l(m.ttft).observe(ttft)
-        else:
-            for _ in range(em.tokens):
-                m.l(m.itl).observe((em.offset - prev) / em.tokens)
-        prev = em.offset
-        m.l(m.generation_tokens).inc(em.tokens)
-        for _ in range(em.tokens):
+    for tokens in paced(emu, out):
+        for _ in range(tokens):
             kind = "reasoning" if n < out.reasoning else "message"
             if current is None or current["type"] != kind:
                 if current is not None:
@@ -117,7 +109,6 @@ def stream(emu: Emulator, model: str, out: Output) -> Iterable[bytes]:
                         content_index=0, delta=word, item_id=current["id"], output_index=len(items) - 1)
     if current is not None:
         yield from close(current, "".join(texts))
-    observe_finish(emu, len(out.ids), n, ttft, prev, queue, out.finish)
     usage = {"input_tokens": len(out.ids), "input_tokens_details": {"cached_tokens": out.cached},
              "output_tokens": n, "output_tokens_details": {"reasoning_tokens": min(n, out.reasoning)},
              "total_tokens": len(out.ids) + n}

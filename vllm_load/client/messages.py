@@ -19,26 +19,19 @@ from typing import Any, ClassVar
 
 import orjson
 
-from vllm_load.client.sse import StreamError, StreamState, data_of, json_object
+from vllm_load.client.sse import NamedEvents, StreamError
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, int_or_none
 
 #: Anthropic's stop reasons as a chat completion's finish reasons (the record's vocabulary)
 FINISH = {"end_turn": "stop", "stop_sequence": "stop", "max_tokens": "length", "tool_use": "tool_calls"}
 
 
-class MessagesState(StreamState):
+class MessagesState(NamedEvents):
     """An Anthropic Messages event stream, read as ``StreamState`` reads a chat stream."""
 
-    parses_sse: ClassVar[bool] = False  # the C parser knows chat chunks only: every line comes here
+    LAST: ClassVar[str] = "message_stop"
 
-    def feed(self, line: bytes, now: float) -> None:
-        self.bytes_read += len(line)
-        payload = data_of(line)
-        if payload is None:
-            return
-        if self.done:
-            raise StreamError("data after message_stop")
-        data = json_object(payload)
+    def event(self, data: dict, now: float) -> None:
         kind = data.get("type")
         if kind == "content_block_delta":
             self._delta(data.get("delta") or {}, data.get("index"), now)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from vllm_load.client.sse import StreamError, StreamState, data_of, json_object
+from vllm_load.client.sse import NamedEvents, StreamError
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, int_or_none, merge_body
 
 #: the answer's and the thinking's delta events
@@ -26,19 +26,12 @@ REASONING_DELTAS = ("response.reasoning_text.delta", "response.reasoning_summary
 ENDS = ("response.completed", "response.incomplete")
 
 
-class ResponsesState(StreamState):
+class ResponsesState(NamedEvents):
     """A Responses API event stream, read as ``StreamState`` reads a chat stream."""
 
-    parses_sse: ClassVar[bool] = False  # the C parser knows chat chunks only: every line comes here
+    LAST: ClassVar[str] = "response.completed"
 
-    def feed(self, line: bytes, now: float) -> None:
-        self.bytes_read += len(line)
-        payload = data_of(line)
-        if payload is None:
-            return
-        if self.done:
-            raise StreamError("data after response.completed")
-        data = json_object(payload)
+    def event(self, data: dict, now: float) -> None:
         kind = data.get("type")
         if kind == TEXT_DELTA or kind in REASONING_DELTAS:
             delta = data.get("delta") or ""

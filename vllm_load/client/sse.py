@@ -279,3 +279,23 @@ class StreamState:
     @property
     def streamed_tokens(self) -> int:
         return self.streamed
+
+
+class NamedEvents(StreamState):
+    """A stream of named events (the Responses API's, Anthropic's Messages), read into the state a chat stream fills:
+    the C parser knows chat chunks only, so every line comes to ``feed``, and each event's object to ``event``."""
+
+    parses_sse: ClassVar[bool] = False
+    LAST: ClassVar[str] = ""  # the event that ends the stream (named when data follows it)
+
+    def feed(self, line: bytes, now: float) -> None:
+        self.bytes_read += len(line)
+        payload = data_of(line)
+        if payload is None:
+            return
+        if self.done:
+            raise StreamError(f"data after {self.LAST}")
+        self.event(json_object(payload), now)
+
+    def event(self, data: dict, now: float) -> None:
+        raise NotImplementedError
