@@ -254,6 +254,28 @@ def answers(url: str) -> bool:
         return False
 
 
+def post_json(url: str, body: Any) -> tuple[int, Any]:
+    """POST ``body`` as JSON: the answer's status and its JSON (an error's too)."""
+    import json
+    import urllib.error
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+#: what a server counted of a run: its requests, prompt tokens and generated tokens (vLLM's counters)
+SERVED = ("vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+def served(url: str) -> list[float]:
+    """The server's ``SERVED`` counters now (each run's share is the difference of two readings)."""
+    return [counter(url, name) for name in SERVED]
+
+
 def counter(url: str, name: str) -> float:
     """The sum of a server's ``name`` series on its /metrics (every label set)."""
     text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()

@@ -125,19 +125,12 @@ def test_a_users_own_messages_calls_are_counted_as_the_server_counts(tmp_path):
 
 def test_the_emulator_counts_and_answers_messages_as_vllm(emulator_factory):
     """count_tokens is the converted chat request's count; a whole answer has Anthropic's shape; a bad body is 400."""
-    import urllib.error
-    import urllib.request
+    from tests.helpers import post_json
 
     emu = emulator_factory("--reasoning-tokens", "2")
 
     def post(path, body):
-        req = urllib.request.Request(emu.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
+        return post_json(emu.url + path, body)
 
     chat = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
     status, whole = post("/v1/chat/completions", {"messages": chat, "max_tokens": 3})

@@ -5,12 +5,10 @@ inputs per request and inputs/s, a user's own embed/rerank calls through the pub
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process
+from tests.helpers import ROOT, post_json, run_in_process
 from vllm_load.rundir.reqlog import read_log
 
 
@@ -59,13 +57,7 @@ def test_the_emulator_refuses_what_vllm_refuses(emulator_factory):
     emu = emulator_factory()
 
     def post(path, body):
-        req = urllib.request.Request(emu.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as exc:
-            return exc.code, json.loads(exc.read())
+        return post_json(emu.url + path, body)
 
     assert post("/v1/embeddings", {"input": []})[0] == 400
     assert post("/v1/rerank", {"query": "", "documents": ["a"]})[0] == 400

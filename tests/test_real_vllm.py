@@ -155,11 +155,10 @@ def test_messages_api_against_real_vllm(tmp_path, real_vllm, locustfile):
     """Anthropic's Messages API: the built-in workload and a user's own calls (a system prompt, a two-turn history).
     Every request and token the run counts equals the server's own counters, and each input is exact: vLLM converts
     the request to the chat request whose template the run counted. The length is a cap (no ignore_eos there)."""
-    from tests.helpers import counter
+    from tests.helpers import served
 
     URL, TOKENIZER = real_vllm
-    names = ("vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
-    before = [counter(URL, n) for n in names]
+    before = served(URL)
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / locustfile), "--headless", "-u", "2", "-r", "2", "-t", "120s",
                           "--num-requests", "4", "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "60",
@@ -171,8 +170,7 @@ def test_messages_api_against_real_vllm(tmp_path, real_vllm, locustfile):
     assert all(r["tokens_from_usage"] and r["input_tokens"] == r["input_tokens_asked"] for r in logs)
     cap = {None: 10, "one turn": 8, "two turns": 12}
     assert all(1 <= r["output_tokens"] <= cap[r["name"]] for r in logs)
-    after = [counter(URL, n) for n in names]
-    assert [a - b for a, b in zip(after, before)] == [
+    assert [a - b for a, b in zip(served(URL), before)] == [
         len(logs), sum(r["input_tokens"] for r in logs), sum(r["output_tokens"] for r in logs)]
 
 

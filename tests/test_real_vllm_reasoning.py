@@ -61,11 +61,10 @@ def test_real_vllm_responses_reasoning_never_exceeds_the_tokens_generated(tmp_pa
 def test_real_vllm_messages_thinking_is_reasoning(tmp_path, reasoning_vllm):
     """Anthropic's Messages API: vLLM turns the reasoning parser's output into a thinking block, read as reasoning
     (the first thinking delta is TTFT; no text block: no TTFO); every request and token equals the server's."""
-    from tests.helpers import counter, run_in_process
+    from tests.helpers import run_in_process, served
 
     url, tokenizer = reasoning_vllm
-    names = ("vllm:request_success_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
-    before = [counter(url, n) for n in names]
+    before = served(url)
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/messages.py"), "--headless", "-u", "2", "-r", "2", "-t", "120s",
                           "--num-requests", "4", "--host", url, "--tokenizer", tokenizer, "--input-tokens", "48",
@@ -79,6 +78,5 @@ def test_real_vllm_messages_thinking_is_reasoning(tmp_path, reasoning_vllm):
     for r in thought:
         assert r["input_tokens"] == r["input_tokens_asked"] == 48 and 1 <= r["output_tokens"] <= 12
         assert r["ttft"] is not None and 0 < r["reasoning_tokens"] <= r["output_tokens"], r
-    after = [counter(url, n) for n in names]
-    assert [a - b for a, b in zip(after, before)] == [
+    assert [a - b for a, b in zip(served(url), before)] == [
         len(logs), sum(r["input_tokens"] for r in logs), sum(r["output_tokens"] for r in logs)]
