@@ -115,6 +115,9 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--num-requests", 0, "end the run once this many requests finished, across all workers (warm-up aside), as "
         "vllm bench serve --num-prompts; in a --sweep, each step ends after this many (its --step-duration unused); "
         "0: the run ends by -t", type=int),
+    Option("--response-format", "", "structured output: json_object or json_schema:FILE asks every request for JSON "
+        "(vLLM's guided decoding; lengths then the model's) and checks every answer: the share valid, "
+        "'valid_output>=99%' gates on it"),
     Option("--accuracy", [], "accuracy under load: KIND:FILE[:SHARE] (repeatable) makes SHARE (0.1) of the chat "
         "requests a graded set's items, named KIND, each answer graded: gsm8k (question, answer '#### N'), mmlu "
         "(question, choices, answer letter), json (prompt, schema); accuracy and its 95 % interval per set, "

@@ -13,6 +13,7 @@ import gevent
 import orjson
 
 from . import media
+from .graded import structured
 from .http import HttpError
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ def plan(emu: Emulator, chat: bool, body: dict, fault: str | None = None,
     if tool is not None:  # a call's arguments are short, whatever the length asked
         max_tokens, finish = min(max_tokens, TOOL_CALL_TOKENS), "tool_calls"
     answer = emu.graded.answer(body) if chat and tool is None and emu.graded is not None else None
+    answer = structured(body) if answer is None and tool is None else answer  # guided decoding: valid JSON
     if answer is not None and isinstance(max_tokens, int):  # a graded item: its answer, then the model stops
         max_tokens, finish = min(max_tokens, len(answer)), "stop"
     if not isinstance(max_tokens, int) or max_tokens < 1:

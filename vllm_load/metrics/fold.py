@@ -175,6 +175,9 @@ def count_success(stats: Any, rec: RequestRecord) -> None:
     if rec.correct is not None:
         stats.graded += 1
         stats.correct += rec.correct
+    if rec.valid is not None:
+        stats.validated += 1
+        stats.valid += rec.valid
     stats.late_merged += rec.late_merged
     if rec.media:
         stats.media_items += rec.media

@@ -42,7 +42,7 @@ RUN_METRICS = {
     "cache_hits_of_achievable": "%", "replica_imbalance": "", "session_stickiness": "%",
     # a fault plan's disruption (metrics/disruption.py): each action's worst
     "lost_requests": "count", "recovery.seconds": "s", "rehomed_sessions": "count", "goodput_during_fault": "%",
-    "accuracy": "%"}  # --accuracy's graded answers (accuracy[gsm8k]>=0.8 judges one set)
+    "accuracy": "%", "valid_output": "%"}  # --accuracy's graded answers; --response-format's valid JSON
 _DISRUPTION = {m: m if m != "recovery.seconds" else "recovery_s" for m in
                ("lost_requests", "recovery.seconds", "rehomed_sessions", "goodput_during_fault")}
 #: what --window steady judges on the steady window's requests (the rest is the run's: its outages, the server's
@@ -279,9 +279,9 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
                 f"the prefix-cache hits are {found.cache_hits_unknown}" if found.cache_hits_unknown else \
                 "no turn could hit the prefix cache (sessions of one turn)"
         return float(value), ""
-    if slo.metric == "accuracy":
-        found = summary.accuracy
-        return (float(found), "") if found is not None else (None, "no graded answer (--accuracy KIND:FILE)")
+    if slo.metric in ("accuracy", "valid_output"):
+        found = summary.accuracy if slo.metric == "accuracy" else summary.valid_output
+        return (float(found), "") if found is not None else (None, "no answer checked (--accuracy, --response-format)")
     if slo.metric in _DISRUPTION:
         value = (summary.disruption or {}).get(_DISRUPTION[slo.metric])
         if not summary.disruption:

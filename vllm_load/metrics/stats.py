@@ -70,6 +70,8 @@ class LLMStats:
     items: int = 0  # pooling: inputs (texts, documents) of the successful requests
     graded: int = 0  # --accuracy: successful requests graded, and those whose answer was right
     correct: int = 0
+    validated: int = 0  # --response-format: successful requests checked, and those whose JSON was valid
+    valid: int = 0
     late_merged: int = 0  # chunk gaps of 0 made by the native reader's late reads (successful requests)
     media_items: int = 0  # images and audio clips of the successful requests, and their prompt tokens (the
     media_tokens: int = 0  # server's count minus the exact text count, where the server gave one)
@@ -229,7 +231,7 @@ class LLMStats:
                  "drift_requests", "output_mismatch", "good", "judged", "cached_tokens", "cached_of",
                  "warmup_excluded", "removed_excluded", "abandoned_excluded", "one_token_chunks", "backoffs",
                  "backoff_ms", REASONING_TOKENS, "reasoning_requests", "reasoning_by_tokenizer", "items", "late_merged",
-                 "media_items", "media_tokens", "graded", "correct")
+                 "media_items", "media_tokens", "graded", "correct", "validated", "valid")
 
     def to_wire(self) -> dict:
         return {

@@ -82,6 +82,9 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
     if self.graded:  # --accuracy: the graded answers that were right, with the 95 % Wilson interval
         out["graded"], out["accuracy"] = self.graded, self.correct / self.graded
         out["accuracy_ci"] = list(wilson(self.correct, self.graded))
+    if self.validated:  # --response-format: the answers whose JSON was valid, with its interval
+        out["validated"], out["valid_output"] = self.validated, self.valid / self.validated
+        out["valid_output_ci"] = list(wilson(self.valid, self.validated))
     if self.items:  # pooling requests: their inputs, and inputs/s
         out["inputs"] = self.items
         out["input_rate"] = self.items / duration if duration else 0.0

@@ -74,6 +74,10 @@ class RunSummary(Mapping[str, Any]):
     graded: int = ABSENT
     accuracy: float = ABSENT
     accuracy_ci: list[float] = ABSENT
+    #: --response-format: answers checked, the share whose JSON was valid, and its 95 % Wilson interval
+    validated: int = ABSENT
+    valid_output: float = ABSENT
+    valid_output_ci: list[float] = ABSENT
     inputs: int = ABSENT  # pooling requests (embeddings, rerank): the inputs they carried, inputs/s and input tokens/s
     input_rate: float = ABSENT
     input_token_rate: float = ABSENT

@@ -238,8 +238,11 @@ class LLM(PoolingCalls, SessionCalls):
             raise
         rec.target, rec.session = self._served_by(rec), self._sessions.get(getcurrent())
         rec.warmup = rec.warmup or warmup
-        if ready.graded is not None and rec.ok and isinstance(state, StreamState):  # --accuracy: right or wrong
-            rec.graded, rec.correct = ready.graded, grade(ready.graded, state.content, ready.expected or "")
+        if rec.ok and isinstance(state, StreamState) and gen.requests is not None:
+            if ready.graded is not None:  # --accuracy: right or wrong
+                rec.graded, rec.correct = ready.graded, grade(ready.graded, state.content, ready.expected or "")
+            elif gen.requests.response_format is not None:  # --response-format: the JSON asked for, or not
+                rec.valid = gen.requests.response_format.valid(state.content)
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
             self._back_off(gen, rec)

@@ -25,6 +25,7 @@ from vllm_load.workload.media import AUDIO_TYPES, IMAGE_TYPES, ImageSize, MediaF
 from vllm_load.workload.cancel import parse_cancel
 from vllm_load.workload.graded import GradedMix, Item, parse_accuracy
 from vllm_load.workload.model_mix import ModelMix
+from vllm_load.workload.structured import parse_response_format
 from vllm_load.workload.prompt_pool import PromptPool, token_thread
 from vllm_load.workload.prompts import Prompt, PromptFactory, prompt_api
 from vllm_load.workload.tokenizer import load_tokenizer
@@ -70,6 +71,7 @@ class RequestSource:
         self.cancel, self.sent = parse_cancel(getattr(opts, "cancel", "")), 0  # --cancel, and this process's count
         sets = parse_accuracy(getattr(opts, "accuracy", None))  # --accuracy: a graded share of the chat requests
         self.graded = off_loop(GradedMix, sets, f"{plan.draws}/{self.source}/graded") if sets else None
+        self.response_format = parse_response_format(getattr(opts, "response_format", ""))  # answers checked
         #: images and audio: the prompt thread's maker (the workload's) and the helper thread's (self.llm.image)
         self.pool_media: MediaMaker | None = None
         self.helper_media: MediaMaker | None = None

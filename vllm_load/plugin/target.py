@@ -17,6 +17,7 @@ from vllm_load.workload.datasets import read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
 from vllm_load.workload.model_mix import parse_models
 from vllm_load.workload.prompts import PromptFactory, prompt_api
+from vllm_load.workload.structured import parse_response_format
 from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
 
 #: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
@@ -55,7 +56,10 @@ def body_defaults(opts: Any, server_kind: str = "vllm") -> BodyDefaults:
         if taken:
             raise UsageError(f"--extra-body sets {', '.join(taken)}, which the load test sends itself: drop them")
     vllm = server_kind == "vllm"
-    return BodyDefaults(temperature=float(opts.temperature), ignore_eos=vllm and not opts.no_ignore_eos,
+    shaped = parse_response_format(getattr(opts, "response_format", ""))  # JSON asked: lengths are the model's
+    if shaped is not None and shaped.body is not None:
+        extra = {**extra, "response_format": shaped.body}
+    return BodyDefaults(temperature=float(opts.temperature), ignore_eos=vllm and not opts.no_ignore_eos and shaped is None,
                         continuous_usage=vllm and not opts.no_continuous_usage, extra=tuple(sorted(extra.items())))
 
 

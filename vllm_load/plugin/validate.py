@@ -93,6 +93,9 @@ def check_numbers(opts: Any) -> None:
     if getattr(opts, "cancel", ""):
         from vllm_load.workload.cancel import parse_cancel
         parse_cancel(opts.cancel)
+    if getattr(opts, "response_format", ""):
+        from vllm_load.workload.structured import parse_response_format
+        parse_response_format(opts.response_format)
     if getattr(opts, "accuracy", None):  # the sets read and checked here: a bad file is one line before the run
         from vllm_load.workload.graded import load_set, parse_accuracy
         for s in parse_accuracy(opts.accuracy):

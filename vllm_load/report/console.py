@@ -291,6 +291,10 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
         lines.append(f"delivered load: {s.delivered['detail']}")
     if s.disruption:
         lines += [f"fault: {line}" for line in disruption_lines(s.disruption)]
+    if s.valid_output is not None:  # --response-format
+        low, high = s.valid_output_ci or (0.0, 1.0)
+        lines.append(f"structured output: {s.valid_output * 100:.1f}% of {s.validated} answers valid JSON (95% "
+                     f"interval {low * 100:.1f}-{high * 100:.1f}%)")
     if s.accuracy is not None:  # --accuracy: each graded set's (its name's), with its interval
         lines += [accuracy_line(name, RunSummary.of(part)) for name, part in (s.names or {}).items()
                   if RunSummary.of(part).accuracy is not None]

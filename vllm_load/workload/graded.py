@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from vllm_load.errors import UsageError
+from vllm_load.workload.structured import json_valid
 
 KINDS = ("gsm8k", "mmlu", "json")
 LETTERS = "ABCD"
@@ -58,24 +59,10 @@ def mmlu_letter(text: str) -> str | None:
     return m.group(1).upper() if m else None
 
 
-def _json_valid(text: str, schema: str) -> bool:
-    import jsonschema
-
-    start = text.find("{")
-    if start < 0:
-        return False
-    try:
-        value, _ = json.JSONDecoder().raw_decode(text[start:])
-        jsonschema.validate(value, json.loads(schema))
-    except (ValueError, jsonschema.ValidationError):
-        return False
-    return True
-
-
 GRADERS: dict[str, Callable[[str, str], bool]] = {
     "gsm8k": lambda reply, expected: gsm8k_number(reply) == expected,
     "mmlu": lambda reply, expected: mmlu_letter(reply) == expected,
-    "json": _json_valid,
+    "json": json_valid,
 }
 
 

@@ -1,0 +1,69 @@
+"""Structured output: ``--response-format json_schema:FILE`` (or ``json_object``) asks every chat and completion
+request for JSON (vLLM's guided decoding) and checks every answer: its first JSON object parses and, with a schema,
+validates. The share of valid answers is a metric with its 95 % interval and an SLO (``valid_output>=99%``), per
+name and per model as the other metrics. Asked lengths are not forced (no ``ignore_eos``): a grammar that has
+closed its object allows only the end, which ``ignore_eos`` would refuse."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_load.errors import UsageError
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    body: dict[str, Any] | None  # what every request's response_format says (None: ``check:``, not asked)
+    schema: str  # the schema as JSON text ("": any JSON object)
+
+    def valid(self, text: str) -> bool:
+        return json_valid(text, self.schema)
+
+
+def json_valid(text: str, schema: str) -> bool:
+    """``text``'s first JSON object parses and (``schema`` given, JSON text) validates against it."""
+    import jsonschema
+
+    start = text.find("{")
+    if start < 0:
+        return False
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text[start:])
+        if schema:
+            jsonschema.validate(value, json.loads(schema))
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return isinstance(value, dict)
+
+
+def parse_response_format(text: str) -> ResponseFormat | None:
+    """``json_object`` or ``json_schema:FILE`` (a JSON schema), asked of the server; ``check:`` before either: the
+    answers are checked and the server is not asked (the baseline without guided decoding). A bad value or file is a
+    one-line UsageError."""
+    if not text:
+        return None
+    if text.startswith("check:"):
+        asked = parse_response_format(text[len("check:"):])
+        return ResponseFormat(None, asked.schema) if asked is not None else None
+    if text == "json_object":
+        return ResponseFormat({"type": "json_object"}, "")
+    kind, _, path = text.partition(":")
+    if kind != "json_schema" or not path:
+        raise UsageError(f"--response-format {text!r}: write json_object or json_schema:FILE (a JSON schema)")
+    try:
+        schema = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise UsageError(f"--response-format {text!r}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise UsageError(f"--response-format {text!r}: not JSON ({exc})") from None
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise UsageError(f"--response-format {text!r}: not a JSON schema ({exc.message})") from None
+    name = Path(path).stem.replace("-", "_") or "schema"
+    return ResponseFormat({"type": "json_schema", "json_schema": {"name": name, "schema": schema}}, json.dumps(schema))
