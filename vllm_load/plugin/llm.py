@@ -239,16 +239,22 @@ class LLM(PoolingCalls, SessionCalls):
         rec.target, rec.session = self._served_by(rec), self._sessions.get(getcurrent())
         rec.warmup = rec.warmup or warmup
         if rec.ok and isinstance(state, StreamState) and gen.requests is not None:
-            if ready.graded is not None:  # --accuracy: right or wrong
-                rec.graded, rec.correct = ready.graded, grade(ready.graded, state.content, ready.expected or "")
-            elif gen.requests.response_format is not None:  # --response-format: the JSON asked for, or not
-                rec.valid = gen.requests.response_format.valid(state.content)
+            self._check_answer(gen.requests, ready, rec, state)
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
             self._back_off(gen, rec)
         return Reply.of(rec, state) if isinstance(state, StreamState) else Reply.of_json(rec, state.data)
 
     # -- internals --------------------------------------------------------------------------------------
+    @staticmethod
+    def _check_answer(src: RequestSource, ready: ReadyRequest, rec: Any, state: StreamState) -> None:
+        """An answer's content judged: a graded item right or wrong (--accuracy), the JSON asked for valid or not
+        (--response-format)."""
+        if ready.graded is not None:
+            rec.graded, rec.correct = ready.graded, grade(ready.graded, state.content, ready.expected or "")
+        elif src.response_format is not None:
+            rec.valid = src.response_format.valid(state.content)
+
     def _own_headers(self, session_header: str, headers: dict[str, str] | None) -> dict[str, str]:
         """This request's own header fields: a new traceparent (the server's span carries its trace id), the
         session's id, then the caller's (its own trace context stands)."""

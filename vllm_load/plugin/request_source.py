@@ -67,17 +67,22 @@ class RequestSource:
         #: loop like the prompt pool's, and one thread so that the text factory's sequence stays ordered
         self.helper: Any = None
         self.text_factory: PromptFactory | None = None
-        self.models = ModelMix(plan.models or (plan.model,), plan.model_weights)  # --model a,b or a:0.6,b:0.4
-        self.cancel, self.sent = parse_cancel(getattr(opts, "cancel", "")), 0  # --cancel, and this process's count
-        sets = parse_accuracy(getattr(opts, "accuracy", None))  # --accuracy: a graded share of the chat requests
-        self.graded = off_loop(GradedMix, sets, f"{plan.draws}/{self.source}/graded") if sets else None
-        self.response_format = parse_response_format(getattr(opts, "response_format", ""))  # answers checked
+        self._mixes(opts, plan)
         #: images and audio: the prompt thread's maker (the workload's) and the helper thread's (self.llm.image)
         self.pool_media: MediaMaker | None = None
         self.helper_media: MediaMaker | None = None
         self.image_size: ImageSize | None = None
         self.image_files: MediaFiles | None = None  # --images-from, --audio-from
         self.audio_files: MediaFiles | None = None
+
+    def _mixes(self, opts: Any, plan: RunPlan) -> None:
+        """What each request may become: its model (--model a,b or a:0.6,b:0.4), cut mid-answer (--cancel, with
+        this process's count), a graded set's item (--accuracy), its answer checked as JSON (--response-format)."""
+        self.models = ModelMix(plan.models or (plan.model,), plan.model_weights)
+        self.cancel, self.sent = parse_cancel(getattr(opts, "cancel", "")), 0
+        sets = parse_accuracy(getattr(opts, "accuracy", None))
+        self.graded = off_loop(GradedMix, sets, f"{plan.draws}/{self.source}/graded") if sets else None
+        self.response_format = parse_response_format(getattr(opts, "response_format", ""))
 
     def _read_files(self, worker_index: int) -> None:
         """--dataset's records and this process's share of --trace's rows, read off the loop."""

@@ -90,19 +90,7 @@ def check_numbers(opts: Any) -> None:
     if getattr(opts, "metric_percentiles", ""):
         from vllm_load.metrics.histogram import parse_percentiles
         parse_percentiles(opts.metric_percentiles)
-    if getattr(opts, "cancel", ""):
-        from vllm_load.workload.cancel import parse_cancel
-        parse_cancel(opts.cancel)
-    if getattr(opts, "response_format", ""):
-        from vllm_load.workload.structured import parse_response_format
-        parse_response_format(opts.response_format)
-    if getattr(opts, "accuracy", None):  # the sets read and checked here: a bad file is one line before the run
-        from vllm_load.workload.graded import load_set, parse_accuracy
-        for s in parse_accuracy(opts.accuracy):
-            load_set(s.kind, s.path)
-    if getattr(opts, "model", ""):  # its weights, before a server is asked which ids it serves
-        from vllm_load.workload.model_mix import parse_models
-        parse_models(opts.model)
+    _check_mixes(opts)
     spec = getattr(opts, "emulator_spec_tokens", 0)
     if spec < 0 or not 0.0 <= getattr(opts, "emulator_spec_acceptance", 0.7) <= 1.0:
         raise UsageError("--emulator-spec-tokens must be >= 0 and --emulator-spec-acceptance within 0..1")
@@ -111,6 +99,24 @@ def check_numbers(opts: Any) -> None:
     check_sidecars(getattr(opts, "sidecar_url", ""))
     if not 0 <= opts.metrics_port <= 65535:
         raise UsageError(f"--metrics-port {opts.metrics_port} is no TCP port: give 1-65535 (0: off)")
+
+
+def _check_mixes(opts: Any) -> None:
+    """What each request may become, read and checked before any server is asked: --cancel, --model's weights,
+    --response-format's schema and --accuracy's sets (a bad file is one line before the run)."""
+    if getattr(opts, "cancel", ""):
+        from vllm_load.workload.cancel import parse_cancel
+        parse_cancel(opts.cancel)
+    if getattr(opts, "model", ""):  # its weights, before a server is asked which ids it serves
+        from vllm_load.workload.model_mix import parse_models
+        parse_models(opts.model)
+    if getattr(opts, "response_format", ""):
+        from vllm_load.workload.structured import parse_response_format
+        parse_response_format(opts.response_format)
+    if getattr(opts, "accuracy", None):
+        from vllm_load.workload.graded import load_set, parse_accuracy
+        for s in parse_accuracy(opts.accuracy):
+            load_set(s.kind, s.path)
 
 
 def _check_ranges(opts: Any) -> None:
