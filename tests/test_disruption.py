@@ -101,6 +101,7 @@ def test_a_plan_file_reads_its_lines_in_time_order(tmp_path):
         parse_plan([], str(plan))
 
 
+@pytest.mark.slow  # processes killed and started on the run's clock: 14 s of a real fleet's life
 def test_a_kill_and_restart_of_a_replica_mid_run(tmp_path):
     """Two emulators behind --host a,b; the plan kills b at 3 s and starts it again on its port at 5 s. Every request
     is in one bucket: served by a (= a's own success counter), served by b before the kill or by the restarted b

@@ -14,7 +14,7 @@ from vllm_load.plugin import interrupt
 @pytest.fixture
 def policy(monkeypatch):
     cut, exits = [], []
-    monkeypatch.setattr(interrupt, "_seen", [0])
+    monkeypatch.setattr(interrupt, "ending", type("Ending", (), {"signals": 0})())
     monkeypatch.setattr(interrupt, "hurry", lambda: cut.append(True))
 
     def leave(code: int) -> None:
@@ -38,3 +38,10 @@ def test_the_second_signal_cuts_and_the_third_quits_whatever_their_kinds(policy,
     assert exits == [128 + third] and exits[0] in (130, 143)
     err = capsys.readouterr().err
     assert f"a second signal ({second.name})" in err and f"a third signal ({third.name}): quitting now" in err
+
+
+def test_each_controllers_count_is_its_own(policy):
+    """The runs of vllm_load.testing, many in one process, each count their own signals: a global count made a
+    suite's third in-process run quit its test process."""
+    first, second = type("E", (), {"signals": 0})(), type("E", (), {"signals": 0})()
+    assert [interrupt.noted(first), interrupt.noted(first), interrupt.noted(second)] == [1, 2, 1]

@@ -193,6 +193,24 @@ def test_accuracy_under_load_against_real_vllm(tmp_path, real_vllm):
     assert "accuracy [mmlu]: " in res.stdout
 
 
+@pytest.mark.parametrize("fmt", ["json_schema", "check:json_schema"])
+def test_structured_output_against_real_vllm(tmp_path, real_vllm, fmt):
+    """vLLM's guided decoding: asked for a schema, every answer of the random model is valid JSON of it; checked
+    without asking (the baseline), the same model's answers are not."""
+    URL, TOKENIZER = real_vllm
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "120s",
+                          "--num-requests", "6", "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "40",
+                          "--output-tokens", "48", "--response-format", f"{fmt}:{ROOT / 'tests/data/flag-schema.json'}",
+                          "--run-dir", str(run_dir), "--allow-untrustworthy"], tmp_path, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    assert len(logs) == 6 and all(r["ok"] for r in logs), [r["error"] for r in logs][:3]
+    s = json.loads((run_dir / "summary.json").read_text())["summary"]
+    assert s["validated"] == 6
+    assert s["valid_output"] == (1.0 if fmt == "json_schema" else 0.0), [r["finish_reason"] for r in logs]
+
+
 def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm, traces):
     """Next to last in this module: it stops the module's server and serves it again (~50 s on these CPUs)."""
     import signal

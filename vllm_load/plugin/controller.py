@@ -55,7 +55,7 @@ class Controller(Process):
         self.listen(events.test_stopping, lambda **_kw: self.drain())
         self.listen(events.test_stop, lambda **_kw: end_of_run.stopped(self))
         self.listen(events.quit, lambda **_kw: self.end.print_block())
-        interrupt.hurry = self.hurry  # this process's: one controller per process
+        interrupt.hurry, interrupt.ending = self.hurry, self.end  # this process's: one controller per process
 
     # -- start-up ---------------------------------------------------------------------------------------
     def start_up(self) -> None:

@@ -42,6 +42,7 @@ class Ending:
         self.writing: gevent.event.Event | None = None  # set once the end is written
         #: set by a second Ctrl-C or SIGTERM: the end stops waiting for requests in flight (they are cut)
         self.cut = gevent.event.Event()
+        self.signals = 0  # stopping signals this process took, SIGINT and SIGTERM (``plugin/interrupt.py``)
 
     def started(self) -> None:
         """A new run: live numbers again."""
@@ -178,7 +179,7 @@ def quitting(ctl: Controller) -> None:
     (``interrupt.repeated``: the second signal cuts, the third quits)."""
     end = ctl.end
     signalled = gevent.getcurrent().parent is not None  # not the main greenlet: a SIGTERM's shutdown
-    n = interrupt.noted() if signalled else 0
+    n = interrupt.noted(end) if signalled else 0
     if end.writing is None:
         end.writing = gevent.event.Event()
         try:

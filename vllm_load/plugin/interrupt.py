@@ -9,8 +9,9 @@ signal is taken by the event loop, which throws KeyboardInterrupt into the main 
 
 A second Ctrl-C, while the run's end waits for requests in flight, ends that wait (``hurry``): thrown into the main
 greenlet again, it raised out of the drain with a traceback and lost summary.json. A third quits at once. SIGINT and
-SIGTERM are counted together (``noted``; SIGTERM's in ``end_of_run.quitting``, where Locust's own handler delivers
-it): the second signal of either kind cuts, the third quits with 128 + its number, whatever their order.
+SIGTERM are counted together, on the process's controller (its ``Ending``: a count per controller, so the runs of
+``vllm_load.testing``, many in one process, never add up; SIGTERM's in ``end_of_run.quitting``, where Locust's own
+handler delivers it): the second signal of either kind cuts, the third quits with 128 + its number, in any order.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ import os
 import signal
 import sys
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import gevent
 
 _installed: list = []
-_seen = [0]  # SIGINTs and SIGTERMs taken
-#: what a second Ctrl-C does: the process's controller sets it (its end stops waiting for requests in flight)
+#: what a second Ctrl-C does, and where the signals are counted: the process's controller sets both (its end stops
+#: waiting for requests in flight; its ``Ending`` holds ``signals``)
 hurry: Callable[[], None] | None = None
+ending: Any = None
 
 
 def install() -> None:
@@ -39,10 +41,16 @@ def install() -> None:
     _installed.append(gevent.signal_handler(signal.SIGINT, _interrupt))
 
 
-def noted() -> int:
-    """One more stopping signal (SIGINT or SIGTERM): how many there have been."""
-    _seen[0] += 1
-    return _seen[0]
+class _Count:
+    signals = 0  # a process's signals before it has a controller
+
+
+def noted(counter: Any = None) -> int:
+    """One more stopping signal (SIGINT or SIGTERM) on ``counter`` (default: the controller's ``Ending``): how many
+    it has taken."""
+    counter = counter if counter is not None else ending if ending is not None else _Count
+    counter.signals += 1
+    return counter.signals
 
 
 def repeated(n: int, sig: signal.Signals) -> bool:

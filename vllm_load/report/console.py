@@ -285,7 +285,7 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
         lines.append(f"trace: {t.sent} of {t.rows} rows sent, over {t.sent_span_s:.1f} s of the intended "
                      f"{t.intended_s:.1f} s" + (f"; send lag p99 {lag.at('p99') * 1000:.1f} ms, max "
                                                    f"{lag.max * 1000:.1f} ms" if lag.count else ""))
-    if s.target_request_rate and not s.delivered:
+    if s.target_request_rate:
         lines.append(f"open loop: target {s.target_request_rate:.2f} req/s, achieved send rate {s.send_rate:.2f} req/s")
     if s.delivered:
         lines.append(f"delivered load: {s.delivered['detail']}")
