@@ -19,9 +19,9 @@ BUSY = ("import os, sys; from vllm_load.lifeline import die_with_parent; die_wit
         "os.sched_setaffinity(0, {int(sys.argv[2])})\nwhile True: pass")
 
 
-@pytest.mark.slow
-@pytest.mark.quiet_cores  # its busy loops are the only other load: beside the rest of the suite too, runs that end
-def test_the_fast_selection_passes_beside_a_busy_loop_on_every_core(tmp_path):  # by time measured nothing
+@pytest.mark.slow  # under pytest -n it starts first and runs beside the rest of the slow tests: a busier host still
+@pytest.mark.timeout(1200)  # the fast selection beside busy loops and the slow tests: 300 s was cut short
+def test_the_fast_selection_passes_beside_a_busy_loop_on_every_core(tmp_path):
     cores = sorted(os.sched_getaffinity(0))
     # the inner suite is a pytest of its own: its own workers and locks, not this worker's
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST") and k != LOCK_ENV}

@@ -42,6 +42,7 @@ def test_stop_on_slo_miss_ends_the_sweep_early(tmp_path, emulator_factory):
     assert names[:2] == ["00-users-1", "01-users-8"] and "03-users-32" not in names
 
 
+@pytest.mark.quiet_cores  # each step's achieved send rate is the subject (beside a parallel suite: 29.6 of 40)
 def test_rate_sweep_changes_the_open_loop_rate_per_step(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"
