@@ -254,6 +254,18 @@ def answers(url: str) -> bool:
         return False
 
 
+def stream_fault(state: Any, lines: list[bytes]) -> str | None:
+    """What a stream's reader says of these lines: the StreamError raised, else why it is incomplete (None: whole)."""
+    from vllm_load.client.sse import StreamError
+
+    try:
+        for line in lines:
+            state.feed(line, 0.0)
+        return state.incomplete()
+    except StreamError as exc:
+        return str(exc)
+
+
 def post_json(url: str, body: Any) -> tuple[int, Any]:
     """POST ``body`` as JSON: the answer's status and its JSON (an error's too)."""
     import json

@@ -9,9 +9,8 @@ import json
 import orjson
 import pytest
 
-from tests.helpers import ROOT, run_in_process
+from tests.helpers import ROOT, run_in_process, stream_fault
 from vllm_load.client.messages import MessagesState, messages_request
-from vllm_load.client.sse import StreamError
 from vllm_load.rundir.reqlog import read_log
 
 
@@ -77,13 +76,7 @@ def test_a_tool_use_block_is_a_call_and_ends_the_thinking():
     ([b"garbage"], "malformed SSE line"),
 ])
 def test_a_broken_messages_stream_says_why(lines, reason):
-    st = MessagesState()
-    try:
-        for line in lines:
-            st.feed(line, 0.0)
-        got = st.incomplete()
-    except StreamError as exc:
-        got = str(exc)
+    got = stream_fault(MessagesState(), lines)
     assert got is not None and got.startswith(reason), got
 
 

@@ -8,9 +8,8 @@ import json
 import orjson
 import pytest
 
-from tests.helpers import ROOT, run_in_process
+from tests.helpers import ROOT, run_in_process, stream_fault
 from vllm_load.client.responses import ResponsesState
-from vllm_load.client.sse import StreamError
 from vllm_load.rundir.reqlog import read_log
 
 
@@ -58,13 +57,7 @@ def test_a_responses_stream_is_read_like_a_chat_stream():
     ([b"garbage"], "malformed SSE line"),
 ])
 def test_a_broken_responses_stream_says_why(lines, reason):
-    st = ResponsesState()
-    try:
-        for line in lines:
-            st.feed(line, 0.0)
-        got = st.incomplete()
-    except StreamError as exc:
-        got = str(exc)
+    got = stream_fault(ResponsesState(), lines)
     assert got is not None and got.startswith(reason), got
 
 
