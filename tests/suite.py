@@ -72,11 +72,12 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         elif _shares_a_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
             shared.add(item)
-    # the order pytest -n hands them out in (--no-loadscope-reorder keeps it, pyproject.toml): the modules sharing a
-    # server first (their tests run one after another on one worker: the longest units), the quiet_cores tests last
-    # (the busy suite among them: the fast selection beside its busy loops alone)
+    # the order pytest -n hands them out in (--no-loadscope-reorder keeps it, pyproject.toml): the busy suite first
+    # (the longest unit: the fast selection beside its busy loops and the slow tests, ~6 min), the modules sharing a
+    # server next (their tests run one after another on one worker), the quiet_cores tests last
     # (xdist's own order, biggest group first, gave the quiet group a worker at the start, idle 134 s of 200)
-    items.sort(key=lambda item: (item.get_closest_marker("quiet_cores") is not None, item not in shared))
+    items.sort(key=lambda item: (item.get_closest_marker("quiet_cores") is not None,
+                                 not item.nodeid.endswith(BUSY_SUITE), item not in shared))
 
 
 def _leave_the_fast_selection_to_the_busy_suite(config: Any, items: list[Any]) -> None:

@@ -48,6 +48,7 @@ def test_constant_rate_arrivals_are_evenly_spaced_across_users_and_processes(tmp
     assert all(abs(g - 0.125) <= 0.002 for g in gaps), [round(g, 4) for g in gaps]
 
 
+@pytest.mark.quiet_cores  # the actual sends' spread is the subject (beside a busy suite it failed, 1 in 2)
 @pytest.mark.parametrize("burstiness,cv", [("8", 1 / 8 ** 0.5), ("1", 1.0)])
 def test_the_aggregate_has_the_burstiness_asked_for_whatever_the_users(tmp_path, burstiness, cv):
     # gamma(k) gaps: CV 1/sqrt(k); 8 users each at an eighth of the rate added up to CV 0.99 for k = 8

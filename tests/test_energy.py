@@ -63,8 +63,10 @@ def test_a_run_reports_the_power_models_energy_per_token(tmp_path, emulator_fact
 
 def test_the_embedded_emulator_serves_its_telemetry_when_asked(tmp_path):
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                          "--emulator-dcgm", "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path)
+    # ended by its count: a 3 s run beside a busy suite once measured nothing
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "60s",
+                          "--num-requests", "8", "--emulator-dcgm", "--output-tokens", "8", "--run-dir", str(run_dir)],
+                         cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     e = json.loads((run_dir / "summary.json").read_text())["summary"]["energy"]
     assert e["average_power_w"] >= 60.0 and e["energy_per_request_j"] > 0  # idle 60 W, 4 W a sequence

@@ -14,6 +14,7 @@ BLOCK = 16  # the emulator's prefix-cache block
 TRACE_BLOCK = 512  # Mooncake's
 
 
+@pytest.mark.quiet_cores  # "on time": each row's send against its due time
 def test_a_mooncake_trace_replays_each_row_once_on_time_with_its_length_and_prefix_sharing(emulator_factory, tmp_path):
     rows = make_trace(tmp_path / "trace.jsonl")
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--enable-prompt-tokens-details")
