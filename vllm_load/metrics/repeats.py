@@ -92,3 +92,20 @@ def welch(a: list[float], b: list[float], confidence: float = 0.95) -> dict[str,
     verdict = "no difference" if abs(diff) <= half else "higher" if diff > 0 else "lower"
     return {"a": sa["mean"], "b": sb["mean"], "pct": diff / sa["mean"] * 100, "half_pct": half / abs(sa["mean"]) * 100,
             "verdict": verdict, "runs_a": sa["n"], "runs_b": sb["n"], "confidence": confidence}
+
+
+def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a share, ``correct`` of ``n`` (sound at 0 and n, unlike the normal one):
+    --accuracy's right answers, --response-format's valid ones."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def interval_text(ci: list[float] | None) -> str:
+    """A share's 95 % interval (``wilson``), in percent."""
+    low, high = ci or (0.0, 1.0)
+    return f"95% interval {low * 100:.1f}-{high * 100:.1f}%"

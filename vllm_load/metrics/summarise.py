@@ -8,7 +8,7 @@ from typing import Any
 from vllm_load.metrics import outages
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.summary import RunSummary, name_order
-from vllm_load.workload.graded import wilson
+from vllm_load.metrics.repeats import wilson
 from vllm_load.metric_table import INPUT_TOKENS, ITL, OUTPUT_TOKENS, REASONING_TOKENS
 
 
@@ -79,12 +79,12 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
         out["media_items"] = self.media_items
         out["media_tokens"] = self.media_tokens
         out["text_input_tokens"] = self.input_tokens - self.media_tokens
-    if self.graded:  # --accuracy: the graded answers that were right, with the 95 % Wilson interval
-        out["graded"], out["accuracy"] = self.graded, self.correct / self.graded
-        out["accuracy_ci"] = list(wilson(self.correct, self.graded))
-    if self.validated:  # --response-format: the answers whose JSON was valid, with its interval
-        out["validated"], out["valid_output"] = self.validated, self.valid / self.validated
-        out["valid_output_ci"] = list(wilson(self.valid, self.validated))
+    # the answers checked and the share that passed, with its 95 % Wilson interval: --accuracy's graded answers that
+    # were right, --response-format's whose JSON was valid
+    for checked, share, n, right in (("graded", "accuracy", self.graded, self.correct),
+                                     ("validated", "valid_output", self.validated, self.valid)):
+        if n:
+            out[checked], out[share], out[f"{share}_ci"] = n, right / n, list(wilson(right, n))
     if self.items:  # pooling requests: their inputs, and inputs/s
         out["inputs"] = self.items
         out["input_rate"] = self.items / duration if duration else 0.0

@@ -7,6 +7,7 @@ from typing import Any
 
 from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.disruption import describe as disruption_lines
+from vllm_load.metrics.repeats import interval_text
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers, who_fell_behind
@@ -213,10 +214,9 @@ def steady_line(steady: RunSummary, requests: int) -> str:
 
 
 def accuracy_line(name: str, s: RunSummary) -> str:
-    low, high = s.accuracy_ci or (0.0, 1.0)
     right = round(s.accuracy * s.graded)
-    return (f"accuracy [{name}]: {s.accuracy * 100:.1f}% ({right} of {s.graded} graded answers right; 95% interval "
-            f"{low * 100:.1f}-{high * 100:.1f}%)")
+    return (f"accuracy [{name}]: {s.accuracy * 100:.1f}% ({right} of {s.graded} graded answers right; "
+            f"{interval_text(s.accuracy_ci)})")
 
 
 def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server: dict | None | bool = False) -> str:
@@ -292,9 +292,8 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     if s.disruption:
         lines += [f"fault: {line}" for line in disruption_lines(s.disruption)]
     if s.valid_output is not None:  # --response-format
-        low, high = s.valid_output_ci or (0.0, 1.0)
-        lines.append(f"structured output: {s.valid_output * 100:.1f}% of {s.validated} answers valid JSON (95% "
-                     f"interval {low * 100:.1f}-{high * 100:.1f}%)")
+        lines.append(f"structured output: {s.valid_output * 100:.1f}% of {s.validated} answers valid JSON "
+                     f"({interval_text(s.valid_output_ci)})")
     if s.accuracy is not None:  # --accuracy: each graded set's (its name's), with its interval
         lines += [accuracy_line(name, RunSummary.of(part)) for name, part in (s.names or {}).items()
                   if RunSummary.of(part).accuracy is not None]

@@ -19,7 +19,6 @@ text (the same each time, as accuracy benchmarks send it), its length the model'
 from __future__ import annotations
 
 import json
-import math
 import random
 import re
 from dataclasses import dataclass
@@ -164,12 +163,3 @@ class GradedMix:
         item, self.next_item[k] = items[self.next_item[k] % len(items)], self.next_item[k] + 1
         return item
 
-
-def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95 % Wilson score interval of ``correct`` of ``n`` (sound at 0 and n, unlike the normal one)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = correct / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
