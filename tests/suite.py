@@ -64,7 +64,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
             item.add_marker(pytest.mark.slow)
     _leave_the_fast_selection_to_the_busy_suite(config, items)
     for item in items:
-        if item.get_closest_marker("quiet_cores") is not None:
+        if _alone(item):
             # one worker runs them all, one after another: a single quiet test waits for the cores at a time, and
             # the other workers never find the room empty mid-run (with several waiting on several workers, the
             # last two workers running between tests let one in: 5 workers then waited 211 s behind it)
@@ -72,12 +72,16 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         elif _shares_a_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
             shared.add(item)
-    # the order pytest -n hands them out in (--no-loadscope-reorder keeps it, pyproject.toml): the busy suite first
-    # (the longest unit: the fast selection beside its busy loops and the slow tests, ~6 min), the modules sharing a
-    # server next (their tests run one after another on one worker), the quiet_cores tests last
+    # the order pytest -n hands them out in (--no-loadscope-reorder keeps it, pyproject.toml): the modules sharing a
+    # server first (their tests run one after another on one worker), then the rest, then the tests that run alone
+    # (one worker, at the end, each once the others are done): the busy suite, then the quiet_cores tests
     # (xdist's own order, biggest group first, gave the quiet group a worker at the start, idle 134 s of 200)
-    items.sort(key=lambda item: (item.get_closest_marker("quiet_cores") is not None,
-                                 not item.nodeid.endswith(BUSY_SUITE), item not in shared))
+    items.sort(key=lambda item: (_alone(item), not item.nodeid.endswith(BUSY_SUITE), item not in shared))
+
+
+def _alone(item: Any) -> bool:
+    """It runs with the cores to itself: a ``quiet_cores`` test, or the busy suite, whose loops take every core."""
+    return item.get_closest_marker("quiet_cores") is not None or item.nodeid.endswith(BUSY_SUITE)
 
 
 def _leave_the_fast_selection_to_the_busy_suite(config: Any, items: list[Any]) -> None:
@@ -145,7 +149,7 @@ def _cores(request: Any) -> Any:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    with locked("room", fcntl.LOCK_EX if request.node.get_closest_marker("quiet_cores") is not None else fcntl.LOCK_SH):
+    with locked("room", fcntl.LOCK_EX if _alone(request.node) else fcntl.LOCK_SH):
         yield
 
 

@@ -213,13 +213,17 @@ def test_the_console_ends_with_one_block_after_locusts_tables_and_says_each_thin
 
     from tests.helpers import ROOT as root, free_port
 
-    out = subprocess.run([sys.executable, "-m", "locust", "-f", str(root / "locustfiles/chat.py"), "--headless",
-                          # 10 s: two processes start before their first request (seconds on a busy 2-core host)
-                          "-u", "4", "-r", "4", "-t", "10s", "--processes", "2", "--master-bind-port", str(free_port()),
-                          "--output-tokens", "32", "--allow-untrustworthy",  # the console's order, not the timing
-                          "--run-dir", str(tmp_path / "run")], cwd=tmp_path, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True, timeout=120,
-                         env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    try:
+        out = subprocess.run([sys.executable, "-m", "locust", "-f", str(root / "locustfiles/chat.py"), "--headless",
+                              # 10 s: two processes start before their first request (seconds on a busy 2-core host)
+                              "-u", "4", "-r", "4", "-t", "10s", "--processes", "2", "--master-bind-port",
+                              str(free_port()), "--output-tokens", "32",
+                              "--allow-untrustworthy",  # the console's order, not the timing
+                              "--run-dir", str(tmp_path / "run")], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=120,
+                             env={**__import__("os").environ, "PYTHONPATH": str(root)}).stdout
+    except subprocess.TimeoutExpired as exc:  # what it said before it hung (a worker that never joined, once)
+        raise AssertionError((exc.output or b"")[-4000:]) from None
     assert out.count("Shutting down (exit code 0)") == 1, out[-3000:]
     assert "not all reports received" not in out
     assert "vllm-load: stopping: waiting for 2 worker(s) to finish their requests in flight" in out

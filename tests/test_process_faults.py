@@ -320,3 +320,20 @@ def test_a_worker_joining_mid_run_gets_users_and_its_numbers_merge_exactly(tmp_p
     assert summary["requests"] == len(measured) and summary["failed"] == 0
     assert summary["output_tokens"] == sum(r["output_tokens"] for r in measured)
     assert not summary.get("workers_lost") and len(summary["clock"]) == 2  # the joiner measured its offset too
+
+
+def test_a_processes_master_gives_up_on_a_worker_that_never_joins(monkeypatch):
+    """Once a --processes run waited at "1 of 2 connected" for ever; its master now waits PROCESSES_JOIN_S for its
+    own workers (Locust's --expect-workers-max-wait, then its "Gave up waiting" and exit 1), and a wait the user
+    gave is kept."""
+    from argparse import Namespace
+
+    from tests.helpers import free_port
+    from vllm_load.plugin import ports
+
+    for given, kept in ((0, ports.PROCESSES_JOIN_S), (300, 300)):
+        monkeypatch.setattr(ports, "_settled", [])
+        opts = Namespace(processes=2, worker=False, master=False, master_bind_port=free_port(),
+                         master_port=ports.DEFAULT_PORT, master_bind_host="127.0.0.1", expect_workers_max_wait=given)
+        ports.settle(opts)
+        assert opts.expect_workers_max_wait == kept and opts.master_port == opts.master_bind_port

@@ -19,6 +19,65 @@ def test_items_come_in_order_from_the_producer_thread():
         pool.close()
 
 
+def test_gets_that_wait_for_a_refill_get_the_items_in_the_order_they_came():
+    """A busy host: three greenlets find the pool empty and wait; the refill lands and, before gevent has run the
+    waiters, a fourth get comes (a greenlet scheduled earlier in the same turn of the loop). It waits behind them,
+    so the n-th get of a seeded run has the n-th draw: taking the refill first, it once gave a seeded run's
+    lengths to other arrivals."""
+    import gevent
+    import gevent.event
+
+    gate = gevent.event.Event()  # holds the producer's second batch: the test lands it itself
+    counter = itertools.count()
+
+    def make():
+        n = next(counter)
+        if n == 4:  # the second batch (the first is 4, a quarter of the 16) never comes from the thread
+            gate.wait()
+        return n
+
+    got: list[tuple[str, int]] = []
+    pool = PromptPool(make, size=16)
+    try:
+        pool.ready.wait(timeout=10)
+        got += [("early", pool.get()) for _ in range(4)]  # the first batch: the pool is empty now
+        waiters = [gevent.spawn(lambda n=n: got.append((f"w{n}", pool.get()))) for n in range(3)]
+        gevent.sleep(0)  # each has found it empty and waits
+        pool.items.extend([10, 11, 12, 13])  # the refill lands, as the producer lands it ...
+        pool._filled()
+        got.append(("new", pool.get()))  # ... and a get comes before the waiters have run
+        gevent.joinall(waiters, timeout=10)
+    finally:
+        gate.set()
+        pool.close()
+    assert got == [("early", 0), ("early", 1), ("early", 2), ("early", 3), ("w0", 10), ("w1", 11), ("w2", 12),
+                   ("new", 13)]
+
+
+def test_a_get_killed_while_it_waits_does_not_hold_the_line():
+    import gevent
+    import gevent.event
+
+    gate = gevent.event.Event()
+    counter = itertools.count()
+    def make():
+        if next(counter) >= 4:  # the second batch waits for the test
+            gate.wait()
+        return "x"
+
+    pool = PromptPool(make, size=16)
+    try:
+        pool.ready.wait(timeout=10)
+        [pool.get() for _ in range(4)]
+        first, second = gevent.spawn(pool.get), gevent.spawn(pool.get)
+        gevent.sleep(0)
+        first.kill()  # a user stopped while it waited
+        gate.set()
+        assert second.get(timeout=10) == "x" and list(pool.waiting) == []
+    finally:
+        pool.close()
+
+
 def test_a_failure_reaches_every_user_once_told_and_without_a_growing_traceback():
     def make():
         raise UsageError("dataset record too long")

@@ -47,17 +47,19 @@ def test_headers_extra_body_temperature_and_models_reach_the_server(emulator_fac
 
 def test_a_server_that_refuses_min_tokens_and_continuous_usage_works_with_the_switches(emulator_factory, tmp_path):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--reject", "min_tokens,continuous_usage_stats")
-    refused = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "8",
-                              "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
+    # both runs end by what they are about, not by a time (2 s on a busy host once held fewer than 20 refusals)
+    refused = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "60s", "--host", emu.url, "--output-tokens",
+                              "8", "--run-dir", str(tmp_path / "a")], cwd=tmp_path)
     # the same refusal 20 times with nothing taken: stopped at once, the server's words and the switches to give
     assert refused.returncode == 2, refused.stdout[-2000:]
     assert ("the server refused the first 20 requests with HTTP 400 (Unrecognized request argument supplied: "
             "min_tokens): the server does not take a field vLLM takes: give --no-ignore-eos") in refused.stdout
-    ok = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", "--host", emu.url, "--output-tokens", "8",
-                         "--no-ignore-eos", "--no-continuous-usage", "--run-dir", str(tmp_path / "b")], cwd=tmp_path)
+    ok = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "60s", "--num-requests", "6", "--host", emu.url,
+                         "--output-tokens", "8", "--no-ignore-eos", "--no-continuous-usage",
+                         "--run-dir", str(tmp_path / "b")], cwd=tmp_path)
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
     _, logs = load_run(tmp_path / "b")
-    assert logs and all(r["ok"] and not r["continuous_usage"] and r["tokens_from_usage"] for r in logs)
+    assert len(logs) == 6 and all(r["ok"] and not r["continuous_usage"] and r["tokens_from_usage"] for r in logs)
     assert all(r["output_tokens"] == 8 and sum(r["chunk_tokens"]) == 8 for r in logs)  # one token per text chunk
 
 

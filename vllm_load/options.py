@@ -268,7 +268,8 @@ OPTIONS: tuple[Option, ...] = (*group(
         "hits; a server that refuses it is said once", action="store_true"),
     Option("--fault", [], "a fault plan's action on the run's clock, 'AT: KIND: WHAT' (repeatable): KIND kill, stop, "
         "start, restart or exec runs the command WHAT (e.g. '30s: kill: kill -9 $(cat r2.pid)'), call runs the "
-        "locustfile's @vllm_load.on_fault(WHAT) hook; once per swarm; the disruption verdict judges each",
+        "locustfile's @vllm_load.on_fault(WHAT) hook, drain/undrain takes --host's replica WHAT out of the "
+        "rotation (its users send to the next) and back; once per swarm; the disruption verdict judges each",
         action="append", web=False),
     Option("--fault-plan", "", "a file of --fault actions, one per line ('#' comments)", web=False),
     Option("--profile-at", "", "run vLLM's profiler (POST /start_profile, /stop_profile: vLLM started with "

@@ -2,11 +2,12 @@
 ``--fault-plan FILE`` with one such line each), run once per swarm (by the master, or the local runner).
 
 KIND is ``kill``, ``stop``, ``start``, ``restart`` or ``exec`` (WHAT: a command, run by ``sh -c`` in a session of
-its own and waited for: ``kubectl rollout restart deployment/vllm``, ``kill -9 $(cat r2.pid)``), or ``call`` (WHAT:
-a Python hook of the locustfile's, ``@vllm_load.on_fault("name")``, called with the action). The kinds other than
-``exec`` and ``call`` name what the command does to the fleet, for the verdict and the charts. Each action's start
-and end (seconds from the run's start) and outcome are kept; ``metrics/disruption.py`` judges what each did to the
-requests.
+its own and waited for: ``kubectl rollout restart deployment/vllm``, ``kill -9 $(cat r2.pid)``), ``call`` (WHAT:
+a Python hook of the locustfile's, ``@vllm_load.on_fault("name")``, called with the action), or ``drain`` /
+``undrain`` (WHAT: one of ``--host a,b``'s replicas: no new request goes to it until it is undrained; its users
+send to the next replica meanwhile, ``plugin/drain.py``). The kinds other than ``exec`` and ``call`` name what the
+command does to the fleet, for the verdict and the charts. Each action's start and end (seconds from the run's
+start) and outcome are kept; ``metrics/disruption.py`` judges what each did to the requests.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from vllm_load.errors import UsageError
 from vllm_load.redact import redact_urls
 from vllm_load.runtime.server_wait import parse_duration
 
-KINDS = ("kill", "stop", "start", "restart", "exec", "call")
+KINDS = ("kill", "stop", "start", "restart", "exec", "call", "drain", "undrain")
+#: the kinds that act on the run's own traffic (WHAT: a replica of --host), not by a command
+ROUTING = ("drain", "undrain")
 #: the longest a command may take before it is stopped (its action then ends failed)
 COMMAND_TIMEOUT_S = 600.0
 _LINE = re.compile(r"^\s*([^:]+?)\s*:\s*([a-z]+)\s*:\s*(.+?)\s*$")
@@ -85,9 +88,27 @@ def check_hooks(actions: list[Action]) -> None:
                              f"(registered: {known})")
 
 
-def run_plan(actions: list[Action], start_wall: float, done: list[dict], say: Callable[[str], None]) -> None:
+def check_targets(actions: list[Action], hosts: tuple[str, ...]) -> list[Action]:
+    """A ``drain``/``undrain`` names one of ``--host``'s replicas (its trailing / aside); the actions with it
+    spelled as ``--host`` spells it."""
+    out = []
+    for a in actions:
+        if a.kind in ROUTING:
+            match = [h for h in hosts if h.rstrip("/") == a.what.rstrip("/")]
+            if len(hosts) < 2 or not match:
+                raise UsageError(f"--fault '{a.label}': {a.kind} takes one of --host's replicas (--host a,b), not "
+                                 f"{redact_urls(a.what)!r}" + (f": give one of {', '.join(hosts)}" if len(hosts) > 1
+                                                              else ""))
+            a = Action(a.at, a.kind, match[0])
+        out.append(a)
+    return out
+
+
+def run_plan(actions: list[Action], start_wall: float, done: list[dict], say: Callable[[str], None],
+             route: Callable[[str, bool], None] = lambda _target, _drained: None) -> None:
     """Run each action at its time from ``start_wall``, appending its record to ``done`` as it starts (its end and
-    outcome when it ends): a run stopped mid-action keeps what began."""
+    outcome when it ends): a run stopped mid-action keeps what began. ``route(target, drained)`` drains a replica
+    (or brings it back) in every load process."""
     for action in actions:
         gevent.sleep(max(0.0, start_wall + action.at - time.time()))
         began = time.time()
@@ -95,7 +116,11 @@ def run_plan(actions: list[Action], start_wall: float, done: list[dict], say: Ca
                   "ok": None, "detail": ""}
         done.append(record)
         say(f"vllm-load: fault plan: {action.label}")
-        ok, detail = _call(action) if action.kind == "call" else _command(action.what)
+        if action.kind in ROUTING:
+            route(action.what, action.kind == "drain")
+            ok, detail = True, ""
+        else:
+            ok, detail = _call(action) if action.kind == "call" else _command(action.what)
         record.update(end=time.time(), ok=ok, detail=detail)
         say(f"vllm-load: fault plan: {action.kind} at {action.at:g} s {'done' if ok else 'FAILED'} in "
             f"{record['end'] - began:.1f} s" + (f": {detail}" if detail else ""))

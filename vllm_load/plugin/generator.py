@@ -19,6 +19,7 @@ from vllm_load.metrics.client_monitor import ClientMonitor
 from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.runtime import gc_control
+from vllm_load.plugin.drain import Drained
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.refusals import Refusals
 from vllm_load.plugin.request_source import RequestSource
@@ -85,6 +86,7 @@ class Generator:
     users_made: int = 0  # this process's users so far: with the worker index, a user's number in the swarm
     steady: SteadyWindow = field(default_factory=lambda: SteadyWindow(False))  # the run's steady window here
     shared: dict = field(default_factory=dict)  # what this process's users share in the run (``LLM.shared``)
+    drained: Drained = field(default_factory=Drained)  # the replicas a fault plan's drain took out, for now
 
     def target_for_new_user(self) -> str | None:
         """--host a,b: the replica of the next user made here, round robin from a start of this process's own
@@ -103,8 +105,7 @@ class Generator:
     def create(cls, log_name: str | None, opts: Any, plan: RunPlan, worker_id: str, apis: frozenset[str] = frozenset(),
                on_fatal: Any = None, health_sink: Any = None, worker_index: int = 0,
                on_trace_done: Any = None) -> Generator:
-        """A load-generating process fills the prompt pools of ``apis`` (the users' APIs) before it returns, so
-        that its users, spawned next, never wait for a first prompt (an open-loop schedule would count it)."""
+        """Fills the prompt pools of ``apis`` (the users' APIs) first: its users never wait for a first prompt."""
         rt = cls(log_name=log_name, opts=opts, plan=plan, worker_id=worker_id, worker_index=worker_index)
         rt.fold_slice = cls.FOLD_SLICE_NATIVE if Connections.reads_natively(plan.urls[0]) else cls.FOLD_SLICE_PYTHON
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
@@ -119,8 +120,7 @@ class Generator:
         rt.idle = gevent.event.Event()
         rt.idle.set()
         rt.rate_changed = gevent.event.Event()
-        # The prompt thread holds the GIL in turns of the switch interval (5 ms by default), and
-        # every stream read waiting behind it is late by as much: keep the turns short.
+        # the prompt thread holds the GIL in turns of 5 ms by default; a stream read behind it is as late
         sys.setswitchinterval(SWITCH_INTERVAL)
         rt._prepare_generation()
         rt.requests = RequestSource(opts, plan, worker_index, rt.on_fatal, rt.on_trace_done, rt.idle)

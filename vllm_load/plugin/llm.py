@@ -31,7 +31,7 @@ from vllm_load.plugin.llm_sessions import Due, SessionCalls
 from vllm_load.plugin.llm_checks import check_max_tokens, check_messages, split_media
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.process import generator_of
-from vllm_load.plugin.transport_session import transport_for
+from vllm_load.plugin.transport_session import transport_to
 from vllm_load.workload.graded import grade
 from vllm_load.workload.prompt_pool import PromptError
 
@@ -53,7 +53,8 @@ class LLM(PoolingCalls, SessionCalls):
         self._sessions: dict[Any, str] = {}  # greenlet -> the session id its requests carry (``session``)
         self._replica_header: str | None = None  # --capture-header's first name, lower-case ('': none): _served_by
         self._failures = 0  # connection failures in a row (closed-loop backoff)
-        self._transport: Transport | None = None  # chosen at the first request (the user's host is set by then)
+        #: what carries its requests, per replica (chosen at the first request to it; the user's host is set by then)
+        self._transports: dict[str | None, Transport] = {}
         #: the replica this user sends to when --host names several (its records are grouped under it)
         self._target: str | None = getattr(user, "llm_target", None)
 
@@ -211,14 +212,14 @@ class LLM(PoolingCalls, SessionCalls):
         started during --warmup), e.g. the turn that warms a replayed session's cache before its measured part."""
         gen = self._generator()
         due = self._due.pop(getcurrent(), None)
+        target = self._route(gen)
         gen.begin_request()  # counted from here: a drain waits for it
         state: StreamState | JsonBody = (JsonBody() if ready.api in POOLING else
                                          STATES.get(ready.api, StreamState)())
         if isinstance(state, StreamState) and gen.requests is not None:
             state.cancel_after = gen.requests.cancel_after()  # --cancel: this one given up mid-answer, or not
         try:
-            if self._transport is None:
-                self._transport = transport_for(self._user)
+            transport = self._transports.get(target) or self._open(target)
             own = self._own_headers(gen.session_header, headers)
             at = Placement(worker=gen.worker_id, intended_start=due.intended if due else None, step=gen.step,
                            # sent (not due) in the schedule's first seconds: a client that fell behind for good
@@ -226,17 +227,17 @@ class LLM(PoolingCalls, SessionCalls):
                            startup=due is not None and time.perf_counter() - due.schedule_start < STARTUP_S,
                            name=name)
             if isinstance(state, JsonBody):
-                rec = pooling_request(self._transport, ready, gen.headers, at, body=state, own=own)
+                rec = pooling_request(transport, ready, gen.headers, at, body=state, own=own)
             else:
-                rec = stream_request(self._transport, ready, gen.headers, at, state=state, own=own,
+                rec = stream_request(transport, ready, gen.headers, at, state=state, own=own,
                                      count_output=gen.requests.count_output if gen.requests else None)
         except StreamCancelled as stop:  # stopped mid-stream: recorded, then the stop goes on
-            self._cancelled(gen, stop.record)
+            self._cancelled(gen, stop.record, target)
             raise
         except BaseException:
             gen.end_request(sent=False)
             raise
-        rec.target, rec.session = self._served_by(rec), self._sessions.get(getcurrent())
+        rec.target, rec.session = self._served_by(rec, target), self._sessions.get(getcurrent())
         rec.warmup = rec.warmup or warmup
         if rec.ok and isinstance(state, StreamState) and gen.requests is not None:
             self._check_answer(gen.requests, ready, rec, state)
@@ -268,8 +269,17 @@ class LLM(PoolingCalls, SessionCalls):
             own.update(headers)
         return own
 
-    def _cancelled(self, gen: Generator, rec: Any) -> None:
-        rec.target, rec.session = self._target, self._sessions.get(getcurrent())
+    def _route(self, gen: Generator) -> str | None:
+        """Its own replica (--host a,b), or another while a fault plan drains its own (waiting while every one
+        is drained); None with one target."""
+        return gen.drained.route(self._target, gen.plan.hosts) if self._target is not None else None
+
+    def _open(self, target: str | None) -> Transport:
+        transport = self._transports[target] = transport_to(self._user, target)
+        return transport
+
+    def _cancelled(self, gen: Generator, rec: Any, target: str | None) -> None:
+        rec.target, rec.session = target, self._sessions.get(getcurrent())
         # not at the run's end: the load shape removed this user (a ramp down, a new user count), which says
         # nothing of the server; at the end (past the drain), the server did not finish it in time: a failure
         rec.removed = not gen.draining
@@ -282,19 +292,19 @@ class LLM(PoolingCalls, SessionCalls):
             gen.stats.backoff_ms += int(delay * 1000)
             gevent.sleep(delay)
 
-    def _served_by(self, rec: Any) -> str | None:
+    def _served_by(self, rec: Any, target: str | None) -> str | None:
         """The replica a request's metrics are grouped under: the one its answer named (--capture-header's first
-        name: a fleet behind a router), else the target this user sent it to (--host a,b)."""
+        name: a fleet behind a router), else the ``target`` it was sent to (--host a,b)."""
         if self._replica_header is None:  # decided once per user: its run's options do not change under it
             names = getattr(self.options, "capture_header", None) or ()
             self._replica_header = str(names[0]).strip().lower() if names else ""
         named = rec.headers.get(self._replica_header) if self._replica_header and rec.headers else None
-        return named or self._target
+        return named or target
 
     def close(self) -> None:
         """Close this user's direct connections (Locust's session closes its own)."""
-        if self._transport is not None:
-            self._transport.close()
+        for transport in self._transports.values():
+            transport.close()
 
     def _source(self) -> RequestSource:
         """What this process sends (the run's tokenizer, prompt pools, helper thread)."""

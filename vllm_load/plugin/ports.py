@@ -19,6 +19,10 @@ DEFAULT_PORT = 5557
 _settled: list[bool] = []
 
 
+#: seconds a --processes master waits for its own workers to join (--expect-workers-max-wait, when not given)
+PROCESSES_JOIN_S = 60
+
+
 def settle(options: Any) -> None:
     """Once per process (Locust parses again for its web UI's form): align --processes' workers with their
     master's port, and refuse a master port that is taken."""
@@ -30,6 +34,10 @@ def settle(options: Any) -> None:
     bind_port = int(getattr(options, "master_bind_port", DEFAULT_PORT))
     if getattr(options, "processes", 0) and int(getattr(options, "master_port", DEFAULT_PORT)) == DEFAULT_PORT:
         options.master_port = bind_port  # the forked workers join their own master
+    if getattr(options, "processes", 0) and not getattr(options, "expect_workers_max_wait", 0):
+        # its own forks join in a second or two; one that never did held a --processes run at "1 of 2 connected"
+        # for ever (seen once in a parallel test suite): Locust gives up, says so and exits 1 after this long
+        options.expect_workers_max_wait = PROCESSES_JOIN_S
     host = str(getattr(options, "master_bind_host", "127.0.0.1") or "127.0.0.1")
     why = in_use("0.0.0.0" if host == "*" else host, bind_port)
     if why:

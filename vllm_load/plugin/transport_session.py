@@ -152,6 +152,24 @@ def transport_for(user: Any) -> Transport:
     return SessionTransport(user.client, capture)
 
 
+def transport_to(user: Any, target: str | None) -> Transport:
+    """``transport_for`` to ``target``, a replica of --host other than the user's own while a fault plan drains
+    its own (None, or its own: the user's)."""
+    if target is None or target == user.host:
+        return transport_for(user)
+    home = user.host
+    user.host = target
+    try:
+        transport = transport_for(user)
+    finally:
+        user.host = home
+    if isinstance(transport, SessionTransport):  # TLS or the Python reader: a session of its own to that replica
+        transport = SessionTransport(type(user.client)(base_url=target, request_event=user.environment.events.request,
+                                                       user=user),
+                                     frozenset(name.encode("latin-1") for name in transport.capture))
+    return transport
+
+
 def locust_report(events: Any, context: Any, admit: Callable[[float], bool] | None = None) -> Report:
     """Report a direct exchange to Locust's request event as its session would (its row, its failure); with
     ``admit`` (a run's warm-up), only the requests it admits by their start."""

@@ -270,9 +270,11 @@ def check_options(environment: Any) -> None:
 
         profile_point(opts)
     if getattr(opts, "fault", None) or getattr(opts, "fault_plan", ""):  # once the locustfile registered its hooks
-        from vllm_load.plugin.fault_plan import check_hooks, parse_plan
+        from vllm_load.plugin.fault_plan import check_hooks, check_targets, parse_plan
 
-        check_hooks(parse_plan(opts.fault, opts.fault_plan))
+        actions = parse_plan(opts.fault, opts.fault_plan)
+        check_hooks(actions)
+        check_targets(actions, split_hosts(environment.host))
     for cls in classes:
         check = getattr(cls, "check_options", None)
         if check is not None:

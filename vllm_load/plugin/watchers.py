@@ -4,6 +4,7 @@ for the web UI, the profiler's window and the fault plan's actions. Each is a gr
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from typing import Any, Callable
@@ -17,7 +18,7 @@ from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.run import Run
 from vllm_load.plugin.server_control import Profiler
 from vllm_load.plugin.server_side import LiveServer
-from vllm_load.plugin.wire import end_run
+from vllm_load.plugin.wire import end_run, route
 
 
 def start(environment: Any, run: Run, window: Callable[[], float], master_runner: Any = None) -> None:
@@ -32,8 +33,9 @@ def start(environment: Any, run: Run, window: Callable[[], float], master_runner
     if col.profiler is not None and col.profiler.at.kind == "run":
         run.watchers.spawn(_profile_window, col.profiler, window, plan.warmup)
     if opts.fault or opts.fault_plan:  # once per swarm: here, the master's or the local runner's
-        run.watchers.spawn(fault_plan.run_plan, fault_plan.parse_plan(opts.fault, opts.fault_plan), col.start_wall,
-                           col.faults, lambda line: print(line, flush=True))
+        actions = fault_plan.check_targets(fault_plan.parse_plan(opts.fault, opts.fault_plan), plan.hosts)
+        run.watchers.spawn(fault_plan.run_plan, actions, col.start_wall, col.faults,
+                           lambda line: print(line, flush=True), functools.partial(route, run, master_runner))
     run.watchers.spawn(saturation_watch.watch, environment, run, bool(opts.stop_over_saturated),
                        master_runner is not None)
     dcgm_url = opts.dcgm_url or (plan.host.rstrip("/") + "/dcgm/metrics" if plan.is_emulator and opts.emulator_dcgm

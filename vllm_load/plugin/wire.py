@@ -21,6 +21,8 @@ FLUSH, FLUSHED, STEP, FATAL, RESET = ("vllm_load_flush", "vllm_load_flushed", "v
                                       "vllm_load_reset")
 #: master -> worker: a second Ctrl-C: stop waiting for the requests in flight, cut them, and send the final numbers
 CUT = "vllm_load_cut"
+#: master -> worker: a fault plan drained a replica of --host (or brought it back): {"target", "drained"}
+DRAIN = "vllm_load_drain"
 
 
 
@@ -87,3 +89,13 @@ def merge_report(col: Collector, client_id: str, data: dict) -> None:
 def live_workers(runner: MasterRunner) -> set[str]:
     """Workers still heartbeating: Locust's heartbeat greenlet marks a silent one missing, then drops it."""
     return {c.id for c in runner.clients.all if c.state != "missing"}
+
+
+def route(run: Any, master_runner: Any, target: str, drained: bool) -> None:
+    """A fault plan's drain in every load process: this one's generator, or each live worker's (``DRAIN``)."""
+    if master_runner is None:
+        if run.generator is not None:
+            run.generator.drained.set(target, drained, run.plan.hosts)
+        return
+    for cid in live_workers(master_runner):
+        master_runner.send_message(DRAIN, {"target": target, "drained": drained}, client_id=cid)

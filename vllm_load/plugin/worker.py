@@ -43,6 +43,7 @@ class WorkerProcess(Process):
         self.on_message(wire.CUT, lambda _msg: self.cut.set(), concurrent=True)
         self.on_message(wire.STEP, self._on_step)
         self.on_message(wire.RESET, self._on_reset)
+        self.on_message(wire.DRAIN, self._on_drain)
 
     def start_up(self) -> None:
         """A worker reads its own secrets (the master sends none) and dies with a --processes master."""
@@ -99,6 +100,11 @@ class WorkerProcess(Process):
         self.step = (int(msg.data["step"]), float(msg.data["rate"]))
         if self.generator is not None:
             self.generator.set_step(*self.step)
+
+    def _on_drain(self, msg: Any) -> None:
+        gen = self.generator
+        if gen is not None:
+            gen.drained.set(str(msg.data["target"]), bool(msg.data["drained"]), gen.plan.hosts)
 
     def _on_reset(self, _msg: Any) -> None:
         """The master's reset: Locust's pending worker stats and ours in the same greenlet step (the tables agree)."""

@@ -81,7 +81,9 @@ class PromptPool:
         self.error: BaseException | None = None
         self.on_error = on_error
         self.ready = gevent.event.Event()  # set once the first prompts (or the failure) are in the pool
-        self.filled = gevent.event.Event()  # set while items (or the end) are there for a waiting get
+        # the gets that found the pool empty, in their order: each is handed an item in turn, and a later get
+        # waits behind them (a newcomer taking the refill first gave a seeded run's lengths to other arrivals)
+        self.waiting: deque[gevent.event.Event] = deque()
         self.wanted = gevent.event.Event()  # set when the pool fell to its low mark
         self.producer = gevent.spawn(self._produce)
 
@@ -112,8 +114,13 @@ class PromptPool:
                 self.wanted.wait()
 
     def _filled(self) -> None:
-        self.filled.set()
+        self._hand_on()
         self.ready.set()
+
+    def _hand_on(self) -> None:
+        """The first waiting get's turn, when there is an item (or the end) for it."""
+        if self.waiting and self.items:
+            self.waiting[0].set()
 
     def _make_batch(self, count: int) -> list[Any] | tuple | Exception:
         made: list[Any] = []
@@ -127,22 +134,38 @@ class PromptPool:
             return exc
 
     def get(self) -> Any:
+        """The next item, in the order the gets came: the n-th get of a seeded run has the n-th draw."""
         items = self.items
-        while not items:
-            self.filled.clear()
-            self.wanted.set()
-            self.filled.wait()
+        if not items or self.waiting:
+            self._wait_turn()
         item = items[0]
         if item is END:  # stays: every user sees the end
+            self._hand_on()
             return END
         if isinstance(item, BaseException):  # stays: every user sees the same failure
+            self._hand_on()
             # a new exception each time: re-raising the stored one would grow its traceback by a frame
             # group per raise (measured: 55 MB of log in 20 s)
             raise PromptError(str(item).splitlines()[0] if str(item) else type(item).__name__) from None
         items.popleft()
         if len(items) <= self.low and not self.wanted.is_set():
             self.wanted.set()
+        self._hand_on()
         return item
+
+    def _wait_turn(self) -> None:
+        turn = gevent.event.Event()
+        self.waiting.append(turn)
+        if not self.items:
+            self.wanted.set()
+        try:
+            turn.wait()
+        except BaseException:  # killed while waiting (a user stopped): the next in line is not held by it
+            self.waiting.remove(turn)
+            self._hand_on()
+            raise
+        assert self.waiting[0] is turn
+        self.waiting.popleft()
 
     def close(self) -> None:
         self.producer.kill(block=False)
