@@ -10,23 +10,25 @@ import gevent.event
 
 
 class Drained:
-    def __init__(self) -> None:
+    def __init__(self, targets: tuple[str, ...]) -> None:
+        self.targets = targets  # --host's replicas, in its order
         self.out: set[str] = set()
         self.back = gevent.event.Event()  # clear while every replica is drained
         self.back.set()
 
-    def set(self, target: str, drained: bool, targets: tuple[str, ...]) -> None:
+    def set(self, target: str, drained: bool) -> None:
         (self.out.add if drained else self.out.discard)(target)
-        if set(targets) <= self.out:
+        if set(self.targets) <= self.out:
             self.back.clear()
         else:
             self.back.set()
 
-    def route(self, home: str, targets: tuple[str, ...]) -> str:
+    def route(self, home: str) -> str:
         """Where a request of a user at home on ``home`` goes now."""
         if home not in self.out:  # the run's whole life without a drain: one set lookup
             return home
         self.back.wait()
+        targets = self.targets
         start = targets.index(home) if home in targets else 0
         for k in range(len(targets)):
             target = targets[(start + k) % len(targets)]

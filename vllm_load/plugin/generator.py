@@ -86,7 +86,7 @@ class Generator:
     users_made: int = 0  # this process's users so far: with the worker index, a user's number in the swarm
     steady: SteadyWindow = field(default_factory=lambda: SteadyWindow(False))  # the run's steady window here
     shared: dict = field(default_factory=dict)  # what this process's users share in the run (``LLM.shared``)
-    drained: Drained = field(default_factory=Drained)  # the replicas a fault plan's drain took out, for now
+    drained: Drained = field(default_factory=lambda: Drained(()))  # the replicas a fault plan's drain took out
 
     def target_for_new_user(self) -> str | None:
         """--host a,b: the replica of the next user made here, round robin from a start of this process's own
@@ -114,7 +114,7 @@ class Generator:
         if on_trace_done is not None:
             rt.on_trace_done = on_trace_done
         rt.quota = plan.share(worker_index) if plan.num_requests else 0
-        rt.steady = SteadyWindow(plan.steady)
+        rt.steady, rt.drained = SteadyWindow(plan.steady), Drained(plan.hosts)
         rt.ticket_back = gevent.event.Event()
         plan.files.path.mkdir(parents=True, exist_ok=True)
         rt.idle = gevent.event.Event()

@@ -31,7 +31,7 @@ from vllm_load.plugin.llm_sessions import Due, SessionCalls
 from vllm_load.plugin.llm_checks import check_max_tokens, check_messages, split_media
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.process import generator_of
-from vllm_load.plugin.transport_session import transport_to
+from vllm_load.plugin.transport_session import transport_for
 from vllm_load.workload.graded import grade
 from vllm_load.workload.prompt_pool import PromptError
 
@@ -272,10 +272,10 @@ class LLM(PoolingCalls, SessionCalls):
     def _route(self, gen: Generator) -> str | None:
         """Its own replica (--host a,b), or another while a fault plan drains its own (waiting while every one
         is drained); None with one target."""
-        return gen.drained.route(self._target, gen.plan.hosts) if self._target is not None else None
+        return gen.drained.route(self._target) if self._target is not None else None
 
     def _open(self, target: str | None) -> Transport:
-        transport = self._transports[target] = transport_to(self._user, target)
+        transport = self._transports[target] = transport_for(self._user, target)
         return transport
 
     def _cancelled(self, gen: Generator, rec: Any, target: str | None) -> None:

@@ -137,37 +137,24 @@ def warmup_admit(environment: Any) -> Callable[[float], bool] | None:
     return gate.admit if gate is not None else None
 
 
-def transport_for(user: Any) -> Transport:
-    """What carries a user's requests, chosen once: its direct connections (a plain-HTTP target and the native
-    reader), else Locust's session (https://, the Python reader, a user that shares a client pool or asked for
-    loop times with ``kernel_stamps = False``)."""
+def transport_for(user: Any, target: str | None = None) -> Transport:
+    """What carries a user's requests to ``target`` (None: its own host), chosen once per target: its direct
+    connections (a plain-HTTP target and the native reader), else Locust's session (https://, the Python reader, a
+    user that shares a client pool or asked for loop times with ``kernel_stamps = False``)."""
+    host = target or user.host
     opts = user.environment.parsed_options
     capture = frozenset(str(n).strip().lower().encode("latin-1") for n in getattr(opts, "capture_header", None) or ())
     if user.kernel_stamps and user.client_pool is None:
-        direct = DirectTransport.for_user(user.host, user.connection_timeout, user.network_timeout,
+        direct = DirectTransport.for_user(host, user.connection_timeout, user.network_timeout,
                                           locust_report(user.environment.events, user.context, warmup_admit(user.environment)),
                                           capture)
         if direct is not None:
             return direct
-    return SessionTransport(user.client, capture)
-
-
-def transport_to(user: Any, target: str | None) -> Transport:
-    """``transport_for`` to ``target``, a replica of --host other than the user's own while a fault plan drains
-    its own (None, or its own: the user's)."""
-    if target is None or target == user.host:
-        return transport_for(user)
-    home = user.host
-    user.host = target
-    try:
-        transport = transport_for(user)
-    finally:
-        user.host = home
-    if isinstance(transport, SessionTransport):  # TLS or the Python reader: a session of its own to that replica
-        transport = SessionTransport(type(user.client)(base_url=target, request_event=user.environment.events.request,
-                                                       user=user),
-                                     frozenset(name.encode("latin-1") for name in transport.capture))
-    return transport
+    if host == user.host:
+        return SessionTransport(user.client, capture)
+    # another replica of --host than its own (a fault plan drains its own): a session of its own to it
+    return SessionTransport(type(user.client)(base_url=host, request_event=user.environment.events.request, user=user),
+                            capture)
 
 
 def locust_report(events: Any, context: Any, admit: Callable[[float], bool] | None = None) -> Report:

@@ -95,7 +95,7 @@ def route(run: Any, master_runner: Any, target: str, drained: bool) -> None:
     """A fault plan's drain in every load process: this one's generator, or each live worker's (``DRAIN``)."""
     if master_runner is None:
         if run.generator is not None:
-            run.generator.drained.set(target, drained, run.plan.hosts)
+            run.generator.drained.set(target, drained)
         return
     for cid in live_workers(master_runner):
         master_runner.send_message(DRAIN, {"target": target, "drained": drained}, client_id=cid)

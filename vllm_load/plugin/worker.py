@@ -104,7 +104,7 @@ class WorkerProcess(Process):
     def _on_drain(self, msg: Any) -> None:
         gen = self.generator
         if gen is not None:
-            gen.drained.set(str(msg.data["target"]), bool(msg.data["drained"]), gen.plan.hosts)
+            gen.drained.set(str(msg.data["target"]), bool(msg.data["drained"]))
 
     def _on_reset(self, _msg: Any) -> None:
         """The master's reset: Locust's pending worker stats and ours in the same greenlet step (the tables agree)."""

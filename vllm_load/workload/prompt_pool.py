@@ -138,20 +138,20 @@ class PromptPool:
         items = self.items
         if not items or self.waiting:
             self._wait_turn()
-        item = items[0]
-        if item is END:  # stays: every user sees the end
+        try:
+            item = items[0]
+            if item is END:  # stays: every user sees the end
+                return END
+            if isinstance(item, BaseException):  # stays: every user sees the same failure
+                # a new exception each time: re-raising the stored one would grow its traceback by a frame
+                # group per raise (measured: 55 MB of log in 20 s)
+                raise PromptError(str(item).splitlines()[0] if str(item) else type(item).__name__) from None
+            items.popleft()
+            if len(items) <= self.low and not self.wanted.is_set():
+                self.wanted.set()
+            return item
+        finally:  # the next waiting get's turn, if there is an item (or the end) for it
             self._hand_on()
-            return END
-        if isinstance(item, BaseException):  # stays: every user sees the same failure
-            self._hand_on()
-            # a new exception each time: re-raising the stored one would grow its traceback by a frame
-            # group per raise (measured: 55 MB of log in 20 s)
-            raise PromptError(str(item).splitlines()[0] if str(item) else type(item).__name__) from None
-        items.popleft()
-        if len(items) <= self.low and not self.wanted.is_set():
-            self.wanted.set()
-        self._hand_on()
-        return item
 
     def _wait_turn(self) -> None:
         turn = gevent.event.Event()
