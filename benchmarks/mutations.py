@@ -69,7 +69,9 @@ MUTATIONS = (
              ("tests/test_spans.py", "tests/test_pd.py")),
     Mutation("gamma arrivals drawn per user, not from the run's one sequence", "vllm_load/plugin/users.py",
              "                due = Due(gen.take_arrival(), gen.schedule_start())",
-             "                own = self.__dict__.setdefault('_own_arrivals', gen._arrival_sequence())\n"
+             "                from vllm_load.plugin.open_loop import arrival_sequence\n"
+             "                own = self.__dict__.setdefault('_own_arrivals', arrival_sequence(\n"
+             "                    gen.plan, gen.opts, None, 0.0, 0.0, gen.worker_index))\n"
              "                due = Due(gen.schedule_start() + own.next(), gen.schedule_start())",
              ("tests/test_arrivals.py",)),
     Mutation("an SLO comparison inverted (<= judged as >=)", "vllm_load/metrics/slo.py",
@@ -79,6 +81,11 @@ MUTATIONS = (
              "            msg.data = {**msg.data, \"parsed_options\": scrub(msg.data[\"parsed_options\"])}",
              "            msg.data = {**msg.data}",
              ("tests/test_worker_secrets.py",)),
+    Mutation("a rate schedule's segments read on a process's own clock, not the run's epoch",
+             "vllm_load/plugin/generator.py",
+             "            rec.segment = self.schedule.segment_of(rec.start - epoch)",
+             "            rec.segment = self.schedule.segment_of(rec.start - self.start_wall)",
+             ("tests/test_rate_schedule.py",)),
 )
 
 

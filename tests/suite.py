@@ -30,7 +30,7 @@ SLOW_MODULES = frozenset({
     "test_real_vllm", "test_real_vllm_pooling", "test_real_vllm_reasoning", "test_real_vllm_tune",
     "test_real_vllm_vision", "test_saturation", "test_tune", "test_netns", "test_process_faults", "test_busy_host",
     "test_faults", "test_compose", "test_kubernetes", "test_packaging", "test_webui", "test_sweep",
-    "test_security", "test_router", "test_transformers_serve", "test_real_vllm_timing", "test_real_vllm_fleet",
+    "test_security", "test_router", "test_transformers_serve", "test_real_vllm_fleet",
 })
 #: the test that runs the fast selection beside busy loops (the whole suite leaves that selection to it)
 BUSY_SUITE = "test_busy_suite.py::test_the_fast_selection_passes_beside_a_busy_loop_on_every_core"

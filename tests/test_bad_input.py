@@ -64,6 +64,8 @@ CASES = [
     (ROOT_LF + "embeddings.py", ["--batch-size", "0"], "--batch-size must be >= 1"),
     (CHAT, ["--images-per-request", "1", "--image-size", "512by512"], "--image-size '512by512' is not WxH"),
     (CHAT, ["--batch-size", "4"], "--batch-size is read by locustfiles/embeddings.py or locustfiles/rerank.py only"),
+    (CHAT, ["--rate-schedule", "{file}"], "its first line must be the header at,rate[,between,burstiness]"),
+    (CHAT, ["--rate-schedule", "/nonexistent/day.csv"], "--rate-schedule /nonexistent/day.csv: No such file"),
 ]
 
 

@@ -1,7 +1,7 @@
 """Where each request's time went (metrics/breakdown.py): the server's own times of each request (vLLM's per-request
 metrics; the emulator sends the same) joined to the client's timeline, the tails split into queue, prefill, decode
 and the client's rest, SLOs on the parts; against the emulator here, against a real vLLM in
-test_real_vllm_timing.py."""
+test_real_vllm.py (test_every_request_of_a_real_vllm_carries_its_server_parts)."""
 
 from __future__ import annotations
 

@@ -125,14 +125,15 @@ def test_the_verdict_names_its_cause_from_the_evidence():
     assert verdict(lag=0.001)["cause"] is None and not verdict(lag=0.001)["saturated"]
 
 
-@pytest.mark.quiet_cores
+@pytest.mark.e2e  # --processes as it runs: in one process the master's merge of a worker's report (every 3 s) and
+@pytest.mark.quiet_cores  # the other worker's folds held sends 11-19 ms in 5 of 23 runs (the first seconds' never; 0 of 5 so)
 def test_a_light_open_loop_run_is_on_time_from_its_first_second_and_trusted(tmp_path):
     """2 processes at 20 req/s against the embedded emulator: the schedule starts once the users' prompt
     pools hold their first prompts, so even the first requests leave on time (they left ~300 ms late)."""
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "8", "-r", "8",
-                          "-t", "4s", "--request-rate", "20", "--output-tokens", "16", "--run-dir", str(run_dir)],
-                         cwd=tmp_path, judge_trust=True)
+    res = run_locust(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "--processes", "2", "-u", "8", "-r", "8",
+                      "-t", "4s", "--request-rate", "20", "--output-tokens", "16", "--run-dir", str(run_dir)],
+                     cwd=tmp_path, judge_trust=True)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     m = summary["metrics"]

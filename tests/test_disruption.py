@@ -202,3 +202,25 @@ def test_a_drain_names_a_replica_of_the_runs_hosts():
         check_targets([parse_action("2s: drain: http://127.0.0.1:9")], hosts)
     with pytest.raises(UsageError, match="undrain takes one of --host's replicas"):
         check_targets([parse_action("2s: undrain: http://127.0.0.1:8001")], hosts[:1])
+
+
+def test_a_worker_that_gets_ready_after_a_drain_hears_the_drains_in_force():
+    """The master keeps what a fault plan drained: a worker joining mid-run (its READY) hears each drain still in
+    force, and nothing undrained; the live workers heard each change as it came."""
+    from types import SimpleNamespace
+
+    from vllm_load.plugin import wire
+
+    sent = []
+    runner = SimpleNamespace(clients=SimpleNamespace(all=[SimpleNamespace(id="w1", state="running"),
+                                                          SimpleNamespace(id="gone", state="missing")]),
+                             send_message=lambda kind, data, client_id: sent.append((kind, data, client_id)))
+    run = SimpleNamespace(drained=set(), generator=None)
+    a, b = "http://127.0.0.1:8001", "http://127.0.0.1:8002"
+    for target, drained in ((a, True), (b, True), (b, False)):
+        wire.route(run, runner, target, drained)
+    assert [(d["target"], d["drained"], cid) for _, d, cid in sent] == [(a, True, "w1"), (b, True, "w1"),
+                                                                        (b, False, "w1")]
+    sent.clear()
+    wire.tell_drained(run, runner, "w2")
+    assert sent == [(wire.DRAIN, {"target": a, "drained": True}, "w2")]

@@ -6,6 +6,8 @@ import json
 import time
 from collections import Counter
 
+import pytest
+
 from tests.helpers import ROOT, Proc, free_port, run_in_process, start_in_process, wait_for
 from tests.test_process_faults import logs
 from vllm_load.metrics.outages import LiveOutage, bucket, find_windows
@@ -86,6 +88,8 @@ def test_the_live_check_follows_the_span_the_whole_run_scan_finds_at_a_fixed_cos
     assert Reads.reads <= 4 * (300 + 1), Reads.reads  # the horizon's buckets, not the hour's 36,000
 
 
+@pytest.mark.slow  # a server process killed and started again (12 s): the full suite's; the fast selection keeps the
+# outage logic's own tests (the cancelled requests, the windows)
 def test_a_server_killed_and_restarted_is_one_outage_with_bounded_retries(tmp_path):
     port = free_port()
     args = ["-m", "server.emulator", "--port", str(port), "--ttft", "0.01", "--itl", "0.01"]

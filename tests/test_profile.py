@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.helpers import ROOT, run_in_process
 from vllm_load.rundir.reqlog import read_log
 
@@ -59,6 +61,7 @@ def test_bad_profile_points_are_one_line(tmp_path):
         assert res.returncode == 2 and said in res.stderr, (args, res.stderr[-1000:])
 
 
+@pytest.mark.slow  # a server run up to its n-th request (11 s): the full suite's; the other --profile-at tests stay
 def test_profile_at_n_starts_when_the_server_runs_n_requests(tmp_path, emulator_factory, sidecar_factory):
     """--profile-at 3: users added two a second; the profiler starts once the server's own series (its sidecar, 4 samples
     a second) says it runs 3 requests, and stops --profile-seconds later."""

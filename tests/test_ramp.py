@@ -89,6 +89,7 @@ def test_the_users_ramp_follows_the_same_curves():
     assert out.stdout.split() == ["2", "8", "32"], out.stderr[-2000:]
 
 
+@pytest.mark.slow  # a users ramp over its seconds (10 s): the full suite's; the rate ramps stay fast
 def test_a_closed_loop_ramps_its_users(tmp_path):
     """--ramp-up-strategy with --ramp-up-*-users (no rate): Locust's user count, as its own history records it each
     second, climbs the exponential curve from 1 to 16 users over the run, on chat.py with no shape of its own."""

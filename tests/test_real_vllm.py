@@ -2,7 +2,9 @@
 
 It runs when VLLM_LOAD_REAL_VLLM_DIR names an installed fixture (venv and model); .ci/run installs it
 and sets the variable when it can, and says plainly on its output when it could not. The server lives
-only while this module runs, so it does not share the CPU with the timing tests.
+only while this module runs, so it does not share the CPU with the timing tests. It serves with vLLM's per-request
+metrics and OpenTelemetry spans on (one server for every test here: a start costs ~20 s of CPU), which the tests
+of where each request's time went read.
 """
 
 import json
@@ -17,6 +19,11 @@ from vllm_load.rundir.reqlog import read_log
 REAL_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
 SCRIPT = ROOT / "tests" / "real_vllm" / "real-vllm-cpu.sh"
 pytestmark = pytest.mark.skipif(not REAL_DIR, reason="no real vLLM installed (.ci/run installs one when it can)")
+SPANS_PORT = free_port()  # where the server exports its spans: a run's --otlp-receiver listens there
+
+
+def _env(port: int | str) -> dict[str, str]:
+    return dict(os.environ, R=REAL_DIR, PORT=str(port), OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf")
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +39,14 @@ def _serve(traces) -> list[str]:
     # What is tested is where the window sits in the run, not the trace's detail
     profiler = json.dumps({"profiler": "torch", "torch_profiler_dir": str(traces), "torch_profiler_with_stack": False,
                            "torch_profiler_dump_cuda_time_total": False, "torch_profiler_use_gzip": False})
-    return ["bash", str(SCRIPT), "serve", os.path.join(REAL_DIR, "tiny"), "tiny", "--profiler-config", profiler]
+    return ["bash", str(SCRIPT), "serve", os.path.join(REAL_DIR, "tiny"), "tiny", "--profiler-config", profiler,
+            "--enable-per-request-metrics", "--otlp-traces-endpoint", f"http://127.0.0.1:{SPANS_PORT}/v1/traces"]
 
 
 @pytest.fixture(scope="module")
 def real_vllm(traces):
     port = free_port()
-    env = dict(os.environ, R=REAL_DIR, PORT=str(port))
+    env = _env(port)
     with one_server_starting():
         started = subprocess.run(_serve(traces), env=env, capture_output=True, text=True, timeout=400)
     try:
@@ -54,6 +62,42 @@ def sidecar(real_vllm, tmp_path_factory):
                  "--out", str(tmp_path_factory.mktemp("side") / "series.jsonl")])
     yield side
     side.stop()
+
+
+def test_every_request_of_a_real_vllm_carries_its_server_parts(tmp_path, real_vllm):
+    """Where each request's time went: with --enable-per-request-metrics every request's last chunk carries the
+    server's own queue, prefill and decode times, and its OpenTelemetry span (under the trace id of the request's
+    own traceparent) reaches the run's --otlp-receiver; both joined to the client's timeline. First in this module:
+    the server's exporter holds the spans of requests sent while nothing listens, and sends them on later."""
+    url, tokenizer = real_vllm
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "240s",
+                      "--num-requests", "12",
+                      "--host", url, "--tokenizer", tokenizer, "--input-tokens", "64", "--output-tokens", "16",
+                      "--otlp-receiver", f"127.0.0.1:{SPANS_PORT}",
+                      "--slo", "client_overhead.p99<=2s", "--run-dir", str(run_dir), "--allow-untrustworthy"],
+                     tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]]
+    assert len(logs) == 12
+    assert all(r["server_queue"] is not None and r["server_prefill"] is not None and r["server_decode"] is not None
+               for r in logs)
+    # the server's TTFT (queued to first token) is inside the client's (sent to first token landed)
+    assert all(0 < r["server_ttft"] <= r["ttft"] and r["client_overhead"] >= 0 for r in logs)
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    assert summary["timing"]["requests"] == len(logs)
+    assert "PASS  client_overhead.p99<=2s" in res.stdout
+    # its spans: one per request, each under the request's own trace id, none left over; the server's TTFT from
+    # the span (queued to first token) and from the stream's metrics agree
+    spans = {s["trace_id"]: s for s in read_log(run_dir / "spans.jsonl")}
+    assert set(spans) == {r["trace_id"] for r in logs}
+    for r in logs:
+        span = spans[r["trace_id"]]
+        assert span["request_id"] == r["response_id"]
+        assert abs(span["queue"] + span["prefill"] - r["server_ttft"]) <= 0.002, (span, r["server_ttft"])
+        assert span["e2e"] <= r["e2e"]
+    assert summary["timing"]["spans"] == {"spans": len(logs), "joined": len(logs), "unmatched": 0,
+                                          "requests_without": 0}
 
 
 @pytest.mark.parametrize("locustfile", ["chat.py", "completions.py"])
@@ -229,7 +273,7 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm, trac
 
     URL, TOKENIZER = real_vllm
     port = URL.rsplit(":", 1)[1]
-    env = dict(os.environ, R=REAL_DIR, PORT=port)
+    env = _env(port)
     run_dir = tmp_path / "run"
     p = locust(["-f", str(ROOT / "locustfiles/completions.py"), "--headless", "-u", "2", "-r", "2", "-t", "300s",
                 "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "32", "--output-tokens", "8",

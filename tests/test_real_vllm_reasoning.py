@@ -46,8 +46,11 @@ def test_real_vllm_responses_reasoning_never_exceeds_the_tokens_generated(tmp_pa
     so reasoning and answer add up to what was generated."""
     url, tokenizer = reasoning_vllm
     run_dir = tmp_path / "run"
+    # the prompts fixed (--seed, --salt): the random model's greedy answer to a fresh prompt once decoded to no
+    # reasoning text at all (1 run in 4); the same prompts give the same answers every run
     res = run_locust(["-f", str(ROOT / "locustfiles/responses.py"), "--headless", "-u", "2", "-r", "2", "-t", "6s",
                       "--host", url, "--tokenizer", tokenizer, "--input-tokens", "48", "--output-tokens", "12",
+                      "--seed", "3", "--salt", "reasoning",
                       "--extra-body", json.dumps({"logit_bias": {str(THINK_END): -100}}), "--run-dir", str(run_dir),
                       "--allow-untrustworthy"], tmp_path, timeout=240)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

@@ -74,3 +74,27 @@ def test_bad_repeats_are_one_line(tmp_path):
                          "1", "--ramp-up-end-rps", "4"], "--repeat repeats a steady load")):
         res = run_in_process(["-f", *args, "--headless", "--run-dir", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
         assert res.returncode == 2 and said in res.stderr, (args, res.stderr[-1000:])
+
+
+def test_a_step_the_shape_begins_before_a_local_runs_generator_exists_is_applied_once_it_does(capsys):
+    """A local run's generator fills its prompt pools before it exists; the sweep shape's first tick can come
+    meanwhile (on a busy host it did, and step 0's 51 requests were labelled no step). The step is kept until the
+    generator exists, then begun on it; a master (its workers generate) begins it at once."""
+    from types import SimpleNamespace
+
+    from vllm_load.plugin.steps import SweepSteps
+    from vllm_load.plugin.sweep import Sweep
+
+    told = []
+    col = SimpleNamespace(sweep=Sweep("users"), swarm=False, plan=SimpleNamespace(warmup=0.0), profiler=None)
+    run = SimpleNamespace(collector=col, generator=None)
+    steps = SweepSteps()
+    steps.begin(0, 1.0, run, SimpleNamespace(repeat=1), None, lambda *a: told.append(a))
+    assert col.sweep.current is None and steps.last == (0, 1.0) and told == []
+    run.generator = SimpleNamespace(set_step=lambda step, rate: told.append(("generator", step, rate)))
+    steps.begin(*steps.last, run, SimpleNamespace(repeat=1), None, lambda *a: told.append(a))  # the run's start
+    assert col.sweep.current == 0 and told == [("generator", 0, 0.0), (0, 0.0)]
+    master = SimpleNamespace(collector=SimpleNamespace(sweep=Sweep("users"), swarm=True, plan=col.plan,
+                                                       profiler=None), generator=None)
+    SweepSteps().begin(0, 4.0, master, SimpleNamespace(repeat=1), None, lambda *a: None)
+    assert master.collector.sweep.current == 0

@@ -4,6 +4,7 @@ usage of response.completed), against vLLM 0.32's recorded shapes and the embedd
 from __future__ import annotations
 
 import json
+import statistics
 
 import orjson
 import pytest
@@ -73,8 +74,11 @@ def test_responses_locustfile_against_the_emulator(tmp_path):
     assert len(logs) >= 4 and all(r["ok"] and r["api"] == "responses" for r in logs)
     for r in logs:  # exact input (the template and the BOS vLLM adds to a Responses input), exact output
         assert r["tokens_from_usage"] and r["input_tokens"] == r["input_tokens_asked"] == 100 and r["output_tokens"] == 20
-        assert r["reasoning_tokens"] == 6 and r["ttfo"] - r["ttft"] == pytest.approx(6 * 0.01, abs=0.004)
+        assert r["reasoning_tokens"] == 6 and r["ttfo"] - r["ttft"] == pytest.approx(6 * 0.01, abs=0.02)
         assert len(r["chunk_offsets"]) == 20 and r["finish_reason"] == "length"
+    # the reasoning's six gaps as the emulator wrote them: within 4 ms at the median; each within 20 ms (this VM's
+    # hiccups: one request's once read 64.4 ms)
+    assert statistics.median(r["ttfo"] - r["ttft"] for r in logs) == pytest.approx(6 * 0.01, abs=0.004)
     s = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert s["input_drift_requests"] == 0 and s["output_mismatch"] == 0
 

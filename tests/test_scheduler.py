@@ -145,3 +145,57 @@ def test_emulator_bad_schedule_options_are_one_line_and_exit_2(capsys, args, nee
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("emulator: error:") and needle in err[0]
+
+
+@pytest.mark.parametrize("policy, admitted", [("fcfs", ["a", "b", "c", "d"]), ("priority", ["a", "d", "c", "b"])])
+def test_the_priority_policy_admits_the_waiting_by_priority_then_arrival(policy, admitted):
+    """vLLM's --scheduling-policy: one sequence at a time; a runs, then b (10), c (5), d (0) arrive in that order:
+    fcfs admits them as they came, priority by (priority, arrival)."""
+    eng = BatchingEngine(SchedulerConfig(cost=PROFILES["cpu-tiny"], max_num_seqs=1, time_scale=0.01, policy=policy))
+    order = []
+
+    def one(name, priority):
+        for i, _em in enumerate(eng.generate(32, 8, priority=priority)):
+            if i == 0:
+                order.append(name)
+
+    first = gevent.spawn(one, "a", 20)
+    while eng.running == 0:
+        gevent.sleep(0)
+    rest = [gevent.spawn(one, name, p) for name, p in (("b", 10), ("c", 5), ("d", 0))]
+    gevent.joinall([first, *rest], raise_error=True)
+    assert order == admitted
+
+
+def test_the_priority_policy_preempts_the_last_by_priority_not_the_last_admitted():
+    """KV for two sequences' prompts only: the one that must give its blocks back is the lowest priority's (largest
+    value), though it was admitted first; fcfs takes the last admitted."""
+    for policy, victim in (("priority", "low"), ("fcfs", "high")):
+        eng = BatchingEngine(SchedulerConfig(cost=PROFILES["cpu-tiny"], max_num_seqs=2, num_gpu_blocks=9,
+                                             block_size=16, time_scale=0.01, policy=policy))
+        preempted = []
+        seqs = {}
+
+        def one(name, priority):
+            for _em in eng.generate(64, 64, priority=priority):
+                pass
+
+        def watch():
+            while len(preempted) < 1:
+                for name, seq in seqs.items():
+                    if seq.computed == 0 and seq.generated > 0 and name not in preempted:
+                        preempted.append(name)
+                gevent.sleep(0)
+
+        low = gevent.spawn(one, "low", 10)
+        while eng.running < 1:
+            gevent.sleep(0)
+        high = gevent.spawn(one, "high", 0)
+        while len(eng.running_seqs) + len(eng.waiting_seqs) < 2:
+            gevent.sleep(0)
+        seqs.update({"low": eng.running_seqs[0], "high": next(s for s in eng.running_seqs + eng.waiting_seqs
+                                                               if s is not eng.running_seqs[0])})
+        watcher = gevent.spawn(watch)
+        gevent.joinall([low, high], raise_error=True)
+        watcher.kill()
+        assert eng.preemptions >= 1 and preempted[:1] == [victim], (policy, preempted)

@@ -518,6 +518,29 @@ def test_users_a_ramp_removes_mid_request_are_not_failures(tmp_path):
     assert f"load shape: {len(removed)} requests were cut" in res.stdout
 
 
+def test_a_request_cut_while_the_drain_still_waits_is_removed_and_one_cut_after_it_failed():
+    """The end's drain waits for the requests in flight; a load shape's last tick can remove a user during that wait
+    (beside a busy suite a ramp's did, and its request was counted failed): only a cut once the wait is over (its
+    timeout, a second Ctrl-C) is the server's failure."""
+    from types import SimpleNamespace
+
+    import gevent.event
+
+    from vllm_load.client.record import RequestRecord
+    from vllm_load.plugin.generator import Generator
+    from vllm_load.plugin.llm import LLM
+
+    recorded: list = []
+    gen = SimpleNamespace(draining=False, drain_over=False, idle=gevent.event.Event(), flush_log=lambda: None,
+                          steady=SimpleNamespace(close=lambda _t: None), on_record=recorded.append)
+    handle = SimpleNamespace(_sessions={})
+    gen.draining = True  # the drain began: a user removed now is the shape's doing
+    LLM._cancelled(handle, gen, RequestRecord("chat", 0.0, 1.0, False, cancelled=True), None)
+    assert Generator.drain(gen, 0.01) is False and gen.drain_over  # one request still in flight at the timeout
+    LLM._cancelled(handle, gen, RequestRecord("chat", 0.0, 1.0, False, cancelled=True), None)
+    assert [r.removed for r in recorded] == [True, False]
+
+
 def test_a_sidecar_that_refuses_the_token_is_not_called_unreachable(sidecar_factory, emulator_factory, tmp_path):
     from vllm_load.plugin.server_side import fetch_samples
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.helpers import ROOT, Proc, free_port, run_in_process, wait_for
 from vllm_load.errors import UsageError
-from vllm_load.runtime.server_wait import parse_duration
+from vllm_load.workload.lengths import parse_duration
 
 CHAT = str(ROOT / "locustfiles/chat.py")
 
@@ -26,6 +26,7 @@ def test_durations():
         parse_duration("soon", "--w")
 
 
+@pytest.mark.slow  # waits for a server that starts late by design (10 s): the full suite's
 def test_a_run_waits_for_a_server_that_comes_up_late_and_then_runs_normally(tmp_path):
     port = free_port()
     late: list[Proc] = []

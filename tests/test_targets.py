@@ -10,6 +10,7 @@ import urllib.request
 from collections import Counter
 
 import gevent
+import pytest
 
 from tests.helpers import ROOT, run_in_process, wait_for
 from vllm_load.rundir.reqlog import read_log
@@ -61,6 +62,7 @@ def test_two_replicas_share_a_swarms_users_and_each_has_its_rows(tmp_path, emula
     assert "id='by-target'" in (run_dir / "report.html").read_text()
 
 
+@pytest.mark.slow  # a replica process stopped mid-run (9.5 s): the full suite's
 def test_a_replica_that_goes_down_is_that_targets_outage_only(tmp_path, emulator_factory):
     a, b = emulator_factory("--ttft", "0.02", "--itl", "0.005"), emulator_factory("--ttft", "0.02", "--itl", "0.005")
     run_dir = tmp_path / "run"

@@ -130,6 +130,10 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--request-rate", 0.0, "open loop: total requests/s over all users and workers (0: closed loop, one "
         "request in flight per user)", type=float),
     Option("--burstiness", 1.0, "open loop: gamma shape of inter-arrival times (1 = Poisson)", type=float),
+    Option("--rate-schedule", "", "open loop: the total rate over the run from a CSV file (at,rate[,between,"
+        "burstiness] rows: step or linear between them, each segment's own gamma shape), as a daily curve; a run with "
+        "no -t ends at its last row; each segment's delivered rate and latencies are reported (docs/load-and-tune.md)",
+        web=False),
     Option("--ramp-up", 0.0, "open loop: seconds over which the rate grows linearly to --request-rate "
         "(closed loop ramps with Locust's own -r/--spawn-rate)", type=float),
     Option("--ramp-up-strategy", "", "open loop: the rate goes from --ramp-up-start-rps to --ramp-up-end-rps over the "
@@ -300,6 +304,9 @@ OPTIONS: tuple[Option, ...] = (*group(
         "--emulator-itl, --emulator-tokens-per-chunk or --emulator-spec-tokens is given"),
     Option("--emulator-max-num-seqs", 0, "embedded emulator's continuous batching: sequences per batch (vLLM's "
         "--max-num-seqs; a small one gives a small capacity); 0: small-gpu's 32, the other profiles' 256", type=int),
+    Option("--emulator-scheduling-policy", "fcfs", "embedded emulator's continuous batching: vLLM's "
+        "--scheduling-policy: priority admits the waiting by each request's priority (lower first; a request's "
+        "body field, e.g. self.llm.chat(..., priority=0) or --extra-body), then by arrival", choices=["fcfs", "priority"]),
     Option("--emulator-dcgm", False, "embedded emulator: serve GPU telemetry as NVIDIA's DCGM exporter does, from a "
         "power model (idle 60 W + 4 W per running sequence), and read it as --dcgm-url", action="store_true"),
     Option("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float),

@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="", choices=["", *PROFILES],
                    help="model vLLM's continuous batching with this cost profile (default: fixed --ttft/--itl schedule)")
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs",
+                   help="as vLLM's: priority admits the waiting by each request's priority (lower first), then arrival")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--num-gpu-blocks", type=int, default=30000)
     p.add_argument("--block-size", type=int, default=16)
@@ -140,7 +142,7 @@ def _engine(args: argparse.Namespace) -> FixedScheduleEngine | BatchingEngine:
         return BatchingEngine(SchedulerConfig(cost=PROFILES[args.profile], max_num_seqs=args.max_num_seqs,
                                               max_num_batched_tokens=args.max_num_batched_tokens,
                                               num_gpu_blocks=args.num_gpu_blocks, block_size=args.block_size,
-                                              time_scale=args.time_scale))
+                                              time_scale=args.time_scale, policy=args.scheduling_policy))
     cycle = _itl_cycle(args.itl_cycle)
     return FixedScheduleEngine(EngineConfig(ttft=args.ttft, itl=args.itl, prefill_per_token=args.prefill_per_token,
                                             tokens_per_chunk=args.tokens_per_chunk, jitter=args.jitter,

@@ -116,9 +116,10 @@ class FixedScheduleEngine:
         return True
 
     def generate(self, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0,
-                 remote: bool = False) -> Iterator[Emission]:
+                 remote: bool = False, priority: int = 0) -> Iterator[Emission]:
         """Yield each chunk when it is due (sleeping cooperatively until then). ``remote``: the prompt's KV came from
-        a prefill instance (P/D): no prefill here, the first token takes one decode step."""
+        a prefill instance (P/D): no prefill here, the first token takes one decode step. Nothing queues on a fixed
+        schedule, so ``priority`` changes nothing."""
         cfg = self.cfg
         arrival = time.perf_counter()
         self._requests += 1

@@ -44,7 +44,7 @@ def paced(emu: Emulator, out: Output) -> Iterable[int]:
     request's end once they are all out): the named-event APIs' pace (``responses``, ``messages``)."""
     m = emu.metrics
     n, ttft, prev, queue = 0, 0.0, 0.0, 0.0
-    for em in emu.engine.generate(len(out.ids), out.max_tokens, out.cached):
+    for em in emu.engine.generate(len(out.ids), out.max_tokens, out.cached, priority=out.priority):
         if n == 0:
             ttft, queue = em.offset, em.queue_time
             m.l(m.ttft).observe(ttft)
@@ -66,7 +66,8 @@ def complete(emu: Emulator, start_response: Start, chat: bool, model: str, out: 
     m, first, queue = emu.metrics, True, 0.0
     pieces = tool_pieces(out.tool, max_tokens) if out.tool else iter(out.answer) if out.answer else None
     shift = pull_kv(emu, out)
-    for em in emu.engine.generate(prompt_tokens, max_tokens, out.cached, remote=out.kv == "consume"):
+    for em in emu.engine.generate(prompt_tokens, max_tokens, out.cached, remote=out.kv == "consume",
+                                 priority=out.priority):
         offset = em.offset + shift  # after its arrival here, a decode's KV pull included
         if first:
             ttft, queue, first = offset, em.queue_time, False
@@ -157,7 +158,8 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
         gevent.sleep(emu.faults.stall_seconds)
     fault_at = max(1, max_tokens // 2)  # mid-stream faults strike after half the tokens
     shift = pull_kv(emu, out_spec)  # a decode instance's KV transfer: before its first token
-    for em in emu.engine.generate(prompt_tokens, max_tokens, cached, remote=out_spec.kv == "consume"):
+    for em in emu.engine.generate(prompt_tokens, max_tokens, cached, remote=out_spec.kv == "consume",
+                                 priority=out_spec.priority):
         if out >= fault_at and fault in ("drop", "malformed", "error", "stall"):
             if fault == "drop":
                 raise DropConnection()

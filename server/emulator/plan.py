@@ -40,6 +40,7 @@ class Output:
     #: carries the KV's whereabouts), "consume" (a decode: the prompt's KV is pulled from the prefill, not computed)
     kv: str = ""
     answer: list[str] | None = None  # a graded item's answer, piece by piece (``graded.py``): the whole answer
+    priority: int = 0  # vLLM's request priority (lower is handled earlier) under --scheduling-policy priority
 
 
 def tool_to_call(body: dict) -> str | None:
@@ -149,7 +150,10 @@ def plan(emu: Emulator, chat: bool, body: dict, fault: str | None = None,
     kv_params = body.get("kv_transfer_params")
     kv = ("" if not isinstance(kv_params, dict) else "produce" if kv_params.get("do_remote_decode")
           else "consume" if kv_params.get("do_remote_prefill") else "")
-    return model, Output(ids, max_tokens, finish, tool, cached, thinking, kv, answer)
+    priority = body.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise HttpError(400, f"priority must be an integer, got {priority!r}", "BadRequestError", "priority")
+    return model, Output(ids, max_tokens, finish, tool, cached, thinking, kv, answer, priority)
 
 
 def usage(emu: Emulator, out: Output, n: int) -> dict:

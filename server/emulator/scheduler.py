@@ -5,7 +5,9 @@ prefill), then admits waiting sequences first-come-first-served while ``max_num_
 ``max_num_batched_tokens`` (chunked prefill) and free KV blocks allow. KV lives in ``num_gpu_blocks``
 blocks of ``block_size`` tokens; when a running sequence needs a block and none is free, the most
 recently admitted sequence is preempted (recompute: its blocks are freed and it goes back to the front of
-the queue), as in vLLM V1. A step lasts ``overhead + prefill_per_token * prefill tokens + decode_per_seq *
+the queue), as in vLLM V1. With vLLM's ``--scheduling-policy priority`` the waiting are admitted by (priority,
+arrival), lower first, and the victim of a preemption is the running sequence last by that order
+(``vllm/v1/core/sched/scheduler.py``, ``request_queue.py``); a running one is never preempted to admit another. A step lasts ``overhead + prefill_per_token * prefill tokens + decode_per_seq *
 decoding sequences + decode_per_kv_token * their context``, times ``time_scale``. So throughput
 saturates and latency grows with batch size the way vLLM's do.
 """
@@ -53,6 +55,7 @@ class SchedulerConfig:
     num_gpu_blocks: int = 8192
     block_size: int = 16
     time_scale: float = 1.0
+    policy: str = "fcfs"  # vLLM's --scheduling-policy: "fcfs" or "priority"
 
 
 @dataclass(eq=False)
@@ -65,12 +68,18 @@ class Seq:
     blocks: int = 0
     queue_time: float | None = None
     aborted: bool = False
+    priority: int = 0  # lower is handled earlier (under the priority policy)
     out: Queue = field(default_factory=Queue)
 
     @property
     def target(self) -> int:
         """Tokens that must be in the KV cache before the next token can be produced."""
         return self.prompt_tokens + self.generated
+
+
+def _order(seq: Seq) -> tuple[int, float]:
+    """The priority policy's order: priority, then arrival (vLLM's request queue)."""
+    return seq.priority, seq.arrival
 
 
 class BatchingEngine:
@@ -105,10 +114,10 @@ class BatchingEngine:
         return self._blocks_for(tokens) <= self.cfg.num_gpu_blocks
 
     def generate(self, prompt_tokens: int, max_tokens: int, cached_tokens: int = 0,
-                 remote: bool = False) -> Iterator[Emission]:
+                 remote: bool = False, priority: int = 0) -> Iterator[Emission]:
         """``remote``: the prompt's KV came from a prefill instance (P/D): all of it computed but its last token."""
         computed = prompt_tokens - 1 if remote else min(cached_tokens, prompt_tokens - 1)
-        seq = Seq(prompt_tokens, max_tokens, time.perf_counter(), computed=computed)
+        seq = Seq(prompt_tokens, max_tokens, time.perf_counter(), computed=computed, priority=priority)
         self.waiting_seqs.append(seq)
         self._wake.set()
         try:
@@ -156,7 +165,8 @@ class BatchingEngine:
                 continue
             n = min(seq.target - seq.computed, budget)
             while not self._grow(seq, seq.computed + n):
-                victim = self.running_seqs[-1]
+                victim = (max(self.running_seqs, key=_order) if self.cfg.policy == "priority"
+                          else self.running_seqs[-1])
                 self._preempt(victim)
                 batch = [(s, k) for s, k in batch if s is not victim]
                 if victim is seq:
@@ -166,11 +176,11 @@ class BatchingEngine:
                 batch.append((seq, n))
                 budget -= n
         while self.waiting_seqs and len(self.running_seqs) < cfg.max_num_seqs and budget > 0:
-            seq = self.waiting_seqs[0]
+            seq = min(self.waiting_seqs, key=_order) if cfg.policy == "priority" else self.waiting_seqs[0]
             n = min(seq.target - seq.computed, budget)
             if not self._grow(seq, seq.computed + n):
                 break
-            self.waiting_seqs.pop(0)
+            self.waiting_seqs.remove(seq)
             self.running_seqs.append(seq)
             if seq.queue_time is None:
                 seq.queue_time = time.perf_counter() - seq.arrival

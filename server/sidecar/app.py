@@ -183,7 +183,8 @@ def build(argv: list[str]) -> Sidecar:
         raise BadArguments(str(exc) if "interval" in str(exc) else "--listen must be HOST:PORT, the port 0-65535") \
             from None
     from vllm_load.errors import UsageError
-    from vllm_load.runtime.server_wait import parse_duration, wait_for_server
+    from vllm_load.runtime.server_wait import wait_for_server
+    from vllm_load.workload.lengths import parse_duration
 
     try:
         wait = parse_duration(args.wait_for_server, "--wait-for-server")

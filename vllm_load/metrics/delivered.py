@@ -17,10 +17,13 @@ constant rate's gaps jitter by the sender's timer: 0.05 of a gap in CV, 2 % in r
 
 from __future__ import annotations
 
+import bisect
 import math
 from array import array
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+from vllm_load.workload.rate_schedule import RateSchedule
 
 #: standard errors a figure may stray (4: a false flag in ~1 of 16,000 runs per figure)
 Z = 4.0
@@ -136,3 +139,55 @@ class Sends:
 
     def extend(self, times: Sequence[float]) -> None:
         self.times.extend(times[:max(0, MAX_SENDS - len(self.times))])
+
+
+#: a rate schedule's segment is judged once its rate asks this many arrivals (fewer: too few to say)
+MIN_SEGMENT_ASKED = 20
+
+
+def by_segment(sends: Sequence[float], schedule: RateSchedule, until: float, burstiness: float) -> list[dict]:
+    """Each segment of a rate schedule up to ``until`` (the run's end; both in seconds from the epoch): the sends in
+    it (every process's) against the arrivals its rate asks (the rate's integral over it). A renewal process's count
+    of N expected arrivals has a standard deviation of CV·sqrt(N) (the schedule stretches a unit-rate one), so the
+    band is Z of those, floored at ``RATE_FLOOR`` of N, plus one for an arrival on the edge."""
+    times = sorted(sends)
+    out = []
+    for k, point in enumerate(schedule.points):
+        a = point.at
+        b = min(until, schedule.points[k + 1].at) if k + 1 < len(schedule.points) else until
+        if b <= a:
+            break
+        asked = schedule.area(a, b)
+        sent = bisect.bisect_left(times, b) - bisect.bisect_left(times, a)
+        band = max(Z * expected_cv(schedule.burstiness_at(a, burstiness)) * math.sqrt(asked), RATE_FLOOR * asked) + 1
+        out.append({"segment": k, "from_s": a, "to_s": b, "asked": asked, "sent": sent,
+                    "rate_asked": asked / (b - a), "rate": sent / (b - a), "rate_band": band / (b - a),
+                    "as_asked": abs(sent - asked) <= band if asked >= MIN_SEGMENT_ASKED else None})
+    return out
+
+
+def schedule_finding(segments: list[dict]) -> dict[str, Any]:
+    """The schedule's delivered load in one finding: as asked when every judged segment was (None: none judged)."""
+    judged = [g for g in segments if g["as_asked"] is not None]
+    wrong = [g for g in judged if not g["as_asked"]]
+    as_asked = (not wrong) if judged else None
+    if as_asked is None:
+        detail = (f"rate schedule: {len(segments)} segments, each too short to judge (at least {MIN_SEGMENT_ASKED} "
+                  "asked)")
+    else:
+        detail = (f"rate schedule: {len(judged)} of {len(segments)} segments judged, "
+                  + ("each sent as asked" if not wrong else "NOT as asked in segment " + ", ".join(
+                      f"{g['segment']} ({g['rate']:.3g} req/s sent of {g['rate_asked']:.3g})" for g in wrong)))
+    return {"as_asked": as_asked, "detail": detail, "segments": segments}
+
+
+def segment_lines(finding: dict) -> list[str]:
+    """A rate schedule's segments, one line each: asked and sent, and what its requests took (the console's)."""
+    out = []
+    for g in finding.get("segments") or []:
+        mark = {True: "as asked", False: "NOT as asked", None: "too few to judge"}[g["as_asked"]]
+        took = (f"; {g['requests']} requests, TTFT p50 {g['ttft_p50'] * 1000:.1f} ms p99 "
+                f"{g['ttft_p99'] * 1000:.1f} ms, E2E p99 {g['e2e_p99']:.2f} s" if g.get("ttft_p99") is not None else "")
+        out.append(f"  segment {g['segment']} ({g['from_s']:g}-{g['to_s']:.3g} s): {g['rate']:.3g} req/s sent of "
+                   f"{g['rate_asked']:.3g} asked (±{g['rate_band']:.2g}), {mark}{took}")
+    return out

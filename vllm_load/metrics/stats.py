@@ -153,6 +153,8 @@ class LLMStats:
                 self.targeted(rec.target).add(rec)
             if rec.steady:
                 self.phase("steady").add(rec)
+            if rec.segment is not None:
+                self.phase(f"segment {rec.segment}").add(rec)
         self.requests += 1
         end = rec.start + rec.e2e
         self.first_start = rec.start if self.first_start is None else min(self.first_start, rec.start)

@@ -13,7 +13,7 @@ import gevent.event
 
 from vllm_load.metrics.client_health import ClientHealth
 from vllm_load.metrics.client_monitor import ClientMonitor
-from vllm_load.metrics.delivered import delivered, in_flight, in_flight_finding
+from vllm_load.metrics.delivered import by_segment, delivered, in_flight, in_flight_finding, schedule_finding
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.runtime.embedded import emulator_mode
@@ -24,8 +24,9 @@ from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
 from vllm_load.metrics.summary import metric_stats
 from vllm_load.rundir.files import FORMAT_VERSION
-from vllm_load.metric_table import E2E
+from vllm_load.metric_table import E2E, TTFT
 from vllm_load.workload.datasets import records_per_request
+from vllm_load.workload.rate_schedule import RateSchedule
 
 
 @dataclass
@@ -162,8 +163,11 @@ class Collector:
         return summary
 
     def _delivered(self) -> dict | None:
-        """The load delivered against the asked (``metrics/delivered.py``): an open loop's sends at its one rate, a
-        closed loop's requests in flight in its steady window against its users; None where neither applies."""
+        """The load delivered against the asked (``metrics/delivered.py``): an open loop's sends at its one rate or
+        per segment of its rate schedule, a closed loop's requests in flight in its steady window against its users;
+        None where neither applies."""
+        if self.plan.rate_schedule:
+            return self._schedule()
         if self.plan.constant_rate > 0:
             found = delivered(self.totals.sends.times, self.plan.constant_rate, float(self.opts.burstiness))
             return found.to_json() if found is not None else None
@@ -175,6 +179,21 @@ class Collector:
         if window < 10 * mean_e2e:  # requests across its edges, left out, would weigh more than a tenth
             return None
         return in_flight_finding(in_flight(steady.requests, mean_e2e, window), self.plan.total_users)
+
+    def _schedule(self) -> dict:
+        """--rate-schedule: each segment's delivered rate up to the run's end, and its requests' latencies."""
+        schedule = RateSchedule.of(self.plan.rate_schedule)
+        until = (self.end_wall or time.time()) - (self.clock.epoch or self.start_wall)  # on the epoch's clock
+        if self.plan.rate_schedule_ends:  # the run ended at the last row: the drain after it asked for nothing
+            until = min(until, schedule.end)
+        segments = by_segment(self.totals.sends.times, schedule, until, float(self.opts.burstiness))
+        for seg in segments:
+            part = self.totals.phases.get(f"segment {seg['segment']}")
+            if part is not None and part.requests > part.failures:
+                h = part.hists
+                seg.update(requests=part.requests, failed=part.failures, ttft_p50=h[TTFT].percentile(50),
+                           ttft_p99=h[TTFT].percentile(99), e2e_p99=h[E2E].percentile(99))
+        return schedule_finding(segments)
 
     def _profiled(self) -> dict:
         """--profile-at: where in the run the server's profile is (seconds from the measured window's start)."""

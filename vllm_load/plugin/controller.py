@@ -30,7 +30,7 @@ from vllm_load.plugin.target import Target
 from vllm_load.plugin.target_check import TargetCheck
 from vllm_load.rundir.files import check_writable, free_text
 from vllm_load.runtime.embedded import CHILDREN, Children
-from vllm_load.runtime.server_wait import parse_duration
+from vllm_load.workload.lengths import parse_duration
 
 log = logging.getLogger("vllm_load")
 
@@ -208,7 +208,8 @@ class Controller(Process):
         if run.shares_done < run.plan.processes:
             return
         print(f"vllm-load: {run.plan.num_requests} requests completed (--num-requests): stopping the run"
-              if run.plan.num_requests else "vllm-load: the trace was replayed: stopping the run", flush=True)
+              if run.plan.num_requests else "vllm-load: the rate schedule reached its last row: stopping the run" if
+              run.plan.rate_schedule_ends else "vllm-load: the trace was replayed: stopping the run", flush=True)
         wire.end_run(self.environment)
 
     def begin_step(self, step: int, level: float) -> None:

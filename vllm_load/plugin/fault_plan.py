@@ -22,7 +22,7 @@ import gevent
 
 from vllm_load.errors import UsageError
 from vllm_load.redact import redact_urls
-from vllm_load.runtime.server_wait import parse_duration
+from vllm_load.workload.lengths import parse_duration
 
 KINDS = ("kill", "stop", "start", "restart", "exec", "call", "drain", "undrain")
 #: the kinds that act on the run's own traffic (WHAT: a replica of --host), not by a command

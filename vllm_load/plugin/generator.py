@@ -4,7 +4,6 @@ the client's own health monitor. A master has none."""
 
 from __future__ import annotations
 
-import functools
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.runtime import gc_control
 from vllm_load.plugin.drain import Drained
+from vllm_load.plugin.open_loop import ScheduleEnd, arrival_sequence, is_open_loop
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.refusals import Refusals
 from vllm_load.plugin.request_source import RequestSource
@@ -28,15 +28,12 @@ from vllm_load.plugin.steady import SteadyWindow
 from vllm_load.plugin.target import request_headers
 from vllm_load.plugin.warmup import warm_up
 from vllm_load.rundir.reqlog import RequestLog
-from vllm_load.workload.arrivals import ArrivalSequence, constant_gap, index_ramp_gap, time_ramp_gap
+from vllm_load.workload.arrivals import ArrivalSequence
+from vllm_load.workload.rate_schedule import NEVER_S, RateSchedule
 from vllm_load.workload.tokenizer import encode_in_calling_thread
 
 #: GIL switch interval in load-generating processes (seconds)
 SWITCH_INTERVAL = 0.0005
-
-
-def _time_ramp(strategy: str, start: float, end: float, seconds: float, t: float, _i: int, unit: float) -> float:
-    return time_ramp_gap(strategy, start, end, seconds, t, unit)
 
 
 @dataclass
@@ -63,6 +60,7 @@ class Generator:
     step_stats: dict = field(default_factory=dict)  # step -> LLMStats of this process's requests
     monitor: ClientMonitor | None = None  # this process's CPU, loop lag and CPU wait
     draining: bool = False  # set at the end of a run: users start no new request
+    drain_over: bool = False  # the end's wait for the requests in flight is over: a request cut from here failed
     fold_slice: int = 256  # chunks per fold slice, by the reader the run's target gets (FOLD_SLICE_*)
     in_flight: int = 0
     idle: Any = None  # gevent Event, set while no request is in flight
@@ -87,6 +85,8 @@ class Generator:
     steady: SteadyWindow = field(default_factory=lambda: SteadyWindow(False))  # the run's steady window here
     shared: dict = field(default_factory=dict)  # what this process's users share in the run (``LLM.shared``)
     drained: Drained = field(default_factory=lambda: Drained(()))  # the replicas a fault plan's drain took out
+    schedule: RateSchedule | None = None  # --rate-schedule: the open loop's rate over the run's time
+    schedule_end: ScheduleEnd | None = None  # a rate schedule that ends the run (no -t): this process's share
 
     def target_for_new_user(self) -> str | None:
         """--host a,b: the replica of the next user made here, round robin from a start of this process's own
@@ -115,6 +115,10 @@ class Generator:
             rt.on_trace_done = on_trace_done
         rt.quota = plan.share(worker_index) if plan.num_requests else 0
         rt.steady, rt.drained = SteadyWindow(plan.steady), Drained(plan.hosts)
+        rt.schedule = RateSchedule.of(plan.rate_schedule) if plan.rate_schedule else None
+        if rt.schedule is not None and plan.rate_schedule_ends:
+            rt.schedule_end = ScheduleEnd(rt.schedule.end, lambda: rt.on_trace_done(),
+                                          rt.schedule_start)
         rt.ticket_back = gevent.event.Event()
         plan.files.path.mkdir(parents=True, exist_ok=True)
         rt.idle = gevent.event.Event()
@@ -164,36 +168,21 @@ class Generator:
         return self.clock.start_perf(self.start_perf)
 
     def open_loop(self) -> bool:
-        """Does this run (or sweep step) send on an arrival schedule: a rate sweep's step, a ramp, --request-rate?"""
-        if self.step is not None and self.plan.sweep_kind == "rate":
-            return self.step_rate > 0
-        return bool(self.plan.ramp) or float(self.opts.request_rate) > 0
+        """Does this run (or sweep step) send on an arrival schedule: a rate sweep's step, a ramp, a rate schedule,
+        --request-rate?"""
+        return is_open_loop(self.plan, self.opts, self.step, self.step_rate)
 
     def take_arrival(self) -> float:
         """When this process's next open-loop arrival is due, on the perf_counter clock: its share of the run's
-        one arrival sequence (workload/arrivals.py), which a sweep step's new rate starts over."""
+        one arrival sequence (plugin/open_loop.py), which a sweep step's new rate starts over."""
         if self.arrivals is None:
-            self.arrivals = self._arrival_sequence()
-        return self.schedule_start() + self.arrivals.next()
-
-    def _arrival_sequence(self) -> ArrivalSequence:
-        """The run's sequence: the sweep step's rate from the step's start, the ramp (over -t, or vLLM's over
-        --num-requests), --ramp-up's linear start, or --request-rate; every process draws it from the same seed."""
-        plan, opts = self.plan, self.opts
-        offset, step = 0.0, None
-        if self.step is not None and plan.sweep_kind == "rate":
-            step, gap = self.step, constant_gap(self.step_rate)
-            offset = time.perf_counter() - self.schedule_start()
-        elif plan.ramp:
-            strategy, start, end, seconds = plan.ramp
-            gap = (functools.partial(_time_ramp, strategy, start, end, seconds) if seconds else
-                   index_ramp_gap(strategy, start, end, plan.num_requests))
-        elif float(opts.ramp_up) > 0:
-            gap = functools.partial(_time_ramp, "linear", 0.0, float(opts.request_rate), float(opts.ramp_up))
-        else:
-            gap = constant_gap(float(opts.request_rate))
-        return ArrivalSequence(gap, float(opts.burstiness), f"{plan.draws}/arrivals/{step}", self.worker_index,
-                               plan.processes, offset)
+            step = self.step if self.plan.sweep_kind == "rate" else None
+            offset = time.perf_counter() - self.schedule_start() if step is not None else 0.0
+            self.arrivals = arrival_sequence(self.plan, self.opts, step, self.step_rate, offset, self.worker_index)
+        t = self.arrivals.next()
+        if self.schedule_end is not None and not self.schedule_end.take(t):
+            return self.schedule_start() + NEVER_S  # past the schedule's last row: the user waits for the run's end
+        return self.schedule_start() + t
 
     def begin_request(self) -> None:
         """A request is about to start. With --num-requests it first takes one of this process's tickets, and
@@ -238,7 +227,7 @@ class Generator:
         self.draining = True
         self.steady.close(time.time())  # every stop drains (a master's tells its workers to): the users wind down
         gevent.wait([self.idle, *([cut] if cut is not None else [])], timeout=timeout, count=1)
-        drained = self.idle.is_set()
+        drained, self.drain_over = self.idle.is_set(), True
         self.flush_log()  # what the end of the run reads is all written
         return drained
 
@@ -270,13 +259,23 @@ class Generator:
         if self.reqlog:
             self.reqlog.write(rec)
 
+    def _count_send(self, rec: RequestRecord) -> None:
+        """Sent: the load delivered, whatever became of it (metrics/delivered.py): a constant rate's sends past its
+        start-up (wall clock); a rate schedule's every send and its request's segment (seconds from the epoch)."""
+        if self.schedule is not None:
+            epoch = self.start_wall + self.schedule_start() - self.start_perf  # the run's epoch on this wall clock
+            rec.segment = self.schedule.segment_of(rec.start - epoch)
+            self.stats.sends.add(rec.start + rec.send_lag - epoch)
+        elif self.plan.constant_rate and not rec.startup:
+            self.stats.sends.add(rec.start + rec.send_lag)
+
     def on_record(self, rec: RequestRecord) -> None:
         self.end_request()
         if self.refusals is not None:
             self.refusals.add(rec)
         rec.warmup = rec.warmup or self.in_warmup(rec)
-        if self.plan.constant_rate and rec.send_lag is not None and not (rec.startup or rec.warmup):
-            self.stats.sends.add(rec.start + rec.send_lag)  # sent: the load delivered, whatever became of it
+        if rec.send_lag is not None and not rec.warmup:
+            self._count_send(rec)
         if rec.removed or rec.abandoned:  # its user was removed mid-run, or it gave up (--cancel): logged, no metric
             self._exclude(rec, "removed_excluded" if rec.removed else "abandoned_excluded")
             return

@@ -280,9 +280,10 @@ class LLM(PoolingCalls, SessionCalls):
 
     def _cancelled(self, gen: Generator, rec: Any, target: str | None) -> None:
         rec.target, rec.session = target, self._sessions.get(getcurrent())
-        # not at the run's end: the load shape removed this user (a ramp down, a new user count), which says
-        # nothing of the server; at the end (past the drain), the server did not finish it in time: a failure
-        rec.removed = not gen.draining
+        # before the end's drain was over: the load shape removed this user (a ramp down, a new user count; a ramp's
+        # last tick can land during the drain on a busy host), which says nothing of the server; past the drain, the
+        # server did not finish it in time: a failure
+        rec.removed = not gen.drain_over
         gen.on_record(rec)
 
     def _back_off(self, gen: Generator, rec: Any) -> None:

@@ -13,6 +13,7 @@ from vllm_load.plugin.sweep import SweepSpec
 from vllm_load.plugin.target import Target
 from vllm_load.rundir.files import own_run_dir
 from vllm_load.rundir.plan import RunPlan
+from vllm_load.workload.rate_schedule import RateSchedule
 
 __all__ = ["PLAN", "RunPlan", "decide", "ramp_kind", "why_no_window"]
 
@@ -38,6 +39,8 @@ def why_no_window(opts: Any, shaped: bool = False) -> str | None:
         return "a ramp changes the load all along"
     if getattr(opts, "trace", ""):
         return "a trace's arrivals follow the trace, not one level"
+    if getattr(opts, "rate_schedule", ""):
+        return "a rate schedule changes the load all along"
     if shaped:
         return "the locustfile's load shape changes the load"
     return None
@@ -63,4 +66,7 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
                          0.0 if opts.num_requests else float(opts.run_time or 0)) if ramp_kind(opts) == "rate" else (),
                    sweep_kind=sweep.kind if sweep else "", sweep_levels=sweep.levels if sweep else (),
                    hosts=target.hosts, steady=why_no_window(opts, shaped) is None,
-                   constant_rate=float(opts.request_rate or 0.0) if why_no_window(opts, shaped) is None else 0.0)
+                   constant_rate=float(opts.request_rate or 0.0) if why_no_window(opts, shaped) is None else 0.0,
+                   rate_schedule=tuple(tuple(p) for p in RateSchedule.read(opts.rate_schedule).to_wire())
+                   if getattr(opts, "rate_schedule", "") else (),
+                   rate_schedule_ends=bool(getattr(opts, "rate_schedule", "")) and not opts.run_time)

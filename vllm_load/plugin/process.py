@@ -127,7 +127,7 @@ class Process:
             cls.insecure = bool(opts.insecure)
             if opts.ca_bundle and not opts.insecure:
                 cls.ssl_context_factory = functools.partial(_ca_bundle_context, opts.ca_bundle)
-            if opts.request_rate > 0 or opts.trace or ramp_kind(opts) == "rate":  # open loop: one user, many streams
+            if opts.request_rate > 0 or opts.trace or opts.rate_schedule or ramp_kind(opts) == "rate":  # open loop: one user, many streams
                 cls.concurrency = max(1, int(opts.max_concurrency))
 
 

@@ -59,7 +59,7 @@ class MasterProcess(Controller):
         runner = environment.runner
         self.listen(environment.events.worker_report, self._on_worker_report)
         self.on_message(run_clock.PING, lambda msg: self._clock().on_ping(runner, msg))
-        self.on_message(run_clock.READY, lambda msg: self._clock().on_ready(runner, msg))
+        self.on_message(run_clock.READY, self._on_ready)
         self.on_message(run_clock.REMEASURED, lambda msg: self._clock().on_remeasured(msg))
         self.on_message(wire.FLUSHED, self._on_flushed)
         self.on_message(wire.FATAL, lambda msg: self.fatal(str(msg.data["message"]), int(msg.data["code"])))
@@ -73,6 +73,12 @@ class MasterProcess(Controller):
 
     def _master_runner(self) -> Any:
         return self.environment.runner
+
+    def _on_ready(self, msg: Any) -> None:
+        """A worker's generator is ready: its offset for the epoch, and the drains in force (it may join late)."""
+        self._clock().on_ready(self.environment.runner, msg)
+        if self.run is not None:
+            wire.tell_drained(self.run, self.environment.runner, msg.node_id)
 
     def _clock(self) -> run_clock.MasterClock:
         col = self.run.collector if self.run is not None else None

@@ -30,6 +30,7 @@ class Run:
     outage_stop: str | None = None  # --stop-on-outage ended the run with this reason
     shares_done: int = 0  # load processes that finished their share (trace rows, --num-requests)
     flushed: set = field(default_factory=set)  # workers that sent their final report (a master's drain)
+    drained: set = field(default_factory=set)  # the --host replicas a fault plan's drain holds out now
 
     def close(self) -> None:
         """Stop what runs in the background (idempotent): the next run's parts start clean."""

@@ -33,11 +33,16 @@ class SweepSteps:
 
     def begin(self, step: int, level: float, run: Any, opts: Any, cache_reset: Callable[[str], Any] | None,
               announce: Callable[[int, float], None]) -> None:
-        """The shape's tick (before the run's first too: kept, and applied when the run starts)."""
+        """The shape's tick (before the run's first too, or while a local run's generator is still being made: kept,
+        and applied once the run's load starts)."""
         self.last = (step, level)
         col = run.collector if run is not None else None
+        # a local run's generator fills its prompt pools before it exists: a tick meanwhile (a busy host's) began
+        # step 0 without it, and its 51 requests were labelled no step
+        if col is None or col.sweep is None or (run.generator is None and not col.swarm):
+            return
         # a step's measured window starts after its warm-up (its requests before that are not in its stats)
-        if col is None or col.sweep is None or not col.sweep.begin(step, level, time.time(), col.plan.warmup):
+        if not col.sweep.begin(step, level, time.time(), col.plan.warmup):
             return
         rate = float(level) if col.sweep.kind == "rate" else 0.0
         if run.generator is not None:

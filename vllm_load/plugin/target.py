@@ -11,7 +11,7 @@ from typing import Any
 from vllm_load.errors import UsageError
 from vllm_load.client.openai_api import auth_header, discover_model, is_credential_header, server_version
 from vllm_load.client.stream import BodyDefaults
-from vllm_load.runtime.server_wait import parse_duration
+from vllm_load.workload.lengths import parse_duration
 from vllm_load.plugin.worker_secrets import SECRET_OPTIONS
 from vllm_load.workload.datasets import read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length

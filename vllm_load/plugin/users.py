@@ -26,6 +26,7 @@ from locust.user.task import TaskSet
 
 from vllm_load.plugin import listeners  # noqa: F401  (importing it registers the plugin's listeners)
 from vllm_load.plugin.generator import Generator
+from vllm_load.plugin.open_loop import ScheduleEnd
 from vllm_load.plugin.llm import LLM, Due
 from vllm_load.plugin.process import generator_of
 from vllm_load.client import rxstamp
@@ -118,16 +119,16 @@ class LLMUser(FastHttpUser):
                 if gen.draining:
                     break
                 pool.wait_available()
-                pool.spawn(self._arrival, functools.partial(_run, random.choice(tasks), self), due)
+                pool.spawn(self._arrival, functools.partial(_run, random.choice(tasks), self), due, gen.schedule_end)
             gen.park()  # the drain waits for the requests in flight; the arrivals' next requests park
         finally:
             # Locust's stop kills this greenlet once: the arrivals go with it (a join here would wait for ever
             # on an arrival parked at the drain, and Locust's stop with it)
             pool.kill()
 
-    def _arrival(self, work: Callable[[], Any], due: Due) -> None:
+    def _arrival(self, work: Callable[[], Any], due: Due, schedule_end: ScheduleEnd | None = None) -> None:
         """One arrival (open loop, or a trace's row): its work, whose first request counts from ``due``, with an
-        error reported as Locust reports a task's."""
+        error reported as Locust reports a task's (and a rate schedule's end told when it ended)."""
         self.llm.start_due(due)
         try:
             work()
@@ -138,6 +139,8 @@ class LLMUser(FastHttpUser):
             logger.error("%s\n%s", exc, traceback.format_exc())
         finally:
             self.llm.end_due()
+            if schedule_end is not None:
+                schedule_end.task_ended()
 
 
 class _WorkloadUser(LLMUser):

@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 from vllm_load.client.openai_api import public_url
 from vllm_load.errors import UsageError
 from vllm_load.options import OPTIONS
-from vllm_load.runtime.server_wait import parse_duration
+from vllm_load.workload.lengths import parse_duration
+from vllm_load.workload.rate_schedule import RateSchedule
 from vllm_load.plugin.plan import ramp_kind, why_no_window
 from vllm_load.plugin.shapes import UsersRamp
 
@@ -213,6 +214,8 @@ def check_run(opts: Any, *, headless: bool, shape: Any) -> None:
                              "ends when it says: drop one of them")
     if getattr(opts, "ramp_up_strategy", ""):
         check_ramp(opts, shape)
+    if getattr(opts, "rate_schedule", ""):
+        check_schedule(opts, shape)
     if getattr(opts, "window", "run") == "steady" and (why := why_no_window(opts, shape is not None)):
         raise UsageError(f"--window steady judges the SLOs on the run's steady window, and this run has none: {why}; "
                          "judge the whole run (--window run)")
@@ -246,6 +249,20 @@ def check_ramp(opts: Any, shape: Any) -> None:
         raise UsageError("--ramp-up-strategy ramps the users over the run's time: give -t (e.g. -t 60s)")
     if not opts.run_time and not getattr(opts, "num_requests", 0):
         raise UsageError("--ramp-up-strategy ramps over the run: give -t (e.g. -t 60s) or --num-requests N")
+
+
+def check_schedule(opts: Any, shape: Any) -> None:
+    """--rate-schedule: a file that reads, the open loop's only rate; a run with no -t ends at its last row."""
+    schedule = RateSchedule.read(opts.rate_schedule)
+    clash = [flag for flag, given in (("--request-rate", opts.request_rate), ("--ramp-up", opts.ramp_up),
+                                      ("--ramp-up-strategy", opts.ramp_up_strategy), ("--trace", opts.trace),
+                                      ("--sweep", getattr(opts, "sweep", "")), ("a load shape", shape is not None),
+                                      ("--num-requests", getattr(opts, "num_requests", 0))) if given]
+    if clash:
+        raise UsageError(f"--rate-schedule sets the rate over the run's time: drop {clash[0]}")
+    if not opts.run_time and schedule.end <= 0:
+        raise UsageError(f"--rate-schedule {opts.rate_schedule} has one row: give -t (e.g. -t 60s) for how long its "
+                         "rate holds")
 
 
 def run_classes(environment: Any) -> tuple[Any, list[Any]]:

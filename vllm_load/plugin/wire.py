@@ -92,10 +92,18 @@ def live_workers(runner: MasterRunner) -> set[str]:
 
 
 def route(run: Any, master_runner: Any, target: str, drained: bool) -> None:
-    """A fault plan's drain in every load process: this one's generator, or each live worker's (``DRAIN``)."""
+    """A fault plan's drain in every load process: this one's generator, or each live worker's (``DRAIN``); the
+    master keeps what is drained (``Run.drained``) for a worker that joins later (``tell_drained``)."""
+    (run.drained.add if drained else run.drained.discard)(target)
     if master_runner is None:
         if run.generator is not None:
             run.generator.drained.set(target, drained)
         return
     for cid in live_workers(master_runner):
         master_runner.send_message(DRAIN, {"target": target, "drained": drained}, client_id=cid)
+
+
+def tell_drained(run: Any, master_runner: Any, client_id: str) -> None:
+    """A worker that got ready mid-run (READY) hears the drains in force: it would send to a drained replica."""
+    for target in sorted(run.drained):
+        master_runner.send_message(DRAIN, {"target": target, "drained": True}, client_id=client_id)

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_load.metrics.breakdown import tail_lines
+from vllm_load.metrics.delivered import segment_lines
 from vllm_load.metrics.disruption import describe as disruption_lines
 from vllm_load.metrics.repeats import interval_text
 from vllm_load.metrics.routing import routing_line
@@ -288,7 +289,7 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     if s.target_request_rate:
         lines.append(f"open loop: target {s.target_request_rate:.2f} req/s, achieved send rate {s.send_rate:.2f} req/s")
     if s.delivered:
-        lines.append(f"delivered load: {s.delivered['detail']}")
+        lines += [f"delivered load: {s.delivered['detail']}", *segment_lines(s.delivered)]
     if s.disruption:
         lines += [f"fault: {line}" for line in disruption_lines(s.disruption)]
     if s.valid_output is not None:  # --response-format

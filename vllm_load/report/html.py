@@ -66,7 +66,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         server_rows=server_cells(server) if server else [], spec=spec_line(server["spec_decode"])
         if server and server.get("spec_decode") else "",
         energy=energy_line(s) if s.energy or s.energy_missing else "",
-        delivered=(s.delivered or {}).get("detail", ""),
+        delivered=(s.delivered or {}).get("detail", ""), schedule=(s.delivered or {}).get("segments") or [],
         disruption=disruption_lines(s.disruption) if s.disruption else [],
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],

@@ -54,6 +54,10 @@ class RunPlan:
     #: the open loop's one rate (req/s) when it has one level (``steady``): what the delivered load is judged
     #: against (``metrics/delivered.py``); 0: a closed loop, or a rate that changes
     constant_rate: float = 0.0
+    #: --rate-schedule's points, wire form ([at, rate, between, burstiness] each; ``workload/rate_schedule.py``):
+    #: the open loop's rate over the run's time; (): none
+    rate_schedule: tuple = ()
+    rate_schedule_ends: bool = False  # no -t: the run ends at the schedule's last row (its arrivals sent and back)
 
     def ramp_rate(self, elapsed: float, sent: int, share: int) -> float:
         """--ramp-up-strategy's total rate ``elapsed`` seconds after the run's epoch (a ramp over -t), or after
@@ -106,6 +110,7 @@ class RunPlan:
         data["models"] = list(self.models)
         data["model_weights"] = list(self.model_weights)
         data["hosts"] = list(self.hosts)
+        data["rate_schedule"] = [list(p) for p in self.rate_schedule]
         return data
 
     @classmethod
@@ -117,4 +122,5 @@ class RunPlan:
         return cls(**{**data, "slos": tuple(data.get("slos") or ()), "models": tuple(data.get("models") or ()),
                       "model_weights": tuple(data.get("model_weights") or ()),
                       "percentiles": tuple(data.get("percentiles") or ()), "ramp": tuple(data.get("ramp") or ()),
-                      "sweep_levels": tuple(data.get("sweep_levels") or ()), "hosts": tuple(data.get("hosts") or ())})
+                      "sweep_levels": tuple(data.get("sweep_levels") or ()), "hosts": tuple(data.get("hosts") or ()),
+                      "rate_schedule": tuple(tuple(p) for p in data.get("rate_schedule") or ())})

@@ -155,7 +155,8 @@ def emulator_mode(opts: Any) -> str:
     if profile is None:
         return f"fixed schedule: TTFT {opts.emulator_ttft * 1000:g} ms, ITL {opts.emulator_itl * 1000:g} ms at any load"
     seqs = opts.emulator_max_num_seqs or (DEFAULT_SEQS if profile == DEFAULT_PROFILE else 256)
-    return f"continuous batching: profile {profile}, {seqs} sequences at a time (latency grows with load)"
+    policy = ", admitted by priority" if getattr(opts, "emulator_scheduling_policy", "fcfs") == "priority" else ""
+    return f"continuous batching: profile {profile}, {seqs} sequences at a time{policy} (latency grows with load)"
 
 
 def emulator_args(opts: Any, spans_endpoint: str | None = None) -> list[str]:
@@ -179,6 +180,8 @@ def emulator_args(opts: Any, spans_endpoint: str | None = None) -> list[str]:
     seqs = opts.emulator_max_num_seqs or (DEFAULT_SEQS if profile == DEFAULT_PROFILE else 0)
     if seqs:
         args += ["--max-num-seqs", str(seqs)]
+    if getattr(opts, "emulator_scheduling_policy", "fcfs") != "fcfs":
+        args += ["--scheduling-policy", opts.emulator_scheduling_policy]
     if spans_endpoint:
         args += ["--otlp-traces-endpoint", spans_endpoint]
     return args + (["--profile", profile] if profile else [])

@@ -7,7 +7,6 @@ until both answer, say why not every ~10 s, and give up with the last reason whe
 from __future__ import annotations
 
 import json
-import re
 import time
 import urllib.error
 import urllib.request
@@ -18,18 +17,6 @@ from vllm_load.client.openai_api import auth_header
 
 #: seconds between progress lines while waiting
 PROGRESS_EVERY = 10.0
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(text: str | float, option: str) -> float:
-    """'15m', '30s', '1h', '500ms' or plain seconds; a bad value is a one-line UsageError."""
-    m = _DURATION.match(str(text))
-    if not m:
-        raise UsageError(f"{option} {text!r} is not a duration: write e.g. 30s, 15m, 1h or a number of seconds")
-    return float(m.group(1)) * _UNIT[m.group(2)]
-
-
 def _show(seconds: float) -> str:
     if seconds >= 120 and seconds % 60 == 0:
         return f"{seconds / 60:g} m"

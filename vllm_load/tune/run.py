@@ -22,7 +22,7 @@ from pathlib import Path
 
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SLO_MISS, UsageError
 from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.runtime.server_wait import parse_duration
+from vllm_load.workload.lengths import parse_duration
 from vllm_load.tune.probe import Probe, combine, run_probe
 from vllm_load.tune.report import label, rate_text, trust_note, why_lost, write
 from vllm_load.tune.search import CapacitySearch

@@ -65,6 +65,8 @@ class ArrivalSequence:
     index: int = 0
     processes: int = 1
     offset: float = 0.0  # when arrival 0 is due (a sweep step's sequence starts at the step)
+    #: the gamma shape of a gap drawn at t (a --rate-schedule segment's own); None: ``burstiness`` throughout
+    shape: Callable[[float], float] | None = None
     rng: random.Random = field(init=False)
     i: int = field(init=False, default=-1)  # the last arrival drawn (any process's)
     t: float = field(init=False, default=0.0)
@@ -79,7 +81,9 @@ class ArrivalSequence:
         """When this process's next arrival is due."""
         while True:
             if self.i >= 0:
-                self.t += self.gap(self.t - self.offset, self.i, unit_gap(self.rng, self.burstiness))
+                at = self.t - self.offset
+                k = self.shape(at) if self.shape is not None else self.burstiness
+                self.t += self.gap(at, self.i, unit_gap(self.rng, k))
             self.i += 1
             if self.i % self.processes == self.index % self.processes:
                 return self.t

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
 
 from vllm_load.errors import UsageError
@@ -89,3 +90,15 @@ def parse_seconds(text: str, option: str) -> Seconds:
     if len(values) not in (1, 2) or any(v < 0 for v in values) or values[0] > values[-1]:
         raise UsageError(f"{option} {text!r} is not seconds: write S or LOW-HIGH, e.g. {option} 1-3")
     return Seconds(values[0], values[-1])
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str | float, option: str) -> float:
+    """'15m', '30s', '1h', '500ms' or plain seconds; a bad value is a one-line UsageError."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise UsageError(f"{option} {text!r} is not a duration: write e.g. 30s, 15m, 1h or a number of seconds")
+    return float(m.group(1)) * _UNIT[m.group(2)]
