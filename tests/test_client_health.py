@@ -67,6 +67,7 @@ def test_a_native_reader_that_read_late_marks_the_run():
     assert h.verdict(shared_stamp=0.28, late_merged=0.002)["saturated"]
 
 
+@pytest.mark.slow  # an open loop driven past the client's own limit for seconds (10 s): the full suite's
 def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.05", "--itl", "0.01")
     run_dir = tmp_path / "run"

@@ -83,6 +83,7 @@ def test_a_closed_loop_run_reports_its_steady_window_and_judges_the_slos_on_it(t
     assert "steady window (every user sending" in (run_dir / "report.html").read_text()
 
 
+@pytest.mark.slow  # a master and two workers over 9 s (12 s): the full suite's; the window's own tests stay fast
 def test_a_swarms_steady_window_is_its_workers_merged(tmp_path):
     """Locust's master passes its spawning_complete on to its workers: each opens its window then, and the master's
     steady numbers are its workers' flagged requests merged."""
