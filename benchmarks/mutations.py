@@ -83,8 +83,8 @@ MUTATIONS = (
              ("tests/test_worker_secrets.py",)),
     Mutation("a rate schedule's segments read on a process's own clock, not the run's epoch",
              "vllm_load/plugin/generator.py",
-             "            rec.segment = self.schedule.segment_of(rec.start - epoch)",
-             "            rec.segment = self.schedule.segment_of(rec.start - self.start_wall)",
+             "            rec.segment = self.plan.schedule.segment_of(rec.start - epoch)",
+             "            rec.segment = self.plan.schedule.segment_of(rec.start - self.start_wall)",
              ("tests/test_rate_schedule.py",)),
 )
 

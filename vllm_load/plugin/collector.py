@@ -26,7 +26,6 @@ from vllm_load.metrics.summary import metric_stats
 from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.metric_table import E2E, TTFT
 from vllm_load.workload.datasets import records_per_request
-from vllm_load.workload.rate_schedule import RateSchedule
 
 
 @dataclass
@@ -182,7 +181,8 @@ class Collector:
 
     def _schedule(self) -> dict:
         """--rate-schedule: each segment's delivered rate up to the run's end, and its requests' latencies."""
-        schedule = RateSchedule.of(self.plan.rate_schedule)
+        schedule = self.plan.schedule
+        assert schedule is not None
         until = (self.end_wall or time.time()) - (self.clock.epoch or self.start_wall)  # on the epoch's clock
         if self.plan.rate_schedule_ends:  # the run ended at the last row: the drain after it asked for nothing
             until = min(until, schedule.end)

@@ -29,7 +29,7 @@ from vllm_load.plugin.target import request_headers
 from vllm_load.plugin.warmup import warm_up
 from vllm_load.rundir.reqlog import RequestLog
 from vllm_load.workload.arrivals import ArrivalSequence
-from vllm_load.workload.rate_schedule import NEVER_S, RateSchedule
+from vllm_load.workload.rate_schedule import NEVER_S
 from vllm_load.workload.tokenizer import encode_in_calling_thread
 
 #: GIL switch interval in load-generating processes (seconds)
@@ -85,7 +85,6 @@ class Generator:
     steady: SteadyWindow = field(default_factory=lambda: SteadyWindow(False))  # the run's steady window here
     shared: dict = field(default_factory=dict)  # what this process's users share in the run (``LLM.shared``)
     drained: Drained = field(default_factory=lambda: Drained(()))  # the replicas a fault plan's drain took out
-    schedule: RateSchedule | None = None  # --rate-schedule: the open loop's rate over the run's time
     schedule_end: ScheduleEnd | None = None  # a rate schedule that ends the run (no -t): this process's share
 
     def target_for_new_user(self) -> str | None:
@@ -115,10 +114,8 @@ class Generator:
             rt.on_trace_done = on_trace_done
         rt.quota = plan.share(worker_index) if plan.num_requests else 0
         rt.steady, rt.drained = SteadyWindow(plan.steady), Drained(plan.hosts)
-        rt.schedule = RateSchedule.of(plan.rate_schedule) if plan.rate_schedule else None
-        if rt.schedule is not None and plan.rate_schedule_ends:
-            rt.schedule_end = ScheduleEnd(rt.schedule.end, lambda: rt.on_trace_done(),
-                                          rt.schedule_start)
+        if plan.schedule is not None and plan.rate_schedule_ends:
+            rt.schedule_end = ScheduleEnd(plan.schedule.end, lambda: rt.on_trace_done(), rt.schedule_start)
         rt.ticket_back = gevent.event.Event()
         plan.files.path.mkdir(parents=True, exist_ok=True)
         rt.idle = gevent.event.Event()
@@ -262,9 +259,9 @@ class Generator:
     def _count_send(self, rec: RequestRecord) -> None:
         """Sent: the load delivered, whatever became of it (metrics/delivered.py): a constant rate's sends past its
         start-up (wall clock); a rate schedule's every send and its request's segment (seconds from the epoch)."""
-        if self.schedule is not None:
+        if self.plan.schedule is not None:
             epoch = self.start_wall + self.schedule_start() - self.start_perf  # the run's epoch on this wall clock
-            rec.segment = self.schedule.segment_of(rec.start - epoch)
+            rec.segment = self.plan.schedule.segment_of(rec.start - epoch)
             self.stats.sends.add(rec.start + rec.send_lag - epoch)
         elif self.plan.constant_rate and not rec.startup:
             self.stats.sends.add(rec.start + rec.send_lag)

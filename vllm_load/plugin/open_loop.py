@@ -37,9 +37,8 @@ def arrival_sequence(plan: RunPlan, opts: Any, step: int | None, step_rate: floa
         strategy, start, end, seconds = plan.ramp
         gap = (functools.partial(_time_ramp, strategy, start, end, seconds) if seconds else
                index_ramp_gap(strategy, start, end, plan.num_requests))
-    elif plan.rate_schedule:
-        schedule = RateSchedule.of(plan.rate_schedule)
-        gap, shape = schedule.gap, functools.partial(_shape_at, schedule, burstiness)
+    elif plan.schedule is not None:
+        gap, shape = plan.schedule.gap, functools.partial(_shape_at, plan.schedule, burstiness)
     elif float(opts.ramp_up) > 0:
         gap = functools.partial(_time_ramp, "linear", 0.0, float(opts.request_rate), float(opts.ramp_up))
     else:

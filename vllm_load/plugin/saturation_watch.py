@@ -12,7 +12,6 @@ from typing import Any
 
 import gevent
 
-from vllm_load.workload.rate_schedule import RateSchedule
 from vllm_load.metrics.saturation import Finding, detect
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.run import Run
@@ -30,8 +29,8 @@ def offered_level(environment: Any, col: Collector, now: float) -> tuple[float, 
         return float(col.sweep.current_level()), "req/s"
     if plan.ramp:
         return plan.ramp_rate(now - (col.clock.epoch or col.start_wall), col.totals.requests, plan.num_requests), "req/s"
-    if plan.rate_schedule:
-        return RateSchedule.of(plan.rate_schedule).rate_at(now - (col.clock.epoch or col.start_wall)), "req/s"
+    if plan.schedule is not None:
+        return plan.schedule.rate_at(now - (col.clock.epoch or col.start_wall)), "req/s"
     if opts.request_rate:
         return float(opts.request_rate), "req/s"
     return float(getattr(environment.runner, "user_count", 0) or 0), "users"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from vllm_load.workload.rate_schedule import RateSchedule
 from vllm_load.metric_table import E2E, INPUT_TOKENS, ITL, OUTPUT_TOKENS, SEND_LAG, TPOT, TTFT
 from vllm_load.metrics.server import server_summary
 from vllm_load.rundir.reqlog import read_log
@@ -44,8 +43,8 @@ def vllm_result(run: Any, detailed: bool = False) -> dict[str, Any]:
     duration = float(s.duration_s or 0.0)
     rate = float(opts.get("request_rate") or 0.0)
     users = plan.total_users if plan else None
-    if plan is not None and plan.rate_schedule and duration > 0:  # --rate-schedule: its mean rate over the run
-        rate = RateSchedule.of(plan.rate_schedule).area(0.0, duration) / duration
+    if plan is not None and plan.schedule is not None and duration > 0:  # --rate-schedule: its mean rate over the run
+        rate = plan.schedule.area(0.0, duration) / duration
     if opts.get("sweep_level_kind") == "rate":  # a sweep step: its own level
         rate = float(opts.get("vllm_load_step_users") or 0.0)
     elif opts.get("sweep_level_kind") == "users":

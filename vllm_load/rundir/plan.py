@@ -8,12 +8,14 @@ SLOs, host, sidecar, run id, salt, run dir, user count) and workers re-derived t
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from vllm_load.metrics.histogram import PERCENTILES
 from vllm_load.rundir.files import RunDir
 from vllm_load.workload.arrivals import ramp_rate
+from vllm_load.workload.rate_schedule import RateSchedule
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,11 @@ class RunPlan:
         strategy, start, end, seconds = self.ramp
         progress = elapsed / seconds if seconds else sent / max(1, share - 1)
         return ramp_rate(strategy, start, end, progress)
+
+    @functools.cached_property
+    def schedule(self) -> RateSchedule | None:
+        """--rate-schedule's points as a schedule (None: none), made once per plan: every reader shares it."""
+        return RateSchedule.of(self.rate_schedule) if self.rate_schedule else None
 
     @property
     def shown_percentiles(self) -> tuple[float, ...]:

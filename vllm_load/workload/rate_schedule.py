@@ -98,12 +98,7 @@ class RateSchedule:
         return max(0, bisect.bisect_right(self._ats, t) - 1)
 
     def rate_at(self, t: float) -> float:
-        k = self.segment_of(t)
-        p = self.points[k]
-        if p.between == "linear" and k + 1 < len(self.points):
-            q = self.points[k + 1]
-            return p.rate + (q.rate - p.rate) * (t - p.at) / (q.at - p.at)
-        return p.rate
+        return self._rate_in(self.segment_of(t), t)
 
     def burstiness_at(self, t: float, default: float) -> float:
         given = self.points[self.segment_of(t)].burstiness
@@ -115,7 +110,7 @@ class RateSchedule:
         while t < b:
             k = self.segment_of(t)
             stop = min(b, self.points[k + 1].at) if k + 1 < len(self.points) else b
-            total += (self.rate_at(t) + self._rate_before(k, stop)) / 2 * (stop - t)
+            total += (self._rate_in(k, t) + self._rate_in(k, stop)) / 2 * (stop - t)
             t = stop
         return total
 
@@ -125,11 +120,11 @@ class RateSchedule:
         while True:
             k = self.segment_of(t)
             last = k + 1 >= len(self.points)
-            r0 = self.rate_at(t)
+            r0 = self._rate_in(k, t)
             if last:
                 return (t - start) + unit / r0 if r0 > 0 else NEVER_S
             stop = self.points[k + 1].at
-            r1 = self._rate_before(k, stop)
+            r1 = self._rate_in(k, stop)
             area = (r0 + r1) / 2 * (stop - t)
             if unit <= area and area > 0:
                 slope = (r1 - r0) / (stop - t)
@@ -139,12 +134,12 @@ class RateSchedule:
             unit -= area
             t = stop
 
-    def _rate_before(self, k: int, stop: float) -> float:
-        """The rate just before ``stop`` within segment k (a step's holds to its end)."""
+    def _rate_in(self, k: int, t: float) -> float:
+        """Segment k's rate at ``t`` (up to its end: a step's holds to it, a linear one reaches the next row's)."""
         p = self.points[k]
         if p.between == "linear" and k + 1 < len(self.points):
             q = self.points[k + 1]
-            return p.rate + (q.rate - p.rate) * (stop - p.at) / (q.at - p.at)
+            return p.rate + (q.rate - p.rate) * (t - p.at) / (q.at - p.at)
         return p.rate
 
 
