@@ -226,16 +226,17 @@ ROUTER = shutil.which("vllm-router") or str(Path(sys.executable).parent / "vllm-
 
 class Router:
     """vllm-router on 127.0.0.1 in front of ``urls`` with ``policy`` (with ``pd`` = (prefill URL, decode URL): in
-    front of that pair in its P/D mode instead), ready once it answers /v1/models."""
+    front of that pair in its P/D mode instead) and ``flags``, ready once it answers /v1/models."""
 
-    def __init__(self, urls: list[str], policy: str, pd: tuple[str, str] | None = None) -> None:
+    def __init__(self, urls: list[str], policy: str, pd: tuple[str, str] | None = None, *flags: str) -> None:
         self.port, metrics = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.metrics_url = f"http://127.0.0.1:{metrics}/metrics"  # its own counters (--prometheus-port)
         workers = (["--vllm-pd-disaggregation", "--prefill", pd[0], "--decode", pd[1]] if pd
                    else ["--worker-urls", *urls])
         self.proc = subprocess.Popen([ROUTER, "--host", "127.0.0.1", "--port", str(self.port), *workers,
                                       "--policy", policy, "--worker-startup-check-interval", "1",
-                                      "--prometheus-port", str(metrics)],
+                                      "--prometheus-port", str(metrics), *flags],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for(lambda: self.proc.poll() is not None or answers(self.url + "/v1/models"), timeout=60,
                  what="the router")

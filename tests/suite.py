@@ -39,6 +39,7 @@ LOCUST_PROCESSES_FAST = 0
 #: the longest a test's call may take (seconds), but the named real-server ones
 TEST_LIMIT_S = 60.0
 LONG_TESTS = ("test_real_vllm", "test_transformers_serve", "test_real_vllm_tune", "test_saturation", "test_tune",
+              "test_real_vllm_fleet",
               "test_busy_suite")
 #: the session's budget in seconds on 2 cores: the full suite, and the fast selection (README.md, "Tests")
 BUDGET_S = {"full": 20 * 60, "fast": 3 * 60}

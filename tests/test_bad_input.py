@@ -53,6 +53,8 @@ CASES = [
     (CHAT, ["--emulator-spec-tokens", "2", "--emulator-spec-acceptance", "1.5"], "--emulator-spec-acceptance within 0..1"),
     (CHAT, ["--emulator-spec-tokens", "2", "--emulator-profile", "cpu-tiny"], "drop --emulator-profile"),
     (CHAT, ["--otlp-endpoint", "collector:4318"], "--otlp-endpoint 'collector:4318' is not an http(s) URL"),
+    (CHAT, ["--router-metrics", "router:29000", "--fault", "1s: exec: true"], "--router-metrics 'router:29000' is not an"),
+    (CHAT, ["--router-metrics", "http://127.0.0.1:29000/metrics"], "give --fault or --fault-plan"),
     (CHAT, ["--metric-percentiles", "50,abc"], "--metric-percentiles '50,abc' must list percentiles between 0 and 100"),
     (CHAT, ["--metric-percentiles", "50,100"], "must list percentiles between 0 and 100"),
     (CHAT, ["--ramp-up-strategy", "exponential", "--ramp-up-end-rps", "10"], "and --ramp-up-start-rps > 0"),

@@ -95,6 +95,7 @@ def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_p
     assert "<td>host</td><td>null</td>" not in accepted_page.replace(" ", "")
 
 
+@pytest.mark.quiet_cores  # its subject is a timing bound (every chunk read within 5 ms): CI's busy suite read one 9.5 ms late
 def test_a_comfortable_run_is_not_flagged(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
     run_dir = tmp_path / "run"

@@ -13,7 +13,8 @@ import pytest
 
 from tests.helpers import ROOT, Proc, counter, run_in_process
 from vllm_load.errors import UsageError
-from vllm_load.metrics.disruption import WINDOW_S, disruption, limits_of, recovered_at
+from vllm_load.metrics import router_counters
+from vllm_load.metrics.disruption import WINDOW_S, describe, disruption, limits_of, recovered_at
 from vllm_load.metrics.slo import parse_slo, parse_slo_option
 from vllm_load.metrics.verdict import judge
 from vllm_load.plugin.fault_plan import parse_action, parse_plan
@@ -51,6 +52,50 @@ def test_the_verdict_counts_what_a_kill_did():
     assert d["recovery_s"] == a["recovery_s"] and d["lost_requests"] == 17
     assert a["goodput_during_fault"] == pytest.approx(16 / 32)  # a's half succeeded meanwhile
     assert a["rehomed_sessions"] == 0  # each session stayed on its replica
+
+
+#: vllm-router 0.1.17's own counters (--prometheus-port), as it served two emulators before and after one was killed
+ROUTER_BEFORE = """# TYPE vllm_router_processed_requests_total counter
+vllm_router_processed_requests_total{worker="http://127.0.0.1:18802"} 6
+vllm_router_processed_requests_total{worker="http://127.0.0.1:18801"} 4
+vllm_router_requests_total{route="/v1/chat/completions"} 10
+vllm_router_cb_outcomes_total{worker="http://127.0.0.1:18802",outcome="success"} 6
+vllm_router_cb_outcomes_total{worker="http://127.0.0.1:18801",outcome="success"} 4
+"""
+ROUTER_AFTER = """# TYPE vllm_router_processed_requests_total counter
+vllm_router_processed_requests_total{worker="http://127.0.0.1:18802"} 16
+vllm_router_processed_requests_total{worker="http://127.0.0.1:18801"} 12
+vllm_router_retries_total{route="/v1/chat/completions"} 8
+vllm_router_requests_total{route="/v1/chat/completions"} 18
+vllm_router_retries_exhausted_total{route="/v1/chat/completions"} 2
+vllm_router_cb_state_transitions_total{worker="http://127.0.0.1:18802",from="closed",to="open"} 1
+vllm_router_cb_outcomes_total{worker="http://127.0.0.1:18802",outcome="success"} 6
+vllm_router_cb_outcomes_total{worker="http://127.0.0.1:18801",outcome="success"} 12
+vllm_router_cb_outcomes_total{worker="http://127.0.0.1:18802",outcome="failure"} 10
+vllm_router_worker_health{worker="http://127.0.0.1:18802"} 1
+"""
+
+
+def test_the_router_counters_say_what_it_did_about_each_action():
+    before, after = router_counters.parse(ROUTER_BEFORE), router_counters.parse(ROUTER_AFTER)
+    dead = "http://127.0.0.1:18802"
+    grew = router_counters.increase(before, after)
+    assert grew["retries"] == 8 and grew["gave_up"] == 2 and grew["failures"] == {dead: 10}
+    assert grew["opened"] == {dead: 1} and grew["served"] == {dead: 10, "http://127.0.0.1:18801": 8}
+    # each action: from its start to the next one's start, the last one to the run's end; a failed read is said
+    faults = [{"start": 10.0, "label": "kill at 10 s: kill -9 b", "ok": True, "router_at": before},
+              {"start": 12.0, "label": "start at 12 s: ./b", "ok": True, "router_at": after},
+              {"start": 14.0, "label": "exec at 14 s: true", "ok": True, "router_at": "--router-metrics x cannot "
+                                                                                        "be read (refused)"}]
+    kept = router_counters.per_action(faults, after)
+    assert kept[0]["router"] == grew and "router_at" not in kept[0]
+    assert kept[1]["router_error"] == "--router-metrics x cannot be read (refused)"
+    assert kept[2]["router_error"] == "--router-metrics x cannot be read (refused)"
+    assert router_counters.per_action(faults[:1], None)[0]["router_error"] == "not read at the run's end"
+    line = describe(disruption(fleet(), kept[:1], {}))[0]
+    assert line.endswith(f"; the router: 8 retries, 2 given up, 10 failures on {dead}, its breaker opened"), line
+    with pytest.raises(ValueError, match="no vllm_router_"):
+        router_counters.parse("vllm:num_requests_running 0\n")  # a vLLM's /metrics, not the router's
 
 
 def test_a_latency_slo_holds_the_recovery_until_the_tail_is_back():

@@ -276,6 +276,10 @@ OPTIONS: tuple[Option, ...] = (*group(
         "rotation (its users send to the next) and back; once per swarm; the disruption verdict judges each",
         action="append", web=False),
     Option("--fault-plan", "", "a file of --fault actions, one per line ('#' comments)", web=False),
+    Option("--router-metrics", "", "the router's Prometheus endpoint (vllm-router's --prometheus-port, e.g. "
+        "http://127.0.0.1:29000/metrics), read at each --fault action's start and at the run's end: the disruption "
+        "verdict says what the router did about each (retries, requests it gave up on, each worker's failures and "
+        "circuit breaker)", web=False),
     Option("--profile-at", "", "run vLLM's profiler (POST /start_profile, /stop_profile: vLLM started with "
         "--profiler-config) at a chosen load: N (once the server runs N requests, from the sidecar's or Prometheus' "
         "series, for --profile-seconds), 'run' (the measured window, after --warmup), or step:LEVEL (a sweep's first "

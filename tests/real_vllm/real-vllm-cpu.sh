@@ -26,6 +26,10 @@ mkdir -p "$R/tmp" "$R/cache"
 export TMPDIR=$R/tmp XDG_CACHE_HOME=$R/cache HF_HOME=$R/cache/hf VLLM_CACHE_ROOT=$R/cache/vllm \
        TORCHINDUCTOR_CACHE_DIR=$R/cache/inductor TRITON_CACHE_DIR=$R/cache/triton \
        HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 PIP_NO_CACHE_DIR=1
+# vLLM's CPU worker pins its OpenMP threads to one core by default ("auto": core 0 of 2 here, core 1
+# reserved): every server of the suite then shares one core, and a replica started again beside a serving one waited
+# 3.5 min for it (236+ s; 21 s unpinned, the same load): the OS places them instead
+export VLLM_CPU_OMP_THREADS_BIND=${VLLM_CPU_OMP_THREADS_BIND:-nobind}
 
 do_install() {
   python3 -m venv "$R/venv"

@@ -12,6 +12,8 @@ Per action, at its start t0 (wall clock, as the logs' starts):
   of the run when it never came), cancellations by the run's own end left out;
 - ``rehomed_sessions``: sessions served by one replica before t0 and by another after (the replica each request
   was grouped under: ``--capture-header``'s, or ``--host a,b``'s target);
+- ``router`` (with ``--router-metrics``): the router's own counters' increase from t0 to the next action (the
+  run's end): retries, requests given up, each worker's failures and breaker (``metrics/router_counters.py``);
 - ``goodput_during_fault``: the share of requests started from t0 to the recovery that succeeded (and met the
   per-request SLOs, when there are any).
 
@@ -26,6 +28,8 @@ import math
 from typing import Any
 
 from vllm_load.metric_table import E2E, TTFT
+from vllm_load.metrics.router_counters import text as router_text
+from vllm_load.redact import redact_urls
 
 #: the sliding window the recovery is judged in, and its step (seconds)
 WINDOW_S, STEP_S = 5.0, 0.5
@@ -91,7 +95,8 @@ def judge_action(logs: list[dict], action: dict, limits: dict[str, float]) -> di
             before, after = homes.setdefault(r["session"], (set(), set()))
             (before if r["start"] < t0 else after).add(r["target"])
     moved = sum(1 for before, after in homes.values() if before and after and not after <= before)
-    return {"label": action.get("label", ""), "start": t0, "ok": action.get("ok"),
+    router = {k: action[k] for k in ("router", "router_error") if k in action}  # --router-metrics' increase
+    return {"label": action.get("label", ""), "start": t0, "ok": action.get("ok"), **router,
             "in_flight": {"requests": len(running), "finished": sum(r["ok"] for r in running),
                           "failed": sum(_failed(r) for r in running),
                           "cancelled": sum(bool(r.get("cancelled")) for r in running)},
@@ -135,5 +140,7 @@ def describe(d: dict[str, Any]) -> list[str]:
             f", goodput {a['goodput_during_fault'] * 100:.0f}% until then"
         lines.append(f"{a['label']}{'' if a['ok'] is not False else ' (the action FAILED)'}: {f['requests']} in "
                      f"flight ({f['finished']} finished, {f['failed']} failed, {f['cancelled']} cancelled), "
-                     f"{a['lost_requests']} lost, {back}{goodput}, {a['rehomed_sessions']} sessions re-homed")
+                     f"{a['lost_requests']} lost, {back}{goodput}, {a['rehomed_sessions']} sessions re-homed"
+                     + (f"; the router: {redact_urls(router_text(a['router']))}" if a.get("router") else "")
+                     + (f"; the router: {a['router_error']}" if a.get("router_error") else ""))
     return lines

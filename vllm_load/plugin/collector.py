@@ -16,6 +16,7 @@ from vllm_load.metrics.client_monitor import ClientMonitor
 from vllm_load.metrics.delivered import by_segment, delivered, in_flight, in_flight_finding, schedule_finding
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
+from vllm_load.metrics.router_counters import per_action
 from vllm_load.runtime.embedded import emulator_mode
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.run_clock import MasterClock
@@ -36,6 +37,7 @@ class Collector:
     sweep: Sweep | None = None  # --sweep: its steps, their windows, merged stats and verdicts
     health: ClientHealth = field(default_factory=ClientHealth)
     faults: list = field(default_factory=list)  # the fault plan's actions that began (``fault_plan.run_plan``)
+    router_end: dict | str | None = None  # --router-metrics: the router's counters at the run's end (or why not)
     workers_seen: set = field(default_factory=set)
     workers_lost: list = field(default_factory=list)  # workers that never sent their final report
     last_report: dict = field(default_factory=dict)  # worker -> wall time of its latest report (when it was lost)
@@ -145,7 +147,7 @@ class Collector:
         done["target_request_rate"] = float(self.opts.request_rate or 0.0)
         done["delivered"] = self._delivered()
         if self.faults:  # the fault plan's actions as they ran (their start and end, wall clock)
-            done["faults"] = [dict(f) for f in self.faults]
+            done["faults"] = per_action(self.faults, self.router_end)  # with the router's doing, when read
         if self.swarm:  # how many of its load processes got ready (the epoch waits for all)
             done["processes"], done["processes_ready"] = self.clock.expected, len(self.clock.ready)
         if self.clock.ready:  # each worker's offset to the master's clock, and its uncertainty

@@ -147,6 +147,11 @@ def stopped(ctl: Controller) -> None:
     if run is None or col is None:
         return
     col.end_wall = time.time()
+    opts = environment.parsed_options
+    if col.faults and getattr(opts, "router_metrics", ""):  # the router's doing up to the end, for the last action
+        from vllm_load.plugin.fault_plan import read_router
+
+        col.router_end = read_router(opts.router_metrics)
     if col.profiler is not None:  # the profiled window ends with the run (the drain's requests included)
         col.profiler.stop()
     try:

@@ -12,6 +12,7 @@ start) and outcome are kept; ``metrics/disruption.py`` judges what each did to t
 
 from __future__ import annotations
 
+import http.client
 import re
 import subprocess
 import time
@@ -105,15 +106,20 @@ def check_targets(actions: list[Action], hosts: tuple[str, ...]) -> list[Action]
 
 
 def run_plan(actions: list[Action], start_wall: float, done: list[dict], say: Callable[[str], None],
-             route: Callable[[str, bool], None] = lambda _target, _drained: None) -> None:
+             route: Callable[[str, bool], None] = lambda _target, _drained: None,
+             router: Callable[[], dict | str | None] = lambda: None) -> None:
     """Run each action at its time from ``start_wall``, appending its record to ``done`` as it starts (its end and
     outcome when it ends): a run stopped mid-action keeps what began. ``route(target, drained)`` drains a replica
-    (or brings it back) in every load process."""
+    (or brings it back) in every load process; ``router()`` reads the router's counters just before the action
+    (``read_router``; None: no --router-metrics)."""
     for action in actions:
         gevent.sleep(max(0.0, start_wall + action.at - time.time()))
+        counters = router()
         began = time.time()
         record = {"at": action.at, "kind": action.kind, "label": action.label, "start": began, "end": None,
                   "ok": None, "detail": ""}
+        if counters is not None:
+            record["router_at"] = counters
         done.append(record)
         say(f"vllm-load: fault plan: {action.label}")
         if action.kind in ROUTING:
@@ -124,6 +130,19 @@ def run_plan(actions: list[Action], start_wall: float, done: list[dict], say: Ca
         record.update(end=time.time(), ok=ok, detail=detail)
         say(f"vllm-load: fault plan: {action.kind} at {action.at:g} s {'done' if ok else 'FAILED'} in "
             f"{record['end'] - began:.1f} s" + (f": {detail}" if detail else ""))
+
+
+def read_router(url: str) -> dict | str:
+    """The router's counters now (``metrics/router_counters.parse``), or why they cannot be read (one line)."""
+    import urllib.request
+
+    from vllm_load.metrics.router_counters import parse
+
+    try:
+        with urllib.request.urlopen(url, timeout=5.0) as resp:
+            return parse(resp.read().decode())
+    except (OSError, ValueError, http.client.HTTPException) as exc:
+        return f"--router-metrics {redact_urls(url)} cannot be read ({getattr(exc, 'reason', None) or exc})"
 
 
 def _command(command: str) -> tuple[bool, str]:

@@ -165,6 +165,13 @@ def _check_exports(opts: Any) -> None:
     if getattr(opts, "mlflow_uri", "") or getattr(opts, "wandb_project", ""):
         from vllm_load.report.trackers import check_available as trackers_available
         trackers_available(opts)
+    if getattr(opts, "router_metrics", ""):
+        parts = urlsplit(opts.router_metrics)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise UsageError(f"--router-metrics {public_url(opts.router_metrics)!r} is not an http(s) URL, e.g. "
+                             "http://127.0.0.1:29000/metrics")
+        if not (getattr(opts, "fault", None) or getattr(opts, "fault_plan", "")):
+            raise UsageError("--router-metrics is read at a fault plan's actions: give --fault or --fault-plan")
     if getattr(opts, "dcgm_selector", ""):
         if not opts.prometheus_url or opts.dcgm_url:
             raise UsageError("--dcgm-selector reads the GPUs through --prometheus-url: give --prometheus-url, and "

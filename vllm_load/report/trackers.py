@@ -140,6 +140,9 @@ def log_wandb(project: str, run_dir: Path) -> str:
             tracked.save(str(path), base_path=str(run_dir), policy="now")
     finally:
         tracked.finish()
+        # its service shut down now: left to the interpreter's exit, W&B's atexit hook met a closed event loop and
+        # printed a traceback ("Event loop is closed") after a run that had logged fine
+        wandb.teardown()
     return tracked.id
 
 
