@@ -11,6 +11,7 @@ import pytest
 from tests.helpers import ROOT, Proc, run_in_process
 
 CHAT, SWEEP = str(ROOT / "locustfiles/chat.py"), str(ROOT / "locustfiles/sweep.py")
+MIXED = str(ROOT / "locustfiles/mixed.py")
 ROOT_LF = str(ROOT / "locustfiles") + "/"
 
 
@@ -55,6 +56,9 @@ CASES = [
     (CHAT, ["--otlp-endpoint", "collector:4318"], "--otlp-endpoint 'collector:4318' is not an http(s) URL"),
     (CHAT, ["--router-metrics", "router:29000", "--fault", "1s: exec: true"], "--router-metrics 'router:29000' is not an"),
     (CHAT, ["--router-metrics", "http://127.0.0.1:29000/metrics"], "give --fault or --fault-plan"),
+    (MIXED, ["--batch-after", "soon"], "--batch-after 'soon' is not a duration"),
+    (MIXED, ["--batch-input-tokens", "0"], "--batch-input-tokens '0' is not a length"),
+    (CHAT, ["--batch-after", "5s"], "--batch-after is read by locustfiles/mixed.py only"),
     (CHAT, ["--metric-percentiles", "50,abc"], "--metric-percentiles '50,abc' must list percentiles between 0 and 100"),
     (CHAT, ["--metric-percentiles", "50,100"], "must list percentiles between 0 and 100"),
     (CHAT, ["--ramp-up-strategy", "exponential", "--ramp-up-end-rps", "10"], "and --ramp-up-start-rps > 0"),

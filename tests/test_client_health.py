@@ -99,7 +99,7 @@ def test_open_loop_beyond_what_the_client_can_send_is_marked_untrustworthy(tmp_p
 def test_a_comfortable_run_is_not_flagged(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "4s",
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
                           "--host", emu.url, "--output-tokens", "16", "--run-dir", str(run_dir)], cwd=tmp_path,
                          judge_trust=True)
     assert res.returncode == 0

@@ -5,11 +5,14 @@ sequence running when they arrive and no more; under ``fcfs`` they queue behind 
 
 from __future__ import annotations
 
+import json
 import statistics
 
 import pytest
 
 from tests.helpers import ROOT, run_in_process
+from vllm_load.metrics.protection import MIN_REQUESTS, describe, protection
+from vllm_load.metrics.slo import evaluate, parse_slo_option
 from vllm_load.rundir.reqlog import read_log
 
 
@@ -41,3 +44,61 @@ def test_the_priority_policy_keeps_the_interactive_class_out_of_the_batch_queue(
     fcfs_i, prio_i = statistics.mean(fcfs["interactive"]), statistics.mean(prio["interactive"])
     assert prio_i < 0.6 * fcfs_i, (prio_i, fcfs_i)
     assert prio_i < statistics.mean(prio["batch"]), (prio_i, statistics.mean(prio["batch"]))
+
+
+def _req(name, start, ttft, gaps=(0.01, 0.01), ok=True):
+    offsets = [ttft]
+    for g in gaps:
+        offsets.append(offsets[-1] + g)
+    return {"name": name, "start": start, "ttft": ttft, "e2e": offsets[-1], "chunk_offsets": offsets, "ok": ok}
+
+
+def test_the_protected_class_alone_against_beside_the_others():
+    # 20 interactive requests alone (ttft 20 ms), a batch from 10 s, then 20 beside it (ttft 50 ms, gaps 12 ms);
+    # one that began alone and ended after the batch began is on neither side
+    logs = [_req("interactive", 0.5 * i, 0.02) for i in range(20)]
+    logs += [_req("interactive", 9.99, 0.02), _req("batch", 10.0, 0.5, (0.05,) * 8)]
+    logs += [_req("interactive", 10.0 + 0.5 * i, 0.05, (0.012, 0.012)) for i in range(20)]
+    p = protection(logs, "interactive")
+    assert p["alone"]["requests"] == 20 and p["beside"]["requests"] == 20
+    assert p["ttft_penalty"] == pytest.approx(0.05 / 0.02 - 1) and p["itl_penalty"] == pytest.approx(0.2)
+    assert describe(p).startswith("interactive beside the other classes: TTFT p99 +150% (20.0 ms alone, 50.0 ms "
+                                  "beside), ITL p99 +20% (10.0 ms alone, 12.0 ms beside)")
+    checks = evaluate(parse_slo_option(["ttft_penalty<=100%", "itl_penalty<=50%"]), {"protection": p})
+    assert [c.passed for c in checks] == [False, True] and checks[0].detail == "measured 150.00%"
+
+
+def test_a_side_too_small_or_no_other_class_is_not_judged():
+    few = [_req("interactive", 0.5 * i, 0.02) for i in range(MIN_REQUESTS - 1)] + [_req("batch", 10.0, 0.5)]
+    few += [_req("interactive", 10.0 + i, 0.05) for i in range(MIN_REQUESTS)]
+    p = protection(few, "interactive")
+    assert p["ttft_penalty"] is None and p["why"].startswith("alone: fewer than 10")
+    check, = evaluate(parse_slo_option(["ttft_penalty<=50%"]), {"protection": p})
+    assert not check.passed and check.detail.startswith("cannot judge: alone: fewer than 10")
+    alone = protection([_req("interactive", i, 0.02) for i in range(30)], "interactive")
+    assert alone["why"] == "no request but interactive's ran: nothing to compare against"
+    check, = evaluate(parse_slo_option(["ttft_penalty<=50%"]), {})
+    assert check.detail == "cannot judge: no class protected (--protect NAME)"
+
+
+def _mixed(tmp_path, emulator_factory, policy: str) -> dict:
+    """mixed.py against an emulator that runs one sequence at a time under ``policy``: the verdict of its run."""
+    emu = emulator_factory("--profile", "cpu-tiny", "--max-num-seqs", "1", "--scheduling-policy", policy)
+    run_dir = tmp_path / policy
+    res = run_in_process(["-f", str(ROOT / "locustfiles/mixed.py"), "--headless", "-u", "4", "-r", "4", "-t", "11s",
+                          "--batch-after", "5s", "--input-tokens", "32", "--output-tokens", "8",
+                          "--batch-input-tokens", "256", "--batch-output-tokens", "32", "--protect", "interactive",
+                          "--host", emu.url, "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "protection: interactive beside the other classes: TTFT p99 " in res.stdout
+    return json.loads((run_dir / "summary.json").read_text())["summary"]["protection"]
+
+
+@pytest.mark.slow  # two 11 s runs against emulator processes: the verdict's arithmetic is the test above
+def test_mixed_py_shows_what_the_priority_policy_protects(tmp_path, emulator_factory):
+    fcfs, prio = _mixed(tmp_path, emulator_factory, "fcfs"), _mixed(tmp_path, emulator_factory, "priority")
+    for p in (fcfs, prio):
+        assert p["alone"]["requests"] >= MIN_REQUESTS and p["beside"]["requests"] >= MIN_REQUESTS, p
+    # under fcfs an interactive request queues behind the batch's waiting requests; under priority only behind the
+    # two running ones
+    assert fcfs["ttft_penalty"] > prio["ttft_penalty"] + 0.5, (fcfs, prio)

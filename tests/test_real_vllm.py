@@ -307,7 +307,10 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm, trac
     # the backoff bound at a 0.5 s cap, on what is backed off: connection-level failures (a vLLM shutting down
     # once answered 500 in ~1 ms for 30 s on a kept-alive connection; answers are not backed off)
     assert w["connection"] <= 2 * (w["seconds"] / 0.25 + 5), w
-    assert "OUTAGE: server unreachable from" in out and summary["client"]["saturated"] is False, out[-2000:]
+    assert "OUTAGE: server unreachable from" in out, out[-2000:]
+    # the refused connections are the outage's, never the client's own saturation (issue 23: a client retrying them
+    # once looked saturated); the restarting vLLM may still take the client's CPU (contention: 1.1 s waited once)
+    assert summary["client"]["cause"] in (None, "contention"), summary["client"]
 
 
 def test_profile_at_runs_vllms_profiler_over_the_measured_window(tmp_path, real_vllm, traces):

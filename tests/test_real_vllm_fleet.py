@@ -132,8 +132,11 @@ def test_a_replica_killed_mid_run_and_started_again_leaves_every_request_in_one_
     assert res.returncode == (1 if summary["failed"] else 0), res.stdout[-3000:] + res.stderr[-3000:]
     kill_action, start_action = summary["faults"]
     assert kill_action["ok"] and start_action["ok"], summary["faults"]  # r2 was killed, and came back in the run
-    # the router's own counters: it retried the dead worker's requests before its breaker opened
-    assert kill_action["router"]["retries"] >= 1 and kill_action["router"]["opened"] == {r2: 1.0}, kill_action
+    # the router's own counters, from the kill to the run's end: it retried requests on the dead worker and opened
+    # its breaker (in the kill's second or during the restart: the actions split the window where the next begins)
+    grew = [a["router"] for a in (kill_action, start_action)]
+    assert sum(g["retries"] for g in grew) >= 1 and sum(g["failures"].get(r2, 0) for g in grew) >= 1, grew
+    assert sum(g["opened"].get(r2, 0) for g in grew) >= 1 and not any(g["opened"].get(urls[0]) for g in grew), grew
     verdict = summary["disruption"]["actions"]
     assert [a["label"].split(":")[0] for a in verdict] == ["kill at 3 s", "start at 4 s"]
     assert "the router: " in res.stdout and "PASS  recovery.seconds<=200s" in res.stdout

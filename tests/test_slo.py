@@ -9,7 +9,8 @@ from tests.helpers import ROOT, run_in_process
 from vllm_load.errors import UsageError
 from vllm_load.client.record import RequestRecord
 from vllm_load.report.results import exit_code
-from vllm_load.metrics.slo import evaluate, goodput_thresholds, junit_xml, parse_slo, parse_slo_option
+from vllm_load.metrics.slo import evaluate, goodput_thresholds, parse_slo, parse_slo_option
+from vllm_load.report.results import junit_xml
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import MetricSummary
 

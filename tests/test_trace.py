@@ -16,7 +16,7 @@ TRACE_BLOCK = 512  # Mooncake's
 
 @pytest.mark.quiet_cores  # "on time": each row's send against its due time
 def test_a_mooncake_trace_replays_each_row_once_on_time_with_its_length_and_prefix_sharing(emulator_factory, tmp_path):
-    rows = make_trace(tmp_path / "trace.jsonl")
+    rows = make_trace(tmp_path / "trace.jsonl", rows=120)  # 3.6 s of rows (200 took 6 s of the fast selection's tail)
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--enable-prompt-tokens-details")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "4", "-r", "4",
@@ -64,11 +64,11 @@ def test_a_mooncake_trace_replays_each_row_once_on_time_with_its_length_and_pref
         # within the chat template's tokens and one cache block
         assert abs(r["cached_tokens"] - predicted) <= BLOCK + 8, (r["trace_row"], r["cached_tokens"], predicted)
         checked += 1
-    assert checked >= 190
+    assert checked >= 114  # 95 % of the rows
     html = (run_dir / "report.html").read_text()
     assert "id='options-changed'" in html and "trace" in html.split("id='options-changed'")[1].split("</div>")[0]
     # the trace's reuse reached the server: the rows of a document after its first
-    assert sum(r["cached_tokens"] >= TRACE_BLOCK for r in logs) >= 100
+    assert sum(r["cached_tokens"] >= TRACE_BLOCK for r in logs) >= 50  # of 60 such rows
 
 
 def _common(a: list[int], b: list[int]) -> int:

@@ -97,11 +97,13 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
         assert ("recommended max_num_seqs=64" in res.stdout) == ("64" not in doubted), res.stdout[-2000:]
     else:
         assert data["recommended"] != {"max_num_seqs": "64"} or untrusted == {"4", "16", "64"}, (untrusted, data)
-    # the losers' reasons come from their first missed probe: the SLO and the server's own numbers
-    line4 = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith("max_num_seqs=4:"))
-    assert "at 5:" in line4 or "at 6:" in line4 or "at 8:" in line4
+    # the losers' reasons come from their first missed probe: the SLO and the server's own numbers (4 is a loser
+    # unless 16's and 64's probes were both untrusted on a busy host: then it is the best measured, and no loser)
     assert all(by[k]["probes"][0]["level"] == 4 for k in ("4", "16", "64"))
-    assert "ttft.p99<=200ms" in line4 and "waiting max" in line4
+    if not {"16", "64"} <= untrusted:
+        line4 = next(ln for ln in res.stdout.splitlines() if ln.strip().startswith("max_num_seqs=4:"))
+        assert "at 5:" in line4 or "at 6:" in line4 or "at 8:" in line4
+        assert "ttft.p99<=200ms" in line4 and "waiting max" in line4
     md = (tmp_path / "tune" / "tune.md").read_text()
     assert ("**Recommended: max_num_seqs=64**" in md) == ("64" not in doubted), doubted
     assert f"| max_num_seqs=16 | {by['16']['capacity']:g} " in md

@@ -14,7 +14,6 @@ Goodput follows ``vllm bench serve``: a request is good when it meets every per-
 
 from __future__ import annotations
 
-import json
 import operator
 import sys
 import re
@@ -42,7 +41,8 @@ RUN_METRICS = {
     "cache_hits_of_achievable": "%", "replica_imbalance": "", "session_stickiness": "%",
     # a fault plan's disruption (metrics/disruption.py): each action's worst
     "lost_requests": "count", "recovery.seconds": "s", "rehomed_sessions": "count", "goodput_during_fault": "%",
-    "accuracy": "%", "valid_output": "%"}  # --accuracy's graded answers; --response-format's valid JSON
+    "accuracy": "%", "valid_output": "%",  # --accuracy's graded answers; --response-format's valid JSON
+    "ttft_penalty": "%", "itl_penalty": "%"}  # --protect: the protected class beside the others against alone
 _DISRUPTION = {m: m if m != "recovery.seconds" else "recovery_s" for m in
                ("lost_requests", "recovery.seconds", "rehomed_sessions", "goodput_during_fault")}
 #: what --window steady judges on the steady window's requests (the rest is the run's: its outages, the server's
@@ -282,6 +282,12 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
     if slo.metric in ("accuracy", "valid_output"):
         found = summary.accuracy if slo.metric == "accuracy" else summary.valid_output
         return (float(found), "") if found is not None else (None, "no answer checked (--accuracy, --response-format)")
+    if slo.metric in ("ttft_penalty", "itl_penalty"):  # metrics/protection.py
+        found = summary.protection or {}
+        if found.get(slo.metric) is None:
+            return None, found.get("why") or ("no class protected (--protect NAME)" if not found else
+                                              f"{found['name']} had no {slo.metric[:-8].upper()} on one side")
+        return float(found[slo.metric]), ""
     if slo.metric in _DISRUPTION:
         value = (summary.disruption or {}).get(_DISRUPTION[slo.metric])
         if not summary.disruption:
@@ -327,24 +333,3 @@ def evaluate(slos: list[SLO], summary: Mapping[str, Any], server: dict | None = 
             where = " in the steady window" if s.window == "steady" and s.metric in WINDOWED else ""
             checks.append(Check(s.text, value, passed, f"measured {_show(s, value)}{where}"))
     return checks
-
-
-def junit_xml(checks: list[Check], suite: str = "vllm-load SLOs", validity: list[Check] | None = None) -> str:
-    """One test case per SLO (class vllm_load.metrics.slo) and per validity check (class vllm_load.run)."""
-    from xml.sax.saxutils import quoteattr
-
-    cases = [("vllm_load.run", c) for c in validity or []] + [("vllm_load.metrics.slo", c) for c in checks]
-    failures = sum(not c.passed for _, c in cases)
-    out = ['<?xml version="1.0" encoding="UTF-8"?>',
-           f"<testsuite name={quoteattr(suite)} tests=\"{len(cases)}\" failures=\"{failures}\" errors=\"0\">"]
-    for cls, c in cases:
-        out.append(f"  <testcase classname=\"{cls}\" name={quoteattr(c.slo)}>")
-        if not c.passed:
-            out.append(f"    <failure message={quoteattr(c.detail)}/>")
-        out.append("  </testcase>")
-    out.append("</testsuite>")
-    return "\n".join(out) + "\n"
-
-
-def checks_json(checks: list[Check]) -> str:
-    return json.dumps([c.to_json() for c in checks], indent=2)

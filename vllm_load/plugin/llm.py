@@ -76,6 +76,10 @@ class LLM(PoolingCalls, SessionCalls):
             raise ValueError(f"self.llm.text(tokens={tokens}): ask for at least 1 token")
         return self._source().text(int(tokens))
 
+    def run_seconds(self) -> float:
+        """Seconds since the run's start on its one clock (every process's): a class that joins later waits on it."""
+        return time.perf_counter() - self._generator().schedule_start()
+
     def input_tokens(self) -> int:
         """A length drawn from --input-tokens (N, LOW-HIGH, normal:MEAN,STD), seeded per process."""
         src = self._source()

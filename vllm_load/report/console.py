@@ -8,12 +8,12 @@ from typing import Any
 from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.delivered import segment_lines
 from vllm_load.metrics.disruption import describe as disruption_lines
+from vllm_load.metrics.protection import describe as protection_line
 from vllm_load.metrics.repeats import interval_text
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers, who_fell_behind
-from vllm_load.metric_table import (
-    BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, SEND_LAG, TTFT)
+from vllm_load.metric_table import BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, SEND_LAG, TTFT
 from vllm_load.metrics.summary import RunSummary, metric_stats
 from vllm_load.metrics.summary_parts import ClientVerdict
 
@@ -290,8 +290,8 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
         lines.append(f"open loop: target {s.target_request_rate:.2f} req/s, achieved send rate {s.send_rate:.2f} req/s")
     if s.delivered:
         lines += [f"delivered load: {s.delivered['detail']}", *segment_lines(s.delivered)]
-    if s.disruption:
-        lines += [f"fault: {line}" for line in disruption_lines(s.disruption)]
+    lines += [f"fault: {line}" for line in disruption_lines(s.disruption)] if s.disruption else []
+    lines += [f"protection: {protection_line(s.protection)}"] if s.protection else []  # --protect
     if s.valid_output is not None:  # --response-format
         lines.append(f"structured output: {s.valid_output * 100:.1f}% of {s.validated} answers valid JSON "
                      f"({interval_text(s.valid_output_ci)})")

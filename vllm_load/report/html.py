@@ -18,6 +18,7 @@ from vllm_load.metrics.breakdown import (API_SERVER, BEFORE_SERVER, CLIENT_SIDE,
                                          spans_line)
 from vllm_load.metrics.client_health import who_fell_behind
 from vllm_load.metrics.disruption import describe as disruption_lines, disruption, limits_of
+from vllm_load.metrics.protection import describe as protection_line, protection
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.routing import replica_of, routing, routing_line
 from vllm_load.metrics.summary import RunSummary
@@ -68,6 +69,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         energy=energy_line(s) if s.energy or s.energy_missing else "",
         delivered=(s.delivered or {}).get("detail", ""), schedule=(s.delivered or {}).get("segments") or [],
         disruption=disruption_lines(s.disruption) if s.disruption else [],
+        protection=protection_line(s.protection) if s.protection else "",
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run),
@@ -199,6 +201,8 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     if isinstance(run.summary, RunSummary) and run.summary.faults:  # what each fault did to the requests
         run.summary = run.summary.replace(disruption=disruption(
             [{**r, "target": replica_of(r, header)} for r in logs], run.summary.faults, limits_of(slos)))
+    if isinstance(run.summary, RunSummary) and opts.get("protect"):  # what the other classes cost --protect's
+        run.summary = run.summary.replace(protection=protection(logs, str(opts["protect"])))
     parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS,
                       lambda r: replica_of(r, header))
     if joined is not None:  # the join, request by request (the logs are the workers' own: left as they were)

@@ -6,7 +6,7 @@ import html
 import re
 from pathlib import Path
 
-from vllm_load.metrics.slo import SLO, junit_xml
+from vllm_load.metrics.slo import SLO
 from vllm_load.metrics.verdict import (  # noqa: F401  (the verdict's parts, where callers found them first)
     DRIFT_LIMIT, TRUST, Verdict, exit_code, judge, judge_emulator, render_checks, trust_check, validity_checks, word)
 from vllm_load.report.console import render_table
@@ -70,3 +70,20 @@ def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, t
 
 
 __all__ = ["finish", "exit_code", "render_checks", "render_validity", "validity_checks"]
+
+
+def junit_xml(checks: list[Check], suite: str = "vllm-load SLOs", validity: list[Check] | None = None) -> str:
+    """One test case per SLO (class vllm_load.metrics.slo) and per validity check (class vllm_load.run)."""
+    from xml.sax.saxutils import quoteattr
+
+    cases = [("vllm_load.run", c) for c in validity or []] + [("vllm_load.metrics.slo", c) for c in checks]
+    failures = sum(not c.passed for _, c in cases)
+    out = ['<?xml version="1.0" encoding="UTF-8"?>',
+           f"<testsuite name={quoteattr(suite)} tests=\"{len(cases)}\" failures=\"{failures}\" errors=\"0\">"]
+    for cls, c in cases:
+        out.append(f"  <testcase classname=\"{cls}\" name={quoteattr(c.slo)}>")
+        if not c.passed:
+            out.append(f"    <failure message={quoteattr(c.detail)}/>")
+        out.append("  </testcase>")
+    out.append("</testsuite>")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,67 @@
+"""What the other classes cost a protected one (``--protect NAME``): the protected class's TTFT and inter-token gaps
+alone (its requests that ended before any other class's first request) against beside the others (those that began
+after it), from the request logs. A scheduler that protects it (vLLM's ``--scheduling-policy priority`` with the
+class at a lower ``priority``) keeps the penalty small; first come, first served queues it behind the batch.
+
+Each side's p99 is over its requests' own values (TTFT) and over every gap between their chunks (ITL), exact; a side
+of fewer than ``MIN_REQUESTS`` requests is not judged (its p99 would be its maximum), and says so."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from vllm_load.metric_table import E2E, ITL, TTFT
+
+#: the fewest requests a side needs to be judged
+MIN_REQUESTS = 10
+#: the SLO metrics (metrics/slo.py): the penalty as a fraction (0.5: p99 half as long again beside the others)
+METRICS = ("ttft_penalty", "itl_penalty")
+
+
+def _p99(values: list[float]) -> float | None:
+    values = sorted(values)
+    return values[max(0, math.ceil(0.99 * len(values)) - 1)] if values else None
+
+
+def _side(records: list[dict]) -> dict[str, Any]:
+    gaps = [b - a for r in records for a, b in zip(r.get("chunk_offsets") or [], (r.get("chunk_offsets") or [])[1:])]
+    return {"requests": len(records), "ttft_p99": _p99([r[TTFT] for r in records if r.get(TTFT) is not None]),
+            "itl_p99": _p99(gaps)}
+
+
+def protection(logs: list[dict], name: str) -> dict[str, Any]:
+    """The verdict for the class whose requests are named ``name``: each side's figures, the penalties (None where
+    a side is too small or had no value), and ``why`` when it cannot be judged."""
+    measured = [r for r in logs if not (r.get("warmup") or r.get("removed") or r.get("abandoned"))]
+    mine = [r for r in measured if r.get("name") == name and r["ok"]]
+    others = [r["start"] for r in measured if r.get("name") != name]
+    out: dict[str, Any] = {"name": name, "ttft_penalty": None, "itl_penalty": None, "why": None}
+    if not others:
+        out["why"] = f"no request but {name}'s ran: nothing to compare against"
+        return out
+    first = min(others)
+    out["alone"] = _side([r for r in mine if r["start"] + (r.get(E2E) or 0.0) <= first])
+    out["beside"] = _side([r for r in mine if r["start"] >= first])
+    small = [side for side in ("alone", "beside") if out[side]["requests"] < MIN_REQUESTS]
+    if small:
+        out["why"] = (f"{' and '.join(small)}: fewer than {MIN_REQUESTS} of {name}'s requests "
+                      f"({out['alone']['requests']} alone, {out['beside']['requests']} beside the others)")
+        return out
+    for metric in (TTFT, ITL):
+        a, b = out["alone"][f"{metric}_p99"], out["beside"][f"{metric}_p99"]
+        out[f"{metric}_penalty"] = b / a - 1.0 if a and b is not None else None
+    return out
+
+
+def describe(p: dict[str, Any]) -> str:
+    """``interactive TTFT p99 +412% beside the other classes (21.0 ms alone, 107.5 ms beside), ITL p99 +3% (…)``."""
+    if p.get("why"):
+        return f"{p['name']}: cannot judge: {p['why']}"
+    parts = []
+    for metric, label in ((TTFT, "TTFT"), (ITL, "ITL")):
+        a, b, penalty = p["alone"][f"{metric}_p99"], p["beside"][f"{metric}_p99"], p[f"{metric}_penalty"]
+        if penalty is not None:
+            parts.append(f"{label} p99 {penalty * 100:+.0f}% ({a * 1000:.1f} ms alone, {b * 1000:.1f} ms beside)")
+    return (f"{p['name']} beside the other classes: " + ", ".join(parts or ["no TTFT or gap to compare"])
+            + f"; {p['alone']['requests']} requests alone, {p['beside']['requests']} beside")
