@@ -94,6 +94,8 @@ def test_the_router_counters_say_what_it_did_about_each_action():
     assert router_counters.per_action(faults[:1], None)[0]["router_error"] == "not read at the run's end"
     line = describe(disruption(fleet(), kept[:1], {}))[0]
     assert line.endswith(f"; the router: 8 retries, 2 given up, 10 failures on {dead}, its breaker opened"), line
+    secret = router_counters.parse('vllm_router_cb_outcomes_total{worker="http://u:pw@r2:8000",outcome="failure"} 3\n')
+    assert secret["failures"] == {"http://r2:8000": 3.0}  # a worker URL's credentials reach no summary or line
     with pytest.raises(ValueError, match="no vllm_router_"):
         router_counters.parse("vllm:num_requests_running 0\n")  # a vLLM's /metrics, not the router's
 

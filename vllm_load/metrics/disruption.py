@@ -29,7 +29,6 @@ from typing import Any
 
 from vllm_load.metric_table import E2E, TTFT
 from vllm_load.metrics.router_counters import text as router_text
-from vllm_load.redact import redact_urls
 
 #: the sliding window the recovery is judged in, and its step (seconds)
 WINDOW_S, STEP_S = 5.0, 0.5
@@ -141,6 +140,6 @@ def describe(d: dict[str, Any]) -> list[str]:
         lines.append(f"{a['label']}{'' if a['ok'] is not False else ' (the action FAILED)'}: {f['requests']} in "
                      f"flight ({f['finished']} finished, {f['failed']} failed, {f['cancelled']} cancelled), "
                      f"{a['lost_requests']} lost, {back}{goodput}, {a['rehomed_sessions']} sessions re-homed"
-                     + (f"; the router: {redact_urls(router_text(a['router']))}" if a.get("router") else "")
+                     + (f"; the router: {router_text(a['router'])}" if a.get("router") else "")
                      + (f"; the router: {a['router_error']}" if a.get("router_error") else ""))
     return lines

@@ -10,6 +10,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from vllm_load.redact import redact_urls
+
 #: counter sample -> key: the route's totals
 TOTALS = {"vllm_router_retries_total": "retries", "vllm_router_retries_exhausted_total": "gave_up",
           "vllm_router_request_errors_total": "errors"}
@@ -26,7 +28,7 @@ def parse(text: str) -> dict[str, Any]:
             if not s.name.startswith("vllm_router_"):
                 continue
             seen = True
-            worker = s.labels.get("worker", "")
+            worker = redact_urls(s.labels.get("worker", ""))  # a worker's URL as the router has it, no credentials
             if s.name in TOTALS:
                 out[TOTALS[s.name]] += float(s.value)
             elif s.name == "vllm_router_cb_outcomes_total" and s.labels.get("outcome") == "failure":
