@@ -13,9 +13,9 @@ p50/p90/p99 the mean split of the requests in that tail.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Callable, Iterable
 from vllm_load.metric_table import CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT
+from vllm_load.metrics.records import nearest_rank
 from vllm_load.metrics.summary_parts import SpansJoined, Timing
 
 #: the tails' parts a span adds: the API server's share of TTFT, and the rest outside the server; with the span's start,
@@ -43,16 +43,11 @@ LABELS = {SERVER_QUEUE: "queue", SERVER_PREFILL: "prefill", SERVER_DECODE: "deco
 TAILS = (50.0, 90.0, 99.0)
 
 
-def _pct(values: list[float], q: float) -> float:
-    """The q-th percentile, nearest rank (values sorted)."""
-    return values[max(0, math.ceil(q / 100.0 * len(values)) - 1)]
-
-
 def _stats(values: list[float], percentiles: Iterable[float] = (50.0, 90.0, 99.0, 99.9)) -> dict[str, float]:
     """Count, mean, min, max and each of ``percentiles`` (nearest rank) of ``values``."""
     values = sorted(values)
     out = {"count": len(values), "mean": sum(values) / len(values), "max": values[-1], "min": values[0]}
-    out.update({f"p{q:g}": _pct(values, q) for q in percentiles})
+    out.update({f"p{q:g}": nearest_rank(values, q) for q in percentiles})
     return out
 
 
@@ -89,7 +84,7 @@ def _tails(joined: list[dict], percentiles: Iterable[float]) -> dict[str, dict[s
         values = sorted(r[metric] for r in joined)
         tails[metric] = {}
         for q in sorted(set(percentiles)):
-            edge = _pct(values, q)
+            edge = nearest_rank(values, q)
             tail = [r for r in joined if r[metric] >= edge]
             tails[metric][f"p{q:g}"] = {"value": edge, "requests": len(tail),
                                          "split": {p: sum(_part(r, p) for r in tail) / len(tail) for p in split}}

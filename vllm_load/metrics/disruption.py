@@ -28,6 +28,7 @@ import math
 from typing import Any
 
 from vllm_load.metric_table import E2E, TTFT
+from vllm_load.metrics.records import measured, nearest_rank
 from vllm_load.metrics.router_counters import text as router_text
 
 #: the sliding window the recovery is judged in, and its step (seconds)
@@ -36,17 +37,8 @@ WINDOW_S, STEP_S = 5.0, 0.5
 METRICS = ("lost_requests", "recovery.seconds", "rehomed_sessions", "goodput_during_fault")
 
 
-def _measured(r: dict) -> bool:
-    return not (r.get("warmup") or r.get("removed") or r.get("abandoned"))
-
-
 def _failed(r: dict) -> bool:
     return not r["ok"] and not r.get("cancelled")
-
-
-def _p99(values: list[float]) -> float:
-    values = sorted(values)
-    return values[max(0, math.ceil(0.99 * len(values)) - 1)]
 
 
 def _within(window: list[dict], limits: dict[str, float]) -> bool:
@@ -58,7 +50,7 @@ def _within(window: list[dict], limits: dict[str, float]) -> bool:
     for metric in (TTFT, E2E):
         if metric in limits:
             values = [r[metric] for r in window if r["ok"] and r.get(metric) is not None]
-            if values and _p99(values) > limits[metric]:
+            if values and nearest_rank(sorted(values), 99.0) > limits[metric]:
                 return False
     return True
 
@@ -118,8 +110,8 @@ def disruption(logs: list[dict], actions: list[dict], limits: dict[str, float]) 
     """Each action's verdict and the run's worst figures (see the module); None without actions."""
     if not actions:
         return None
-    measured = sorted((r for r in logs if _measured(r)), key=lambda r: r["start"])
-    each = [judge_action(measured, a, limits) for a in actions]
+    kept = sorted((r for r in logs if measured(r)), key=lambda r: r["start"])
+    each = [judge_action(kept, a, limits) for a in actions]
     recoveries = [a["recovery_s"] for a in each]
     goodputs = [a["goodput_during_fault"] for a in each if a["goodput_during_fault"] is not None]
     return {"actions": each, "lost_requests": max(a["lost_requests"] for a in each),

@@ -8,10 +8,10 @@ of fewer than ``MIN_REQUESTS`` requests is not judged (its p99 would be its maxi
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from vllm_load.metric_table import E2E, ITL, TTFT
+from vllm_load.metrics.records import measured, nearest_rank
 
 #: the fewest requests a side needs to be judged
 MIN_REQUESTS = 10
@@ -20,8 +20,7 @@ METRICS = ("ttft_penalty", "itl_penalty")
 
 
 def _p99(values: list[float]) -> float | None:
-    values = sorted(values)
-    return values[max(0, math.ceil(0.99 * len(values)) - 1)] if values else None
+    return nearest_rank(sorted(values), 99.0) if values else None
 
 
 def _side(records: list[dict]) -> dict[str, Any]:
@@ -33,9 +32,9 @@ def _side(records: list[dict]) -> dict[str, Any]:
 def protection(logs: list[dict], name: str) -> dict[str, Any]:
     """The verdict for the class whose requests are named ``name``: each side's figures, the penalties (None where
     a side is too small or had no value), and ``why`` when it cannot be judged."""
-    measured = [r for r in logs if not (r.get("warmup") or r.get("removed") or r.get("abandoned"))]
-    mine = [r for r in measured if r.get("name") == name and r["ok"]]
-    others = [r["start"] for r in measured if r.get("name") != name]
+    kept = [r for r in logs if measured(r)]
+    mine = [r for r in kept if r.get("name") == name and r["ok"]]
+    others = [r["start"] for r in kept if r.get("name") != name]
     out: dict[str, Any] = {"name": name, "ttft_penalty": None, "itl_penalty": None, "why": None}
     if not others:
         out["why"] = f"no request but {name}'s ran: nothing to compare against"

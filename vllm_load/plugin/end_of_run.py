@@ -157,7 +157,7 @@ def stopped(ctl: Controller) -> None:
     try:
         col.write_results(_local_monitor(run))
         _take_spans(ctl, col)
-        _collect_server_side(col, environment.parsed_options)
+        _collect_server_side(col, opts)
         if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
             from vllm_load.report.html import build
 

@@ -157,19 +157,14 @@ def _check_media(opts: Any) -> None:
 def _check_exports(opts: Any) -> None:
     """Where the run's numbers go besides its directory (OTLP, MLflow/W&B) and where GPU telemetry comes from."""
     if getattr(opts, "otlp_endpoint", ""):
-        parts = urlsplit(opts.otlp_endpoint)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise UsageError(f"--otlp-endpoint {opts.otlp_endpoint!r} is not an http(s) URL, e.g. http://127.0.0.1:4318")
+        check_http_url(opts.otlp_endpoint, "--otlp-endpoint", "http://127.0.0.1:4318")
         from vllm_load.report.otlp import check_available
         check_available()
     if getattr(opts, "mlflow_uri", "") or getattr(opts, "wandb_project", ""):
         from vllm_load.report.trackers import check_available as trackers_available
         trackers_available(opts)
     if getattr(opts, "router_metrics", ""):
-        parts = urlsplit(opts.router_metrics)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise UsageError(f"--router-metrics {public_url(opts.router_metrics)!r} is not an http(s) URL, e.g. "
-                             "http://127.0.0.1:29000/metrics")
+        check_http_url(opts.router_metrics, "--router-metrics", "http://127.0.0.1:29000/metrics")
         if not (getattr(opts, "fault", None) or getattr(opts, "fault_plan", "")):
             raise UsageError("--router-metrics is read at a fault plan's actions: give --fault or --fault-plan")
     if getattr(opts, "dcgm_selector", ""):
@@ -182,15 +177,20 @@ def _check_exports(opts: Any) -> None:
             raise UsageError(why)
 
 
+def check_http_url(value: str, flag: str, example: str) -> None:
+    """``flag``'s value is an http(s) URL with a host; otherwise the one-line fix (its credentials not shown)."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise UsageError(f"{flag} {public_url(value)!r} is not an http(s) URL, e.g. {example}")
+
+
 def check_sidecars(value: str) -> None:
     """--sidecar-url: http(s) URLs, each once (one replica's sidecar listed twice summed that replica twice)."""
     if not value:
         return
     urls = [u.strip().rstrip("/") for u in str(value).split(",")]
     for u in urls:
-        parts = urlsplit(u)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise UsageError(f"--sidecar-url {public_url(u)!r} is not an http(s) URL, e.g. http://127.0.0.1:9101")
+        check_http_url(u, "--sidecar-url", "http://127.0.0.1:9101")
     twice = next((u for i, u in enumerate(urls) if u in urls[:i]), None)
     if twice is not None:
         raise UsageError(f"--sidecar-url lists {public_url(twice)} twice: one sidecar per replica, each once (its "

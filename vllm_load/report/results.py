@@ -6,7 +6,7 @@ import html
 import re
 from pathlib import Path
 
-from vllm_load.metrics.slo import SLO
+from vllm_load.metrics.slo import SLO, Check
 from vllm_load.metrics.verdict import (  # noqa: F401  (the verdict's parts, where callers found them first)
     DRIFT_LIMIT, TRUST, Verdict, exit_code, judge, judge_emulator, render_checks, trust_check, validity_checks, word)
 from vllm_load.report.console import render_table
@@ -69,7 +69,7 @@ def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, t
     return verdict
 
 
-__all__ = ["finish", "exit_code", "render_checks", "render_validity", "validity_checks"]
+__all__ = ["finish", "exit_code", "junit_xml", "render_checks", "render_validity", "validity_checks"]
 
 
 def junit_xml(checks: list[Check], suite: str = "vllm-load SLOs", validity: list[Check] | None = None) -> str:
