@@ -146,3 +146,26 @@ def test_a_run_dir_that_fills_up_gives_one_line_its_verdict_and_exit_6(tmp_path,
     assert "is incomplete (exit code 6)" in r.stdout
     assert log.endswith(b"\n")  # no torn line: a failed write is cut back to the last whole one
     assert "--run-time limit reached" not in r.stderr  # stopped by the failure, not after 60 s
+
+
+def test_the_web_forms_start_refuses_mixed_pys_bad_values_with_the_command_lines_line():
+    """The form's values are checked as the command line's are (``web_gate.screen_swarm`` runs the same checks on
+    a copy of the options): a locustfile's own options too, by its classes' ``check_options``."""
+    import argparse
+
+    from locust.argument_parser import get_parser
+
+    from vllm_load.locustfiles.mixed import Batch, Interactive
+    from vllm_load.plugin import validate, web_gate
+
+    opts = get_parser().parse_args(["-f", MIXED])
+    env = argparse.Namespace(host="http://127.0.0.1:8000", shape_class=None, user_classes=[Interactive, Batch])
+    shown = {"batch_after", "batch_input_tokens", "protect"}
+
+    def screen(form: dict) -> str | None:
+        return web_gate.screen_swarm(form, shown, opts, env, validate.check_options)
+
+    assert screen({"batch_after": ["soon"]}) == ("--batch-after 'soon' is not a duration: write e.g. 30s, 15m, 1h or "
+                                                 "a number of seconds")
+    assert screen({"batch_input_tokens": ["0"]}).startswith("--batch-input-tokens '0' is not a length")
+    assert screen({"batch_after": ["5s"], "protect": ["interactive"]}) is None
