@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.helpers import ROOT, run_locust
+from tests.helpers import ROOT, run_in_process, run_locust
 from vllm_load.rundir.reqlog import read_log
 
 
@@ -123,6 +123,35 @@ def test_a_repeated_level_gives_its_mean_and_confidence_interval_over_its_steps(
     assert f"steps 3, confidence 95%, req/s {expected['mean']:.2f} ± {expected['half']:.2f}" in line, line
     assert "Repeated levels" in (run_dir / "sweep.md").read_text() and "id='repeats'" in (run_dir / "sweep.html").read_text()
     assert res.stdout.count("prefix cache reset on 1 target(s) before") == 4  # before each step
+
+
+def test_a_sweeps_first_step_starts_when_the_load_can_not_at_locusts_test_start(tmp_path, emulator_factory,
+                                                                                monkeypatch):
+    """A local run's generator fills its prompt pools after Locust's test start (on a busy host: over a 2 s step).
+    Made 2.5 s late here on purpose, the sweep's clock still starts with the load: each step exists, each sent
+    requests, and every request is in the step it started in (on the clock of Locust's test start, step 0 was gone
+    before it sent one)."""
+    import gevent
+
+    from vllm_load.plugin import roles
+
+    made = roles.Generator.create
+
+    def late(*args, **kwargs):
+        gevent.sleep(2.5)  # the pools' fill, slowed: a fault injected, not a wait for something
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(roles.Generator, "create", late)
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", emu.url, "--sweep", "2,3",
+                          "--step-duration", "2", "--output-tokens", "4", "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    steps = sorted((run_dir / "steps").iterdir())
+    assert [d.name for d in steps] == ["00-users-2", "01-users-3"]
+    logs = read_log(run_dir / "requests.jsonl")
+    counts = [json.loads((d / "llm_stats.json").read_text())["summary"]["requests"] for d in steps]
+    assert counts == [sum(r["step"] == i for r in logs) for i in (0, 1)] and min(counts) > 0, counts
 
 
 def test_bad_repeats_and_confidence_are_one_line(tmp_path):

@@ -266,6 +266,42 @@ def test_a_repeated_level_passes_only_when_every_repeat_did():
     assert combine([ok], 0.95) is ok  # one probe is itself
 
 
+def test_a_miss_whose_client_was_untrustworthy_is_probed_once_more(tmp_path, monkeypatch, capsys):
+    """A miss measured by a client that could not keep time says nothing of the server: it is run once more and
+    the second try counts (a busy host's starved first probe had left a configuration with no capacity); a
+    trusted miss, or a second untrustworthy one, stands."""
+    import argparse
+
+    from vllm_load.tune import run
+    from vllm_load.tune.probe import Probe
+
+    tries: list[str] = []
+    answers: list[Probe] = []
+
+    def fake(locust_args, url, level, mode, slos, sidecar_url, duration, warmup, run_dir, rate_users, timeout):
+        tries.append(run_dir.name)
+        return answers.pop(0)
+
+    monkeypatch.setattr(run, "run_probe", fake)
+    args = argparse.Namespace(repeat=1, search="concurrency", rate_users=1, confidence=0.95)
+    starved = Probe(4, False, 1, "a", untrustworthy="40 of its 128 chunks came over 10 ms late")
+
+    def probe() -> Probe:
+        return run.probe_level(args, [], "http://x", 4.0, [], "http://s", 3.0, 0.5, tmp_path)
+
+    answers[:] = [starved, Probe(4, True, 0, "b")]
+    second = probe()
+    assert second.passed and second.reprobed == starved.untrustworthy and tries == ["probe-4", "probe-4-again"]
+    assert "missed while its client was untrustworthy (40 of its 128 chunks" in capsys.readouterr().out
+    tries.clear()
+    answers[:] = [Probe(4, False, 1, "c", missed=("ttft.p99<=200ms",))]  # trusted: the server's own miss
+    assert not probe().passed and tries == ["probe-4"]
+    tries.clear()
+    answers[:] = [starved, Probe(4, False, 1, "d", untrustworthy="again")]  # once more at most
+    again = probe()
+    assert not again.passed and again.untrustworthy == "again" and len(tries) == 2
+
+
 def test_a_serve_program_installed_beside_this_python_is_found_off_the_path(monkeypatch):
     """``.venv/bin/vllm-load tune --serve 'vllm-load-emulator …'`` without the venv activated: the emulator is
     started from the venv's bin (it said "cannot start 'vllm-load-emulator'" before)."""

@@ -10,45 +10,10 @@ run decides travels in its plan (plugin/plan.py).
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import Any
 
-
-class Option:
-    """One option: its flag, default and help, and argparse's extras (type, action, choices, is_secret, …)."""
-
-    def __init__(self, flag: str, default: Any, help: str, *, locustfiles: tuple[str, ...] = (),  # noqa: A002
-                 shown_default: str = "", web: bool = True, **kw: Any) -> None:
-        self.flag, self.default, self.help, self.kw = flag, default, help, kw
-        #: settable from the web UI's form: not an option that names a file or folder on this machine, or a
-        #: destination that receives credentials from the environment (a page that drives the form could point
-        #: them anywhere; plugin/web_gate.py refuses a field the form does not show)
-        self.web = web
-        #: what the default is, said where the option's value is decided later (an empty default that means one)
-        self.shown_default = shown_default
-        #: the shipped locustfiles that read it; empty: every run reads it. A user or shape class that reads
-        #: such an option names it in its ``uses_options``; given to a run whose classes do not, it is refused.
-        self.locustfiles = locustfiles
-        self.group = ""  # its group in `vllm-load options`, the docs and the web UI's form (``group`` sets it)
-
-    @property
-    def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
-
-    @property
-    def env(self) -> str:
-        return "VLLM_LOAD_" + self.dest.upper()
-
-    def read_by(self, classes: Iterable[Any]) -> bool:
-        """Does a run of these user and shape classes read it (an option of no locustfile in particular: every run)?"""
-        return not self.locustfiles or any(self.dest in getattr(c, "uses_options", frozenset()) for c in classes)
-
-
-def group(name: str, *options: Option) -> tuple[Option, ...]:
-    """Options of one group, declared together: an option is defined once, its group included."""
-    for o in options:
-        o.group = name
-    return options
-
+from vllm_load.emulator_options import EMULATOR_OPTIONS
+from vllm_load.option_spec import Option, group
 
 OPTIONS: tuple[Option, ...] = (*group(
     "target",
@@ -216,6 +181,13 @@ OPTIONS: tuple[Option, ...] = (*group(
         "turn drawn uniformly in that share of its turns (AgentX's t*), after one warm-up turn, the one before it, "
         "which carries the whole history so far and is left out of the numbers; later sessions start at their first "
         "turn. Empty: every session from its first turn", locustfiles=("sessions.py",)),
+    Option("--session-align", "none", "sessions.py with --session-start: 'instant' starts every user's first session "
+        "at one instant, once every user of the process sent its warm-up turn (AIPerf's t*); 'none': each after its "
+        "own warm-up", choices=["none", "instant"], locustfiles=("sessions.py",)),
+    Option("--scenario", "", "sessions.py: a public workload's rules as one option: 'agentx' (AIPerf's "
+        "inferencex-agentx-mvp: t* in 25-75 % of each session, at one instant, idle gaps capped at 10 s, seed 42, exact "
+        "output lengths, the server's token counts; aborted past 5 % failed requests); the run is stamped valid or "
+        "not, every override named (docs/sessions.md)", choices=["", "agentx"], locustfiles=("sessions.py",)),
     Option("--max-idle", 10.0, "sessions.py: the longest wait between a turn's completion and the next turn (a "
         "recorded coffee break is cut to this; AgentX's cap is 10 s)", type=float, locustfiles=("sessions.py",)),
 ), *group(
@@ -307,31 +279,7 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--dcgm-selector", "", "GPU telemetry through --prometheus-url (instead of --dcgm-url): the label selector "
         "of the serving GPUs' DCGM_FI_DEV_* series, read over the run's window at its end, e.g. "
         "'{Hostname=\"gpu-node-1\"}' ('{}': every GPU that Prometheus has)"),
-), *group(
-    "emulator",
-    Option("--emulator-profile", "", "embedded emulator: its continuous-batching cost profile (small-gpu, a100-llama8b, "
-        "h100-llama8b, cpu-tiny), or 'fixed' for a fixed TTFT/ITL schedule at any load; default: small-gpu (32 "
-        "sequences at a time: latency grows with load and a queue forms past it), or fixed when --emulator-ttft, "
-        "--emulator-itl, --emulator-tokens-per-chunk or --emulator-spec-tokens is given"),
-    Option("--emulator-max-num-seqs", 0, "embedded emulator's continuous batching: sequences per batch (vLLM's "
-        "--max-num-seqs; a small one gives a small capacity); 0: small-gpu's 32, the other profiles' 256", type=int),
-    Option("--emulator-scheduling-policy", "fcfs", "embedded emulator's continuous batching: vLLM's "
-        "--scheduling-policy: priority admits the waiting by each request's priority (lower first; a request's "
-        "body field, e.g. self.llm.chat(..., priority=0) or --extra-body), then by arrival", choices=["fcfs", "priority"]),
-    Option("--emulator-dcgm", False, "embedded emulator: serve GPU telemetry as NVIDIA's DCGM exporter does, from a "
-        "power model (idle 60 W + 4 W per running sequence), and read it as --dcgm-url", action="store_true"),
-    Option("--emulator-ttft", 0.05, "embedded emulator: time to first token, seconds", type=float),
-    Option("--emulator-itl", 0.01, "embedded emulator: inter-token delay, seconds", type=float),
-    Option("--emulator-tokens-per-chunk", 1, "embedded emulator: tokens per SSE chunk", type=int),
-    Option("--emulator-reasoning-tokens", "", "embedded emulator: a reasoning model whose chat answers start with "
-        "this many reasoning tokens (N, LOW-HIGH or normal:MEAN,STD), streamed as vLLM's reasoning parsers do"),
-    Option("--emulator-graded-correct", 1.0, "embedded emulator: the share of --accuracy's items it answers right "
-        "(a model of known accuracy; the rest wrong)", type=float),
-    Option("--emulator-spec-tokens", 0, "embedded emulator: speculative decoding, drafting this many tokens per "
-        "decode step (vllm:spec_decode_* counted; the run reports acceptance rate and length); 0: off", type=int),
-    Option("--emulator-spec-acceptance", 0.7, "embedded emulator: the chance that a draft position is accepted, "
-        "given the positions before it were", type=float),
-))
+), *EMULATOR_OPTIONS)
 
 
 #: `vllm-load options` groups, in the order it prints them: each option's group, as its definition says

@@ -13,7 +13,11 @@ the sessions over its processes; the run ends when every session was replayed.
 session starts at a turn drawn uniformly in that share of its turns (the same draw run after run), after one
 warm-up turn, the one just before it, which carries the whole history so far: the server's cache holds the
 session as it would at that point, and the warm-up is logged but left out of the numbers. The turns and subagents
-before it are not sent; a user's later sessions start at their first turn.
+before it are not sent; a user's later sessions start at their first turn. With --session-align instant, every user's
+first session goes on at one instant, once every user of the process sent its warm-up (AIPerf aligns t* so).
+
+--scenario agentx fixes these rules as AIPerf's inferencex-agentx-mvp does, aborts a run past 5 % failed requests and
+stamps it valid or not (docs/sessions.md); --sessions then also takes a public set's published name.
 
 Written only against vllm-load's public API: copy it to start your own.
 """
@@ -41,8 +45,16 @@ class _Share:
         self.left = len(sessions)  # sessions of the share not yet finished
 
 
+class _Instant:
+    """The one instant every user's first session goes on from (--session-align instant), once all have warmed."""
+
+    def __init__(self) -> None:
+        self.warmed = 0
+        self.at = gevent.event.AsyncResult()
+
+
 class SessionReplay(LLMUser):
-    uses_options = frozenset({"sessions", "sessions_format", "max_idle", "session_start"})
+    uses_options = frozenset({"sessions", "sessions_format", "max_idle", "session_start", "session_align", "scenario"})
 
     @classmethod
     def check_options(cls, options: Any) -> None:
@@ -59,18 +71,31 @@ class SessionReplay(LLMUser):
     @task
     def replay(self) -> None:
         share = self.llm.shared("sessions", self._take_share)
+        first, self.started = not getattr(self, "started", False), True
+        opts = self.llm.options
+        aligned = first and opts.session_start and opts.session_align == "instant"
         if not share.queue:
+            if aligned:  # nothing to replay here: not waited for at the instant
+                self._aligned()
             gevent.event.Event().wait()  # the share is replayed: wait for the run's end
         session = share.queue.pop(0)
-        first, self.started = not getattr(self, "started", False), True
         try:
-            if first and self.llm.options.session_start:
-                session = self._warm(session, start_range(self.llm.options.session_start))
-            self._play(session, time.time())
+            if first and opts.session_start:
+                session = self._warm(session, start_range(opts.session_start))
+            self._play(session, self._aligned() if aligned else time.time())
         finally:
             share.left -= 1
             if share.left == 0:
                 self.llm.finished()
+
+    def _aligned(self) -> float:
+        """--session-align instant (AIPerf's t*): this user's warm-up is done; wait until every user of this process
+        has said so, and return that one instant, from which every first session's next turn is due."""
+        align = self.llm.shared("t*", _Instant)
+        align.warmed += 1
+        if align.warmed >= self.environment.runner.target_user_count and not align.at.ready():
+            align.at.set(time.time())
+        return align.at.get()
 
     def _take_share(self) -> _Share:
         """A run's first replay here reads the sessions and takes this process's share (none: it is done at once)."""

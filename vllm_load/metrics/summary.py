@@ -120,6 +120,7 @@ class RunSummary(Mapping[str, Any]):
     #: the fault plan's actions (start and end on the wall clock, outcome) and what each did to the requests
     faults: list[dict] = ABSENT
     disruption: dict = ABSENT
+    scenario: dict = ABSENT  # --scenario: whether the run kept its rules (workload/scenarios.stamp)
     protection: dict = ABSENT  # --protect: the protected class alone and beside the others (metrics/protection.py)
     trace: TraceKept = ABSENT  # --trace: rows, sent, intended and achieved span (seconds)
     profiled: list[ProfiledWindow] = ABSENT  # --profile-at: each profiler window (seconds into the run)

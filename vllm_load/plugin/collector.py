@@ -24,6 +24,7 @@ from vllm_load.plugin.sweep import Sweep
 from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
 from vllm_load.metrics.summary import metric_stats
+from vllm_load.workload.scenarios import stamp
 from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.metric_table import E2E, TTFT
 from vllm_load.workload.datasets import records_per_request
@@ -37,6 +38,7 @@ class Collector:
     sweep: Sweep | None = None  # --sweep: its steps, their windows, merged stats and verdicts
     health: ClientHealth = field(default_factory=ClientHealth)
     faults: list = field(default_factory=list)  # the fault plan's actions that began (``fault_plan.run_plan``)
+    stopped: str = ""  # why the run was stopped on a failure (``Run.stop_with``), '' when it was not
     router_end: dict | str | None = None  # --router-metrics: the router's counters at the run's end (or why not)
     workers_seen: set = field(default_factory=set)
     workers_lost: list = field(default_factory=list)  # workers that never sent their final report
@@ -152,16 +154,25 @@ class Collector:
             done["processes"], done["processes_ready"] = self.clock.expected, len(self.clock.ready)
         if self.clock.ready:  # each worker's offset to the master's clock, and its uncertainty
             done["clock"] = self.clock.summary()
+        done.update(self._kept(summary))
+        done.update(self._profiled())
+        summary = summary.replace(**done)
+        self.results = summary  # the verdict is given from it even when the disk refuses the file
+        return summary
+
+    def _kept(self, summary: RunSummary) -> dict:
+        """What the run kept of what it was asked: a trace's schedule, a scenario's rules."""
+        done: dict = {}
         if self.plan.trace_rows:  # the schedule kept: the trace's span as intended, and as the requests were sent
             first, last = self.totals.first_start, self.totals.last_start
             done["trace"] = {"rows": self.plan.trace_rows,
                              "sent": summary.requests + (summary.warmup_excluded or 0),
                              "intended_s": self.plan.trace_span,
                              "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
-        done.update(self._profiled())
-        summary = summary.replace(**done)
-        self.results = summary  # the verdict is given from it even when the disk refuses the file
-        return summary
+        if self.plan.scenario:  # --scenario: whether the run kept its rules
+            done["scenario"] = stamp(self.plan.scenario, self.plan.scenario_overrides, summary.requests,
+                                     summary.failed, self.stopped)
+        return done
 
     def _delivered(self) -> dict | None:
         """The load delivered against the asked (``metrics/delivered.py``): an open loop's sends at its one rate or

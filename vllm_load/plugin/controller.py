@@ -24,7 +24,7 @@ from vllm_load.plugin.process import Process
 from vllm_load.plugin.run import Run
 from vllm_load.plugin.server_control import CacheReset, Profiler, check_profile_source, profile_point
 from vllm_load.plugin.servers import Servers
-from vllm_load.plugin.shapes import UsersRamp
+from vllm_load.plugin.shapes import UsersRamp, load_started
 from vllm_load.plugin.steps import SweepSteps, install_repeat
 from vllm_load.plugin.target import Target
 from vllm_load.plugin.target_check import TargetCheck
@@ -154,6 +154,7 @@ class Controller(Process):
         run.warmup = warmup_reset.reset_after(env, self._window(run), plan.warmup, say=True)
         watchers.start(env, run, self._window(run), master)
         self.configure_users()
+        load_started(env.shape_class)  # a shape of ours counts its time from now, the load's start
         if self.steps.last is not None and env.shape_class is not None:
             self.begin_step(*self.steps.last)
         col.write_config()
@@ -190,7 +191,7 @@ class Controller(Process):
         run = self.run
         if run is None or run.fatal is not None:
             return
-        run.fatal, run.fatal_code = message, code
+        run.stop_with(message, code)
         sys.stderr.write(f"vllm-load: error: {message}\n")
         sys.stderr.flush()
         wire.end_run(self.environment)  # a web UI shows the error; the user fixes the options

@@ -21,6 +21,7 @@ from vllm_load.runtime import gc_control
 from vllm_load.plugin.drain import Drained
 from vllm_load.plugin.open_loop import ScheduleEnd, arrival_sequence, is_open_loop
 from vllm_load.plugin.plan import RunPlan
+from vllm_load.plugin.failed_share import FailedShare
 from vllm_load.plugin.refusals import Refusals
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.run_clock import WorkerClock
@@ -30,6 +31,7 @@ from vllm_load.plugin.warmup import warm_up
 from vllm_load.rundir.reqlog import RequestLog
 from vllm_load.workload.arrivals import ArrivalSequence
 from vllm_load.workload.rate_schedule import NEVER_S
+from vllm_load.workload.scenarios import scenario_of
 from vllm_load.workload.tokenizer import encode_in_calling_thread
 
 #: GIL switch interval in load-generating processes (seconds)
@@ -67,7 +69,7 @@ class Generator:
     folder: Any = None  # greenlet folding finished requests into the stats while the loop is idle
     #: a failure every request would repeat (prompts cannot be built): the plugin stops the run with it
     on_fatal: Any = field(default=lambda message, code=EXIT_BAD_INPUT: None)
-    refusals: Refusals | None = None  # its first answers, watched for a refusal every request would repeat
+    watches: tuple = ()  # its answers, watched to stop the run: ``Refusals``, a scenario's ``FailedShare``
     #: told once every row of the share is sent and back, or the --num-requests share finished (with the sweep
     #: step it finished in, None outside a sweep)
     on_trace_done: Any = field(default=lambda step=None: None)
@@ -109,7 +111,9 @@ class Generator:
         rt.fold_slice = cls.FOLD_SLICE_NATIVE if Connections.reads_natively(plan.urls[0]) else cls.FOLD_SLICE_PYTHON
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
-        rt.refusals = Refusals(rt.on_fatal, bool(getattr(opts, "worker", False)), bool(getattr(opts, "api_key", "")))
+        rt.watches = (Refusals(rt.on_fatal, bool(getattr(opts, "worker", False)), bool(getattr(opts, "api_key", ""))),
+                      *([FailedShare(scenario_of(plan.scenario).failed_share, plan.scenario, rt.on_fatal)]
+                        if plan.scenario else []))
         if on_trace_done is not None:
             rt.on_trace_done = on_trace_done
         rt.quota = plan.share(worker_index) if plan.num_requests else 0
@@ -268,8 +272,8 @@ class Generator:
 
     def on_record(self, rec: RequestRecord) -> None:
         self.end_request()
-        if self.refusals is not None:
-            self.refusals.add(rec)
+        for watch in self.watches:
+            watch.add(rec)
         rec.warmup = rec.warmup or self.in_warmup(rec)
         if rec.send_lag is not None and not rec.warmup:
             self._count_send(rec)

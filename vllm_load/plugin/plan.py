@@ -14,6 +14,7 @@ from vllm_load.plugin.target import Target
 from vllm_load.rundir.files import own_run_dir
 from vllm_load.rundir.plan import RunPlan
 from vllm_load.workload.rate_schedule import RateSchedule
+from vllm_load.workload.scenarios import Applied, apply
 
 __all__ = ["PLAN", "RunPlan", "decide", "ramp_kind", "why_no_window"]
 
@@ -69,4 +70,15 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
                    constant_rate=float(opts.request_rate or 0.0) if why_no_window(opts, shaped) is None else 0.0,
                    rate_schedule=tuple(tuple(p) for p in RateSchedule.read(opts.rate_schedule).to_wire())
                    if getattr(opts, "rate_schedule", "") else (),
-                   rate_schedule_ends=bool(getattr(opts, "rate_schedule", "")) and not opts.run_time)
+                   rate_schedule_ends=bool(getattr(opts, "rate_schedule", "")) and not opts.run_time,
+                   scenario=getattr(opts, "scenario", ""),
+                   scenario_overrides=applied.overrides if (applied := scenario_applied(opts)) else ())
+
+
+def scenario_applied(opts: Any) -> Applied | None:
+    """--scenario: its fixed values set on ``opts`` where they were left at their defaults (idempotent: the web UI's
+    every start checks again), and the options given other values (None: no scenario)."""
+    from vllm_load.options import OPTIONS
+
+    name = getattr(opts, "scenario", "")
+    return apply(name, opts, {o.dest: o.default for o in OPTIONS}) if name else None

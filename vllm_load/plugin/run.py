@@ -32,6 +32,12 @@ class Run:
     flushed: set = field(default_factory=set)  # workers that sent their final report (a master's drain)
     drained: set = field(default_factory=set)  # the --host replicas a fault plan's drain holds out now
 
+    def stop_with(self, message: str, code: int) -> None:
+        """The run stops on a failure (``Controller.fatal``): its summary says so (a scenario's stamp reads it)."""
+        self.fatal, self.fatal_code = message, code
+        if self.collector is not None:
+            self.collector.stopped = message
+
     def close(self) -> None:
         """Stop what runs in the background (idempotent): the next run's parts start clean."""
         for part in (self.warmup, self.watchers):

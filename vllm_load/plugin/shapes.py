@@ -10,6 +10,7 @@ the report's sweep table and "largest level meeting every SLO" come from exact p
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from locust import LoadTestShape
@@ -22,7 +23,35 @@ from vllm_load.workload.arrivals import ramp_users
 JUDGE_DELAY = 3.5
 
 
-class SweepShape(LoadTestShape):
+class RunClockShape(LoadTestShape):
+    """A shape whose clock is the load's: it starts when the run's load can start (``load_started``), not at
+    Locust's test start. A local run fills its prompt pools between the two (a busy host: over 2 s), and a sweep
+    whose clock ran meanwhile began its second step before its first had sent a request."""
+
+    started = False
+
+    def reset_time(self) -> None:
+        super().reset_time()
+        self.started = False
+
+    def load_started(self) -> None:
+        """The run's load can start now (a local generator is ready; a master's plan is decided): time 0."""
+        self.start_time = time.perf_counter()
+        self.started = True
+
+    def get_run_time(self) -> float:
+        # held at 0 until then: Locust's spawning greenlet runs the test start while the shape ticks, and a second
+        # step's tick meanwhile killed it (``LocalRunner.start`` kills the spawning greenlet), generator and all
+        return super().get_run_time() if self.started else 0.0
+
+
+def load_started(shape: Any) -> None:
+    """A run's load can start: a shape of ours starts its clock (a locustfile's own shape keeps Locust's)."""
+    if isinstance(shape, RunClockShape):
+        shape.load_started()
+
+
+class SweepShape(RunClockShape):
     """Ticks through the levels of --sweep; the plugin tags, collects and judges each step."""
 
     uses_options = frozenset({"sweep", "sweep_mode", "sweep_users", "step_duration", "stop_on_slo_miss", "confidence"})
@@ -45,7 +74,7 @@ class SweepShape(LoadTestShape):
         steps start over, from the options as they are now (the web UI may have changed them)."""
         from vllm_load.plugin.process import process_of
 
-        super().reset_time()
+        super().reset_time()  # RunClockShape's: the clock held until the load starts
         self.count_ends: list[float] = []  # --num-requests: the run time each finished step ended at
         self.spec = SweepSpec.of(self.runner.environment.parsed_options)
         process_of(self.runner.environment).new_sweep()
@@ -92,7 +121,7 @@ class SweepShape(LoadTestShape):
         return users, float(max(users, 1))
 
 
-class UsersRamp(LoadTestShape):
+class UsersRamp(RunClockShape):
     """The closed loop's --ramp-up-strategy: the users go from --ramp-up-start-users to --ramp-up-end-users over -t,
     linearly or exponentially, re-targeted every second (Locust ticks its shape each second); installed by the
     plugin, so any locustfile ramps without a shape of its own."""

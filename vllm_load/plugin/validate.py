@@ -16,7 +16,7 @@ from vllm_load.errors import UsageError
 from vllm_load.options import OPTIONS
 from vllm_load.workload.lengths import parse_duration
 from vllm_load.workload.rate_schedule import RateSchedule
-from vllm_load.plugin.plan import ramp_kind, why_no_window
+from vllm_load.plugin.plan import ramp_kind, scenario_applied, why_no_window
 from vllm_load.plugin.shapes import UsersRamp
 
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
@@ -288,6 +288,7 @@ def check_options(environment: Any) -> None:
     check_host(environment.host)
     shape, classes = run_classes(environment)
     check_locustfile_options(opts, classes)
+    scenario_applied(opts)  # --scenario: its values, before the classes' checks read them
     check_run(opts, headless=bool(opts.headless or getattr(opts, "autostart", False)), shape=shape)
     if getattr(opts, "profile_at", ""):
         from vllm_load.plugin.server_control import profile_point

@@ -16,6 +16,7 @@ from vllm_load.metrics.client_health import silent_workers, who_fell_behind
 from vllm_load.metric_table import BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, SEND_LAG, TTFT
 from vllm_load.metrics.summary import RunSummary, metric_stats
 from vllm_load.metrics.summary_parts import ClientVerdict
+from vllm_load.workload.scenarios import describe as scenario_line
 
 COLUMNS = [percentile_key(p) for p in PERCENTILES] + ["max"]
 
@@ -26,11 +27,7 @@ def columns(summary: Mapping[str, Any]) -> list[str]:
 
 
 def fmt_number(value: float) -> str:
-    if abs(value) >= 100:
-        return f"{value:.1f}"
-    if abs(value) >= 1:
-        return f"{value:.2f}"
-    return f"{value:.3f}"
+    return f"{value:.1f}" if abs(value) >= 100 else f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
 
 
 def table_rows(summary: Mapping[str, Any]) -> list[dict]:
@@ -292,6 +289,7 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
         lines += [f"delivered load: {s.delivered['detail']}", *segment_lines(s.delivered)]
     lines += [f"fault: {line}" for line in disruption_lines(s.disruption)] if s.disruption else []
     lines += [f"protection: {protection_line(s.protection)}"] if s.protection else []  # --protect
+    lines += [f"scenario: {scenario_line(s.scenario)}"] if s.scenario else []  # --scenario
     if s.valid_output is not None:  # --response-format
         lines.append(f"structured output: {s.valid_output * 100:.1f}% of {s.validated} answers valid JSON "
                      f"({interval_text(s.valid_output_ci)})")

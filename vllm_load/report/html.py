@@ -13,12 +13,17 @@ from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+import yaml
+
+from vllm_load import __version__
 from vllm_load.report import charts
 from vllm_load.metrics.breakdown import (API_SERVER, BEFORE_SERVER, CLIENT_SIDE, LABELS, OUTSIDE, TAILS, breakdown,
                                          spans_line)
 from vllm_load.metrics.client_health import who_fell_behind
 from vllm_load.metrics.disruption import describe as disruption_lines, disruption, limits_of
 from vllm_load.metrics.protection import describe as protection_line, protection
+from vllm_load.workload.scenarios import describe as scenario_line
+from vllm_load.report.llmd_report import llmd_report
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.routing import replica_of, routing, routing_line
 from vllm_load.metrics.summary import RunSummary
@@ -70,6 +75,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         delivered=(s.delivered or {}).get("detail", ""), schedule=(s.delivered or {}).get("segments") or [],
         disruption=disruption_lines(s.disruption) if s.disruption else [],
         protection=protection_line(s.protection) if s.protection else "",
+        scenario=scenario_line(s.scenario) if s.scenario else "",
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run),
@@ -222,5 +228,6 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     out = rd.report
     rd.write(out, render_html(run, verdict))
     rd.write(rd.vllm_result, vllm_result(run, detailed=bool(opts.get("save_detailed"))), indent=1)
+    rd.write(rd.llmd_report, yaml.safe_dump(llmd_report(run, __version__), sort_keys=False))
     rd.write(rd.llm_csv, llm_stats_csv(run.summary))
     return Built(verdict, out, run.summary, server)

@@ -60,6 +60,9 @@ class RunPlan:
     #: the open loop's rate over the run's time; (): none
     rate_schedule: tuple = ()
     rate_schedule_ends: bool = False  # no -t: the run ends at the schedule's last row (its arrivals sent and back)
+    #: --scenario: its name (workload/scenarios.py), and the options given other values than it fixes
+    scenario: str = ""
+    scenario_overrides: tuple[str, ...] = ()
 
     def ramp_rate(self, elapsed: float, sent: int, share: int) -> float:
         """--ramp-up-strategy's total rate ``elapsed`` seconds after the run's epoch (a ramp over -t), or after
@@ -118,6 +121,7 @@ class RunPlan:
         data["model_weights"] = list(self.model_weights)
         data["hosts"] = list(self.hosts)
         data["rate_schedule"] = [list(p) for p in self.rate_schedule]
+        data["scenario_overrides"] = list(self.scenario_overrides)
         return data
 
     @classmethod
@@ -130,4 +134,5 @@ class RunPlan:
                       "model_weights": tuple(data.get("model_weights") or ()),
                       "percentiles": tuple(data.get("percentiles") or ()), "ramp": tuple(data.get("ramp") or ()),
                       "sweep_levels": tuple(data.get("sweep_levels") or ()), "hosts": tuple(data.get("hosts") or ()),
-                      "rate_schedule": tuple(tuple(p) for p in data.get("rate_schedule") or ())})
+                      "rate_schedule": tuple(tuple(p) for p in data.get("rate_schedule") or ()),
+                      "scenario_overrides": tuple(data.get("scenario_overrides") or ())})

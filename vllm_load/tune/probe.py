@@ -45,6 +45,8 @@ class Probe:
     invalid: str = ""  # why the run measured nothing
     untrustworthy: str = ""  # why the run's own verdict disowns its numbers (the client could not keep time …)
     short: str = ""  # the probe was too short for its requests (their E2E p99 against its measured window)
+    #: an earlier try of this probe missed while its client could not be trusted, so it was run once more: why
+    reprobed: str = ""
     #: --repeat N: each repeat's own probe, and the spread of the main numbers over them (metrics/repeats.spread)
     repeats: list[dict] = field(default_factory=list)
     spread: dict = field(default_factory=dict)
@@ -78,7 +80,7 @@ def combine(probes: list[Probe], confidence: float) -> Probe:
     return Probe(level=first.level, passed=all(p.passed for p in probes),
                  code=next((p.code for p in probes if p.code), 0), run_dir=first.run_dir, **means, **maxima,
                  missed=tuple(dict.fromkeys(m for p in probes for m in p.missed)), invalid=joined("invalid"),
-                 untrustworthy=joined("untrustworthy"), short=joined("short"),
+                 untrustworthy=joined("untrustworthy"), short=joined("short"), reprobed=joined("reprobed"),
                  repeats=[p.to_json() for p in probes],
                  spread={k: s for k in SPREAD if (s := spread(values(k), confidence)) is not None})
 

@@ -38,7 +38,7 @@ def rate_text(spread: dict | None, value: float, digits: int) -> str:
 
 def probe_row(cfg: str, p: dict) -> list[str]:
     verdict = (("pass" if p["passed"] else "MISS") + (" UNTRUSTWORTHY" if p.get("untrustworthy") else "")
-               + (" TOO SHORT" if p.get("short") else ""))
+               + (" TOO SHORT" if p.get("short") else "") + (" (second try)" if p.get("reprobed") else ""))
     spread = p.get("spread") or {}
     return [cfg, f"{p['level']:g}", verdict, rate_text(spread.get("request_rate"), p["request_rate"], 2),
             rate_text(spread.get("output_token_rate"), p["output_token_rate"], 0), _ms(p["ttft_mean"]),

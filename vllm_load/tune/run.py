@@ -208,13 +208,29 @@ def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: li
 
 def probe_level(args: argparse.Namespace, locust_args: list[str], url: str, level: float, slos: list[str],
                 sidecar_url: str, duration: float, warmup: float, cdir: Path) -> Probe:
-    """One level, probed --repeat times (each in its own run directory); a repeat that misses ends the level."""
+    """One level, probed --repeat times (each in its own run directory); a repeat that misses ends the level.
+
+    A miss whose run disowned its own numbers (the client could not keep time: a busy host starved it or the server
+    beside it) says nothing about the server, yet it would end the growth there, or leave a configuration with no
+    capacity at all: such a try is run once more, and the second one counts (named ``reprobed``, its first run's
+    directory kept beside it)."""
     probes: list[Probe] = []
     for k in range(1, args.repeat + 1):
         run_dir = cdir / (f"probe-{level:g}" if args.repeat == 1 else f"probe-{level:g}-r{k}")
-        probes.append(run_probe(locust_args, url, level, args.search, slos, sidecar_url, f"{duration:g}s",
-                                f"{warmup:g}s", run_dir, args.rate_users, timeout=duration + 300))
-        if not probes[-1].passed:
+
+        def once(where: Path) -> Probe:
+            return run_probe(locust_args, url, level, args.search, slos, sidecar_url, f"{duration:g}s",
+                             f"{warmup:g}s", where, args.rate_users, timeout=duration + 300)
+
+        probe = once(run_dir)
+        if not probe.passed and probe.untrustworthy and not probe.invalid:
+            why = probe.untrustworthy
+            print(f"vllm-load tune:   {level:g}: missed while its client was untrustworthy ({why}): probing it "
+                  "once more", flush=True)
+            probe = once(run_dir.with_name(run_dir.name + "-again"))
+            probe.reprobed = why
+        probes.append(probe)
+        if not probe.passed:
             break
     return combine(probes, args.confidence)
 

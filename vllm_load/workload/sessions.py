@@ -2,8 +2,8 @@
 
 Two formats:
 
-- ``weka``: the Weka/AgentX capture AIPerf replays for SemiAnalysis' AgentX (a JSON object per trace file, or a folder
-  of them): ``id``, ``block_size``, ``hash_id_scope`` (``local``: equal hash ids in different traces are different
+- ``weka``: the Weka/AgentX capture AIPerf replays for SemiAnalysis' AgentX (a JSON object per trace file, a folder
+  of them, or a trace per line as the published sets' ``traces.jsonl``): ``id``, ``block_size``, ``hash_id_scope`` (``local``: equal hash ids in different traces are different
   blocks; ``global``: shared), ``requests``: calls (``type`` ``n``/``s``: ``t`` seconds from the trace's start,
   ``in``/``out`` tokens, ``hash_ids``, ``api_time``, ``think_time``) and subagents (``type: subagent``: ``t``,
   ``agent_id``, ``status``, their own ``requests``). The parent's next call waits for a subagent to finish unless it
@@ -27,6 +27,7 @@ from typing import Any, Union
 
 from vllm_load.errors import UsageError
 from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
+from vllm_load.workload.public_sets import is_published, resolve
 
 FORMATS = ("weka", "jsonl")
 
@@ -70,32 +71,50 @@ def guess_format(path: Path) -> str:
 
 
 def read_sessions(path: str | Path, fmt: str = "") -> list[Session]:
-    """Every session of a file (or a folder of Weka traces), in order; bad input is one line (UsageError)."""
-    p = Path(path)
+    """Every session of a file (or a folder of Weka traces, or a public set by its published name: public_sets.py),
+    in order; bad input is one line (UsageError)."""
+    p = resolve(str(path)) if is_published(str(path)) else Path(path)
     if not p.exists():
         raise _fail(p, "no such file or folder: check --sessions")
     fmt = fmt or guess_format(p)
     if fmt not in FORMATS:
         raise UsageError(f"--sessions-format {fmt!r} is unknown: use one of {', '.join(FORMATS)}")
+    out: list[Session] = []
     if fmt == "jsonl":
-        out = []
-        for n, line in enumerate(_text(p).splitlines(), 1):
-            if line.strip():
-                try:
-                    out.append(_jsonl_session(json.loads(line)))
-                except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    raise _fail(p, f"line {n} is not a session ({type(exc).__name__}: {exc}); see docs/sessions.md") \
-                        from None
+        out = _lines(p, weka=False)
     else:
-        files = sorted(p.glob("*.json")) if p.is_dir() else [p]
-        out = []
-        for f in files:
+        for f in sorted([*p.glob("*.json"), *p.glob("*.jsonl")]) if p.is_dir() else [p]:
+            if f.suffix.lower() == ".jsonl":  # the published sets' layout: traces.jsonl, a trace per line
+                out += _lines(f, weka=True)
+                continue
             try:
                 out.append(weka_session(json.loads(_text(f))))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise _fail(f, f"is not a Weka trace ({type(exc).__name__}: {exc})") from None
     if not out:
         raise _fail(p, "holds no session")
+    return out
+
+
+def _lines(p: Path, weka: bool) -> list[Session]:
+    """A session per line: vllm-load's own sessions, or Weka traces (a line with ``requests``: the public sets'
+    ``traces.jsonl``, read line by line: they are 0.5-2 GB)."""
+    out = []
+    try:
+        with p.open(encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                what = "Weka trace" if weka else "session"
+                try:
+                    obj = json.loads(line)
+                    what = "Weka trace" if weka or "requests" in obj else what
+                    out.append(weka_session(obj) if what == "Weka trace" else _jsonl_session(obj))
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    raise _fail(p, f"line {n} is not a {what} ({type(exc).__name__}: {exc}); see docs/sessions.md") \
+                        from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _fail(p, f"cannot be read ({exc})") from None
     return out
 
 

@@ -1,0 +1,176 @@
+"""--scenario agentx: AIPerf's inferencex-agentx-mvp rules as one option, a public Weka set found by its published
+name in a local Hugging Face cache, the run stamped valid or not (every override named), and aborted past 5 %
+failed requests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, run_in_process
+from vllm_load.errors import UsageError
+
+SESSIONS = str(ROOT / "locustfiles" / "sessions.py")
+BLOCK = 16
+
+
+def published(hub: Path, repo: str, traces: int, turns: int = 6) -> list[dict]:
+    """A public set in the layout ``huggingface-cli download --repo-type dataset`` leaves: refs/main naming a
+    snapshot that holds traces.jsonl, a Weka trace per line (calls whose hash ids grow, short think times)."""
+    rows = []
+    for s in range(traces):
+        ids, t, calls = [10 * s], 0.0, []
+        for k in range(turns):
+            ids = ids + [10 * s + len(ids)]
+            calls.append({"t": round(t, 3), "type": "n", "model": "m", "in": BLOCK * len(ids) + 8, "out": 3,
+                          "hash_ids": list(ids), "api_time": 0.02, "think_time": 0.02 if k else None})
+            t += 0.04
+        rows.append({"id": f"trace_{s:03d}", "models": ["m"], "block_size": BLOCK, "hash_id_scope": "local",
+                     "requests": calls})
+    root = hub / f"datasets--{repo.replace('/', '--')}"
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text("8fecd2fc")
+    (root / "snapshots" / "8fecd2fc").mkdir(parents=True)
+    (root / "snapshots" / "8fecd2fc" / "traces.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_a_published_name_is_found_in_the_local_cache_or_said_where_it_was_looked_for(tmp_path, monkeypatch):
+    from vllm_load.workload.public_sets import resolve
+    from vllm_load.workload.sessions import read_sessions
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.delenv("VLLM_LOAD_DATASETS", raising=False)
+    with pytest.raises(UsageError) as missing:
+        resolve("semianalysis_cc_traces_weka_062126")
+    said = str(missing.value)
+    assert "semianalysisai/cc-traces-weka-062126 is not on this machine" in said and "\n" not in said
+    assert "huggingface-cli download --repo-type dataset semianalysisai/cc-traces-weka-062126" in said
+    published(tmp_path / "hub", "semianalysisai/cc-traces-weka-062126", 3)
+    # the loader's name and its alias reach the same snapshot; the dataset id works too
+    for name in ("semianalysis_cc_traces_weka_062126", "semianalysis_cc_traces_weka_with_subagents",
+                 "semianalysisai/cc-traces-weka-062126"):
+        assert [s.id for s in read_sessions(name)] == ["trace_000", "trace_001", "trace_002"]
+    # a folder of one's own comes first
+    own = tmp_path / "mine" / "semianalysis_cc_traces_weka_062126"
+    own.mkdir(parents=True)
+    (own / "traces.jsonl").write_text((tmp_path / "hub").joinpath(
+        "datasets--semianalysisai--cc-traces-weka-062126/snapshots/8fecd2fc/traces.jsonl").read_text().splitlines()[0])
+    monkeypatch.setenv("VLLM_LOAD_DATASETS", str(tmp_path / "mine"))
+    assert [s.id for s in read_sessions("semianalysis_cc_traces_weka_062126")] == ["trace_000"]
+
+
+def test_the_scenario_fixes_its_rules_names_overrides_and_stamps_the_run():
+    from argparse import Namespace
+
+    from vllm_load.options import OPTIONS
+    from vllm_load.workload.scenarios import apply, stamp
+
+    defaults = {o.dest: o.default for o in OPTIONS}
+    opts = Namespace(**defaults)
+    opts.sessions = "set"
+    kept = apply("agentx", opts, defaults)
+    assert kept.overrides == () and (opts.session_start, opts.session_align, opts.seed) == ("0.25,0.75", "instant", 42)
+    assert apply("agentx", opts, defaults).overrides == ()  # idempotent: the web UI's every start applies it again
+    opts = Namespace(**{**defaults, "sessions": "set", "max_idle": 5.0, "seed": 7})
+    changed = apply("agentx", opts, defaults)
+    assert [o.split(" (")[0] for o in changed.overrides] == ["--max-idle 5.0", "--seed 7"]
+    assert opts.max_idle == 5.0 and opts.session_start == "0.25,0.75"  # an override is kept, the rest applied
+    assert stamp("agentx", (), 100, 5)["valid"] is True  # 5 % is within
+    late = stamp("agentx", (), 100, 6)
+    assert late["valid"] is False and late["invalid_reasons"] == [
+        "failed share 6.0% (6 of 100) over the scenario's 5%"]
+    assert stamp("agentx", changed.overrides, 10, 0)["invalid_reasons"][0].startswith("override: --max-idle 5.0 (")
+    with pytest.raises(UsageError, match="give --sessions"):
+        apply("agentx", Namespace(**defaults), defaults)
+
+
+def test_six_percent_failed_aborts_a_run_at_once_and_five_does_not():
+    """The abort rule by itself, on records in a known order: failed > 5 % of 20 or more measured requests."""
+    from types import SimpleNamespace
+
+    from vllm_load.errors import EXIT_INVALID
+    from vllm_load.plugin.failed_share import FailedShare
+
+    def records(failed_every: int, n: int) -> list:
+        return [SimpleNamespace(ok=(i + 1) % failed_every != 0, warmup=False, cancelled=False, abandoned=False,
+                                removed=False) for i in range(n)]
+
+    told: list = []
+    watch = FailedShare(0.05, "agentx", lambda message, code: told.append((message, code)))
+    for rec in records(16, 200):  # 6.25 %: the 16th is the first failure; 2 of 32 passes 5 %
+        watch.add(rec)
+    assert len(told) == 1 and told[0][1] == EXIT_INVALID
+    assert told[0][0].startswith("--scenario agentx: 2 of 32 requests failed (6.2%), over the scenario's 5%")
+    told.clear()
+    watch = FailedShare(0.05, "agentx", lambda message, code: told.append((message, code)))
+    for rec in records(20, 400):  # 5 % exactly: never over
+        watch.add(rec)
+    assert told == []
+
+
+def test_an_agentx_run_over_a_published_set_keeps_the_rules_at_one_instant(tmp_path, emulator_factory):
+    """A public set by its name, the scenario's rules applied: each user's first session from a t* in 25-75 % of its
+    turns after its warm-up, every one of them going on at one instant (none before the last warm-up ended), seed 42,
+    and the run stamped valid; an override (--max-idle 5) stamps another run not valid, naming it."""
+    published(tmp_path / "hub", "semianalysisai/cc-traces-weka-062126", 8)
+    emu = emulator_factory("--ttft", "0.005", "--itl", "0.002")
+    env = {"HF_HUB_CACHE": str(tmp_path / "hub"), "VLLM_LOAD_DATASETS": None}
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", SESSIONS, "--headless", "-u", "4", "-r", "4", "-t", "90s", "--host", emu.url,
+                          "--scenario", "agentx", "--sessions", "semianalysis_cc_traces_weka_062126",
+                          "--run-dir", str(run_dir)], tmp_path, env_extra=env, timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()]
+    warm = [r for r in logs if r["warmup"]]
+    # 6 turns, t* in [0.25, 0.75): turn 1 to 4, so each of the 4 users' first session warms the turn before it
+    assert len(warm) == 4 and len({r["session"] for r in warm}) == 4
+    instant = max(r["start"] + r["e2e"] for r in warm)
+    firsts = [min((r for r in logs if r["session"] == w["session"] and not r["warmup"]), key=lambda r: r["start"])
+              for w in warm]
+    assert all(r["start"] >= instant for r in firsts), (instant, [r["start"] for r in firsts])
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["plan"]["seed"] == 42 and config["plan"]["scenario"] == "agentx"
+    scenario = json.loads((run_dir / "summary.json").read_text())["summary"]["scenario"]
+    assert scenario["valid"] is True and scenario["invalid_reasons"] == []
+    assert "scenario: agentx (AIPerf's inferencex-agentx-mvp (InferenceX AgentX)): VALID" in res.stdout
+    # the same set with one rule overridden: measured, and stamped not valid with the override named
+    other = tmp_path / "other"
+    res = run_in_process(["-f", SESSIONS, "--headless", "-u", "2", "-r", "2", "-t", "90s", "--host", emu.url,
+                          "--scenario", "agentx", "--sessions", "semianalysis_cc_traces_weka_062126",
+                          "--max-idle", "5", "--run-dir", str(other)], tmp_path, env_extra=env, timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    scenario = json.loads((other / "summary.json").read_text())["summary"]["scenario"]
+    assert scenario["valid"] is False and scenario["overrides"][0].startswith("--max-idle 5.0 (the scenario's 10.0")
+    assert "NOT VALID: override: --max-idle 5.0" in res.stdout
+
+
+@pytest.mark.parametrize("swarm", [[], ["--processes", "2"]], ids=["local", "swarm"])
+def test_injected_failures_past_the_threshold_abort_the_run_and_stamp_it(tmp_path, emulator_factory, swarm):
+    """The emulator fails 6 % of requests (its draws seeded): the run stops with the scenario's one line, exit 4,
+    before every session was replayed, and its stamp says why; in a swarm, a worker's abort stops the master's run
+    (the options the scenario set reached the workers)."""
+    published(tmp_path / "hub", "semianalysisai/cc-traces-weka-062126", 40)
+    emu = emulator_factory("--ttft", "0.003", "--itl", "0.001", "--fault", "500:0.06")
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", SESSIONS, "--headless", "-u", "4", "-r", "4", "-t", "90s", "--host", emu.url,
+                          "--scenario", "agentx", "--sessions", "semianalysis_cc_traces_weka_062126",
+                          "--run-dir", str(run_dir), *swarm], tmp_path,
+                         env_extra={"HF_HUB_CACHE": str(tmp_path / "hub"), "VLLM_LOAD_DATASETS": None}, timeout=180)
+    assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "over the scenario's 5%: the run is aborted and not valid for the scenario" in res.stderr
+    assert "the trace was replayed" not in res.stdout
+    scenario = json.loads((run_dir / "summary.json").read_text())["summary"]["scenario"]
+    assert scenario["valid"] is False and any(r.startswith("stopped: --scenario agentx:")
+                                              for r in scenario["invalid_reasons"])
+
+
+def test_a_scenario_outside_sessions_py_or_unknown_is_one_line(tmp_path):
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "1", "-t", "2s",
+                          "--scenario", "agentx", "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
+    assert res.returncode == 2 and "--scenario is read by locustfiles/sessions.py only" in res.stderr
+    res = run_in_process(["-f", SESSIONS, "--headless", "-u", "1", "-t", "2s", "--scenario", "agentx",
+                          "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
+    assert res.returncode == 2 and "--scenario agentx replays a set: give --sessions" in res.stderr
