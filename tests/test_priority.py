@@ -102,3 +102,28 @@ def test_mixed_py_shows_what_the_priority_policy_protects(tmp_path, emulator_fac
     # under fcfs an interactive request queues behind the batch's waiting requests; under priority only behind the
     # two running ones
     assert fcfs["ttft_penalty"] > prio["ttft_penalty"] + 0.5, (fcfs, prio)
+
+
+def test_each_class_carries_its_own_headers_for_an_slo_aware_router(tmp_path, emulator_factory):
+    """--class-header NAME:HEADER=VALUE: the requests named NAME carry that header (as the server received them,
+    its request log), the other class's do not; a malformed one, or a class setting credentials, is one line."""
+    log = tmp_path / "requests-seen.jsonl"
+    emu = emulator_factory("--request-log", str(log), "--ttft", "0.005", "--itl", "0.001")
+    res = run_in_process(["-f", str(ROOT / "tests/locustfiles/priority.py"), "--headless", "-u", "4", "-r", "4",
+                          "-t", "60s", "--num-requests", "24", "--host", emu.url, "--run-dir", str(tmp_path / "run"),
+                          "--class-header", "interactive:x-slo-ttft-ms=200",
+                          "--class-header", "batch:x-slo-tier=batch", "--class-header", "batch:x-slo-ttft-ms=5000"],
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    seen = [json.loads(line) for line in log.read_text().splitlines()]
+    by_class = {0: [], 10: []}  # the locustfile's priorities: interactive 0, batch 10
+    for r in seen:
+        by_class[r["body"]["priority"]].append({k.lower(): v for k, v in r["headers"].items()})
+    assert by_class[0] and by_class[10] and len(seen) >= 24
+    assert all(h["x-slo-ttft-ms"] == "200" and "x-slo-tier" not in h for h in by_class[0])
+    assert all(h["x-slo-ttft-ms"] == "5000" and h["x-slo-tier"] == "batch" for h in by_class[10])
+    for bad, said in (("interactive", "is not NAME:HEADER=VALUE"),
+                      ("interactive:Authorization=Bearer x", "a class does not set Authorization")):
+        res = run_in_process(["-f", str(ROOT / "tests/locustfiles/priority.py"), "--headless", "-u", "1", "-t", "2s",
+                              "--class-header", bad, "--run-dir", str(tmp_path / "bad")], cwd=tmp_path, timeout=60)
+        assert res.returncode == 2 and said in res.stderr and "Bearer x" not in res.stderr + res.stdout, res.stderr

@@ -147,6 +147,9 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--header", [], "an HTTP header 'Name: value' on every request (repeatable); values of credential-like "
         "names (Authorization, *token*, *key*, cookie …) are never logged or written", action="append",
         web=False),
+    Option("--class-header", [], "NAME:HEADER=VALUE: the requests named NAME (name=, e.g. mixed.py's interactive "
+        "and batch) carry that header, for an SLO-aware router (e.g. 'interactive:x-slo-ttft-ms=200'); repeatable",
+        action="append", web=False),
     Option("--session-header", "X-Session-ID", "the request header a session's id goes in (self.llm.session(); "
         "multiturn.py's conversations, agent.py's tasks): vLLM's router hashes X-Session-ID with --policy "
         "consistent_hash to keep a session on one replica"),

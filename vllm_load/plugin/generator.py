@@ -26,7 +26,7 @@ from vllm_load.plugin.refusals import Refusals
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.run_clock import WorkerClock
 from vllm_load.plugin.steady import SteadyWindow
-from vllm_load.plugin.target import request_headers
+from vllm_load.plugin.target import class_headers, request_headers
 from vllm_load.plugin.warmup import warm_up
 from vllm_load.rundir.reqlog import RequestLog
 from vllm_load.workload.arrivals import ArrivalSequence
@@ -40,8 +40,7 @@ SWITCH_INTERVAL = 0.0005
 
 @dataclass
 class Generator:
-    #: this process's request log's name (None: a local run's requests.jsonl; a worker's is its own)
-    log_name: str | None
+    log_name: str | None  # this process's request log's name (None: a local run's requests.jsonl; a worker's own)
     opts: Any  # Locust's parsed options, read only
     plan: RunPlan
     worker_id: str
@@ -52,6 +51,7 @@ class Generator:
     reqlog: RequestLog | None = None
     headers: dict[str, str] = field(default_factory=dict)
     session_header: str = "X-Session-ID"  # --session-header: where a session's id goes (self.llm.session)
+    class_headers: dict = field(default_factory=dict)  # --class-header: a request name -> the headers it carries
     start_wall: float = field(default_factory=time.time)
     start_perf: float = field(default_factory=time.perf_counter)  # start_wall on the perf_counter clock
     goodput_limits: dict = field(default_factory=dict)
@@ -70,8 +70,7 @@ class Generator:
     #: a failure every request would repeat (prompts cannot be built): the plugin stops the run with it
     on_fatal: Any = field(default=lambda message, code=EXIT_BAD_INPUT: None)
     watches: tuple = ()  # its answers, watched to stop the run: ``Refusals``, a scenario's ``FailedShare``
-    #: told once every row of the share is sent and back, or the --num-requests share finished (with the sweep
-    #: step it finished in, None outside a sweep)
+    #: told once the share's rows are sent and back, or its --num-requests finished (its sweep step, or None)
     on_trace_done: Any = field(default=lambda step=None: None)
     step_started: float = 0.0  # wall time the current sweep step began (its warm-up counts from there)
     #: --num-requests: this process's share, the tickets held by requests started (a warm-up request gives its
@@ -146,6 +145,7 @@ class Generator:
     def _prepare_generation(self) -> None:
         self.headers = request_headers(self.opts)
         self.session_header = str(getattr(self.opts, "session_header", "") or "X-Session-ID")
+        self.class_headers = class_headers(getattr(self.opts, "class_header", None))
         self.goodput_limits = goodput_thresholds(parse_slo_option(list(self.plan.slos)))
         self.reqlog = RequestLog(self.plan.files.requests(self.log_name))
 

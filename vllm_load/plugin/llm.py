@@ -224,7 +224,7 @@ class LLM(PoolingCalls, SessionCalls):
             state.cancel_after = gen.requests.cancel_after()  # --cancel: this one given up mid-answer, or not
         try:
             transport = self._transports.get(target) or self._open(target)
-            own = self._own_headers(gen.session_header, headers)
+            own = self._own_headers(gen.session_header, {**gen.class_headers.get(name or "", {}), **(headers or {})})
             at = Placement(worker=gen.worker_id, intended_start=due.intended if due else None, step=gen.step,
                            # sent (not due) in the schedule's first seconds: a client that fell behind for good
                            # sends its early-due requests late, and those count as steady state

@@ -72,6 +72,29 @@ def server_kind(opts: Any, served: Any) -> str:
     return "vllm" if served.owned_by == "vllm" else "openai"
 
 
+#: headers a class may not set: credentials (--api-key-file's, never an option's) and the transport's own
+_NOT_BY_CLASS = ("authorization", "proxy-authorization", "cookie", "x-api-key", "host", "content-length",
+                 "transfer-encoding", "connection", "content-type")
+
+
+def class_headers(values: list[str] | None) -> dict[str, dict[str, str]]:
+    """--class-header 'NAME:HEADER=VALUE' (repeatable): the requests named NAME carry HEADER (an SLO-aware router
+    reads a class's objective or tier from it); bad input is one line."""
+    out: dict[str, dict[str, str]] = {}
+    for v in values or []:
+        name, _, rest = str(v).partition(":")
+        header, sep, value = rest.partition("=")
+        header = header.strip()
+        if not name.strip() or not sep or not header or any(c.isspace() or c in ":=" for c in header):
+            raise UsageError(f"--class-header {str(v)[:60]!r} is not NAME:HEADER=VALUE: write e.g. --class-header "
+                             "'interactive:x-slo-ttft-ms=200'")
+        if header.lower() in _NOT_BY_CLASS:
+            raise UsageError(f"--class-header {header}: a class does not set {header} (credentials come from "
+                             "--api-key-file or VLLM_LOAD_API_KEY; the transport sets its own)")
+        out.setdefault(name.strip(), {})[header] = value.strip()
+    return out
+
+
 def request_headers(opts: Any) -> dict[str, str]:
     """Every streaming request's headers: content negotiation, the bearer token, then --header."""
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream", "Accept-Encoding": "identity"}

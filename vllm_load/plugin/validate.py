@@ -18,6 +18,7 @@ from vllm_load.workload.lengths import parse_duration
 from vllm_load.workload.rate_schedule import RateSchedule
 from vllm_load.plugin.plan import ramp_kind, scenario_applied, why_no_window
 from vllm_load.plugin.shapes import UsersRamp
+from vllm_load.plugin.target import class_headers
 
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
 _AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ramp_up_end_rps": 0.0, "drain_timeout": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
@@ -289,6 +290,7 @@ def check_options(environment: Any) -> None:
     shape, classes = run_classes(environment)
     check_locustfile_options(opts, classes)
     scenario_applied(opts)  # --scenario: its values, before the classes' checks read them
+    class_headers(getattr(opts, "class_header", None))
     check_run(opts, headless=bool(opts.headless or getattr(opts, "autostart", False)), shape=shape)
     if getattr(opts, "profile_at", ""):
         from vllm_load.plugin.server_control import profile_point
