@@ -191,6 +191,9 @@ OPTIONS: tuple[Option, ...] = (*group(
         "inferencex-agentx-mvp: t* in 25-75 % of each session, at one instant, idle gaps capped at 10 s, seed 42, exact "
         "output lengths, the server's token counts; aborted past 5 % failed requests); the run is stamped valid or "
         "not, every override named (docs/sessions.md)", choices=["", "agentx"], locustfiles=("sessions.py",)),
+    Option("--reuse-distance", "0", "reuse.py: tokens of other work between a prefix and its return, e.g. "
+        "0,4096,16384: the reuse curve gives each distance's cached share (where the server's cache forgets)",
+        locustfiles=("reuse.py",)),
     Option("--max-idle", 10.0, "sessions.py: the longest wait between a turn's completion and the next turn (a "
         "recorded coffee break is cut to this; AgentX's cap is 10 s)", type=float, locustfiles=("sessions.py",)),
 ), *group(

@@ -10,6 +10,7 @@ from vllm_load.metrics.delivered import segment_lines
 from vllm_load.metrics.disruption import describe as disruption_lines
 from vllm_load.metrics.protection import describe as protection_line
 from vllm_load.metrics.repeats import interval_text
+from vllm_load.metrics.reuse import describe as reuse_line
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.client_health import silent_workers, who_fell_behind
@@ -290,6 +291,7 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     lines += [f"fault: {line}" for line in disruption_lines(s.disruption)] if s.disruption else []
     lines += [f"protection: {protection_line(s.protection)}"] if s.protection else []  # --protect
     lines += [f"scenario: {scenario_line(s.scenario)}"] if s.scenario else []  # --scenario
+    lines += [f"reuse curve: {reuse_line(s.names)}"] if reuse_line(s.names) else []  # locustfiles/reuse.py
     if s.valid_output is not None:  # --response-format
         lines.append(f"structured output: {s.valid_output * 100:.1f}% of {s.validated} answers valid JSON "
                      f"({interval_text(s.valid_output_ci)})")

@@ -24,6 +24,7 @@ from vllm_load.metrics.disruption import describe as disruption_lines, disruptio
 from vllm_load.metrics.protection import describe as protection_line, protection
 from vllm_load.workload.scenarios import describe as scenario_line
 from vllm_load.report.llmd_report import llmd_report
+from vllm_load.metrics.reuse import describe as reuse_line
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.routing import replica_of, routing, routing_line
 from vllm_load.metrics.summary import RunSummary
@@ -75,7 +76,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         delivered=(s.delivered or {}).get("detail", ""), schedule=(s.delivered or {}).get("segments") or [],
         disruption=disruption_lines(s.disruption) if s.disruption else [],
         protection=protection_line(s.protection) if s.protection else "",
-        scenario=scenario_line(s.scenario) if s.scenario else "",
+        scenario=scenario_line(s.scenario) if s.scenario else "", reuse=reuse_line(s.names),
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run),
