@@ -60,7 +60,7 @@ def test_a_sweep_writes_a_benchmark_report_per_run_and_per_step(tmp_path, emulat
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", emu.url, "--sweep", "1,3",
-                          "--step-duration", "2", "--input-tokens", "64", "--output-tokens", "6",
+                          "--num-requests", "12", "--input-tokens", "64", "--output-tokens", "6",
                           "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
     steps = sorted((run_dir / "steps").iterdir())
