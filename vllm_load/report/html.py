@@ -24,6 +24,7 @@ from vllm_load.metrics.disruption import describe as disruption_lines, disruptio
 from vllm_load.metrics.protection import describe as protection_line, protection
 from vllm_load.workload.scenarios import describe as scenario_line
 from vllm_load.report.llmd_report import llmd_report
+from vllm_load.report.mlperf_result import mlperf_result
 from vllm_load.metrics.reuse import describe as reuse_line
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.routing import replica_of, routing, routing_line
@@ -230,5 +231,7 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     rd.write(out, render_html(run, verdict))
     rd.write(rd.vllm_result, vllm_result(run, detailed=bool(opts.get("save_detailed"))), indent=1)
     rd.write(rd.llmd_report, yaml.safe_dump(llmd_report(run, __version__), sort_keys=False))
+    perf = RunDir(rd.mlperf_result.parent)  # MLPerf Endpoints' layout: performance/result_summary.json
+    perf.write(rd.mlperf_result, mlperf_result(run, logs), indent=2)
     rd.write(rd.llm_csv, llm_stats_csv(run.summary))
     return Built(verdict, out, run.summary, server)

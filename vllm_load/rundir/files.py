@@ -42,6 +42,7 @@ class RunDir:
     sweep_md = property(lambda self: self.path / "sweep.md")
     vllm_result = property(lambda self: self.path / "vllm-result.json")  # as vllm bench serve --save-result
     llmd_report = property(lambda self: self.path / "benchmark_report_v0.2.yaml")  # llm-d's Benchmark Report
+    mlperf_result = property(lambda self: self.path / "performance" / "result_summary.json")  # MLPerf Endpoints'
     llm_csv = property(lambda self: self.path / "llm_stats.csv")  # one row per metric and name
 
     def requests(self, worker: str | None) -> Path:

@@ -1,6 +1,7 @@
-"""benchmark_report_v0.2.yaml: every run and every sweep step as llm-d's Benchmark Report v0.2, checked against the
-schema's rules as llm-d-benchmark's benchmark_report/schema_v0_2.py states them (no field it does not define, the
-units each statistic allows, the required fields), with the run's own numbers."""
+"""Every run and every sweep step in the public benchmarks' formats, with the run's own numbers: llm-d's Benchmark
+Report v0.2 (benchmark_report_v0.2.yaml), checked against the schema's rules as llm-d-benchmark's
+benchmark_report/schema_v0_2.py states them (no field it does not define, the units each statistic allows, the
+required fields), and MLPerf Endpoints' performance report (performance/result_summary.json)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def check_schema(report: dict) -> None:
     assert isinstance(aggregate["requests"]["total"], int) and aggregate["requests"]["total"] >= 0
 
 
-def test_a_sweep_writes_a_benchmark_report_per_run_and_per_step(tmp_path, emulator_factory):
+def test_a_sweep_writes_each_public_format_per_run_and_per_step(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/sweep.py"), "--headless", "--host", emu.url, "--sweep", "1,3",
@@ -84,3 +85,35 @@ def test_a_sweep_writes_a_benchmark_report_per_run_and_per_step(tmp_path, emulat
              r["scenario"]["load"]["standardized"]["concurrency"]) for r in reports[1:]] == [(run_id, 0, 1),
                                                                                         (run_id, 1, 3)]
     assert "api_key" not in (run_dir / "benchmark_report_v0.2.yaml").read_text()
+    check_mlperf(run_dir)
+
+
+def check_mlperf(run_dir) -> None:
+    """performance/result_summary.json in MLPerf Endpoints' Report shape (inference_endpoint/metrics/report.py):
+    its fields, times in ns, the exact statistics, a histogram holding every request, and the Pareto point's two
+    numbers (tps_per_user = 1 / TPOT p90 in s, system_tps)."""
+    fields = {"version", "git_sha", "test_started_at", "n_samples_issued", "n_samples_completed", "n_samples_failed",
+              "duration_ns", "state", "complete", "ttft", "tpot", "latency", "input_sequence_lengths",
+              "output_sequence_lengths", "legacy_loadgen_window_duration_ns", "qps", "tps", "run_config",
+              "tps_per_user", "system_tps"}
+    rollup = {"total", "min", "max", "median", "avg", "std_dev", "percentiles", "histogram"}
+    for d in [run_dir, *sorted((run_dir / "steps").iterdir())]:
+        point = json.loads((d / "performance" / "result_summary.json").read_text())
+        s = json.loads((d / "summary.json").read_text())["summary"]
+        assert set(point) == fields and point["state"] == "complete" and point["complete"] is True
+        assert point["n_samples_completed"] == s["succeeded"] and point["n_samples_failed"] == s["failed"]
+        for name in ("ttft", "tpot", "latency", "input_sequence_lengths", "output_sequence_lengths"):
+            assert set(point[name]) == rollup, name
+            hist = point[name]["histogram"]
+            assert sum(hist["counts"]) == s["succeeded"] and len(hist["buckets"]) == len(hist["counts"]) == 10
+        ttft = point["ttft"]
+        assert ttft["percentiles"]["99"] == round(s["metrics"]["ttft"]["p99"] * 1e9)
+        assert ttft["median"] == round(s["metrics"]["ttft"]["p50"] * 1e9) and isinstance(ttft["min"], int)
+        assert point["output_sequence_lengths"]["total"] == s["output_tokens"]
+        assert point["qps"] == s["succeeded"] / s["duration_s"] and point["system_tps"] == point["tps"]
+        assert point["tps_per_user"] == 1 / s["metrics"]["tpot"]["p90"]
+    steps = sorted((run_dir / "steps").iterdir())
+    patterns = [json.loads((d / "performance" / "result_summary.json").read_text())["run_config"]["load_pattern"]
+                for d in steps]
+    assert patterns == [{"type": "concurrency", "target_concurrency": 1}, {"type": "concurrency",
+                                                                          "target_concurrency": 3}]
