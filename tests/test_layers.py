@@ -138,6 +138,8 @@ FOREIGN_NAMES = {
     ("report/vllm_result.py", "ttft"): 1,  # vllm bench serve's result names (mean_ttft_ms, ...)
     ("report/vllm_result.py", "tpot"): 1,
     ("report/vllm_result.py", "itl"): 1,
+    ("report/mlperf_result.py", "ttft"): 1,  # MLPerf Endpoints' Report fields (ttft, tpot: its rollups' names)
+    ("report/mlperf_result.py", "tpot"): 1,
 }
 
 
