@@ -6,6 +6,7 @@ required fields), and MLPerf Endpoints' performance report (performance/result_s
 from __future__ import annotations
 
 import json
+import re
 
 import yaml
 
@@ -86,6 +87,13 @@ def test_a_sweep_writes_each_public_format_per_run_and_per_step(tmp_path, emulat
                                                                                         (run_id, 1, 3)]
     assert "api_key" not in (run_dir / "benchmark_report_v0.2.yaml").read_text()
     check_mlperf(run_dir)
+    # the sweep page draws the steps' Endpoints points and their Pareto front
+    page = (run_dir / "sweep.html").read_text()
+    data = json.loads(re.search(r'<script type="application/json" id="chart-data">(.*?)</script>', page, re.S)[1])
+    pareto = next(c for c in data["sweep"] if c["id"] == "sweep-pareto")
+    points = sorted(json.loads((d / "performance" / "result_summary.json").read_text())["system_tps"]
+                    for d in sorted((run_dir / "steps").iterdir()))
+    assert pareto["x"] == [round(x, 3) for x in points] and pareto["series"][0]["step"] is True
 
 
 def check_mlperf(run_dir) -> None:
@@ -95,7 +103,7 @@ def check_mlperf(run_dir) -> None:
     fields = {"version", "git_sha", "test_started_at", "n_samples_issued", "n_samples_completed", "n_samples_failed",
               "duration_ns", "state", "complete", "ttft", "tpot", "latency", "input_sequence_lengths",
               "output_sequence_lengths", "legacy_loadgen_window_duration_ns", "qps", "tps", "run_config",
-              "tps_per_user", "system_tps"}
+              "steady_state", "tps_per_user", "system_tps"}
     rollup = {"total", "min", "max", "median", "avg", "std_dev", "percentiles", "histogram"}
     for d in [run_dir, *sorted((run_dir / "steps").iterdir())]:
         point = json.loads((d / "performance" / "result_summary.json").read_text())
@@ -111,9 +119,23 @@ def check_mlperf(run_dir) -> None:
         assert ttft["median"] == round(s["metrics"]["ttft"]["p50"] * 1e9) and isinstance(ttft["min"], int)
         assert point["output_sequence_lengths"]["total"] == s["output_tokens"]
         assert point["qps"] == s["succeeded"] / s["duration_s"] and point["system_tps"] == point["tps"]
+        # 12 requests a step: too few for a plateau, said so; the point is then the whole step's
+        assert point["steady_state"] == {"reason": f"{s['succeeded']} requests with a TPOT: a plateau needs 40"}
         assert point["tps_per_user"] == 1 / s["metrics"]["tpot"]["p90"]
     steps = sorted((run_dir / "steps").iterdir())
     patterns = [json.loads((d / "performance" / "result_summary.json").read_text())["run_config"]["load_pattern"]
                 for d in steps]
     assert patterns == [{"type": "concurrency", "target_concurrency": 1}, {"type": "concurrency",
                                                                           "target_concurrency": 3}]
+
+
+def test_the_pareto_front_is_the_points_no_other_beats_drawn_as_steps():
+    from vllm_load.report.charts import pareto, pareto_steps
+
+    points = [(100.0, 50.0, "a"), (300.0, 40.0, "b"), (250.0, 30.0, "c"), (500.0, 10.0, "d"), (80.0, 45.0, "e")]
+    assert [p[2] for p in pareto(points)] == ["a", "b", "d"]  # c is beaten by b on both axes, e by a
+    spec = pareto_steps(points, "x", "t")
+    assert spec["x"] == [80.0, 100.0, 250.0, 300.0, 500.0]
+    front, every = spec["series"]
+    assert front["step"] is True and front["values"] == [None, 50.0, None, 40.0, 10.0]
+    assert every["values"] == [45.0, 50.0, 30.0, 40.0, 10.0]

@@ -269,8 +269,8 @@ def test_compare_flags_a_metric_without_noise_only_beyond_its_stated_threshold(t
 
 
 def test_the_sweep_and_compare_pages_draw_their_charts_in_headless_chromium(tmp_path):
-    """The other pages, as a browser draws them: the sweep's throughput and latency against the level,
-    compare's distributions A against B, and the tune's curves per configuration, each chart drawn (inked canvas)
+    """The other pages, as a browser draws them: the sweep's throughput and latency against the level and its
+    Pareto front (a step function: uPlot's stepped path), compare's distributions A against B, and the tune's curves per configuration, each chart drawn (inked canvas)
     with its legend."""
     browser = chromium()
     if browser is None:
@@ -296,7 +296,7 @@ def test_the_sweep_and_compare_pages_draw_their_charts_in_headless_chromium(tmp_
     write_tune(tmp_path / "tune", [{"params": {"max_num_seqs": str(k)}, "status": "ok", "reason": "", "capacity": k,
                                     "goodput": k / 2, "probes": [tune_probe(k, True), tune_probe(2 * k, False)]}
                                    for k in (4, 8)], "concurrency", ["ttft.p99<=1s"])
-    for page, charts, legend in ((tmp_path / "sweep" / "sweep.html", 2, "TTFT p99 (ms)"),
+    for page, charts, legend in ((tmp_path / "sweep" / "sweep.html", 3, "Pareto front (tok/s per user)"),
                                  (tmp_path / "cmp" / "compare.html", 4, "B TTFT (ms)"),
                                  (tmp_path / "tune" / "tune.html", 3, "Pareto front (SLOs met) (tok/s per request)")):
         copy = page.with_name("probe-" + page.name)

@@ -25,6 +25,26 @@ def chart(cid: str, title: str, x_label: str, y_label: str, x: list[float], seri
             "y_range": y_range, "kind": kind}
 
 
+def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
+    """The points no other beats on both axes (more tokens/s in total and per user), by the first axis."""
+    front = [p for p in points if not any(q[0] >= p[0] and q[1] >= p[1] and (q[0], q[1]) != (p[0], p[1])
+                                          for q in points)]
+    return sorted(front, key=lambda p: p[0])
+
+
+def pareto_steps(points: list[tuple[float, float, Any]], cid: str, title: str) -> dict[str, Any]:
+    """Every point (tokens/s in total, per user) and their Pareto front as a step function, as MLPerf Endpoints
+    draws a sweep's: at any throughput up to a front point's, that point's per-user speed is reachable."""
+    xs = sorted({round(x, 3) for x, _, _ in points})
+    front = {round(x, 3): y for x, y, _ in pareto(points)}
+    every: dict[float, float] = {}
+    for x, y, _ in points:
+        every[round(x, 3)] = max(y, every.get(round(x, 3), y))
+    return chart(cid, title, "output tokens/s (total)", "tok/s per user", xs,
+                 [{"label": "Pareto front", "values": rounded([front.get(x) for x in xs]), "step": True},
+                  {"label": "every point", "values": rounded([every[x] for x in xs]), "dash": True}], kind="level")
+
+
 def rounded(values: list[float | None], digits: int = 3) -> list[float | None]:
     return [None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, digits) for v in values]
 

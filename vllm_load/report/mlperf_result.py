@@ -9,7 +9,8 @@ Fields follow ``inference_endpoint/metrics/report.py``'s ``Report`` (mlcommons/e
 (completed requests and output tokens per second; the LoadGen legacy window is not used: None), ``run_config``.
 The statistics are the exact histograms'; a histogram's buckets come from the request logs (ten equal widths).
 Beside them, the two numbers an Endpoints Pareto point plots: ``tps_per_user`` (1000 / TPOT p90 in ms) and
-``system_tps``. It is a qualification run's point, not a submission: the benchmark's own client, dataset and rules
+``system_tps``, over the detected TPOT plateau (``steady_state``: its window, or why there is none; then over the
+whole run: ``metrics/plateau.py``). It is a qualification run's point, not a submission: the benchmark's own client, dataset and rules
 make one.
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 
 from vllm_load import __version__
 from vllm_load.metric_table import E2E, INPUT_TOKENS, OUTPUT_TOKENS, TPOT, TTFT
+from vllm_load.metrics.plateau import steady_point
 from vllm_load.metrics.summary import RunSummary, metric_stats
 
 #: our percentile keys -> theirs
@@ -68,6 +70,7 @@ def mlperf_result(run: Any, logs: list[dict]) -> dict:
     pattern = ({"type": "poisson", "target_qps": rate} if rate > 0 else {"type": "concurrency",
                                                                          "target_concurrency": users})
     tpot_p90 = metric_stats(s, TPOT).at("p90") if metric_stats(s, TPOT).count else None
+    steady = steady_point(logs)  # the TPOT plateau: the point's basis when there is one
     return {
         "version": f"vllm-load {__version__}", "git_sha": None, "test_started_at": 0,
         "n_samples_issued": int(s.requests or 0), "n_samples_completed": completed,
@@ -82,6 +85,24 @@ def mlperf_result(run: Any, logs: list[dict]) -> dict:
         "qps": completed / duration if duration else None, "tps": tokens_out / duration if duration else None,
         "run_config": {"load_pattern": pattern, "warmup_s": plan.warmup if plan else 0.0,
                        "seed": plan.seed if plan else None, "run_id": run.config.get("run_id")},
-        "tps_per_user": 1.0 / tpot_p90 if tpot_p90 else None,  # 1000 / TPOT p90 in ms
-        "system_tps": tokens_out / duration if duration else None,
+        "steady_state": steady,
+        "tps_per_user": steady["tps_per_user"] if "window_s" in steady else 1.0 / tpot_p90 if tpot_p90 else None,
+        "system_tps": steady["system_tps"] if "window_s" in steady else tokens_out / duration if duration else None,
     }
+
+
+def pareto_point(run: Any) -> tuple[float, float] | None:
+    """A run's (or sweep step's) Endpoints point, (system_tps, tps_per_user): its result_summary.json's when written,
+    else computed from its logs (a sweep page over run directories of an older version)."""
+    import json
+
+    path = run.path / "performance" / "result_summary.json"
+    if path.exists():
+        point = json.loads(path.read_text())
+    else:
+        from vllm_load.report.vllm_result import run_logs
+
+        point = mlperf_result(run, run_logs(run))
+    if point.get("system_tps") is None or point.get("tps_per_user") is None:
+        return None
+    return float(point["system_tps"]), float(point["tps_per_user"])

@@ -11,6 +11,7 @@ from vllm_load.metrics.verdict import judge, word  # noqa: E402
 from vllm_load.metrics.repeats import spread, spread_text
 from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.report import charts  # noqa: E402
+from vllm_load.report.mlperf_result import pareto_point  # noqa: E402
 from vllm_load.report.page import render  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
 from vllm_load.metric_table import E2E, ITL, TTFT
@@ -65,7 +66,8 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
     overall = "pass" if passing else "fail" if any(v is not None for v in verdicts) else "none"
     page = render("sweep.html.j2", count=len(runs), emulator=any(r.is_emulator for r in runs), best=best,
                   overall=overall, head=head, rows=rows, repeats_head=REPEAT_HEAD, repeats=repeats,
-                  charts={"sweep": charts.by_level(runs, [r.concurrency or i for i, r in enumerate(runs)], level)})
+                  charts={"sweep": charts.by_level(runs, [r.concurrency or i for i, r in enumerate(runs)], level)
+                          + pareto_chart(runs)})
     rd = RunDir(out_dir)
     rd.write(rd.sweep_html, page)
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -75,6 +77,15 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
         md += ["| " + " | ".join(str(c) for c in r) + " |" for r in repeats]
     rd.write(rd.sweep_md, f"**{best}**\n\n" + "\n".join(md) + "\n")
     return rd.sweep_html, best, repeats
+
+
+def pareto_chart(runs: list[Run]) -> list[dict]:
+    """The steps' MLPerf Endpoints points (each its TPOT plateau's, else its whole step's) and their Pareto front."""
+    points = [(*p, r.path.name) for r in runs if (p := pareto_point(r)) is not None]
+    if len(points) < 2:
+        return []
+    return [charts.pareto_steps(points, "sweep-pareto", "Pareto front: tokens/s per user against tokens/s in total "
+                                "(MLPerf Endpoints' points: 1000 / TPOT p90 ms, output tokens/s)")]
 
 
 REPEAT_HEAD = ["level", "steps", "confidence", "req/s", "output tok/s", "TTFT p50 ms", "TTFT p99 ms", "ITL p99 ms",

@@ -128,20 +128,13 @@ def probe_rows(results: list[dict]) -> list[list[str]]:
     return [probe_row(label(r["params"]), p) for r in results for p in sorted(r["probes"], key=lambda p: p["level"])]
 
 
-def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
-    """The points no other beats on both axes (more tokens/s in total and per user)."""
-    front = [p for p in points if not any(q[0] >= p[0] and q[1] >= p[1] and (q[0], q[1]) != (p[0], p[1])
-                                          for q in points)]
-    return sorted(front, key=lambda p: p[0])
-
-
 def curves(results: list[dict], unit: str = "users") -> list[dict[str, Any]]:
     """The page's charts as data (``report/charts.py``'s shape), each configuration's probes joined in the order
     they were probed, by load level: TTFT p99 and output tokens/s against the level (past saturation a server's
     throughput falls while its latency rises: joined by throughput, the curve ran backwards and latency seemed to
     fall as throughput rose), and tokens/s per user against in total for the Pareto front of the probes that met
     the SLOs. Configurations share the union of the levels; a series is empty where it has no probe."""
-    from vllm_load.report.charts import chart, rounded
+    from vllm_load.report.charts import chart, pareto, rounded
 
     measured = [(r, sorted((p for p in r["probes"] if p["ttft_p99"] is not None), key=lambda p: p["level"]))
                 for r in results]

@@ -77,6 +77,7 @@
       var unit = s.label.indexOf(spec.y_label) >= 0 ? "" : " (" + spec.y_label + ")";
       series.push({label: s.label + unit, stroke: COLORS[i % COLORS.length], width: 1.5,
                    dash: s.dash ? [6, 3] : undefined, spanGaps: true, points: {show: spec.kind === "level"},
+                   paths: s.step ? uPlot.paths.stepped({align: -1}) : undefined,
                    value: function (u, v) { return fmt(v); }});
     });
     var xAxis = {label: spec.x_label, labelSize: 20};
