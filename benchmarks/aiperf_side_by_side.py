@@ -4,6 +4,11 @@ own counters: requests, prompt and output tokens, prefix-cache hits) and what ea
 process tree's CPU, start to end, per answered request).
 
     python benchmarks/aiperf_side_by_side.py [--aiperf PATH] [--traces 40] [--concurrency 4] [--seconds 30]
+        [--scenario]
+
+--scenario: each under the AgentX rules, AIPerf's ``--scenario inferencex-agentx-mvp`` (with ``--unsafe-override``:
+its 900 s minimum is longer than a benchmark here, so its run is marked not valid for submission) against vllm-load's
+``--scenario agentx`` (t* in 25-75 % at one instant, idle gaps capped at 10 s, seed 42).
 
 AIPerf is installed apart (it pins its own dependencies): python3 -m venv V && V/bin/pip install aiperf==0.13.0;
 --aiperf V/bin/aiperf (default: ~/.cache/vllm-load/aiperf/venv/bin/aiperf).
@@ -86,7 +91,10 @@ def main() -> None:
     ap.add_argument("--traces", type=int, default=40)
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--seconds", type=int, default=30)
+    ap.add_argument("--scenario", action="store_true", help="both under the AgentX rules (see the docstring)")
     a = ap.parse_args()
+    ours = ["--scenario", "agentx"] if a.scenario else []
+    theirs = ["--scenario", "inferencex-agentx-mvp", "--unsafe-override"] if a.scenario else ["--random-seed", "1"]
     if not os.access(a.aiperf, os.X_OK):
         sys.exit(f"no AIPerf at {a.aiperf}: python3 -m venv V && V/bin/pip install aiperf==0.13.0, then --aiperf "
                  "V/bin/aiperf")
@@ -99,14 +107,14 @@ def main() -> None:
                 "vllm-load": pinned(0, [sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles" / "sessions.py"),
                                         "--headless", "-u", str(a.concurrency), "-r", str(a.concurrency), "-t",
                                         f"{a.seconds}s", "--host", url, "--sessions", str(root / "weka"),
-                                        "--run-dir", str(root / "vllm-load"), "--only-summary"]),
+                                        "--run-dir", str(root / "vllm-load"), "--only-summary", *ours]),
                 "AIPerf 0.13.0": pinned(0, [a.aiperf, "profile", "--url", url, "--model", MODEL, "--tokenizer",
                                             str(_builtin_mistral_dir()), "--endpoint-type", "chat", "--streaming",
                                             "--custom-dataset-type", "weka_trace", "--input-file", str(root / "weka"),
                                             "--concurrency", str(a.concurrency), "--benchmark-duration",
                                             str(a.seconds), "--extra-inputs",
                                             "ignore_eos:true", "--use-server-token-count", "--ui", "none",
-                                            "--no-server-metrics", "--no-gpu-telemetry", "--random-seed", "1",
+                                            "--no-server-metrics", "--no-gpu-telemetry", *theirs,
                                             "--output-artifact-dir", str(root / "aiperf")]),
             }
             print(f"{a.traces} Weka traces (subagents, 64-token blocks, 1k-12k tokens of context), concurrency "
@@ -125,6 +133,16 @@ def main() -> None:
             summary = json.loads((root / "vllm-load" / "summary.json").read_text())["summary"]
             print(f"\nvllm-load: {summary['requests']} requests, input drift {summary['input_drift_requests']} "
                   "(every prompt the length its trace row asked, by the server's count)")
+            if a.scenario:  # each tool's own word on the rules
+                stamp = summary.get("scenario") or {}
+                print(f"vllm-load --scenario agentx: valid {stamp.get('valid')}; "
+                      f"{'; '.join(stamp.get('invalid_reasons') or []) or 'every rule kept'}")
+                for f in sorted((root / "aiperf").rglob("*.json")):
+                    meta = (json.loads(f.read_text()) or {}).get("metadata") if f.stat().st_size < 50_000_000 else None
+                    if isinstance(meta, dict) and "submission_valid" in meta:
+                        print(f"AIPerf {meta.get('scenario')}: submission_valid {meta['submission_valid']}; "
+                              f"{meta.get('submission_invalid_reasons') or ''} ({f.name})")
+                        break
         finally:
             emu.kill()
             emu.wait()

@@ -387,7 +387,7 @@ def test_credentials_in_url_options_reach_no_file_or_line(tmp_path, emulator_fac
                       "http://gpu:s3cret@127.0.0.1:9/metrics", "--run-dir", str(tmp_path / "run")],
                      cwd=tmp_path, timeout=120)
     assert res.returncode in (0, 1), res.stderr[-2000:]
-    for text in (res.stdout, res.stderr, *(p.read_text(errors="replace") for p in (tmp_path / "run").iterdir()
+    for text in (res.stdout, res.stderr, *(p.read_text(errors="replace") for p in (tmp_path / "run").rglob("*")
                                            if p.is_file())):
         assert "hunter2" not in text and "s3cret" not in text
     config = json.loads((tmp_path / "run" / "config.json").read_text())

@@ -40,8 +40,8 @@ def test_headers_extra_body_temperature_and_models_reach_the_server(emulator_fac
     assert set(stats["summary"]["names"]) == {"alias-a", "lora-b"}  # grouped per model
     assert all(r["input_tokens"] == r["input_tokens_asked"] for r in logs)
     # the credential never reaches a file of the run
-    for f in run_dir.iterdir():
-        assert "sekrit-value" not in f.read_text(errors="replace"), f.name
+    for f in run_dir.rglob("*"):
+        assert f.is_dir() or "sekrit-value" not in f.read_text(errors="replace"), f.name
     assert "X-Api-Token: ***" in (run_dir / "config.json").read_text()
 
 
@@ -107,9 +107,6 @@ def test_seed_repeats_lengths_and_arrivals_and_salt_repeats_content(emulator_fac
     emu = emulator_factory("--ttft", "0.005", "--itl", "0.001", "--request-log", str(tmp_path / "all.jsonl"))
     extra = ["--seed", "7"] + (["--salt", salt] if salt else [])
     a, cfg_a = _run(emu, tmp_path, "a", *extra)
-    # what reached the server before b: a's requests, a request in flight at its end included (the count's last
-    # answer cancels it; beside busy loops one once reached the server and b's first was taken for the one after it)
-    b_first = len(_sent(tmp_path / "all.jsonl"))
     b, cfg_b = _run(emu, tmp_path, "b", *extra)
     n = min(len(a), len(b))
     assert n >= 20
@@ -119,9 +116,14 @@ def test_seed_repeats_lengths_and_arrivals_and_salt_repeats_content(emulator_fac
     assert gaps(a) == pytest.approx(gaps(b), abs=1e-3)  # the same arrival times, from the run's start
     assert cfg_a["plan"]["seed"] == 7 and (cfg_a["plan"]["salt"] == cfg_b["plan"]["salt"]) == bool(salt)
     bodies = _sent(tmp_path / "all.jsonl")
-    first = lambda k: bodies[k]["body"]["messages"][0]["content"]  # noqa: E731
-    same = first(0) == first(b_first)  # the first request of each run
-    assert same == bool(salt)
+
+    def content(rec: dict) -> str:
+        """What the server received for this request: found by the trace id its traceparent carried (by position
+        in the server's log, a request of run a still in flight at its end was once taken for b's first)."""
+        return next(x for x in bodies if rec["trace_id"] in x["headers"].get("Traceparent", ""))["body"][
+            "messages"][0]["content"]
+
+    assert (content(a[0]) == content(b[0])) == bool(salt)  # the first request of each run
     # no seed: other lengths
     c, _ = _run(emu, tmp_path, "c")
     assert lens(c[:n]) != lens(a)[: len(c)]
