@@ -14,13 +14,17 @@ from pathlib import Path
 
 from vllm_load.errors import UsageError
 
-#: AIPerf's loader names -> the Hugging Face dataset each reads (AIPerf 0.12's registry; the aliases as it keeps
-#: them: ``with_subagents`` is the 062126 capture, ``no_subagents`` the 051826 derivative of 98 traces)
+#: AIPerf's loader names -> the Hugging Face dataset each reads, as AIPerf 0.13.0's plugins.yaml registers them
+#: (``with_subagents`` is the 062126 capture; the undated name and ``no_subagents`` the 051826 derivative)
 PUBLISHED: dict[str, str] = {
-    "semianalysis_cc_traces_weka_062126": "semianalysisai/cc-traces-weka-062126",
-    "semianalysis_cc_traces_weka_062126_256k": "semianalysisai/cc-traces-weka-062126-256k",
-    "semianalysis_cc_traces_weka_with_subagents": "semianalysisai/cc-traces-weka-062126",
+    "semianalysis_cc_traces_weka": "semianalysisai/cc-traces-weka-no-subagents-051826",
     "semianalysis_cc_traces_weka_no_subagents": "semianalysisai/cc-traces-weka-no-subagents-051826",
+    "semianalysis_cc_traces_weka_with_subagents": "semianalysisai/cc-traces-weka-062126",
+    "semianalysis_cc_traces_weka_with_subagents_256k": "semianalysisai/cc-traces-weka-062126-256k",
+    **{f"semianalysis_cc_traces_weka_with_subagents_{d}{k}": f"semianalysisai/cc-traces-weka-with-subagents-{d}"
+       f"{k.replace('_', '-')}" for d in ("060226", "060526", "060826") for k in ("", "_256k")},
+    **{f"semianalysis_cc_traces_weka_{d}{k}": f"semianalysisai/cc-traces-weka-{d}{k.replace('_', '-')}"
+       for d in ("061326", "061526", "062126") for k in ("", "_256k")},
 }
 
 

@@ -5,8 +5,9 @@ A scenario fixes options to the values its rules give, aborts a run whose failed
 stamps the run ``scenario_valid``: false when an option it fixes was given another value (each such override
 named) or the failed share passed. AgentX follows AIPerf's ``inferencex-agentx-mvp`` as InferenceX runs it
 (``aiperf profile --scenario inferencex-agentx-mvp --streaming --use-server-token-count --random-seed 42
---failed-request-threshold 0.05 --trajectory-start-min-ratio 0.25 --trajectory-start-max-ratio 0.75``, idle gaps
-capped at 10 s, every lane's t* at one instant).
+--failed-request-threshold 0.05 --trajectory-start-min-ratio 0.25 --trajectory-start-max-ratio 0.75``). AIPerf
+0.13.0's own spec (``common/scenario/inferencex_agentx_mvp.py``) locks streaming, ignore_eos, idle gaps capped at
+10 s, the first turn's cache bust and a 900 s minimum; the t* range and the failure threshold are the command's.
 """
 
 from __future__ import annotations
