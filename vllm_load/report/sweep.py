@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from vllm_load.metrics.knee import knee
 from vllm_load.metrics.slo import parse_slo_option  # noqa: E402
 from vllm_load.metrics.verdict import judge, word  # noqa: E402
 from vllm_load.metrics.repeats import spread, spread_text
@@ -62,9 +63,10 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
     passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
     best = (f"Largest {level} meeting every SLO: {max(passing)}" if passing
             else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")
+    bend = knee_line(runs, level)
     out_dir.mkdir(parents=True, exist_ok=True)
     overall = "pass" if passing else "fail" if any(v is not None for v in verdicts) else "none"
-    page = render("sweep.html.j2", count=len(runs), emulator=any(r.is_emulator for r in runs), best=best,
+    page = render("sweep.html.j2", count=len(runs), emulator=any(r.is_emulator for r in runs), best=best, knee=bend,
                   overall=overall, head=head, rows=rows, repeats_head=REPEAT_HEAD, repeats=repeats,
                   charts={"sweep": charts.by_level(runs, [r.concurrency or i for i, r in enumerate(runs)], level)
                           + pareto_chart(runs)})
@@ -75,8 +77,20 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
         md += ["", "Repeated levels: mean ± half the confidence interval over their steps", "",
                "| " + " | ".join(REPEAT_HEAD) + " |", "|" + "---|" * len(REPEAT_HEAD)]
         md += ["| " + " | ".join(str(c) for c in r) + " |" for r in repeats]
-    rd.write(rd.sweep_md, f"**{best}**\n\n" + "\n".join(md) + "\n")
-    return rd.sweep_html, best, repeats
+    rd.write(rd.sweep_md, f"**{best}**\n\n" + (f"{bend}\n\n" if bend else "") + "\n".join(md) + "\n")
+    return rd.sweep_html, best + (f"; {bend}" if bend else ""), repeats
+
+
+def knee_line(runs: list[Run], level: str) -> str:
+    """Where more load stopped buying throughput (metrics/knee.py), '' when the curve has no knee."""
+    levels = [float(r.concurrency or 0) for r in runs]
+    at = knee(levels, [r.summary.output_token_rate for r in runs])
+    if at is None:
+        return ""
+    rate = next(r.summary.output_token_rate for r, x in zip(runs, levels) if x == at)
+    most = max(r.summary.output_token_rate or 0.0 for r in runs)
+    return (f"knee of the throughput curve: {level} {at:g} ({rate:.1f} output tok/s, {rate / most * 100:.0f}% of "
+            "the most measured)")
 
 
 def pareto_chart(runs: list[Run]) -> list[dict]:

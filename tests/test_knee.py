@@ -1,0 +1,27 @@
+"""The knee of a sweep's throughput curve (metrics/knee.py, Kneedle): where more load stopped buying throughput."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from vllm_load.metrics.knee import knee
+from vllm_load.report.sweep import knee_line
+
+
+def test_a_saturating_curve_bends_at_its_capacity_and_a_line_has_no_knee():
+    levels = [8, 16, 32, 64, 128]
+    assert knee(levels, [min(x, 32) * 10.0 for x in levels]) == 32  # saturates at 32 users
+    # diminishing returns, on the levels as they are (not their logarithm): scaled, the curve stands furthest above
+    # the diagonal at 8 (0.905 of the rise at 0.226 of the span)
+    assert knee([1, 2, 4, 8, 16, 32], [100, 180, 250, 290, 305, 310]) == 8
+    assert knee(levels, [x * 10.0 for x in levels]) is None  # linear: no bend
+    assert knee([8, 16], [80.0, 160.0]) is None and knee(levels, [50.0] * 5) is None  # too few; flat
+    assert knee(levels, [80.0, None, 320.0, 320.0, 320.0]) == 32  # a step that measured nothing is left out
+
+
+def test_the_sweep_page_says_the_knee_with_its_throughput():
+    runs = [SimpleNamespace(concurrency=x, summary=SimpleNamespace(output_token_rate=min(x, 32) * 10.0))
+            for x in (8, 16, 32, 64)]
+    assert knee_line(runs, "concurrency") == ("knee of the throughput curve: concurrency 32 (320.0 output tok/s, 100% "
+                                              "of the most measured)")
+    assert knee_line(runs[:2], "concurrency") == ""
