@@ -29,14 +29,18 @@ class RunClockShape(LoadTestShape):
     whose clock ran meanwhile began its second step before its first had sent a request."""
 
     started = False
+    #: the load's start is time 0 (a sweep's steps count from it); False: Locust's test start stays time 0 and the
+    #: clock only holds until the load can start (a users ramp over -t keeps Locust's -t timer's clock)
+    restart_at_load = True
 
     def reset_time(self) -> None:
         super().reset_time()
         self.started = False
 
     def load_started(self) -> None:
-        """The run's load can start now (a local generator is ready; a master's plan is decided): time 0."""
-        self.start_time = time.perf_counter()
+        """The run's load can start now (a local generator is ready; a master's plan is decided)."""
+        if self.restart_at_load:
+            self.start_time = time.perf_counter()
         self.started = True
 
     def get_run_time(self) -> float:
@@ -124,7 +128,10 @@ class SweepShape(RunClockShape):
 class UsersRamp(RunClockShape):
     """The closed loop's --ramp-up-strategy: the users go from --ramp-up-start-users to --ramp-up-end-users over -t,
     linearly or exponentially, re-targeted every second (Locust ticks its shape each second); installed by the
-    plugin, so any locustfile ramps without a shape of its own."""
+    plugin, so any locustfile ramps without a shape of its own. Its clock is Locust's -t timer's (the ramp ends with
+    the run), held at 0 until the load can start (a new user count meanwhile killed the run's start)."""
+
+    restart_at_load = False
 
     def __init__(self, strategy: str, start: int, end: int, seconds: float) -> None:
         super().__init__()
