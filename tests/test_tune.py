@@ -296,6 +296,10 @@ def test_a_miss_whose_client_was_untrustworthy_is_probed_once_more(tmp_path, mon
     tries.clear()
     answers[:] = [Probe(4, False, 1, "c", missed=("ttft.p99<=200ms",))]  # trusted: the server's own miss
     assert not probe().passed and tries == ["probe-4"]
+    tries.clear()  # a starved probe that measured nothing at all (its start took its whole -t): once more too
+    answers[:] = [Probe(4, False, 4, "e", invalid="no request completed", untrustworthy="the emulator fell behind"),
+                  Probe(4, True, 0, "f")]
+    assert probe().passed and tries == ["probe-4", "probe-4-again"]
     tries.clear()
     answers[:] = [starved, Probe(4, False, 1, "d", untrustworthy="again")]  # once more at most
     again = probe()

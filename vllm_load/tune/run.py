@@ -211,7 +211,8 @@ def probe_level(args: argparse.Namespace, locust_args: list[str], url: str, leve
     """One level, probed --repeat times (each in its own run directory); a repeat that misses ends the level.
 
     A miss whose run disowned its own numbers (the client could not keep time: a busy host starved it or the server
-    beside it) says nothing about the server, yet it would end the growth there, or leave a configuration with no
+    beside it; or a start so slow on a busy host that its -t passed before a request was measured: 3.7 s of a 3 s
+    probe) says nothing about the server, yet it would end the growth there, or leave a configuration with no
     capacity at all: such a try is run once more, and the second one counts (named ``reprobed``, its first run's
     directory kept beside it)."""
     probes: list[Probe] = []
@@ -223,7 +224,7 @@ def probe_level(args: argparse.Namespace, locust_args: list[str], url: str, leve
                              f"{warmup:g}s", where, args.rate_users, timeout=duration + 300)
 
         probe = once(run_dir)
-        if not probe.passed and probe.untrustworthy and not probe.invalid:
+        if not probe.passed and probe.untrustworthy:  # measured nothing, or missed, while starved: once more
             why = probe.untrustworthy
             print(f"vllm-load tune:   {level:g}: missed while its client was untrustworthy ({why}): probing it "
                   "once more", flush=True)
