@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import yaml
 
 from tests.helpers import ROOT, run_in_process
@@ -58,6 +59,7 @@ def check_schema(report: dict) -> None:
     assert isinstance(aggregate["requests"]["total"], int) and aggregate["requests"]["total"] >= 0
 
 
+@pytest.mark.slow  # a sweep (the fast selection keeps the Pareto front's own test)
 def test_a_sweep_writes_each_public_format_per_run_and_per_step(tmp_path, emulator_factory):
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"

@@ -111,6 +111,7 @@ def test_six_percent_failed_aborts_a_run_at_once_and_five_does_not():
     assert told == []
 
 
+@pytest.mark.slow  # two replays (the fast selection keeps the rules', the names' and the abort's own tests)
 def test_an_agentx_run_over_a_published_set_keeps_the_rules_at_one_instant(tmp_path, emulator_factory):
     """A public set by its name, the scenario's rules applied: each user's first session from a t* in 25-75 % of its
     turns after its warm-up, every one of them going on at one instant (none before the last warm-up ended), seed 42,
@@ -147,7 +148,8 @@ def test_an_agentx_run_over_a_published_set_keeps_the_rules_at_one_instant(tmp_p
     assert "NOT VALID: override: --max-idle 5.0" in res.stdout
 
 
-@pytest.mark.parametrize("swarm", [[], ["--processes", "2"]], ids=["local", "swarm"])
+@pytest.mark.parametrize("swarm", [[], pytest.param(["--processes", "2"], marks=pytest.mark.slow)],
+                         ids=["local", "swarm"])
 def test_injected_failures_past_the_threshold_abort_the_run_and_stamp_it(tmp_path, emulator_factory, swarm):
     """The emulator fails 6 % of requests (its draws seeded): the run stops with the scenario's one line, exit 4,
     before every session was replayed, and its stamp says why; in a swarm, a worker's abort stops the master's run
