@@ -72,17 +72,17 @@ def test_the_scenario_fixes_its_rules_names_overrides_and_stamps_the_run():
     opts = Namespace(**defaults)
     opts.sessions = "set"
     kept = apply("agentx", opts, defaults)
-    assert kept.overrides == () and (opts.session_start, opts.session_align, opts.seed) == ("0.25,0.75", "instant", 42)
-    assert apply("agentx", opts, defaults).overrides == ()  # idempotent: the web UI's every start applies it again
+    assert kept == () and (opts.session_start, opts.session_align, opts.seed) == ("0.25,0.75", "instant", 42)
+    assert apply("agentx", opts, defaults) == ()  # idempotent: the web UI's every start applies it again
     opts = Namespace(**{**defaults, "sessions": "set", "max_idle": 5.0, "seed": 7})
     changed = apply("agentx", opts, defaults)
-    assert [o.split(" (")[0] for o in changed.overrides] == ["--max-idle 5.0", "--seed 7"]
+    assert [o.split(" (")[0] for o in changed] == ["--max-idle 5.0", "--seed 7"]
     assert opts.max_idle == 5.0 and opts.session_start == "0.25,0.75"  # an override is kept, the rest applied
     assert stamp("agentx", (), 100, 5)["valid"] is True  # 5 % is within
     late = stamp("agentx", (), 100, 6)
     assert late["valid"] is False and late["invalid_reasons"] == [
         "failed share 6.0% (6 of 100) over the scenario's 5%"]
-    assert stamp("agentx", changed.overrides, 10, 0)["invalid_reasons"][0].startswith("override: --max-idle 5.0 (")
+    assert stamp("agentx", changed, 10, 0)["invalid_reasons"][0].startswith("override: --max-idle 5.0 (")
     with pytest.raises(UsageError, match="give --sessions"):
         apply("agentx", Namespace(**defaults), defaults)
 

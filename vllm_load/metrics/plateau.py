@@ -22,8 +22,9 @@ TOLERANCE = 0.10
 LEAST = 40  # requests: 5 per bin at the least
 
 
-def _p(values: list[float], q: float) -> float:
-    return nearest_rank(sorted(values), q)
+def _p50_p90(values: list[float]) -> tuple[float, float]:
+    ordered = sorted(values)
+    return nearest_rank(ordered, 50), nearest_rank(ordered, 90)
 
 
 def plateau_start(tpots: list[float]) -> int | None:
@@ -33,7 +34,7 @@ def plateau_start(tpots: list[float]) -> int | None:
     if n < LEAST:
         return None
     edges = [round(i * n / BINS) for i in range(BINS + 1)]
-    bins = [(_p(tpots[a:b], 50), _p(tpots[a:b], 90)) for a, b in zip(edges, edges[1:])]
+    bins = [_p50_p90(tpots[a:b]) for a, b in zip(edges, edges[1:])]
     for first in range(BINS - 1):  # the last two bins at least
         later = bins[first:]
         p50, p90 = statistics.median(b[0] for b in later), statistics.median(b[1] for b in later)
@@ -54,12 +55,12 @@ def steady_point(logs: list[dict]) -> dict:
     begin, end = kept[0]["start"] + kept[0][E2E], kept[-1]["start"] + kept[-1][E2E]
     if start:  # the window opens where the last request before it ended
         begin = ok[start - 1]["start"] + ok[start - 1][E2E]
-    tpot_p90 = _p([r[TPOT] for r in kept], 90)
-    ttfts = [r[TTFT] for r in kept if r.get(TTFT) is not None]
+    tpot_p50, tpot_p90 = _p50_p90([r[TPOT] for r in kept])
+    ttfts = sorted(r[TTFT] for r in kept if r.get(TTFT) is not None)
     length = end - begin
     inside = kept if start else kept[1:]  # the requests that ended after the window opened
     return {"window_s": [begin, end], "requests": len(kept), "left_before": start,
-            "tpot_p50": _p([r[TPOT] for r in kept], 50), "tpot_p90": tpot_p90,
-            "ttft_p90": _p(ttfts, 90) if ttfts else None,
+            "tpot_p50": tpot_p50, "tpot_p90": tpot_p90,
+            "ttft_p90": nearest_rank(ttfts, 90) if ttfts else None,
             "tps_per_user": 1.0 / tpot_p90 if tpot_p90 > 0 else None,
             "system_tps": sum(r[OUTPUT_TOKENS] for r in inside) / length if length > 0 else None}

@@ -135,7 +135,7 @@ def _output_failed(run: Run, exc: BaseException) -> None:
         OutputError.of(exc, "the run's files"))
     if run.fatal_code == EXIT_OUTPUT and run.fatal:
         return
-    run.fatal, run.fatal_code = message, EXIT_OUTPUT
+    run.stop_with(message, EXIT_OUTPUT)
     sys.stderr.write(f"vllm-load: error: {message}\n")
     sys.stderr.flush()
 

@@ -14,7 +14,7 @@ from vllm_load.plugin.target import Target
 from vllm_load.rundir.files import own_run_dir
 from vllm_load.rundir.plan import RunPlan
 from vllm_load.workload.rate_schedule import RateSchedule
-from vllm_load.workload.scenarios import Applied, apply
+from vllm_load.workload.scenarios import apply
 
 __all__ = ["PLAN", "RunPlan", "decide", "ramp_kind", "why_no_window"]
 
@@ -72,13 +72,13 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
                    if getattr(opts, "rate_schedule", "") else (),
                    rate_schedule_ends=bool(getattr(opts, "rate_schedule", "")) and not opts.run_time,
                    scenario=getattr(opts, "scenario", ""),
-                   scenario_overrides=applied.overrides if (applied := scenario_applied(opts)) else ())
+                   scenario_overrides=scenario_applied(opts))
 
 
-def scenario_applied(opts: Any) -> Applied | None:
+def scenario_applied(opts: Any) -> tuple[str, ...]:
     """--scenario: its fixed values set on ``opts`` where they were left at their defaults (idempotent: the web UI's
-    every start checks again), and the options given other values (None: no scenario)."""
+    every start checks again), and the options given other values (none without a scenario)."""
     from vllm_load.options import OPTIONS
 
     name = getattr(opts, "scenario", "")
-    return apply(name, opts, {o.dest: o.default for o in OPTIONS}) if name else None
+    return apply(name, opts, {o.dest: o.default for o in OPTIONS}) if name else ()

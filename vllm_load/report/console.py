@@ -291,7 +291,7 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     lines += [f"fault: {line}" for line in disruption_lines(s.disruption)] if s.disruption else []
     lines += [f"protection: {protection_line(s.protection)}"] if s.protection else []  # --protect
     lines += [f"scenario: {scenario_line(s.scenario)}"] if s.scenario else []  # --scenario
-    lines += [f"reuse curve: {reuse_line(s.names)}"] if reuse_line(s.names) else []  # locustfiles/reuse.py
+    lines += [f"reuse curve: {reuse}"] if (reuse := reuse_line(s.names)) else []  # locustfiles/reuse.py
     if s.valid_output is not None:  # --response-format
         lines.append(f"structured output: {s.valid_output * 100:.1f}% of {s.validated} answers valid JSON "
                      f"({interval_text(s.valid_output_ci)})")

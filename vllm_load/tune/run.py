@@ -215,14 +215,13 @@ def probe_level(args: argparse.Namespace, locust_args: list[str], url: str, leve
     probe) says nothing about the server, yet it would end the growth there, or leave a configuration with no
     capacity at all: such a try is run once more, and the second one counts (named ``reprobed``, its first run's
     directory kept beside it)."""
+    def once(where: Path) -> Probe:
+        return run_probe(locust_args, url, level, args.search, slos, sidecar_url, f"{duration:g}s", f"{warmup:g}s",
+                         where, args.rate_users, timeout=duration + 300)
+
     probes: list[Probe] = []
     for k in range(1, args.repeat + 1):
         run_dir = cdir / (f"probe-{level:g}" if args.repeat == 1 else f"probe-{level:g}-r{k}")
-
-        def once(where: Path) -> Probe:
-            return run_probe(locust_args, url, level, args.search, slos, sidecar_url, f"{duration:g}s",
-                             f"{warmup:g}s", where, args.rate_users, timeout=duration + 300)
-
         probe = once(run_dir)
         if not probe.passed and probe.untrustworthy:  # measured nothing, or missed, while starved: once more
             why = probe.untrustworthy

@@ -33,20 +33,21 @@ def is_published(text: str) -> bool:
     return text in PUBLISHED or text in PUBLISHED.values()
 
 
-def hub_caches() -> list[Path]:
-    """Where a Hugging Face cache may be, in the order huggingface_hub itself decides it."""
+def hub_cache() -> Path:
+    """The local Hugging Face cache, as huggingface_hub itself decides where it is."""
     if os.environ.get("HF_HUB_CACHE"):
-        return [Path(os.environ["HF_HUB_CACHE"])]
+        return Path(os.environ["HF_HUB_CACHE"])
     home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return [Path(home) / "hub"]
+    return Path(home) / "hub"
 
 
 def snapshot(cache: Path, repo: str) -> Path | None:
     """A cached dataset's snapshot: the one ``refs/main`` names, else the newest there is."""
     root = cache / f"datasets--{repo.replace('/', '--')}"
     ref = root / "refs" / "main"
-    if ref.is_file() and (root / "snapshots" / ref.read_text().strip()).is_dir():
-        return root / "snapshots" / ref.read_text().strip()
+    named = root / "snapshots" / ref.read_text().strip() if ref.is_file() else None
+    if named is not None and named.is_dir():
+        return named
     snaps = sorted((root / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
     return snaps[-1] if snaps else None
 
@@ -63,11 +64,11 @@ def resolve(text: str) -> Path:
             looked.append(str(folder))
             if folder.exists():
                 return folder
-    for cache in hub_caches():
-        found = snapshot(cache, repo)
-        looked.append(str(cache / f"datasets--{repo.replace('/', '--')}"))
-        if found is not None:
-            return found
+    cache = hub_cache()
+    found = snapshot(cache, repo)
+    looked.append(str(cache / f"datasets--{repo.replace('/', '--')}"))
+    if found is not None:
+        return found
     raise UsageError(f"--sessions {text}: the public set {repo} is not on this machine (looked in "
                      f"{', '.join(looked)}); get it once with `huggingface-cli download --repo-type dataset {repo}` "
                      "or put its traces.jsonl in $VLLM_LOAD_DATASETS/" + names[0])

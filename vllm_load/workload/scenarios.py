@@ -22,7 +22,6 @@ from vllm_load.errors import UsageError
 class Scenario:
     name: str
     follows: str  # the public rule it reproduces
-    locustfile: str  # the shipped locustfile whose user class it runs (its ``uses_options`` name the options)
     #: option (dest) -> the value the scenario fixes, and why, as the stamp names an override
     fixed: tuple[tuple[str, Any, str], ...]
     failed_share: float  # the run is aborted, and not valid, past this share of failed requests
@@ -30,7 +29,7 @@ class Scenario:
 
 
 AGENTX = Scenario(
-    "agentx", "AIPerf's inferencex-agentx-mvp (InferenceX AgentX)", "sessions.py",
+    "agentx", "AIPerf's inferencex-agentx-mvp (InferenceX AgentX)",
     fixed=(("session_start", "0.25,0.75", "each session's t* drawn in 25-75 % of its turns"),
            ("session_align", "instant", "every user's t* at one instant"),
            ("max_idle", 10.0, "idle gaps capped at 10 s"),
@@ -42,23 +41,16 @@ AGENTX = Scenario(
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (AGENTX,)}
 
 
-@dataclass(frozen=True)
-class Applied:
-    """What a scenario did to a run's options: its name, and each option given another value than it fixes."""
-
-    scenario: Scenario
-    overrides: tuple[str, ...]
-
-
 def scenario_of(name: str) -> Scenario:
     if name not in SCENARIOS:
         raise UsageError(f"--scenario {name!r} is unknown: use one of {', '.join(SCENARIOS)}")
     return SCENARIOS[name]
 
 
-def apply(name: str, opts: Any, defaults: dict[str, Any]) -> Applied:
+def apply(name: str, opts: Any, defaults: dict[str, Any]) -> tuple[str, ...]:
     """Set the scenario's values on ``opts`` where the option was left at its default; an option given another value
-    is kept and named (the run is then not valid for the scenario). A missing required option is one line."""
+    is kept, and named in what this returns (the run is then not valid for the scenario). A missing required option
+    is one line."""
     scenario = scenario_of(name)
     for dest in scenario.needs:
         if not getattr(opts, dest, None):
@@ -74,7 +66,7 @@ def apply(name: str, opts: Any, defaults: dict[str, Any]) -> Applied:
             continue
         flag = "--" + dest.replace("_", "-")
         overrides.append(f"{flag} {given} (the scenario's {value}: {why})")
-    return Applied(scenario, tuple(overrides))
+    return tuple(overrides)
 
 
 def stamp(name: str, overrides: tuple[str, ...], requests: int, failed: int, aborted: str = "") -> dict:
