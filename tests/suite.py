@@ -28,9 +28,10 @@ import pytest
 #: the modules whose tests are all slow (real vLLMs, swarms of processes, namespaces, capacity searches, browsers)
 SLOW_MODULES = frozenset({
     "test_real_vllm", "test_real_vllm_pooling", "test_real_vllm_reasoning", "test_real_vllm_tune",
-    "test_real_vllm_vision", "test_saturation", "test_tune", "test_netns", "test_process_faults", "test_busy_host",
+    "test_real_vllm_vision", "test_real_vllm_speech", "test_saturation", "test_tune", "test_netns", "test_process_faults", "test_busy_host",
     "test_faults", "test_compose", "test_kubernetes", "test_packaging", "test_webui", "test_sweep",
     "test_security", "test_router", "test_transformers_serve", "test_real_vllm_fleet",
+    "test_pd",  # the real vllm-router binary in front of an emulator pair: a real server process
 })
 #: the test that runs the fast selection beside busy loops (the whole suite leaves that selection to it)
 BUSY_SUITE = "test_busy_suite.py::test_the_fast_selection_passes_beside_a_busy_loop_on_every_core"

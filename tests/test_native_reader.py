@@ -151,7 +151,8 @@ BLOCKING = textwrap.dedent("""
 
 
 @pytest.mark.quiet_cores
-@pytest.mark.parametrize("reader", ["native", "python"])
+# the fallback reader's merged gaps in the full suite only (7 s of the fast selection's serial tail)
+@pytest.mark.parametrize("reader", ["native", pytest.param("python", marks=pytest.mark.slow)])
 def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_process_factory, tmp_path):
     if reader == "native" and not native.built():
         pytest.fail("the native reader is not built")

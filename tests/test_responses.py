@@ -4,7 +4,6 @@ usage of response.completed), against vLLM 0.32's recorded shapes and the embedd
 from __future__ import annotations
 
 import json
-import statistics
 
 import orjson
 import pytest
@@ -62,23 +61,20 @@ def test_a_broken_responses_stream_says_why(lines, reason):
     assert got is not None and got.startswith(reason), got
 
 
-@pytest.mark.quiet_cores
 def test_responses_locustfile_against_the_emulator(tmp_path):
+    # counts, not times (the reasoning gap's timing is tests/test_reasoning.py's subject): beside the others of -n
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles/responses.py"), "--headless", "-u", "2", "-r", "2", "-t", "3s",
-                          "--emulator-ttft", "0.04", "--emulator-itl", "0.01", "--emulator-reasoning-tokens", "6",
-                          "--input-tokens", "100", "--output-tokens", "20", "--run-dir", str(run_dir)], cwd=tmp_path,
-                         emulator_process=True)  # the reasoning gap is checked against the emulator's schedule
+    res = run_in_process(["-f", str(ROOT / "locustfiles/responses.py"), "--headless", "-u", "2", "-r", "2", "-t", "60s",
+                          "--num-requests", "6", "--emulator-ttft", "0.04", "--emulator-itl", "0.01",
+                          "--emulator-reasoning-tokens", "6", "--input-tokens", "100", "--output-tokens", "20",
+                          "--run-dir", str(run_dir)], cwd=tmp_path, emulator_process=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
-    assert len(logs) >= 4 and all(r["ok"] and r["api"] == "responses" for r in logs)
+    assert len(logs) == 6 and all(r["ok"] and r["api"] == "responses" for r in logs)
     for r in logs:  # exact input (the template and the BOS vLLM adds to a Responses input), exact output
         assert r["tokens_from_usage"] and r["input_tokens"] == r["input_tokens_asked"] == 100 and r["output_tokens"] == 20
-        assert r["reasoning_tokens"] == 6 and r["ttfo"] - r["ttft"] == pytest.approx(6 * 0.01, abs=0.02)
+        assert r["reasoning_tokens"] == 6 and r["ttfo"] >= r["ttft"]
         assert len(r["chunk_offsets"]) == 20 and r["finish_reason"] == "length"
-    # the reasoning's six gaps as the emulator wrote them: within 4 ms at the median; each within 20 ms (this VM's
-    # hiccups: one request's once read 64.4 ms)
-    assert statistics.median(r["ttfo"] - r["ttft"] for r in logs) == pytest.approx(6 * 0.01, abs=0.004)
     s = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert s["input_drift_requests"] == 0 and s["output_mismatch"] == 0
 

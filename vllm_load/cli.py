@@ -14,7 +14,7 @@ from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, OutputError, UsageErro
 
 
 LOCUSTFILES = ("chat", "completions", "multiturn", "agent", "sessions", "sweep", "embeddings", "rerank", "responses",
-              "messages", "mixed", "reuse")
+              "messages", "mixed", "reuse", "transcription")
 
 
 def parse_share(text: str, flag: str) -> float:

@@ -30,6 +30,8 @@ SERVER_PREFILL: Final = "server_prefill"
 KV_TRANSFER: Final = "kv_transfer"
 SERVER_DECODE: Final = "server_decode"
 CLIENT_OVERHEAD: Final = "client_overhead"
+CLIP_SECONDS: Final = "clip_seconds"
+RTF: Final = "rtf"
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ METRICS: tuple[Metric, ...] = (
     Metric(INPUT_TOKENS, "Input tokens", "tok", 1.0, hist_scale=1.0, field=INPUT_TOKENS),
     Metric(OUTPUT_TOKENS, "Output tokens", "tok", 1.0, hist_scale=1.0, field=OUTPUT_TOKENS),
     Metric(REASONING_TOKENS, "Reasoning tokens", "tok", 1.0, hist_scale=1.0, field=REASONING_TOKENS),
+    # speech to text: each clip's length, and its E2E over it (under 1: faster than the audio plays), to 0.1 ms
+    Metric(CLIP_SECONDS, "Audio per request", "s", 1.0, hist_scale=1e4, field=CLIP_SECONDS),
+    Metric(RTF, "Real-time factor (E2E / audio)", "x", 1.0, hist_scale=1e4, field=RTF),
     # where each request's time went, as the server said it (vLLM's per-request metrics in the stream): merged exactly
     # across workers and exported live; the console and the report say them as the tails' split (breakdown.py)
     Metric(SERVER_QUEUE, "Server queue", "ms", 1000.0, field=SERVER_QUEUE, table=False),

@@ -75,10 +75,11 @@ OPTIONS: tuple[Option, ...] = (*group(
         "draw from (256x256,1024x768)", locustfiles=("chat.py",)),
     Option("--images-from", "", "chat.py: the images come from this file or folder (jpg, png, webp, gif, bmp), in "
         "turn, instead of being generated: a file sent twice can hit vLLM's multimodal cache", locustfiles=("chat.py",), web=False),
-    Option("--audio-from", "", "chat.py: one clip per request from this file or folder (wav, mp3), in turn, instead "
-        "of --audio-seconds' generated ones", locustfiles=("chat.py",), web=False),
+    Option("--audio-from", "", "chat.py, transcription.py: one clip per request from this file or folder (wav, mp3), "
+        "in turn, instead of --audio-seconds' generated ones", locustfiles=("chat.py", "transcription.py"), web=False),
     Option("--audio-seconds", 0.0, "chat.py: one unique audio clip (16 kHz WAV, input_audio) of this many seconds "
-        "after each prompt's text; 0: none", type=float, locustfiles=("chat.py",)),
+        "after each prompt's text; 0: none. transcription.py: each request's unique clip (0: 5 s)", type=float,
+        locustfiles=("chat.py", "transcription.py")),
 ), *group(
     "load shape",
     Option("--num-requests", 0, "end the run once this many requests finished, across all workers (warm-up aside), as "

@@ -18,7 +18,7 @@ from typing import IO, Any, Iterable
 
 import orjson
 
-from . import media, messages, pooling, responses
+from . import audio, media, messages, pooling, responses
 from .engine import FixedScheduleEngine
 from .faults import FaultPlan
 from .generate import VERSION, complete, stream
@@ -130,6 +130,8 @@ class Emulator:
             return self._pool(environ, start_response, path)
         if path == "/v1/responses":
             return self._responses(environ, start_response)
+        if path in audio.TASKS:
+            return audio.serve(self, environ, start_response, audio.TASKS[path])
         if path in ("/v1/messages", "/v1/messages/count_tokens"):
             return self._messages(environ, start_response, path.endswith("count_tokens"))
         if path in GENERATION_PATHS:
@@ -143,7 +145,7 @@ class Emulator:
             raise HttpError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
         return model
 
-    def _log_request(self, environ: dict, body: dict) -> None:
+    def log_request(self, environ: dict, body: dict) -> None:
         """--request-log: what a client really sent (its path, body and headers, credentials as ***)."""
         if self.request_log is not None:
             self.request_log.write(orjson.dumps({"path": environ.get("PATH_INFO", ""), "body": body,
@@ -160,7 +162,7 @@ class Emulator:
 
     def _responses(self, environ: dict, start_response: Start) -> Iterable[bytes]:
         body = post_body(environ)
-        self._log_request(environ, body)
+        self.log_request(environ, body)
         try:
             messages = responses.messages_of(body)
         except responses.ResponsesError as exc:
@@ -176,7 +178,7 @@ class Emulator:
     def _messages(self, environ: dict, start_response: Start, count: bool) -> Iterable[bytes]:
         """Anthropic's Messages API, as vLLM converts it to a chat request (``messages.py``)."""
         body = post_body(environ)
-        self._log_request(environ, body)
+        self.log_request(environ, body)
         try:
             chat = {"model": body.get("model", self.served[0]), "messages": messages.chat_messages(body),
                     "max_tokens": body.get("max_tokens")}
@@ -199,7 +201,7 @@ class Emulator:
         if rx_wall:  # the kernel stamped its arrival: count the time it waited for this loop too
             received -= max(0.0, time.time() - rx_wall)
         body = post_body(environ)
-        self._log_request(environ, body)
+        self.log_request(environ, body)
         refused = [f for f in self.reject if f in body or f in (body.get("stream_options") or {})]
         if refused:  # a strict OpenAI-compatible gateway: unknown fields are an error
             raise HttpError(400, f"Unrecognized request argument supplied: {refused[0]}", "BadRequestError",

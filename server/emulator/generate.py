@@ -55,7 +55,7 @@ def paced(emu: Emulator, out: Output) -> Iterable[int]:
         m.l(m.generation_tokens).inc(em.tokens)
         n += em.tokens
         yield em.tokens
-    observe_finish(emu, len(out.ids), n, ttft, prev, queue, out.finish)
+    observe_finish(emu, out.metered(), n, ttft, prev, queue, out.finish)
 
 
 def complete(emu: Emulator, start_response: Start, chat: bool, model: str, out: Output,
@@ -119,18 +119,20 @@ def export_span(emu: Emulator, trace: str | None, rid: str, queue: float, ttft: 
 
 def stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usage: bool,
            continuous: bool, fault: str | None = None, received: float = 0.0,
-           trace: str | None = None) -> Iterable[bytes]:
+           trace: str | None = None, head: dict | None = None) -> Iterable[bytes]:
     """The answer's events; a client that goes away mid-answer (the server closes the stream) is counted as vLLM
-    counts it: ``vllm:request_success_total{finished_reason="abort"}``, its sequence freed."""
+    counts it: ``vllm:request_success_total{finished_reason="abort"}``, its sequence freed. ``head``: the chunks'
+    id and object when they are not chat's or a completion's (speech to text's: chat's deltas, no role chunk)."""
     try:
-        yield from _stream(emu, chat, model, out_spec, include_usage, continuous, fault, received, trace)
+        yield from _stream(emu, chat, model, out_spec, include_usage, continuous, fault, received, trace, head)
     except GeneratorExit:
         emu.metrics.success.labels(finished_reason="abort", **emu.metrics.labels).inc()
         raise
 
 
 def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usage: bool,
-            continuous: bool, fault: str | None, received: float, trace: str | None) -> Iterable[bytes]:
+            continuous: bool, fault: str | None, received: float, trace: str | None,
+            own_head: dict | None = None) -> Iterable[bytes]:
     m = emu.metrics
     log = emu.timing_log
     due: list[float] = []
@@ -138,7 +140,7 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
     perf = time.perf_counter
     arrival = 0.0  # when the engine took the request, seconds after it was received
     rid, created = secrets.token_hex(8), int(time.time())
-    head = ({"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk"} if chat
+    head = (dict(own_head) if own_head else {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk"} if chat
             else {"id": f"cmpl-{rid}", "object": "text_completion"})
     head.update(created=created, model=model)
     words = itertools.cycle(WORDS)
@@ -183,7 +185,7 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
             ttft, queue = offset, em.queue_time
             arrival = em.at - em.offset - received  # the engine's own arrival, not one re-read later
             m.l(m.ttft).observe(ttft)
-            if chat:
+            if chat and own_head is None:
                 role = {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
                                              "logprobs": None, "finish_reason": None}]}
                 if continuous:
@@ -239,7 +241,7 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
         if emu.per_request_metrics:  # vLLM's --enable-per-request-metrics: its own times of this request
             last["metrics"] = per_request_metrics(queue, ttft, prev, out)
         yield event(last)
-    observe_finish(emu, prompt_tokens, out, ttft, prev, queue, out_spec.finish)
+    observe_finish(emu, out_spec.metered(), out, ttft, prev, queue, out_spec.finish)
     export_span(emu, trace, head["id"], queue, ttft, prev, out, prompt_tokens)
     if emu.stream_style == "vllm":  # the other servers end the stream after the finish_reason
         yield b"data: [DONE]\n\n"

@@ -41,6 +41,12 @@ class Output:
     kv: str = ""
     answer: list[str] | None = None  # a graded item's answer, piece by piece (``graded.py``): the whole answer
     priority: int = 0  # vLLM's request priority (lower is handled earlier) under --scheduling-policy priority
+    #: the prompt tokens /metrics counts when not all of ``ids``: an encoder-decoder model's (Whisper's) decoder
+    #: prompt alone, where its usage adds the audio's frames too (vLLM 0.32, measured)
+    decoder_tokens: int | None = None
+
+    def metered(self) -> int:
+        return len(self.ids) if self.decoder_tokens is None else self.decoder_tokens
 
 
 def tool_to_call(body: dict) -> str | None:
@@ -109,9 +115,10 @@ def prompt_ids(emu: Emulator, chat: bool, body: dict) -> list[int]:
 
 
 def plan(emu: Emulator, chat: bool, body: dict, fault: str | None = None,
-         ids: list[int] | None = None) -> tuple[str, Output]:
+         ids: list[int] | None = None, cache: bool = True) -> tuple[str, Output]:
     """What a generation request will produce (its model and Output), or the HttpError vLLM would answer.
-    ``ids``: the prompt's token ids when the caller tokenized it (the Responses API)."""
+    ``ids``: the prompt's token ids when the caller tokenized it (the Responses API); ``cache`` False: the model
+    has no prefix cache (vLLM disables it for encoder-decoder models)."""
     model = emu.model_of(body)
     ids = prompt_ids(emu, chat, body) if ids is None else ids
     prompt_tokens = len(ids)
@@ -139,9 +146,11 @@ def plan(emu: Emulator, chat: bool, body: dict, fault: str | None = None,
         raise HttpError(400, f"{prompt_tokens + max_tokens} tokens do not fit the KV cache of "
                              f"{emu.engine.cfg.num_gpu_blocks} blocks of {emu.engine.cfg.block_size}", "BadRequestError")
     emu.faults.raise_overload(fault)
-    emu.metrics.l(emu.metrics.prefix_queries).inc(prompt_tokens)
-    cached = emu.prefix_cache.query(ids)
-    emu.metrics.l(emu.metrics.prefix_hits).inc(cached)
+    cached = 0
+    if cache:
+        emu.metrics.l(emu.metrics.prefix_queries).inc(prompt_tokens)
+        cached = emu.prefix_cache.query(ids)
+        emu.metrics.l(emu.metrics.prefix_hits).inc(cached)
     if fault == "overrun":  # a broken server: it streams 100 times the tokens asked
         max_tokens = max_tokens * 100
     thinking = 0

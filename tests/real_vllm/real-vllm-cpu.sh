@@ -8,6 +8,7 @@
 #   R=DIR bash recipe.sh think     # build $R/tiny-think: tiny + <think></think> tokens, for --reasoning-parser (~10 s)
 #   R=DIR bash recipe.sh vision    # build $R/tiny-vision: a tiny random Idefics3 (images) (~15 s)
 #   R=DIR bash recipe.sh cross     # build $R/tiny-cross: tiny + a seeded 1-label score head (a cross-encoder) (~10 s)
+#   R=DIR bash recipe.sh whisper   # build $R/tiny-whisper: a tiny random Whisper (speech to text), PyAV added (~15 s)
 #   R=DIR bash recipe.sh serve [MODEL_DIR NAME [vllm flags...]]
 #                                  # start server on 127.0.0.1:8011, wait for /health (~45 s); default $R/tiny as "tiny"
 #   R=DIR bash recipe.sh smoke     # streaming completions/chat + /metrics
@@ -152,6 +153,48 @@ PYEOF
   rm -rf "$R/tiny-cross" && mv "$R/tiny-cross.part" "$R/tiny-cross"
 }
 
+do_whisper() {
+  # speech to text: a tiny random Whisper (1 encoder and 1 decoder layer of width 64) over the tiny Llama's BPE with
+  # Whisper's special tokens added; vLLM reads the uploaded clip with PyAV (the venv has neither it nor soundfile),
+  # serves it with --max-model-len 448 (Whisper's decoder positions)
+  "$PY" -c 'import av' 2>/dev/null || timeout 300 "$R/venv/bin/pip" install -q av
+  cat > "$R/build_whisper.py" <<'PYEOF'
+import json, sys, torch
+from transformers import (AutoTokenizer, PreTrainedTokenizerFast, WhisperConfig, WhisperForConditionalGeneration,
+                          WhisperFeatureExtractor, WhisperTokenizerFast, WhisperProcessor)
+src, out = sys.argv[1], sys.argv[2]
+base = AutoTokenizer.from_pretrained(src)
+base.save_pretrained(out + "/base")  # its tokenizer.json: the Whisper tokenizer's vocabulary
+langs = ["en", "de", "fr"]
+special = ["<|endoftext|>", "<|startoftranscript|>", *[f"<|{l}|>" for l in langs], "<|translate|>", "<|transcribe|>",
+           "<|startoflm|>", "<|prev|>", "<|nospeech|>", "<|notimestamps|>"]
+tok = WhisperTokenizerFast(tokenizer_file=out + "/base/tokenizer.json", unk_token="<|endoftext|>",
+                           bos_token="<|endoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+tok.add_special_tokens({"additional_special_tokens": special[1:]})
+tok.add_tokens(["<|endoftext|>"], special_tokens=True)
+ids = {t: tok.convert_tokens_to_ids(t) for t in special}
+print(ids, len(tok))
+fe = WhisperFeatureExtractor(feature_size=80, sampling_rate=16000, hop_length=160, chunk_length=30, n_fft=400)
+vocab = ((len(tok) + 63) // 64) * 64
+cfg = WhisperConfig(vocab_size=vocab, num_mel_bins=80, d_model=64, encoder_layers=1, decoder_layers=1,
+                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                    max_source_positions=1500, max_target_positions=448, decoder_start_token_id=ids["<|startoftranscript|>"],
+                    eos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"], bos_token_id=ids["<|endoftext|>"],
+                    begin_suppress_tokens=None, suppress_tokens=None)
+torch.manual_seed(0)
+m = WhisperForConditionalGeneration(cfg).to(torch.bfloat16)
+m.generation_config.lang_to_id = {f"<|{l}|>": ids[f"<|{l}|>"] for l in langs}
+m.generation_config.task_to_id = {"transcribe": ids["<|transcribe|>"], "translate": ids["<|translate|>"]}
+m.generation_config.no_timestamps_token_id = ids["<|notimestamps|>"]
+m.generation_config.is_multilingual = True
+m.save_pretrained(out, safe_serialization=True)
+WhisperProcessor(feature_extractor=fe, tokenizer=tok).save_pretrained(out)
+print("built", out)
+PYEOF
+  timeout 300 "$PY" "$R/build_whisper.py" "$R/tiny" "$R/tiny-whisper.part"
+  rm -rf "$R/tiny-whisper.part/base" "$R/tiny-whisper" && mv "$R/tiny-whisper.part" "$R/tiny-whisper"
+}
+
 do_serve() {
   local MODEL=${1:-$R/tiny} NAME=${2:-tiny}
   [ $# -ge 2 ] && shift 2 || set --
@@ -191,7 +234,7 @@ do_stop() {
 }
 
 case "${1:-all}" in
-  install) do_install ;; model) do_model ;; think) do_think ;; vision) do_vision ;; cross) do_cross ;; serve) shift; do_serve "$@" ;; smoke) do_smoke ;;
+  install) do_install ;; model) do_model ;; think) do_think ;; vision) do_vision ;; cross) do_cross ;; whisper) do_whisper ;; serve) shift; do_serve "$@" ;; smoke) do_smoke ;;
   stop) do_stop ;;
   all) do_install; do_model; do_serve; do_smoke ;;
   *) echo "usage: $0 install|model|think|vision|cross|serve|smoke|stop|all"; exit 2 ;;

@@ -15,7 +15,7 @@ import orjson
 
 from vllm_load.client.exchange import Clock, JsonBody, Transport
 from vllm_load.client.record import RequestRecord
-from vllm_load.client.stream import BodyDefaults, Placement, ReadyRequest, StreamCancelled, exchanged, merge_body
+from vllm_load.client.stream import BodyDefaults, Placement, ReadyRequest, StreamCancelled, exchanged, merge_body, typed
 
 #: the pooling APIs and how many inputs a body carries (for inputs/s)
 POOLING = frozenset({"embeddings", "rerank", "score"})
@@ -73,6 +73,7 @@ def pooling_request(transport: Transport, req: ReadyRequest, headers: dict[str, 
     name = at.name if at.name is not None else req.group
     clock = Clock.now(at.intended_start)
     body = JsonBody() if body is None else body
+    headers = typed(req, headers)
     ex = transport.exchange(req.path, req.body, headers, body, clock, name or req.path, own)
     usage = (body.data or {}).get("usage") if ex.error is None else None
     prompt = usage.get("prompt_tokens") if isinstance(usage, dict) else None

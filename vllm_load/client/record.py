@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
-from vllm_load.metric_table import TPOT
+from vllm_load.metric_table import RTF, TPOT
 
 
 @dataclass
@@ -67,6 +67,7 @@ class RequestRecord:
     items: int | None = None  # pooling requests: the inputs (texts, documents) it carried
     late_merged: int = 0  # chunk gaps of 0 made by the native reader's late reads (a late read merged two chunks)
     media: int = 0  # images and audio clips in the prompt: input_tokens_asked counts its text only
+    clip_seconds: float | None = None  # speech to text: the clip's length
     graded: str | None = None  # --accuracy: the graded set's kind, and whether the answer was right
     correct: bool | None = None
     valid: bool | None = None  # --response-format: the answer's JSON parsed (and validated against the schema)
@@ -120,6 +121,11 @@ class RequestRecord:
             return None
         return self.output_tokens / self.e2e
 
+    @property
+    def rtf(self) -> float | None:
+        """Speech to text's real-time factor: the request's E2E over its clip's length (under 1 keeps up)."""
+        return self.e2e / self.clip_seconds if self.clip_seconds else None
+
     def _beyond_asked(self) -> int | None:
         """The server's prompt tokens minus the count made before sending (None without the server's usage)."""
         if self.input_tokens_asked is None or not self.tokens_from_usage or self.input_tokens is None:
@@ -144,6 +150,8 @@ class RequestRecord:
         data["chunk_offsets"] = ([round(x, 7) for x in offsets] if len(offsets) < 64
                                  else np.round(np.asarray(offsets, dtype=np.float64), 7).tolist())
         data[TPOT] = self.tpot
+        if self.clip_seconds:
+            data[RTF] = self.rtf
         if self.media:
             data["media_tokens"] = self.media_tokens
         return data

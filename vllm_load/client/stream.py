@@ -24,11 +24,12 @@ from vllm_load.client.record import RequestRecord
 from vllm_load.client.sse import StreamState
 from vllm_load.client.trace_context import trace_id
 from vllm_load.workload.prompts import Prompt
-from vllm_load.metric_table import E2E, SEND_LAG
+from vllm_load.metric_table import CLIP_SECONDS, E2E, SEND_LAG
 
 PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "embeddings": "/v1/embeddings",
          "rerank": "/v1/rerank", "score": "/v1/score", "responses": "/v1/responses",
-         "messages": "/v1/messages"}
+         "messages": "/v1/messages", "transcription": "/v1/audio/transcriptions",
+         "translation": "/v1/audio/translations"}
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,9 @@ class ReadyRequest:
     media: int = 0  # images and audio clips in the prompt (input_tokens counts its text only)
     graded: str | None = None  # --accuracy: the graded set's kind, and the answer its grader expects
     expected: str | None = None
+    content_type: str | None = None  # a body that is not JSON (speech to text's multipart form)
+    audio_seconds: float | None = None  # speech to text: the clip's length (the real-time factor's denominator)
+    streamed: bool = True  # False: one JSON answer, timed to its last byte (pooling, a whole transcription)
 
     @property
     def path(self) -> str:
@@ -162,6 +166,7 @@ def stream_request(transport: Transport, req: ReadyRequest, headers: dict[str, s
     clock = Clock.now(at.intended_start)
     state = StreamState() if state is None else state
     state.cap(req.max_tokens)
+    headers = typed(req, headers)
     ex = transport.exchange(req.path, req.body, headers, state, clock, name or req.path, own)
     offsets = state.chunk_times
     tokens_from_usage = state.completion_tokens is not None and state.prompt_tokens is not None
@@ -192,6 +197,22 @@ def stream_request(transport: Transport, req: ReadyRequest, headers: dict[str, s
     if ex.cancelled is not None:
         raise StreamCancelled(rec) from ex.cancelled
     return rec
+
+
+#: the run's headers with another body's Content-Type, made once per header set and type (a transport builds its
+#: request prefix once per header dict it is given: one dict per type, not one per request)
+_TYPED: dict[tuple[int, str], tuple[dict[str, str], dict[str, str]]] = {}
+
+
+def typed(req: ReadyRequest, headers: dict[str, str]) -> dict[str, str]:
+    """The run's headers, with the request's body's Content-Type when that is not JSON (a multipart form)."""
+    if req.content_type is None:
+        return headers
+    key = (id(headers), req.content_type)
+    known = _TYPED.get(key)
+    if known is None or known[0] is not headers:
+        known = _TYPED[key] = (headers, {**headers, "Content-Type": req.content_type})
+    return known[1]
 
 
 def server_parts(rec: RequestRecord, metrics: dict) -> None:
@@ -229,7 +250,7 @@ def exchanged(req: ReadyRequest, clock: Clock, ex: Exchange, at: Placement, name
             "worker": at.worker, "step": at.step,
             "startup": at.startup, "name": name,
             SEND_LAG: None if at.intended_start is None else max(0.0, clock.now_perf - clock.t0),
-            "headers": ex.captured, "trace_id": trace_id(own)}
+            "headers": ex.captured, "trace_id": trace_id(own), CLIP_SECONDS: req.audio_seconds}
 
 
 def reasoning_count(state: StreamState, count: Callable[[str], int] | None) -> tuple[int | None, str | None]:

@@ -25,11 +25,13 @@ from typing import Any, Callable
 from vllm_load.errors import UsageError
 from vllm_load import metric_table as table
 from vllm_load.metrics.breakdown import PARTS
-from vllm_load.metric_table import E2E, ITL, OUTPUT_TPS
+from vllm_load.metric_table import E2E, ITL, OUTPUT_TPS, RTF
 from vllm_load.metrics.summary import RunSummary, metric_stats
 
 # the server's parts of each request's time (metrics/breakdown.py) gate as latencies: server_queue.p99<=100ms
 LATENCY = (*table.LATENCY, *PARTS)
+#: per-request values that are not times, bounded by a statistic with no unit: output_tps.p10>=20, rtf.p99<=0.5
+PER_REQUEST_RATIOS = (OUTPUT_TPS, RTF)
 PER_REQUEST = table.GOODPUT  # goodput criteria, as in vllm bench serve: ttft, tpot, e2e
 STATS = ("p50", "p90", "p95", "p99", "p99.9", "max", "mean", "min")
 RUN_METRICS = {
@@ -115,8 +117,10 @@ def parse_slo(text: str) -> SLO:
             raise UsageError(f"SLO {text!r} needs a statistic: {metric}.p99, {metric}.p50, {metric}.max …")
         if unit not in ("ms", "s", "us"):
             raise UsageError(f"SLO {text!r} needs a time unit (ms, s or us), e.g. {metric}.{stat}<=500ms")
-    elif metric == OUTPUT_TPS and stat:
+    elif metric in PER_REQUEST_RATIOS and stat:
         pass
+    elif metric == RTF:
+        raise UsageError(f"SLO {text!r} needs a statistic: rtf.p99<=0.5, rtf.p50 …")
     elif metric in RUN_METRICS or metric in SERVER_METRICS:
         if stat:
             raise UsageError(f"SLO {text!r}: {metric} takes no .{stat}")
@@ -132,7 +136,7 @@ def parse_slo(text: str) -> SLO:
         if metric == "input_drift" and unit == "%":  # the share of requests that drifted, not tokens
             stat = "share"
     else:
-        known = ", ".join(list(LATENCY) + list(RUN_METRICS) + list(SERVER_METRICS))
+        known = ", ".join(list(LATENCY) + [RTF] + list(RUN_METRICS) + list(SERVER_METRICS))
         raise UsageError(f"SLO {text!r} names an unknown metric {metric!r}: use one of {known}")
     return SLO(text.strip(), metric, stat, op, value * _UNITS[unit], name.strip() if name else None)
 
@@ -242,7 +246,7 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
         if part.at(slo.stat) is None:
             return None, f"the run computed no {slo.stat} of it (--metric-percentiles)"
         return float(part.at(slo.stat)), ""
-    if slo.metric in LATENCY or (slo.metric == OUTPUT_TPS and slo.stat):
+    if slo.metric in LATENCY or (slo.metric in PER_REQUEST_RATIOS and slo.stat):
         m = metric_stats(summary, slo.metric)
         if not m.count:
             return None, "no successful request measured it"

@@ -27,6 +27,7 @@ from vllm_load.client.trace_context import HEADER, new_traceparent
 from vllm_load.client.stream import Placement, ReadyRequest, StreamCancelled, build_request, stream_request
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.llm_pooling import PoolingCalls
+from vllm_load.plugin.llm_speech import SpeechCalls
 from vllm_load.plugin.llm_sessions import Due, SessionCalls
 from vllm_load.plugin.llm_checks import check_max_tokens, check_messages, split_media
 from vllm_load.plugin.request_source import RequestSource
@@ -44,7 +45,7 @@ STATES: dict[str, type[StreamState]] = {"responses": ResponsesState, "messages":
 BACKOFF_START = 0.05
 
 
-class LLM(PoolingCalls, SessionCalls):
+class LLM(PoolingCalls, SpeechCalls, SessionCalls):
     """The LLM client of one Locust user (``self.llm``)."""
 
     def __init__(self, user: Any) -> None:
@@ -218,7 +219,7 @@ class LLM(PoolingCalls, SessionCalls):
         due = self._due.pop(getcurrent(), None)
         target = self._route(gen)
         gen.begin_request()  # counted from here: a drain waits for it
-        state: StreamState | JsonBody = (JsonBody() if ready.api in POOLING else
+        state: StreamState | JsonBody = (JsonBody() if ready.api in POOLING or not ready.streamed else
                                          STATES.get(ready.api, StreamState)())
         if isinstance(state, StreamState) and gen.requests is not None:
             state.cancel_after = gen.requests.cancel_after()  # --cancel: this one given up mid-answer, or not

@@ -13,9 +13,11 @@ from typing import Any, Callable
 import gevent
 
 from vllm_load.client.pooling import POOLING, embeddings_request, rerank_request
+from vllm_load.client.audio import TASKS
 from vllm_load.client.messages import messages_request
 from vllm_load.client.responses import responses_request
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, build_request, ready_request
+from vllm_load.plugin.llm_speech import workload_request as speech_request
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS, body_defaults
 from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
@@ -188,6 +190,8 @@ class RequestSource:
             return self._graded_request(item)
         if api == "responses":
             return self._responses_request()
+        if api in TASKS:  # speech to text: a clip, not a prompt
+            return speech_request(self, api)
         if api == "messages":
             prompt, max_tokens = self.new_prompt("chat")
             model, group = self.next_model()
@@ -224,11 +228,12 @@ class RequestSource:
         return parts
 
     def media_part(self, kind: str, *args: Any) -> dict[str, Any]:
-        """A user's own image or clip (``self.llm.image``/``audio``), made in the helper thread."""
+        """A user's own image or clip (``self.llm.image``/``audio``; ``clip``: a WAV's bytes), made in the helper
+        thread."""
         if self.helper_media is None:
             self.helper_media = MediaMaker(self.plan.salt, f"{self.source}/helper")
-        make = self.helper_media.image_part if kind == "image" else self.helper_media.audio_part
-        return self.offload(make, *args)
+        m = self.helper_media
+        return self.offload({"image": m.image_part, "audio": m.audio_part, "clip": m.audio_bytes}[kind], *args)
 
     def _responses_request(self) -> ReadyRequest:
         """A Responses API request of the run's workload: a chat prompt as its input items, built

@@ -210,6 +210,15 @@ class MessagesUser(_WorkloadUser):
     api = "messages"
 
 
+class TranscriptionUser(_WorkloadUser):
+    """/v1/audio/transcriptions, streamed: a unique clip of --audio-seconds (or --audio-from's next file) per
+    request, timed like chat (the first text, every gap), its real-time factor the E2E over the clip's length."""
+
+    abstract = False
+    api = "transcription"
+    uses_options = frozenset({"audio_seconds", "audio_from"})
+
+
 class EmbeddingsUser(_WorkloadUser):
     """/v1/embeddings: --batch-size unique texts of --input-tokens each per request."""
 

@@ -79,8 +79,11 @@ def mlperf_result(run: Any, logs: list[dict]) -> dict:
         "ttft": rollup(s, TTFT, [r[TTFT] for r in ok if r.get(TTFT) is not None], 1e9),
         "tpot": rollup(s, TPOT, [r[TPOT] for r in ok if r.get(TPOT) is not None], 1e9),
         "latency": rollup(s, E2E, [r[E2E] for r in ok if r.get(E2E) is not None], 1e9),
-        "input_sequence_lengths": rollup(s, INPUT_TOKENS, [r[INPUT_TOKENS] for r in ok], 1, int(s.input_tokens or 0)),
-        "output_sequence_lengths": rollup(s, OUTPUT_TOKENS, [r[OUTPUT_TOKENS] for r in ok], 1, tokens_out),
+        # a pooling request or a whole transcription generates no counted output (None): left out, as the metric does
+        "input_sequence_lengths": rollup(s, INPUT_TOKENS, [r[INPUT_TOKENS] for r in ok if r.get(INPUT_TOKENS) is not None],
+                                         1, int(s.input_tokens or 0)),
+        "output_sequence_lengths": rollup(s, OUTPUT_TOKENS, [r[OUTPUT_TOKENS] for r in ok
+                                                            if r.get(OUTPUT_TOKENS) is not None], 1, tokens_out),
         "legacy_loadgen_window_duration_ns": None,
         "qps": completed / duration if duration else None, "tps": tokens_out / duration if duration else None,
         "run_config": {"load_pattern": pattern, "warmup_s": plan.warmup if plan else 0.0,

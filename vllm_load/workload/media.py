@@ -70,6 +70,12 @@ class MediaFiles:
         self.files, self.kinds, self.next = files, kinds, 0
         self._cache: dict = {}
 
+    def clip(self) -> tuple[bytes, str]:
+        """The next file's bytes and name (speech to text sends them as they are, in a form)."""
+        path = self.files[self.next % len(self.files)]
+        self.next += 1
+        return path.read_bytes(), path.name
+
     def part(self) -> dict[str, Any]:
         path = self.files[self.next % len(self.files)]
         self.next += 1
@@ -80,6 +86,15 @@ class MediaFiles:
         if kind.startswith("image/"):
             return {"type": "image_url", "image_url": {"url": f"data:{kind};base64,{data}"}}
         return {"type": "input_audio", "input_audio": {"data": data, "format": kind}}
+
+
+def wav_seconds(data: bytes) -> float | None:
+    """A WAV clip's length from its header (None for another format: only a decoder would know)."""
+    try:
+        with wave.open(io.BytesIO(data)) as w:
+            return w.getnframes() / float(w.getframerate())
+    except (wave.Error, EOFError, ZeroDivisionError):
+        return None
 
 
 @dataclass
