@@ -64,9 +64,9 @@ def test_a_users_own_image_and_audio(tmp_path):
                           "--num-requests", "4", "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
-    assert logs and all(r["ok"] and r["media"] == 2 for r in logs), [r["error"] for r in logs][:3]
-    # 280x140: 10x5 patches; 2 s of audio: 50
-    assert all(r["media_tokens"] == 50 + 50 for r in logs)
+    assert logs and all(r["ok"] and r["media"] == 3 for r in logs), [r["error"] for r in logs][:3]
+    # 280x140: 10x5 patches; 2 s of audio: 50; 4 frames of 56x56: 2 pairs of 2x2 squares
+    assert all(r["media_tokens"] == 50 + 50 + 8 for r in logs)
 
 
 def test_images_and_clips_from_folders(tmp_path, emulator_factory):
@@ -97,3 +97,55 @@ def test_images_and_clips_from_folders(tmp_path, emulator_factory):
     bad = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "2s", "--host", emu.url,
                           "--images-per-request", "1", "--images-from", str(tmp_path / "run")], cwd=tmp_path, timeout=60)
     assert bad.returncode == 2 and "--images-from" in bad.stderr and "no " in bad.stderr
+
+
+def test_a_generated_video_is_a_motion_jpeg_avi_of_its_frames_unique_per_call():
+    import io
+    import struct
+
+    from PIL import Image
+
+    from vllm_load.workload.media import MediaMaker, avi_shape
+
+    maker = MediaMaker("salt", "test")
+    one, two = maker.video_bytes(5, 64, 48), maker.video_bytes(5, 64, 48)
+    assert one != two and avi_shape(one) == (5, 64, 48) and avi_shape(b"\x00\x00\x00\x18ftypmp42") is None
+    assert one[:4] == b"RIFF" and struct.unpack_from("<I", one, 4)[0] == len(one) - 8  # the container's own size
+    frames, at = [], one.index(b"movi") + 4
+    while one[at:at + 4] == b"00dc":  # each frame a JPEG of the size asked, the index pointing at it
+        size = struct.unpack_from("<I", one, at + 4)[0]
+        frames.append(Image.open(io.BytesIO(one[at + 8:at + 8 + size])).size)
+        at += 8 + size + size % 2
+    assert frames == [(64, 48)] * 5 and one[at:at + 4] == b"idx1" and struct.unpack_from("<I", one, at + 4)[0] == 5 * 16
+
+
+def test_chat_with_videos_charges_each_as_its_frames_and_the_multimodal_cache_counts_items(tmp_path, emulator_factory):
+    """Generated videos are never byte-identical (no multimodal cache hit); a file sent again is one."""
+    from tests.helpers import counter
+    from vllm_load.workload.media import MediaMaker
+
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.003")
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "60s",
+                          "--num-requests", "6", "--host", emu.url, "--videos-per-request", "1", "--video-frames", "6",
+                          "--video-size", "64x48", "--input-tokens", "40", "--output-tokens", "4",
+                          "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    # Qwen2-VL's charge: 3 pairs of frames, each 3x2 squares of 28 px; the text exact beside it
+    assert len(logs) == 6 and all(r["media"] == 1 and r["media_tokens"] == 3 * 3 * 2 for r in logs)
+    assert all(r["input_tokens_asked"] == 40 for r in logs)
+    assert counter(emu.url, "vllm:mm_cache_queries_total") == 6 and counter(emu.url, "vllm:mm_cache_hits_total") == 0
+    folder = tmp_path / "clips"
+    folder.mkdir()
+    (folder / "only.avi").write_bytes(MediaMaker("salt", "file").video_bytes(4, 56, 56))
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "60s",
+                          "--num-requests", "3", "--host", emu.url, "--videos-per-request", "1", "--videos-from",
+                          str(folder), "--input-tokens", "40", "--output-tokens", "4", "--run-dir",
+                          str(tmp_path / "files")], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert {r["media_tokens"] for r in read_log(tmp_path / "files" / "requests.jsonl")} == {2 * 2 * 2}
+    assert counter(emu.url, "vllm:mm_cache_queries_total") == 9 and counter(emu.url, "vllm:mm_cache_hits_total") == 2
+    bad = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-t", "2s", "--host", emu.url,
+                          "--videos-from", str(folder)], cwd=tmp_path, timeout=60)
+    assert bad.returncode == 2 and "--videos-per-request" in bad.stderr

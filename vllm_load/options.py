@@ -80,6 +80,14 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--audio-seconds", 0.0, "chat.py: one unique audio clip (16 kHz WAV, input_audio) of this many seconds "
         "after each prompt's text; 0: none. transcription.py: each request's unique clip (0: 5 s)", type=float,
         locustfiles=("chat.py", "transcription.py")),
+    Option("--videos-per-request", 0, "chat.py: this many unique videos (Motion-JPEG AVI data URLs, video_url) after "
+        "each prompt's text", type=int, locustfiles=("chat.py",)),
+    Option("--video-frames", 8, "chat.py: each generated video's frames (at 2 a second)", type=int,
+        locustfiles=("chat.py",)),
+    Option("--video-size", "224x224", "chat.py: the videos' frame size, WxH, as --image-size", locustfiles=("chat.py",)),
+    Option("--videos-from", "", "chat.py: the videos come from this file or folder (mp4, avi, webm, mov), in turn, "
+        "instead of being generated: a file sent twice can hit vLLM's multimodal cache", locustfiles=("chat.py",),
+        web=False),
 ), *group(
     "load shape",
     Option("--num-requests", 0, "end the run once this many requests finished, across all workers (warm-up aside), as "

@@ -77,6 +77,7 @@ class Emulator:
         if getattr(engine, "spec", None) is not None:
             self.metrics.enable_spec_decode(engine.spec.tokens)
         self.prefix_cache = PrefixCache(engine.cfg.block_size, engine.cfg.num_gpu_blocks)
+        self.mm_cache = media.MultiModalCache()
         self._preemptions_seen = 0
         self.created = int(time.time())
         self.timing_log = timing_log

@@ -1,10 +1,14 @@
 """Multimodal chat content, as a vision/audio model's server charges it: ``image_url`` parts (data URLs, or
 http URLs, which are never fetched: they count as DEFAULT_SIZE), ``input_audio`` parts (WAV) and
 ``video_url`` parts become placeholder tokens after the text, so usage.prompt_tokens = the text's tokens +
-the media's, and each medium adds its encoder time to the prefill.
+the media's, and each medium adds its encoder time to the prefill. Every item is looked up in the multimodal
+processor cache by its bytes (``MultiModalCache``: ``vllm:mm_cache_queries`` / ``_hits``, in items, as vLLM V1
+counts them).
 
 Image tokens follow Qwen2-VL: one token per 28x28 patch of the image (``--image-patch``); audio, a rate per
-second (``--audio-tokens-per-second``: Qwen2-Audio's 25); a video a fixed count. The placeholder ids derive
+second (``--audio-tokens-per-second``: Qwen2-Audio's 25); a video, Qwen2-VL's too: a token per 28x28 patch of
+every two frames (its temporal patch), read from a Motion-JPEG AVI's header (another container or an http URL
+counts as VIDEO_TOKENS). The placeholder ids derive
 from the medium's bytes, so the prefix cache shares equal images (as vLLM's multimodal hashes do) and never
 two different ones.
 """
@@ -16,7 +20,9 @@ import binascii
 import hashlib
 import io
 import math
+import struct
 import wave
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,9 +56,10 @@ def _placeholders(data: bytes, n: int) -> list[int]:
     return [(seed[i % 32] << 8 | i) & 0xFFFF for i in range(n)]
 
 
-def flatten(messages: list[dict[str, Any]], cost: MediaCost) -> tuple[list[dict[str, Any]], list[int], int]:
-    """The messages with each content list made its text, the media's placeholder ids, and how many media."""
-    out, ids, items = [], [], 0
+def flatten(messages: list[dict[str, Any]], cost: MediaCost) -> tuple[list[dict[str, Any]], list[int], list[bytes]]:
+    """The messages with each content list made its text, the media's placeholder ids, and each item's key (its
+    bytes' digest: what the multimodal cache looks up)."""
+    out, ids, keys = [], [], []
     for m in messages:
         content = m.get("content") if isinstance(m, dict) else None
         if not isinstance(content, list):
@@ -71,7 +78,7 @@ def flatten(messages: list[dict[str, Any]], cost: MediaCost) -> tuple[list[dict[
                     data = _data(url)
                     w, h = _image_size(data)
                 ids += _placeholders(data, math.ceil(w / cost.image_patch) * math.ceil(h / cost.image_patch))
-                items += 1
+                keys.append(hashlib.sha256(data).digest())
             elif kind == "input_audio":
                 raw = (part.get("input_audio") or {}).get("data", "")
                 try:
@@ -81,15 +88,48 @@ def flatten(messages: list[dict[str, Any]], cost: MediaCost) -> tuple[list[dict[
                 except (binascii.Error, ValueError, wave.Error, EOFError):
                     raise MediaError("input_audio must carry base64 WAV data") from None
                 ids += _placeholders(data, max(1, math.ceil(seconds * cost.audio_tokens_per_second)))
-                items += 1
+                keys.append(hashlib.sha256(data).digest())
             elif kind == "video_url":
                 url = str((part.get("video_url") or {}).get("url", ""))
-                ids += _placeholders(url.encode(), VIDEO_TOKENS)
-                items += 1
+                data = url.encode() if url.startswith(("http://", "https://")) else _data(url)
+                ids += _placeholders(data, video_tokens(data, cost.image_patch))
+                keys.append(hashlib.sha256(data).digest())
             else:
                 raise MediaError(f"unsupported content part type {kind!r}")
         out.append({**m, "content": "".join(texts)})
-    return out, ids, items
+    return out, ids, keys
+
+
+def video_tokens(data: bytes, patch: int, temporal: int = 2) -> int:
+    """Qwen2-VL's charge for a video: a token per ``patch`` x ``patch`` square of every ``temporal`` frames."""
+    if not data.startswith(b"RIFF") or data[8:12] != b"AVI ":
+        return VIDEO_TOKENS
+    at = data.find(b"avih", 12, 256)
+    if at < 0 or len(data) < at + 48:
+        raise MediaError("video_url's AVI has no main header")
+    frames = struct.unpack_from("<I", data, at + 24)[0]
+    width, height = struct.unpack_from("<II", data, at + 40)
+    return math.ceil(frames / temporal) * math.ceil(width / patch) * math.ceil(height / patch)
+
+
+class MultiModalCache:
+    """vLLM's multimodal processor cache, in items: an item seen before (the same bytes) is a hit; least recently
+    used items go first past ``capacity``."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity, self.seen = capacity, OrderedDict()
+
+    def query(self, keys: list[bytes]) -> int:
+        hits = 0
+        for key in keys:
+            if key in self.seen:
+                hits += 1
+                self.seen.move_to_end(key)
+            else:
+                self.seen[key] = None
+                if len(self.seen) > self.capacity:
+                    self.seen.popitem(last=False)
+        return hits
 
 
 def _image_size(data: bytes) -> tuple[int, int]:

@@ -92,9 +92,13 @@ def prompt_ids(emu: Emulator, chat: bool, body: dict) -> list[int]:
         if not isinstance(messages, list) or not messages:
             raise HttpError(400, "messages must be a non-empty list", "BadRequestError", "messages")
         try:  # images, audio, video: placeholder tokens after the text, as a multimodal model charges them
-            messages, media_ids, items = media.flatten(messages, emu.media_cost)
+            messages, media_ids, keys = media.flatten(messages, emu.media_cost)
         except media.MediaError as exc:
             raise HttpError(400, str(exc), "BadRequestError", "messages") from None
+        items = len(keys)
+        if items:
+            emu.metrics.l(emu.metrics.mm_queries).inc(items)
+            emu.metrics.l(emu.metrics.mm_hits).inc(emu.mm_cache.query(keys))
         if items and emu.media_cost.encode_seconds > 0:
             gevent.sleep(items * emu.media_cost.encode_seconds)  # the encoder's time, before the prefill
         if emu.tok is None:

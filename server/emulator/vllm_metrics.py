@@ -42,6 +42,11 @@ class VllmMetrics:
                                       labels, registry=reg)
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                                    labels, registry=reg)
+        # the multimodal processor cache, in items (images, clips, videos): vLLM V1's, exposed from the start
+        self.mm_queries = Counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried "
+                                  "items.", labels, registry=reg)
+        self.mm_hits = Counter("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.",
+                               labels, registry=reg)
         if v0:
             self.swapped = g("vllm:num_requests_swapped", "Number of requests swapped to CPU.")
             self.cpu_cache = g("vllm:cpu_cache_usage_perc", "CPU KV-cache usage. 1 means 100 percent usage.")
@@ -68,7 +73,7 @@ class VllmMetrics:
         for m in (self.running, self.waiting, self.kv_usage, self.emissions, self.late_emissions):
             m.labels(**self.labels).set(0)
         # like vLLM, expose every series from the start (a scrape before any traffic sees zeros)
-        for m in (self.prefix_queries, self.prefix_hits, self.preemptions, self.prompt_tokens, self.generation_tokens,
+        for m in (self.prefix_queries, self.prefix_hits, self.mm_queries, self.mm_hits, self.preemptions, self.prompt_tokens, self.generation_tokens,
                   self.ttft, self.itl, self.e2e, self.queue, self.prefill, self.decode, self.req_prompt,
                   self.req_generation):
             m.labels(**self.labels)

@@ -36,6 +36,9 @@ COUNTERS = {
     "generation_tokens_total": ("vllm:generation_tokens",),
     "prefix_cache_queries_total": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
     "prefix_cache_hits_total": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+    # the multimodal processor cache, in items (images, clips, videos)
+    "mm_cache_queries_total": ("vllm:mm_cache_queries",),
+    "mm_cache_hits_total": ("vllm:mm_cache_hits",),
     # speculative decoding (only when the server runs a drafter)
     "spec_drafts_total": ("vllm:spec_decode_num_drafts",),
     "spec_draft_tokens_total": ("vllm:spec_decode_num_draft_tokens",),

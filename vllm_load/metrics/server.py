@@ -35,6 +35,9 @@ def server_summary(series: list[dict]) -> dict | None:
     }
     if hits is not None:  # tokens: the routing verdict's achieved hits when the answers carry none
         out["prefix_cache_hits"] = hits
+    mm_queries = delta("mm_cache_queries_total")
+    if mm_queries:  # items: a multimodal run's images, clips and videos the processor cache already held
+        out["mm_cache_queries"], out["mm_cache_hits"] = mm_queries, delta("mm_cache_hits_total") or 0.0
     if last.get("emulator_chunks") is not None:  # the embedded emulator's own lateness over the window
         out["emulator_chunks"], out["emulator_late_chunks"] = delta("emulator_chunks"), delta("emulator_late_chunks")
     spec = spec_decode(first, last)

@@ -26,6 +26,7 @@ from vllm_load.client.sse import StreamState
 from vllm_load.client.trace_context import HEADER, new_traceparent
 from vllm_load.client.stream import Placement, ReadyRequest, StreamCancelled, build_request, stream_request
 from vllm_load.plugin.generator import Generator
+from vllm_load.plugin.llm_media import MediaCalls
 from vllm_load.plugin.llm_pooling import PoolingCalls
 from vllm_load.plugin.llm_speech import SpeechCalls
 from vllm_load.plugin.llm_sessions import Due, SessionCalls
@@ -45,7 +46,7 @@ STATES: dict[str, type[StreamState]] = {"responses": ResponsesState, "messages":
 BACKOFF_START = 0.05
 
 
-class LLM(PoolingCalls, SpeechCalls, SessionCalls):
+class LLM(PoolingCalls, SpeechCalls, MediaCalls, SessionCalls):
     """The LLM client of one Locust user (``self.llm``)."""
 
     def __init__(self, user: Any) -> None:
@@ -97,20 +98,6 @@ class LLM(PoolingCalls, SpeechCalls, SessionCalls):
         """The user turns of the next conversation of --dataset (a ShareGPT file: every human turn), the
         first made unique to this run; the assistant turns come from the live replies."""
         return self._source().conversation()
-
-    def image(self, width: int = 512, height: int = 512) -> dict[str, Any]:
-        """A unique JPEG image as a chat content part (``{"type": "image_url", "image_url": {"url": data URL}}``):
-        put it in a message's content list beside a text part. Made in a helper thread, never on the event loop;
-        no two calls give the same bytes, so the server's multimodal and prefix caches cannot share it."""
-        if not (isinstance(width, int) and isinstance(height, int)) or width < 1 or height < 1:
-            raise ValueError(f"self.llm.image(width={width!r}, height={height!r}): give positive ints")
-        return self._source().media_part("image", width, height)
-
-    def audio(self, seconds: float = 1.0) -> dict[str, Any]:
-        """A unique 16 kHz WAV clip as a chat content part (``{"type": "input_audio", …}``), as ``image``."""
-        if not isinstance(seconds, (int, float)) or not seconds > 0:
-            raise ValueError(f"self.llm.audio(seconds={seconds!r}): give a positive number of seconds")
-        return self._source().media_part("audio", float(seconds))
 
     def count_chat(self, messages: list[dict[str, Any]], tools: list | None = None) -> int:
         """The prompt tokens of these messages as the server counts them (chat template, generation prompt); a

@@ -23,7 +23,7 @@ from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS, body_defaults
 from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.workload.history import HistoryCounter
 from vllm_load.workload.lengths import parse_length
-from vllm_load.workload.media import AUDIO_TYPES, IMAGE_TYPES, ImageSize, MediaFiles, MediaMaker, parse_image_size
+from vllm_load.workload.media import MediaFiles, MediaMaker, WorkloadMedia
 from vllm_load.workload.cancel import parse_cancel
 from vllm_load.workload.graded import GradedMix, Item, parse_accuracy
 from vllm_load.workload.model_mix import ModelMix
@@ -71,11 +71,10 @@ class RequestSource:
         self.text_factory: PromptFactory | None = None
         self._mixes(opts, plan)
         #: images and audio: the prompt thread's maker (the workload's) and the helper thread's (self.llm.image)
-        self.pool_media: MediaMaker | None = None
-        self.helper_media: MediaMaker | None = None
-        self.image_size: ImageSize | None = None
-        self.image_files: MediaFiles | None = None  # --images-from, --audio-from
+        self.workload_media: WorkloadMedia | None = None
+        self.pool_media: MediaMaker | None = None  # speech to text's clips (llm_speech.py), --audio-from's files
         self.audio_files: MediaFiles | None = None
+        self.helper_media: MediaMaker | None = None
 
     def _mixes(self, opts: Any, plan: RunPlan) -> None:
         """What each request may become: its model (--model a,b or a:0.6,b:0.4), cut mid-answer (--cancel, with
@@ -203,37 +202,21 @@ class RequestSource:
                              self._media_parts() if api == "chat" else None)
 
     def _media_parts(self) -> list[dict[str, Any]] | None:
-        """--images-per-request images (generated at --image-size, or --images-from's files) and one clip
-        (--audio-seconds generated, or --audio-from's files) for chat.py, made in the prompt thread."""
-        o = self.opts
-        images = int(getattr(o, "images_per_request", 0) or 0)
-        seconds = float(getattr(o, "audio_seconds", 0.0) or 0.0)
-        audio_files = getattr(o, "audio_from", "")
-        if not images and seconds <= 0 and not audio_files:
+        """Images, a clip and videos after chat.py's prompts (``WorkloadMedia``), made in the prompt thread."""
+        if not WorkloadMedia.wanted(self.opts):
             return None
-        if self.pool_media is None:
-            self.pool_media = MediaMaker(self.plan.salt, f"{self.source}/pool")
-            self.image_size = parse_image_size(o.image_size)
-            rng = random.Random(f"{self.plan.draws}/{self.source}/media")
-            self.image_files = (MediaFiles(o.images_from, IMAGE_TYPES, "--images-from", rng)
-                                if getattr(o, "images_from", "") else None)
-            self.audio_files = MediaFiles(audio_files, AUDIO_TYPES, "--audio-from", rng) if audio_files else None
-        assert self.image_size is not None
-        parts = [self.image_files.part() if self.image_files is not None
-                 else self.pool_media.image_part(*self.image_size.sample(self.rng)) for _ in range(images)]
-        if self.audio_files is not None:
-            parts.append(self.audio_files.part())
-        elif seconds > 0:
-            parts.append(self.pool_media.audio_part(seconds))
-        return parts
+        if self.workload_media is None:
+            self.workload_media = WorkloadMedia(self.opts, self.plan.salt, self.source, self.plan.draws)
+        return self.workload_media.parts(self.rng)
 
     def media_part(self, kind: str, *args: Any) -> dict[str, Any]:
-        """A user's own image or clip (``self.llm.image``/``audio``; ``clip``: a WAV's bytes), made in the helper
-        thread."""
+        """A user's own image, clip or video (``self.llm.image``/``audio``/``video``; ``clip``: a WAV's bytes), made
+        in the helper thread."""
         if self.helper_media is None:
             self.helper_media = MediaMaker(self.plan.salt, f"{self.source}/helper")
         m = self.helper_media
-        return self.offload({"image": m.image_part, "audio": m.audio_part, "clip": m.audio_bytes}[kind], *args)
+        return self.offload({"image": m.image_part, "audio": m.audio_part, "clip": m.audio_bytes,
+                             "video": m.video_part}[kind], *args)
 
     def _responses_request(self) -> ReadyRequest:
         """A Responses API request of the run's workload: a chat prompt as its input items, built

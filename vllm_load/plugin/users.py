@@ -187,7 +187,8 @@ class _WorkloadUser(LLMUser):
 class ChatUser(_WorkloadUser):
     abstract = False
     api = "chat"
-    uses_options = frozenset({"images_per_request", "image_size", "audio_seconds", "images_from", "audio_from"})
+    uses_options = frozenset({"images_per_request", "image_size", "audio_seconds", "images_from", "audio_from",
+                              "videos_per_request", "video_frames", "video_size", "videos_from"})
 
 
 class CompletionsUser(_WorkloadUser):

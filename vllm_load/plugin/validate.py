@@ -26,10 +26,10 @@ _AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ram
 _POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness", "profile_seconds"}
 #: int options and their least value
 _INT_AT_LEAST = {"ramp_up_start_users": 0, "ramp_up_end_users": 0, "emulator_max_num_seqs": 0, "prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "batch_size": 1,
-                 "num_requests": 0, "images_per_request": 0, "repeat": 1}
+                 "num_requests": 0, "images_per_request": 0, "repeat": 1, "videos_per_request": 0, "video_frames": 1}
 #: the most each takes: every prompt's media is made before the run, --prompt-pool of them per process (10,000
 #: images per request, or an hour of audio, outlasted -t in start-up alone); more is no load a server is sized for
-_AT_MOST = {"images_per_request": 64, "audio_seconds": 120.0}
+_AT_MOST = {"images_per_request": 64, "audio_seconds": 120.0, "videos_per_request": 8, "video_frames": 256}
 #: may be infinite: vLLM's --burstiness inf is a constant rate
 _INFINITE_OK = {"burstiness"}
 
@@ -153,6 +153,16 @@ def _check_media(opts: Any) -> None:
                 raise UsageError("--images-from needs --images-per-request N: how many of its images each request carries")
         if opts.audio_from:
             MediaFiles(opts.audio_from, AUDIO_TYPES, "--audio-from", random.Random())
+    if getattr(opts, "videos_per_request", 0) or getattr(opts, "videos_from", ""):
+        import random
+
+        from vllm_load.workload.media import VIDEO_TYPES, MediaFiles, parse_image_size
+        parse_image_size(opts.video_size, "--video-size")
+        if opts.videos_from:
+            MediaFiles(opts.videos_from, VIDEO_TYPES, "--videos-from", random.Random())
+            if not opts.videos_per_request:
+                raise UsageError("--videos-from needs --videos-per-request N: how many of its videos each request "
+                                 "carries")
 
 
 def _check_exports(opts: Any) -> None:

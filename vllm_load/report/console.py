@@ -130,12 +130,7 @@ def server_cells(server: dict | None) -> list[tuple[str, str]]:
     out = []
     for key, title, kind in SERVER_ROWS:
         value = (server or {}).get(key)
-        if value is None:
-            text = "n/a"
-        elif kind == "%":
-            text = f"{value * 100:.1f}%"
-        else:
-            text = f"{value:g}"
+        text = "n/a" if value is None else f"{value * 100:.1f}%" if kind == "%" else f"{value:g}"
         out.append((title, text))
     return out if server else []
 
@@ -149,6 +144,8 @@ def render_server(server: dict | None) -> str:
         return SERVER_MISSING
     line = "server side (sidecar): " + "  ".join(f"{t} {v}" for t, v in server_cells(server))
     line += "\n" + spec_line(server["spec_decode"]) if server.get("spec_decode") else ""
+    q, h = server.get("mm_cache_queries"), server.get("mm_cache_hits")  # items: images, clips, videos
+    line += f"\nserver multimodal cache: {h:g} of {q:g} items hit ({100 * h / q:.1f}%)" if q else ""
     return line + ("\n" + kv_connector_line(server["kv_connector"]) if server.get("kv_connector") else "")
 
 

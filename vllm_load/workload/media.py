@@ -14,6 +14,7 @@ import hashlib
 import io
 import random
 import re
+import struct
 import wave
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from vllm_load.workload.lengths import LengthSpec, parse_length
 
 JPEG_QUALITY = 85
 AUDIO_RATE = 16_000  # Hz: what speech models (Whisper, Qwen2-Audio, Ultravox) resample to
+VIDEO_FPS = 2.0  # frames a second of a generated clip: what Qwen2-VL's processor samples a video at
 _SIZE = re.compile(r"^\s*(\S+?)x(\S+)\s*$")
 
 
@@ -53,6 +55,7 @@ def parse_image_size(spec: str, option: str = "--image-size") -> ImageSize:
 IMAGE_TYPES = {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp",
                ".gif": "image/gif", ".bmp": "image/bmp"}
 AUDIO_TYPES = {".wav": "wav", ".mp3": "mp3"}
+VIDEO_TYPES = {".mp4": "video/mp4", ".avi": "video/x-msvideo", ".webm": "video/webm", ".mov": "video/quicktime"}
 
 
 class MediaFiles:
@@ -85,7 +88,44 @@ class MediaFiles:
         kind = self.kinds[path.suffix.lower()]
         if kind.startswith("image/"):
             return {"type": "image_url", "image_url": {"url": f"data:{kind};base64,{data}"}}
+        if kind.startswith("video/"):
+            return {"type": "video_url", "video_url": {"url": f"data:{kind};base64,{data}"}}
         return {"type": "input_audio", "input_audio": {"data": data, "format": kind}}
+
+
+def avi(jpegs: list[bytes], width: int, height: int, fps: float) -> bytes:
+    """Motion-JPEG frames in an AVI (RIFF) container: the main and stream headers, the frames, their index."""
+    def chunk(fourcc: bytes, data: bytes) -> bytes:
+        return fourcc + struct.pack("<I", len(data)) + data + (b"\0" if len(data) % 2 else b"")
+
+    def riff_list(kind: bytes, fourcc: bytes, data: bytes) -> bytes:
+        return kind + struct.pack("<I", len(data) + 4) + fourcc + data
+
+    n, biggest = len(jpegs), max(len(j) for j in jpegs)
+    avih = struct.pack("<10I4I", int(1e6 / fps), biggest * int(fps + 1), 0, 0x10, n, 0, 1, biggest, width, height,
+                       0, 0, 0, 0)
+    strh = b"vidsMJPG" + struct.pack("<IHHIIIIIIiI", 0, 0, 0, 0, 1000, int(fps * 1000), 0, n, biggest, -1, 0) + \
+        struct.pack("<4h", 0, 0, width, height)
+    strf = struct.pack("<IiiHH4sIiiII", 40, width, height, 1, 24, b"MJPG", width * height * 3, 0, 0, 0, 0)
+    hdrl = riff_list(b"LIST", b"hdrl", chunk(b"avih", avih) +
+                     riff_list(b"LIST", b"strl", chunk(b"strh", strh) + chunk(b"strf", strf)))
+    frames, index, offset = [], [], 4  # idx1's offsets count from the 'movi' fourcc
+    for j in jpegs:
+        framed = chunk(b"00dc", j)
+        index.append(b"00dc" + struct.pack("<III", 0x10, offset, len(j)))
+        frames.append(framed)
+        offset += len(framed)
+    movi = riff_list(b"LIST", b"movi", b"".join(frames))
+    return riff_list(b"RIFF", b"AVI ", hdrl + movi + chunk(b"idx1", b"".join(index)))
+
+
+def avi_shape(data: bytes) -> tuple[int, int, int] | None:
+    """An AVI's (frames, width, height) from its main header, or None for another container."""
+    if data[:4] != b"RIFF" or data[8:12] != b"AVI " or data.find(b"avih", 12, 256) < 0:
+        return None
+    at = data.find(b"avih", 12, 256) + 8
+    frames, width, height = struct.unpack_from("<I", data, at + 16)[0], *struct.unpack_from("<II", data, at + 32)
+    return frames, width, height
 
 
 def wav_seconds(data: bytes) -> float | None:
@@ -141,6 +181,33 @@ class MediaMaker:
         data = base64.b64encode(self.image_bytes(width, height)).decode()
         return {"type": "image_url", "image_url": {"url": f"data:image/jpeg;base64,{data}"}}
 
+    def video_bytes(self, frames: int, width: int, height: int, fps: float = VIDEO_FPS) -> bytes:
+        """A unique Motion-JPEG AVI of ``frames`` frames of ``width`` x ``height``: the image's gradient moving a
+        column a frame, the digest on the first frame (what OpenCV, vLLM's video reader, decodes without FFmpeg)."""
+        from PIL import Image
+
+        if frames < 1 or width < 1 or height < 1:
+            raise ValueError(f"a video needs frames and a size, got {frames} frames of {width}x{height}")
+        base = self._base(width, height)
+        mark = np.frombuffer(self._digest() * 3, dtype=np.uint8)
+        jpegs = []
+        for i in range(frames):
+            pixels = np.roll(base, i, axis=1)
+            if i == 0:
+                pixels = pixels.copy()
+                n = min(width, 32)
+                pixels[0, :n] = mark[: n * 3].reshape(n, 3)
+            out = io.BytesIO()
+            Image.fromarray(pixels, "RGB").save(out, "JPEG", quality=JPEG_QUALITY)
+            jpegs.append(out.getvalue())
+        return avi(jpegs, width, height, fps)
+
+    def video_part(self, frames: int, width: int, height: int) -> dict[str, Any]:
+        """An OpenAI chat content part as vLLM reads one: ``{"type": "video_url", "video_url": {"url":
+        "data:video/x-msvideo;base64,…"}}``."""
+        data = base64.b64encode(self.video_bytes(frames, width, height)).decode()
+        return {"type": "video_url", "video_url": {"url": f"data:video/x-msvideo;base64,{data}"}}
+
     def audio_bytes(self, seconds: float) -> bytes:
         """A unique 16 kHz mono 16-bit WAV of ``seconds``."""
         if not seconds > 0:
@@ -162,3 +229,43 @@ class MediaMaker:
         """An OpenAI chat content part: ``{"type": "input_audio", "input_audio": {"data": base64, "format": "wav"}}``."""
         return {"type": "input_audio", "input_audio": {"data": base64.b64encode(self.audio_bytes(seconds)).decode(),
                                                        "format": "wav"}}
+
+
+class WorkloadMedia:
+    """The media after each chat prompt's text (chat.py): --images-per-request images (generated at --image-size or
+    --images-from's files), one clip (--audio-seconds generated, or --audio-from's files), --videos-per-request
+    videos (--video-frames frames at --video-size, or --videos-from's files); made in the prompt thread."""
+
+    def __init__(self, opts: Any, salt: str, source: str, draws: str) -> None:
+        self.images = int(getattr(opts, "images_per_request", 0) or 0)
+        self.seconds = float(getattr(opts, "audio_seconds", 0.0) or 0.0)
+        self.videos = int(getattr(opts, "videos_per_request", 0) or 0)
+        self.frames = int(getattr(opts, "video_frames", 8) or 8)
+        self.maker = MediaMaker(salt, f"{source}/pool")
+        self.image_size = parse_image_size(getattr(opts, "image_size", "512x512"))
+        self.video_size = parse_image_size(getattr(opts, "video_size", "224x224"), "--video-size")
+        rng = random.Random(f"{draws}/{source}/media")
+
+        def files(option: str, kinds: dict[str, str]) -> MediaFiles | None:
+            path = getattr(opts, option.lstrip("-").replace("-", "_"), "")
+            return MediaFiles(path, kinds, option, rng) if path else None
+
+        self.image_files = files("--images-from", IMAGE_TYPES)
+        self.audio_files = files("--audio-from", AUDIO_TYPES)
+        self.video_files = files("--videos-from", VIDEO_TYPES)
+
+    @staticmethod
+    def wanted(opts: Any) -> bool:
+        return bool(getattr(opts, "images_per_request", 0) or float(getattr(opts, "audio_seconds", 0.0) or 0.0) > 0
+                    or getattr(opts, "audio_from", "") or getattr(opts, "videos_per_request", 0))
+
+    def parts(self, rng: random.Random) -> list[dict[str, Any]]:
+        out = [self.image_files.part() if self.image_files is not None
+               else self.maker.image_part(*self.image_size.sample(rng)) for _ in range(self.images)]
+        if self.audio_files is not None:
+            out.append(self.audio_files.part())
+        elif self.seconds > 0:
+            out.append(self.maker.audio_part(self.seconds))
+        out += [self.video_files.part() if self.video_files is not None
+                else self.maker.video_part(self.frames, *self.video_size.sample(rng)) for _ in range(self.videos)]
+        return out
