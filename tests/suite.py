@@ -1,8 +1,10 @@
 """The suite's own rules, as a pytest plugin (``tests/conftest.py`` loads it): which tests are slow, the quiet cores a
 timing test gets beside the others of ``pytest -n``, and the budgets (docs in README.md, "Tests").
 
-- ``slow``: the full suite's bulk (real servers, swarms of processes, namespaces, capacity searches), left out of
-  the developer's ``-m 'not slow'``; every test of ``SLOW_MODULES`` and every ``e2e`` test is one.
+- ``slow``: the full suite's bulk (real servers, swarms of processes, namespaces, capacity searches, the timing
+  tests that need the cores to themselves), left out of the developer's ``-m 'not slow'``; every test of
+  ``SLOW_MODULES``, every ``e2e`` and every ``quiet_cores`` test is one (the quiet ones ran one after another at the
+  fast selection's end: 60-70 s of its 3 minutes, the other workers idle).
 - ``e2e``: starts a real Locust process, for what only a process shows (signals, forks, a CPU pinned, resource
   limits, the console's order against Locust's own tables, exit codes of the command itself). Everything else runs
   in the test's process (``tests/helpers.run_in_process``).
@@ -62,7 +64,8 @@ def pytest_configure(config: Any) -> None:
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     shared = set()
     for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.get_closest_marker("e2e"):
+        if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.get_closest_marker("e2e") or \
+                item.get_closest_marker("quiet_cores"):
             item.add_marker(pytest.mark.slow)
     _leave_the_fast_selection_to_the_busy_suite(config, items)
     for item in items:

@@ -151,8 +151,7 @@ BLOCKING = textwrap.dedent("""
 
 
 @pytest.mark.quiet_cores
-# the fallback reader's merged gaps in the full suite only (7 s of the fast selection's serial tail)
-@pytest.mark.parametrize("reader", ["native", pytest.param("python", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("reader", ["native", "python"])
 def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_process_factory, tmp_path):
     if reader == "native" and not native.built():
         pytest.fail("the native reader is not built")

@@ -169,10 +169,78 @@ def test_injected_failures_past_the_threshold_abort_the_run_and_stamp_it(tmp_pat
                                               for r in scenario["invalid_reasons"])
 
 
-def test_a_scenario_outside_sessions_py_or_unknown_is_one_line(tmp_path):
+def test_a_scenario_without_what_it_needs_is_one_line(tmp_path):
+    for locustfile, scenario, said in ((ROOT / "locustfiles" / "chat.py", "agentx", "replays a set: give --sessions"),
+                                       (SESSIONS, "agentx", "replays a set: give --sessions"),
+                                       (ROOT / "locustfiles" / "chat.py", "mlperf-endpoints",
+                                        "whole passes of the dataset: give --num-requests N")):
+        res = run_in_process(["-f", str(locustfile), "--headless", "-u", "1", "-t", "2s", "--scenario", scenario,
+                              "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
+        errors = [x for x in res.stderr.splitlines() if x.startswith("vllm-load: error:")]
+        assert res.returncode == 2 and len(errors) == 1 and said in errors[0], res.stderr[-1500:]
     res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "1", "-t", "2s",
-                          "--scenario", "agentx", "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
-    assert res.returncode == 2 and "--scenario is read by locustfiles/sessions.py only" in res.stderr
-    res = run_in_process(["-f", SESSIONS, "--headless", "-u", "1", "-t", "2s", "--scenario", "agentx",
-                          "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
-    assert res.returncode == 2 and "--scenario agentx replays a set: give --sessions" in res.stderr
+                          "--min-duration", "5", "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
+    assert res.returncode == 2 and "--min-duration 5 needs --num-requests N" in res.stderr
+
+
+def test_a_floored_share_is_taken_in_whole_passes_until_the_floor_then_ends():
+    from vllm_load.plugin.tickets import Tickets
+
+    t = Tickets(3)
+    t.restart(floor_s=100.0, now=0.0)  # a floor that passed long ago: one pass, as without one
+    assert [t.take() for _ in range(4)] == [True, True, True, False] and t.last_taken()
+    assert [t.finished() for _ in range(3)] == [False, False, True]
+    t.restart(floor_s=3600.0)  # the floor lasts: a share taken whole is taken again, and again
+    assert all(t.take() for _ in range(9)) and (t.passes, t.quota, t.taken) == (3, 9, 12)
+    assert not t.last_taken() and not any(t.finished() for _ in range(9))  # all done, but the floor lasts
+    t.floor_until = 1.0  # the floor passes while every ticket of the third pass is held: no fourth pass
+    assert t.take() is False and t.quota == 9
+    assert t.finished_share() and not t.finished_share()  # said once, when a waiting user asks
+    t.restart()
+    t.take()
+    t.give_back()  # a warm-up request's ticket comes back: the share is still 3 counted requests
+    assert t.held == 0 and t.take() and t.take() and t.take() and not t.take()
+
+
+def test_the_mlperf_stamp_judges_each_point_and_the_curve():
+    from vllm_load.workload.scenarios import MLPERF_ENDPOINTS, Point, stamp
+
+    assert [MLPERF_ENDPOINTS.floor(u) for u in (1, 32, 33, 4096)] == [600.0, 600.0, 1200.0, 1200.0]
+    kept = [Point(u, seconds, n, 1000, MLPERF_ENDPOINTS.floor(u))
+            for u, seconds, n in ((8, 601.0, 3000), (64, 1250.0, 2000), (256, 1300.0, 4000), (1024, 1201.0, 7000))]
+    s = stamp("mlperf-endpoints", (), 16000, 10, points=kept)
+    assert s["valid"] and [p["passes"] for p in s["points"]] == [3.0, 2.0, 4.0, 7.0]
+    short = [Point(64, 900.0, 2500, 1000, 1200.0), Point(128, 1300.0, 2000, 1000, 1200.0)]
+    s = stamp("mlperf-endpoints", ("--min-duration 30.0 (the scenario's 0.0: ...)",), 4500, 0, points=short)
+    assert not s["valid"] and s["invalid_reasons"] == [
+        "override: --min-duration 30.0 (the scenario's 0.0: ...)",
+        "point 0 (64 users): 900 s, under the 1200 s floor",
+        "point 0 (64 users): 2500 requests, not a whole multiple of 1000",
+        "2 point(s): the rules ask for 4 concurrency regions (--sweep e.g. 8,64,256,1024)",
+        "no Ultra Low point (1-32 users): the first is 64"]
+
+
+def test_an_mlperf_sweep_point_ends_on_whole_passes_after_its_floor(tmp_path, emulator_factory):
+    """Each step lasts its floor (--min-duration here: the rules' 600 s would be the test's length), then ends on a
+    whole pass of its --num-requests; the stamp names the override and judges every point."""
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.005")
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "sweep.py"), "--headless", "--sweep", "1,4",
+                          "--num-requests", "4", "--min-duration", "1.5", "--scenario", "mlperf-endpoints",
+                          "--output-tokens", "8", "--host", emu.url, "--run-dir", str(run_dir)], tmp_path, timeout=120)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    scenario = json.loads((run_dir / "summary.json").read_text())["summary"]["scenario"]
+    points = scenario["points"]
+    assert [p["users"] for p in points] == [1, 4] and all(p["floor_s"] == 1.5 for p in points)
+    for p in points:  # a whole number of passes, more than one (a pass of 4 takes far less than 1.5 s), the floor kept
+        assert p["whole_passes"] and p["requests"] % 4 == 0 and p["requests"] > 4 and p["seconds"] >= 1.5, p
+    logs = [json.loads(x) for f in run_dir.glob("requests*.jsonl") for x in f.read_text().splitlines()]
+    assert [sum(r["step"] == k and not r["warmup"] for r in logs) for k in (0, 1)] == [p["requests"] for p in points]
+    assert not scenario["valid"] and scenario["invalid_reasons"] == [
+        "override: --min-duration 1.5 (the scenario's 0.0: each point at least 600 s (1-32 users) or 1,200 s "
+        "(above): the rules' minimum)",
+        "2 point(s): the rules ask for 4 concurrency regions (--sweep e.g. 8,64,256,1024)"]
+    assert "mlperf-endpoints (MLPerf Endpoints v1.0 draft rules): NOT VALID" in res.stdout
+    for step in sorted((run_dir / "steps").iterdir()):  # each point in the benchmark's result shape
+        result = json.loads((step / "performance" / "result_summary.json").read_text())
+        assert result["n_samples_completed"] % 4 == 0 and result["tps_per_user"] and result["system_tps"]

@@ -93,6 +93,9 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--num-requests", 0, "end the run once this many requests finished, across all workers (warm-up aside), as "
         "vllm bench serve --num-prompts; in a --sweep, each step ends after this many (its --step-duration unused); "
         "0: the run ends by -t", type=int),
+    Option("--min-duration", 0.0, "with --num-requests N: the run (each --sweep step) lasts at least this many seconds, "
+        "then ends on the next whole pass of its N requests (MLPerf Endpoints' points: a duration floor, then whole "
+        "passes of the dataset); 0: it ends after N", type=float),
     Option("--response-format", "", "structured output: json_object or json_schema:FILE asks every request for JSON "
         "(vLLM's guided decoding; lengths then the model's) and checks every answer: the share valid, "
         "'valid_output>=99%' gates on it"),
@@ -196,10 +199,13 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--session-align", "none", "sessions.py with --session-start: 'instant' starts every user's first session "
         "at one instant, once every user of the process sent its warm-up turn (AIPerf's t*); 'none': each after its "
         "own warm-up", choices=["none", "instant"], locustfiles=("sessions.py",)),
-    Option("--scenario", "", "sessions.py: a public workload's rules as one option: 'agentx' (AIPerf's "
+    Option("--scenario", "", "a public workload's rules as one option: 'agentx' (sessions.py: AIPerf's "
         "inferencex-agentx-mvp: t* in 25-75 % of each session, at one instant, idle gaps capped at 10 s, seed 42, exact "
-        "output lengths, the server's token counts; aborted past 5 % failed requests); the run is stamped valid or "
-        "not, every override named (docs/sessions.md)", choices=["", "agentx"], locustfiles=("sessions.py",)),
+        "output lengths, the server's token counts; aborted past 5 % failed requests; docs/sessions.md), "
+        "'mlperf-endpoints' (any locustfile, a --sweep of concurrencies or one: MLPerf Endpoints v1.0's draft rules: "
+        "each point at least 600 s (1-32 users) or 1,200 s, then whole passes of its --num-requests; a qualification "
+        "run, not a submission; docs/load-and-tune.md); the run is stamped valid or not, every override named",
+        choices=["", "agentx", "mlperf-endpoints"]),
     Option("--reuse-distance", "0", "reuse.py: tokens of other work between a prefix and its return, e.g. "
         "0,4096,16384: the reuse curve gives each distance's cached share (where the server's cache forgets)",
         locustfiles=("reuse.py",)),

@@ -24,7 +24,7 @@ from vllm_load.plugin.sweep import Sweep
 from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
 from vllm_load.metrics.summary import metric_stats
-from vllm_load.workload.scenarios import stamp
+from vllm_load.workload.scenarios import Point, stamp
 from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.metric_table import E2E, TTFT
 from vllm_load.workload.datasets import records_per_request
@@ -171,8 +171,21 @@ class Collector:
                              "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
         if self.plan.scenario:  # --scenario: whether the run kept its rules
             done["scenario"] = stamp(self.plan.scenario, self.plan.scenario_overrides, summary.requests,
-                                     summary.failed, self.stopped)
+                                     summary.failed, self.stopped, self._points(summary))
         return done
+
+    def _points(self, summary: RunSummary) -> list[Point]:
+        """The run's measured points (each sweep step's window, or the run's): what a floored scenario judges."""
+        plan, now = self.plan, time.time()
+        if self.sweep is None:
+            users = plan.total_users
+            return [Point(users, float(summary.duration_s or 0.0), int(summary.requests or 0), plan.num_requests,
+                          plan.floor_of(users))]
+        out = []
+        for _, s in sorted(self.sweep.steps.items()):
+            users = s.level if self.sweep.kind == "users" else plan.total_users
+            out.append(Point(users, (s.end or now) - s.start, s.stats.requests, plan.num_requests, plan.floor_of(users)))
+        return out
 
     def _delivered(self) -> dict | None:
         """The load delivered against the asked (``metrics/delivered.py``): an open loop's sends at its one rate or

@@ -217,7 +217,7 @@ class Controller(Process):
         """The sweep shape's tick (``SweepSteps.begin``)."""
         self.steps.begin(step, level, self.run, self.opts, self.cache_reset, self._announce_step)
 
-    def _announce_step(self, step: int, rate: float) -> None:
+    def _announce_step(self, step: int, rate: float, floor_s: float = 0.0) -> None:
         """A master tells its workers the new sweep step."""
 
     def new_sweep(self) -> None:

@@ -25,6 +25,7 @@ from vllm_load.plugin.failed_share import FailedShare
 from vllm_load.plugin.refusals import Refusals
 from vllm_load.plugin.request_source import RequestSource
 from vllm_load.plugin.run_clock import WorkerClock
+from vllm_load.plugin.tickets import Tickets
 from vllm_load.plugin.steady import SteadyWindow
 from vllm_load.plugin.target import class_headers, request_headers
 from vllm_load.plugin.warmup import warm_up
@@ -73,13 +74,7 @@ class Generator:
     #: told once the share's rows are sent and back, or its --num-requests finished (its sweep step, or None)
     on_trace_done: Any = field(default=lambda step=None: None)
     step_started: float = 0.0  # wall time the current sweep step began (its warm-up counts from there)
-    #: --num-requests: this process's share, the tickets held by requests started (a warm-up request gives its
-    #: ticket back when it finishes), the counted requests finished, and an event set when a ticket comes back
-    quota: int = 0
-    tickets: int = 0
-    tickets_taken: int = 0  # every ticket taken so far (a --ramp-up-strategy over --num-requests ramps by it)
-    counted: int = 0
-    ticket_back: Any = None
+    tickets: Tickets = field(default_factory=lambda: Tickets(0))  # --num-requests: this process's share of N
     requests: RequestSource | None = None  # what it sends (plugin/request_source.py)
     clock: WorkerClock = field(default_factory=WorkerClock)  # the run's epoch, shared by every load process
     users_made: int = 0  # this process's users so far: with the worker index, a user's number in the swarm
@@ -115,11 +110,10 @@ class Generator:
                         if plan.scenario else []))
         if on_trace_done is not None:
             rt.on_trace_done = on_trace_done
-        rt.quota = plan.share(worker_index) if plan.num_requests else 0
+        rt.tickets = Tickets(plan.share(worker_index) if plan.num_requests else 0)
         rt.steady, rt.drained = SteadyWindow(plan.steady), Drained(plan.hosts)
         if plan.schedule is not None and plan.rate_schedule_ends:
             rt.schedule_end = ScheduleEnd(plan.schedule.end, lambda: rt.on_trace_done(), rt.schedule_start)
-        rt.ticket_back = gevent.event.Event()
         plan.files.path.mkdir(parents=True, exist_ok=True)
         rt.idle = gevent.event.Event()
         rt.idle.set()
@@ -136,6 +130,8 @@ class Generator:
         # this process's load starts now, once it is ready (its pools full, its heap frozen: on a busy host that
         # took 0.5 s, and a local run's schedule, started after it, lagged the run's start by as much)
         rt.start_wall, rt.start_perf = time.time(), time.perf_counter()  # one instant, on the schedules' clock too
+        floor = plan.floor_of(plan.total_users) if not plan.sweep_kind else 0.0  # a floored run's: from its start
+        rt.tickets.restart(floor + plan.warmup if floor else 0.0, rt.start_wall)
         # local: reports go straight to the collector; each second a loop too busy to idle still collects
         rt.monitor = ClientMonitor(lambda: rt.in_flight, health_sink, tick=lambda: gc_control.collect_if_due(force=True))
         rt.monitor.start()
@@ -149,15 +145,15 @@ class Generator:
         self.goodput_limits = goodput_thresholds(parse_slo_option(list(self.plan.slos)))
         self.reqlog = RequestLog(self.plan.files.requests(self.log_name))
 
-    def set_step(self, step: int, rate: float) -> None:
-        """Enter a sweep step; open-loop users waiting on a gap drawn at the old rate wake and redraw."""
+    def set_step(self, step: int, rate: float, floor_s: float = 0.0) -> None:
+        """Enter a sweep step (``floor_s``: its duration floor); open-loop users waiting on a gap drawn at the old
+        rate wake and redraw."""
         changed = rate != self.step_rate
         self.step, self.step_rate = step, rate
         self.step_started = time.time()
         if self.plan.num_requests:  # --num-requests counts each step apart: its share starts over
-            self.counted = self.tickets = 0
-            self.ticket_back, back = gevent.event.Event(), self.ticket_back
-            back.set()  # users that waited for a ticket of the last step take this one's
+            # the floor is the measured window's: it counts from the step's warm-up end
+            self.tickets.restart(floor_s + self.plan.warmup if floor_s else 0.0, self.step_started)
         if changed:
             self.arrivals = None  # the step's own sequence, from its start
             self.rate_changed, old = gevent.event.Event(), self.rate_changed
@@ -188,24 +184,20 @@ class Generator:
     def begin_request(self) -> None:
         """A request is about to start. With --num-requests it first takes one of this process's tickets, and
         waits for one to come back (a warm-up request's) once they are all taken."""
+        t = self.tickets
         if self.plan.num_requests:
-            if self.quota == 0:  # more processes than requests: this one sends none
+            if t.share == 0:  # more processes than requests: this one sends none
                 self.park()
-            while self.tickets >= self.quota:
-                self.ticket_back.wait()
+            while not t.take():
+                if t.finished_share():  # the floor passed while every ticket was held and done: the share is done
+                    gevent.spawn(self.on_trace_done, self.step)
+                t.back.wait()
                 if self.draining:
                     self.park()
-            self.tickets += 1
-            self.tickets_taken += 1
-            if self.tickets_taken == self.quota:  # the share's last request: the users stop one by one from here
+            if t.last_taken():  # the share's last request: the users stop one by one from here
                 self.steady.close(time.time())
         self.in_flight += 1
         self.idle.clear()
-
-    def _give_back(self) -> None:
-        self.tickets -= 1
-        self.ticket_back, back = gevent.event.Event(), self.ticket_back
-        back.set()
 
     @staticmethod
     def park() -> None:
@@ -217,7 +209,7 @@ class Generator:
         """A request counted by begin_request is over (recorded, or never sent: its ticket comes back): a drain
         may be waiting."""
         if not sent and self.plan.num_requests:
-            self._give_back()
+            self.tickets.give_back()
         self.in_flight -= 1
         if self.in_flight <= 0:
             self.in_flight = 0
@@ -253,7 +245,7 @@ class Generator:
         """A request logged but left out of every metric, counted under ``counter``; its --num-requests ticket
         comes back (a past step's ticket is not this step's)."""
         if self.plan.num_requests and rec.step == self.step:
-            self._give_back()
+            self.tickets.give_back()
         for stats in (self.stats, *([self.step_stats.setdefault(rec.step, LLMStats())] if rec.step is not None
                                     else [])):
             setattr(stats, counter, getattr(stats, counter) + 1)
@@ -295,8 +287,7 @@ class Generator:
         if self.reqlog:
             self.reqlog.write(rec)
         if self.plan.num_requests and rec.step == self.step:  # a request of a past sweep step counts there only
-            self.counted += 1
-            if self.counted == self.quota:  # this process's share finished: the run (or the sweep step) ends once
+            if self.tickets.finished():  # this process's share finished: the run (or the sweep step) ends once
                 gevent.spawn(self.on_trace_done, self.step)  # every share has
 
     #: chunks folded per slice: the longest a slice holds the loop. With the Python reader (no native

@@ -71,7 +71,7 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
                    rate_schedule=tuple(tuple(p) for p in RateSchedule.read(opts.rate_schedule).to_wire())
                    if getattr(opts, "rate_schedule", "") else (),
                    rate_schedule_ends=bool(getattr(opts, "rate_schedule", "")) and not opts.run_time,
-                   scenario=getattr(opts, "scenario", ""),
+                   scenario=getattr(opts, "scenario", ""), min_duration=float(getattr(opts, "min_duration", 0.0) or 0),
                    scenario_overrides=scenario_applied(opts))
 
 

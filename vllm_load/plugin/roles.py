@@ -100,9 +100,10 @@ class MasterProcess(Controller):
         for client in self.environment.runner.clients.all:
             self.environment.runner.send_message(wire.RESET, None, client_id=client.id)
 
-    def _announce_step(self, step: int, rate: float) -> None:
+    def _announce_step(self, step: int, rate: float, floor_s: float = 0.0) -> None:
         for client in self.environment.runner.clients.all:
-            self.environment.runner.send_message(wire.STEP, {"step": step, "rate": rate}, client_id=client.id)
+            self.environment.runner.send_message(wire.STEP, {"step": step, "rate": rate, "floor": floor_s},
+                                                 client_id=client.id)
 
     def hurry(self) -> None:
         """A second Ctrl-C: every worker cuts its requests in flight and sends its final numbers at once."""

@@ -32,7 +32,7 @@ class SweepSteps:
             print(f"vllm-load: sweep step {step}: {num_requests} requests completed (--num-requests)", flush=True)
 
     def begin(self, step: int, level: float, run: Any, opts: Any, cache_reset: Callable[[str], Any] | None,
-              announce: Callable[[int, float], None]) -> None:
+              announce: Callable[[int, float, float], None]) -> None:
         """The shape's tick (before the run's first too, or while a local run's generator is still being made: kept,
         and applied once the run's load starts)."""
         self.last = (step, level)
@@ -45,8 +45,9 @@ class SweepSteps:
         if not col.sweep.begin(step, level, time.time(), col.plan.warmup):
             return
         rate = float(level) if col.sweep.kind == "rate" else 0.0
+        floor = col.plan.floor_of(level if col.sweep.kind == "users" else col.plan.total_users)
         if run.generator is not None:
-            run.generator.set_step(step, rate)
+            run.generator.set_step(step, rate, floor)
         unit = "req/s" if col.sweep.kind == "rate" else "users"
         repeats = int(getattr(opts, "repeat", 1) or 1)
         said = f"repeat {step + 1} of {repeats}" if repeats > 1 else f"sweep step {step}"
@@ -58,7 +59,7 @@ class SweepSteps:
             cache_reset(f"sweep step {step}")
         if profiler is not None and not profiler.windows and profiler.at.kind == "step" and level == profiler.at.value:
             profiler.start(f"sweep step {step} ({level:g} {unit})")
-        announce(step, rate)
+        announce(step, rate, floor)
 
 
 def install_repeat(environment: Any) -> None:

@@ -21,7 +21,7 @@ from vllm_load.plugin.shapes import UsersRamp
 from vllm_load.plugin.target import class_headers
 
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
-_AT_LEAST = {"request_rate": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ramp_up_end_rps": 0.0, "drain_timeout": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
+_AT_LEAST = {"request_rate": 0.0, "min_duration": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ramp_up_end_rps": 0.0, "drain_timeout": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
              "emulator_itl": 0.0, "audio_seconds": 0.0}
 _POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness", "profile_seconds"}
 #: int options and their least value
@@ -224,6 +224,9 @@ def check_run(opts: Any, *, headless: bool, shape: Any) -> None:
     warmup = parse_duration(opts.warmup, "--warmup")
     length, what = (opts.step_duration, "--step-duration") if shape is not None and opts.sweep else (
         opts.run_time, "the run (-t)")
+    if getattr(opts, "min_duration", 0.0) and not getattr(opts, "num_requests", 0):
+        raise UsageError(f"--min-duration {opts.min_duration:g} needs --num-requests N: the run ends on a whole pass "
+                         "of N requests once it has lasted that long")
     if getattr(opts, "num_requests", 0):
         if opts.trace:
             raise UsageError("--num-requests with --trace: a trace ends with its last row; drop one of them")

@@ -30,7 +30,7 @@ class WorkerProcess(Process):
         super().__init__(environment)
         #: the sweep step (and its rate) the master announced last: it comes before the spawn message, so before
         #: the run's generator, which takes it when made (a sweep over workers had an empty first step)
-        self.step: tuple[int, float] | None = None
+        self.step: tuple[int, float, float] | None = None  # the sweep step announced: (step, rate, floor)
         self.own_headers: worker_secrets.OwnHeaders | None = None
         #: set by the first parent-death signal: the kernel sends one each time the thread it is parented to exits,
         #: and a killed master's threads exit one by one (a worker said it was stopping twice)
@@ -97,7 +97,7 @@ class WorkerProcess(Process):
         return gen.clock if gen is not None else run_clock.WorkerClock()  # a stray message before the run: dropped
 
     def _on_step(self, msg: Any) -> None:
-        self.step = (int(msg.data["step"]), float(msg.data["rate"]))
+        self.step = (int(msg.data["step"]), float(msg.data["rate"]), float(msg.data.get("floor") or 0.0))
         if self.generator is not None:
             self.generator.set_step(*self.step)
 

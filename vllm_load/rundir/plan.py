@@ -63,6 +63,15 @@ class RunPlan:
     #: --scenario: its name (workload/scenarios.py), and the options given other values than it fixes
     scenario: str = ""
     scenario_overrides: tuple[str, ...] = ()
+    min_duration: float = 0.0  # --min-duration: each point's floor (s) before its whole passes of --num-requests
+
+    def floor_of(self, users: float) -> float:
+        """A point's duration floor: --min-duration, else its scenario's by concurrency region, else none."""
+        if self.min_duration > 0 or not self.scenario or not self.num_requests:
+            return self.min_duration
+        from vllm_load.workload.scenarios import scenario_of
+
+        return scenario_of(self.scenario).floor(users)
 
     def ramp_rate(self, elapsed: float, sent: int, share: int) -> float:
         """--ramp-up-strategy's total rate ``elapsed`` seconds after the run's epoch (a ramp over -t), or after

@@ -24,8 +24,15 @@ class Scenario:
     follows: str  # the public rule it reproduces
     #: option (dest) -> the value the scenario fixes, and why, as the stamp names an override
     fixed: tuple[tuple[str, Any, str], ...]
-    failed_share: float  # the run is aborted, and not valid, past this share of failed requests
+    failed_share: float  # the run is aborted, and not valid, past this share of failed requests (1: never)
     needs: tuple[str, ...] = ()  # options that must be given (dest)
+    needs_why: str = ""  # what the missing option is, in the one line that asks for it
+    #: (most users, seconds): each point's duration floor by its concurrency region (a point then ends on a whole
+    #: pass of its --num-requests)
+    floors: tuple[tuple[float, float], ...] = ()
+
+    def floor(self, users: float) -> float:
+        return next((seconds for most, seconds in self.floors if users <= most), 0.0)
 
 
 AGENTX = Scenario(
@@ -36,9 +43,25 @@ AGENTX = Scenario(
            ("seed", 42, "random seed 42"),
            ("no_ignore_eos", False, "exact output lengths (ignore_eos)"),
            ("no_continuous_usage", False, "the server's token counts")),
-    failed_share=0.05, needs=("sessions",))
+    failed_share=0.05, needs=("sessions",),
+    needs_why="replays a set: give --sessions (a published name, e.g. semianalysis_cc_traces_weka_062126, or a "
+              "folder of traces)")
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (AGENTX,)}
+#: MLPerf Endpoints v1.0, from the endpoints_policies draft (v1.0_rules_dev, as mlcommons/endpoints'
+#: docs/pareto_sweep_support.md cites it; the rules may still move): four mandatory concurrency points, Ultra Low
+#: (1-32), Low, Medium and High; each at least 600 s (Ultra Low) or 1,200 s of steady state (§6.2), ending on a whole
+#: multiple of the dataset (§6.4); TTFT p90 to the first non-empty fragment (§4.1); the detected TPOT plateau the
+#: official window (§4.4). A qualification run, not a submission (no accuracy runs, no Offline point, no audit).
+MLPERF_ENDPOINTS = Scenario(
+    "mlperf-endpoints", "MLPerf Endpoints v1.0 draft rules",
+    fixed=(("min_duration", 0.0, "each point at least 600 s (1-32 users) or 1,200 s (above): the rules' minimum"),),
+    failed_share=1.0, needs=("num_requests",),
+    needs_why="ends each point on whole passes of the dataset: give --num-requests N (the dataset's size)",
+    floors=((32, 600.0), (float("inf"), 1200.0)))
+#: the mandatory points: how many, and the first one's region
+MLPERF_POINTS, ULTRA_LOW = 4, 32
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (AGENTX, MLPERF_ENDPOINTS)}
 
 
 def scenario_of(name: str) -> Scenario:
@@ -54,8 +77,7 @@ def apply(name: str, opts: Any, defaults: dict[str, Any]) -> tuple[str, ...]:
     scenario = scenario_of(name)
     for dest in scenario.needs:
         if not getattr(opts, dest, None):
-            raise UsageError(f"--scenario {name} replays a set: give --{dest.replace('_', '-')} (a published name, e.g. "
-                             "semianalysis_cc_traces_weka_062126, or a folder of traces)")
+            raise UsageError(f"--scenario {name} {scenario.needs_why}")
     overrides = []
     for dest, value, why in scenario.fixed:
         given = getattr(opts, dest, defaults.get(dest))
@@ -69,23 +91,66 @@ def apply(name: str, opts: Any, defaults: dict[str, Any]) -> tuple[str, ...]:
     return tuple(overrides)
 
 
-def stamp(name: str, overrides: tuple[str, ...], requests: int, failed: int, aborted: str = "") -> dict:
+@dataclass(frozen=True)
+class Point:
+    """One measured point of a floored run (a sweep step, or the run): its users, how long its window lasted, the
+    requests it measured against the pass size (--num-requests), and the floor it ran to (the scenario's, or
+    --min-duration's: an override the stamp names)."""
+
+    users: float
+    seconds: float
+    requests: int
+    pass_size: int
+    floor: float
+
+    def judge(self) -> dict:
+        floor = self.floor
+        passes = self.requests / self.pass_size if self.pass_size else 0.0
+        whole = bool(self.pass_size) and self.requests > 0 and self.requests % self.pass_size == 0
+        out = {"users": self.users, "seconds": round(self.seconds, 3), "floor_s": floor, "requests": self.requests,
+               "passes": round(passes, 3), "whole_passes": whole}
+        reasons = [] if self.seconds >= floor else [f"{self.seconds:.0f} s, under the {floor:g} s floor"]
+        if not whole:
+            reasons.append(f"{self.requests} requests, not a whole multiple of {self.pass_size}")
+        return {**out, "valid": not reasons, "invalid_reasons": reasons}
+
+
+def point_reasons(points: list[dict]) -> list[str]:
+    """MLPerf Endpoints' curve: its mandatory points (four, the first in Ultra Low) and each point's own rules."""
+    reasons = [f"point {i} ({p['users']:g} users): {why}" for i, p in enumerate(points) for why in p["invalid_reasons"]]
+    if len(points) < MLPERF_POINTS:
+        reasons.append(f"{len(points)} point(s): the rules ask for {MLPERF_POINTS} concurrency regions (--sweep "
+                       "e.g. 8,64,256,1024)")
+    if points and points[0]["users"] > ULTRA_LOW:
+        reasons.append(f"no Ultra Low point (1-{ULTRA_LOW} users): the first is {points[0]['users']:g}")
+    return reasons
+
+
+def stamp(name: str, overrides: tuple[str, ...], requests: int, failed: int, aborted: str = "",
+          points: list[Point] | None = None) -> dict:
     """The run's scenario verdict (summary.json's ``scenario``): valid when no option was overridden, the failed
-    share stayed within the threshold and the run was not aborted; every reason it is not, named."""
+    share stayed within the threshold, the run was not aborted, and (a floored scenario) every point kept its floor and
+    whole passes; every reason it is not, named."""
     scenario = scenario_of(name)
     share = failed / requests if requests else 0.0
     reasons = [f"override: {o}" for o in overrides]
+    judged = [p.judge() for p in points or ()]
+    if scenario.floors:
+        reasons += point_reasons(judged)
     if share > scenario.failed_share:
         reasons.append(f"failed share {share * 100:.1f}% ({failed} of {requests}) over the scenario's "
                        f"{scenario.failed_share * 100:g}%")
     if aborted:  # stopped on a failure: the scenario's abort (its message), or any other
         reasons.append(f"stopped: {aborted}")
-    return {"name": name, "follows": scenario.follows, "valid": not reasons, "invalid_reasons": reasons,
-            "overrides": list(overrides), "failed_share": share, "failed_threshold": scenario.failed_share}
+    out = {"name": name, "follows": scenario.follows, "valid": not reasons, "invalid_reasons": reasons,
+           "overrides": list(overrides), "failed_share": share, "failed_threshold": scenario.failed_share}
+    return {**out, "points": judged} if scenario.floors else out
 
 
 def describe(s: dict) -> str:
     """The console's line."""
     if s["valid"]:
-        return f"{s['name']} ({s['follows']}): VALID (every rule kept; failed share {s['failed_share'] * 100:.1f}%)"
+        kept = f"{len(s['points'])} points, each floor and whole passes kept" if s.get("points") else \
+            f"failed share {s['failed_share'] * 100:.1f}%"
+        return f"{s['name']} ({s['follows']}): VALID (every rule kept; {kept})"
     return f"{s['name']} ({s['follows']}): NOT VALID: " + "; ".join(s["invalid_reasons"])
