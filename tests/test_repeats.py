@@ -86,14 +86,15 @@ def test_a_step_the_shape_begins_before_a_local_runs_generator_exists_is_applied
     from vllm_load.plugin.sweep import Sweep
 
     told = []
-    col = SimpleNamespace(sweep=Sweep("users"), swarm=False, plan=SimpleNamespace(warmup=0.0), profiler=None)
+    col = SimpleNamespace(sweep=Sweep("users"), swarm=False, profiler=None,
+                          plan=SimpleNamespace(warmup=0.0, total_users=1, floor_of=lambda users: 0.0))
     run = SimpleNamespace(collector=col, generator=None)
     steps = SweepSteps()
     steps.begin(0, 1.0, run, SimpleNamespace(repeat=1), None, lambda *a: told.append(a))
     assert col.sweep.current is None and steps.last == (0, 1.0) and told == []
-    run.generator = SimpleNamespace(set_step=lambda step, rate: told.append(("generator", step, rate)))
+    run.generator = SimpleNamespace(set_step=lambda step, rate, floor: told.append(("generator", step, rate, floor)))
     steps.begin(*steps.last, run, SimpleNamespace(repeat=1), None, lambda *a: told.append(a))  # the run's start
-    assert col.sweep.current == 0 and told == [("generator", 0, 0.0), (0, 0.0)]
+    assert col.sweep.current == 0 and told == [("generator", 0, 0.0, 0.0), (0, 0.0, 0.0)]
     master = SimpleNamespace(collector=SimpleNamespace(sweep=Sweep("users"), swarm=True, plan=col.plan,
                                                        profiler=None), generator=None)
     SweepSteps().begin(0, 4.0, master, SimpleNamespace(repeat=1), None, lambda *a: None)
