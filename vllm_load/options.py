@@ -186,9 +186,10 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--trace-speed", 1.0, "replay this many times faster than recorded (0.5: half speed)", type=float),
     Option("--trace-block-size", 512, "tokens per hash id of a Mooncake trace: the same id, the same block of "
         "content, so the server's prefix cache sees the reuse the trace recorded", type=int),
-    Option("--sessions", "", "sessions.py: replay these agent sessions (a Weka/AgentX trace file or folder, or "
-        "sessions JSONL: docs/sessions.md): each turn sent when its predecessor completed plus its recorded delay, "
-        "subagents forked and joined, each session on one user with its own --session-header id",
+    Option("--sessions", "", "sessions.py: replay these agent sessions (a Weka/AgentX trace file or folder, "
+        "sessions JSONL, or 'synthetic:sessions=50,turns=4-12,growth=200-1500,subagents=0.2' made up: "
+        "docs/sessions.md): each turn sent when its predecessor completed plus its recorded delay, subagents forked "
+        "and joined, each session on one user with its own --session-header id",
         locustfiles=("sessions.py",), web=False),
     Option("--sessions-format", "", "sessions.py: weka or jsonl (default: jsonl for .jsonl, else weka)",
         choices=["", "weka", "jsonl"], locustfiles=("sessions.py",)),

@@ -28,6 +28,7 @@ from typing import Any, Union
 from vllm_load.errors import UsageError
 from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
 from vllm_load.workload.public_sets import is_published, resolve
+from vllm_load.workload.synthetic_sessions import is_synthetic, make
 
 FORMATS = ("weka", "jsonl")
 
@@ -72,7 +73,10 @@ def guess_format(path: Path) -> str:
 
 def read_sessions(path: str | Path, fmt: str = "") -> list[Session]:
     """Every session of a file (or a folder of Weka traces, or a public set by its published name: public_sets.py),
-    in order; bad input is one line (UsageError)."""
+    in order; bad input is one line (UsageError). ``synthetic:...``: sessions made up from a spec
+    (synthetic_sessions.py)."""
+    if is_synthetic(str(path)):
+        return make(str(path))
     p = resolve(str(path)) if is_published(str(path)) else Path(path)
     if not p.exists():
         raise _fail(p, "no such file or folder: check --sessions")
