@@ -279,10 +279,8 @@ def test_a_fixed_schedule_option_given_at_its_default_still_asks_for_the_fixed_s
     assert emulator_profile(opts) is None
 
 
-def test_a_stop_that_comes_while_the_run_starts_leaves_a_whole_run_directory(tmp_path, emulator_factory, monkeypatch):
-    """-t shorter than the start-up (a busy host's prompt pools took seconds): the stop comes while the run is still
-    starting. Its end wrote results, then failed to build the report with a traceback ("not a complete run
-    directory: it needs config.json"); now the directory is whole and the verdict says the run measured nothing."""
+def _slow_start(monkeypatch, starting=None):
+    """The generator made 2 s late (a busy host's prompt pools); ``starting`` set as its making begins."""
     import gevent
 
     from vllm_load.plugin.generator import Generator
@@ -290,14 +288,45 @@ def test_a_stop_that_comes_while_the_run_starts_leaves_a_whole_run_directory(tmp
     create = Generator.create.__func__
 
     def slow_create(cls, *args, **kw):
-        gevent.sleep(2.0)  # the -t limit (1 s) comes meanwhile
+        if starting is not None:
+            starting.set()
+        gevent.sleep(2.0)
         return create(cls, *args, **kw)
 
     monkeypatch.setattr(Generator, "create", classmethod(slow_create))
+
+
+def test_a_stop_that_comes_while_the_run_starts_leaves_a_whole_run_directory(tmp_path, emulator_factory, monkeypatch):
+    """A stop (Ctrl-C, the web UI's) while the run is still starting: its end wrote results, then failed to build
+    the report with a traceback ("not a complete run directory: it needs config.json"); now the directory is whole
+    and the verdict says the run measured nothing."""
+    import gevent.event
+
+    from tests.helpers import start_in_process
+
+    starting = gevent.event.Event()
+    _slow_start(monkeypatch, starting)
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "1s", "--host",
-                          emu.url, "--run-dir", str(run_dir)], cwd=tmp_path, timeout=60)
+    running = start_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "60s",
+                                "--host", emu.url, "--run-dir", str(run_dir)], cwd=tmp_path, timeout=60)
+    starting.wait(30)
+    res = running.stop()  # while the generator is being made
     assert "Traceback" not in res.stderr and "Uncaught exception" not in res.stderr, res.stderr[-3000:]
     assert res.returncode == 4 and "RUN INVALID: no request completed" in res.stdout, res.stdout[-2000:]
     assert all((run_dir / f).exists() for f in ("config.json", "llm_stats.json", "summary.json", "report.html"))
+
+
+def test_the_run_time_counts_from_the_loads_start_not_from_a_slow_start_up(tmp_path, emulator_factory, monkeypatch):
+    """-t 1s after a start-up of 2 s (the generator made late): the run still sends for its second, from the load's
+    start (Locust's timer, armed at its own start, once ended it during the start-up: nothing measured; a tune
+    probe of 3 s on a busy host lost its whole run so)."""
+    _slow_start(monkeypatch)
+    emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "1", "-t", "1s", "--host",
+                          emu.url, "--output-tokens", "8", "--run-dir", str(run_dir)], cwd=tmp_path, timeout=60)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    assert summary["requests"] > 0 and summary["failed"] == 0
+    assert json.loads((run_dir / "config.json").read_text())["options"]["run_time"] == 1  # -t as it was given

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
+from tests.helpers import ROOT, run_in_process
 from vllm_load.metrics.knee import knee
 from vllm_load.report.sweep import knee_line
 
@@ -25,3 +28,18 @@ def test_the_sweep_page_says_the_knee_with_its_throughput():
     assert knee_line(runs, "concurrency") == ("knee of the throughput curve: concurrency 32 (320.0 output tok/s, 100% "
                                               "of the most measured)")
     assert knee_line(runs[:2], "concurrency") == ""
+
+
+
+@pytest.mark.slow  # a five-level sweep: the full suite's
+def test_a_sweep_finds_the_knee_at_an_emulators_known_capacity(tmp_path):
+    """The embedded emulator batches 4 sequences at a time at a fixed pace per token: its throughput grows with
+    the users up to 4 and stays there, so the sweep's knee is 4 users, and the decode curve is said beside it."""
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "sweep.py"), "--headless", "--sweep", "1,2,4,8,16",
+                          "--num-requests", "32", "--output-tokens", "16", "--emulator-max-num-seqs", "4",
+                          "--emulator-ttft", "0.01", "--emulator-itl", "0.01", "--run-dir", str(run_dir)], tmp_path,
+                         timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "knee of the throughput curve: concurrency 4 (" in res.stdout, res.stdout[-2000:]
+    assert "decode curve: ITL p50 " in (run_dir / "sweep.md").read_text()

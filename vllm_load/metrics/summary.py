@@ -122,6 +122,7 @@ class RunSummary(Mapping[str, Any]):
     disruption: dict = ABSENT
     scenario: dict = ABSENT  # --scenario: whether the run kept its rules (workload/scenarios.stamp)
     protection: dict = ABSENT  # --protect: the protected class alone and beside the others (metrics/protection.py)
+    prefill_curve: dict = ABSENT  # TTFT by input length and its line, when the prompts' lengths vary (metrics/curves.py)
     trace: TraceKept = ABSENT  # --trace: rows, sent, intended and achieved span (seconds)
     profiled: list[ProfiledWindow] = ABSENT  # --profile-at: each profiler window (seconds into the run)
     # the rest of the run's summary

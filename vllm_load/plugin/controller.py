@@ -16,7 +16,8 @@ import gevent
 from vllm_load.client.openai_api import tls_context, use_tls_context
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError, die
 from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.plugin import end_of_run, interrupt, startup, validate, warmup_reset, watchers, wire, worker_secrets
+from vllm_load.plugin import (end_of_run, interrupt, run_timer, startup, validate, warmup_reset, watchers, wire,
+                              worker_secrets)
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.live_view import LiveView
 from vllm_load.plugin.plan import ramp_kind
@@ -86,9 +87,8 @@ class Controller(Process):
             die(str(exc))
         if env.web_ui is not None:
             gevent.spawn(startup.announce_web_ui, env.web_ui, opts)
-        # The blocking start-up above (tokenizer, embedded emulator: seconds) left libev's cached clock
-        # behind; Locust arms its --run-time timer next, relative to that stale "now", and a 3 s run
-        # ended 0.1 s after it began. Refresh the clock so the run lasts what was asked.
+        run_timer.take_over(opts, env)  # a headless run's -t counts from its load's start (plugin/run_timer.py)
+        # the blocking start-up above left libev's cached clock behind: a timer armed now (the web UI's) is fresh
         gevent.get_hub().loop.update_now()
 
     def _check_options(self, opts: Any) -> None:

@@ -14,6 +14,7 @@ from vllm_load.plugin.target import Target
 from vllm_load.rundir.files import own_run_dir
 from vllm_load.rundir.plan import RunPlan
 from vllm_load.workload.rate_schedule import RateSchedule
+from vllm_load.plugin.run_timer import run_seconds
 from vllm_load.workload.scenarios import apply
 
 __all__ = ["PLAN", "RunPlan", "decide", "ramp_kind", "why_no_window"]
@@ -64,13 +65,13 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
                    server_kind=target.server_kind,
                    percentiles=parse_percentiles(opts.metric_percentiles) if opts.metric_percentiles else (),
                    ramp=(opts.ramp_up_strategy, float(opts.ramp_up_start_rps), float(opts.ramp_up_end_rps),
-                         0.0 if opts.num_requests else float(opts.run_time or 0)) if ramp_kind(opts) == "rate" else (),
+                         0.0 if opts.num_requests else run_seconds(opts)) if ramp_kind(opts) == "rate" else (),
                    sweep_kind=sweep.kind if sweep else "", sweep_levels=sweep.levels if sweep else (),
                    hosts=target.hosts, steady=why_no_window(opts, shaped) is None,
                    constant_rate=float(opts.request_rate or 0.0) if why_no_window(opts, shaped) is None else 0.0,
                    rate_schedule=tuple(tuple(p) for p in RateSchedule.read(opts.rate_schedule).to_wire())
                    if getattr(opts, "rate_schedule", "") else (),
-                   rate_schedule_ends=bool(getattr(opts, "rate_schedule", "")) and not opts.run_time,
+                   rate_schedule_ends=bool(getattr(opts, "rate_schedule", "")) and not run_seconds(opts),
                    scenario=getattr(opts, "scenario", ""), min_duration=float(getattr(opts, "min_duration", 0.0) or 0),
                    scenario_overrides=scenario_applied(opts))
 

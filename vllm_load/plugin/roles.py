@@ -9,7 +9,7 @@ from typing import Any
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
-from vllm_load.plugin import run_clock, ui_guard, wire, worker_secrets
+from vllm_load.plugin import run_clock, run_timer, ui_guard, wire, worker_secrets
 from vllm_load.plugin.controller import Controller
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.process import Process
@@ -34,6 +34,7 @@ class LocalProcess(Controller):
         if col.sweep is not None:  # and each step's stats its own per-step stats
             col.sweep.stats_source = gen.step_stats
         gen.clock.start_local(gen.start_wall, gen.start_perf)
+        run.timed = run_timer.arm(self.environment, gen.start_wall)  # -t from here: the generator is ready
 
     def _window(self, run: Run) -> Any:
         gen = run.generator
@@ -76,9 +77,12 @@ class MasterProcess(Controller):
 
     def _on_ready(self, msg: Any) -> None:
         """A worker's generator is ready: its offset for the epoch, and the drains in force (it may join late)."""
-        self._clock().on_ready(self.environment.runner, msg)
+        clock = self._clock()
+        clock.on_ready(self.environment.runner, msg)
         if self.run is not None:
             wire.tell_drained(self.run, self.environment.runner, msg.node_id)
+            if clock.epoch is not None and not self.run.timed:  # -t from the epoch: every worker is ready
+                self.run.timed = run_timer.arm(self.environment, clock.epoch)
 
     def _clock(self) -> run_clock.MasterClock:
         col = self.run.collector if self.run is not None else None

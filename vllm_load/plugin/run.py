@@ -31,6 +31,7 @@ class Run:
     shares_done: int = 0  # load processes that finished their share (trace rows, --num-requests)
     flushed: set = field(default_factory=set)  # workers that sent their final report (a master's drain)
     drained: set = field(default_factory=set)  # the --host replicas a fault plan's drain holds out now
+    timed: bool = False  # its -t is armed, from its load's start (plugin/run_timer.py)
 
     def stop_with(self, message: str, code: int) -> None:
         """The run stops on a failure (``Controller.fatal``): its summary says so (a scenario's stamp reads it)."""

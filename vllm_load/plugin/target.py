@@ -19,6 +19,7 @@ from vllm_load.workload.model_mix import parse_models
 from vllm_load.workload.prompts import PromptFactory, prompt_api
 from vllm_load.workload.structured import parse_response_format
 from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
+from vllm_load.plugin.run_timer import RUN_TIME_ATTR
 
 #: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
 DEFAULT_OUTPUT_TOKENS = "64"
@@ -316,4 +317,6 @@ def public_options(opts: Any) -> dict:
             out[k] = v
         elif isinstance(v, (list, tuple)) and all(isinstance(x, (str, int, float, bool)) for x in v):
             out[k] = list(v)
+    if out.get(RUN_TIME_ATTR):  # -t as it was given (the plugin arms it from the load's start: run_timer.py)
+        out["run_time"] = out.pop(RUN_TIME_ATTR)
     return out

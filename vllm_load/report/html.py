@@ -27,6 +27,7 @@ from vllm_load.report.llmd_report import llmd_report
 from vllm_load.report.mlperf_result import mlperf_result
 from vllm_load.metrics.reuse import describe as reuse_line
 from vllm_load.metrics.spans import join
+from vllm_load.metrics.curves import describe_prefill, prefill_curve
 from vllm_load.metrics.routing import replica_of, routing, routing_line
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.summary_parts import ClientVerdict, Routing, Timing
@@ -77,10 +78,11 @@ def render_html(run: Run, verdict: Verdict) -> str:
         delivered=(s.delivered or {}).get("detail", ""), schedule=(s.delivered or {}).get("segments") or [],
         disruption=disruption_lines(s.disruption) if s.disruption else [],
         protection=protection_line(s.protection) if s.protection else "",
+        prefill=describe_prefill(s.prefill_curve) if s.prefill_curve else "",
         scenario=scenario_line(s.scenario) if s.scenario else "", reuse=reuse_line(s.names),
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
-        charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run),
+        charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run) + charts.prefill(s),
                 "markers": charts.markers(run)})
 
 
@@ -209,6 +211,8 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     if isinstance(run.summary, RunSummary) and run.summary.faults:  # what each fault did to the requests
         run.summary = run.summary.replace(disruption=disruption(
             [{**r, "target": replica_of(r, header)} for r in logs], run.summary.faults, limits_of(slos)))
+    if isinstance(run.summary, RunSummary) and (curve := prefill_curve(logs)) is not None:  # TTFT by input length
+        run.summary = run.summary.replace(prefill_curve=curve)
     if isinstance(run.summary, RunSummary) and opts.get("protect"):  # what the other classes cost --protect's
         run.summary = run.summary.replace(protection=protection(logs, str(opts["protect"])))
     parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS,

@@ -13,6 +13,7 @@ from vllm_load.metrics.repeats import spread, spread_text
 from vllm_load.metrics.server import server_summary  # noqa: E402
 from vllm_load.report import charts  # noqa: E402
 from vllm_load.report.mlperf_result import pareto_point  # noqa: E402
+from vllm_load.metrics.curves import decode_curve, describe_decode  # noqa: E402
 from vllm_load.report.page import render  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
 from vllm_load.metric_table import E2E, ITL, TTFT
@@ -63,7 +64,7 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
     passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
     best = (f"Largest {level} meeting every SLO: {max(passing)}" if passing
             else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")
-    bend = knee_line(runs, level)
+    bend = "; ".join(x for x in (knee_line(runs, level), decode_line(runs, level)) if x)
     out_dir.mkdir(parents=True, exist_ok=True)
     overall = "pass" if passing else "fail" if any(v is not None for v in verdicts) else "none"
     page = render("sweep.html.j2", count=len(runs), emulator=any(r.is_emulator for r in runs), best=best, knee=bend,
@@ -91,6 +92,14 @@ def knee_line(runs: list[Run], level: str) -> str:
     most = max(r.summary.output_token_rate or 0.0 for r in runs)
     return (f"knee of the throughput curve: {level} {at:g} ({rate:.1f} output tok/s, {rate / most * 100:.0f}% of "
             "the most measured)")
+
+
+def decode_line(runs: list[Run], level: str) -> str:
+    """ITL p50 against concurrency and its line (metrics/curves.py), '' for a rate sweep or under 3 levels."""
+    if level != "concurrency":
+        return ""
+    c = decode_curve([float(r.concurrency or 0) for r in runs], [metric_stats(r.summary, ITL).at("p50") for r in runs])
+    return describe_decode(c) if c else ""
 
 
 def pareto_chart(runs: list[Run]) -> list[dict]:

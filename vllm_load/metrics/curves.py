@@ -1,0 +1,68 @@
+"""Latency curves a run's requests draw: TTFT against the prompt's length (the prefill curve of a run whose prompts
+vary, ``--input-tokens 128-8192``), and ITL against the concurrency of a sweep's levels (the decode curve).
+
+Each is its points and a least-squares line through them: the prefill curve's TTFT p50 per bin of 8 equal-count
+bins of the requests by input length (``intercept_ms`` + ``ms_per_1k_tokens``: what a prompt costs before its
+first token, and the fixed part), the decode curve's ITL p50 per level (``ms_per_user``: what one more concurrent
+stream adds to every token). A run whose prompts are all about one length (the longest under twice the shortest),
+or with fewer than 16 measured requests, has no prefill curve; a sweep of fewer than 3 levels no decode curve."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+BINS = 8
+MIN_REQUESTS = 16
+
+
+def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """The least-squares line through the points: (intercept, slope)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx else 0.0
+    return my - slope * mx, slope
+
+
+def _p(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def prefill_curve(logs: list[dict[str, Any]]) -> dict | None:
+    """TTFT p50/p90 by input length, and its line (None without the spread or the requests to draw one)."""
+    ok = sorted((int(r["input_tokens"]), float(r["ttft"])) for r in logs
+                if r.get("ok") and not r.get("warmup") and r.get("ttft") is not None and r.get("input_tokens"))
+    if len(ok) < MIN_REQUESTS or ok[-1][0] < 2 * ok[0][0]:
+        return None
+    points = []
+    for i in range(BINS):
+        part = ok[i * len(ok) // BINS:(i + 1) * len(ok) // BINS]
+        ttfts = [t for _, t in part]
+        points.append({"input_tokens": statistics.median(n for n, _ in part), "requests": len(part),
+                       "ttft_p50": statistics.median(ttfts), "ttft_p90": _p(ttfts, 0.9)})
+    intercept, slope = fit([p["input_tokens"] for p in points], [p["ttft_p50"] for p in points])
+    return {"points": points, "intercept_ms": intercept * 1000, "ms_per_1k_tokens": slope * 1e6,
+            "input_tokens": [ok[0][0], ok[-1][0]]}
+
+
+def decode_curve(levels: list[float], itl_p50: list[float | None]) -> dict | None:
+    """ITL p50 by concurrency across a sweep's levels, and its line (None under 3 levels with an ITL)."""
+    pairs = [(float(u), float(i)) for u, i in zip(levels, itl_p50) if i is not None]
+    if len(pairs) < 3:
+        return None
+    intercept, slope = fit([u for u, _ in pairs], [i for _, i in pairs])
+    return {"points": [{"users": u, "itl_p50": i} for u, i in pairs], "intercept_ms": intercept * 1000,
+            "ms_per_user": slope * 1000}
+
+
+def describe_prefill(c: dict) -> str:
+    lo, hi = c["input_tokens"]
+    return (f"prefill curve: TTFT p50 {c['intercept_ms']:.1f} ms + {c['ms_per_1k_tokens']:.2f} ms per 1k input tokens "
+            f"({BINS} bins of {lo:,}-{hi:,} tokens)")
+
+
+def describe_decode(c: dict) -> str:
+    users = [p["users"] for p in c["points"]]
+    return (f"decode curve: ITL p50 {c['intercept_ms']:.2f} ms + {c['ms_per_user']:.3f} ms per concurrent user "
+            f"({len(users)} levels, {min(users):g}-{max(users):g} users)")
