@@ -20,7 +20,7 @@ def test_the_curves_fit_what_the_requests_drew():
                                                                                   "input_tokens": 5, "ttft": 9.0}])
     assert c is not None and len(c["points"]) == 8 and sum(p["requests"] for p in c["points"]) == 32
     assert c["intercept_ms"] == pytest.approx(10.0) and c["ms_per_1k_tokens"] == pytest.approx(20.0)
-    assert c["input_tokens"] == [200, 3300]
+    assert c["tokens_range"] == [200, 3300]
     assert describe_prefill(c) == "prefill curve: TTFT p50 10.0 ms + 20.00 ms per 1k input tokens (8 bins of 200-3,300 tokens)"
     assert prefill_curve(logs[:15]) is None  # too few to draw
     assert prefill_curve([{**r, "input_tokens": 1000} for r in logs]) is None  # one length: no curve

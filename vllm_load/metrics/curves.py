@@ -12,6 +12,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from vllm_load.metric_table import INPUT_TOKENS, TTFT
+
 BINS = 8
 MIN_REQUESTS = 16
 
@@ -31,19 +33,19 @@ def _p(values: list[float], q: float) -> float:
 
 def prefill_curve(logs: list[dict[str, Any]]) -> dict | None:
     """TTFT p50/p90 by input length, and its line (None without the spread or the requests to draw one)."""
-    ok = sorted((int(r["input_tokens"]), float(r["ttft"])) for r in logs
-                if r.get("ok") and not r.get("warmup") and r.get("ttft") is not None and r.get("input_tokens"))
+    ok = sorted((int(r[INPUT_TOKENS]), float(r[TTFT])) for r in logs
+                if r.get("ok") and not r.get("warmup") and r.get(TTFT) is not None and r.get(INPUT_TOKENS))
     if len(ok) < MIN_REQUESTS or ok[-1][0] < 2 * ok[0][0]:
         return None
     points = []
     for i in range(BINS):
         part = ok[i * len(ok) // BINS:(i + 1) * len(ok) // BINS]
         ttfts = [t for _, t in part]
-        points.append({"input_tokens": statistics.median(n for n, _ in part), "requests": len(part),
+        points.append({"tokens": statistics.median(n for n, _ in part), "requests": len(part),
                        "ttft_p50": statistics.median(ttfts), "ttft_p90": _p(ttfts, 0.9)})
-    intercept, slope = fit([p["input_tokens"] for p in points], [p["ttft_p50"] for p in points])
+    intercept, slope = fit([p["tokens"] for p in points], [p["ttft_p50"] for p in points])
     return {"points": points, "intercept_ms": intercept * 1000, "ms_per_1k_tokens": slope * 1e6,
-            "input_tokens": [ok[0][0], ok[-1][0]]}
+            "tokens_range": [ok[0][0], ok[-1][0]]}
 
 
 def decode_curve(levels: list[float], itl_p50: list[float | None]) -> dict | None:
@@ -57,7 +59,7 @@ def decode_curve(levels: list[float], itl_p50: list[float | None]) -> dict | Non
 
 
 def describe_prefill(c: dict) -> str:
-    lo, hi = c["input_tokens"]
+    lo, hi = c["tokens_range"]
     return (f"prefill curve: TTFT p50 {c['intercept_ms']:.1f} ms + {c['ms_per_1k_tokens']:.2f} ms per 1k input tokens "
             f"({BINS} bins of {lo:,}-{hi:,} tokens)")
 

@@ -50,7 +50,7 @@ def prefill(s: Any) -> list[dict[str, Any]]:
     c = s.prefill_curve
     if not c:
         return []
-    xs = [p["input_tokens"] for p in c["points"]]
+    xs = [p["tokens"] for p in c["points"]]
     line = [c["intercept_ms"] + c["ms_per_1k_tokens"] * x / 1000 for x in xs]
     return [chart("prefill-curve", "Prefill curve: TTFT by input length", "input tokens", "TTFT (ms)", xs,
                   [{"label": "TTFT p50", "values": rounded([p["ttft_p50"] * 1000 for p in c["points"]])},
