@@ -33,12 +33,13 @@ def test_the_sweep_page_says_the_knee_with_its_throughput():
 
 @pytest.mark.slow  # a five-level sweep: the full suite's
 def test_a_sweep_finds_the_knee_at_an_emulators_known_capacity(tmp_path):
-    """The embedded emulator batches 4 sequences at a time at a fixed pace per token: its throughput grows with
-    the users up to 4 and stays there, so the sweep's knee is 4 users, and the decode curve is said beside it."""
+    """The embedded emulator batches 4 sequences at a time (small-gpu's cost model, --max-num-seqs 4): its throughput
+    grows with the users up to 4 and stays there (the rest queue), so the sweep's knee is 4 users, and the decode
+    curve is said beside it."""
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles" / "sweep.py"), "--headless", "--sweep", "1,2,4,8,16",
-                          "--num-requests", "32", "--output-tokens", "16", "--emulator-max-num-seqs", "4",
-                          "--emulator-ttft", "0.01", "--emulator-itl", "0.01", "--run-dir", str(run_dir)], tmp_path,
+                          "--num-requests", "32", "--output-tokens", "16", "--emulator-profile", "small-gpu",
+                          "--emulator-max-num-seqs", "4", "--run-dir", str(run_dir)], tmp_path,
                          timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "knee of the throughput curve: concurrency 4 (" in res.stdout, res.stdout[-2000:]
