@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import gevent
@@ -74,6 +75,15 @@ class MasterProcess(Controller):
 
     def _master_runner(self) -> Any:
         return self.environment.runner
+
+    def _start_load(self, run: Run) -> None:
+        """Its workers generate the load: -t is armed at the epoch (``_on_ready``), or, should a worker never say it
+        is ready, once the workers' own schedules stop waiting for one (``run_clock.WAIT_S``): a run still ends."""
+        gevent.spawn_later(run_clock.WAIT_S, self._arm_late, run)
+
+    def _arm_late(self, run: Run) -> None:
+        if self.run is run and not run.timed:
+            run.timed = run_timer.arm(self.environment, time.time())
 
     def _on_ready(self, msg: Any) -> None:
         """A worker's generator is ready: its offset for the epoch, and the drains in force (it may join late)."""

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import gevent
+from locust.runners import STATE_STOPPED, STATE_STOPPING
 
 #: the parsed options' attribute holding -t once the plugin took it over (Locust's own is then None)
 RUN_TIME_ATTR = "vllm_load_run_time"
@@ -43,5 +44,9 @@ def arm(environment: Any, started_wall: float) -> bool:
 
 
 def _quit(environment: Any, seconds: float) -> None:
-    log.info("--run-time limit of %gs reached (counted from the load's start), shutting down", seconds)
-    environment.runner.quit()
+    runner = environment.runner
+    if runner is None or runner.state in (STATE_STOPPING, STATE_STOPPED):  # ended already (--num-requests, a stop)
+        return
+    # Locust's own words first: what a reader (or a test) of Locust's log looks for
+    log.info("--run-time limit reached (%gs, counted from the load's start), shutting down", seconds)
+    runner.quit()
