@@ -128,3 +128,25 @@ def test_the_emulator_answers_a_whole_clip_and_refuses_what_vllm_refuses(emulato
     assert post(not_wav.body, not_wav.content_type)[0] == 400  # the emulator measures WAV only
     other = transcription_request("not-served", buf.getvalue(), 1.5, None, 4)
     assert post(other.body, other.content_type)[0] == 404
+
+
+def test_speechs_clips_and_chats_media_come_from_one_maker_and_never_repeat():
+    """A process that sends chat.py's clips and speech to text's (two user classes) makes both in its prompt thread:
+    a second maker of the same source made the same first clip for each."""
+    import base64
+    import random
+    from types import SimpleNamespace
+
+    from vllm_load.client.stream import BodyDefaults
+    from vllm_load.plugin.llm_speech import workload_request
+    from vllm_load.workload.lengths import parse_length
+    from vllm_load.workload.media import WorkloadMedia
+
+    opts = SimpleNamespace(audio_seconds=1.0, audio_from="")
+    media = WorkloadMedia(opts, "salt", "w0", "draws")
+    chat_clip = base64.b64decode(media.parts(random.Random(0))[0]["input_audio"]["data"])
+    src = SimpleNamespace(opts=opts, media=lambda: media, next_model=lambda: ("m", None),
+                          tokenizer=SimpleNamespace(encode=lambda text, special: [1]), output_spec=parse_length("8", "x"),
+                          rng=random.Random(0), defaults=BodyDefaults())
+    clips = [parts(workload_request(src, "transcription"))["file"] for _ in range(2)]
+    assert len({chat_clip, *clips}) == 3 and all(wav_seconds(c) == 1.0 for c in clips)

@@ -3,14 +3,13 @@ unique, or a file), counted as vLLM counts a Whisper request, sent through the o
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 from vllm_load.client.audio import count_input, transcription_request
 from vllm_load.client.reply import Reply
 from vllm_load.client.stream import ReadyRequest
-from vllm_load.workload.media import AUDIO_TYPES, MediaFiles, MediaMaker, wav_seconds
+from vllm_load.workload.media import wav_seconds
 
 #: a built-in user's clip when --audio-seconds is not given
 DEFAULT_CLIP_SECONDS = 5.0
@@ -19,18 +18,13 @@ DEFAULT_CLIP_SECONDS = 5.0
 def workload_request(src: Any, api: str) -> ReadyRequest:
     """The run's next clip to text, in the prompt thread: --audio-from's next file, else a unique generated clip of
     --audio-seconds (5 s by default); the answer capped at --output-tokens."""
-    o = src.opts
-    if src.audio_files is None and getattr(o, "audio_from", ""):
-        rng = random.Random(f"{src.plan.draws}/{src.source}/media")
-        src.audio_files = MediaFiles(o.audio_from, AUDIO_TYPES, "--audio-from", rng)
-    if src.audio_files is not None:
-        clip, filename = src.audio_files.clip()
+    media = src.media()  # chat.py's maker too: a second one of the same source made the same clips
+    if media.audio_files is not None:
+        clip, filename = media.audio_files.clip()
         seconds = wav_seconds(clip)
     else:
-        if src.pool_media is None:
-            src.pool_media = MediaMaker(src.plan.salt, f"{src.source}/pool")
-        seconds = float(getattr(o, "audio_seconds", 0.0) or 0.0) or DEFAULT_CLIP_SECONDS
-        clip, filename = src.pool_media.audio_bytes(seconds), "clip.wav"
+        seconds = float(getattr(src.opts, "audio_seconds", 0.0) or 0.0) or DEFAULT_CLIP_SECONDS
+        clip, filename = media.maker.audio_bytes(seconds), "clip.wav"
     model, group = src.next_model()
     return transcription_request(model, clip, seconds, count_input(src.tokenizer.encode, seconds, api),
                                  src.output_spec.sample(src.rng), api=api, filename=filename, defaults=src.defaults,

@@ -23,7 +23,7 @@ from vllm_load.plugin.target import DEFAULT_OUTPUT_TOKENS, body_defaults
 from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.workload.history import HistoryCounter
 from vllm_load.workload.lengths import parse_length
-from vllm_load.workload.media import MediaFiles, MediaMaker, WorkloadMedia
+from vllm_load.workload.media import MediaMaker, WorkloadMedia
 from vllm_load.workload.cancel import parse_cancel
 from vllm_load.workload.graded import GradedMix, Item, parse_accuracy
 from vllm_load.workload.model_mix import ModelMix
@@ -71,9 +71,7 @@ class RequestSource:
         self.text_factory: PromptFactory | None = None
         self._mixes(opts, plan)
         #: images and audio: the prompt thread's maker (the workload's) and the helper thread's (self.llm.image)
-        self.workload_media: WorkloadMedia | None = None
-        self.pool_media: MediaMaker | None = None  # speech to text's clips (llm_speech.py), --audio-from's files
-        self.audio_files: MediaFiles | None = None
+        self.workload_media: WorkloadMedia | None = None  # the prompt thread's: chat.py's media, speech's clips
         self.helper_media: MediaMaker | None = None
 
     def _mixes(self, opts: Any, plan: RunPlan) -> None:
@@ -203,11 +201,14 @@ class RequestSource:
 
     def _media_parts(self) -> list[dict[str, Any]] | None:
         """Images, a clip and videos after chat.py's prompts (``WorkloadMedia``), made in the prompt thread."""
-        if not WorkloadMedia.wanted(self.opts):
-            return None
+        return self.media().parts(self.rng) if WorkloadMedia.wanted(self.opts) else None
+
+    def media(self) -> WorkloadMedia:
+        """The prompt thread's one maker of the run's media (chat.py's, speech to text's clips): one sequence, so no
+        two of its clips or images are the same bytes."""
         if self.workload_media is None:
             self.workload_media = WorkloadMedia(self.opts, self.plan.salt, self.source, self.plan.draws)
-        return self.workload_media.parts(self.rng)
+        return self.workload_media
 
     def media_part(self, kind: str, *args: Any) -> dict[str, Any]:
         """A user's own image, clip or video (``self.llm.image``/``audio``/``video``; ``clip``: a WAV's bytes), made
