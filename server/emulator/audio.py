@@ -10,11 +10,9 @@ chunk), a usage chunk with ``stream_include_usage``, then ``[DONE]``; whole: ``{
 
 from __future__ import annotations
 
-import io
 import itertools
 import math
 import secrets
-import wave
 from email.parser import BytesParser
 from email.policy import HTTP
 from typing import TYPE_CHECKING, Iterable
@@ -23,7 +21,7 @@ import orjson
 
 from .generate import paced, stream
 from .http import HttpError, Start, reply
-from .media import _placeholders
+from .media import MediaError, _placeholders, wav_seconds
 from .plan import WORDS, plan
 
 if TYPE_CHECKING:
@@ -61,16 +59,15 @@ def read_form(environ: dict) -> tuple[dict[str, str], bytes]:
 
 
 def seconds_of(audio: bytes) -> float:
-    """A WAV clip's length."""
+    """A WAV clip's length (400 for another format)."""
     try:
-        with wave.open(io.BytesIO(audio)) as w:
-            return w.getnframes() / float(w.getframerate())
-    except (wave.Error, EOFError, ZeroDivisionError):
-        raise HttpError(400, "the emulator reads WAV audio only (vLLM decodes more formats)", "BadRequestError",
-                        "file") from None
+        return wav_seconds(audio, "the emulator reads WAV audio only (vLLM decodes more formats)")
+    except MediaError as exc:
+        raise HttpError(400, str(exc), "BadRequestError", "file") from None
 
 
-def prompt_ids(emu: Emulator, fields: dict[str, str], audio: bytes, task: str) -> tuple[list[int], list[int]]:
+def prompt_ids(emu: Emulator, fields: dict[str, str], audio: bytes, seconds: float,
+               task: str) -> tuple[list[int], list[int]]:
     """The prompt as vLLM's usage counts it: the decoder's tokens, and one per log-mel frame of the clip (its
     /metrics counts the decoder's alone)."""
     language = fields.get("language") or "en"
@@ -78,7 +75,7 @@ def prompt_ids(emu: Emulator, fields: dict[str, str], audio: bytes, task: str) -
         f"<|startoftranscript|><|{language}|><|{task}|><|notimestamps|>"
     decoder = (emu.tok.encode(text, add_special_tokens=False) if emu.tok is not None
                else [hash(w) & 0xFFFF for w in text.split("|")])
-    return decoder, _placeholders(audio, math.ceil(seconds_of(audio) * FRAMES_PER_SECOND - 1e-9))
+    return decoder, _placeholders(audio, math.ceil(seconds * FRAMES_PER_SECOND - 1e-9))
 
 
 def flag(fields: dict[str, str], name: str) -> bool:
@@ -100,7 +97,8 @@ def serve(emu: Emulator, environ: dict, start_response: Start, task: str) -> Ite
     """One clip to text: planned as a completion of the prompt vLLM counts, streamed or answered whole."""
     fields, clip = read_form(environ)
     emu.log_request(environ, fields)
-    decoder, frames = prompt_ids(emu, fields, clip, task)
+    seconds = seconds_of(clip)  # once: the prompt's frames and a whole answer's usage
+    decoder, frames = prompt_ids(emu, fields, clip, seconds, task)
     ids = decoder + frames
     body = {"model": fields.get("model") or emu.served[0], "prompt": ids, "max_tokens": max_tokens(fields)}
     model, out = plan(emu, False, body, emu.faults.pick(environ), ids, cache=False)  # no prefix cache, as vLLM's
@@ -108,7 +106,7 @@ def serve(emu: Emulator, environ: dict, start_response: Start, task: str) -> Ite
     if not flag(fields, "stream"):
         words = itertools.cycle(WORDS)
         text = "".join(next(words) for _ in range(sum(paced(emu, out))))
-        usage = {"type": "duration", "seconds": math.ceil(seconds_of(clip))}
+        usage = {"type": "duration", "seconds": math.ceil(seconds)}
         return reply(start_response, 200, orjson.dumps({"text": text, "usage": usage}))
     start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
     usage = flag(fields, "stream_include_usage")

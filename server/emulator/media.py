@@ -83,10 +83,9 @@ def flatten(messages: list[dict[str, Any]], cost: MediaCost) -> tuple[list[dict[
                 raw = (part.get("input_audio") or {}).get("data", "")
                 try:
                     data = base64.b64decode(raw, validate=True)
-                    with wave.open(io.BytesIO(data)) as w:
-                        seconds = w.getnframes() / w.getframerate()
-                except (binascii.Error, ValueError, wave.Error, EOFError):
+                except (binascii.Error, ValueError):
                     raise MediaError("input_audio must carry base64 WAV data") from None
+                seconds = wav_seconds(data, "input_audio must carry base64 WAV data")
                 ids += _placeholders(data, max(1, math.ceil(seconds * cost.audio_tokens_per_second)))
                 keys.append(hashlib.sha256(data).digest())
             elif kind == "video_url":
@@ -98,6 +97,16 @@ def flatten(messages: list[dict[str, Any]], cost: MediaCost) -> tuple[list[dict[
                 raise MediaError(f"unsupported content part type {kind!r}")
         out.append({**m, "content": "".join(texts)})
     return out, ids, keys
+
+
+def wav_seconds(data: bytes, refused: str) -> float:
+    """A WAV clip's length (``MediaError(refused)`` for anything else): chat's ``input_audio``, speech to text's
+    file."""
+    try:
+        with wave.open(io.BytesIO(data)) as w:
+            return w.getnframes() / float(w.getframerate())
+    except (wave.Error, EOFError, ZeroDivisionError):
+        raise MediaError(refused) from None
 
 
 def video_tokens(data: bytes, patch: int, temporal: int = 2) -> int:

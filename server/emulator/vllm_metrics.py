@@ -73,7 +73,8 @@ class VllmMetrics:
         for m in (self.running, self.waiting, self.kv_usage, self.emissions, self.late_emissions):
             m.labels(**self.labels).set(0)
         # like vLLM, expose every series from the start (a scrape before any traffic sees zeros)
-        for m in (self.prefix_queries, self.prefix_hits, self.mm_queries, self.mm_hits, self.preemptions, self.prompt_tokens, self.generation_tokens,
+        for m in (self.prefix_queries, self.prefix_hits, self.mm_queries, self.mm_hits, self.preemptions,
+                  self.prompt_tokens, self.generation_tokens,
                   self.ttft, self.itl, self.e2e, self.queue, self.prefill, self.decode, self.req_prompt,
                   self.req_generation):
             m.labels(**self.labels)
