@@ -87,7 +87,8 @@ def test_a_step_the_shape_begins_before_a_local_runs_generator_exists_is_applied
 
     told = []
     col = SimpleNamespace(sweep=Sweep("users"), swarm=False, profiler=None,
-                          plan=SimpleNamespace(warmup=0.0, total_users=1, floor_of=lambda users: 0.0))
+                          plan=SimpleNamespace(warmup=0.0, total_users=1, floor_of=lambda users: 0.0,
+                                               users_at=lambda level: level))
     run = SimpleNamespace(collector=col, generator=None)
     steps = SweepSteps()
     steps.begin(0, 1.0, run, SimpleNamespace(repeat=1), None, lambda *a: told.append(a))

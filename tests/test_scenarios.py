@@ -191,7 +191,7 @@ def test_a_floored_share_is_taken_in_whole_passes_until_the_floor_then_ends():
     assert [t.take() for _ in range(4)] == [True, True, True, False] and t.last_taken()
     assert [t.finished() for _ in range(3)] == [False, False, True]
     t.restart(floor_s=3600.0)  # the floor lasts: a share taken whole is taken again, and again
-    assert all(t.take() for _ in range(9)) and (t.passes, t.quota, t.taken) == (3, 9, 12)
+    assert all(t.take() for _ in range(9)) and (t.passes, t.quota, t.held) == (3, 9, 9)
     assert not t.last_taken() and not any(t.finished() for _ in range(9))  # all done, but the floor lasts
     t.floor_until = 1.0  # the floor passes while every ticket of the third pass is held: no fourth pass
     assert t.take() is False and t.quota == 9

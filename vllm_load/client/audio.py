@@ -40,16 +40,15 @@ def audio_tokens(seconds: float) -> int:
 
 def form(fields: dict[str, Any], audio: bytes, filename: str) -> tuple[bytes, str]:
     """A ``multipart/form-data`` body (its bytes and its Content-Type): the text fields, then the clip."""
-    boundary = BOUNDARY
     out = bytearray()
     for key, value in fields.items():
         text = ("true" if value else "false") if isinstance(value, bool) else str(value)
-        out += f'--{boundary}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{text}\r\n'.encode()
+        out += f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="{key}"\r\n\r\n{text}\r\n'.encode()
     kind = "audio/wav" if filename.lower().endswith(".wav") else "application/octet-stream"
-    out += (f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
+    out += (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{filename}"\r\n'
             f"Content-Type: {kind}\r\n\r\n").encode()
-    out += audio + f"\r\n--{boundary}--\r\n".encode()
-    return bytes(out), f"multipart/form-data; boundary={boundary}"
+    out += audio + f"\r\n--{BOUNDARY}--\r\n".encode()
+    return bytes(out), f"multipart/form-data; boundary={BOUNDARY}"
 
 
 def transcription_request(model: str, audio: bytes, seconds: float | None, input_tokens: int | None,

@@ -13,6 +13,7 @@ import statistics
 from typing import Any
 
 from vllm_load.metric_table import INPUT_TOKENS, TTFT
+from vllm_load.metrics.records import nearest_rank
 
 BINS = 8
 MIN_REQUESTS = 16
@@ -26,11 +27,6 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def _p(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
-
-
 def prefill_curve(logs: list[dict[str, Any]]) -> dict | None:
     """TTFT p50/p90 by input length, and its line (None without the spread or the requests to draw one)."""
     ok = sorted((int(r[INPUT_TOKENS]), float(r[TTFT])) for r in logs
@@ -42,7 +38,7 @@ def prefill_curve(logs: list[dict[str, Any]]) -> dict | None:
         part = ok[i * len(ok) // BINS:(i + 1) * len(ok) // BINS]
         ttfts = [t for _, t in part]
         points.append({"tokens": statistics.median(n for n, _ in part), "requests": len(part),
-                       "ttft_p50": statistics.median(ttfts), "ttft_p90": _p(ttfts, 0.9)})
+                       "ttft_p50": statistics.median(ttfts), "ttft_p90": nearest_rank(sorted(ttfts), 90)})
     intercept, slope = fit([p["tokens"] for p in points], [p["ttft_p50"] for p in points])
     return {"points": points, "intercept_ms": intercept * 1000, "ms_per_1k_tokens": slope * 1e6,
             "tokens_range": [ok[0][0], ok[-1][0]]}

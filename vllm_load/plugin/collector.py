@@ -183,7 +183,7 @@ class Collector:
                           plan.floor_of(users))]
         out = []
         for _, s in sorted(self.sweep.steps.items()):
-            users = s.level if self.sweep.kind == "users" else plan.total_users
+            users = plan.users_at(s.level)
             out.append(Point(users, (s.end or now) - s.start, s.stats.requests, plan.num_requests, plan.floor_of(users)))
         return out
 

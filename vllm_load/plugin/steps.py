@@ -45,7 +45,7 @@ class SweepSteps:
         if not col.sweep.begin(step, level, time.time(), col.plan.warmup):
             return
         rate = float(level) if col.sweep.kind == "rate" else 0.0
-        floor = col.plan.floor_of(level if col.sweep.kind == "users" else col.plan.total_users)
+        floor = col.plan.floor_of(col.plan.users_at(level))
         if run.generator is not None:
             run.generator.set_step(step, rate, floor)
         unit = "req/s" if col.sweep.kind == "rate" else "users"

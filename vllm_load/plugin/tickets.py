@@ -18,7 +18,6 @@ class Tickets:
         self.passes = 1
         self.floor_until = 0.0  # wall time before which a share taken whole is taken again (0: no floor)
         self.held = 0  # tickets held by requests started (a warm-up request's comes back)
-        self.taken = 0  # every ticket taken so far, over the run (a --ramp-up-strategy over --num-requests ramps by it)
         self.counted = 0  # counted requests finished, in the current step
         self.said = False  # the step's share was said done (once)
         self.back: Any = gevent.event.Event()
@@ -41,7 +40,6 @@ class Tickets:
                 return False
             self.passes += 1  # the floor has not passed: another whole pass
         self.held += 1
-        self.taken += 1
         return True
 
     def last_taken(self) -> bool:

@@ -65,6 +65,10 @@ class RunPlan:
     scenario_overrides: tuple[str, ...] = ()
     min_duration: float = 0.0  # --min-duration: each point's floor (s) before its whole passes of --num-requests
 
+    def users_at(self, level: float) -> float:
+        """A sweep step's users: its level in a sweep of concurrencies, else the run's users (a rate sweep's)."""
+        return level if self.sweep_kind == "users" else self.total_users
+
     def floor_of(self, users: float) -> float:
         """A point's duration floor: --min-duration, else its scenario's by concurrency region, else none."""
         if self.min_duration > 0 or not self.scenario or not self.num_requests:
