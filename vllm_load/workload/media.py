@@ -73,15 +73,18 @@ class MediaFiles:
         self.files, self.kinds, self.next = files, kinds, 0
         self._cache: dict = {}
 
-    def clip(self) -> tuple[bytes, str]:
-        """The next file's bytes and name (speech to text sends them as they are, in a form)."""
+    def _next_path(self) -> Any:
         path = self.files[self.next % len(self.files)]
         self.next += 1
+        return path
+
+    def clip(self) -> tuple[bytes, str]:
+        """The next file's bytes and name (speech to text sends them as they are, in a form)."""
+        path = self._next_path()
         return path.read_bytes(), path.name
 
     def part(self) -> dict[str, Any]:
-        path = self.files[self.next % len(self.files)]
-        self.next += 1
+        path = self._next_path()
         data = self._cache.get(path)
         if data is None:
             data = self._cache[path] = base64.b64encode(path.read_bytes()).decode()
@@ -121,9 +124,10 @@ def avi(jpegs: list[bytes], width: int, height: int, fps: float) -> bytes:
 
 def avi_shape(data: bytes) -> tuple[int, int, int] | None:
     """An AVI's (frames, width, height) from its main header, or None for another container."""
-    if data[:4] != b"RIFF" or data[8:12] != b"AVI " or data.find(b"avih", 12, 256) < 0:
+    header = data.find(b"avih", 12, 256)
+    if data[:4] != b"RIFF" or data[8:12] != b"AVI " or header < 0:
         return None
-    at = data.find(b"avih", 12, 256) + 8
+    at = header + 8
     frames, width, height = struct.unpack_from("<I", data, at + 16)[0], *struct.unpack_from("<II", data, at + 32)
     return frames, width, height
 
