@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any
 
 import gevent
@@ -21,6 +22,10 @@ from vllm_load.plugin.run import Run
 #: seconds without the master's heartbeat (sent every second) before a worker stops: a killed master's remote
 #: workers kept sending for Locust's 60 s; a master busy writing a report goes quiet for well under this
 MASTER_SILENCE_S = 15
+#: the same while this worker starts its run: Locust fires test_start in the greenlet that reads the master's
+#: messages, so its heartbeats wait unread while the tokenizer loads and the pools fill (off the loop, but waited
+#: for there); beside the full suite that took over 15 s, and both workers of a --processes 2 run quit at spawn
+START_SILENCE_S = 120
 
 
 class WorkerProcess(Process):
@@ -67,6 +72,16 @@ class WorkerProcess(Process):
         runners.MASTER_HEARTBEAT_TIMEOUT = MASTER_SILENCE_S
 
     def start_run(self) -> None:
+        runners.MASTER_HEARTBEAT_TIMEOUT = START_SILENCE_S
+        try:
+            self._start_run()
+        finally:
+            # the master's heartbeats queued meanwhile are read once this returns: the silence counts from here
+            # (Locust's attribute, bounded as its version is in setup.cfg)
+            self.environment.runner.last_heartbeat_timestamp = time.time()
+            runners.MASTER_HEARTBEAT_TIMEOUT = MASTER_SILENCE_S
+
+    def _start_run(self) -> None:
         env, opts = self.environment, self.opts
         if self.own_headers is not None:  # the spawn message replaced --header without them
             self.own_headers.restore(opts)
