@@ -104,10 +104,16 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
         out["targets"] = {t: self.targets[t].summary(duration, records_per_request, None, now, percentiles, shown)
                           for t in sorted(self.targets)}
         if outage_after is not None:
-            out["outages"] = [{**w, "text": "every target: " + w["text"]} for w in out["outages"]]
-            for t in sorted(self.targets):
+            own = {t: self.targets[t].outage_windows(outage_after, now) for t in sorted(self.targets)}
+            # the run's own window is every target's only when each was unreachable in it too: one replica down
+            # while the other answered, slowly enough to leave a second without an answer (beside the full suite),
+            # was called "every target" and hid the replica's own outage
+            out["outages"] = [{**w, "text": "every target: " + w["text"]} for w in out["outages"] if not w["outage"] or all(
+                any(x.is_outage and x.start < w["end"] and w["start"] < x.end for x in own[t]) for t in own)]
+            out["outage_seconds"] = sum(w["seconds"] for w in out["outages"] if w["outage"])  # the run's: every target
+            for t, windows in own.items():
                 sub = self.targets[t]
                 out["outages"] += [{**w.to_json(), "target": t, "text": f"target {t}: " + outages.describe(
-                    w, start, sub.conn_error[1] if w.is_outage else "")} for w in sub.outage_windows(outage_after, now)
+                    w, start, sub.conn_error[1] if w.is_outage else "")} for w in windows
                     if not any(r["start"] <= w.start and w.end <= r["end"] for r in out["outages"] if "target" not in r)]
     return RunSummary(**out)
