@@ -185,3 +185,53 @@ def test_runs_saved_with_the_old_names_read_with_the_new_ones():
                                "good_requests": 5, "duration_s": 10.0})
     assert summary["metrics"]["itl"]["count"] == 1 and summary["metrics"]["itl_token"]["count"] == 2
     assert summary["good_request_fraction"] == 0.5 and summary["goodput"] == 0.5
+
+
+def test_multi_tier_slo_groups_judge_each_request_by_its_own_class():
+    """``ttft[interactive].p99<=200ms`` beside ``ttft[batch].p99<=5s``: a request's goodput limits are every request's,
+    tightened by its own name's; a name with no limits of its own, where no run-wide one exists, is not judged."""
+    slos = [parse_slo(t) for t in ("e2e[interactive].p99<=200ms", "e2e[batch].p99<=5s", "ttft[batch].p90<=2s",
+                                         "tpot.p99<=50ms")]
+    assert goodput_thresholds(slos, "interactive") == {"e2e": 0.2, "tpot": 0.05}
+    assert goodput_thresholds(slos, "batch") == {"e2e": 5.0, "ttft": 2.0, "tpot": 0.05}
+    assert goodput_thresholds(slos) == goodput_thresholds(slos, "other") == {"tpot": 0.05}
+    assert goodput_thresholds([parse_slo("e2e[batch].p99<=5s")], "other") == {}  # no limit of its own: not judged
+
+
+MIXED = '''
+from locust import task
+from vllm_load import LLMUser
+
+
+class Interactive(LLMUser):
+    @task
+    def ask(self):
+        self.llm.chat([{"role": "user", "content": self.llm.text(tokens=32)}], max_tokens=4, name="interactive")
+
+
+class Batch(LLMUser):
+    @task
+    def summarize(self):
+        self.llm.chat([{"role": "user", "content": self.llm.text(tokens=32)}], max_tokens=48, name="batch")
+'''
+
+
+def test_a_run_judges_each_class_by_its_tier_and_gates_each_tiers_attainment(emulator_factory, tmp_path):
+    """Two classes against an emulator of 10 ms token gaps: interactive answers of 4 tokens (~60 ms), batch ones of
+    48 (~500 ms). One run-wide e2e<=200ms would count every batch request bad; each class's own limit counts them
+    all good, and each tier's attainment is its own SLO (``good_request_fraction[batch]>=95%``)."""
+    emu = emulator_factory("--ttft", "0.02", "--itl", "0.01")
+    (tmp_path / "mixed.py").write_text(MIXED)
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(tmp_path / "mixed.py"), "--headless", "-u", "2", "-r", "2", "-t", "60s",
+                          "--num-requests", "20", "--host", emu.url, "--slo", "e2e[interactive].p99<=400ms",
+                          "--slo", "e2e[batch].p99<=3s", "--slo", "good_request_fraction[interactive]>=95%",
+                          "--slo", "good_request_fraction[batch]>=95%", "--run-dir", str(run_dir)], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()]
+    batch = [r for r in logs if r["name"] == "batch" and r["ok"]]
+    assert batch and all(r["e2e"] > 0.4 for r in batch)  # over the interactive limit: good only by their own
+    assert all(r["good"] is True for r in logs if r["ok"]), [(r["name"], r["e2e"], r["good"]) for r in logs]
+    names = json.loads((run_dir / "summary.json").read_text())["summary"]["names"]
+    assert names["batch"]["good_request_fraction"] == names["interactive"]["good_request_fraction"] == 1.0
+    assert "PASS  good_request_fraction[batch]>=95%" in res.stdout

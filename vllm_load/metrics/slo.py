@@ -205,11 +205,13 @@ def _refuse_clashes(slos: list[SLO]) -> None:
                 raise UsageError(f"--slo {low.text.strip()!r} and {high.text.strip()!r} cannot both hold: fix one")
 
 
-def goodput_thresholds(slos: list[SLO]) -> dict[str, float]:
-    """Per-request limits for goodput: the strictest upper bound given per ttft/tpot/e2e."""
+def goodput_thresholds(slos: list[SLO], name: str | None = None) -> dict[str, float]:
+    """Per-request limits for goodput: the strictest upper bound given per ttft/tpot/e2e, for every request and, for a
+    request of ``name``, its tier's too (``ttft[interactive].p99<=200ms`` beside ``ttft[batch].p99<=5s``: multi-tier SLO
+    groups, each request judged by its own class's limits; a name with none and no run-wide ones is not judged)."""
     out: dict[str, float] = {}
     for s in slos:
-        if s.metric in PER_REQUEST and s.op in ("<=", "<") and s.name is None:
+        if s.metric in PER_REQUEST and s.op in ("<=", "<") and (s.name is None or s.name == name):
             out[s.metric] = min(out.get(s.metric, float("inf")), s.threshold)
     return out
 

@@ -55,7 +55,8 @@ class Generator:
     class_headers: dict = field(default_factory=dict)  # --class-header: a request name -> the headers it carries
     start_wall: float = field(default_factory=time.time)
     start_perf: float = field(default_factory=time.perf_counter)  # start_wall on the perf_counter clock
-    goodput_limits: dict = field(default_factory=dict)
+    slos: list = field(default_factory=list)  # the run's SLOs, parsed: each request's goodput limits come from them
+    goodput_limits: dict = field(default_factory=dict)  # by request name: its tier's limits, made at its first request
     arrivals: ArrivalSequence | None = None  # this process's share of the run's open-loop arrivals (made at first use)
     step: int | None = None  # current sweep step
     step_rate: float = 0.0  # open-loop rate of the current sweep step
@@ -142,7 +143,7 @@ class Generator:
         self.headers = request_headers(self.opts)
         self.session_header = str(getattr(self.opts, "session_header", "") or "X-Session-ID")
         self.class_headers = class_headers(getattr(self.opts, "class_header", None))
-        self.goodput_limits = goodput_thresholds(parse_slo_option(list(self.plan.slos)))
+        self.slos = parse_slo_option(list(self.plan.slos))
         self.reqlog = RequestLog(self.plan.files.requests(self.log_name))
 
     def set_step(self, step: int, rate: float, floor_s: float = 0.0) -> None:
@@ -275,11 +276,11 @@ class Generator:
         if rec.warmup:
             self._exclude(rec, "warmup_excluded")
             return
-        if self.goodput_limits:
-            rec.good = rec.ok and all(
-                (value := getattr(rec, metric)) is not None and value <= limit
-                for metric, limit in self.goodput_limits.items()
-            )
+        if (limits := self.goodput_limits.get(rec.name)) is None:
+            limits = self.goodput_limits[rec.name] = goodput_thresholds(self.slos, rec.name)
+        if limits:
+            rec.good = rec.ok and all((value := getattr(rec, metric)) is not None and value <= limit
+                                      for metric, limit in limits.items())
         rec.steady = self.steady.holds(rec)
         self.stats.add(rec)
         if rec.step is not None:
