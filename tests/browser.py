@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,17 @@ from tests.helpers import wait_for
 
 def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _answers(url: str) -> bool:
+    """Whether an HTTP server answers at ``url`` (any status: a 4xx page is still a page)."""
+    try:
+        urllib.request.urlopen(url, timeout=5).close()
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 class Browser:
@@ -56,12 +68,20 @@ class Browser:
             raise RuntimeError(f"{expression[:80]}: {out['exceptionDetails']}")
         return out.get("result", {}).get("value")
 
-    def goto(self, url: str, ready: str = "document.readyState === 'complete'", timeout: float = 60.0) -> None:
-        self.call("Page.navigate", url=url)
+    def goto(self, url: str, ready: str = "document.readyState === 'complete'", timeout: float = 60.0,
+             probe: bool = True) -> None:
+        """Open ``url`` once its server answers (``probe``: a GET first; off where the page counts its loads), and wait for ``ready``. A navigation before the server listens
+        lands on Chromium's error page, which never becomes ready: the web UI tests started Locust and navigated at
+        once, and on a busy CI host (Locust's start-up took longer than Chromium's) waited out 60 s there."""
         deadline = time.monotonic() + timeout
+        if probe:
+            wait_for(lambda: _answers(url), timeout=timeout, what=f"{url} to answer", poll=0.2)
+        self.call("Page.navigate", url=url)
         while time.monotonic() < deadline:
             try:
-                if self.eval(f"Boolean({ready})"):
+                if self.eval("location.protocol") == "chrome-error:":  # a server that went away and came back
+                    self.call("Page.navigate", url=url)
+                elif self.eval(f"Boolean({ready})"):
                     return
             except RuntimeError:
                 pass  # the page is being replaced

@@ -11,6 +11,8 @@ timing test gets beside the others of ``pytest -n``, and the budgets (docs in RE
 - ``quiet_cores``: the test bounds a time the client keeps (a send's lateness, a gap against the server's schedule,
   the trust verdict on a quiet machine): under ``pytest -n`` it runs alone (the other workers wait), and it is the
   only kind ``tests/test_busy_suite.py`` leaves out beside its busy loops. A check on counts, ids or order never is.
+- The whole suite runs the fast selection among its slow tests (a busy host: it says the load they met); the busy
+  suite, the fast selection beside a busy loop on every core, runs when named.
 - Budgets: the fast selection starts at most ``LOCUST_PROCESSES_FAST`` Locust processes; no test's call takes over
   ``TEST_LIMIT_S`` but the real servers' (``LONG_TESTS``); the session's wall time is said beside its budget.
 """
@@ -43,7 +45,9 @@ LOCUST_PROCESSES_FAST = 0
 TEST_LIMIT_S = 60.0
 LONG_TESTS = ("test_real_vllm", "test_transformers_serve", "test_real_vllm_tune", "test_saturation", "test_tune",
               "test_real_vllm_fleet",
-              "test_busy_suite")
+              "test_busy_suite",
+              # a Chromium and a Locust process, each starting beside the suite: 10-17 s alone, 45-60 s beside it
+              "test_webui")
 #: the session's budget in seconds on 2 cores: the full suite, and the fast selection (README.md, "Tests")
 BUDGET_S = {"full": 20 * 60, "fast": 3 * 60}
 #: the directory of the quiet-cores lock files, shared by pytest -n's workers (set by the controller)
@@ -56,7 +60,7 @@ def pytest_configure(config: Any) -> None:
                                        "and is left out beside busy loops")
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(LOCK_ENV, tempfile.mkdtemp(prefix="vllm-load-test-locks-"))
-    config._vllm_load = {"started": time.monotonic(), "locust": 0, "locust_tests": [], "long": []}
+    config._vllm_load = {"started": time.monotonic(), "locust": 0, "locust_tests": [], "long": [], "load": [], "slow": []}
     _count_locust_processes(config)
 
 
@@ -67,7 +71,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         if item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES or item.get_closest_marker("e2e") or \
                 item.get_closest_marker("quiet_cores"):
             item.add_marker(pytest.mark.slow)
-    _leave_the_fast_selection_to_the_busy_suite(config, items)
+    _leave_the_busy_suite_out_of_the_whole(config, items)
     for item in items:
         if _alone(item):
             # one worker runs them all, one after another: a single quiet test waits for the cores at a time, and
@@ -80,8 +84,10 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     # the order pytest -n hands them out in (--no-loadscope-reorder keeps it, pyproject.toml): the modules sharing a
     # server first (their tests run one after another on one worker), then the rest, then the tests that run alone
     # (one worker, at the end, each once the others are done): the busy suite, then the quiet_cores tests
-    # (xdist's own order, biggest group first, gave the quiet group a worker at the start, idle 134 s of 200)
-    items.sort(key=lambda item: (_alone(item), not item.nodeid.endswith(BUSY_SUITE), item not in shared))
+    # (xdist's own order, biggest group first, gave the quiet group a worker at the start, idle 134 s of 200); among
+    # the rest the slow ones first, so the fast selection's seconds-long tests fill the workers' gaps at the end
+    items.sort(key=lambda item: (_alone(item), not item.nodeid.endswith(BUSY_SUITE), item not in shared,
+                                 item.get_closest_marker("slow") is None))
 
 
 def _alone(item: Any) -> bool:
@@ -89,18 +95,17 @@ def _alone(item: Any) -> bool:
     return item.get_closest_marker("quiet_cores") is not None or item.nodeid.endswith(BUSY_SUITE)
 
 
-def _leave_the_fast_selection_to_the_busy_suite(config: Any, items: list[Any]) -> None:
-    """The whole suite (no -m, no -k) runs the fast selection once: inside ``test_busy_suite``, beside a busy loop on
-    every core, which is the stricter test of them; run here too, each ran twice (549 s of a 2,208 s serial run).
-    Every test still runs once, and a failure inside fails the busy suite with the inner run's report."""
-    if config.option.markexpr or config.option.keyword or not any(
-            i.nodeid.endswith(BUSY_SUITE) for i in items):
+def _leave_the_busy_suite_out_of_the_whole(config: Any, items: list[Any]) -> None:
+    """The whole suite (no -m, no -k) runs the fast selection among its slow tests, not inside ``test_busy_suite``:
+    beside 4 workers' real vLLM starts, browsers and swarms on 2 cores the host is busy all along (the session
+    prints the load its fast tests met), and the busy suite ran alone, its loops on every core and the other workers
+    idle: 254 s of a 1,622 s session, serial. ``pytest tests/test_busy_suite.py`` runs it."""
+    if config.option.markexpr or config.option.keyword or all(i.nodeid.endswith(BUSY_SUITE) for i in items):
         return
-    inner = [i for i in items if i.get_closest_marker("slow") is None and i.get_closest_marker("quiet_cores") is None]
-    if inner:
-        config.hook.pytest_deselected(items=inner)
-        items[:] = [i for i in items if i.get_closest_marker("slow") is not None
-                    or i.get_closest_marker("quiet_cores") is not None]
+    busy = [i for i in items if i.nodeid.endswith(BUSY_SUITE)]
+    if busy:
+        config.hook.pytest_deselected(items=busy)
+        items[:] = [i for i in items if not i.nodeid.endswith(BUSY_SUITE)]
 
 
 def _shares_a_fixture(item: Any) -> bool:
@@ -162,6 +167,8 @@ def _cores(request: Any) -> Any:
 def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
     """VLLM_LOAD_TEST_CPU=FILE: each test's CPU seconds (this process and the children it reaped) and wall seconds
     appended to FILE, for the budget's accounts."""
+    if _CONFIG:  # the load the fast selection meets beside the slow tests (a session that ran both says it)
+        _CONFIG[0]._vllm_load["load" if item.get_closest_marker("slow") is None else "slow"].append(os.getloadavg()[0])
     out = os.environ.get("VLLM_LOAD_TEST_CPU")
     if not out:
         yield
@@ -174,8 +181,9 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
 
     used, began = cpu(), time.monotonic()
     yield
-    with open(out, "a") as fh:
-        fh.write(f"{cpu() - used:.2f} {time.monotonic() - began:.2f} {item.nodeid}\n")
+    with open(out, "a") as fh:  # + the worker and its start (wall clock): each worker's timeline, its gaps
+        fh.write(f"{cpu() - used:.2f} {time.monotonic() - began:.2f} {item.nodeid} "
+                 f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {time.time() - (time.monotonic() - began):.1f}\n")
 
 
 def pytest_runtest_logreport(report: Any) -> None:
@@ -202,12 +210,18 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     if hasattr(session.config, "workeroutput"):
         session.config.workeroutput["locust"] = state["locust"]
         session.config.workeroutput["locust_tests"] = state["locust_tests"]
+        session.config.workeroutput["load"] = state["load"]
+        session.config.workeroutput["slow"] = len(state["slow"])
         return
     fast = "not slow" in (session.config.option.markexpr or "")
     elapsed = time.monotonic() - state["started"]
     budget = BUDGET_S["fast" if fast else "full"]
     lines = [f"suite: {elapsed:.0f} s of its {budget} s budget ({'fast' if fast else 'full'}), "
              f"{state['locust']} Locust processes started"]
+    if state["load"] and state["slow"] and not fast:
+        load = sorted(state["load"])
+        lines.append(f"suite: the fast selection's {len(load)} tests ran beside the slow ones at a 1-min load average of "
+                     f"{load[len(load) // 2]:.1f} (median; min {load[0]:.1f}) on {len(os.sched_getaffinity(0))} cores")
     failed = []
     if fast and state["locust"] > LOCUST_PROCESSES_FAST:
         failed.append(f"the fast selection started {state['locust']} Locust processes (at most "
@@ -229,3 +243,5 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
     if _CONFIG:
         _CONFIG[0]._vllm_load["locust"] += int(out.get("locust", 0))
         _CONFIG[0]._vllm_load["locust_tests"] += list(out.get("locust_tests", []))
+        _CONFIG[0]._vllm_load["load"] += list(out.get("load", []))
+        _CONFIG[0]._vllm_load["slow"] += [0.0] * int(out.get("slow", 0))

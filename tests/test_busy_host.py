@@ -69,7 +69,9 @@ def test_a_slow_start_up_keeps_the_heartbeats_and_the_rate_counts_from_the_first
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002")
     out, run_dir = _run(tmp_path, SLOW_START, 20, emu.url)  # 6 s of loading, then load (12 s once sent none)
     text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-3000:]
+    # its whole log on a failure (beside the full suite it once ended 4, both workers quitting: its tail, Locust's
+    # tables, did not say why)
+    assert out.returncode == 0, "\n".join(ln for ln in text.splitlines() if "|" not in ln)[-6000:]
     assert "failed to send heartbeat" not in text
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert summary["workers_missing"] == {}

@@ -238,7 +238,10 @@ def test_a_trace_split_over_four_workers_on_two_hosts_leaves_in_trace_order(tmp_
             master = in_ns(m_ns, ["-m", "locust", "-f", "locustfiles/chat.py", "--master", "--master-bind-host", m_ip,
                                   "--master-bind-port", "5557", "--headless", "--expect-workers", "4", "-u", "8", "-r",
                                   "8", "--host", url, "--trace", str(tmp_path / "trace.jsonl"), "--run-dir",
-                                  str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                  # the rows' order and clocks are the subject, not the trust verdict (a VM's steal
+                                  # made a read 8.1 ms late once: exit 5)
+                                  str(run_dir), "--allow-untrustworthy"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT)
             procs.append(master)
             for w in ("w1", "w2"):
                 procs.append(in_ns(made[w][0], ["-m", "locust", "-f", "locustfiles/chat.py", "--worker", "--processes",

@@ -66,8 +66,12 @@ def test_a_blocked_client_loop_does_not_move_ttft_or_gaps(emulator_factory, tmp_
     p99 = lambda xs: statistics.quantiles(xs, n=100)[98]  # noqa: E731
     # read when the loop got to them, gaps are off by the blocks' length
     assert p99(read_time["gap"]) > 0.004 and max(read_time["ttft"]) > 0.004
-    # stamped by the kernel, they are off by a packet's trip through loopback (p95: the truth is taken in
-    # the emulator's user space, so an emulator descheduled by the OS right after a write reads late)
-    assert statistics.quantiles(stamped["gap"], n=20)[18] < 0.001, sorted(stamped["gap"])[-10:]
+    # stamped by the kernel, they are off by a packet's trip through loopback, and by the truth's own error: it is
+    # taken in the emulator's user space, so an emulator descheduled right after a write reads late (p95 0.4-0.9 ms
+    # alone; 1.37 ms once on a 2-core VM, the hog's 75 % of a core, the emulator and the test sharing its 2 cores):
+    # under a third of the blocks' 6 ms, and under half of what reading the same chunks at the loop's pace gives
+    p95 = lambda xs: statistics.quantiles(xs, n=20)[18]  # noqa: E731
+    assert p95(stamped["gap"]) < min(0.002, p95(read_time["gap"]) / 2), (sorted(stamped["gap"])[-10:],
+                                                                         p95(read_time["gap"]))
     # TTFT counts from the request's send (not from building it, where the loop may be blocked)
     assert statistics.median(abs(e) for e in stamped["ttft"]) < 0.0005, sorted(stamped["ttft"])

@@ -50,6 +50,9 @@ def tune(*argv: str, cwd) -> subprocess.CompletedProcess:
                           text=True, timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
+# 16 probes of ~9 s each (a Locust process's start-up and end beside its 3 s): 148 s beside the full suite here,
+# over 300 s on a slower CI host once
+@pytest.mark.timeout(600)
 def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(tmp_path):
     serve = (f"{sys.executable} -m server.emulator --port {{port}} --profile a100-llama8b "
              "--max-num-seqs {max_num_seqs} --log-stats-interval 0")

@@ -25,10 +25,11 @@ def test_llm_tab_live_rows_slo_status_server_side_and_report_link(tmp_path, emul
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/chat.py"), "--host", emu.url,
                              "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart", "-u", "2", "-r", "2",
-                             "-t", "4s", "--autoquit", "30", "--output-tokens", "16", "--slo", "ttft.p99<=2s", "--sidecar-url", side.url,
+                             "-t", "4s", "--autoquit", "300", "--output-tokens", "16", "--slo", "ttft.p99<=2s", "--sidecar-url", side.url,
                              "--run-dir", str(tmp_path / "run")],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            cwd=tmp_path, env=env, stdout=open(tmp_path / "locust.out", "wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
+    seen: list = []  # the tab's last rows, for the failure's message
 
     def report_listed() -> tuple[str, list[dict]] | None:
         try:
@@ -38,13 +39,18 @@ def test_llm_tab_live_rows_slo_status_server_side_and_report_link(tmp_path, emul
             return None  # the UI is not up yet
         llm = [t for t in json.loads(body).get("extended_stats", []) if t["key"] == "llm"]
         rows = llm[0]["data"] if llm else []
+        seen[:] = rows
         done = any(r["metric"] == "Report of the last run" for r in rows)
         # the sidecar is polled every 5 s: its running gauge shows the run's requests once a poll saw them
         server = any(r["metric"] == "Server: running max" and float(r["mean"]) >= 1 for r in rows)
         return (page, rows) if done and server else None
 
     try:
-        page, rows = wait_for(report_listed, timeout=180, what="the LLM tab to list the run's report", poll=0.2)
+        try:
+            page, rows = _up(proc, tmp_path, report_listed, "the LLM tab to list the run's report and the server's "
+                                                             "running requests")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\nthe tab's last rows: {seen}") from None
         report = get(base + "/vllm-load/report")[1]
         assert '"extended_tabs"' in page and '"LLM"' in page
         names = [r["metric"] for r in rows]
@@ -166,14 +172,37 @@ def _chromium(tmp_path, url: str, budget_ms: int = 6000) -> str:
     return out.stdout
 
 
-def _ui(tmp_path, *args: str) -> tuple[subprocess.Popen, str]:
+def _ui(tmp_path, *args: str, pipe: bool = False) -> tuple[subprocess.Popen, str]:
+    """Locust's web UI on chat.py. Its output goes to ``locust.out`` in the test's folder (``pipe``: to the test,
+    which then reads it as it goes): a pipe nobody reads stops a process that prints for long (Locust's table every
+    2 s) once its 64 KiB are full."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    out = subprocess.PIPE if pipe else open(tmp_path / "locust.out", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/chat.py"),
                              "--web-host", "127.0.0.1", "--web-port", str(port), "--output-tokens", "8",
                              "--run-dir", str(tmp_path / "run"), *args],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT)
+    if not pipe:
+        out.close()
     return proc, f"http://127.0.0.1:{port}"
+
+
+def _up(proc: subprocess.Popen, tmp_path, cond, what: str, timeout: float = 180):
+    """``wait_for`` while the UI's process lives: if it ends first, its output says why (a port another test took
+    between free_port and the bind, a start-up error), not a timeout minutes later."""
+    def check():
+        if proc.poll() is not None:
+            out = tmp_path / "locust.out"
+            raise AssertionError(f"Locust exited ({proc.returncode}) before {what}: "
+                                 f"{out.read_text()[-3000:] if out.exists() else ''}")
+        return cond()
+
+    try:
+        return wait_for(check, timeout=timeout, what=what, poll=0.2)
+    except AssertionError as e:
+        out = tmp_path / "locust.out"
+        raise AssertionError(f"{e}\n{out.read_text()[-3000:] if out.exists() else ''}") from None
 
 
 def _target_row(base: str) -> dict | None:
@@ -189,7 +218,7 @@ def test_the_llm_tab_names_the_emulator_in_a_browser(tmp_path):
     code in headless Chromium, the tab opened by its ?tab= link)."""
     proc, base = _ui(tmp_path, "--autostart", "-u", "1", "-r", "1", "-t", "120s", "--autoquit", "5")
     try:
-        row = wait_for(lambda: _target_row(base), timeout=180, what="the web UI with its target", poll=0.2)
+        row = _up(proc, tmp_path, lambda: _target_row(base), "the web UI with its target")
         assert row["count"] == "EMULATOR (of vLLM 0.32.0)" and "not a real vLLM" in row["mean"]
         wait_for(lambda: "TTFT (ms)" in get(base + "/stats/requests")[1], timeout=180, what="the run's first rows")
         import re
@@ -219,7 +248,7 @@ def test_a_swarm_to_a_dead_host_is_refused_where_it_was_started(tmp_path):
     """The reason comes back in /swarm's answer, which the UI shows beside its start button; nothing starts."""
     proc, base = _ui(tmp_path)
     try:
-        wait_for(lambda: _target_row(base), timeout=180, what="the web UI with its target", poll=0.2)
+        _up(proc, tmp_path, lambda: _target_row(base), "the web UI with its target")
         dead = f"http://127.0.0.1:{free_port()}"
         form = urllib.parse.urlencode({"user_count": 1, "spawn_rate": 1, "host": dead}).encode()
         with urllib.request.urlopen(urllib.request.Request(base + "/swarm", data=form), timeout=60) as r:
@@ -446,7 +475,7 @@ def test_the_target_badge_overlaps_no_header_label_at_1000_and_1400_px(tmp_path,
 def test_the_web_uis_address_is_said_when_its_port_accepts_connections(tmp_path):
     """Locust says "Starting web interface at ..." before its init (the tokenizer, the embedded emulator: ~20 s on a
     busy host); vllm-load drops that line and says the address once the port answers: the page loads at once."""
-    proc, base = _ui(tmp_path)
+    proc, base = _ui(tmp_path, pipe=True)
     try:
         seen: list[str] = []
         while True:  # the process's own lines, up to the announcement
