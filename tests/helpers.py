@@ -294,3 +294,16 @@ def counter(url: str, name: str) -> float:
     text = urllib.request.urlopen(url + "/metrics", timeout=5).read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(name + "{") or line.startswith(name + " "))
+
+
+#: the VM's steal (its vCPU taken by the hypervisor, %) at which "quiet cores" are not quiet: 9-14 % in the quiet
+#: tail of this suite on a 2-core VM, where every trust test's run was flagged and named the host, rightly
+NOISY_STEAL = 5.0
+
+
+def trusted_or_host_named(client: dict) -> None:
+    """A trust test's verdict on quiet cores: trusted; or, only while the hypervisor took NOISY_STEAL % or more of
+    the CPU (no quiet machine then), untrustworthy with a cause outside the client: never the client's own."""
+    if not client["saturated"]:
+        return
+    assert client["steal_max"] >= NOISY_STEAL and client["cause"] in ("contention", "host", "emulator"), client

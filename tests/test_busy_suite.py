@@ -19,7 +19,8 @@ BUSY = ("import os, sys; from vllm_load.lifeline import die_with_parent; die_wit
         "os.sched_setaffinity(0, {int(sys.argv[2])})\nwhile True: pass")
 
 
-# slow; under pytest -n it runs alone, after the slow tests and before the quiet_cores ones (tests/suite.py): its
+# slow, and run when named (`pytest tests/test_busy_suite.py`): the whole suite runs the fast selection among its slow
+# tests instead, a busy host by itself (tests/suite.py). Under pytest -n it runs alone (tests/suite.py): its
 # loops take every core, and beside the slow tests 5-18 of its tests and 1-2 of theirs failed per run (at a lower
 # priority too: then the slow tests starved it); alone, 199 s over 4 inner workers, 169 s over 6 (its tests wait
 # on their runs more than they compute)

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT, free_port, wait_for
+from tests.helpers import ROOT, free_port, trusted_or_host_named, wait_for
 
 
 def get(url):
@@ -25,7 +25,9 @@ def test_llm_tab_live_rows_slo_status_server_side_and_report_link(tmp_path, emul
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", str(ROOT / "locustfiles/chat.py"), "--host", emu.url,
                              "--web-host", "127.0.0.1", "--web-port", str(port), "--autostart", "-u", "2", "-r", "2",
-                             "-t", "4s", "--autoquit", "300", "--output-tokens", "16", "--slo", "ttft.p99<=2s", "--sidecar-url", side.url,
+                             # 8 s: two of the tab's 5 s polls of the sidecar inside the run (4 s, beside the full
+                             # suite, twice ended before one saw a request running: 'Server: running max' 0)
+                             "-t", "8s", "--autoquit", "300", "--output-tokens", "16", "--slo", "ttft.p99<=2s", "--sidecar-url", side.url,
                              "--run-dir", str(tmp_path / "run")],
                             cwd=tmp_path, env=env, stdout=open(tmp_path / "locust.out", "wb"), stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -398,7 +400,7 @@ def test_a_run_watched_by_two_tabs_and_a_poller_keeps_its_rate_and_stays_trusted
             browser.close()
     assert watched["request_rate"] >= 0.95 * unwatched["request_rate"], (watched["request_rate"],
                                                                           unwatched["request_rate"])
-    assert not watched["client"]["saturated"], watched["client"]
+    trusted_or_host_named(watched["client"])
 
 
 def test_each_run_the_web_ui_starts_writes_a_run_directory_of_its_own(tmp_path):
