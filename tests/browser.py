@@ -22,7 +22,9 @@ def chromium() -> str | None:
 
 
 def _answers(url: str) -> bool:
-    """Whether an HTTP server answers at ``url`` (any status: a 4xx page is still a page)."""
+    """Whether an HTTP server answers at ``url`` (any status: a 4xx page is still a page), allowing 5 s for a page
+    rendered on a busy host: beside a real vLLM's start, ``helpers.answers`` (a 200 within 2 s) in its place had 2
+    browser tests fail, this one none (one run each)."""
     try:
         urllib.request.urlopen(url, timeout=5).close()
     except urllib.error.HTTPError:
@@ -70,8 +72,8 @@ class Browser:
 
     def goto(self, url: str, ready: str = "document.readyState === 'complete'", timeout: float = 60.0,
              probe: bool = True) -> None:
-        """Open ``url`` once its server answers (``probe``: a GET first; off where the page counts its loads), and wait for ``ready``. A navigation before the server listens
-        lands on Chromium's error page, which never becomes ready: the web UI tests started Locust and navigated at
+        """Open ``url`` once its server answers (``probe``: a GET first; off where the page counts its loads), and
+        wait for ``ready``. A navigation before the server listens lands on Chromium's error page, which never becomes ready: the web UI tests started Locust and navigated at
         once, and on a busy CI host (Locust's start-up took longer than Chromium's) waited out 60 s there."""
         deadline = time.monotonic() + timeout
         if probe:

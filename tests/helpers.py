@@ -143,6 +143,15 @@ def one_server_starting() -> Any:
     return locked("server-start", fcntl.LOCK_EX)
 
 
+def build_real_vllm(build: str, made: str, env: dict[str, str]) -> None:
+    """The real-vLLM fixture's ``build`` command (a tiny model, the LoRA adapters), unless the file ``made`` is
+    there."""
+    if not os.path.exists(made):
+        built = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), build], env=env, capture_output=True, text=True,
+                               timeout=400)
+        assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+
+
 def serve_real_vllm(model: str, name: str, *flags: str, build: str = "", env: dict[str, str] | None = None):
     """A real vLLM serving ``$R/model`` as ``name`` with ``flags`` (and ``env``) while a test module runs (a
     generator for a module-scoped fixture: yields (url, model folder)); ``build``: the script's command that makes
@@ -150,10 +159,8 @@ def serve_real_vllm(model: str, name: str, *flags: str, build: str = "", env: di
     folder = os.path.join(REAL_VLLM_DIR, model)
     env = dict(os.environ, R=REAL_VLLM_DIR, PORT=str(free_port()), **(env or {}))
     with one_server_starting():
-        if build and not os.path.exists(os.path.join(folder, "model.safetensors")):
-            built = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), build], env=env, capture_output=True, text=True,
-                                   timeout=400)
-            assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+        if build:
+            build_real_vllm(build, os.path.join(folder, "model.safetensors"), env)
         started = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), "serve", folder, name, *flags], env=env,
                                  capture_output=True, text=True, timeout=400)
     try:

@@ -60,7 +60,8 @@ def pytest_configure(config: Any) -> None:
                                        "and is left out beside busy loops")
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(LOCK_ENV, tempfile.mkdtemp(prefix="vllm-load-test-locks-"))
-    config._vllm_load = {"started": time.monotonic(), "locust": 0, "locust_tests": [], "long": [], "load": [], "slow": []}
+    config._vllm_load = {"started": time.monotonic(), "locust": 0, "locust_tests": [], "long": [], "load": [],
+                         "slow": 0}
     _count_locust_processes(config)
 
 
@@ -168,7 +169,11 @@ def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
     """VLLM_LOAD_TEST_CPU=FILE: each test's CPU seconds (this process and the children it reaped) and wall seconds
     appended to FILE, for the budget's accounts."""
     if _CONFIG:  # the load the fast selection meets beside the slow tests (a session that ran both says it)
-        _CONFIG[0]._vllm_load["load" if item.get_closest_marker("slow") is None else "slow"].append(os.getloadavg()[0])
+        state = _CONFIG[0]._vllm_load
+        if item.get_closest_marker("slow") is None:
+            state["load"].append(os.getloadavg()[0])
+        else:
+            state["slow"] += 1
     out = os.environ.get("VLLM_LOAD_TEST_CPU")
     if not out:
         yield
@@ -211,7 +216,7 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
         session.config.workeroutput["locust"] = state["locust"]
         session.config.workeroutput["locust_tests"] = state["locust_tests"]
         session.config.workeroutput["load"] = state["load"]
-        session.config.workeroutput["slow"] = len(state["slow"])
+        session.config.workeroutput["slow"] = state["slow"]
         return
     fast = "not slow" in (session.config.option.markexpr or "")
     elapsed = time.monotonic() - state["started"]
@@ -220,8 +225,9 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
              f"{state['locust']} Locust processes started"]
     if state["load"] and state["slow"] and not fast:
         load = sorted(state["load"])
-        lines.append(f"suite: the fast selection's {len(load)} tests ran beside the slow ones at a 1-min load average of "
-                     f"{load[len(load) // 2]:.1f} (median; min {load[0]:.1f}) on {len(os.sched_getaffinity(0))} cores")
+        lines.append(f"suite: the fast selection's {len(load)} tests ran beside the slow ones at a 1-min load average "
+                     f"of {load[len(load) // 2]:.1f} (median; min {load[0]:.1f}) on {len(os.sched_getaffinity(0))} "
+                     "cores")
     failed = []
     if fast and state["locust"] > LOCUST_PROCESSES_FAST:
         failed.append(f"the fast selection started {state['locust']} Locust processes (at most "
@@ -244,4 +250,4 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         _CONFIG[0]._vllm_load["locust"] += int(out.get("locust", 0))
         _CONFIG[0]._vllm_load["locust_tests"] += list(out.get("locust_tests", []))
         _CONFIG[0]._vllm_load["load"] += list(out.get("load", []))
-        _CONFIG[0]._vllm_load["slow"] += [0.0] * int(out.get("slow", 0))
+        _CONFIG[0]._vllm_load["slow"] += int(out.get("slow", 0))

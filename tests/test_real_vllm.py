@@ -9,11 +9,13 @@ of where each request's time went read.
 
 import json
 import os
+import re
 import subprocess
 
 import pytest
 
-from tests.helpers import ROOT, Proc, free_port, one_server_starting, run_in_process, run_locust
+from tests.helpers import (ROOT, Proc, build_real_vllm, counter, free_port, one_server_starting, run_in_process,
+                           run_locust)
 from vllm_load.rundir.reqlog import read_log
 
 REAL_DIR = os.environ.get("VLLM_LOAD_REAL_VLLM_DIR", "")
@@ -51,9 +53,7 @@ def _serve(traces) -> list[str]:
 def real_vllm(traces):
     port = free_port()
     env = _env(port)
-    if not os.path.exists(os.path.join(REAL_DIR, "tiny-lora", "b", "adapter_model.safetensors")):
-        built = subprocess.run(["bash", str(SCRIPT), "lora"], env=env, capture_output=True, text=True, timeout=300)
-        assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    build_real_vllm("lora", os.path.join(REAL_DIR, "tiny-lora", "b", "adapter_model.safetensors"), env)
     with one_server_starting():
         started = subprocess.run(_serve(traces), env=env, capture_output=True, text=True, timeout=400)
     try:
@@ -111,10 +111,6 @@ def test_a_weighted_lora_mix_is_what_the_server_served(tmp_path, real_vllm):
     """--model tiny:0.6,lora-a:0.3,lora-b:0.1 against a real vLLM serving two LoRA adapters (tiny random ones,
     built by the fixture): each request was served by the adapter the run counted it under, by the server's own
     log line for it (its LoRARequest's name), and the shares are the mix's to within a request."""
-    import re
-
-    from tests.helpers import counter
-
     url, tokenizer = real_vllm
     port = url.rsplit(":", 1)[1]
     before = counter(url, "vllm:request_success_total")
