@@ -1,5 +1,6 @@
 """Prompts are exact under the server's counting (chat template included) and unique."""
 
+import functools
 import random
 
 import pytest
@@ -8,7 +9,8 @@ from tests.tokenizers_fixture import build_byte_level_bpe
 from vllm_load.errors import UsageError
 from vllm_load.workload.lengths import parse_length
 from vllm_load.workload.prompts import DIGEST_WORDS, PromptFactory
-from vllm_load.workload.tokenizer import BUILTIN_MISTRAL, BUILTIN_TEKKEN, load_tokenizer
+from vllm_load.workload.builtin_backend import BuiltinBackend
+from vllm_load.workload.tokenizer import BUILTIN_MISTRAL, BUILTIN_TEKKEN, _builtin_mistral_dir, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -21,14 +23,26 @@ def tok(request, bpe_dir):
     return load_tokenizer({"mistral-sp": BUILTIN_MISTRAL, "mistral-tekken": BUILTIN_TEKKEN}.get(request.param, str(bpe_dir)))
 
 
+@functools.lru_cache(maxsize=4)
+def transformers_of(tok):
+    """The tokenizer as transformers loads it: the built-in Mistral's folder through ``AutoTokenizer`` (vllm-load
+    reads it without transformers: workload/builtin_backend.py), any other as loaded."""
+    if isinstance(tok.hf, BuiltinBackend):
+        import transformers
+
+        return transformers.AutoTokenizer.from_pretrained(str(_builtin_mistral_dir()))
+    return tok.hf
+
+
 def independent_count(tok, api, prompt):
     """Count the way vLLM does, straight through transformers (not through our helpers)."""
+    hf = transformers_of(tok)
     if api == "completions":
-        return len(tok.hf(prompt.text, add_special_tokens=True)["input_ids"])
+        return len(hf(prompt.text, add_special_tokens=True)["input_ids"])
     if tok.mistral_common:
-        return len(tok.hf.apply_chat_template(prompt.messages, tokenize=True)["input_ids"])
-    text = tok.hf.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
-    return len(tok.hf(text, add_special_tokens=False)["input_ids"])
+        return len(hf.apply_chat_template(prompt.messages, tokenize=True)["input_ids"])
+    text = hf.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=False)
+    return len(hf(text, add_special_tokens=False)["input_ids"])
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])
@@ -124,11 +138,12 @@ def test_the_fast_count_is_transformers_own(tok):
     assert tok._encode_many is not None
     if hasattr(tok.hf._tokenizer, "encode_batch_fast"):  # the offsets-free call where tokenizers has it
         assert tok._encode_many.__name__ == "encode_batch_fast"
+    hf = transformers_of(tok)
     for text in texts:
         for special in (True, False):
-            assert tok.encode(text, special) == tok.hf(text, add_special_tokens=special)["input_ids"], text[:40]
+            assert tok.encode(text, special) == hf(text, add_special_tokens=special)["input_ids"], text[:40]
     for special in (True, False):  # the batch count too (the start-up probes, chat batches)
-        assert tok.count_batch(texts, special) == [len(tok.hf(t, add_special_tokens=special)["input_ids"]) for t in texts]
+        assert tok.count_batch(texts, special) == [len(hf(t, add_special_tokens=special)["input_ids"]) for t in texts]
 
 
 def test_a_load_generator_encodes_in_its_own_low_priority_thread(monkeypatch):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.errors import UsageError
+from vllm_load.workload.builtin_backend import CONFIG, TOKENIZER_JSON, BuiltinBackend
 
 #: The Mistral 7B v0.1 SentencePiece model that the ``mistral-common`` wheel ships, with the
 #: Mistral instruct chat template. It is the emulator's model, so no hub is ever needed.
@@ -77,15 +78,17 @@ def _builtin_tekken_dir() -> Path:
 
 
 def _builtin_mistral_dir() -> Path:
-    """Materialise a Hugging Face tokenizer folder around mistral-common's SentencePiece file."""
+    """Materialise a Hugging Face tokenizer folder around mistral-common's SentencePiece file, with its conversion
+    to a ``tokenizer.json`` (made once, through transformers; every load after reads it without transformers:
+    workload/builtin_backend.py)."""
     try:
         import mistral_common
     except ImportError as exc:  # pragma: no cover - dependency of the package
         raise UsageError("the built-in tokenizer needs mistral-common: pip install mistral-common") from exc
     src = Path(mistral_common.__file__).parent / "data" / "tokenizer.model.v1"
-    digest = hashlib.sha1(src.read_bytes() + MISTRAL_CHAT_TEMPLATE.encode()).hexdigest()[:12]
+    digest = hashlib.sha1(src.read_bytes() + MISTRAL_CHAT_TEMPLATE.encode() + TOKENIZER_JSON.encode()).hexdigest()[:12]
     target = _cache_dir() / f"vllm-load-tokenizer-{digest}"
-    if not (target / "tokenizer_config.json").exists():
+    if not (target / TOKENIZER_JSON).exists():
         tmp = Path(tempfile.mkdtemp(prefix="vllm-load-tok-", dir=target.parent))  # os.replace: same filesystem
         shutil.copy(src, tmp / "tokenizer.model")
         config = {
@@ -99,7 +102,11 @@ def _builtin_mistral_dir() -> Path:
             "model_max_length": 32768,
             "chat_template": MISTRAL_CHAT_TEMPLATE,
         }
-        (tmp / "tokenizer_config.json").write_text(json.dumps(config))
+        (tmp / CONFIG).write_text(json.dumps(config))
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.AutoTokenizer.from_pretrained(str(tmp)).backend_tokenizer.save(str(tmp / TOKENIZER_JSON))
         try:
             os.replace(tmp, target)
         except OSError:  # another process won the race; its folder is identical
@@ -235,6 +242,8 @@ def load_tokenizer(name: str) -> Tokenizer:
     if local.exists():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     is_tekken = local.is_dir() and (local / "tekken.json").exists() and not (local / "tokenizer.json").exists()
+    if resolved == BUILTIN_MISTRAL:
+        return Tokenizer(name=name, hf=BuiltinBackend(local))
     try:
         import transformers
 
