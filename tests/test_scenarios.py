@@ -73,6 +73,7 @@ def test_the_scenario_fixes_its_rules_names_overrides_and_stamps_the_run():
     opts.sessions = "set"
     kept = apply("agentx", opts, defaults)
     assert kept == () and (opts.session_start, opts.session_align, opts.seed) == ("0.25,0.75", "instant", 42)
+    assert opts.cache_bust == "trajectory"
     assert apply("agentx", opts, defaults) == ()  # idempotent: the web UI's every start applies it again
     opts = Namespace(**{**defaults, "sessions": "set", "max_idle": 5.0, "seed": 7})
     changed = apply("agentx", opts, defaults)
@@ -85,6 +86,33 @@ def test_the_scenario_fixes_its_rules_names_overrides_and_stamps_the_run():
     assert stamp("agentx", changed, 10, 0)["invalid_reasons"][0].startswith("override: --max-idle 5.0 (")
     with pytest.raises(UsageError, match="give --sessions"):
         apply("agentx", Namespace(**defaults), defaults)
+
+
+def test_the_trajectory_cache_bust_keeps_each_trees_blocks_its_own(tmp_path):
+    """AIPerf's first-turn cache bust (a marker per trajectory before its first user turn) as vllm-load's blocks: with
+    --cache-bust trajectory (AgentX's), two traces whose global hash ids are equal share no block; within a trace, and
+    with its subagent, the blocks repeat as the ids do."""
+    from vllm_load.workload.sessions import Fork, read_sessions
+
+    def trace(name: str) -> dict:
+        sub = {"t": 0.1, "type": "subagent", "agent_id": "a1", "status": "completed",
+               "requests": [{"t": 0.1, "type": "n", "in": 64, "out": 2, "hash_ids": [1, 2, 9]}]}
+        return {"id": name, "block_size": BLOCK, "hash_id_scope": "global", "requests": [
+            {"t": 0.0, "type": "n", "in": 40, "out": 2, "hash_ids": [1, 2]}, sub,
+            {"t": 0.5, "type": "n", "in": 56, "out": 2, "hash_ids": [1, 2, 3]}]}
+
+    for name in ("t1", "t2"):  # a folder of two traces
+        (tmp_path / f"{name}.json").write_text(json.dumps(trace(name)))
+    shared, own = read_sessions(tmp_path), read_sessions(tmp_path, cache_bust=True)
+
+    def ids(session) -> list[tuple[int, ...]]:
+        return [s.hash_ids if not isinstance(s, Fork) else s.session.steps[0].hash_ids for s in session.steps]
+
+    assert ids(shared[0]) == ids(shared[1])  # global ids: the two traces' prompts share their blocks
+    a, b = ids(own[0]), ids(own[1])
+    assert not set(a[0]) & set(b[0]) and not set(a[2]) & set(b[2])  # busted: nothing across trajectories
+    assert a[2][:2] == a[0] and a[1][:2] == a[0]  # within one: the turn after, and its subagent, share its blocks
+    assert [len(x) for x in a] == [len(x) for x in ids(shared[0])]  # the same shape: only the namespace moved
 
 
 def test_six_percent_failed_aborts_a_run_at_once_and_five_does_not():

@@ -139,6 +139,8 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
     (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--grid", "nonsense"], "is not NAME=V1,V2"),
     (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--search-tolerance", "150%"], "--search-tolerance"),
     (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--repeat", "0"], "--repeat must be 1 or more"),
+    (["--host", "http://127.0.0.1:9", "--slo", "error_rate<=1%", "--recipe", "max-goodput"], "needs a per-request"),
+    (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--recipe", "max-goodput:2"], "a share in (0, 100 %]"),
 ])
 def test_bad_tune_input_is_one_line_and_exit_2(tmp_path, argv, needle):
     res = tune(*argv, "--out", str(tmp_path / "t"), cwd=tmp_path)
@@ -223,13 +225,18 @@ def test_tune_against_a_running_server_with_probes_that_end_by_count(tmp_path, e
     """--host (no --serve): the search runs against the running server (its output folder made for the sidecar:
     it once failed there); `-- --num-requests 30` ends every probe after 30 requests, well before its 60 s."""
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.002")
-    res = tune("--host", emu.url, "--slo", "ttft.p99<=1s", "--max-level", "2", "--probe-duration", "60s",
-               "--probe-warmup", "0.5s", "--out", str(tmp_path / "tune"), "--", "-f",
+    res = tune("--host", emu.url, "--slo", "ttft.p99<=1s", "--recipe", "max-goodput:95%", "--max-level", "2",
+               "--probe-duration", "60s", "--probe-warmup", "0.5s", "--out", str(tmp_path / "tune"), "--", "-f",
                str(ROOT / "locustfiles" / "chat.py"), "--output-tokens", "8", "--num-requests", "30", cwd=ROOT)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    probes = [json.loads(p.read_text())["summary"] for p in (tmp_path / "tune").rglob("summary.json")]
+    runs = [json.loads(p.read_text()) for p in (tmp_path / "tune").rglob("summary.json")]
+    probes = [r["summary"] for r in runs]
     assert len(probes) == 2 and all(s["requests"] == 30 and s["duration_s"] < 30 for s in probes), \
         [(s["requests"], s["duration_s"]) for s in probes]
+    # --recipe max-goodput:95%: every probe judged on the attainment too, and the answer said with its goodput
+    assert all(any(c["slo"] == "good_request_fraction>=95%" for c in r["slo"]) for r in runs), runs[0]["slo"]
+    best = json.loads((tmp_path / "tune" / "as-served" / "result.json").read_text())
+    assert f"max goodput at 95% attainment: concurrency 2, {best['goodput']:.2f} good req/s" in res.stdout, res.stdout
 
 
 def test_tune_repeats_each_probe_and_gives_its_spread(tmp_path, emulator_factory):

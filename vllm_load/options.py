@@ -210,12 +210,19 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--reuse-distance", "0", "reuse.py: tokens of other work between a prefix and its return, e.g. "
         "0,4096,16384: the reuse curve gives each distance's cached share (where the server's cache forgets)",
         locustfiles=("reuse.py",)),
+    Option("--cache-bust", "none", "sessions.py: 'trajectory' makes each session tree's content its own (its "
+        "subagents share it): no prompt shares a prefix with another trajectory's, even through global hash ids "
+        "(AIPerf's AgentX first-turn cache bust; --scenario agentx sets it); 'none': blocks shared as the ids say",
+        choices=["none", "trajectory"], locustfiles=("sessions.py",)),
     Option("--max-idle", 10.0, "sessions.py: the longest wait between a turn's completion and the next turn (a "
         "recorded coffee break is cut to this; AgentX's cap is 10 s)", type=float, locustfiles=("sessions.py",)),
 ), *group(
     "SLOs and gates",
     Option("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",
         action="append", web=False),
+    Option("--recipe", "", "a named goal judged with the SLOs: 'max-goodput[:90%]': at least that share of the requests "
+        "met every per-request limit (each ttft/tpot/e2e --slo's threshold) at once; a sweep names the largest level "
+        "that held it and its goodput", web=False),
     Option("--window", "run", "what the SLOs judge: 'run' (every measured request) or 'steady' (the requests that ran "
         "while every user was sending: the ramp and the drain left out; the report shows both)",
         choices=["run", "steady"], web=False),

@@ -54,7 +54,8 @@ class _Instant:
 
 
 class SessionReplay(LLMUser):
-    uses_options = frozenset({"sessions", "sessions_format", "max_idle", "session_start", "session_align", "scenario"})
+    uses_options = frozenset({"sessions", "sessions_format", "max_idle", "session_start", "session_align", "scenario",
+                              "cache_bust"})
 
     @classmethod
     def check_options(cls, options: Any) -> None:
@@ -99,7 +100,8 @@ class SessionReplay(LLMUser):
 
     def _take_share(self) -> _Share:
         """A run's first replay here reads the sessions and takes this process's share (none: it is done at once)."""
-        share = _Share(self.llm.share(read_sessions(self.llm.options.sessions, self.llm.options.sessions_format)))
+        o = self.llm.options
+        share = _Share(self.llm.share(read_sessions(o.sessions, o.sessions_format, o.cache_bust == "trajectory")))
         if not share.queue:
             self.llm.finished()
         return share

@@ -15,7 +15,7 @@ import gevent
 
 from vllm_load.client.openai_api import tls_context, use_tls_context
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError, die
-from vllm_load.metrics.slo import parse_slo_option
+from vllm_load.metrics.recipes import judged_slos
 from vllm_load.plugin import (end_of_run, interrupt, run_timer, startup, validate, warmup_reset, watchers, wire,
                               worker_secrets)
 from vllm_load.plugin.collector import Collector
@@ -104,7 +104,7 @@ class Controller(Process):
                        else "the run directory's folder")
         use_tls_context(tls_context(opts.insecure, opts.ca_bundle))
         # parsed here: workers get the texts in the run plan, not file paths their machines may not have
-        self.slos = parse_slo_option(opts.slo, opts.window)
+        self.slos = judged_slos(opts.recipe, opts.slo, opts.window)
 
     def _check_form(self, shim: Any) -> None:
         """The web UI's start form, as the command line is checked (``web_gate.screen_swarm`` applies it to a copy)."""

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.metrics.knee import knee
+from vllm_load.metrics.recipes import parse_recipe
 from vllm_load.metrics.slo import parse_slo_option  # noqa: E402
 from vllm_load.metrics.verdict import judge, word  # noqa: E402
 from vllm_load.metrics.repeats import spread, spread_text
@@ -64,6 +65,10 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
     passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
     best = (f"Largest {level} meeting every SLO: {max(passing)}" if passing
             else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")
+    recipe = None if slo_texts else parse_recipe(next((t for r in runs if (t := r.config.get("options", {}).get(
+        "recipe"))), ""))
+    if recipe is not None and passing:  # the recipe's answer: its level, and the goodput there
+        best = recipe.headline(level, max(passing), next(r for r in runs if r.concurrency == max(passing)).summary.goodput)
     bend = "; ".join(x for x in (knee_line(runs, level), decode_line(runs, level)) if x)
     out_dir.mkdir(parents=True, exist_ok=True)
     overall = "pass" if passing else "fail" if any(v is not None for v in verdicts) else "none"

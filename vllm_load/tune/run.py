@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SLO_MISS, UsageError
+from vllm_load.metrics.recipes import parse_recipe, with_recipe
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.workload.lengths import parse_duration
 from vllm_load.tune.probe import Probe, combine, run_probe
@@ -55,6 +56,8 @@ def parser() -> argparse.ArgumentParser:
                     help="a parameter and its values (repeatable: the Cartesian product is tuned)")
     ap.add_argument("--grid-file", default="", help="a JSON list of parameter dicts (vllm bench sweep's --serve-params)")
     ap.add_argument("--slo", action="append", default=[], help="the SLOs every probe is judged by (as a run's --slo)")
+    ap.add_argument("--recipe", default="", help="a named search: 'max-goodput[:90%%]' (the most load at which that "
+                    "share of the requests met every per-request --slo limit; as a run's --recipe)")
     ap.add_argument("--out", default="", help="output directory (default: reports/tune-<time>)")
     ap.add_argument("--search", choices=("concurrency", "rate"), default="concurrency",
                     help="search users (closed loop) or request rate (open loop)")
@@ -98,9 +101,10 @@ def slug(params: dict) -> str:
 def tune(args: argparse.Namespace, locust_args: list[str]) -> int:
     if not args.serve and not args.host:
         raise UsageError("give --serve 'CMD … {port} …' (a server per configuration) or --host URL (one running server)")
-    slos = [s.text for s in parse_slo_option(args.slo)]
-    if not slos:
+    if not args.slo:
         raise UsageError("give the SLOs the capacity is judged by: --slo 'ttft.p99<=2s' (repeatable, or a file)")
+    recipe = parse_recipe(args.recipe)
+    slos = [s.text for s in parse_slo_option(with_recipe(recipe, args.slo))]
     tol_text = args.search_tolerance.strip().rstrip("%")
     try:
         tolerance = float(tol_text) / (100 if args.search_tolerance.strip().endswith("%") else 1)
@@ -148,6 +152,9 @@ def tune(args: argparse.Namespace, locust_args: list[str]) -> int:
     print(f"vllm-load tune: {'best measured (not recommended)' if note else 'recommended'} {label(best['params'])}: "
           f"capacity {best['capacity']:g}, goodput "
           f"{best['goodput']:.2f} good req/s" + (f". WARNING: {note}" if note else ""), flush=True)
+    if recipe is not None:
+        print(f"vllm-load tune: {recipe.headline(args.search, format(best['capacity'], 'g'), best['goodput'])} "
+              f"({label(best['params'])})", flush=True)
     for r in results:
         if r is not best:
             print(f"  {label(r['params'])}: {why_lost(r)}", flush=True)

@@ -40,6 +40,7 @@ AGENTX = Scenario(
     fixed=(("session_start", "0.25,0.75", "each session's t* drawn in 25-75 % of its turns"),
            ("session_align", "instant", "every user's t* at one instant"),
            ("max_idle", 10.0, "idle gaps capped at 10 s"),
+           ("cache_bust", "trajectory", "each trajectory's content its own (the first turn's cache bust)"),
            ("seed", 42, "random seed 42"),
            ("no_ignore_eos", False, "exact output lengths (ignore_eos)"),
            ("no_continuous_usage", False, "the server's token counts")),

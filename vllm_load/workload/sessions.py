@@ -71,10 +71,27 @@ def guess_format(path: Path) -> str:
     return "jsonl" if path.suffix.lower() == ".jsonl" else "weka"
 
 
-def read_sessions(path: str | Path, fmt: str = "") -> list[Session]:
+def read_sessions(path: str | Path, fmt: str = "", cache_bust: bool = False) -> list[Session]:
     """Every session of a file (or a folder of Weka traces, or a public set by its published name: public_sets.py),
     in order; bad input is one line (UsageError). ``synthetic:...``: sessions made up from a spec
-    (synthetic_sessions.py)."""
+    (synthetic_sessions.py). ``cache_bust``: each session tree's blocks its own (``own_blocks``)."""
+    out = _read(path, fmt)
+    return [own_blocks(s) for s in out] if cache_bust else out
+
+
+def own_blocks(session: Session, tree: str = "") -> Session:
+    """The session with every hash id namespaced by its tree (the root session's id, which its subagents share):
+    AIPerf's AgentX first-turn cache bust, a marker unique to each trajectory before its first user turn, so that no
+    trajectory's prompt shares a prefix with another's, even through ``global`` hash ids; within the tree the ids
+    share as recorded (its warm-up turn, its subagents)."""
+    tree = tree or session.id
+    steps = tuple(Fork(own_blocks(st.session, tree), st.join) if isinstance(st, Fork)
+                  else Turn(st.input_tokens, st.output_tokens, st.delay, tuple(_block(h, tree) for h in st.hash_ids))
+                  for st in session.steps)
+    return Session(session.id, steps, session.block_size)
+
+
+def _read(path: str | Path, fmt: str) -> list[Session]:
     if is_synthetic(str(path)):
         return make(str(path))
     p = resolve(str(path)) if is_published(str(path)) else Path(path)

