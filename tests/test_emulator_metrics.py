@@ -60,3 +60,26 @@ def test_stats_log_line_is_vllms_and_the_sidecar_reads_it(tmp_path, naming, emul
         emu.stop()
     parsed = [parse_log_line(x) for x in log.read_text().splitlines()]
     assert sum(x is not None for x in parsed) >= 2
+
+
+def test_the_offload_tier_continues_a_prefix_from_the_first_gpu_miss_and_forgets_by_lru():
+    """The emulator's KV offloading model (server/emulator/prefix_cache.py): a chain is the GPU's up to its first miss,
+    then the offload tier's while it holds the next blocks (loaded back into the GPU), then computed; every computed
+    block is written through; each tier forgets the least recently used first."""
+    from server.emulator.prefix_cache import Hits, PrefixCache
+
+    def blocks(*ids: int) -> list[int]:
+        return [t for i in ids for t in [i] * 4]  # a block of 4 tokens per id
+
+    c = PrefixCache(block_size=4, capacity_blocks=3, offload_blocks=7)
+    assert c.query(blocks(1, 2, 3)) == Hits(0, 0)  # computed: on the GPU and written through
+    assert c.query(blocks(1, 2, 3)) == Hits(12, 0)
+    assert c.query(blocks(7, 8, 9)) == Hits(0, 0)  # the GPU's 3 blocks turned over; the tier holds all 6 (of 7)
+    assert c.query(blocks(1, 2, 3, 4)) == Hits(0, 12)  # loaded back, the 4th computed
+    assert c.query(blocks(7, 8)) == Hits(0, 8)
+    c.query(blocks(20, 21, 22, 23, 24))  # 5 new blocks: the tier's 5 least recently used go (1-4 and 9)
+    assert c.query(blocks(1, 2)).total == 0
+    off = PrefixCache(block_size=4, capacity_blocks=3)  # no tier: vLLM without a connector
+    off.query(blocks(1, 2, 3))
+    off.query(blocks(7, 8, 9))
+    assert off.query(blocks(1, 2, 3)) == Hits(0, 0) and not off.offloaded

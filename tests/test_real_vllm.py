@@ -11,6 +11,7 @@ import json
 import os
 import re
 import subprocess
+import urllib.request
 
 import pytest
 
@@ -25,7 +26,9 @@ SPANS_PORT = free_port()  # where the server exports its spans: a run's --otlp-r
 
 
 def _env(port: int | str) -> dict[str, str]:
-    return dict(os.environ, R=REAL_DIR, PORT=str(port), OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf")
+    # dynamic LoRA routes on (/v1/load_lora_adapter): --load-lora's test
+    return dict(os.environ, R=REAL_DIR, PORT=str(port), OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf",
+                VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +135,35 @@ def test_a_weighted_lora_mix_is_what_the_server_served(tmp_path, real_vllm):
     assert counter(url, "vllm:request_success_total") - before == 40  # and nothing else reached it
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert set(summary["names"]) == {"tiny", "lora-a", "lora-b"}  # every table grouped per model
+
+
+def test_an_adapter_loaded_for_the_run_serves_it_and_is_unloaded_after(tmp_path, real_vllm):
+    """--load-lora lora-c=PATH: vLLM's dynamic route loads a third adapter (the fixture's first, under a new name)
+    before the run's checks; every request names it and the server's log says it served each with it; once the run
+    ends the server lists only what it served before."""
+    url, _tokenizer = real_vllm
+    port = url.rsplit(":", 1)[1]
+
+    def served() -> list[str]:
+        return [m["id"] for m in json.loads(urllib.request.urlopen(url + "/v1/models").read())["data"]]
+
+    before = served()
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "240s",
+                          "--num-requests", "12", "--host", url, "--load-lora",
+                          f"lora-c={os.path.join(REAL_DIR, 'tiny-lora', 'a')}", "--model", "lora-c",
+                          "--input-tokens", "32", "--output-tokens", "4", "--run-dir", str(run_dir)], cwd=tmp_path,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "vllm-load: loaded LoRA adapter lora-c on" in res.stdout and "unloaded LoRA adapter lora-c" in res.stdout
+    # the base model's tokenizer (the adapter's /v1/models root is its own folder): every count exact
+    logs = [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]]
+    assert len(logs) == 12 and all(r["input_tokens"] == r["input_tokens_asked"] == 32 for r in logs)
+    log = open(os.path.join(REAL_DIR, f"server-{port}.log"), errors="replace").read()
+    served_by = {m[1]: m[2] for m in re.finditer(
+        r"Received request (\S+): params: .*?, lora_request: LoRARequest\(lora_name='([^']+)'", log)}
+    assert {served_by.get(r["response_id"]) for r in logs} == {"lora-c"}
+    assert served() == before and "lora-c" not in before
 
 
 @pytest.mark.parametrize("locustfile", ["chat.py", "completions.py"])

@@ -4,6 +4,7 @@ strict servers), the tokenizer vLLM loaded, warm-up exclusion, reproducible runs
 from __future__ import annotations
 
 import itertools
+import re
 import json
 
 import pytest
@@ -192,3 +193,37 @@ def test_a_bad_model_mix_is_one_line(text, said):
     # a name's last ':' and a number is its weight; any other ':' is the name's own
     assert parse_models("llama3:8b,org/m") == (("llama3:8b", "org/m"), ())
     assert parse_models("a:3, b:1") == (("a", "b"), (0.75, 0.25))
+
+
+def test_load_lora_loads_an_adapter_for_the_run_and_unloads_it_after(emulator_factory, tmp_path):
+    """--load-lora NAME=PATH: the adapter loaded into the target through vLLM's dynamic route before the run's checks
+    (so --model can name it), its load time said, every request sent to it, and unloaded once the run ends (the
+    server's /v1/models as before). A server without the route, or a malformed value, is one line and exit 2."""
+    import urllib.request
+
+    sent = tmp_path / "sent.jsonl"
+    emu = emulator_factory("--ttft", "0.005", "--itl", "0.001", "--request-log", str(sent),
+                           "--allow-runtime-lora-updating")
+
+    def served() -> list[str]:
+        return [m["id"] for m in json.loads(urllib.request.urlopen(emu.url + "/v1/models").read())["data"]]
+
+    before = served()
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "60s", "--num-requests", "12",
+                          "--host", emu.url, "--output-tokens", "4", "--load-lora", "sql-lora=/adapters/sql",
+                          "--model", "sql-lora", "--run-dir", str(tmp_path / "run")], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert re.search(r"vllm-load: loaded LoRA adapter sql-lora on http://127\.0\.0\.1:\d+ in \d+\.\d\d s", res.stdout)
+    assert "vllm-load: unloaded LoRA adapter sql-lora from" in res.stdout
+    models = [r["body"]["model"] for r in _sent(sent)]
+    assert len(models) == 12 and set(models) == {"sql-lora"}
+    assert served() == before and "sql-lora" not in before  # the server left as it was
+
+    plain = emulator_factory("--ttft", "0.005", "--itl", "0.001")
+    for args, says in ((["--host", plain.url, "--load-lora", "sql-lora=/adapters/sql"],
+                        "has no /v1/load_lora_adapter (HTTP 404): vLLM serves it with "
+                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True"),
+                       (["--host", emu.url, "--load-lora", "sql-lora"], "--load-lora 'sql-lora': give NAME=PATH")):
+        bad = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", *args,
+                              "--run-dir", str(tmp_path / "bad")], cwd=tmp_path, timeout=60)
+        assert bad.returncode == 2 and says in bad.stderr, bad.stderr[-2000:]

@@ -20,6 +20,9 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--model", "", "model to request (default: the server's first /v1/models id); several, comma-separated "
         "(a base model and its LoRA adapters): requests rotate over them, or take each its share with weights "
         "(base:0.6,lora-a:0.3,lora-b:0.1), and the metrics are grouped per model"),
+    Option("--load-lora", [], "NAME=PATH: load this LoRA adapter into every target before the run (vLLM's dynamic "
+        "/v1/load_lora_adapter: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True), unloaded at the end; repeat for more; then "
+        "--model NAME sends to it", action="append", web=False),
     Option("--tokenizer", "", "tokenizer: HF id, local folder, or a built-in one: builtin:mistral-7b-v0.1 (SentencePiece, "
         "the emulator's), builtin:mistral-tekken (Tekken, for vLLM's --tokenizer-mode mistral) (default: the model name)", web=False),
     Option("--api-key", "", "bearer token for the server (never logged, written or shown in the web UI; default: "

@@ -61,6 +61,7 @@ class Emulator:
         self.reasoning_rng = random.Random(seed)
         self.served = list(served_names or [model])  # vLLM's --served-model-name: the ids clients use
         self.loras = list(lora_modules or [])  # adapters served beside the base model (vLLM's --lora-modules)
+        self.runtime_lora = False  # --allow-runtime-lora-updating: adapters loaded and unloaded over HTTP
         self.reject = list(reject or [])  # body fields answered with 400, like a strict gateway (--reject)
         self._answer_cache: dict[str, list[int]] = {}  # answer text -> its token ids
         self.eos_after = eos_after  # a request without max_tokens ends "on its own" after this many tokens
@@ -125,6 +126,9 @@ class Emulator:
             return reply(start_response, 200, orjson.dumps({"version": VERSION}))
         if path == "/v1/models":
             return reply(start_response, 200, self._models())
+        if path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and method == "POST" and self.runtime_lora:
+            return reply(start_response, 200, self._lora_update(post_body(environ), path.endswith("/load_lora_adapter")),
+                         "text/plain")
         if path == "/tokenize":
             return reply(start_response, 200, self._tokenize(post_body(environ)))
         if path in pooling.PATHS:
@@ -138,6 +142,27 @@ class Emulator:
         if path in GENERATION_PATHS:
             return self._generate(environ, start_response, path == "/v1/chat/completions")
         raise HttpError(404, f"Not Found: {path}", "NotFoundError")
+
+    def _lora_update(self, body: dict, load: bool) -> bytes:
+        """vLLM's dynamic LoRA routes (entrypoints/serve/lora): a name loaded (its path not read: the emulator has no
+        weights) or unloaded, with vLLM's answers and refusals."""
+        name = body.get("lora_name")
+        if not isinstance(name, str) or not name or (load and not body.get("lora_path")):
+            raise HttpError(400, "Both 'lora_name' and 'lora_path' must be provided." if load else
+                            "'lora_name' needs to be provided to unload a LoRA adapter.", "InvalidUserInput")
+        if load:
+            if name in self.served:
+                raise HttpError(400, f"The lora adapter '{name}' conflicts with a served base model.",
+                                "InvalidUserInput")
+            if name in self.loras:
+                raise HttpError(400, f"The lora adapter '{name}' has already been loaded. If you want to load the "
+                                "adapter in place, set 'load_inplace' to True.", "InvalidUserInput")
+            self.loras.append(name)
+            return f"Success: LoRA adapter '{name}' added successfully.".encode()
+        if name not in self.loras:
+            raise HttpError(404, f"The lora adapter '{name}' cannot be found.", "NotFoundError")
+        self.loras.remove(name)
+        return f"Success: LoRA adapter '{name}' removed successfully.".encode()
 
     def model_of(self, body: dict) -> str:
         """The model a body asks for (the first served name by default); 404 for one not served."""

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 from dataclasses import dataclass, field
@@ -43,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model ids clients use (default: --model), as vLLM's flag; /v1/models gives --model as root")
     p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME",
                    help="LoRA adapters served beside the base model: listed in /v1/models, accepted as model")
+    p.add_argument("--allow-runtime-lora-updating", action="store_true",
+                   default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
+                   help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter, as vLLM does with "
+                        "VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (which turns this on too)")
     p.add_argument("--tokenizer", default="", help="tokenizer used to count prompt tokens (default: the model's)")
     p.add_argument("--max-model-len", type=int, default=32768)
     p.add_argument("--profiler-config", default="", metavar="JSON",
@@ -72,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--num-gpu-blocks", type=int, default=30000)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--kv-offload-blocks", type=int, default=0,
+                   help="KV offloading's CPU tier behind the prefix cache, in blocks (vLLM's --kv-offloading-size): "
+                        "every computed block written through, LRU; a prompt's chain continues there past its GPU "
+                        "hits (vllm:external_prefix_cache_hits), and the usage's cached tokens count both")
     p.add_argument("--time-scale", type=float, default=1.0, help="multiply every step time (e.g. 0.1: ten times faster)")
     p.add_argument("--metrics-naming", choices=["v1", "v0"], default="v1", help="vLLM metric names: V1 (0.32) or old V0")
     p.add_argument("--log-stats-interval", type=float, default=10.0,
@@ -173,6 +182,8 @@ def check(args: argparse.Namespace) -> None:
     if min(args.max_num_seqs, args.max_num_batched_tokens, args.num_gpu_blocks, args.block_size) < 1 \
             or args.time_scale <= 0:
         raise BadArguments("scheduler sizes must be >= 1 and --time-scale > 0")
+    if args.kv_offload_blocks < 0:
+        raise BadArguments(f"--kv-offload-blocks {args.kv_offload_blocks} must be >= 0 (0: no offload tier)")
     if args.spec_tokens < 0 or not 0.0 <= args.spec_acceptance <= 1.0 or (args.spec_tokens and args.profile):
         raise BadArguments("--spec-tokens must be >= 0 and --spec-acceptance within 0..1; speculative decoding runs "
                            "on the fixed schedule (not with --profile)")
@@ -218,6 +229,8 @@ def _app(args: argparse.Namespace, timing_log: IO[str] | None) -> Emulator:
     app.stream_style = args.stream_style
     app.per_request_metrics = args.enable_per_request_metrics
     app.kv_transfer = (max(0.0, args.kv_transfer_latency), max(0.0, args.kv_transfer_per_token))
+    app.prefix_cache.offload_capacity = args.kv_offload_blocks
+    app.runtime_lora = args.allow_runtime_lora_updating
     if args.profiler_config:
         try:
             app.profiler = Profiler(args.profiler_config)

@@ -152,9 +152,14 @@ def plan(emu: Emulator, chat: bool, body: dict, fault: str | None = None,
     emu.faults.raise_overload(fault)
     cached = 0
     if cache:
-        emu.metrics.l(emu.metrics.prefix_queries).inc(prompt_tokens)
-        cached = emu.prefix_cache.query(ids)
-        emu.metrics.l(emu.metrics.prefix_hits).inc(cached)
+        m = emu.metrics
+        m.l(m.prefix_queries).inc(prompt_tokens)
+        hits = emu.prefix_cache.query(ids)
+        m.l(m.prefix_hits).inc(hits.local)
+        if emu.prefix_cache.offload_capacity:  # vLLM asks its connector for what the GPU did not hold
+            m.l(m.external_queries).inc(prompt_tokens - hits.local)
+            m.l(m.external_hits).inc(hits.offloaded)
+        cached = hits.total
     if fault == "overrun":  # a broken server: it streams 100 times the tokens asked
         max_tokens = max_tokens * 100
     thinking = 0

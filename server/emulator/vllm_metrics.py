@@ -42,6 +42,14 @@ class VllmMetrics:
                                       labels, registry=reg)
         self.prefix_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                                    labels, registry=reg)
+        # the KV connector's (here the offload tier's, --kv-offload-blocks): the tokens past the GPU's hits, and those
+        # it loaded; vLLM V1 exposes them whether or not a connector is configured
+        self.external_queries = Counter("vllm:external_prefix_cache_queries", "External prefix cache queries from KV "
+                                        "connector cross-instance cache sharing, in terms of number of queried tokens.",
+                                        labels, registry=reg)
+        self.external_hits = Counter("vllm:external_prefix_cache_hits", "External prefix cache hits from KV connector "
+                                     "cross-instance cache sharing, in terms of number of cached tokens.",
+                                     labels, registry=reg)
         # the multimodal processor cache, in items (images, clips, videos): vLLM V1's, exposed from the start
         self.mm_queries = Counter("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried "
                                   "items.", labels, registry=reg)

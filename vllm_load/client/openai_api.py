@@ -92,8 +92,13 @@ def discover_model(host: str, model: str, api_key: str = "", timeout: float = 10
         raise UsageError(f"model {chosen!r} is not served by {host} (it serves: {', '.join(ids)}): fix --model")
     entry = entries[ids.index(chosen)]
     max_len = entry.get("max_model_len")
-    return ServedModel(id=chosen, max_model_len=int(max_len) if max_len else None, all_ids=ids,
-                       root=str(entry.get("root") or ""), owned_by=str(entry.get("owned_by") or ""))
+    root = str(entry.get("root") or "")
+    parent = entry.get("parent")
+    if parent in ids and parent != chosen:  # a LoRA adapter (its root is its own folder): the base model's tokenizer
+        base = entries[ids.index(parent)]
+        root, max_len = str(base.get("root") or parent), max_len or base.get("max_model_len")
+    return ServedModel(id=chosen, max_model_len=int(max_len) if max_len else None, all_ids=ids, root=root,
+                       owned_by=str(entry.get("owned_by") or ""))
 
 
 def server_version(host: str, api_key: str = "", timeout: float = 3.0, headers: dict[str, str] | None = None) -> str:

@@ -1,11 +1,13 @@
 """What a deciding process (a local runner, a master) serves or starts for its runs: the OTLP span receiver
-(--otlp-receiver), and with no --host the embedded emulator and its sidecar; all of it lives as long as the process."""
+(--otlp-receiver), with no --host the embedded emulator and its sidecar, and the LoRA adapters it loads into the
+targets (--load-lora); all of it lives as long as the process."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from vllm_load.plugin import lora_adapters
 from vllm_load.runtime.embedded import Children, Served, emulator_args, emulator_mode, private_temp_file
 
 
@@ -20,9 +22,22 @@ class Servers:
         self.sidecar: Served | None = None
         self.sidecar_url = ""  # --sidecar-url, or the embedded emulator's sidecar
         self.span_receiver: Any = None  # --otlp-receiver (span_receiver.SpanReceiver)
+        self.adapters: Any = None  # --load-lora (lora_adapters.LoraAdapters)
 
     def start(self, opts: Any, host: str | None) -> str | None:
-        """--otlp-receiver, then (no ``host``) the embedded emulator and its sidecar; the emulator's URL, if one."""
+        """--otlp-receiver, then (no ``host``) the embedded emulator and its sidecar, then --load-lora's adapters on
+        every target; the emulator's URL, if one."""
+        url = self._start(opts, host)
+        specs = lora_adapters.parse_specs(getattr(opts, "load_lora", None))
+        if specs:
+            from vllm_load.plugin.validate import split_hosts
+
+            self.adapters = lora_adapters.LoraAdapters(split_hosts(url or host), opts.api_key,
+                                                       lambda line: print(line, flush=True))
+            self.adapters.load(specs)
+        return url
+
+    def _start(self, opts: Any, host: str | None) -> str | None:
         self.sidecar_url = opts.sidecar_url
         if opts.otlp_receiver:  # before the embedded emulator: it exports its spans there
             from vllm_load.plugin.span_receiver import SpanReceiver
@@ -45,6 +60,8 @@ class Servers:
         return self.emulator is not None and host == self.emulator.url
 
     def stop(self) -> None:
+        if self.adapters is not None:  # before the emulator goes: it served them
+            self.adapters.unload()
         for child in (self.sidecar, self.emulator):
             if child:
                 child.stop()

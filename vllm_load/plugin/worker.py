@@ -26,6 +26,7 @@ MASTER_SILENCE_S = 15
 #: messages, so its heartbeats wait unread while the tokenizer loads and the pools fill (off the loop, but waited
 #: for there); beside the full suite that took over 15 s, and both workers of a --processes 2 run quit at spawn
 START_SILENCE_S = 120
+_starting = 0  # this process's workers starting a run now (the limit above holds while any does)
 
 
 class WorkerProcess(Process):
@@ -72,6 +73,11 @@ class WorkerProcess(Process):
         runners.MASTER_HEARTBEAT_TIMEOUT = MASTER_SILENCE_S
 
     def start_run(self) -> None:
+        # Locust's limit is one for the process: while any worker here starts (vllm_load.testing runs several in one
+        # process) it stays long; the first to finish once set it back under the others, and one still loading its
+        # tokenizer was stopped (1 run in the fast selection)
+        global _starting
+        _starting += 1
         runners.MASTER_HEARTBEAT_TIMEOUT = START_SILENCE_S
         try:
             self._start_run()
@@ -79,7 +85,9 @@ class WorkerProcess(Process):
             # the master's heartbeats queued meanwhile are read once this returns: the silence counts from here
             # (Locust's attribute, bounded as its version is in setup.cfg)
             self.environment.runner.last_heartbeat_timestamp = time.time()
-            runners.MASTER_HEARTBEAT_TIMEOUT = MASTER_SILENCE_S
+            _starting -= 1
+            if not _starting:
+                runners.MASTER_HEARTBEAT_TIMEOUT = MASTER_SILENCE_S
 
     def _start_run(self) -> None:
         env, opts = self.environment, self.opts

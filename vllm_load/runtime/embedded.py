@@ -184,4 +184,6 @@ def emulator_args(opts: Any, spans_endpoint: str | None = None) -> list[str]:
         args += ["--scheduling-policy", opts.emulator_scheduling_policy]
     if spans_endpoint:
         args += ["--otlp-traces-endpoint", spans_endpoint]
+    if getattr(opts, "load_lora", None):  # --load-lora's adapters: the embedded one loads them as vLLM would
+        args += ["--allow-runtime-lora-updating"]
     return args + (["--profile", profile] if profile else [])
