@@ -10,20 +10,28 @@ from tests.helpers import ROOT, run_in_process
 from vllm_load.metrics.reuse import curve
 
 
-def test_the_reuse_curve_falls_to_zero_where_the_servers_cache_is_full(tmp_path, emulator_factory):
-    # 64 blocks of 16 tokens: 1,024 tokens of cache. A 256-token prefix (16 blocks) survives while it and the work
-    # since fit: up to 48 blocks of fillers, 768 tokens (the capacity's prediction, the last distance that hits);
-    # 1,024 tokens of fillers evict it
-    emu = emulator_factory("--enable-prompt-tokens-details", "--num-gpu-blocks", "64", "--block-size", "16",
+def _curve(tmp_path, emulator_factory, flags: list[str], distances: str, requests: int):
+    """reuse.py's two cycles of ``distances`` (256-token prefixes) against an emulator of 64 blocks of 16 tokens:
+    the emulator, the run's outcome and folder, and each distance's (cached share, returns)."""
+    emu = emulator_factory("--enable-prompt-tokens-details", "--num-gpu-blocks", "64", "--block-size", "16", *flags,
                            "--ttft", "0.002", "--itl", "0.001")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", str(ROOT / "locustfiles/reuse.py"), "--headless", "-u", "1", "-r", "1", "-t", "60s",
-                          "--num-requests", "54", "--input-tokens", "256", "--reuse-distance", "0,512,768,1024,2048",
+                          "--num-requests", str(requests), "--input-tokens", "256", "--reuse-distance", distances,
                           "--host", emu.url, "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     names = json.loads((run_dir / "summary.json").read_text())["summary"]["names"]
     points = {d: (share, n) for d, share, n in curve(names)}
-    assert sorted(points) == [0, 512, 768, 1024, 2048] and all(n == 2 for _, n in points.values())  # two cycles
+    assert sorted(points) == [int(d) for d in distances.split(",")] and all(n == 2 for _, n in points.values()), \
+        points  # two cycles of each
+    return emu, res, run_dir, points
+
+
+def test_the_reuse_curve_falls_to_zero_where_the_servers_cache_is_full(tmp_path, emulator_factory):
+    # 64 blocks of 16 tokens: 1,024 tokens of cache. A 256-token prefix (16 blocks) survives while it and the work
+    # since fit: up to 48 blocks of fillers, 768 tokens (the capacity's prediction, the last distance that hits);
+    # 1,024 tokens of fillers evict it
+    _emu, res, run_dir, points = _curve(tmp_path, emulator_factory, [], "0,512,768,1024,2048", 54)
     # within the capacity: the whole prefix but the block the template shifts (240 of the return's 272 tokens)
     assert all(points[d][0] == 240 / 272 for d in (0, 512, 768)), points
     assert points[1024][0] == 0 and points[2048][0] == 0, points
@@ -40,16 +48,8 @@ def test_kv_offload_keeps_the_prefix_past_the_gpus_blocks_until_its_own_tier_for
     server's external hits are exactly the tokens the returns past the GPU's capacity found."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    emu = emulator_factory("--enable-prompt-tokens-details", "--num-gpu-blocks", "64", "--block-size", "16",
-                           "--kv-offload-blocks", "256", "--ttft", "0.002", "--itl", "0.001")
-    run_dir = tmp_path / "run"
-    res = run_in_process(["-f", str(ROOT / "locustfiles/reuse.py"), "--headless", "-u", "1", "-r", "1", "-t", "60s",
-                          "--num-requests", "72", "--input-tokens", "256", "--reuse-distance", "0,1024,2048,4096",
-                          "--host", emu.url, "--run-dir", str(run_dir)], cwd=tmp_path)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    names = json.loads((run_dir / "summary.json").read_text())["summary"]["names"]
-    points = {d: (share, n) for d, share, n in curve(names)}
-    assert sorted(points) == [0, 1024, 2048, 4096] and all(n == 2 for _, n in points.values()), points
+    emu, _res, _run_dir, points = _curve(tmp_path, emulator_factory, ["--kv-offload-blocks", "256"],
+                                         "0,1024,2048,4096", 72)
     # past the GPU's 1,024 tokens (where the curve without offload is 0) and up to the tier's 3,840: whole
     assert all(points[d][0] == 240 / 272 for d in (0, 1024, 2048)), points
     assert points[4096][0] == 0, points
