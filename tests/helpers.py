@@ -314,3 +314,13 @@ def trusted_or_host_named(client: dict) -> None:
     if not client["saturated"]:
         return
     assert client["steal_max"] >= NOISY_STEAL and client["cause"] in ("contention", "host", "emulator"), client
+
+
+def waited_behind(logs: list[dict], protected: str = "interactive", other: str = "batch") -> list[int]:
+    """For each ``protected`` request sent while ``other`` requests ran, against a server running one sequence at a
+    time: the ``other`` requests that finished between its send and its first token (the ones it waited for). An
+    order, not a time: the same on a busy host, where latencies are anyone's."""
+    ends = sorted(r["start"] + r["e2e"] for r in logs if r["ok"] and r["name"] == other)
+    first = min(r["start"] for r in logs if r["name"] == other)
+    return [sum(r["start"] < e < r["start"] + r["ttft"] for e in ends)
+            for r in logs if r["ok"] and r["name"] == protected and r["start"] > first]

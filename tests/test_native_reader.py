@@ -179,9 +179,11 @@ def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_process_
         shared += sum(1 for i in range(1, 30) if offs[i] == offs[i - 1] and sent[i] - sent[i - 1] >= 0.001)
         errors.extend(abs((offs[i] - offs[i - 1]) - (sent[i] - sent[i - 1])) for i in range(1, 30))
     assert len(errors) >= 29 * 8, res.stdout[-2000:]
-    # either reader ends the E2E as the [DONE] landed (its stamp), not when the blocked loop got to it: the Python
-    # reader's E2E once ran 12 ms long here (7.7 ms at p99 at 256 streams, benchmarks/CHANGELOG.md)
-    assert max(e2e_errors) < 0.005, sorted(e2e_errors)[-5:]
+    # either reader ends the E2E as the [DONE] landed (its stamp), not when the 50 ms block let the loop get to it
+    # (the Python reader's E2E once ran 12 ms long here; 7.7 ms at p99 at 256 streams, benchmarks/CHANGELOG.md). The
+    # truth is stamped in the emulator's user space after its write: a VM that descheduled it there put one of 240
+    # at 5.6 ms once
+    assert max(e2e_errors) < 0.010, sorted(e2e_errors)[-5:]
     if reader == "native":
         # every gap reads 10 ms: off by a packet's trip through loopback (p99), and at most by the
         # emulator being descheduled between its write and its truth stamp (max)

@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from tests.helpers import ROOT, run_in_process
+from tests.helpers import ROOT, run_in_process, waited_behind
 from vllm_load.metrics.protection import MIN_REQUESTS, describe, protection
 from vllm_load.metrics.slo import evaluate, parse_slo_option
 from vllm_load.rundir.reqlog import read_log
@@ -91,17 +91,23 @@ def _mixed(tmp_path, emulator_factory, policy: str) -> dict:
                           "--host", emu.url, "--run-dir", str(run_dir)], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "protection: interactive beside the other classes: TTFT p99 " in res.stdout
-    return json.loads((run_dir / "summary.json").read_text())["summary"]["protection"]
+    return (json.loads((run_dir / "summary.json").read_text())["summary"]["protection"],
+            read_log(run_dir / "requests.jsonl"))
 
 
 @pytest.mark.slow  # two 11 s runs against emulator processes: the verdict's arithmetic is the test above
 def test_mixed_py_shows_what_the_priority_policy_protects(tmp_path, emulator_factory):
-    fcfs, prio = _mixed(tmp_path, emulator_factory, "fcfs"), _mixed(tmp_path, emulator_factory, "priority")
+    """mixed.py's verdict is judged on both sides under both policies, and the order the emulator kept is the
+    policy's: under fcfs an interactive request queued behind the batch's waiting requests (three batch users, one
+    sequence at a time: up to three ahead), under priority behind the running one only. The penalty's size is the
+    latencies' (beside the full suite, on 2 cores, the two policies' p99 penalties came out equal once: +1,319 % and
+    +1,337 %): the real-vLLM test (test_real_vllm_scheduler.py) compares the verdicts."""
+    (fcfs, fcfs_logs), (prio, prio_logs) = (_mixed(tmp_path, emulator_factory, p) for p in ("fcfs", "priority"))
     for p in (fcfs, prio):
         assert p["alone"]["requests"] >= MIN_REQUESTS and p["beside"]["requests"] >= MIN_REQUESTS, p
-    # under fcfs an interactive request queues behind the batch's waiting requests; under priority only behind the
-    # two running ones
-    assert fcfs["ttft_penalty"] > prio["ttft_penalty"] + 0.5, (fcfs, prio)
+    prio_waits, fcfs_waits = waited_behind(prio_logs), waited_behind(fcfs_logs)
+    assert max(prio_waits) <= 2 and sum(w >= 2 for w in prio_waits) <= 0.05 * len(prio_waits), prio_waits
+    assert sum(w >= 3 for w in fcfs_waits) >= 3, fcfs_waits
 
 
 def test_each_class_carries_its_own_headers_for_an_slo_aware_router(tmp_path, emulator_factory):

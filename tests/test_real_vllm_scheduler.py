@@ -17,7 +17,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import REAL_VLLM_DIR, ROOT, run_locust, serve_real_vllm
+from tests.helpers import REAL_VLLM_DIR, ROOT, run_locust, serve_real_vllm, waited_behind
 from vllm_load.metrics.protection import MIN_REQUESTS
 from vllm_load.metrics.reuse import curve
 from vllm_load.rundir.reqlog import read_log
@@ -56,15 +56,6 @@ def _mixed(tmp_path, server, policy: str) -> tuple[dict, list[dict]]:
             [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]])
 
 
-def _waited_behind(logs: list[dict]) -> list[int]:
-    """For each interactive request sent while the batch ran: the batch requests that finished between its send and
-    its first token (one sequence at a time: the ones it waited for). An order, not a time: the same on a busy host."""
-    ends = sorted(r["start"] + r["e2e"] for r in logs if r["name"] == "batch")
-    first = min(r["start"] for r in logs if r["name"] == "batch")
-    return [sum(r["start"] < e < r["start"] + r["ttft"] for e in ends)
-            for r in logs if r["name"] == "interactive" and r["start"] > first]
-
-
 def test_the_protection_verdict_differs_between_vllms_fcfs_and_priority_schedulers(tmp_path, servers):
     (fcfs, fcfs_logs), (prio, prio_logs) = (_mixed(tmp_path, servers[p], p) for p in POLICIES)
     # the schedulers' order: under priority an interactive request waits for the batch request running when it
@@ -72,7 +63,7 @@ def test_the_protection_verdict_differs_between_vllms_fcfs_and_priority_schedule
     # three). Measured: fcfs 3 for each of 93, priority 1 for 245 of 246 (2 once: the next batch request scheduled
     # while the interactive one was still in the API server); beside a busy loop on each core the client itself
     # kept fewer batch requests waiting: fcfs 3 for 9 of 23, priority at most 1
-    prio_waits, fcfs_waits = _waited_behind(prio_logs), _waited_behind(fcfs_logs)
+    prio_waits, fcfs_waits = waited_behind(prio_logs), waited_behind(fcfs_logs)
     assert max(prio_waits) <= 2 and sum(w >= 2 for w in prio_waits) <= 0.05 * len(prio_waits), prio_waits
     assert sum(w >= 3 for w in fcfs_waits) >= 3, fcfs_waits
     for p in (fcfs, prio):
