@@ -34,7 +34,7 @@ SLOW_MODULES = frozenset({
     "test_real_vllm", "test_real_vllm_pooling", "test_real_vllm_reasoning", "test_real_vllm_tune",
     "test_real_vllm_vision", "test_real_vllm_speech", "test_saturation", "test_tune", "test_netns", "test_process_faults", "test_busy_host",
     "test_faults", "test_compose", "test_kubernetes", "test_packaging", "test_webui", "test_sweep",
-    "test_security", "test_router", "test_transformers_serve", "test_real_vllm_fleet",
+    "test_security", "test_router", "test_transformers_serve", "test_real_vllm_fleet", "test_real_vllm_scheduler",
     "test_pd",  # the real vllm-router binary in front of an emulator pair: a real server process
 })
 #: the test that runs the fast selection beside busy loops (the whole suite leaves that selection to it)
@@ -44,7 +44,7 @@ LOCUST_PROCESSES_FAST = 0
 #: the longest a test's call may take (seconds), but the named real-server ones
 TEST_LIMIT_S = 60.0
 LONG_TESTS = ("test_real_vllm", "test_transformers_serve", "test_real_vllm_tune", "test_saturation", "test_tune",
-              "test_real_vllm_fleet",
+              "test_real_vllm_fleet", "test_real_vllm_scheduler",
               "test_busy_suite",
               # a Chromium and a Locust process, each starting beside the suite: 10-17 s alone, 45-60 s beside it
               "test_webui")
