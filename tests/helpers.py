@@ -309,11 +309,14 @@ NOISY_STEAL = 5.0
 
 
 def trusted_or_host_named(client: dict) -> None:
-    """A trust test's verdict on quiet cores: trusted; or, only while the hypervisor took NOISY_STEAL % or more of
-    the CPU (no quiet machine then), untrustworthy with a cause outside the client: never the client's own."""
+    """A trust test's verdict on quiet cores: trusted; or untrustworthy with a cause outside the client, never the
+    client's own: "host" (the product found the client's CPU low and nothing else waiting: the VM held its thread;
+    once at 4 % steal, a read 5.3 ms late), or, while the hypervisor took NOISY_STEAL % or more of the CPU (no quiet
+    machine then), "contention" or "emulator"."""
     if not client["saturated"]:
         return
-    assert client["steal_max"] >= NOISY_STEAL and client["cause"] in ("contention", "host", "emulator"), client
+    assert client["cause"] == "host" or (client["steal_max"] >= NOISY_STEAL
+                                         and client["cause"] in ("contention", "emulator")), client
 
 
 def waited_behind(logs: list[dict], protected: str = "interactive", other: str = "batch") -> list[int]:
