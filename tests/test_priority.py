@@ -81,8 +81,9 @@ def test_a_side_too_small_or_no_other_class_is_not_judged():
     assert check.detail == "cannot judge: no class protected (--protect NAME)"
 
 
-def _mixed(tmp_path, emulator_factory, policy: str) -> dict:
-    """mixed.py against an emulator that runs one sequence at a time under ``policy``: the verdict of its run."""
+def _mixed(tmp_path, emulator_factory, policy: str) -> tuple[dict, list[dict]]:
+    """mixed.py against an emulator that runs one sequence at a time under ``policy``: the verdict of its run, and
+    its requests."""
     emu = emulator_factory("--profile", "cpu-tiny", "--max-num-seqs", "1", "--scheduling-policy", policy)
     run_dir = tmp_path / policy
     res = run_in_process(["-f", str(ROOT / "locustfiles/mixed.py"), "--headless", "-u", "4", "-r", "4", "-t", "11s",
