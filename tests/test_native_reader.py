@@ -186,10 +186,11 @@ def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_process_
     assert max(e2e_errors) < 0.010, sorted(e2e_errors)[-5:]
     if reader == "native":
         # every gap reads 10 ms: off by a packet's trip through loopback (p99), and at most by the
-        # emulator being descheduled between its write and its truth stamp (max)
+        # emulator being descheduled between its write and its truth stamp (max: 14.5 ms once for one gap of 232
+        # on this VM, p99 under 1 ms in that run; the failure this guards reads 0 and ~50 ms, and shares stamps)
         assert shared == 0
         assert statistics.quantiles(errors, n=100)[98] < 0.001, sorted(errors)[-10:]
-        assert max(errors) < 0.005, sorted(errors)[-10:]
+        assert max(errors) < 0.025, sorted(errors)[-10:]
     else:
         # the fallback reads when the loop gets round to it: the chunks that queued during a block
         # coalesce into one kernel segment, and the gaps read 0 and ~50 ms (what the native reader fixes)
