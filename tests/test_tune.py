@@ -136,6 +136,7 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
     (["--serve", "x --port {port} --seqs {seqs}", "--grid", "max_num_seqs=2", "--slo", "ttft.p99<=1s"],
      "--serve uses {seqs}"),
     (["--host", "http://127.0.0.1:9"], "give the SLOs"),
+    (["--host", "http://127.0.0.1:9", "--slo", " "], "give the SLOs"),
     (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--grid", "nonsense"], "is not NAME=V1,V2"),
     (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--search-tolerance", "150%"], "--search-tolerance"),
     (["--host", "http://127.0.0.1:9", "--slo", "ttft.p99<=1s", "--repeat", "0"], "--repeat must be 1 or more"),

@@ -101,10 +101,10 @@ def slug(params: dict) -> str:
 def tune(args: argparse.Namespace, locust_args: list[str]) -> int:
     if not args.serve and not args.host:
         raise UsageError("give --serve 'CMD … {port} …' (a server per configuration) or --host URL (one running server)")
-    if not args.slo:
-        raise UsageError("give the SLOs the capacity is judged by: --slo 'ttft.p99<=2s' (repeatable, or a file)")
     recipe = parse_recipe(args.recipe)
-    slos = [s.text for s in parse_slo_option(with_recipe(recipe, args.slo))]
+    slos = [s.text for s in parse_slo_option(with_recipe(recipe, args.slo))] if args.slo else []
+    if not slos:  # none given, or a file or value that holds none
+        raise UsageError("give the SLOs the capacity is judged by: --slo 'ttft.p99<=2s' (repeatable, or a file)")
     tol_text = args.search_tolerance.strip().rstrip("%")
     try:
         tolerance = float(tol_text) / (100 if args.search_tolerance.strip().endswith("%") else 1)

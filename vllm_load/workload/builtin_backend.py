@@ -6,7 +6,7 @@ transformers that cost 2.3 s of CPU each on this project's 2-core host: 1.1 s to
 import structure reads the 3,344 files of ``transformers/models``), 0.8 s more when ``AutoTokenizer`` imports
 ``transformers.models`` (the same scan again) and 0.4 s converting the SentencePiece model. Here it is the
 ``tokenizer.json`` converted once, when the folder is made, and a template compiled once. The ids and the rendered
-text equal transformers' (tests/test_tokenizer_builtin.py checks both against ``AutoTokenizer`` on the same folder).
+text equal transformers' (tests/test_builtin_tokenizer.py checks both against ``AutoTokenizer`` on the same folder).
 Only the built-in folder loads this way: a user's tokenizer folder goes through transformers, whose templates use
 more than this one does."""
 
