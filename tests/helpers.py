@@ -157,8 +157,9 @@ def serve_real_vllm(model: str, name: str, *flags: str, build: str = "", env: di
     generator for a module-scoped fixture: yields (url, model folder)); ``build``: the script's command that makes
     the model when it is missing."""
     folder = os.path.join(REAL_VLLM_DIR, model)
-    env = dict(os.environ, R=REAL_VLLM_DIR, PORT=str(free_port()), **(env or {}))
+    env = dict(os.environ, R=REAL_VLLM_DIR, **(env or {}))
     with one_server_starting():
+        env["PORT"] = str(free_port())  # picked once this start's turn came: a port ages while others start
         if build:
             build_real_vllm(build, os.path.join(folder, "model.safetensors"), env)
         started = subprocess.run(["bash", str(REAL_VLLM_SCRIPT), "serve", folder, name, *flags], env=env,

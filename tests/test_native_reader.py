@@ -167,18 +167,23 @@ def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_process_
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
     assert summary["client"]["readers"] == [reader]  # the run says which reader timed it
     truth = {t["id"]: t for t in map(json.loads, truth_file.read_text().splitlines())}
-    errors, shared, e2e_errors = [], 0, []
+    errors, shared, e2e_errors, gaps = [], 0, [], 0
     for r in read_log(next(run_dir.glob("requests*.jsonl"))):
         if not r["ok"]:
             continue
         offs, sent = r["chunk_offsets"], truth[r["response_id"]]["sent"]
         e2e_errors.append(abs(r["e2e"] - truth[r["response_id"]]["done"]))
         assert len(offs) == len(sent) == 30
+        gaps += 29
         # one stamp for two chunks the server wrote a gap apart is a merge; written microseconds apart (the
         # emulator descheduled, then catching up) they land together, and one stamp is their truth
-        shared += sum(1 for i in range(1, 30) if offs[i] == offs[i - 1] and sent[i] - sent[i - 1] >= 0.001)
-        errors.extend(abs((offs[i] - offs[i - 1]) - (sent[i] - sent[i - 1])) for i in range(1, 30))
-    assert len(errors) >= 29 * 8, res.stdout[-2000:]
+        merged = {i for i in range(1, 30) if offs[i] == offs[i - 1] and sent[i] - sent[i - 1] >= 0.001}
+        shared += len(merged)
+        # a merge moves its own gap (to 0) and the one before it (by the chunk's lateness): the native reader's
+        # other gaps are judged below, the merges by their count and by the run's own account of them
+        errors.extend(abs((offs[i] - offs[i - 1]) - (sent[i] - sent[i - 1])) for i in range(1, 30)
+                      if reader == "python" or not ({i, i + 1} & merged))
+    assert gaps >= 29 * 8, res.stdout[-2000:]
     # either reader ends the E2E as the [DONE] landed (its stamp), not when the 50 ms block let the loop get to it
     # (the Python reader's E2E once ran 12 ms long here; 7.7 ms at p99 at 256 streams, benchmarks/CHANGELOG.md). The
     # truth is stamped in the emulator's user space after its write: a VM that descheduled it there put one of 240
@@ -188,7 +193,10 @@ def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_process_
         # every gap reads 10 ms: off by a packet's trip through loopback (p99), and at most by the
         # emulator being descheduled between its write and its truth stamp (max: 14.5 ms once for one gap of 232
         # on this VM, p99 under 1 ms in that run; the failure this guards reads 0 and ~50 ms, and shares stamps)
-        assert shared == 0
+        # the reader thread held off its CPU past a gap merges that stream's next chunk into the kernel's segment
+        # (CI's busy host: 17 of ~250 once, each counted by the run). A reader waiting on the blocked loop would merge
+        # most gaps, four of every five chunks of a 50 ms block; the run must count every merge it made
+        assert shared <= 0.1 * gaps and shared <= summary["late_merged_gaps"], (shared, gaps, summary["client"])
         assert statistics.quantiles(errors, n=100)[98] < 0.001, sorted(errors)[-10:]
         assert max(errors) < 0.025, sorted(errors)[-10:]
     else:

@@ -332,6 +332,25 @@ def test_a_serve_program_installed_beside_this_python_is_found_off_the_path(monk
     assert render("no-such-program-here --port {port}", {}, 1)[0] == "no-such-program-here"
 
 
+def test_a_servers_port_is_free_and_outside_the_range_client_connections_take():
+    """A port handed to a server that binds it a minute later (vLLM loading) must not be one the kernel gives an
+    outgoing connection's local end meanwhile (CI: EADDRINUSE from a port bind(0) picked), and not one in use."""
+    import socket
+
+    from vllm_load.tune.server import ephemeral_low, free_port
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        ports = {free_port() for _ in range(50)}
+        assert held.getsockname()[1] not in ports
+    assert all(1024 < p < ephemeral_low() for p in ports), sorted(ports)
+    assert len(ports) > 40  # random within the range: tests side by side do not pick the same one
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
 def test_a_signal_inside_a_spawn_is_raised_once_the_child_is_held():
     """SIGTERM landing between a child's fork and its assignment lost the child (CI found the tune's sidecar
     alive after a SIGTERM): spawning() holds it until the block ends, then raises it once."""

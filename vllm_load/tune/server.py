@@ -4,6 +4,7 @@ log captured, waited for until it serves, stopped by its process group (vLLM for
 from __future__ import annotations
 
 import os
+import random
 import shlex
 import sys
 import shutil
@@ -19,10 +20,28 @@ from vllm_load.tune.children import spawning, stop_group
 
 
 def free_port() -> int:
-    """A port nothing on 127.0.0.1 listens on now (for a server that takes a port number, not 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing on this host uses now, for a server that takes a port number, not 0: picked below the kernel's
+    ephemeral range, since a server that binds a minute later (vLLM loading its model) found a port from bind(0)
+    taken by a client connection's local end (CI, with the suite's load tests beside it: EADDRINUSE)."""
+    low = ephemeral_low()
+    for _ in range(200):
+        port = random.randrange(20000, low) if low > 20100 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))  # the wildcard: taken if any address of this host uses the port
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free port below the ephemeral range")
+
+
+def ephemeral_low() -> int:
+    """Where the kernel's range of ports for outgoing connections starts (Linux; 32768 elsewhere)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def render(template: str, params: dict[str, object], port: int) -> list[str]:
