@@ -150,6 +150,33 @@ def locked(name: str, kind: int) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+@contextlib.contextmanager
+def one_of(name: str, slots: int) -> Iterator[None]:
+    """An exclusive ``flock`` on one of ``slots`` lock files ``name-0`` … : a free one if any, else (blocking) the one
+    this worker's number picks, so that at most ``slots`` holders run at once without polling."""
+    where = os.environ.get(LOCK_ENV)
+    if not where:
+        yield
+        return
+    files = [open(os.path.join(where, f"{name}-{i}"), "a") for i in range(slots)]
+    try:
+        held = None
+        for fh in files:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            held = fh
+            break
+        if held is None:
+            held = files[int("0" + os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]) % slots]
+            fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+    finally:
+        for fh in files:
+            fh.close()  # closing drops its lock
+
+
 @pytest.fixture(autouse=True)
 def _cores(request: Any) -> Any:
     """A shared lock on one file for every test, an exclusive one for a ``quiet_cores`` test: it has the machine's

@@ -169,7 +169,7 @@ def test_eight_workers_over_four_hosts_and_two_replicas_one_of_which_goes_down(t
             run_dir = tmp_path / "run"
             master = in_ns(m_ns, ["-m", "locust", "-f", "locustfiles/chat.py", "--master", "--master-bind-host", m_ip,
                                   "--master-bind-port", "5557", "--headless", "--expect-workers", "8", "-u", "16",
-                                  "-r", "16", "-t", "20s", "--host", ",".join(servers), "--output-tokens", "8",
+                                  "-r", "16", "-t", "12s", "--host", ",".join(servers), "--output-tokens", "8",
                                   "--outage-after", "1s", "--retry-backoff-max", "0.2s", "--run-dir", str(run_dir)],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             procs.append(master)

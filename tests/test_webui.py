@@ -346,7 +346,7 @@ def test_a_tab_open_through_the_stop_turns_to_the_judged_numbers_and_links_the_p
 @pytest.mark.quiet_cores  # the request rate with watchers against without: timing is the subject
 def test_a_run_watched_by_two_tabs_and_a_poller_keeps_its_rate_and_stays_trusted(tmp_path):
     """Issue 56's measure: each poll of the UI once blocked the load 2.5-3.5 s (8 users: 9.72 req/s unwatched, 6.79
-    watched by one tab, and untrustworthy). The same UI run, started from the form (8 users, 12 s), unwatched, then
+    watched by one tab, and untrustworthy). The same UI run, started from the form (8 users, 8 s), unwatched, then
     watched by two Chromium tabs open before it starts (the LLM tab and Locust's own) and a poller asking
     /stats/requests twice a second: its request rate within 5 % of the unwatched one, and trusted."""
     import gevent
@@ -371,7 +371,7 @@ def test_a_run_watched_by_two_tabs_and_a_poller_keeps_its_rate_and_stays_trusted
         try:
             for browser, tab in zip(browsers, ("/?tab=llm", "/")):
                 browser.goto(ui.base + tab, ready="document.querySelector('header p') !== null")
-            status, _h, body = request(ui.base + "/swarm", _form(user_count="8", spawn_rate="8", run_time="12s"),
+            status, _h, body = request(ui.base + "/swarm", _form(user_count="8", spawn_rate="8", run_time="8s"),
                                        {"Origin": ui.base})
             assert status == 200 and json.loads(body)["success"], body
             poller = gevent.spawn(poll) if browsers else None
