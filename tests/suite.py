@@ -9,7 +9,8 @@ timing test gets beside the others of ``pytest -n``, and the budgets (docs in RE
   limits, the console's order against Locust's own tables, exit codes of the command itself). Everything else runs
   in the test's process (``tests/helpers.run_in_process``).
 - ``quiet_cores``: the test bounds a time the client keeps (a send's lateness, a gap against the server's schedule,
-  the trust verdict on a quiet machine): under ``pytest -n`` it runs alone (the other workers wait), and it is the
+  the trust verdict on a quiet machine): under ``pytest -n`` it runs at nice 0 above the other workers' nice 19
+  (``tests/suite_priority.py``), or, where nice cannot be lowered again, alone (the other workers wait); it is the
   only kind ``tests/test_busy_suite.py`` leaves out beside its busy loops. A check on counts, ids or order never is.
 - The whole suite runs the fast selection among its slow tests (a busy host: it says the load they met); the busy
   suite, the fast selection beside a busy loop on every core, runs when named.
@@ -28,6 +29,8 @@ import time
 from typing import Any, Iterator
 
 import pytest
+
+from tests import suite_priority
 
 #: the modules whose tests are all slow (real vLLMs, swarms of processes, namespaces, capacity searches, browsers)
 SLOW_MODULES = frozenset({
@@ -60,6 +63,9 @@ def pytest_configure(config: Any) -> None:
                                        "and is left out beside busy loops")
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(LOCK_ENV, tempfile.mkdtemp(prefix="vllm-load-test-locks-"))
+        suite_priority.choose_mode()
+    elif suite_priority.by_priority():
+        suite_priority.set_nice(suite_priority.BACKGROUND, tree=False)
     config._vllm_load = {"started": time.monotonic(), "locust": 0, "locust_tests": [], "long": [], "load": [],
                          "slow": 0}
     _count_locust_processes(config)
@@ -82,18 +88,25 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
         elif _shares_a_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
             shared.add(item)
-    # the order pytest -n hands them out in (--no-loadscope-reorder keeps it, pyproject.toml): the modules sharing a
-    # server first (their tests run one after another on one worker), then the rest, then the tests that run alone
-    # (one worker, at the end, each once the others are done): the busy suite, then the quiet_cores tests
-    # (xdist's own order, biggest group first, gave the quiet group a worker at the start, idle 134 s of 200); among
-    # the rest the slow ones first, so the fast selection's seconds-long tests fill the workers' gaps at the end
-    items.sort(key=lambda item: (_alone(item), not item.nodeid.endswith(BUSY_SUITE), item not in shared,
-                                 item.get_closest_marker("slow") is None))
+    # the order pytest -n hands them out in (--no-loadscope-reorder keeps it, pyproject.toml): by priority
+    # (suite_priority.py) the quiet_cores tests first, on one worker beside the others; then the modules sharing a
+    # server (their tests run one after another on one worker), then the rest, then the tests that run alone (one
+    # worker, at the end, each once the others are done): the busy suite, then, waiting for the cores, the quiet_cores
+    # tests (xdist's own order, biggest group first, gave the quiet group a worker at the start, idle 134 s of 200);
+    # among the rest the slow ones first, so the fast selection's seconds-long tests fill the workers' gaps at the end
+    first = os.environ.get(suite_priority.MODE_ENV) == "nice"
+    items.sort(key=lambda item: (not (first and _quiet(item)), _alone(item), not item.nodeid.endswith(BUSY_SUITE),
+                                 item not in shared, item.get_closest_marker("slow") is None))
 
 
 def _alone(item: Any) -> bool:
-    """It runs with the cores to itself: a ``quiet_cores`` test, or the busy suite, whose loops take every core."""
-    return item.get_closest_marker("quiet_cores") is not None or item.nodeid.endswith(BUSY_SUITE)
+    """It runs with the cores to itself: a ``quiet_cores`` test (by priority, or alone), or the busy suite, whose
+    loops take every core."""
+    return _quiet(item) or item.nodeid.endswith(BUSY_SUITE)
+
+
+def _quiet(item: Any) -> bool:
+    return item.get_closest_marker("quiet_cores") is not None
 
 
 def _leave_the_busy_suite_out_of_the_whole(config: Any, items: list[Any]) -> None:
@@ -179,13 +192,23 @@ def one_of(name: str, slots: int) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _cores(request: Any) -> Any:
-    """A shared lock on one file for every test, an exclusive one for a ``quiet_cores`` test: it has the machine's
+    """By priority (suite_priority.py) a ``quiet_cores`` test lifts its worker and what it started above the others.
+    Else a shared lock on one file for every test, an exclusive one for a ``quiet_cores`` test: it has the machine's
     cores to itself. The others never wait for it (flock lets a shared lock in beside a waiting exclusive one), so a
     quiet test waits until no other test runs, which, the quiet tests sorted last, is the session's end. (A
     turnstile that made the others wait for a pending quiet test idled 5 workers for up to 355 s each while it
     waited for one real-vLLM test to end.)"""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
+        return
+    if suite_priority.by_priority() and _quiet(request.node):
+        # beside the others, above them: the worker and all it starts at nice 0 for the test, then back
+        with locked("room", fcntl.LOCK_SH):
+            suite_priority.set_nice(0, tree=True)
+            try:
+                yield
+            finally:
+                suite_priority.set_nice(suite_priority.BACKGROUND, tree=True)
         return
     with locked("room", fcntl.LOCK_EX if _alone(request.node) else fcntl.LOCK_SH):
         yield

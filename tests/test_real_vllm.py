@@ -369,12 +369,11 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm, trac
             p.kill()
     summary, w = the_one_outage(run_dir)
     # from the stop (a graceful one: in flight requests may still finish) to the server answering again
-    # the window starts with the first request that got no answer: sent before the stop and cut by it (the server
-    # busy on a shared CPU held one 1.4 s without its head once), or refused after it
-    first = min((r for r in logs(run_dir) if not r["ok"] and not r.get("status") and not r.get("cancelled")),
-                key=lambda r: r["start"])
+    # the window starts with the first request that failed: sent before the stop and cut by it (the server busy on a
+    # shared CPU held one 1.4 s without its head once; a vLLM shutting down may answer 500), or refused after it
+    first = min((r for r in logs(run_dir) if not r["ok"] and not r.get("cancelled")), key=lambda r: r["start"])
     assert first["start"] + first["e2e"] >= stopping - 0.1, (first, stopping)  # it failed as the stop began, or after
-    assert abs(w["start"] - first["start"]) <= 0.1 and w["start"] <= stopped + 1.0, (w, first, stopping, stopped)
+    assert w["start"] <= first["start"] < w["start"] + 0.1 and w["start"] <= stopped + 1.0, (w, first, stopping)
     assert abs(w["end"] - back) < 1.5, (w, back)
     # the backoff bound at a 0.5 s cap, on what is backed off: connection-level failures (a vLLM shutting down
     # once answered 500 in ~1 ms for 30 s on a kept-alive connection; answers are not backed off)

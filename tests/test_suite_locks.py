@@ -67,3 +67,42 @@ def test_without_the_sessions_lock_folder_nothing_is_locked(monkeypatch):
 
 if __name__ == "__main__":
     pytest.main([__file__])
+
+
+def test_a_nice_set_reaches_every_thread_of_the_process_and_every_process_it_started():
+    """A quiet test lifts (and lowers back) its worker's threads, those started before it too, and its children's
+    children: raised here (which needs no privilege), in a process of its own."""
+    code = """
+import os, subprocess, threading, time
+from tests.suite_priority import set_nice
+stop = threading.Event()
+t = threading.Thread(target=stop.wait)  # started before the change: its own nice is its own
+t.start()
+kid = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+import psutil
+while not psutil.Process(kid.pid).children():
+    time.sleep(0.01)
+set_nice(7, tree=True)
+nices = [os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")]
+kids = [p.nice() for p in psutil.Process().children(recursive=True)]
+print(sorted(set(nices)), sorted(set(kids)), len(kids))
+stop.set()
+for p in psutil.Process().children(recursive=True):
+    p.kill()
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("] [")[0] == "[7" and out.stdout.strip().endswith("[7] 2"), out.stdout
+
+
+def test_the_session_lifts_quiet_tests_only_where_it_may_lower_them_again(monkeypatch):
+    from tests import suite_priority
+
+    monkeypatch.delenv(suite_priority.MODE_ENV, raising=False)
+    assert suite_priority.choose_mode() == ("nice" if suite_priority.can_lift() else "wait")
+    monkeypatch.setenv(suite_priority.MODE_ENV, "wait")  # the user's choice wins
+    assert suite_priority.choose_mode() == "wait"
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    assert not suite_priority.by_priority()
+    monkeypatch.setenv(suite_priority.MODE_ENV, "nice")
+    assert suite_priority.by_priority()
