@@ -9,8 +9,8 @@ timing test gets beside the others of ``pytest -n``, and the budgets (docs in RE
   limits, the console's order against Locust's own tables, exit codes of the command itself). Everything else runs
   in the test's process (``tests/helpers.run_in_process``).
 - ``quiet_cores``: the test bounds a time the client keeps (a send's lateness, a gap against the server's schedule,
-  the trust verdict on a quiet machine): under ``pytest -n`` it runs at nice 0 above the other workers' nice 19
-  (``tests/suite_priority.py``), or, where nice cannot be lowered again, alone (the other workers wait); it is the
+  the trust verdict on a quiet machine): under ``pytest -n`` it runs in a CPU cgroup above the other workers'
+  (``tests/suite_priority.py``), or, where the session cannot make one, alone (the other workers wait); it is the
   only kind ``tests/test_busy_suite.py`` leaves out beside its busy loops. A check on counts, ids or order never is.
 - The whole suite runs the fast selection among its slow tests (a busy host: it says the load they met); the busy
   suite, the fast selection beside a busy loop on every core, runs when named.
@@ -20,6 +20,7 @@ timing test gets beside the others of ``pytest -n``, and the budgets (docs in RE
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -63,9 +64,8 @@ def pytest_configure(config: Any) -> None:
                                        "and is left out beside busy loops")
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault(LOCK_ENV, tempfile.mkdtemp(prefix="vllm-load-test-locks-"))
-        suite_priority.choose_mode()
-    elif suite_priority.by_priority():
-        suite_priority.set_nice(suite_priority.BACKGROUND, tree=False)
+        if getattr(config.option, "numprocesses", None) and suite_priority.choose_mode().startswith("cgroup:"):
+            atexit.register(suite_priority.remove)
     config._vllm_load = {"started": time.monotonic(), "locust": 0, "locust_tests": [], "long": [], "load": [],
                          "slow": 0}
     _count_locust_processes(config)
@@ -94,7 +94,7 @@ def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
     # worker, at the end, each once the others are done): the busy suite, then, waiting for the cores, the quiet_cores
     # tests (xdist's own order, biggest group first, gave the quiet group a worker at the start, idle 134 s of 200);
     # among the rest the slow ones first, so the fast selection's seconds-long tests fill the workers' gaps at the end
-    first = os.environ.get(suite_priority.MODE_ENV) == "nice"
+    first = suite_priority.base_dir() is not None
     items.sort(key=lambda item: (not (first and _quiet(item)), _alone(item), not item.nodeid.endswith(BUSY_SUITE),
                                  item not in shared, item.get_closest_marker("slow") is None))
 
@@ -192,7 +192,7 @@ def one_of(name: str, slots: int) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _cores(request: Any) -> Any:
-    """By priority (suite_priority.py) a ``quiet_cores`` test lifts its worker and what it started above the others.
+    """By priority (suite_priority.py) a ``quiet_cores`` test moves its worker and what it started above the others.
     Else a shared lock on one file for every test, an exclusive one for a ``quiet_cores`` test: it has the machine's
     cores to itself. The others never wait for it (flock lets a shared lock in beside a waiting exclusive one), so a
     quiet test waits until no other test runs, which, the quiet tests sorted last, is the session's end. (A
@@ -202,13 +202,13 @@ def _cores(request: Any) -> Any:
         yield
         return
     if suite_priority.by_priority() and _quiet(request.node):
-        # beside the others, above them: the worker and all it starts at nice 0 for the test, then back
+        # beside the others, above them: the worker and all it starts in the quiet group for the test, then back
         with locked("room", fcntl.LOCK_SH):
-            suite_priority.set_nice(0, tree=True)
+            suite_priority.move(suite_priority.tree(), "quiet")
             try:
                 yield
             finally:
-                suite_priority.set_nice(suite_priority.BACKGROUND, tree=True)
+                suite_priority.move(suite_priority.tree(), "background")
         return
     with locked("room", fcntl.LOCK_EX if _alone(request.node) else fcntl.LOCK_SH):
         yield

@@ -1,61 +1,105 @@
-"""How a ``quiet_cores`` test gets the cores under ``pytest -n``: by priority where the session may give it, else by
-waiting for the others to finish (tests/suite.py).
+"""How a ``quiet_cores`` test gets the cores under ``pytest -n``: by a CPU cgroup of its own where the session may
+make one, else by waiting for the others to finish (tests/suite.py).
 
-With CAP_SYS_NICE (root on CI's VM and here) every worker runs its tests at nice 19, and a quiet test lifts its worker
-and every process it started to nice 0 for its duration: the scheduler gives it a core whenever it wants one (a nice-0
-task weighs 1024 to a nice-19 one's 15, and the native reader runs SCHED_FIFO above both), so the quiet tests run from
-the session's start beside the others instead of one at a time after them. That tail was 368-414 s of a 1,175-1,285 s
-session at a quarter of the cores' use. Without the capability a lifted nice could not come down again: the quiet tests
-then wait, as before, until no other test runs (``VLLM_LOAD_TEST_QUIET=wait`` forces that)."""
+As root with cgroup v1's ``cpu`` controller (CI's VM and here), the controller makes two groups: every worker runs in
+``background`` (cpu.shares 2), and a quiet test moves its worker and every process it started to ``quiet`` (cpu.shares
+1024, what the machine's own processes have) for its duration: whenever it wants a core it gets one, so the quiet tests
+run from the session's start beside the others instead of one at a time after them (that tail was 368-414 s of a
+1,175-1,285 s session, at a quarter of the cores' use). A group, not nice: a process that starts a session of its own
+(vLLM's fixture script, Locust's processes, Chromium) leaves its parent's nice behind in an autogroup of its own, and
+beside nice-19 workers the quiet tests still waited 457-601 ms a second for a CPU; a cgroup is inherited by every
+descendant. Elsewhere the quiet tests wait, as before, until no other test runs (``VLLM_LOAD_TEST_QUIET=wait`` forces
+that)."""
 
 from __future__ import annotations
 
 import os
 
-#: the nice of every test but a quiet one, and of what it starts
-BACKGROUND = 19
-#: how the quiet tests get their cores: "nice" or "wait" (the controller decides, its workers inherit it)
+#: how the quiet tests get their cores: "cgroup:DIR" or "wait" (the controller decides once, its workers inherit it)
 MODE_ENV = "VLLM_LOAD_TEST_QUIET"
-CAP_SYS_NICE = 23
-
-
-def can_lift() -> bool:
-    """CAP_SYS_NICE in this process's effective set: a nice raised can be lowered again."""
-    try:
-        with open("/proc/self/status") as f:
-            caps = next(line for line in f if line.startswith("CapEff:")).split()[1]
-        return bool(int(caps, 16) >> CAP_SYS_NICE & 1)
-    except (OSError, StopIteration, ValueError):
-        return False
+CPU_V1 = "/sys/fs/cgroup/cpu"
+#: the shares of the two groups (cgroup v1's cpu.shares: 2 is its least, 1024 every other process's)
+SHARES = {"background": 2, "quiet": 1024}
 
 
 def choose_mode() -> str:
-    """The session's mode, decided once in the controller (a value the user set wins)."""
-    mode = os.environ.get(MODE_ENV) or ("nice" if can_lift() else "wait")
+    """The session's mode, decided once in the controller (a value the user set wins), its groups made; the
+    controller itself moves to ``background``, and the workers it starts are born there."""
+    mode = os.environ.get(MODE_ENV) or _make_groups()
     os.environ[MODE_ENV] = mode
+    if mode.startswith("cgroup:"):
+        move([os.getpid()], "background")
     return mode
 
 
+def _make_groups() -> str:
+    base = os.path.join(CPU_V1, f"vllm-load-tests-{os.getpid()}")
+    try:
+        for name, shares in SHARES.items():
+            os.makedirs(os.path.join(base, name), exist_ok=True)
+            with open(os.path.join(base, name, "cpu.shares"), "w") as f:
+                f.write(str(shares))
+    except OSError:  # not root, no cgroup v1 cpu controller (a cgroup v2 host), a read-only /sys
+        remove(base)
+        return "wait"
+    return f"cgroup:{base}"
+
+
+def base_dir() -> str | None:
+    mode = os.environ.get(MODE_ENV, "")
+    return mode.split(":", 1)[1] if mode.startswith("cgroup:") else None
+
+
 def by_priority() -> bool:
-    """Quiet tests get their cores by priority in this session (a worker of ``pytest -n`` under the "nice" mode)."""
-    return bool(os.environ.get("PYTEST_XDIST_WORKER")) and os.environ.get(MODE_ENV) == "nice"
+    """Quiet tests get their cores by their group in this session (a worker of ``pytest -n``)."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER")) and base_dir() is not None
 
 
-def set_nice(value: int, tree: bool) -> None:
-    """Every thread of this process (Linux's nice is a thread's; the ones started later inherit it from their
-    starter) and, with ``tree``, of every process it started, to ``value``."""
-    pids = [os.getpid()]
-    if tree:
-        import psutil
+def tree() -> list[int]:
+    """This process and every process it started (their children's children too)."""
+    import psutil
 
-        pids += [p.pid for p in psutil.Process().children(recursive=True)]
-    for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue  # gone meanwhile
-        for tid in tids:
+    return [os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))]
+
+
+def move(pids: list[int], group: str) -> None:
+    """Each process (all its threads) into ``group`` of the session's."""
+    base = base_dir()
+    if base is None:
+        return
+    with open(os.path.join(base, group, "cgroup.procs"), "w") as f:
+        for pid in pids:
             try:
-                os.setpriority(os.PRIO_PROCESS, int(tid), value)
+                f.write(f"{pid}\n")
+                f.flush()
             except OSError:
                 pass  # gone meanwhile
+
+
+def remove(base: str | None = None) -> None:
+    """The session's groups, their processes (a server a test left) back in the machine's own group."""
+    base = base or base_dir()
+    if not base or not os.path.isdir(base):
+        return
+    for name in SHARES:
+        group = os.path.join(base, name)
+        try:
+            with open(os.path.join(group, "cgroup.procs")) as f:
+                pids = f.read().split()
+            with open(os.path.join(CPU_V1, "cgroup.procs"), "w") as f:
+                for pid in pids:
+                    try:
+                        f.write(f"{pid}\n")
+                        f.flush()
+                    except OSError:
+                        pass
+        except OSError:
+            pass
+        try:
+            os.rmdir(group)
+        except OSError:
+            pass
+    try:
+        os.rmdir(base)
+    except OSError:
+        pass
