@@ -77,11 +77,12 @@ def test_the_protection_verdict_differs_between_vllms_fcfs_and_priority_schedule
     # against +142 % (38 -> 93 ms)). Its p99s are latencies: compared where both runs were judged and their client
     # kept time; beside the full suite the priority run's client lagged 149 ms once (untrustworthy), its alone p99
     # 178 ms and beside 2.5 s against fcfs's 260 ms and 2.4 s, measured seconds apart: the contention's, not the
-    # policies'
+    # policies'. The penalty is each run's beside against its own alone, so the server's speed in that run cancels;
+    # their absolute p99s beside do not (1.838 s under fcfs and 1.840 s under priority once, the servers slowed by
+    # the suite's quiet tests in their turn), so they are not compared
     judged = all(p["ttft_penalty"] is not None for p in (fcfs, prio))
     if judged and fcfs_kept and prio_kept:
         assert fcfs["ttft_penalty"] > prio["ttft_penalty"] + 0.5, (fcfs, prio)
-        assert fcfs["beside"]["ttft_p99"] > prio["beside"]["ttft_p99"], (fcfs, prio)
 
 
 def _blocks(url: str) -> int:
