@@ -33,6 +33,7 @@ def choose_mode() -> str:
 
 
 def _make_groups() -> str:
+    _remove_stale()
     base = os.path.join(CPU_V1, f"vllm-load-tests-{os.getpid()}")
     try:
         for name, shares in SHARES.items():
@@ -43,6 +44,18 @@ def _make_groups() -> str:
         remove(base)
         return "wait"
     return f"cgroup:{base}"
+
+
+def _remove_stale() -> None:
+    """The groups of sessions that were killed before they removed theirs (their controller's pid is gone)."""
+    try:
+        names = os.listdir(CPU_V1)
+    except OSError:
+        return
+    for name in names:
+        pid = name.removeprefix("vllm-load-tests-")
+        if pid != name and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            remove(os.path.join(CPU_V1, name))
 
 
 def base_dir() -> str | None:

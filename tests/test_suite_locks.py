@@ -77,7 +77,13 @@ def test_a_quiet_test_moves_its_worker_and_all_it_started_to_the_quiet_group_and
 
     monkeypatch.setattr(suite_priority, "CPU_V1", str(tmp_path))
     monkeypatch.delenv(suite_priority.MODE_ENV, raising=False)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale, alive = tmp_path / f"vllm-load-tests-{gone.pid}", tmp_path / f"vllm-load-tests-{os.getppid()}"
+    stale.mkdir()
+    alive.mkdir()
     mode = suite_priority.choose_mode()
+    assert not stale.exists() and alive.exists()  # a killed session's groups go, a running one's stay
     base = tmp_path / f"vllm-load-tests-{os.getpid()}"
     assert mode == f"cgroup:{base}" and suite_priority.base_dir() == str(base)
     assert {g: (base / g / "cpu.shares").read_text() for g in ("background", "quiet")} == {"background": "2",
