@@ -273,6 +273,10 @@ def pytest_sessionfinish(session: Any, exitstatus: int) -> None:
     budget = BUDGET_S["fast" if fast else "full"]
     lines = [f"suite: {elapsed:.0f} s of its {budget} s budget ({'fast' if fast else 'full'}), "
              f"{state['locust']} Locust processes started"]
+    if getattr(session.config.option, "numprocesses", None) and not fast:
+        lines.append("suite: the quiet_cores tests ran " + (
+            f"in a CPU cgroup above the other workers ({suite_priority.base_dir()})" if suite_priority.base_dir()
+            else "last, alone (no CPU cgroup: not root, no cgroup v1 cpu controller, or VLLM_LOAD_TEST_QUIET=wait)"))
     if state["load"] and state["slow"] and not fast:
         load = sorted(state["load"])
         lines.append(f"suite: the fast selection's {len(load)} tests ran beside the slow ones at a 1-min load average "

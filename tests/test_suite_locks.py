@@ -88,7 +88,8 @@ def test_a_quiet_test_moves_its_worker_and_all_it_started_to_the_quiet_group_and
     assert mode == f"cgroup:{base}" and suite_priority.base_dir() == str(base)
     assert {g: (base / g / "cpu.shares").read_text() for g in ("background", "quiet")} == {"background": "2",
                                                                                           "quiet": "1024"}
-    assert (base / "background" / "cgroup.procs").read_text() == f"{os.getpid()}\n"  # the controller, workers born there
+    # the controller, whose workers are born there
+    assert (base / "background" / "cgroup.procs").read_text() == f"{os.getpid()}\n"
     kid = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     try:
         wait_for(lambda: len(suite_priority.tree()) == 3, timeout=30, what="the child's child")
