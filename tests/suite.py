@@ -201,16 +201,10 @@ def _cores(request: Any) -> Any:
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         yield
         return
-    if suite_priority.by_priority() and _quiet(request.node):
-        # beside the others, above them: the worker and all it starts in the quiet group for the test, then back
-        with locked("room", fcntl.LOCK_SH):
-            suite_priority.move(suite_priority.tree(), "quiet")
-            try:
-                yield
-            finally:
-                suite_priority.move(suite_priority.tree(), "background")
-        return
-    with locked("room", fcntl.LOCK_EX if _alone(request.node) else fcntl.LOCK_SH):
+    # by priority a quiet test runs beside the others, above them; else alone
+    lift = suite_priority.by_priority() and _quiet(request.node)
+    with locked("room", fcntl.LOCK_EX if _alone(request.node) and not lift else fcntl.LOCK_SH), \
+            (suite_priority.lifted() if lift else contextlib.nullcontext()):
         yield
 
 

@@ -13,7 +13,9 @@ that)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 #: how the quiet tests get their cores: "cgroup:DIR" or "wait" (the controller decides once, its workers inherit it)
 MODE_ENV = "VLLM_LOAD_TEST_QUIET"
@@ -75,18 +77,32 @@ def tree() -> list[int]:
     return [os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))]
 
 
+@contextlib.contextmanager
+def lifted() -> Iterator[None]:
+    """This worker and every process it started in ``quiet`` while a test runs, then back in ``background``."""
+    move(tree(), "quiet")
+    try:
+        yield
+    finally:
+        move(tree(), "background")
+
+
 def move(pids: list[int], group: str) -> None:
     """Each process (all its threads) into ``group`` of the session's."""
     base = base_dir()
-    if base is None:
-        return
-    with open(os.path.join(base, group, "cgroup.procs"), "w") as f:
+    if base is not None:
+        _write_pids(os.path.join(base, group), pids)
+
+
+def _write_pids(group: str, pids: list[str] | list[int]) -> None:
+    """Into a cgroup, one write each: a process gone meanwhile fails its own write alone."""
+    with open(os.path.join(group, "cgroup.procs"), "w") as f:
         for pid in pids:
             try:
                 f.write(f"{pid}\n")
                 f.flush()
             except OSError:
-                pass  # gone meanwhile
+                pass
 
 
 def remove(base: str | None = None) -> None:
@@ -98,14 +114,7 @@ def remove(base: str | None = None) -> None:
         group = os.path.join(base, name)
         try:
             with open(os.path.join(group, "cgroup.procs")) as f:
-                pids = f.read().split()
-            with open(os.path.join(CPU_V1, "cgroup.procs"), "w") as f:
-                for pid in pids:
-                    try:
-                        f.write(f"{pid}\n")
-                        f.flush()
-                    except OSError:
-                        pass
+                _write_pids(CPU_V1, f.read().split())
         except OSError:
             pass
         try:

@@ -1,4 +1,5 @@
-"""The suite's own locks (tests/suite.py): what keeps real servers from starting more than two at once."""
+"""The suite's own means (tests/suite.py, tests/suite_priority.py): what keeps real servers from starting more than two
+at once, and the CPU groups that put a quiet test above the others."""
 
 from __future__ import annotations
 
@@ -6,8 +7,6 @@ import fcntl
 import os
 import subprocess
 import sys
-
-import pytest
 
 from tests.helpers import ROOT, wait_for
 from tests.suite import LOCK_ENV, one_of
@@ -64,10 +63,6 @@ def test_without_the_sessions_lock_folder_nothing_is_locked(monkeypatch):
     monkeypatch.delenv(LOCK_ENV, raising=False)
     with one_of("start", 2), one_of("start", 2), one_of("start", 2):
         pass
-
-
-if __name__ == "__main__":
-    pytest.main([__file__])
 
 
 def test_a_quiet_test_moves_its_worker_and_all_it_started_to_the_quiet_group_and_back(tmp_path, monkeypatch):
