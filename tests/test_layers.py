@@ -64,7 +64,8 @@ def test_each_c_extension_has_a_stub_that_matches_it():
 #: the packages from the bottom up: a module imports from its own package or one listed before it, never after
 #: (``report`` once imported the plugin's options, which now sit at the bottom; ``runtime`` holds what a load
 #: process runs on besides Locust, and the sidecar and ``tune`` import it rather than the plugin)
-LAYERS = (("errors", "redact", "lifeline", "option_spec", "emulator_options", "options", "option_docs", "metric_table"), ("workload",), ("client",), ("runtime",),
+LAYERS = (("errors", "check", "redact", "lifeline", "option_spec", "feature_spec", "features", "emulator_options", "options",
+           "option_docs", "metric_table"), ("workload",), ("client",), ("runtime",),
           ("metrics",), ("rundir",), ("report",), ("plugin",), ("locustfiles", "tune"), ("cli", "__init__"),
           ("testing",))
 
@@ -275,7 +276,8 @@ def test_each_option_is_defined_once_with_its_group():
     groups' flags had to be kept equal by hand), and the listings read the groups from the options."""
     from vllm_load.options import GROUPS, OPTIONS
 
-    source = (PKG / "options.py").read_text() + (PKG / "emulator_options.py").read_text()
+    source = (PKG / "options.py").read_text() + (PKG / "emulator_options.py").read_text() + "".join(
+        p.read_text() for p in (PKG / "features").glob("*.py"))  # a feature's rows are in its own module
     assert [o.flag for o in OPTIONS if source.count(f'"{o.flag}"') != 1] == []
     assert all(o.group for o in OPTIONS)
     assert [f for flags in GROUPS.values() for f in flags] == [o.flag for o in OPTIONS]

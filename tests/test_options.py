@@ -28,6 +28,7 @@ def test_the_docs_table_is_the_registrys_as_vllm_load_options_markdown_writes_it
     from vllm_load.option_docs import MARKDOWN_BEGIN, MARKDOWN_END, markdown
 
     text = (ROOT / "docs" / "options.md").read_text()
+    assert text.count(MARKDOWN_BEGIN) == text.count(MARKDOWN_END) == 1  # it once ended with its end marker 4 times
     generated = text[text.index(MARKDOWN_BEGIN):text.index(MARKDOWN_END) + len(MARKDOWN_END)]
     assert cli_main(["options", "--markdown"]) == 0
     assert capsys.readouterr().out.rstrip("\n") == markdown() == generated

@@ -93,10 +93,16 @@ def test_a_signal_to_the_whole_process_group_ends_the_run_as_one_to_locust_does(
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
-    assert p.returncode == 0, out[-2000:] + err[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())["summary"]
+    # cut short of its -t 120s: a gate reads "interrupted" (exit 7), in every output
+    assert p.returncode == 7, out[-2000:] + err[-3000:]
+    data = json.loads((run_dir / "summary.json").read_text())
+    summary = data["summary"]
     assert summary["requests"] == len(logs(run_dir)) >= 10 and summary["failed"] == 0, (summary["requests"],
                                                                                         summary["failed"])
+    assert data["interrupted"] is True and data["exit_code"] == 7
+    assert summary["features"]["interrupted"]["by"] == sig.name and summary["features"]["interrupted"]["asked"] == "-t 120s"
+    assert f"INTERRUPTED: {sig.name} ended the run at" in out and "(exit code 7)" in out
+    assert "INTERRUPTED" in (run_dir / "summary.md").read_text() and "INTERRUPTED" in (run_dir / "report.html").read_text()
     assert "Traceback" not in err, err[-3000:]
 
 
@@ -132,7 +138,7 @@ def test_a_second_ctrl_c_cuts_the_drain_and_still_writes_the_summary(tmp_path, e
     cut = [r for r in logs(run_dir) if r.get("cancelled")]
     assert summary["requests"] == len(logs(run_dir)) and summary["failed"] == len(cut) >= 1, (summary["failed"],
                                                                                               len(cut))
-    assert p.returncode == 1, "".join(said)[-2000:] + out[-2000:]
+    assert p.returncode == 7, "".join(said)[-2000:] + out[-2000:]  # interrupted comes first (its cut requests failed)
 
 
 def _running(url: str) -> float:
@@ -187,7 +193,8 @@ def test_ctrl_c_stops_the_run_where_the_main_greenlet_waits_not_in_the_middle_of
     mark = tmp_path / "mark"
     run_dir = tmp_path / "run"
     p = locust(["-f", str(tmp_path / "busy.py"), "--headless", "-u", "2", "-r", "2", "-t", "120s", "--host", emu.url,
-                "--output-tokens", "8", "--run-dir", str(run_dir), "--allow-untrustworthy"],  # the busy stretch lags
+                "--output-tokens", "8", "--run-dir", str(run_dir), "--allow-untrustworthy",  # the busy stretch lags
+                "--allow-interrupted"],  # the signal is how this run ends
                tmp_path, BUSY_MARK=str(mark))
     try:
         wait_for(lambda: mark.exists() and mark.read_text() == "busy\n", what="the busy stretch")
@@ -250,7 +257,7 @@ def _swarm(tmp_path: Path, emulator_factory: Any, run_dir: Path, expect: int, *e
 
 def test_worker_killed_mid_run_the_master_goes_on_and_says_so(tmp_path, emulator_factory):
     run_dir = tmp_path / "run"
-    master, worker = _swarm(tmp_path, emulator_factory, run_dir, 2, "--drain-timeout", "60")
+    master, worker = _swarm(tmp_path, emulator_factory, run_dir, 2, "--drain-timeout", "60", "--allow-interrupted")
     workers = [worker(), worker()]
     try:
         wait_for(lambda: len(log_files(run_dir, "requests-*.jsonl")) == 2
@@ -298,7 +305,7 @@ def test_a_worker_joining_mid_run_gets_users_and_its_numbers_merge_exactly(tmp_p
     # the joiner starts (tokenizer, pools: CPU) on the 2 cores the running worker times its streams on; the verdict
     # may rightly call that untrustworthy (1 run in 8 here: a 79 ms loop lag). Joins in a real swarm come on
     # machines of their own; what this test checks is the merge
-    master, worker = _swarm(tmp_path, emulator_factory, run_dir, 1, "--allow-untrustworthy")
+    master, worker = _swarm(tmp_path, emulator_factory, run_dir, 1, "--allow-untrustworthy", "--allow-interrupted")
     workers = [worker()]
     try:
         wait_for(lambda: [f for f in log_files(run_dir, "requests-*.jsonl") if read_log(f)], what="the first worker")

@@ -7,7 +7,8 @@ import sys
 #: Exit codes, documented in docs/gates.md: 0 pass, 1 requests failed, 2 bad input, 3 SLO missed,
 #: 4 the run is invalid (it measured nothing, or prompts of other lengths than asked), 5 the run is
 #: untrustworthy (the load generator could not keep time, or lost a worker) unless --allow-untrustworthy, 6 the run's files
-#: could not be written (disk full, permissions): the verdict was printed, the run directory is incomplete.
+#: could not be written (disk full, permissions): the verdict was printed, the run directory is incomplete; 7 the run
+#: was interrupted (a signal ended it before its -t or --num-requests; features/interrupted.py).
 EXIT_OK = 0
 EXIT_ERRORS = 1
 EXIT_BAD_INPUT = 2
@@ -15,6 +16,7 @@ EXIT_SLO_MISS = 3
 EXIT_INVALID = 4
 EXIT_UNTRUSTWORTHY = 5
 EXIT_OUTPUT = 6
+EXIT_INTERRUPTED = 7
 
 
 class OutputError(Exception):

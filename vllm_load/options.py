@@ -13,9 +13,10 @@ import os
 from typing import Any
 
 from vllm_load.emulator_options import EMULATOR_OPTIONS
+from vllm_load.features import FEATURES
 from vllm_load.option_spec import Option, group
 
-OPTIONS: tuple[Option, ...] = (*group(
+_DECLARED: tuple[Option, ...] = (*group(
     "target",
     Option("--model", "", "model to request (default: the server's first /v1/models id); several, comma-separated "
         "(a base model and its LoRA adapters): requests rotate over them, or take each its share with weights "
@@ -311,7 +312,10 @@ OPTIONS: tuple[Option, ...] = (*group(
     Option("--dcgm-selector", "", "GPU telemetry through --prometheus-url (instead of --dcgm-url): the label selector "
         "of the serving GPUs' DCGM_FI_DEV_* series, read over the run's window at its end, e.g. "
         "'{Hostname=\"gpu-node-1\"}' ('{}': every GPU that Prometheus has)"),
-), *EMULATOR_OPTIONS)
+), *EMULATOR_OPTIONS, *(o for f in FEATURES for o in f.options))  # each feature's rows, in its own module
+#: every option, group by group (a feature's rows join their group where it stands)
+_GROUP_ORDER = {name: i for i, name in enumerate(dict.fromkeys(o.group for o in _DECLARED))}
+OPTIONS: tuple[Option, ...] = tuple(sorted(_DECLARED, key=lambda o: _GROUP_ORDER[o.group]))
 
 
 #: `vllm-load options` groups, in the order it prints them: each option's group, as its definition says

@@ -1,4 +1,6 @@
-"""What may be written or shown of a URL: never its ``user:password@`` (those go to that host only).
+"""What may be written or shown of a URL: never its ``user:password@`` (those go to that host only); of a secret
+(the API key, a credential header, a token): nothing, wherever a server or a command echoed it; of a peer's text:
+no control character that a terminal would act on.
 
 One pass over everything the run writes (``RunDir.write``) and the lines it prints about a destination, so no
 file, page, log line or tracker carries credentials given inside ``--mlflow-uri``, ``--sidecar-url``,
@@ -14,9 +16,41 @@ from typing import Any
 _CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@,'\"<>]+@")
 
 
+#: the secrets this process holds (``add_secret``): masked in every text that goes through ``redact_urls``
+_SECRETS: set[str] = set()
+#: what a secret becomes
+MASK = "***"
+#: shorter values are not masked: "abc" would blank every word that holds it, and says nothing of a real key
+MIN_SECRET = 6
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def add_secret(value: str | None) -> None:
+    """This process holds ``value`` (an API key, a header's credential, a token): no text it writes or prints
+    through ``redact_urls`` carries it from now on, whoever echoed it (a server's 401 text, a gateway's 500)."""
+    if value and len(value) >= MIN_SECRET:
+        _SECRETS.add(value)
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with every secret of ``add_secret`` replaced by ``MASK`` (the longest first: one inside another)."""
+    for secret in sorted(_SECRETS, key=len, reverse=True) if _SECRETS else ():
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text
+
+
 def redact_urls(text: str) -> str:
-    """``text`` with the credentials of every URL in it removed (``http://u:p@h`` -> ``http://h``)."""
-    return _CREDENTIALS.sub(r"\1", text) if "@" in text else text
+    """``text`` with the credentials of every URL in it removed (``http://u:p@h`` -> ``http://h``) and every
+    secret this process holds masked."""
+    text = _CREDENTIALS.sub(r"\1", text) if "@" in text else text
+    return mask_secrets(text) if _SECRETS else text
+
+
+def printable(text: str) -> str:
+    """A peer's text (a worker's message, a server's error) as a terminal may show it: control characters (ANSI
+    escapes, carriage returns, bells) written as ``\\x1b``, secrets masked."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", redact_urls(str(text)))
 
 
 def redact_all(value: Any) -> Any:

@@ -17,11 +17,12 @@ from __future__ import annotations
 import operator
 import sys
 import re
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from vllm_load.check import Check  # noqa: F401  (where the SLOs' readers find it)
 from vllm_load.errors import UsageError
 from vllm_load import metric_table as table
 from vllm_load.metrics.breakdown import PARTS
@@ -215,16 +216,6 @@ def goodput_thresholds(slos: list[SLO], name: str | None = None) -> dict[str, fl
             out[s.metric] = min(out.get(s.metric, float("inf")), s.threshold)
     return out
 
-
-@dataclass
-class Check:
-    slo: str
-    value: float | None
-    passed: bool
-    detail: str
-
-    def to_json(self) -> dict:
-        return asdict(self)
 
 
 def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | None, str]:

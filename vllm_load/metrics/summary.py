@@ -125,6 +125,8 @@ class RunSummary(Mapping[str, Any]):
     prefill_curve: dict = ABSENT  # TTFT by input length and its line, when the prompts' lengths vary (metrics/curves.py)
     trace: TraceKept = ABSENT  # --trace: rows, sent, intended and achieved span (seconds)
     profiled: list[ProfiledWindow] = ABSENT  # --profile-at: each profiler window (seconds into the run)
+    #: each feature's part (``vllm_load/features/``), under its name: the summary's fields name no feature
+    features: dict[str, dict] = ABSENT
     # the rest of the run's summary
     error_examples: dict[str, str] = ABSENT  # an error kind -> the first full text seen of it
     clock: dict[str, WorkerOffset] = ABSENT  # a swarm: each worker's offset to the master's clock

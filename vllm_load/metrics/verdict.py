@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from collections.abc import Mapping
 from typing import Any
 
+from vllm_load.features import FEATURES
 from vllm_load.errors import EXIT_ERRORS, EXIT_INVALID, EXIT_OK, EXIT_SLO_MISS, EXIT_UNTRUSTWORTHY
 from vllm_load.metrics.client_health import ADVICE, emulator_finding, silent_workers
 from vllm_load.metrics.slo import SLO, Check, evaluate
@@ -15,6 +16,8 @@ from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.summary_parts import ClientVerdict
 
 PASS, FAIL = "PASS", "FAIL"
+#: the features' validity checks, by name (their lines say them; ``Verdict.invalid`` leaves them out)
+FEATURE_CHECKS = frozenset(f.check for f in FEATURES if f.check)
 
 
 def word(passed: bool) -> str:
@@ -169,8 +172,14 @@ class Verdict:
 
     @property
     def invalid(self) -> list[Check]:
-        """The failed validity checks other than trust: the run measured nothing, or the wrong prompts."""
-        return [c for c in self.validity if not c.passed and c.slo != TRUST]
+        """The failed validity checks other than trust and the features' own (each feature says its own: a run
+        stopped or interrupted): the run measured nothing, or the wrong prompts."""
+        return [c for c in self.validity if not c.passed and c.slo != TRUST and c.slo not in FEATURE_CHECKS]
+
+    @property
+    def cut(self) -> list[Check]:
+        """The features' failed checks: the run was stopped, or interrupted (each feature's lines say it)."""
+        return [c for c in self.validity if not c.passed and c.slo in FEATURE_CHECKS]
 
     @property
     def distrusted(self) -> bool:
@@ -204,15 +213,40 @@ class Verdict:
         return cls(tuple(Check(**c) for c in data.get("slo") or []), validity, int(data.get("exit_code", 0)))
 
 
+def feature_lines(summary: Mapping[str, Any], options: Mapping[str, Any] | None) -> list[str]:
+    """What each feature says of the run (console, summary.md, the report), in the registry's order."""
+    parts = RunSummary.of(summary).features or {}
+    return [line for f in FEATURES if f.name in parts for line in f.lines(parts[f.name], options or {})]
+
+
+def feature_keys(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys each feature adds at the top of summary.json (a gate reads them without reading the summary)."""
+    parts = RunSummary.of(summary).features or {}
+    return {k: v for f in FEATURES for k, v in f.json_keys(parts.get(f.name)).items()}
+
+
+def feature_checks(summary: Mapping[str, Any], options: Mapping[str, Any] | None) -> list[tuple[Check, int]]:
+    """Each feature's validity checks of the run (``vllm_load/features/``), with the exit code each gives."""
+    parts = RunSummary.of(summary).features or {}
+    return [found for f in FEATURES if f.name in parts for found in f.checks(parts[f.name], options or {})]
+
+
 def judge(summary: Mapping[str, Any], slos: list[SLO], server: dict | None = None, min_requests: int = 1,
-          allow_untrustworthy: bool = False, num_requests: int = 0, strict_load: bool = False) -> Verdict:
-    """The one place a run is judged (with the emulator's lateness added to the client's: ``judge_emulator``)."""
+          allow_untrustworthy: bool = False, num_requests: int = 0, strict_load: bool = False,
+          options: Mapping[str, Any] | None = None) -> Verdict:
+    """The one place a run is judged (with the emulator's lateness added to the client's: ``judge_emulator``). The
+    features' checks come first, and the first that failed gives its own exit code (a run stopped or interrupted
+    is that before anything else)."""
     summary = RunSummary.of(summary)
     checks = evaluate(slos, summary, server)
+    own = feature_checks(summary, options)
     validity = validity_checks(summary, slos, min_requests, num_requests, strict_load)
     summary = judge_emulator(summary, server)
     trust = trust_check(summary, allow_untrustworthy)
-    return Verdict(tuple(checks), (*validity, trust), exit_code(summary, checks, slos, validity, trust))
+    code = next((c for check, c in own if not check.passed), None)
+    if code is None:
+        code = exit_code(summary, checks, slos, validity, trust)
+    return Verdict(tuple(checks), (*(check for check, _ in own), *validity, trust), code)
 
 
 def render_checks(checks: list[Check] | tuple[Check, ...]) -> str:

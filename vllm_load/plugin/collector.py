@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import gevent.event
 
+from vllm_load.feature_spec import RunEnd
+from vllm_load.features import FEATURES
 from vllm_load.metrics.client_health import ClientHealth
 from vllm_load.metrics.client_monitor import ClientMonitor
 from vllm_load.metrics.delivered import by_segment, delivered, in_flight, in_flight_finding, schedule_finding
@@ -20,6 +22,7 @@ from vllm_load.metrics.router_counters import per_action
 from vllm_load.runtime.embedded import emulator_mode
 from vllm_load.plugin.plan import RunPlan
 from vllm_load.plugin.run_clock import MasterClock
+from vllm_load.plugin.run_timer import run_seconds
 from vllm_load.plugin.sweep import Sweep
 from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
@@ -39,6 +42,8 @@ class Collector:
     health: ClientHealth = field(default_factory=ClientHealth)
     faults: list = field(default_factory=list)  # the fault plan's actions that began (``fault_plan.run_plan``)
     stopped: str = ""  # why the run was stopped on a failure (``Run.stop_with``), '' when it was not
+    stopped_code: int = 0  # and the exit code it was stopped with
+    signal: tuple[str, float] | None = None  # the first stopping signal the process took (name, wall clock)
     router_end: dict | str | None = None  # --router-metrics: the router's counters at the run's end (or why not)
     workers_seen: set = field(default_factory=set)
     workers_lost: list = field(default_factory=list)  # workers that never sent their final report
@@ -156,9 +161,18 @@ class Collector:
             done["clock"] = self.clock.summary()
         done.update(self._kept(summary))
         done.update(self._profiled())
+        done["features"] = self._features(summary, end)
         summary = summary.replace(**done)
         self.results = summary  # the verdict is given from it even when the disk refuses the file
         return summary
+
+    def _features(self, summary: RunSummary, end: float) -> dict | None:
+        """Each feature's part of the summary (``vllm_load/features/``), from what the run knows at its end."""
+        facts = RunEnd(self.opts, self.clock.epoch or self.start_wall, end, int(summary.requests or 0),
+                       run_seconds(self.opts), 0 if self.plan.sweep_kind else int(self.plan.num_requests or 0),
+                       self.signal, self.stopped, self.stopped_code)
+        parts = {f.name: part for f in FEATURES if (part := f.summarise(facts)) is not None}
+        return parts or None
 
     def _kept(self, summary: RunSummary) -> dict:
         """What the run kept of what it was asked: a trace's schedule, a scenario's rules."""

@@ -16,7 +16,7 @@ import gevent.event
 from vllm_load.client.openai_api import auth_header, public_url
 from vllm_load.redact import redact_urls
 from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
-from vllm_load.metrics.verdict import judge, render_checks
+from vllm_load.metrics.verdict import feature_lines, judge, render_checks
 from vllm_load.plugin import interrupt
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.run import Run
@@ -43,6 +43,7 @@ class Ending:
         #: set by a second Ctrl-C or SIGTERM: the end stops waiting for requests in flight (they are cut)
         self.cut = gevent.event.Event()
         self.signals = 0  # stopping signals this process took, SIGINT and SIGTERM (``plugin/interrupt.py``)
+        self.first_signal: tuple[str, float] | None = None  # the first of them, and when (wall clock)
 
     def started(self) -> None:
         """A new run: live numbers again."""
@@ -155,6 +156,7 @@ def stopped(ctl: Controller) -> None:
     if col.profiler is not None:  # the profiled window ends with the run (the drain's requests included)
         col.profiler.stop()
     try:
+        col.signal = ctl.end.first_signal
         col.write_results(_local_monitor(run))
         _take_spans(ctl, col)
         _collect_server_side(col, opts)
@@ -184,7 +186,7 @@ def quitting(ctl: Controller) -> None:
     (``interrupt.repeated``: the second signal cuts, the third quits)."""
     end = ctl.end
     signalled = gevent.getcurrent().parent is not None  # not the main greenlet: a SIGTERM's shutdown
-    n = interrupt.noted(end) if signalled else 0
+    n = interrupt.noted(end, signal.SIGTERM) if signalled else 0
     if end.writing is None:
         end.writing = gevent.event.Event()
         try:
@@ -259,7 +261,7 @@ def _finish_unwritten(ctl: Controller, run: Run, col: Collector) -> None:
     environment = ctl.environment
     opts = environment.parsed_options
     verdict = judge(summary, list(ctl.slos), None, int(opts.min_requests), bool(opts.allow_untrustworthy),
-                    0 if col.plan.sweep_kind else col.plan.num_requests, bool(opts.strict_load))
+                    0 if col.plan.sweep_kind else col.plan.num_requests, bool(opts.strict_load), vars(opts))
     sys.stdout.write("\n" + render_table(summary, _table_title(ctl, col)) + "\n")
     if render_validity(verdict):
         sys.stdout.write(render_validity(verdict) + "\n")
@@ -276,6 +278,7 @@ def _finish(ctl: Controller, run: Run, col: Collector) -> None:
     environment = ctl.environment
     opts = environment.parsed_options
     if col.results is None:  # test_stop wrote them already, after the drain (a signal skips test_stop)
+        col.signal = ctl.end.first_signal
         col.write_results(_local_monitor(run))
     _export_otlp(col, opts)
     _take_spans(ctl, col)
@@ -287,11 +290,9 @@ def _finish(ctl: Controller, run: Run, col: Collector) -> None:
         run.generator.flush_log()  # the report reads this process's request log
     _write_sweep(col)
     built = build(col.plan.files.path, junit=opts.junit)
-    code = run.fatal_code if run.fatal else built.verdict.exit_code
+    code = built.verdict.exit_code  # a stopped or interrupted run's code is the verdict's too (vllm_load/features/)
     exceptions = sum(row["count"] for row in environment.runner.exceptions.values())
     if code == EXIT_OK and exceptions:  # Locust's own rule, which our exit code would otherwise mask
-        code = EXIT_ERRORS
-    if run.outage_stop:
         code = EXIT_ERRORS
     ctl.end.report = str(built.report)
     log_file = ctl.servers.emulator_log
@@ -309,10 +310,9 @@ def _end_lines(ctl: Controller, run: Run, col: Collector, built: Any, exceptions
     """The console's last block: the LLM table, why the run stopped or how far it can be trusted, the checks."""
     environment = ctl.environment
     lines = ["\n" + render_table(built.summary, _table_title(ctl, col), server=built.server) + "\n"]
-    stopped = run.fatal or run.outage_stop
-    if stopped:
-        lines.append(f"vllm-load: the run was stopped: {stopped}\n")
-    elif render_validity(built.verdict):
+    said = feature_lines(built.summary, vars(environment.parsed_options))  # stopped, interrupted: first
+    lines += [line + "\n" for line in said]
+    if render_validity(built.verdict):
         lines.append(render_validity(built.verdict) + "\n")
     through_client = environment.runner.stats.total.num_requests
     if not built.summary.requests and through_client:

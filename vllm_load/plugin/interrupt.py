@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 import gevent
@@ -43,13 +44,17 @@ def install() -> None:
 
 class _Count:
     signals = 0  # a process's signals before it has a controller
+    first_signal: tuple[str, float] | None = None
 
 
-def noted(counter: Any = None) -> int:
+def noted(counter: Any = None, sig: signal.Signals = signal.SIGINT) -> int:
     """One more stopping signal (SIGINT or SIGTERM) on ``counter`` (default: the controller's ``Ending``): how many
-    it has taken."""
+    it has taken. The first is kept with its time (``first_signal``): a run it ended early says it was interrupted
+    (``features/interrupted.py``)."""
     counter = counter if counter is not None else ending if ending is not None else _Count
     counter.signals += 1
+    if counter.signals == 1:
+        counter.first_signal = (sig.name, time.time())
     return counter.signals
 
 

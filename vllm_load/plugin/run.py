@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_load.errors import EXIT_BAD_INPUT
+from vllm_load.errors import EXIT_BAD_INPUT, EXIT_ERRORS
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.plan import RunPlan
@@ -37,7 +37,13 @@ class Run:
         """The run stops on a failure (``Controller.fatal``): its summary says so (a scenario's stamp reads it)."""
         self.fatal, self.fatal_code = message, code
         if self.collector is not None:
-            self.collector.stopped = message
+            self.collector.stopped, self.collector.stopped_code = message, code
+
+    def stop_on_outage(self, message: str) -> None:
+        """--stop-on-outage ends the run (exit code 1): its summary says so, as for any stop."""
+        self.outage_stop = message
+        if self.collector is not None and not self.collector.stopped:
+            self.collector.stopped, self.collector.stopped_code = message, EXIT_ERRORS
 
     def close(self) -> None:
         """Stop what runs in the background (idempotent): the next run's parts start clean."""

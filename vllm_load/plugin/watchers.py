@@ -94,7 +94,8 @@ def watch_outages(environment: Any, run: Run) -> None:
                 print(f"vllm-load: OUTAGE: {text}", flush=True)
             down[key] = text
             if key is None and stop_after and cur.seconds >= stop_after and run.outage_stop is None:
-                run.outage_stop = f"{text}: stopping the run (--stop-on-outage {environment.parsed_options.stop_on_outage})"
+                run.stop_on_outage(f"{text}: stopping the run (--stop-on-outage "
+                                   f"{environment.parsed_options.stop_on_outage})")
                 sys.stderr.write(f"vllm-load: error: {run.outage_stop}\n")
                 sys.stderr.flush()
                 end_run(environment)

@@ -43,6 +43,7 @@ from vllm_load.rundir.reqlog import read_log
 from vllm_load.report.csv_export import llm_stats_csv
 from vllm_load.report.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.slo import parse_slo_option
+from vllm_load.metrics.verdict import feature_lines
 from vllm_load.metric_table import (
     CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
 
@@ -55,12 +56,13 @@ def render_html(run: Run, verdict: Verdict) -> str:
     client = s.client or ClientVerdict()
     latency, itl_note = latency_table(s)
     changed, rest = _options_split(run.config.get("options", {}))
-    overall = ("invalid" if verdict.invalid else "untrustworthy" if not verdict.trust.passed else
+    overall = ("invalid" if verdict.invalid or verdict.cut else "untrustworthy" if not verdict.trust.passed else
                {True: "pass", False: "fail", None: "none"}[verdict.slo_passed])
     return render(
         "report.html.j2", name=run.path.name, run_id=str(run.config.get("run_id")), emulator=run.is_emulator,
         kind=run.target_kind, host=str(run.config.get("host")), model=str(run.config.get("model")), overall=overall,
         invalid=verdict.invalid, untrustworthy=verdict.untrustworthy,
+        said=[line.removeprefix("vllm-load: ") for line in feature_lines(s, run.config.get("options", {}))],
         checks=[{"slo": c.slo, "word": word(c.passed), "detail": c.detail} for c in verdict.checks],
         slo_word=word(bool(verdict.slo_passed)), exit_code=verdict.exit_code,
         summary_rows=summary_rows(s), latency_head=latency[0], latency_rows=latency[1], itl_note=itl_note,
@@ -229,7 +231,7 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     # a sweep's --num-requests is each step's (judged there); a run's is the whole run's
     asked = plan.num_requests if plan is not None and not plan.sweep_kind else 0
     verdict = finish(run.path, run.summary, slos, server, title, junit, min_requests,
-                     bool(opts.get("allow_untrustworthy")), asked, bool(opts.get("strict_load")))
+                     bool(opts.get("allow_untrustworthy")), asked, bool(opts.get("strict_load")), opts)
     rd = RunDir(run.path)
     out = rd.report
     rd.write(out, render_html(run, verdict))

@@ -8,14 +8,15 @@ from pathlib import Path
 
 from vllm_load.metrics.slo import SLO, Check
 from vllm_load.metrics.verdict import (  # noqa: F401  (the verdict's parts, where callers found them first)
-    DRIFT_LIMIT, TRUST, Verdict, exit_code, judge, judge_emulator, render_checks, trust_check, validity_checks, word)
+    DRIFT_LIMIT, FEATURE_CHECKS, TRUST, Verdict, exit_code, feature_keys, feature_lines, judge, judge_emulator,
+    render_checks, trust_check, validity_checks, word)
 from vllm_load.report.console import render_table
 from vllm_load.rundir.files import RunDir
 
 
 def render_validity(verdict: Verdict) -> str:
     """Console lines for the checks that failed (nothing when the run is valid)."""
-    failed = [c for c in verdict.validity if not c.passed]
+    failed = [c for c in verdict.validity if not c.passed and c.slo not in FEATURE_CHECKS]  # the features say theirs
     return "\n".join(f"RUN INVALID: {c.detail}" if c.slo != TRUST else _untrusted(verdict) for c in failed)
 
 
@@ -34,8 +35,12 @@ def _md(text: str) -> str:
     return html.escape(str(text), quote=False).replace("|", "\\|")
 
 
-def summary_markdown(summary: dict, verdict: Verdict, title: str, server: dict | None = None) -> str:
+def summary_markdown(summary: dict, verdict: Verdict, title: str, server: dict | None = None,
+                     options: dict | None = None) -> str:
     lines = [f"# {_md(title)}", ""]
+    said = feature_lines(summary, options)  # a run stopped or interrupted says so first
+    if said:
+        lines += [f"**{_md(line.removeprefix('vllm-load: '))}**" for line in said] + [""]
     if verdict.invalid:
         lines += ["**RUN INVALID**", ""] + [f"- {_md(c.detail)}" for c in verdict.invalid] + [""]
     if not verdict.trust.passed:
@@ -52,13 +57,14 @@ def summary_markdown(summary: dict, verdict: Verdict, title: str, server: dict |
 
 def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, title: str,
            junit_path: str = "", min_requests: int = 1, allow_untrustworthy: bool = False,
-           num_requests: int = 0, strict_load: bool = False) -> Verdict:
-    """Judge the run once and write summary.json / summary.md / junit files into ``run_dir``."""
-    verdict = judge(summary, slos, server, min_requests, allow_untrustworthy, num_requests, strict_load)
-    data = {"title": title, **verdict.to_json(), "summary": summary, "server": server}
+           num_requests: int = 0, strict_load: bool = False, options: dict | None = None) -> Verdict:
+    """Judge the run once and write summary.json / summary.md / junit files into ``run_dir`` (``options`` as
+    config.json keeps them: the features' checks read theirs)."""
+    verdict = judge(summary, slos, server, min_requests, allow_untrustworthy, num_requests, strict_load, options)
+    data = {"title": title, **verdict.to_json(), **feature_keys(summary), "summary": summary, "server": server}
     rd = RunDir(run_dir)
     rd.write(rd.summary_json, data, indent=2)
-    rd.write(rd.summary_md, summary_markdown(summary, verdict, title, server))
+    rd.write(rd.summary_md, summary_markdown(summary, verdict, title, server, options))
     # always: a gate reads junit.xml from every run, the validity checks its test cases when no SLO was given (it
     # was written only with SLOs or a failed check, and the README listed it for every run)
     xml = junit_xml(list(verdict.checks), validity=list(verdict.validity))

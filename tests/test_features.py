@@ -1,0 +1,116 @@
+"""The feature seam (``vllm_load/feature_spec.py``, ``vllm_load/features/``): each feature in one module, the hubs
+looping over the registry, and the first features judged through it (a run stopped, a run interrupted)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from vllm_load.errors import EXIT_ERRORS, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MISS
+from vllm_load.feature_spec import RunEnd
+from vllm_load.features import FEATURES
+from vllm_load.features.interrupted import CHECK as INTERRUPTED
+from vllm_load.metrics.slo import parse_slo_option
+from vllm_load.metrics.summary import RunSummary
+from vllm_load.metrics.verdict import feature_keys, feature_lines, judge
+from vllm_load.report.results import render_validity
+
+PKG = Path(__file__).resolve().parents[1] / "vllm_load"
+
+
+def _end(signal=None, asked_s=40.0, asked_n=0, requests=50, stopped="", code=0) -> RunEnd:
+    return RunEnd(Namespace(), 1000.0, 1010.0, requests, asked_s, asked_n, signal, stopped, code)
+
+
+def _summary(**features) -> RunSummary:
+    parts = {f.name: p for f in FEATURES if (p := f.summarise(features.get(f.name, _end()))) is not None}
+    return RunSummary(requests=50, succeeded=50, failed=0, usage_missing=0, input_drift_requests=0,
+                      features=parts or None)
+
+
+def test_each_feature_has_its_own_name_module_and_options():
+    names = [f.name for f in FEATURES]
+    assert len(set(names)) == len(names) and all(names)
+    modules = {type(f).__module__ for f in FEATURES}
+    assert len(modules) == len(FEATURES) and all(m.startswith("vllm_load.features.") for m in modules)
+
+
+def test_no_module_outside_the_features_imports_a_feature_module():
+    """The hubs loop over the registry (``vllm_load.features``); only the registry names a feature module."""
+    feature_modules = {p.stem for p in (PKG / "features").glob("*.py") if p.stem != "__init__"}
+    offenders = []
+    for path in PKG.rglob("*.py"):
+        if path.parent == PKG / "features":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                named = {node.module.split(".")[2]} if node.module.startswith("vllm_load.features.") else (
+                    {a.name for a in node.names} & feature_modules if node.module == "vllm_load.features" else set())
+                offenders += [f"{path.relative_to(PKG)} -> {n}" for n in named]
+    assert offenders == []
+
+
+def test_a_features_option_flags_are_written_in_its_module_only():
+    flags = {o.flag for f in FEATURES for o in f.options}
+    assert flags  # --allow-interrupted at least
+    here = {type(f).__module__.rsplit(".", 1)[1] for f in FEATURES}
+    offenders = [f"{p.relative_to(PKG)}: {flag}" for p in PKG.rglob("*.py") if p.stem not in here
+                 for flag in flags if re.search(re.escape(flag) + r"\b", p.read_text())]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("end,cut", [
+    (_end(("SIGINT", 1010.0)), True),  # 10 s of -t 40s
+    (_end(("SIGTERM", 1039.99)), False),  # -t's own stop racing the signal
+    (_end(("SIGTERM", 1045.0)), False),  # after -t
+    (_end(("SIGINT", 1010.0), asked_s=0.0), False),  # no -t, no --num-requests: a signal is how such a run ends
+    (_end(("SIGINT", 1010.0), asked_s=0.0, asked_n=100, requests=40), True),
+    (_end(("SIGINT", 1010.0), asked_s=0.0, asked_n=40, requests=40), False),
+])
+def test_a_run_is_interrupted_when_a_signal_ended_it_before_what_it_was_asked(end, cut):
+    part = next(f for f in FEATURES if f.name == "interrupted").summarise(end)
+    assert part is not None and part["interrupted"] is cut
+    summary = _summary(interrupted=end)
+    verdict = judge(summary, [], options={})
+    assert verdict.exit_code == (EXIT_INTERRUPTED if cut else EXIT_OK)
+    assert feature_keys(summary)["interrupted"] is cut
+    assert any("INTERRUPTED" in line for line in feature_lines(summary, {})) is cut
+
+
+def test_an_interrupted_run_fails_first_and_is_accepted_only_when_asked():
+    summary = _summary(interrupted=_end(("SIGINT", 1010.0))).replace(failed=3, succeeded=47)
+    slos = parse_slo_option(["ttft.p99<=1ms"])
+    verdict = judge(summary, slos, options={})
+    assert verdict.exit_code == EXIT_INTERRUPTED  # before the missed SLO and the failed requests
+    check = next(c for c in verdict.validity if c.slo == INTERRUPTED)
+    assert not check.passed and "SIGINT ended the run at 10.0 s of -t 40s" in check.detail
+    assert "RUN INVALID" not in render_validity(verdict)  # the feature says its own line
+    accepted = judge(summary, slos, options={"allow_interrupted": True})
+    assert accepted.exit_code == EXIT_SLO_MISS and "accepted with --allow-interrupted" in " ".join(
+        feature_lines(summary, {"allow_interrupted": True}))
+
+
+def test_a_stopped_run_has_the_stops_code_in_its_summary_as_its_process_exits():
+    """--stop-on-outage exited 1 while summary.json said 3 and no file said the run had been stopped."""
+    summary = _summary(stopped=_end(stopped="server unreachable since 3.0 s: stopping the run", code=EXIT_ERRORS))
+    verdict = judge(summary, parse_slo_option(["ttft.p99<=1ms"]), options={})
+    assert verdict.exit_code == EXIT_ERRORS
+    assert feature_keys(summary)["stopped"].startswith("server unreachable")
+    assert feature_lines(summary, {}) == [
+        "vllm-load: the run was stopped: server unreachable since 3.0 s: stopping the run (exit code 1)"]
+
+
+def test_a_peers_stop_reason_is_printed_without_its_control_characters():
+    summary = _summary(stopped=_end(stopped="boom\x1b[2J\x1b[31m\rforged", code=2))
+    line = feature_lines(summary, {})[0]
+    assert "\x1b" not in line and "\r" not in line and "\\x1b[2J" in line
+
+
+def test_the_parts_survive_summary_json():
+    summary = _summary(interrupted=_end(("SIGINT", 1010.0)))
+    again = RunSummary.from_json(summary.to_json())
+    assert again.features == summary.features and judge(again, [], options={}).exit_code == EXIT_INTERRUPTED

@@ -1,0 +1,9 @@
+"""The registry: every feature module of this folder, once, in the order they are judged and said
+(``feature_spec.Feature`` is the seam; the hubs loop over ``FEATURES`` and import no feature module)."""
+
+from __future__ import annotations
+
+from vllm_load.feature_spec import Feature
+from vllm_load.features import interrupted, stopped
+
+FEATURES: tuple[Feature, ...] = (stopped.FEATURE, interrupted.FEATURE)
