@@ -45,6 +45,9 @@ class Feature:
     #: the name of its validity check, if it has one (a JUnit case of class vllm_load.run); its ``lines`` say it,
     #: so the generic "RUN INVALID" lines leave it out
     check: str = ""
+    #: the modules (paths under vllm_load/) that carry out what its options ask where only another layer can (the
+    #: plugin, which alone touches Locust): they may name its flags; no hub is one
+    parts: tuple[str, ...] = ()
 
     def summarise(self, end: RunEnd) -> dict[str, Any] | None:
         """Its part of the summary (JSON-able), computed once at the run's end; None: it has nothing to say."""

@@ -14,7 +14,7 @@ import gevent.event
 from locust import events
 
 from vllm_load import options
-from vllm_load.plugin import interrupt, log_repeats, ports, roles, ui_guard
+from vllm_load.plugin import interrupt, log_repeats, ports, roles, swarm_auth, ui_guard
 from vllm_load.plugin.process import Process
 
 #: the environment's attribute that holds the AsyncResult of its process object, once its init made it
@@ -37,6 +37,7 @@ def _add_options(parser: Any, **_kw: Any) -> None:
         # terminal's process group (plugin/worker.py); a --worker host's parent waits for its children to take Ctrl-C
         options.workers_of_this_master = bool(getattr(options, "processes", 0)) and not getattr(options, "worker",
                                                                                                   False)
+        swarm_auth.settle(options)  # the swarm's keys, before any socket and before the fork
         return options
 
     parser.parse_args = parse_args

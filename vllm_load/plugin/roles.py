@@ -10,7 +10,9 @@ from typing import Any
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
-from vllm_load.plugin import run_clock, run_timer, ui_guard, wire, worker_secrets
+from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT
+from vllm_load.plugin import run_clock, run_timer, swarm_auth, ui_guard, wire, worker_secrets
+from vllm_load.redact import printable
 from vllm_load.plugin.controller import Controller
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.process import Process
@@ -64,7 +66,7 @@ class MasterProcess(Controller):
         self.on_message(run_clock.READY, self._on_ready)
         self.on_message(run_clock.REMEASURED, lambda msg: self._clock().on_remeasured(msg))
         self.on_message(wire.FLUSHED, self._on_flushed)
-        self.on_message(wire.FATAL, lambda msg: self.fatal(str(msg.data["message"]), int(msg.data["code"])))
+        self.on_message(wire.FATAL, self._on_fatal)
         self.on_message(wire.TRACE_DONE, lambda msg: self.share_done((msg.data or {}).get("step")))
 
     def _guard_role(self, opts: Any) -> None:
@@ -72,6 +74,17 @@ class MasterProcess(Controller):
         warning = ui_guard.master_warning(opts.master_bind_host, int(opts.master_bind_port))
         if warning:
             print(warning, flush=True)
+        print(swarm_auth.open_line(int(opts.master_bind_port)), flush=True)
+        swarm_auth.watch_refusals(self.environment.runner)
+
+    def _on_fatal(self, msg: Any) -> None:
+        """A worker's failure stops the run; its words are printed escaped, and the exit code is never the wire's:
+        a worker's fatal is bad input (2) or a file it could not write (6), anything else is taken as 2 (a peer sent
+        ``code: 0`` and the run exited 0)."""
+        data = msg.data if isinstance(msg.data, dict) else {}
+        code = data.get("code")
+        self.fatal(printable(str(data.get("message", "")))[:2000],
+                   code if code in (EXIT_BAD_INPUT, EXIT_OUTPUT) else EXIT_BAD_INPUT)
 
     def _master_runner(self) -> Any:
         return self.environment.runner

@@ -14,7 +14,7 @@ from locust import runners
 
 from vllm_load import lifeline
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError, die
-from vllm_load.plugin import run_clock, warmup_reset, wire, worker_secrets
+from vllm_load.plugin import run_clock, swarm_auth, warmup_reset, wire, worker_secrets
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.process import Process
 from vllm_load.plugin.run import Run
@@ -61,6 +61,9 @@ class WorkerProcess(Process):
         except UsageError as exc:
             die(str(exc))
         self.own_headers = worker_secrets.OwnHeaders(opts)
+        said = swarm_auth.worker_line()
+        if said and not getattr(opts, "workers_of_this_master", False):  # a remote worker says how it joins
+            print(said, flush=True)
         if getattr(opts, "processes", None):  # a fork of the master: it goes when the master goes, however killed
             gevent.signal_handler(signal.SIGUSR2, self._master_gone)
             lifeline.die_with_parent(os.getppid(), signal.SIGUSR2)
