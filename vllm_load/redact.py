@@ -16,6 +16,9 @@ from typing import Any
 _CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@,'\"<>]+@")
 
 
+#: a credential written inline in a command or a header: ``--token=X``, ``--api-key X``, ``Authorization: Bearer X``
+_INLINE = re.compile(r"(?i)(--[\w-]*(?:token|key|password|secret)[= ]|\bauthorization:\s*(?:bearer\s+|basic\s+)?)"
+                     r"([^\s'\"]+)")
 #: the secrets this process holds (``add_secret``): masked in every text that goes through ``redact_urls``
 _SECRETS: set[str] = set()
 #: what a secret becomes
@@ -40,10 +43,50 @@ def mask_secrets(text: str) -> str:
     return text
 
 
+def mask_bytes(data: bytes) -> bytes:
+    """``mask_secrets`` over bytes already encoded (a batch of the request log's lines)."""
+    for secret in sorted(_SECRETS, key=len, reverse=True) if _SECRETS else ():
+        raw = secret.encode()
+        if raw in data:
+            data = data.replace(raw, MASK.encode())
+    return data
+
+
+class MaskedStream:
+    """A text stream (the process's stdout or stderr) through which no secret of ``add_secret`` is written: Locust's
+    log, gevent's report of a greenlet that raised, a server's words in a line. Everything else is the stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(mask_secrets(text) if _SECRETS and isinstance(text, str) else text)
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def guard_streams() -> None:
+    """The process's own stdout and stderr (not a stream a test harness put in their place) mask the secrets."""
+    import sys
+
+    if sys.stdout is sys.__stdout__ and sys.stdout is not None:
+        sys.stdout = MaskedStream(sys.stdout)  # type: ignore[assignment]
+    if sys.stderr is sys.__stderr__ and sys.stderr is not None:
+        sys.stderr = MaskedStream(sys.stderr)  # type: ignore[assignment]
+
+
 def redact_urls(text: str) -> str:
     """``text`` with the credentials of every URL in it removed (``http://u:p@h`` -> ``http://h``) and every
     secret this process holds masked."""
     text = _CREDENTIALS.sub(r"\1", text) if "@" in text else text
+    if "-" in text or ":" in text:
+        text = _INLINE.sub(lambda m: m.group(1) + MASK, text)
     return mask_secrets(text) if _SECRETS else text
 
 

@@ -4,7 +4,8 @@ Kinds: ``500``/``503``/``429`` (HTTP error before streaming), ``drop`` (connecti
 ``malformed`` (a broken SSE line mid-stream), ``error`` (vLLM's ``data: {"error": …}`` mid-stream),
 ``stall`` (silence mid-stream for ``--stall-seconds``, longer than a client timeout), ``slow-headers``
 (the response starts only after ``--stall-seconds``), ``overrun`` (100 times the tokens asked: a server that
-ignores max_tokens).
+ignores max_tokens), ``echo`` (HTTP 500 whose text quotes the request's Authorization header: a gateway that echoes
+the client's token, which the client must never write or print).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .http import HttpError
 
-KINDS = ("500", "503", "429", "drop", "malformed", "error", "stall", "slow-headers", "overrun")
+KINDS = ("500", "503", "429", "drop", "malformed", "error", "stall", "slow-headers", "overrun", "echo")
 HEADER = "HTTP_X_EMULATOR_FAULT"  # WSGI name of the X-Emulator-Fault request header
 
 
@@ -39,7 +40,15 @@ class FaultPlan:
     retry_after: float = 0.0  # Retry-After seconds on 503/429 faults (0: no header)
 
     def pick(self, environ: dict) -> str | None:
-        """The fault for this request: the header's, else one drawn at the configured rates."""
+        """The fault for this request: the header's, else one drawn at the configured rates (``echo`` answers here,
+        where the request's headers are)."""
+        kind = self._draw(environ)
+        if kind == "echo":
+            raise HttpError(500, "upstream refused the credentials " + environ.get("HTTP_AUTHORIZATION", "(none)"),
+                            "InternalServerError")
+        return kind
+
+    def _draw(self, environ: dict) -> str | None:
         asked = environ.get(HEADER)
         if asked:
             return asked if asked in KINDS else None

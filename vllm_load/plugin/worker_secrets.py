@@ -9,15 +9,22 @@ credential headers back beside the master's others. A ``--processes`` worker is 
 
 from __future__ import annotations
 
+import argparse
+import os
 from typing import Any
 
 from vllm_load.client.openai_api import is_credential_header
 from vllm_load.errors import UsageError
+from vllm_load.redact import add_secret
 
 #: options never sent to a worker, written, logged or shown
 SECRET_OPTIONS = ("api_key", "sidecar_token", "prometheus_token", "otlp_token")
 #: where a master says how a remote worker gets the key
 WORKER_KEY_HINT = "give each worker --api-key-file, VLLM_LOAD_API_KEY or OPENAI_API_KEY (the master sends no secret)"
+
+
+#: options only the master acts on, never sent to a worker: a fault command may hold a credential (--token=…)
+MASTER_ONLY = ("fault", "fault_plan")
 
 
 def credential_headers(headers: list[str] | None) -> list[str]:
@@ -26,7 +33,7 @@ def credential_headers(headers: list[str] | None) -> list[str]:
 
 def scrub(options: dict) -> dict:
     """A spawn message's options without secrets: the secret options left out, credential headers removed."""
-    out = {k: v for k, v in options.items() if k not in SECRET_OPTIONS}
+    out = {k: v for k, v in options.items() if k not in SECRET_OPTIONS and k not in MASTER_ONLY}
     if out.get("header"):
         out["header"] = [h for h in out["header"] if h not in credential_headers(out["header"])]
     return out
@@ -53,12 +60,56 @@ def guard_spawn_messages() -> None:
 
 def read_key_file(opts: Any) -> None:
     """--api-key-file: the key, read by this process from its own file (it wins over --api-key and the
-    environment); one line and exit 2 when it cannot be read."""
+    environment); one line and exit 2 when it cannot be read. Then every secret the process holds is masked in all
+    it writes and prints (``register``)."""
     path = getattr(opts, "api_key_file", "")
     if path:
         opts.api_key = read_secret_file(path, "--api-key-file", "key")
+    register(opts)
 
 
+def register(opts: Any) -> None:
+    """The process's secrets (the key, the tokens, credential headers' values, with and without their scheme word)
+    masked wherever they would be written or printed, whoever echoed them (``redact.add_secret``)."""
+    for name in SECRET_OPTIONS:
+        add_secret(str(getattr(opts, name, "") or ""))
+    for header in credential_headers(getattr(opts, "header", None)):
+        value = str(header).partition(":")[2].strip()
+        add_secret(value)
+        add_secret(value.partition(" ")[2].strip())  # "Bearer sk-…": the token alone too
+    for var in SECRET_ENV:
+        add_secret(os.environ.get(var, ""))
+
+
+#: variables that hold a secret of this process (a fault command does not inherit them: ``fault_env``)
+SECRET_ENV = ("VLLM_LOAD_API_KEY", "OPENAI_API_KEY", "VLLM_LOAD_SIDECAR_TOKEN", "VLLM_LOAD_PROMETHEUS_TOKEN",
+              "VLLM_LOAD_OTLP_TOKEN", "VLLM_LOAD_SWARM_TOKEN")
+
+
+def fault_env() -> dict[str, str]:
+    """A fault command's environment: this process's, less its secrets (a command given the key must be given it
+    by the plan itself)."""
+    return {k: v for k, v in os.environ.items() if k not in SECRET_ENV}
+
+
+class MaskedNamespace(argparse.Namespace):
+    """Locust's parsed options, whose ``repr`` shows no secret: gevent prints a greenlet that raised with its
+    arguments (``Generator(opts=Namespace(… api_key='sk-…'))``), in clear, on the console and the CI log."""
+
+    def __repr__(self) -> str:
+        shown = {k: ("***" if k in SECRET_OPTIONS and v else
+                     [h if h not in credential_headers(v) else h.partition(":")[0] + ": ***" for h in v]
+                     if k == "header" and isinstance(v, list) else v) for k, v in vars(self).items()}
+        return f"Namespace({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+
+def mask_repr(options: Any) -> None:
+    """``options`` (argparse's or configargparse's Namespace) with ``MaskedNamespace``'s repr, its values as they
+    were (its class swapped for a subclass of its own and ``MaskedNamespace``)."""
+    if isinstance(options, MaskedNamespace) or not isinstance(options, argparse.Namespace):
+        return
+    options.__class__ = MaskedNamespace if type(options) is argparse.Namespace else type(
+        "Namespace", (MaskedNamespace, type(options)), {})
 #: the most a secret file may hold: a key, token or password is at most a few KB (``--api-key-file /dev/zero`` was
 #: read until the kernel killed the process at 23.9 GB)
 SECRET_MAX = 64 * 1024

@@ -17,6 +17,7 @@ import orjson
 
 from vllm_load.client.record import RequestRecord
 from vllm_load.errors import OutputError
+from vllm_load.redact import mask_bytes
 from vllm_load.workload.prompt_pool import token_thread
 
 
@@ -89,7 +90,7 @@ class RequestLog:
         try:
             pos = fh.tell()
             dumps, newline = orjson.dumps, orjson.OPT_APPEND_NEWLINE
-            data = memoryview(b"".join(dumps(r.to_json(), option=newline) for r in records))
+            data = memoryview(mask_bytes(b"".join(dumps(r.to_json(), option=newline) for r in records)))
             while data:  # a raw write may take part of it (a disk filling up): the rest, or the error
                 data = data[fh.write(data):]
         except Exception as exc:  # raised on the loop at the next flush
