@@ -47,7 +47,7 @@ def main() -> int:
         if loc.poll() is None:
             loc.terminate()
             loc.wait(timeout=60)
-    print(f"| minute | client RSS (MB) |\n|---|---|")
+    print("| minute | client RSS (MB) |\n|---|---|")
     for minute in range(int(args.minutes) + 1):
         near = [rss for t, rss in samples if abs(t - 60 * minute) <= 5]
         if near:

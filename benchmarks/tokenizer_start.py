@@ -74,7 +74,7 @@ def main() -> None:
     assert len(sums) == 1, f"the two backends counted differently: {sums}"
     print(f"tokenizer load in a fresh process, {a.runs} runs each (median, worst); the same counts from both: "
           f"{sums.pop():,} tokens over 2,000 chats")
-    print(f"| backend | load CPU s | render a chat us | count a chat us | transformers imported |")
+    print("| backend | load CPU s | render a chat us | count a chat us | transformers imported |")
     print("|---|---|---|---|---|")
     for b, rs in rows.items():
         def cell(k: str, fmt: str) -> str:

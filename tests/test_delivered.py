@@ -33,6 +33,10 @@ def test_the_shipped_arrivals_are_delivered_as_asked(k, processes):
     found = delivered(shipped(20.0, k, 3000, processes), 20.0, k)
     assert found is not None and found.judged and found.as_asked, found.describe()
     assert found.cv == pytest.approx(expected_cv(k), abs=found.cv_band)
+    if math.isinf(k):
+        assert found.ks_d is None  # a constant rate has no shape to test
+    else:  # the Kolmogorov-Smirnov test finds the asked gamma shape (scipy's, over the gaps' own mean)
+        assert found.ks_p is not None and found.ks_p > 1e-3 and found.ks_d < 0.05, found.describe()
 
 
 def test_per_user_gamma_processes_are_flagged_as_burstier_than_asked():
@@ -47,6 +51,7 @@ def test_per_user_gamma_processes_are_flagged_as_burstier_than_asked():
     found = delivered(sends, 20.0, 8.0)
     assert found is not None and found.as_asked is False and found.rate_ok and not found.cv_ok
     assert found.cv > 0.7 and "NOT as asked (burstiness)" in found.describe()
+    assert found.ks_p is not None and found.ks_p < 1e-6 and found.ks_d > 0.1  # the shape is not gamma(8)
 
 
 def test_a_sender_that_falls_behind_is_flagged_at_its_rate():

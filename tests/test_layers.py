@@ -281,3 +281,16 @@ def test_each_option_is_defined_once_with_its_group():
     assert [o.flag for o in OPTIONS if source.count(f'"{o.flag}"') != 1] == []
     assert all(o.group for o in OPTIONS)
     assert [f for flags in GROUPS.values() for f in flags] == [o.flag for o in OPTIONS]
+
+
+def test_the_type_checkers_let_through_list_only_names_files_that_exist():
+    """pyproject.toml's modules that mypy lets through (they had errors when it came) only shrink: a module that was
+    fixed, moved or removed leaves the list, and none is added without a file."""
+    import tomllib
+
+    config = tomllib.loads((PKG.parent / "pyproject.toml").read_text())
+    let_through = [m for o in config["tool"]["mypy"]["overrides"] if o.get("ignore_errors") for m in o["module"]]
+    root = PKG.parent
+    missing = [m for m in let_through if not (root / (m.replace(".", "/") + ".py")).exists()
+               and not (root / m.replace(".", "/") / "__init__.py").exists()]
+    assert missing == [] and len(let_through) <= 58

@@ -71,7 +71,6 @@ def test_a_users_own_image_and_audio(tmp_path):
 
 def test_images_and_clips_from_folders(tmp_path, emulator_factory):
     """--images-from / --audio-from: the files, in turn; the emulator charges each by its own size and length."""
-    import io
     import wave
 
     from PIL import Image

@@ -276,7 +276,6 @@ def test_news_is_applied_when_drained_so_a_previous_body_never_ends_the_next(mon
     # completed that request with nothing in it ("stream ended before [DONE] after 0 tokens", 1 request in 424
     # against a real vLLM).
     import gevent
-    from types import SimpleNamespace
 
     from vllm_load.client.sse import StreamState
 

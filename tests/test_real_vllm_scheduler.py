@@ -19,7 +19,6 @@ import urllib.request
 import pytest
 
 from tests.helpers import REAL_VLLM_DIR, ROOT, run_locust, serve_real_vllm, waited_behind
-from vllm_load.metrics.protection import MIN_REQUESTS
 from vllm_load.metrics.reuse import curve
 from vllm_load.rundir.reqlog import read_log
 

@@ -90,7 +90,6 @@ def test_warmup_requests_are_logged_and_left_out_of_every_number(emulator_factor
 
 
 def _run(emu, tmp_path, tag, *extra):
-    sent = tmp_path / f"sent-{tag}.jsonl"
     run_dir = tmp_path / tag
     # ended by its count: the same 24 requests each time (3 s of 12 req/s sent 16 on a busy host); at 48 req/s,
     # 0.5 s a run (the arrivals compared are the schedule's, whatever the rate)

@@ -7,7 +7,6 @@ import ssl
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from vllm_load.errors import UsageError
 from vllm_load.redact import redact_urls

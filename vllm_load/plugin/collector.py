@@ -26,7 +26,6 @@ from vllm_load.plugin.run_timer import run_seconds
 from vllm_load.plugin.sweep import Sweep
 from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
-from vllm_load.metrics.summary import metric_stats
 from vllm_load.workload.scenarios import Point, stamp
 from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.metric_table import E2E, TTFT

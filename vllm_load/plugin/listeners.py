@@ -14,8 +14,7 @@ import gevent.event
 from locust import events
 
 from vllm_load import options
-from vllm_load import redact
-from vllm_load.plugin import interrupt, log_repeats, ports, roles, swarm_auth, ui_guard, worker_secrets
+from vllm_load.plugin import interrupt, log_repeats, parsed, roles, ui_guard
 from vllm_load.plugin.process import Process
 
 #: the environment's attribute that holds the AsyncResult of its process object, once its init made it
@@ -32,17 +31,7 @@ def _add_options(parser: Any, **_kw: Any) -> None:
     parse = parser.parse_args
 
     def parse_args(*args: Any, **kw: Any) -> Any:
-        options = parse(*args, **kw)
-        ports.settle(options)  # before Locust's runner binds (or forks workers onto) the master's port
-        # decided before the fork, which makes every --processes child a worker: a master's own workers leave the
-        # terminal's process group (plugin/worker.py); a --worker host's parent waits for its children to take Ctrl-C
-        options.workers_of_this_master = bool(getattr(options, "processes", 0)) and not getattr(options, "worker",
-                                                                                                  False)
-        swarm_auth.settle(options)  # the swarm's keys, before any socket and before the fork
-        worker_secrets.mask_repr(options)  # no repr of the options shows a secret (gevent prints greenlets' args)
-        worker_secrets.register(options)
-        redact.guard_streams()  # the console masks them too: a server's words, Locust's log, a traceback
-        return options
+        return parsed.settle(parse(*args, **kw))
 
     parser.parse_args = parse_args
 

@@ -66,7 +66,7 @@ def check_host(host: str | None) -> None:
         raise UsageError(f"--host {public_url(host)!r} carries credentials (user:password@): give the key with "
                          "--api-key (or a header with --header), not in the URL")
     try:
-        parts.port
+        _ = parts.port  # urlsplit checks the port only when it is read
     except ValueError:
         raise UsageError(f"--host {host!r} has no valid port: ports are 1-65535") from None
 

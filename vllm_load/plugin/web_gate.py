@@ -150,7 +150,7 @@ def screen_swarm(form: dict[str, list[str]], shown: set[str], opts: Any, environ
         if len(values) > 1 and key not in _MULTIPLE:
             return f"the field {key!r} was given {len(values)} times: give it once"
     if "host" in form and not form["host"][0].strip():  # Locust took it, and the target check failed on it
-        return (f"Host is empty: give the server's URL, e.g. http://127.0.0.1:8000"
+        return ("Host is empty: give the server's URL, e.g. http://127.0.0.1:8000"
                 + (f" (it was {public_url(environment.host)})" if environment.host else ""))
     trial = copy.copy(opts) if opts is not None else argparse.Namespace()
     for key, values in form.items():
