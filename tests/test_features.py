@@ -125,3 +125,25 @@ def test_the_parts_survive_summary_json():
     summary = _summary(interrupted=_end(("SIGINT", 1010.0)))
     again = RunSummary.from_json(summary.to_json())
     assert again.features == summary.features and judge(again, [], options={}).exit_code == EXIT_INTERRUPTED
+
+
+def test_fault_actions_that_failed_never_ran_or_were_cut_make_the_run_invalid():
+    """A failed action exited 0; one planned after -t never ran and nothing said so."""
+    from vllm_load.errors import EXIT_INVALID
+
+    faults = ({"label": "kill at 3 s: kill -9 1", "start": 3.0, "end": 3.1, "ok": True, "late_s": 0.0},
+              {"label": "undrain at 45 s: http://r2", "start": 47.0, "end": 47.0, "ok": True, "late_s": 2.0})
+    clean = RunEnd(Namespace(), 0.0, 60.0, 50, 60.0, 0, None, "", 0, faults)
+    summary = _summary(fault_actions=clean)
+    assert judge(summary, [], options={}).exit_code == EXIT_OK
+    assert feature_lines(summary, {}) == ["vllm-load: fault plan: LATE undrain at 45 s: http://r2"]
+    broken = faults + ({"label": "exec at 5 s: false", "start": 5.0, "end": 5.0, "ok": False, "detail": "exit 1"},
+                       {"label": "start at 70 s: x", "start": None, "end": None, "ok": None,
+                        "detail": "never ran: planned after the run's end (60.0 s)"},
+                       {"label": "restart at 50 s: y", "start": 50.0, "end": None, "ok": None})
+    summary = _summary(fault_actions=RunEnd(Namespace(), 0.0, 60.0, 50, 60.0, 0, None, "", 0, broken))
+    verdict = judge(summary, [], options={})
+    assert verdict.exit_code == EXIT_INVALID
+    said = "\n".join(feature_lines(summary, {}))
+    assert "FAILED exec at 5 s: false: exit 1" in said and "planned after the run's end" in said
+    assert "restart at 50 s: y: cut by the run's end" in said and "RUN INVALID" in said

@@ -33,6 +33,7 @@ class RunEnd:
     signal: tuple[str, float] | None  # the first stopping signal the process took (name, wall clock), if any
     stopped: str  # why the run was stopped on a failure ('' when it was not)
     stopped_code: int  # and with which exit code
+    faults: tuple[dict[str, Any], ...] = ()  # the fault plan's actions as they ran (and those that never began)
 
 
 class Feature:

@@ -21,6 +21,7 @@ from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.router_counters import per_action
 from vllm_load.runtime.embedded import emulator_mode
 from vllm_load.plugin.plan import RunPlan
+from vllm_load.plugin.fault_plan import not_begun
 from vllm_load.plugin.run_clock import MasterClock
 from vllm_load.plugin.run_timer import run_seconds
 from vllm_load.plugin.sweep import Sweep
@@ -40,6 +41,7 @@ class Collector:
     sweep: Sweep | None = None  # --sweep: its steps, their windows, merged stats and verdicts
     health: ClientHealth = field(default_factory=ClientHealth)
     faults: list = field(default_factory=list)  # the fault plan's actions that began (``fault_plan.run_plan``)
+    fault_actions: list = field(default_factory=list)  # every action the plan holds (those that never began too)
     stopped: str = ""  # why the run was stopped on a failure (``Run.stop_with``), '' when it was not
     stopped_code: int = 0  # and the exit code it was stopped with
     signal: tuple[str, float] | None = None  # the first stopping signal the process took (name, wall clock)
@@ -152,24 +154,25 @@ class Collector:
                                            cap=self.plan.total_users * int(self.opts.max_concurrency))
         done["target_request_rate"] = float(self.opts.request_rate or 0.0)
         done["delivered"] = self._delivered()
-        if self.faults:  # the fault plan's actions as they ran (their start and end, wall clock)
-            done["faults"] = per_action(self.faults, self.router_end)  # with the router's doing, when read
+        if self.faults or self.fault_actions:  # the fault plan's actions as they ran (start and end, wall clock)
+            done["faults"] = per_action(self.faults, self.router_end) + not_begun(  # the router's doing, when read
+                self.fault_actions, self.faults, end - (self.clock.epoch or self.start_wall))
         if self.swarm:  # how many of its load processes got ready (the epoch waits for all)
             done["processes"], done["processes_ready"] = self.clock.expected, len(self.clock.ready)
         if self.clock.ready:  # each worker's offset to the master's clock, and its uncertainty
             done["clock"] = self.clock.summary()
         done.update(self._kept(summary))
         done.update(self._profiled())
-        done["features"] = self._features(summary, end)
+        done["features"] = self._features(summary, end, done.get("faults") or [])
         summary = summary.replace(**done)
         self.results = summary  # the verdict is given from it even when the disk refuses the file
         return summary
 
-    def _features(self, summary: RunSummary, end: float) -> dict | None:
+    def _features(self, summary: RunSummary, end: float, faults: list[dict]) -> dict | None:
         """Each feature's part of the summary (``vllm_load/features/``), from what the run knows at its end."""
         facts = RunEnd(self.opts, self.clock.epoch or self.start_wall, end, int(summary.requests or 0),
                        run_seconds(self.opts), 0 if self.plan.sweep_kind else int(self.plan.num_requests or 0),
-                       self.signal, self.stopped, self.stopped_code)
+                       self.signal, self.stopped, self.stopped_code, tuple(faults))
         parts = {f.name: part for f in FEATURES if (part := f.summarise(facts)) is not None}
         return parts or None
 

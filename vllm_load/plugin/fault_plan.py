@@ -51,6 +51,8 @@ class Action:
     at: float  # seconds from the run's start
     kind: str
     what: str
+    after: bool = False  # 'AT after previous': not before the previous action ended
+
 
     @property
     def label(self) -> str:
@@ -66,7 +68,9 @@ def parse_action(text: str, where: str = "--fault") -> Action:
     at, kind, what = m.groups()
     if kind not in KINDS:
         raise UsageError(f"{where} {text!r}: {kind!r} is no action: use one of {', '.join(KINDS)}")
-    return Action(parse_duration(at, f"{where} {text!r}: its time"), kind, what)
+    after = re.fullmatch(r"(.+?)\s+after\s+previous", at)
+    return Action(parse_duration(after.group(1) if after else at, f"{where} {text!r}: its time"), kind, what,
+                  after is not None)
 
 
 def parse_plan(faults: list[str] | None, plan_file: str = "") -> list[Action]:
@@ -103,36 +107,81 @@ def check_targets(actions: list[Action], hosts: tuple[str, ...]) -> list[Action]
                 raise UsageError(f"--fault '{a.label}': {a.kind} takes one of --host's replicas (--host a,b), not "
                                  f"{redact_urls(a.what)!r}" + (f": give one of {', '.join(hosts)}" if len(hosts) > 1
                                                               else ""))
-            a = Action(a.at, a.kind, match[0])
+            a = Action(a.at, a.kind, match[0], a.after)
         out.append(a)
     return out
+
+
+#: an action that starts this much after its planned time is flagged late in every output
+LATE_S = 0.5
 
 
 def run_plan(actions: list[Action], start_wall: float, done: list[dict], say: Callable[[str], None],
              route: Callable[[str, bool], None] = lambda _target, _drained: None,
              router: Callable[[], dict | str | None] = lambda: None) -> None:
-    """Run each action at its time from ``start_wall``, appending its record to ``done`` as it starts (its end and
-    outcome when it ends): a run stopped mid-action keeps what began. ``route(target, drained)`` drains a replica
-    (or brings it back) in every load process; ``router()`` reads the router's counters just before the action
-    (``read_router``; None: no --router-metrics)."""
-    for action in actions:
-        gevent.sleep(max(0.0, start_wall + action.at - time.time()))
-        counters = router()
-        began = time.time()
-        record = {"at": action.at, "kind": action.kind, "label": action.label, "start": began, "end": None,
-                  "ok": None, "detail": ""}
-        if counters is not None:
-            record["router_at"] = counters
-        done.append(record)
-        say(f"vllm-load: fault plan: {action.label}")
-        if action.kind in ROUTING:
-            route(action.what, action.kind == "drain")
-            ok, detail = True, ""
-        else:
-            ok, detail = _call(action) if action.kind == "call" else _command(action.what)
-        record.update(end=time.time(), ok=ok, detail=detail)
-        say(f"vllm-load: fault plan: {action.kind} at {action.at:g} s {'done' if ok else 'FAILED'} in "
-            f"{record['end'] - began:.1f} s" + (f": {detail}" if detail else ""))
+    """Each action at its planned time from ``start_wall``, in a greenlet of its own (actions overlap: an undrain
+    planned at 45 s ran at 76.4 s behind a restart, after the last request had started, and every output said 45 s);
+    one written ``AT after previous`` starts at its time or when the previous action ends, whichever is later. Its
+    record goes into ``done`` as it starts (its end and outcome when it ends), with its planned and actual start;
+    killed (the run ended), every action still running is killed with its command's process group.
+    ``route(target, drained)`` drains a replica (or brings it back) in every load process; ``router()`` reads the
+    router's counters just before the action (``read_router``; None: no --router-metrics)."""
+    running: list[gevent.Greenlet] = []
+    previous: gevent.Greenlet | None = None
+    try:
+        for action in actions:
+            previous = gevent.spawn(_run_action, action, start_wall, done, say, route, router,
+                                    previous if action.after else None)
+            running.append(previous)
+        gevent.joinall(running)
+    finally:
+        gevent.killall([g for g in running if not g.dead], block=True, timeout=10)
+
+
+def _run_action(action: Action, start_wall: float, done: list[dict], say: Callable[[str], None],
+                route: Callable[[str, bool], None], router: Callable[[], dict | str | None],
+                after: gevent.Greenlet | None) -> None:
+    gevent.sleep(max(0.0, start_wall + action.at - time.time()))
+    if after is not None:
+        after.join()
+    counters = router()
+    began = time.time()
+    late = began - (start_wall + action.at)
+    record = {"at": action.at, "kind": action.kind, "label": action.label, "start": began,
+              "started_s": round(began - start_wall, 3), "late_s": round(max(0.0, late), 3),
+              "after_previous": action.after, "end": None, "ended_s": None, "ok": None, "detail": ""}
+    if late > LATE_S:  # every output names an action by its label: a late one says when it really started
+        record["label"] = (f"{action.label} (started at {began - start_wall:.1f} s, {late:.1f} s late"
+                           + (", after the previous action)" if action.after else ")"))
+    if counters is not None:
+        record["router_at"] = counters
+    done.append(record)
+    say(f"vllm-load: fault plan: {record['label']}")
+    if action.kind in ROUTING:
+        route(action.what, action.kind == "drain")
+        ok, detail = True, ""
+    else:
+        ok, detail = _call(action) if action.kind == "call" else _command(action.what)
+    ended = time.time()
+    record.update(end=ended, ended_s=round(ended - start_wall, 3), ok=ok, detail=detail)
+    say(f"vllm-load: fault plan: {action.kind} at {action.at:g} s {'done' if ok else 'FAILED'} in "
+        f"{ended - began:.1f} s (from {began - start_wall:.1f} to {ended - start_wall:.1f} s)"
+        + (f": {detail}" if detail else ""))
+
+
+def not_begun(actions: list[Action], done: list[dict], run_s: float) -> list[dict]:
+    """The planned actions that never began, each with why: planned after the run's end, or the run stopped first
+    (a fault planned after -t never ran and nothing said so)."""
+    begun = [(d["at"], d["kind"]) for d in done]
+    out = []
+    for a in actions:
+        if (a.at, a.kind) in begun:
+            begun.remove((a.at, a.kind))
+            continue
+        why = "planned after the run's end" if a.at >= run_s else "the run ended before it began"
+        out.append({"at": a.at, "kind": a.kind, "label": a.label, "start": None, "end": None, "ok": None,
+                    "detail": f"never ran: {why} ({run_s:.1f} s)"})
+    return out
 
 
 def read_router(url: str) -> dict | str:
@@ -146,6 +195,10 @@ def read_router(url: str) -> dict | str:
             return parse(resp.read().decode())
     except (OSError, ValueError, http.client.HTTPException) as exc:
         return f"--router-metrics {redact_urls(url)} cannot be read ({getattr(exc, 'reason', None) or exc})"
+
+
+#: the most of a command's output kept (its tail): ``exec: yes`` printing without end kept 1.4 GB in 5 s
+OUTPUT_TAIL_BYTES = 64 * 1024
 
 
 #: the most of a command's output kept (its tail): ``exec: yes`` printing without end kept 1.4 GB in 5 s

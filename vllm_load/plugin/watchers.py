@@ -34,6 +34,7 @@ def start(environment: Any, run: Run, window: Callable[[], float], master_runner
         run.watchers.spawn(_profile_window, col.profiler, window, plan.warmup)
     if opts.fault or opts.fault_plan:  # once per swarm: here, the master's or the local runner's
         actions = fault_plan.check_targets(fault_plan.parse_plan(opts.fault, opts.fault_plan), plan.hosts)
+        col.fault_actions = actions
         router = functools.partial(fault_plan.read_router, opts.router_metrics) if opts.router_metrics else \
             (lambda: None)
         run.watchers.spawn(fault_plan.run_plan, actions, col.start_wall, col.faults,

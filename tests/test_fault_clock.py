@@ -1,0 +1,72 @@
+"""Fault actions on their planned clock (``plugin/fault_plan.run_plan``): each in a greenlet of its own, so one that
+runs long delays no other (an undrain planned at 45 s ran at 76.4 s behind a restart), unless the plan asks for the
+order (``AT after previous``); every record holds the planned and the actual start; actions that never began are
+named. The timing bounds are the subject here (0.5 s: the lateness every output flags)."""
+
+from __future__ import annotations
+
+import time
+
+import gevent
+
+from vllm_load.plugin import fault_plan
+from vllm_load.plugin.fault_plan import LATE_S, not_begun, parse_action, parse_plan, run_plan
+
+
+def _run(lines: list[str]) -> tuple[list[dict], list[str], float]:
+    actions = parse_plan(lines)
+    done: list[dict] = []
+    said: list[str] = []
+    start = time.time()
+    run_plan(actions, start, done, said.append)
+    return done, said, start
+
+
+def test_timing_an_action_starts_on_its_planned_time_while_an_earlier_one_still_runs():
+    done, said, start = _run(["0s: exec: sleep 1.5", "0.5s: exec: true"])
+    first, second = sorted(done, key=lambda d: d["at"])
+    assert abs(second["start"] - (start + 0.5)) < LATE_S  # not after the first one's end (1.5 s)
+    assert second["start"] < first["end"] and first["ok"] and second["ok"]
+    assert second["started_s"] == round(second["start"] - start, 3) and second["late_s"] < LATE_S
+    assert "(started at" not in second["label"]
+
+
+def test_timing_after_previous_waits_for_the_previous_action_and_says_it_was_late():
+    action = parse_action("0.2s after previous: exec: true")
+    assert action.after and action.at == 0.2
+    done, said, start = _run(["0s: exec: sleep 1.2", "0.2s after previous: exec: true"])
+    first, second = sorted(done, key=lambda d: d["at"])
+    assert second["start"] >= first["end"] and second["after_previous"]
+    assert second["late_s"] > 0.9 and "late, after the previous action)" in second["label"]
+    assert any("late, after the previous action" in line for line in said)
+    assert any("(from 0.0 to 1.2 s)" in line or "(from 0.0 to 1.3 s)" in line for line in said)
+
+
+def test_killed_with_the_run_the_running_actions_and_their_commands_go_too(tmp_path):
+    pidfile = tmp_path / "pid"
+    done: list[dict] = []
+    g = gevent.spawn(run_plan, parse_plan([f"0s: exec: echo $$ > {pidfile}; sleep 300"]), time.time(), done,
+                     lambda _line: None)
+    deadline = time.time() + 30
+    while not (pidfile.exists() and pidfile.read_text().strip()) and time.time() < deadline:
+        gevent.sleep(0.05)  # polls the command's own word that it started
+    g.kill()
+    pid = int(pidfile.read_text())
+    import os
+    assert done and done[0]["end"] is None  # cut: the run ended mid-command
+    try:
+        os.kill(pid, 0)
+        alive = open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        alive = False
+    assert not alive
+
+
+def test_actions_that_never_began_are_named_with_why():
+    actions = parse_plan(["1s: exec: true", "5s: exec: true", "50s: exec: true"])
+    done = [{"at": 1.0, "kind": "exec"}]
+    missing = not_begun(actions, done, 40.0)
+    assert [m["at"] for m in missing] == [5.0, 50.0]
+    assert "the run ended before it began" in missing[0]["detail"]
+    assert "planned after the run's end (40.0 s)" in missing[1]["detail"]
+    assert fault_plan.LATE_S == 0.5
