@@ -88,7 +88,7 @@ class LLMStats:
     first_start: float | None = None
     last_start: float | None = None
     last_end: float | None = None
-    # 100 ms buckets (outages.bucket) of request starts: successes, connection-level and other failures
+    # 100 ms buckets (outages.bucket) of evidence: answers (a first token, an end), connection-level and other failures
     ok_buckets: Counter = field(default_factory=Counter)
     conn_buckets: Counter = field(default_factory=Counter)
     fail_buckets: Counter = field(default_factory=Counter)
@@ -167,20 +167,27 @@ class LLMStats:
         self._pending.append(rec)
         if len(self._pending) >= self.MAX_PENDING:
             self.fold()
-        b = outages.bucket(rec.start)
+        # the outage buckets hold evidence when it came: a failure when it was seen (its end), an answer when its
+        # first token came and when it ended (a 25 s request on a healthy replica counted only at its start, and a
+        # stream cut by a kill 20 s in started its outage 20 s early)
+        answered = rec.start + rec.ttft if rec.ttft is not None else None
         if not rec.ok:
             self.failures += 1
             self.count_error(rec.error or "unknown error")
             if rec.cancelled:  # the run's end stopped it: neither refused nor answered badly, in no outage or storm
                 return
+            if answered is not None:  # it answered before it failed: the server was there then
+                self.ok_buckets[outages.bucket(answered)] += 1
             if rec.connection_failed:
-                self.conn_buckets[b] += 1
+                self.conn_buckets[outages.bucket(end)] += 1
                 if rec.start >= self.conn_error[0]:
                     self.conn_error = (rec.start, rec.error or "")
             else:
-                self.fail_buckets[b] += 1
+                self.fail_buckets[outages.bucket(end)] += 1
             return
-        self.ok_buckets[b] += 1
+        self.ok_buckets[outages.bucket(end)] += 1
+        if answered is not None and outages.bucket(answered) != outages.bucket(end):
+            self.ok_buckets[outages.bucket(answered)] += 1
         folding.count_success(self, rec)
 
     @property

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import gevent
 import gevent.pool
 
-from vllm_load.metrics.outages import LiveOutage, describe
+from vllm_load.metrics.outages import LiveOutage, Window, describe
 from vllm_load.plugin import fault_plan, saturation_watch
 from vllm_load.plugin.collector import Collector
 from vllm_load.plugin.run import Run
@@ -71,8 +71,9 @@ def watch_heartbeats(runner: Any, col: Collector) -> None:
 def watch_outages(environment: Any, run: Run) -> None:
     """Say on the console (and the web UI) when the server becomes unreachable and when it is back, from the
     merged counts (on a master: as of the workers' last reports, every 3 s); --stop-on-outage ends the run.
-    With --host a,b each replica is watched too: one that goes down is named, and stops nothing while the
-    others answer."""
+    With --host a,b each replica is watched on its own evidence, and the run is unreachable only while every one
+    is: a replica that goes down is named and stops nothing while another answers (a dead r2 was called a fleet
+    outage, and --stop-on-outage stopped a healthy r1 mid-answer)."""
     col = run.collector
     assert col is not None
     stop_after = col.plan.stop_on_outage
@@ -80,17 +81,20 @@ def watch_outages(environment: Any, run: Run) -> None:
     down: dict[str | None, str] = {}  # None: the run (every target); else a target's URL
     while True:
         gevent.sleep(1.0)
-        for key, t in [(None, col.totals), *sorted(col.totals.targets.items())]:
-            if key is not None and None in down:  # every target is down: said once, for the run
-                continue
-            live = watches.setdefault(key, LiveOutage(col.plan.outage_after))
-            span = live.check(t.ok_buckets, t.conn_buckets, t.fail_buckets, time.time())
-            cur = span if span is not None and span.is_outage else None
+        now = time.time()
+        current = {key: _current(watches, key, t, col, now) for key, t in sorted(col.totals.targets.items())}
+        fleet = len(current) > 1
+        run_window = _every_target(current, now) if fleet else _current(watches, None, col.totals, col, now)
+        # while every target is down the run's line says it once; the replicas are named again once one answers
+        items = [(None, run_window)] + (sorted(current.items()) if fleet and run_window is None else [])
+        for key, cur in items:
             if cur is None:
                 if down.pop(key, None) is not None:
                     print(f"vllm-load: {'the server' if key is None else f'target {key}'} answers again", flush=True)
                 continue
-            text = ("" if key is None else f"target {key}: ") + describe(cur, col.start_wall, t.conn_error[1], live=True)
+            t = col.totals if key is None else col.totals.targets[key]
+            text = ("" if key is None else f"target {key}: ") + describe(
+                cur, col.start_wall, t.conn_error[1], live=True) + (" (every target)" if key is None and fleet else "")
             if key not in down:
                 print(f"vllm-load: OUTAGE: {text}", flush=True)
             down[key] = text
@@ -101,6 +105,23 @@ def watch_outages(environment: Any, run: Run) -> None:
                 sys.stderr.flush()
                 end_run(environment)
         run.outage_now = "; ".join(down.values()) or None
+
+
+def _current(watches: dict[str | None, LiveOutage], key: str | None, t: Any, col: Collector, now: float
+             ) -> Window | None:
+    """The outage going on now at one target (or the run's single one), on its own evidence; None: it answers."""
+    live = watches.setdefault(key, LiveOutage(col.plan.outage_after))
+    span = live.check(t.ok_buckets, t.conn_buckets, t.fail_buckets, now)
+    return span if span is not None and span.is_outage else None
+
+
+def _every_target(current: dict[str, Window | None], now: float) -> Window | None:
+    """The fleet's outage: every target unreachable at once, since the last of them went (None: one answers)."""
+    if not current or any(w is None for w in current.values()):
+        return None
+    spans = [w for w in current.values() if w is not None]
+    return Window(max(w.start for w in spans), now, sum(w.attempts for w in spans), sum(w.connection for w in spans),
+                  ongoing=True, conn_seconds=min(w.conn_seconds for w in spans))
 
 
 def _profile_window(profiler: Profiler, start_wall: Callable[[], float], warmup: float) -> None:

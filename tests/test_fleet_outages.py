@@ -1,0 +1,81 @@
+"""Outages per target on a fleet (``--host a,b``): a dead replica is that replica's outage, not the fleet's, while
+the other serves long requests; ``--stop-on-outage`` stops only a run whose every target is unreachable, and the
+stop is in every output with its exit code. Judged against the replicas' own counters and the request logs'
+timestamps, not the tool's own figures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import ROOT, Proc, counter, run_in_process
+
+CHAT = str(ROOT / "locustfiles/chat.py")
+
+
+def _logs(run_dir) -> list[dict]:
+    return [json.loads(line) for f in run_dir.glob("requests*.jsonl") for line in f.read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_dead_replica_beside_long_requests_is_its_outage_and_stops_no_healthy_fleet(tmp_path):
+    """b killed at 3 s of 16; a serves 4 s requests (80 tokens at 50 ms) that answer only at their end on the
+    native reader: the run said "server unreachable since 21.2 s" and --stop-on-outage stopped it."""
+    a = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.05", "--itl", "0.05"])
+    b = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.05", "--itl", "0.05"])
+    run_dir = tmp_path / "run"
+    try:
+        res = run_in_process([
+            "-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "16s", "--host", f"{a.url},{b.url}",
+            "--input-tokens", "32", "--output-tokens", "80", "--retry-backoff-max", "0.5s", "--stop-on-outage", "3s",
+            "--fault", f"3s: kill: kill -9 {b.p.pid}", "--run-dir", str(run_dir), "--allow-untrustworthy"],
+            cwd=tmp_path, timeout=150)
+        a_served = counter(a.url, "vllm:request_success_total")
+    finally:
+        a.stop()
+        b.stop()
+    data = json.loads((run_dir / "summary.json").read_text())
+    summary, logs = data["summary"], _logs(run_dir)
+    kill = summary["faults"][0]
+    assert "stopping the run" not in res.stdout + res.stderr and data["stopped"] is None, res.stdout[-3000:]
+    assert res.code == data["exit_code"] == 1  # b's requests failed (no error SLO); not stopped, not invalid
+    assert summary["outage_seconds"] == 0  # the fleet was never unreachable: a answered all along
+    on_a = [r for r in logs if r["target"] == a.url]
+    assert on_a and all(r["ok"] for r in on_a) and a_served == len(on_a)  # a's own count, exactly
+    mine = [w for w in summary["outages"] if w.get("target") == b.url and w["outage"]]
+    assert len(mine) == 1, summary["outages"]
+    # from b's last answer (it streamed until the kill) to the run's end: its start within 1 s of the kill
+    answered_b = [r["start"] + r["e2e"] for r in logs if r["target"] == b.url and r["ok"]]
+    assert abs(mine[0]["start"] - kill["start"]) < 1.0, (mine[0]["start"] - kill["start"])
+    assert not answered_b or max(answered_b) <= mine[0]["start"] + 0.2
+    assert any(f"target {b.url}: server unreachable" in line for line in res.stdout.splitlines())
+    assert "every target" not in res.stdout
+
+
+@pytest.mark.slow
+def test_a_fleet_whose_every_replica_is_dead_is_stopped_and_every_file_says_so(tmp_path):
+    a = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.01", "--itl", "0.01"])
+    b = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.01", "--itl", "0.01"])
+    run_dir = tmp_path / "run"
+    try:
+        res = run_in_process([
+            "-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "60s", "--host", f"{a.url},{b.url}",
+            "--input-tokens", "32", "--output-tokens", "8", "--retry-backoff-max", "0.5s", "--stop-on-outage", "3s",
+            "--fault", f"2s: kill: kill -9 {a.p.pid} {b.p.pid}", "--run-dir", str(run_dir)], cwd=tmp_path,
+            timeout=150)
+    finally:
+        a.stop()
+        b.stop()
+    data = json.loads((run_dir / "summary.json").read_text())
+    kill = data["summary"]["faults"][0]
+    assert "stopping the run (--stop-on-outage 3s)" in res.stderr
+    assert res.code == data["exit_code"] == 1 and data["stopped"].startswith("server unreachable since")
+    assert "(every target)" in data["stopped"]
+    assert data["summary"]["features"]["stopped"]["code"] == 1
+    assert "the run was stopped: server unreachable" in (run_dir / "summary.md").read_text()
+    assert "the run was stopped" in (run_dir / "report.html").read_text()
+    assert 'name="the run was not stopped early"' in (run_dir / "junit.xml").read_text()
+    assert data["summary"]["outage_seconds"] >= 3.0
+    fleet = [w for w in data["summary"]["outages"] if "target" not in w and w["outage"]]
+    assert fleet and abs(fleet[0]["start"] - kill["start"]) < 1.0
