@@ -57,3 +57,23 @@ def test_hits_the_answers_do_not_carry_are_the_replicas_counters_or_not_known_ne
     assert "prefix-cache hits 112 of 112 achievable tokens (100%, from the replicas' own" in routing_line(counted)
     told = routing([_turn("s", 0.0, "a", 100, 20, 0), _turn("s", 1.0, "a", 200, 20, 0)], server_hits=500.0)
     assert told.cache_hits_achieved == 0 and told.cache_hits_of_achievable == 0.0  # the answers' own zeros stand
+
+
+def test_a_two_replica_fleet_behind_a_router_is_two_replicas_when_requests_fail():
+    """A failed request has no span: its replica fell back to the router's URL, a third name ("3 replicas
+    (http://127.0.0.1:14812 157, r1 48, r2 8; imbalance 2.21)" for a 2-replica fleet)."""
+    from vllm_load.metrics.routing import Replicas, routing_line
+
+    router = "http://127.0.0.1:14812"
+    records = ([{"start": i, "ok": True, "target": router, "replica": "r1"} for i in range(48)]
+               + [{"start": i, "ok": True, "target": router, "replica": "r2"} for i in range(8)]
+               + [{"start": i, "ok": False, "target": router} for i in range(157)])
+    found = routing(records)
+    assert sorted(found.replicas) == ["r1", "r2"] and found.unattributed == 157
+    assert found.replica_imbalance == 48 / 28
+    assert "2 replicas (r1 48, r2 8" in routing_line(found) and "157 failed requests named no replica" in \
+        routing_line(found)
+    # --host a,b without a router: a failed request is its target's, as it was
+    direct = [{"start": 0, "ok": False, "target": "http://a"}, {"start": 1, "ok": True, "target": "http://b"}]
+    name = Replicas(direct, None)
+    assert [name(r) for r in direct] == ["http://a", "http://b"] and routing(direct).unattributed == 0

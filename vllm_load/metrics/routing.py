@@ -30,6 +30,27 @@ def replica_of(record: dict, header: str | None) -> str | None:
     return named or record.get("replica") or record.get("target")
 
 
+class Replicas:
+    """One name per replica over a run's records, failed requests included: where a target's requests are named by
+    the replica that served them (a router's workers, by header or span), a request of that target with no name
+    (it failed before a replica answered: no span, no header) is not the router's own replica; it is unattributed
+    (None), not a third name for a 2-replica fleet ("3 replicas (http://127.0.0.1:14812 157, r1 48, r2 8)")."""
+
+    def __init__(self, records: Iterable[dict], header: str | None) -> None:
+        self.header = header
+        self.routed = {r.get("target") for r in records if self._named(r) not in (None, r.get("target"))}
+
+    def _named(self, record: dict) -> str | None:
+        named = (record.get("headers") or {}).get(self.header) if self.header else None
+        return named or record.get("replica")
+
+    def __call__(self, record: dict) -> str | None:
+        named = self._named(record)
+        if named:
+            return named
+        return None if record.get("target") in self.routed else record.get("target")
+
+
 #: where the achieved hits come from: the answers' usage, else the fleet's own counters
 ANSWERS, COUNTERS = "the answers' cached tokens", "the replicas' own vllm:prefix_cache_hits (sidecars)"
 #: why the achieved hits are not known, and what gives them
@@ -46,12 +67,14 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
                                                                       "cached_tokens": None})
     turns: dict[str, list[dict]] = defaultdict(list)
     any_span = False
+    records = [r for r in records if not (r.get("warmup") or r.get("removed"))]
+    name = Replicas(records, header)
+    unattributed = 0
     for r in records:
-        if r.get("warmup") or r.get("removed"):
-            continue
-        replica = replica_of(r, header)
+        replica = name(r)
         any_span = any_span or (replica is not None and replica == r.get("replica"))
         if replica is None:
+            unattributed += r.get("target") in name.routed
             continue
         row = replicas[replica]
         row["requests"] += 1
@@ -96,6 +119,7 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
         "cache_hits_of_achievable": min(1.0, achieved / achievable) if achievable and achieved is not None else None,
         "cache_hits_source": source,
         "cache_hits_unknown": unknown,
+        "unattributed": unattributed,
     })
 
 
@@ -105,6 +129,8 @@ def routing_line(r: Routing | None) -> str:
         return ""
     shares = ", ".join(f"{name} {row.requests}" for name, row in r.replicas.items())
     out = f"routing ({r.source}): {len(r.replicas)} replicas ({shares}; imbalance {r.replica_imbalance:.2f})"
+    if r.unattributed:
+        out += f"; {r.unattributed} failed requests named no replica (no span or header: they failed before one answered)"
     if r.session_stickiness is not None:
         out += f"; {r.sticky_sessions} of {r.sessions} sessions kept on one replica ({r.session_stickiness:.0%})"
     if r.cache_hits_of_achievable is not None:

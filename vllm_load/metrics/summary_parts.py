@@ -176,6 +176,7 @@ class Routing(Part):
     cache_hits_of_achievable = Key[float]()
     cache_hits_source = Key[str]("", "where the achieved hits come from: the answers' usage, or the replicas' counters")
     cache_hits_unknown = Key[str]("", "why the achieved hits are not known")
+    unattributed = Key[int](0, "failed requests through a router that named no replica (no span, no header)")
 
 
 class Saturation(Part):

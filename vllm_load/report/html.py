@@ -28,7 +28,7 @@ from vllm_load.report.mlperf_result import mlperf_result
 from vllm_load.metrics.reuse import describe as reuse_line
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.curves import describe_prefill, prefill_curve
-from vllm_load.metrics.routing import replica_of, routing, routing_line
+from vllm_load.metrics.routing import Replicas, routing, routing_line
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.summary_parts import ClientVerdict, Routing, Timing
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head,
@@ -210,15 +210,15 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     routed = routing(logs, header, server_hits=server.get("prefix_cache_hits") if server else None)
     if routed is not None and isinstance(run.summary, RunSummary):  # which replica served what, from the logs
         run.summary = run.summary.replace(routing=routed)
+    replica = Replicas(logs, header)  # one name per replica, failed requests included
     if isinstance(run.summary, RunSummary) and run.summary.faults:  # what each fault did to the requests
         run.summary = run.summary.replace(disruption=disruption(
-            [{**r, "target": replica_of(r, header)} for r in logs], run.summary.faults, limits_of(slos)))
+            [{**r, "target": replica(r) or r.get("target")} for r in logs], run.summary.faults, limits_of(slos)))
     if isinstance(run.summary, RunSummary) and (curve := prefill_curve(logs)) is not None:  # TTFT by input length
         run.summary = run.summary.replace(prefill_curve=curve)
     if isinstance(run.summary, RunSummary) and opts.get("protect"):  # what the other classes cost --protect's
         run.summary = run.summary.replace(protection=protection(logs, str(opts["protect"])))
-    parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS,
-                      lambda r: replica_of(r, header))
+    parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS, replica)
     if joined is not None:  # the join, request by request (the logs are the workers' own: left as they were)
         RunDir(run.path).write_series(RunDir(run.path).timing, [
             {k: r.get(k) for k in TIMING_FIELDS} for r in logs if r.get("span_ttft") is not None])
