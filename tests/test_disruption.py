@@ -48,7 +48,9 @@ def test_the_verdict_counts_what_a_kill_did():
     # in flight at 10.0: each replica's requests started at 9.75 (0.5 s each): a's finishes, b's fails
     assert a["in_flight"] == {"requests": 2, "finished": 1, "failed": 1, "cancelled": 0}
     assert a["lost_requests"] == 1 + 16  # and b's 16 requests started while it was down (4 s at 4 a second)
-    assert a["recovery_s"] == pytest.approx(4.0)  # every window from b's return holds no failure
+    # b's last failure (started 13.75 s, refused in 10 ms) ended 3.76 s after the kill: from then on nothing failed
+    assert a["recovery_s"] == pytest.approx(3.76)
+    assert a["recovery_evidence"].startswith("its last failure ended 3.8 s after it; ")
     assert d["recovery_s"] == a["recovery_s"] and d["lost_requests"] == 17
     assert a["goodput_during_fault"] == pytest.approx(16 / 32)  # a's half succeeded meanwhile
     assert a["rehomed_sessions"] == 0  # each session stayed on its replica
@@ -105,8 +107,29 @@ def test_a_latency_slo_holds_the_recovery_until_the_tail_is_back():
     for r in logs:  # after b's return its answers are slow for 6 s (a cold cache)
         if 14.0 <= r["start"] < 20.0 and r["target"] == "b":
             r["ttft"] = 2.0
-    assert recovered_at(logs, 10.0, {}) == pytest.approx(14.0)
-    assert recovered_at(logs, 10.0, limits_of(parse_slo_option(["ttft.p99<=500ms"]))) == pytest.approx(20.0)
+    assert recovered_at(logs, 10.0, {}) == pytest.approx(13.76)
+    # the last slow answer (started 19.75 s, 0.5 s long) ended at 20.25 s
+    assert recovered_at(logs, 10.0, limits_of(parse_slo_option(["ttft.p99<=500ms"]))) == pytest.approx(20.25)
+
+
+def test_recovery_rests_on_failures_and_breaches_not_on_lulls_in_starts():
+    """A drain-restart-undrain with 0 failures was "recovered in 57.5 s"; a kill whose last failure was 0.83 s after
+    it, "recovered in 37.0 s"; a kill after which all 12 later requests succeeded, "not recovered"."""
+    from vllm_load.metrics.disruption import recovery
+
+    long = [rec(float(t), e2e=20.0) for t in range(0, 10)]  # 20 s requests, none started from 10 s to 40 s
+    back, why = recovery(long + [rec(40.0, e2e=20.0)], 10.0, {})
+    assert back == 10.0 and why.startswith("no failure or answer past the limits ended after the action")
+    kill = [rec(9.5, e2e=0.5, ok=False), rec(10.3, e2e=0.53, ok=False)]  # the last ends 10.83 s
+    after = [rec(t, e2e=15.0) for t in (11.0, 12.0, 30.0)]  # then long ones, a lull in starts, all succeeded
+    back, why = recovery(kill + after, 10.0, {})
+    assert back == pytest.approx(10.83) and "its last failure ended 0.8 s after it; 3 requests succeeded" in why
+    twelve = [rec(9.9, e2e=0.2, ok=False)] + [rec(10.5 + 3 * k, e2e=8.0) for k in range(12)]
+    assert recovery(twelve, 10.0, {})[0] == pytest.approx(10.1)
+    assert recovery([rec(1.0)], 10.0, {}) == (None, "cannot judge: no request ended after the action")
+    never = [rec(9.0, e2e=2.0), rec(11.0, e2e=0.1, ok=False)]
+    assert recovery(never, 10.0, {})[0] is None and "no request succeeded after its last failure" in \
+        recovery(never, 10.0, {})[1]
 
 
 def test_sessions_that_move_to_another_replica_are_rehomed():

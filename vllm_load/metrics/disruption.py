@@ -5,9 +5,10 @@ is back within the SLO?".
 Per action, at its start t0 (wall clock, as the logs' starts):
 
 - ``in_flight``: the requests running at t0, and what became of each (finished, failed, cancelled);
-- ``recovery_s``: from t0 to the first moment from which every window of ``WINDOW_S`` (slid by ``STEP_S``, to the
-  last request's start) holds requests and is within the run's SLOs: its error rate within ``error_rate`` (0 without
-  that SLO), its TTFT and E2E p99 within theirs; None: not recovered before the run ended;
+- ``recovery_s``: from t0 to the end of the last completion that kept a window of ``WINDOW_S`` (of completions, slid by
+  ``STEP_S``) outside the run's SLOs: its error rate within ``error_rate`` (0 without that SLO), its TTFT and E2E
+  p99 within theirs; 0 when none after t0 was; None when no request succeeded after it (``recovery_evidence`` says
+  what the figure rests on, or why there is none);
 - ``lost_requests``: the failures among the requests in flight at t0 or started before the recovery (until the end
   of the run when it never came), cancellations by the run's own end left out;
 - ``rehomed_sessions``: sessions served by one replica before t0 and by another after (the replica each request
@@ -55,26 +56,68 @@ def _within(window: list[dict], limits: dict[str, float]) -> bool:
     return True
 
 
-def recovered_at(logs: list[dict], t0: float, limits: dict[str, float]) -> float | None:
-    """The first moment from t0 from which every window of the rest of the run is within ``limits``."""
-    starts = [r["start"] for r in logs]  # the logs by start
-    if not starts or starts[-1] < t0:
-        return None
-    last, s, found = starts[-1], t0, None
-    while s <= max(t0, last - WINDOW_S) + 1e-9:
-        window = logs[bisect.bisect_left(starts, s):bisect.bisect_left(starts, s + WINDOW_S)]
-        if _within(window, limits):
-            found = s if found is None else found
-        else:
-            found = None
+def _end(r: dict) -> float:
+    return float(r["start"]) + float(r.get(E2E) or 0.0)
+
+
+def _bad(window: list[dict], limits: dict[str, float]) -> list[dict]:
+    """The completions that make a window of completions fail the run's limits (none: it is within them): its
+    failures past the error rate allowed, its answers past a p99 limit."""
+    out: list[dict] = []
+    failed = [r for r in window if _failed(r)]
+    if failed and len(failed) / len(window) > limits.get("error_rate", 0.0):
+        out += failed
+    for metric in (TTFT, E2E):
+        if metric in limits:
+            values = sorted(r[metric] for r in window if r["ok"] and r.get(metric) is not None)
+            if values and nearest_rank(values, 99.0) > limits[metric]:
+                out += [r for r in window if r["ok"] and (r.get(metric) or 0.0) > limits[metric]]
+    return out
+
+
+def recovery(logs: list[dict], t0: float, limits: dict[str, float]) -> tuple[float | None, str]:
+    """When the fleet was back after an action at ``t0``, judged by the evidence of completions (each request when
+    it ended), and what that rests on. A window of ``WINDOW_S`` is not recovered only where failures or completions
+    past the run's limits are in it; a window in which nothing ended is no evidence either way (a lull in starts, or
+    long requests in flight that later succeed, once counted as "not recovered": a clean drain-restart-undrain was
+    "recovered in 57.5 s"). The moment is the end of the last bad completion (``t0`` when there is none), provided a
+    good one ended after it; (None, why) when none did."""
+    after = sorted((r for r in logs if _end(r) >= t0), key=_end)
+    if not after:
+        return None, "cannot judge: no request ended after the action"
+    ends = [_end(r) for r in after]
+    last_bad: dict | None = None
+    s = t0
+    while s <= ends[-1] + 1e-9:
+        window = after[bisect.bisect_left(ends, s):bisect.bisect_left(ends, s + WINDOW_S)]
+        bad = _bad(window, limits) if window else []
+        if bad:
+            worst = max(bad, key=_end)
+            last_bad = worst if last_bad is None or _end(worst) > _end(last_bad) else last_bad
         s += STEP_S
-    return found
+    back = t0 if last_bad is None else _end(last_bad)
+    good = [r for r in after if _end(r) > back and r["ok"]]
+    if not good:
+        return None, ("not recovered before the run ended: no request succeeded after its last failure"
+                      if last_bad is not None else "cannot judge: no request succeeded after the action")
+    if last_bad is not None and ends[-1] - back < WINDOW_S:  # no whole clean window after it: not over, as known
+        return None, (f"not recovered before the run ended: its failures went on into the run's last "
+                      f"{WINDOW_S:g} s")
+    what = ("no failure or answer past the limits ended after the action" if last_bad is None else
+            f"its last {'failure' if _failed(last_bad) else 'answer past the limits'} ended "
+            f"{_end(last_bad) - t0:.1f} s after it")
+    return back, f"{what}; {len(good)} requests succeeded after that"
+
+
+def recovered_at(logs: list[dict], t0: float, limits: dict[str, float]) -> float | None:
+    """The moment the fleet was back after ``t0`` (``recovery``); None when it was not, or cannot be judged."""
+    return recovery(logs, t0, limits)[0]
 
 
 def judge_action(logs: list[dict], action: dict, limits: dict[str, float]) -> dict[str, Any]:
     t0 = float(action["start"])
     running = [r for r in logs if r["start"] < t0 < r["start"] + (r.get(E2E) or 0.0)]
-    back = recovered_at(logs, t0, limits)
+    back, evidence = recovery(logs, t0, limits)
     until = back if back is not None else math.inf
     during = [r for r in logs if t0 <= r["start"] < until]
     seen = {id(r) for r in running}
@@ -92,6 +135,7 @@ def judge_action(logs: list[dict], action: dict, limits: dict[str, float]) -> di
                           "failed": sum(_failed(r) for r in running),
                           "cancelled": sum(bool(r.get("cancelled")) for r in running)},
             "lost_requests": lost, "recovery_s": None if back is None else max(0.0, back - t0),
+            "recovery_evidence": evidence,
             "rehomed_sessions": moved,
             "goodput_during_fault": len(good) / len(during) if during else None}
 
@@ -125,7 +169,9 @@ def describe(d: dict[str, Any]) -> list[str]:
     lines = []
     for a in d["actions"]:
         f = a["in_flight"]
-        back = "not recovered before the run ended" if a["recovery_s"] is None else \
+        evidence = a.get("recovery_evidence") or ""
+        back = (evidence.split(":")[0] if evidence else "not recovered before the run ended") \
+            if a["recovery_s"] is None else f"recovered in {a['recovery_s']:.1f} s ({evidence})" if evidence else \
             f"recovered in {a['recovery_s']:.1f} s"
         goodput = "" if a["goodput_during_fault"] is None else \
             f", goodput {a['goodput_during_fault'] * 100:.0f}% until then"
