@@ -143,3 +143,20 @@ def test_the_first_request_leaves_within_a_second_of_the_last_user_spawned(tmp_p
     assert min(firsts.values()) - max(spawned.values()) <= 1.0, (spawned, firsts)
     if loop == "closed":
         assert all(firsts[i] - spawned[i] <= 1.0 for i in firsts), (spawned, firsts)
+
+
+def test_locusts_no_limit_line_is_not_said_when_the_plugin_holds_minus_t(caplog):
+    """"No run time limit set, use CTRL+C to interrupt" printed on every headless run with -t (README command 1)."""
+    import logging
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from vllm_load.plugin import run_timer
+
+    opts = Namespace(headless=True, worker=False, run_time=30)
+    run_timer.take_over(opts, SimpleNamespace(shape_class=None))
+    assert opts.run_time is None and run_timer.run_seconds(opts) == 30
+    with caplog.at_level(logging.INFO, logger="locust.main"):
+        logging.getLogger("locust.main").info("No run time limit set, use CTRL+C to interrupt")
+        logging.getLogger("locust.main").info("Starting Locust 2.47.0")
+    assert [r.getMessage() for r in caplog.records if r.name == "locust.main"] == ["Starting Locust 2.47.0"]

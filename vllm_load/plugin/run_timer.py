@@ -27,6 +27,21 @@ def take_over(opts: Any, environment: Any) -> None:
     if opts.headless and not getattr(opts, "worker", False) and environment.shape_class is None and opts.run_time:
         setattr(opts, RUN_TIME_ATTR, opts.run_time)
         opts.run_time = None
+        _quiet_locusts_no_limit_line()
+
+
+class _NoLimitLine(logging.Filter):
+    """Locust, finding no -t of its own (the plugin holds it), says "No run time limit set, use CTRL+C to interrupt"
+    on every headless run with -t: a line that is false for that run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("No run time limit set")
+
+
+def _quiet_locusts_no_limit_line() -> None:
+    logger = logging.getLogger("locust.main")
+    if not any(isinstance(f, _NoLimitLine) for f in logger.filters):
+        logger.addFilter(_NoLimitLine())
 
 
 def run_seconds(opts: Any) -> float:
