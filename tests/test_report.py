@@ -361,3 +361,19 @@ def test_compare_flags_a_percentile_only_beyond_its_own_sampling_interval(tmp_pa
                   for name, seed, shift in (("many", 3, 0.0), ("more", 4, 0.04)))
     assert {r["stat"] for r in compare(many, more)["metrics"] if r["metric"] == "ttft" and r["significant"]} >= {
         "mean", "p50", "p90"}
+
+
+def test_compare_says_option_values_as_a_person_reads_them(tmp_path):
+    """compare printed Python values: ``--host: A None``, ``--headless: A True B False``."""
+    from vllm_load.report.compare import compare, shown
+    from vllm_load.rundir.files import load_run
+
+    a, b = make_run_dir(tmp_path / "a", users=8), make_run_dir(tmp_path / "b", users=8)
+    for run, extra in ((a, {"headless": True, "host": None, "header": []}),
+                       (b, {"headless": False, "host": "http://h:8000", "header": ["X-A: 1", "X-B: 2"]})):
+        config = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps({**config, "options": {**config.get("options", {}), **extra}}))
+    differs = {d["what"]: (d["a"], d["b"]) for d in compare(load_run(a), load_run(b))["differs"]}
+    assert differs["--headless"] == ("on", "off") and differs["--host"] == ("not set", "http://h:8000")
+    assert differs["--header"] == ("not set", "X-A: 1, X-B: 2")
+    assert [shown(v) for v in (None, "", 0, 1.5, "x")] == ["not set", "not set", "0", "1.5", "x"]

@@ -95,8 +95,19 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
         if va in ("", [], None) and vb in ("", [], None):  # an option one run's version did not have yet
             continue
         if key not in _NAMING and va != vb:
-            out.append({"what": f"--{key.replace('_', '-')}", "a": oa.get(key), "b": ob.get(key)})
+            out.append({"what": f"--{key.replace('_', '-')}", "a": shown(va), "b": shown(vb)})
     return out
+
+
+def shown(value: Any) -> str:
+    """An option's value as a person reads it, not as Python prints it (``--host: A None``, ``--headless: A True``)."""
+    if value is None or value == "" or value == []:
+        return "not set"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(shown(v) for v in value)
+    return str(value)
 
 
 def percentile_interval(h: Any, p: float, z: float = 1.96) -> tuple[float, float] | None:
