@@ -85,7 +85,7 @@ def test_prometheus_metrics_of_a_two_worker_run_equal_its_summary(emulator_facto
         ttft = fams["vllm_load:time_to_first_token_seconds"]
         counts = {smp.labels["name"]: smp.value for smp in ttft.samples if smp.name.endswith("_count")}
         assert sum(counts.values()) == s["metrics"]["ttft"]["count"] == s["succeeded"] > 0
-        assert counts["turn 1"] == s["names"]["turn 1"]["metrics"]["ttft"]["count"] and counts[""] == 0
+        assert counts["turn 1"] == s["names"]["turn 1"]["metrics"]["ttft"]["count"] and counts["(unnamed)"] == 0
         # vLLM's bucket boundaries, cumulative, +Inf equal to the count
         inf = {smp.labels["name"]: smp.value for smp in ttft.samples
                if smp.name.endswith("_bucket") and smp.labels["le"] == "+Inf"}

@@ -3,8 +3,9 @@ can put the client's TTFT next to ``vllm:time_to_first_token_seconds``.
 
 The numbers are the merged exact histograms (a master's are the union of its workers'), turned into
 cumulative bucket counts at scrape time. Series carry a ``name`` label: one per request name (``name=``), and
-``name=""`` for the requests without one (the total less the named groups, bucket by bucket), so that a
-``sum()`` over the label is the run's total and nothing is counted twice.
+``name="(unnamed)"`` for the requests without one (the total less the named groups, bucket by bucket), so that a
+``sum()`` over the label is the run's total and nothing is counted twice. (It was ``name=""``, which Prometheus
+takes for no label at all: a panel by name showed the unnamed requests as a series without one.)
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from prometheus_client.core import CollectorRegistry, CounterMetricFamily, Histo
 from vllm_load.metric_table import (
     CLIENT_OVERHEAD, E2E, ITL, ITL_TOKEN, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TPOT, TTFO, TTFT)
 
+#: the ``name`` label of the requests sent without a name=
+UNNAMED = "(unnamed)"
 #: vLLM 0.32's bucket boundaries (vllm/v1/metrics/loggers.py), shared with the emulator's /metrics
 TTFT_BUCKETS = (.001, .005, .01, .02, .04, .06, .08, .1, .25, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560)
 ITL_BUCKETS = (.01, .025, .05, .075, .1, .15, .2, .3, .4, .5, .75, 1, 2.5, 5, 7.5, 10, 20, 40, 80)
@@ -78,7 +81,7 @@ class ClientCollector:
                 rest -= counts
                 rest_sum -= s
                 fam.add_metric([label], _buckets(bounds, counts), s)
-            fam.add_metric([""], _buckets(bounds, rest), max(0.0, rest_sum))
+            fam.add_metric([UNNAMED], _buckets(bounds, rest), max(0.0, rest_sum))
             yield fam
         requests = CounterMetricFamily("vllm_load:requests", "Finished requests by outcome.", labels=["name", "outcome"])
         prompt = CounterMetricFamily("vllm_load:prompt_tokens", "Prompt tokens of the successful requests.",
@@ -90,7 +93,7 @@ class ClientCollector:
             got = [sub.requests - sub.failures, sub.failures, sub.input_tokens, sub.output_tokens]
             rest = [a - b for a, b in zip(rest, got)]
             _add_counts(requests, prompt, generation, label, got)
-        _add_counts(requests, prompt, generation, "", rest)
+        _add_counts(requests, prompt, generation, UNNAMED, rest)
         yield from (requests, prompt, generation)
         if stats.targets:  # which replica served what, live (--host a,b, or the replica a --capture-header names)
             served = CounterMetricFamily("vllm_load:replica_requests", "Finished requests per replica, by outcome.",
