@@ -91,7 +91,8 @@ def test_cli_sweep_and_bad_dir(tmp_path, capsys):
     md2 = (tmp_path / "sweep2" / "sweep.md").read_text().splitlines()
     assert md2[0] == "**Largest concurrency meeting every SLO: 4**"
     head = next(i for i, line in enumerate(md2) if line.startswith("| run |"))
-    assert [row.split("|")[-2].strip() for row in md2[head + 2:]] == ["PASS", "PASS", "FAIL"]
+    assert [row.split("|")[-3].strip() for row in md2[head + 2:]] == ["PASS", "PASS", "FAIL"]
+    assert [row.split("|")[-2].strip() for row in md2[head + 2:]] == ["trusted"] * 3  # each step's own trust
     assert cli_main(["report", str(tmp_path / "nope")]) == 2
     assert "is not a complete run directory" in capsys.readouterr().err
 
@@ -377,3 +378,32 @@ def test_compare_says_option_values_as_a_person_reads_them(tmp_path):
     assert differs["--headless"] == ("on", "off") and differs["--host"] == ("not set", "http://h:8000")
     assert differs["--header"] == ("not set", "X-A: 1, X-B: 2")
     assert [shown(v) for v in (None, "", 0, 1.5, "x")] == ["not set", "not set", "0", "1.5", "x"]
+
+
+def _distrust(run):
+    data = json.loads((run / "llm_stats.json").read_text())
+    data["summary"]["client"] = {"saturated": True, "reasons": ["the client's CPU at its limit"], "cause": "cpu",
+                                 "advice": "add workers"}
+    (run / "llm_stats.json").write_text(json.dumps(data))
+
+
+def test_a_sweep_never_crowns_an_untrustworthy_step_and_says_each_steps_trust(tmp_path):
+    """`--recipe max-goodput:90%` answered "concurrency 4" on an UNTRUSTWORTHY step of a run that exited 5, and
+    neither page showed a step's trust."""
+    from vllm_load.report.sweep import build_sweep
+
+    steps = [make_run_dir(tmp_path / f"step-{u}", users=u) for u in (2, 4, 8)]
+    _distrust(steps[2])
+    for d in steps:
+        build(d)
+    page, best, _ = build_sweep(steps, tmp_path / "out", exit_code=5)
+    assert best.startswith("Largest concurrency meeting every SLO: 4 (the step at concurrency 8 met them too but is "
+                           "untrustworthy) (the run's exit code: 5)")
+    html_text = page.read_text()
+    assert "UNTRUSTWORTHY" in html_text and html_text.count(">trusted<") == 2
+    assert "| trust |" in (tmp_path / "out" / "sweep.md").read_text()
+    for d in steps[:2]:
+        _distrust(d)
+        build(d)
+    _, best, _ = build_sweep(steps, tmp_path / "out2")
+    assert best.startswith("No answer: the step at concurrency 8 (step-8) met every SLO but is untrustworthy")

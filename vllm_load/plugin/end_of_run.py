@@ -73,7 +73,7 @@ def judge_step(ctl: Controller, step: int) -> bool:
     return verdict.slo_passed is not False
 
 
-def _write_sweep(col: Collector) -> None:
+def _write_sweep(col: Collector, exit_code: int) -> None:
     if col.sweep is None or not col.sweep.steps:
         return
     from vllm_load.report.html import build
@@ -83,7 +83,7 @@ def _write_sweep(col: Collector) -> None:
     dirs = write_step_dirs(col.plan.files.path, col.sweep, col.end_wall or time.time())
     for d in dirs:
         build(d)
-    page, best, repeats = build_sweep(dirs, col.plan.files.path)
+    page, best, repeats = build_sweep(dirs, col.plan.files.path, exit_code=exit_code)
     repeated = int(getattr(col.opts, "repeat", 1) or 1) > 1  # --repeat N: N repeats, not a sweep of N steps
     print(f"vllm-load: {f'{len(dirs)} repeats' if repeated else f'sweep of {len(dirs)} steps'}: {best} ({page})",
           flush=True)
@@ -288,12 +288,12 @@ def _finish(ctl: Controller, run: Run, col: Collector) -> None:
 
     if run.generator is not None:
         run.generator.flush_log()  # the report reads this process's request log
-    _write_sweep(col)
     built = build(col.plan.files.path, junit=opts.junit)
     code = built.verdict.exit_code  # a stopped or interrupted run's code is the verdict's too (vllm_load/features/)
     exceptions = sum(row["count"] for row in environment.runner.exceptions.values())
     if code == EXIT_OK and exceptions:  # Locust's own rule, which our exit code would otherwise mask
         code = EXIT_ERRORS
+    _write_sweep(col, code)  # its page says the run's exit code
     ctl.end.report = str(built.report)
     log_file = ctl.servers.emulator_log
     if log_file is not None and log_file.exists():  # its log, beside the run's numbers

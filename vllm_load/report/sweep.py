@@ -33,11 +33,39 @@ def sweep_verdicts(runs: list[Run], slo_texts: list[str] | None = None) -> list[
     return out
 
 
-def build_sweep(run_dirs: list[str | Path], out_dir: Path,
-                slo_texts: list[str] | None = None) -> tuple[Path, str, list[list[str]]]:
+def step_trusted(run: Run) -> bool:
+    """Could the step's numbers be trusted (its own verdict's trust check found no reason, accepted or not)?"""
+    verdict = run.verdict
+    if verdict is not None:
+        return not verdict.distrusted
+    client = run.summary.client
+    return not (client and client.saturated)
+
+
+def answer(runs: list[Run], verdicts: list[bool | None], level: str) -> tuple[Run | None, str]:
+    """The largest level whose step met every SLO and can be trusted, and what was passed over on the way: a
+    sweep crowned an UNTRUSTWORTHY step ("max goodput … concurrency 4" in a run that exited 5)."""
+    met = sorted((r for r, v in zip(runs, verdicts) if v), key=lambda r: r.concurrency or 0, reverse=True)
+    skipped = []
+    for r in met:
+        if step_trusted(r):
+            note = (f" (the step{'s' if len(skipped) > 1 else ''} at {level} "
+                    f"{', '.join(str(x.concurrency) for x in skipped)} met them too but "
+                    f"{'are' if len(skipped) > 1 else 'is'} untrustworthy)") if skipped else ""
+            return r, note
+        skipped.append(r)
+    if skipped:
+        return None, (f"no answer: the step at {level} {skipped[0].concurrency} ({skipped[0].path.name}) met every SLO "
+                      "but is untrustworthy" + (", and so is every lower one that met them" if len(skipped) > 1 else ""))
+    return None, ""
+
+
+def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] | None = None,
+                exit_code: int | None = None) -> tuple[Path, str, list[list[str]]]:
     """One table and plot of throughput and latency against concurrency, across runs, and the largest
-    concurrency whose run met every SLO (how inference teams pick max_num_seqs / batch size). Returns the page,
-    that line, and the repeated levels' rows (``repeat_rows``)."""
+    concurrency whose run met every SLO and can be trusted (how inference teams pick max_num_seqs / batch size).
+    Returns the page, that line, and the repeated levels' rows (``repeat_rows``); ``exit_code``: the run's, said on
+    the page."""
     runs = sorted((load_run(d) for d in run_dirs), key=lambda r: (r.concurrency or 0, r.start))
     verdicts = sweep_verdicts(runs, slo_texts)
     with_records = any(r.summary.records_per_request for r in runs)
@@ -46,7 +74,7 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
                                            for r in runs) else "concurrency"
     head = ["run", level, "req/s", *(["records/s"] if with_records else []), "output tok/s", "TTFT mean ms",
             "TTFT p99 ms", "ITL p99 ms", "E2E mean ms", "E2E p99 ms", "KV usage max", "preemptions",
-            "prefix-cache hits", "failed", "SLO"]
+            "prefix-cache hits", "failed", "SLO", "trust"]
     rows = []
     for r, verdict in zip(runs, verdicts):
         srv = server_summary(r.server) or {}
@@ -60,18 +88,23 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path,
                      f"{r.summary.output_token_rate:.1f}", ms(TTFT, "mean"), ms(TTFT, "p99"), ms(ITL, "p99"),
                      ms(E2E, "mean"), ms(E2E, "p99"), "" if kv is None else f"{kv * 100:.1f}%",
                      "" if pre is None else f"{pre:g}", "" if hit is None else f"{hit * 100:.1f}%", r.summary.failed,
-                     "" if verdict is None else word(verdict)])
+                     "" if verdict is None else word(verdict), "trusted" if step_trusted(r) else "UNTRUSTWORTHY"])
     repeats = repeat_rows(runs, level)
     passing = [r.concurrency for r, v in zip(runs, verdicts) if v]
-    best = (f"Largest {level} meeting every SLO: {max(passing)}" if passing
+    chosen, note = answer(runs, verdicts, level)
+    best = (f"Largest {level} meeting every SLO: {chosen.concurrency}{note}" if chosen is not None
+            else note[:1].upper() + note[1:] if note
             else "No run met every SLO" if any(v is not None for v in verdicts) else "No SLO was given")
     recipe = None if slo_texts else parse_recipe(next((t for r in runs if (t := r.config.get("options", {}).get(
         "recipe"))), ""))
-    if recipe is not None and passing:  # the recipe's answer: its level, and the goodput there
-        best = recipe.headline(level, max(passing), next(r for r in runs if r.concurrency == max(passing)).summary.goodput)
+    if recipe is not None and chosen is not None:  # the recipe's answer: its level, and the goodput there
+        best = recipe.headline(level, chosen.concurrency, chosen.summary.goodput) + note
+    if exit_code is not None:
+        best += f" (the run's exit code: {exit_code})"
     bend = "; ".join(x for x in (knee_line(runs, level), decode_line(runs, level)) if x)
     out_dir.mkdir(parents=True, exist_ok=True)
-    overall = "pass" if passing else "fail" if any(v is not None for v in verdicts) else "none"
+    overall = ("pass" if chosen is not None else "untrustworthy" if passing else "fail"
+               if any(v is not None for v in verdicts) else "none")
     page = render("sweep.html.j2", count=len(runs), emulator=any(r.is_emulator for r in runs), best=best, knee=bend,
                   overall=overall, head=head, rows=rows, repeats_head=REPEAT_HEAD, repeats=repeats,
                   charts={"sweep": charts.by_level(runs, [r.concurrency or i for i, r in enumerate(runs)], level)
