@@ -398,7 +398,8 @@ def test_a_sweep_never_crowns_an_untrustworthy_step_and_says_each_steps_trust(tm
         build(d)
     page, best, _ = build_sweep(steps, tmp_path / "out", exit_code=5)
     assert best.startswith("Largest concurrency meeting every SLO: 4 (the step at concurrency 8 met them too but is "
-                           "untrustworthy) (the run's exit code: 5)")
+                           "untrustworthy)")
+    assert "<p id='exit-code'>The run&#39;s exit code: 5</p>" in page.read_text()
     html_text = page.read_text()
     assert "UNTRUSTWORTHY" in html_text and html_text.count(">trusted<") == 2
     assert "| trust |" in (tmp_path / "out" / "sweep.md").read_text()

@@ -39,7 +39,8 @@ def test_stop_on_slo_miss_ends_the_sweep_early(tmp_path, emulator_factory):
                      timeout=120)
     assert "missed ttft.p50<=60ms: stopping the sweep" in res.stdout, res.stdout[-2000:]
     names = [d.name for d in sorted((run_dir / "steps").iterdir())]
-    assert names[:2] == ["00-users-1", "01-users-8"] and "03-users-32" not in names
+    # the next step waits for the last one's verdict: the miss at 8 users stops the sweep before 16 starts
+    assert names == ["00-users-1", "01-users-8"], names
 
 
 @pytest.mark.quiet_cores  # each step's achieved send rate is the subject (beside a parallel suite: 29.6 of 40)

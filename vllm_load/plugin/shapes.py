@@ -90,8 +90,12 @@ class SweepShape(RunClockShape):
 
         levels = spec.levels
         if not getattr(self.runner.environment.parsed_options, "num_requests", 0):
-            duration = spec.step_duration
-            return [(i + 1) * duration for i in range(min(int(t // duration), len(levels)))]
+            # --stop-on-slo-miss holds each next step until the last one is judged (``tick``): its start is later
+            duration, gap = spec.step_duration, (JUDGE_DELAY if spec.stop_on_miss else 0.0)
+            out: list[float] = []
+            while len(out) < len(levels) and t >= (end := len(out) * (duration + gap) + duration):
+                out.append(end)
+            return out
         ends = self.count_ends
         ctl = process_of(self.runner.environment)
         processes = ctl.run.plan.processes if ctl.run is not None else 1
@@ -119,6 +123,11 @@ class SweepShape(RunClockShape):
             if spec.stop_on_miss and t - ends[-1] < JUDGE_DELAY:
                 return (0, 100.0)  # let the last step's reports arrive before its verdict
             return None
+        if spec.stop_on_miss and step and t < ends[-1] + JUDGE_DELAY:
+            # the next step waits for the last one's verdict, its users still sending at its level: with steps
+            # shorter than the reports' delay, "stopping the sweep" came after the next step had already run
+            users = spec.users_at(levels[step - 1])
+            return users, float(max(users, 1))
         level = levels[step]
         process_of(self.runner.environment).begin_step(step, level)
         users = spec.users_at(level)

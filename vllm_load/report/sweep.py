@@ -99,13 +99,14 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
         "recipe"))), ""))
     if recipe is not None and chosen is not None:  # the recipe's answer: its level, and the goodput there
         best = recipe.headline(level, chosen.concurrency, chosen.summary.goodput) + note
-    if exit_code is not None:
-        best += f" (the run's exit code: {exit_code})"
+
     bend = "; ".join(x for x in (knee_line(runs, level), decode_line(runs, level)) if x)
     out_dir.mkdir(parents=True, exist_ok=True)
     overall = ("pass" if chosen is not None else "untrustworthy" if passing else "fail"
                if any(v is not None for v in verdicts) else "none")
+    code_line = f"The run's exit code: {exit_code}" if exit_code is not None else ""
     page = render("sweep.html.j2", count=len(runs), emulator=any(r.is_emulator for r in runs), best=best, knee=bend,
+                  exit_code=code_line,
                   overall=overall, head=head, rows=rows, repeats_head=REPEAT_HEAD, repeats=repeats,
                   charts={"sweep": charts.by_level(runs, [r.concurrency or i for i, r in enumerate(runs)], level)
                           + pareto_chart(runs)})
@@ -116,7 +117,8 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
         md += ["", "Repeated levels: mean ± half the confidence interval over their steps", "",
                "| " + " | ".join(REPEAT_HEAD) + " |", "|" + "---|" * len(REPEAT_HEAD)]
         md += ["| " + " | ".join(str(c) for c in r) + " |" for r in repeats]
-    rd.write(rd.sweep_md, f"**{best}**\n\n" + (f"{bend}\n\n" if bend else "") + "\n".join(md) + "\n")
+    rd.write(rd.sweep_md, f"**{best}**" + (f" ({code_line[0].lower()}{code_line[1:]})" if code_line else "") + "\n\n"
+             + (f"{bend}\n\n" if bend else "") + "\n".join(md) + "\n")
     return rd.sweep_html, best + (f"; {bend}" if bend else ""), repeats
 
 
