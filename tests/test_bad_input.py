@@ -71,13 +71,38 @@ CASES = [
     (CHAT, ["--images-per-request", "1", "--image-size", "512by512"], "--image-size '512by512' is not WxH"),
     (CHAT, ["--batch-size", "4"], "--batch-size is read by locustfiles/embeddings.py or locustfiles/rerank.py only"),
     (CHAT, ["--rate-schedule", "{file}"], "its first line must be the header at,rate[,between,burstiness]"),
-    (CHAT, ["--rate-schedule", "/nonexistent/day.csv"], "--rate-schedule /nonexistent/day.csv: No such file"),
+    (CHAT, ["--rate-schedule", "/nonexistent/day.csv"], "--rate-schedule /nonexistent/day.csv: cannot be read (No such file"),
+    # unbounded inputs read 2-3 GB in 3-9 s; a \xff line, a 3,000-deep schema, a 200 KB CSV field were tracebacks
+    (CHAT, ["--rate-schedule", "/dev/zero"], "--rate-schedule /dev/zero: line 1 is longer than 64 KB"),
+    (CHAT, ["--fault-plan", "/dev/zero"], "--fault-plan /dev/zero: line 1 is longer than 64 KB"),
+    (CHAT, ["--fault-plan", "{bytes:ff0a}"], "line 1 is not UTF-8 text (byte 0xff)"),
+    (CHAT, ["--rate-schedule", "{bytes:61742c726174650a}" + "{csv_field}"], "line 2 is longer than 64 KB"),
+    (CHAT, ["--response-format", "json_schema:/dev/zero"], "schema /dev/zero: line 1 is longer than 16 MiB"),
+    (CHAT, ["--response-format", "json_schema:{deep}"], "JSON nested over 200 levels deep"),
+    (CHAT, ["--response-format", "json_schema:{five}"], "a JSON schema is an object, not int"),
+    (CHAT, ["--fault", "1s: exec: " + "x" * 70000], "at most 64 KB a line"),
 ]
+
+
+def _made(tmp_path, arg: str) -> str:
+    """An argument with its file made: {file}, {bytes:HEX}, {csv_field} (a 200 KB field), {deep}, {five}."""
+    arg = arg.replace("{file}", _a_file(tmp_path))
+    made = {"{deep}": '{"properties": ' * 3000 + "{}" + "}" * 3000, "{five}": "5"}
+    for mark, text in made.items():
+        if mark in arg:
+            (tmp_path / mark.strip("{}")).write_text(text)
+            arg = arg.replace(mark, str(tmp_path / mark.strip("{}")))
+    if arg.startswith("{bytes:"):
+        head, _, rest = arg.partition("}")
+        data = bytes.fromhex(head[len("{bytes:"):]) + (b"0," + b"9" * 200_000 + b"\n" if rest == "{csv_field}" else b"")
+        (tmp_path / "made.bin").write_bytes(data)
+        arg = str(tmp_path / "made.bin")
+    return arg
 
 
 @pytest.mark.parametrize("locustfile, args, says", CASES, ids=[" ".join(c[1])[:40] for c in CASES])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, emulator, locustfile, args, says):
-    args = [a.replace("{file}", _a_file(tmp_path)) for a in args]
+    args = [_made(tmp_path, a) for a in args]
     host = [] if "--host" in args else ["--host", emulator.url]
     r = run_in_process(["-f", locustfile, "--headless", "-t", "5s", *host, *args], cwd=tmp_path, timeout=60)
     errors = [ln for ln in r.stderr.splitlines() if "error" in ln.lower()]

@@ -123,7 +123,7 @@ def test_bad_sessions_files_are_one_line(tmp_path):
 
 @pytest.mark.parametrize("text,said", [
     ('{"session_id": "a", "turns": [{"input_tokens": 0, "output_tokens": 2}]}',
-     "line 1 is not a session (ValueError: turn 1: input_tokens 0 must be 1 or more)"),
+     "line 1 is not a session (ValueError: turn 1: input_tokens 0 must be 1 or more and 16777216 or less)"),
     ('{"session_id": "a", "block_size": -16, "turns": [{"input_tokens": 9, "output_tokens": 2}]}',
      "block_size -16 must be 1 or more and 1048576 or less"),
     ('{"session_id": "a", "turns": [{"input_tokens": 9, "output_tokens": 2}, {"input_tokens": 9.5, '
@@ -136,8 +136,14 @@ def test_bad_sessions_files_are_one_line(tmp_path):
      "t call 2: in 0 must be 1 or more"),
     (json.dumps({"id": "t", "block_size": 16, "requests": [{"type": "n", "t": 0, "in": 1e400, "out": 1}]}),
      "t call 1: in inf is not a count"),
+    (json.dumps({"id": "t", "block_size": 16, "requests": [{"type": "n", "t": 0, "in": 1e30, "out": 1}]}),
+     "t call 1: in 1e+30 must be 1 or more and 16777216 or less"),  # was an OverflowError: exit 4, 0 requests
+    (json.dumps({"id": "t", "block_size": 16, "requests": [{"type": "n", "t": 0, "in": 5, "out": 1,
+                                                          "think_time": 1e308}]}),
+     "think_time 1e+308 is not a time (0 to 1e+06 s)"),
+    ("[" * 300 + "]" * 300, "JSON nested over 200 levels deep"),
 ], ids=["no input", "negative block", "fractional input", "negative hash id", "weka block 0", "weka in 0",
-        "weka infinite"])
+        "weka infinite", "weka in 10^30", "a wait of 1e308", "nested 300 deep"])
 def test_every_sessions_field_is_checked_before_anything_native_runs(tmp_path, text, said):
     """A turn of 0 input tokens raised in the user task; a block_size of 0 or -16 reached the C code (SystemError:
     negative size). Each is one line naming the file, the line or call, and the field, at load."""

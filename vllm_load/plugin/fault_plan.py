@@ -26,6 +26,7 @@ import gevent
 from vllm_load.errors import UsageError
 from vllm_load.plugin.worker_secrets import fault_env
 from vllm_load.redact import redact_urls
+from vllm_load.workload.input_files import read_text
 from vllm_load.workload.lengths import parse_duration
 
 KINDS = ("kill", "stop", "start", "restart", "exec", "call", "drain", "undrain")
@@ -60,7 +61,14 @@ class Action:
         return f"{self.kind} at {self.at:g} s: {redact_urls(self.what)}"
 
 
+#: an action's line at most (a 50 MB command was "OSError: Argument list too long", printed whole)
+MAX_ACTION_BYTES = 64 * 1024
+
+
 def parse_action(text: str, where: str = "--fault") -> Action:
+    if len(text) > MAX_ACTION_BYTES:
+        raise UsageError(f"{where} an action of {len(text) // 1024} KB: at most {MAX_ACTION_BYTES // 1024} KB a line "
+                         "(put a long command in a script and run that)")
     m = _LINE.match(text)
     if not m:
         raise UsageError(f"{where} {text!r} is not an action: write 'AT: KIND: WHAT', e.g. '30s: kill: kill -9 "
@@ -77,10 +85,7 @@ def parse_plan(faults: list[str] | None, plan_file: str = "") -> list[Action]:
     """Every action of ``--fault`` and ``--fault-plan``, by time; a bad one is a one-line UsageError."""
     actions = [parse_action(f) for f in faults or ()]
     if plan_file:
-        try:
-            lines = open(plan_file, encoding="utf-8").read().splitlines()
-        except OSError as exc:
-            raise UsageError(f"--fault-plan {plan_file}: cannot be read ({exc.strerror or exc})") from None
+        lines = read_text(plan_file, "--fault-plan", "--fault-plan", MAX_ACTION_BYTES).splitlines()
         for n, line in enumerate(lines, 1):
             if line.strip() and not line.lstrip().startswith("#"):
                 actions.append(parse_action(line, f"--fault-plan {plan_file} line {n}:"))

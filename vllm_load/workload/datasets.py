@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from vllm_load.errors import UsageError
+from vllm_load.workload.input_files import MAX_LINE_BYTES, read_text  # noqa: F401  (MAX_LINE_BYTES: trace.py's)
 
 FORMATS = ("sharegpt", "jsonl", "csv")
 
@@ -45,31 +46,10 @@ def guess_format(path: Path) -> str:
 HF_PREFIX = "hf:"
 
 
-#: the longest line a line-based input (JSON lines, CSV) may have: a file with no line end was read whole into
-#: memory, however large; 16 MiB holds any prompt a served context takes
-MAX_LINE_BYTES = 16 << 20
-
-
 def read_input_text(path: Path, kind: str, option: str, max_line: int | None = None) -> str:
-    """A user's input file (a dataset, a trace) as text, or one line saying why it cannot be read; with
-    ``max_line``, read in pieces and refused at the first line longer than that (before it is all in memory)."""
-    try:
-        if max_line is None:
-            return path.read_text(encoding="utf-8")
-        parts: list[bytes] = []
-        run, line = 0, 1  # bytes of the line being read, and its number
-        with path.open("rb") as fh:
-            while piece := fh.read(1 << 20):
-                for i, segment in enumerate(piece.split(b"\n")):
-                    run = run + len(segment) if i == 0 else len(segment)
-                    line += i > 0
-                    if run > max_line:
-                        raise UsageError(f"{kind} {path}: line {line} is longer than {max_line >> 20} MiB: one "
-                                         f"record per line (check {option}, and its format)")
-                parts.append(piece)
-        return b"".join(parts).decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{kind} {path}: cannot be read ({exc.__class__.__name__}: {exc}): check {option}") from None
+    """A user's input file (a dataset, a trace) as text, or one line saying why it cannot be read
+    (``input_files.read_text``: bounded by line with ``max_line``; a dataset has no total bound)."""
+    return read_text(path, kind, option, max_line, None)
 
 
 def csv_rows(raw: str, path: Path, fail: Any) -> tuple[list[str], list[dict]]:

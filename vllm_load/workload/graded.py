@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from vllm_load.errors import UsageError
+from vllm_load.workload.input_files import loads, read_text
 from vllm_load.workload.structured import json_valid
 
 KINDS = ("gsm8k", "mmlu", "json")
@@ -98,13 +99,10 @@ def _item(kind: str, row: Any, where: str) -> Item:
 def load_set(kind: str, path: str) -> list[Item]:
     """A set's items from a JSON Lines file or a JSON list; a bad file or item is a one-line UsageError."""
     where = f"--accuracy {kind}:{path}"
+    text = read_text(path, f"--accuracy {kind}:", "--accuracy")
     try:
-        text = open(path, encoding="utf-8").read()
-    except OSError as exc:
-        raise UsageError(f"{where}: cannot be read ({exc.strerror or exc})") from None
-    try:
-        rows = json.loads(text) if text.lstrip().startswith("[") else [
-            json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = loads(text, where) if text.lstrip().startswith("[") else [
+            loads(line, f"{where} line {n}") for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     except ValueError as exc:
         raise UsageError(f"{where}: not JSON Lines or a JSON list ({exc})") from None
     items = [_item(kind, row, f"{where} item {n}") for n, row in enumerate(rows, 1)]

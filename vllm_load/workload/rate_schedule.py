@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_load.errors import UsageError
+from vllm_load.workload.input_files import read_text
 from vllm_load.workload.lengths import parse_duration
 
 BETWEEN = ("step", "linear")
@@ -52,11 +53,11 @@ class RateSchedule:
     @classmethod
     def read(cls, path: str) -> RateSchedule:
         """The schedule in ``path`` (the module's format); UsageError with the row at fault."""
+        text = read_text(path, "--rate-schedule", "--rate-schedule", 64 * 1024)
         try:
-            with open(path, newline="") as fh:
-                rows = [r for r in csv.reader(line for line in fh if line.strip() and not line.startswith("#"))]
-        except OSError as exc:
-            raise UsageError(f"--rate-schedule {path}: {exc.strerror or exc}") from None
+            rows = [r for r in csv.reader(line for line in text.splitlines() if line.strip() and not line.startswith("#"))]
+        except csv.Error as exc:
+            raise UsageError(f"--rate-schedule {path}: not CSV this reader takes ({exc})") from None
         if not rows or [c.strip() for c in rows[0][:2]] != ["at", "rate"]:
             raise UsageError(f"--rate-schedule {path}: its first line must be the header at,rate[,between,burstiness]")
         header = [c.strip() for c in rows[0]]

@@ -19,13 +19,13 @@ call's end (``t`` + ``api_time``) and this call's ``t`` (AIPerf's end-to-start d
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Union
 
 from vllm_load.errors import UsageError
+from vllm_load.workload.input_files import MAX_LINE_BYTES, loads, read_text
 from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
 from vllm_load.workload.public_sets import is_published, resolve
 from vllm_load.workload.synthetic_sessions import is_synthetic, make
@@ -109,7 +109,7 @@ def _read(path: str | Path, fmt: str) -> list[Session]:
                 out += _lines(f, weka=True)
                 continue
             try:
-                out.append(weka_session(json.loads(_text(f))))
+                out.append(weka_session(loads(_text(f), f"sessions {f}")))
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 raise _fail(f, f"is not a Weka trace ({type(exc).__name__}: {exc})") from None
     if not out:
@@ -119,36 +119,44 @@ def _read(path: str | Path, fmt: str) -> list[Session]:
 
 def _lines(p: Path, weka: bool) -> list[Session]:
     """A session per line: vllm-load's own sessions, or Weka traces (a line with ``requests``: the public sets'
-    ``traces.jsonl``, read line by line: they are 0.5-2 GB)."""
+    ``traces.jsonl``, read line by line: they are 0.5-2 GB), each line bounded (``input_files.MAX_LINE_BYTES``)."""
     out = []
     try:
-        with p.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
+        with p.open("rb") as f:
+            n = 0
+            while raw := f.readline(MAX_LINE_BYTES + 1):
+                n += 1
+                if len(raw) > MAX_LINE_BYTES:
+                    raise _fail(p, f"line {n} is longer than {MAX_LINE_BYTES >> 20} MiB: one session per line")
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise _fail(p, f"line {n} is not UTF-8 text") from None
                 if not line.strip():
                     continue
                 what = "Weka trace" if weka else "session"
                 try:
-                    obj = json.loads(line)
+                    obj = loads(line, f"sessions {p}: line {n}")
                     what = "Weka trace" if weka or "requests" in obj else what
                     out.append(weka_session(obj) if what == "Weka trace" else _jsonl_session(obj))
-                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
                     raise _fail(p, f"line {n} is not a {what} ({type(exc).__name__}: {exc}); see docs/sessions.md") \
                         from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise _fail(p, f"cannot be read ({exc})") from None
     return out
 
 
 def _text(p: Path) -> str:
-    try:
-        return p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise _fail(p, f"cannot be read ({exc})") from None
+    """A trace file's text, bounded (``input_files.read_text``: one trace, far under 256 MiB)."""
+    return read_text(p, "sessions", "--sessions", None)
 
 
 #: the largest block a trace may name (tokens per hash id): a bad value once reached the native code as a
 #: negative size (SystemError); vLLM's own blocks are 16-128 tokens, Weka's traces 64
 MAX_BLOCK = 1 << 20
+#: a turn's tokens and a wait at most: sane maxima before they reach the run (10^30 tokens was an OverflowError)
+MAX_TOKENS, MAX_WAIT_S = 1 << 24, 1e6
 
 
 def _count(value: Any, what: str, least: int = 0, most: int | None = None) -> int:
@@ -171,8 +179,8 @@ def _hash_ids(values: Any) -> tuple[int, ...]:
 
 def _seconds(value: Any, what: str) -> float:
     s = float(value)
-    if not math.isfinite(s) or s < 0:
-        raise ValueError(f"{what} {value!r} is not a time")
+    if not math.isfinite(s) or s < 0 or s > MAX_WAIT_S:
+        raise ValueError(f"{what} {value!r} is not a time (0 to {MAX_WAIT_S:g} s)")
     return s
 
 
@@ -184,7 +192,8 @@ def _jsonl_session(obj: dict, block_size: int | None = None) -> Session:
             steps.append(Fork(_jsonl_session(turn["subagent"], size), bool(turn.get("join", True))))
             continue
         try:
-            steps.append(Turn(_count(turn[INPUT_TOKENS], INPUT_TOKENS, 1), _count(turn[OUTPUT_TOKENS], OUTPUT_TOKENS, 1),
+            steps.append(Turn(_count(turn[INPUT_TOKENS], INPUT_TOKENS, 1, MAX_TOKENS),
+                              _count(turn[OUTPUT_TOKENS], OUTPUT_TOKENS, 1, MAX_TOKENS),
                               _seconds(turn.get("delay", 0.0), "delay"), _hash_ids(turn.get("hash_ids") or ())))
         except (ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"turn {i}: {exc}") from None
@@ -243,7 +252,7 @@ def _weka_step(sid: str, req: dict, block_size: int, salt: str | None,
     else:
         delay = max(0.0, t - prev_end) if prev_end is not None else 0.0
     end = t + _seconds(req.get("api_time") or 0.0, "api_time")
-    turn = Turn(_count(req["in"], "in", 1), max(1, _count(req["out"], "out")), delay,
+    turn = Turn(_count(req["in"], "in", 1, MAX_TOKENS), max(1, _count(req["out"], "out", 0, MAX_TOKENS)), delay,
                 tuple(_block(h, salt) for h in _hash_ids(req.get("hash_ids") or ())))
     return turn, end
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.errors import UsageError
+from vllm_load.workload.input_files import loads, read_text
 
 
 @dataclass(frozen=True)
@@ -53,12 +54,13 @@ def parse_response_format(text: str) -> ResponseFormat | None:
     kind, _, path = text.partition(":")
     if kind != "json_schema" or not path:
         raise UsageError(f"--response-format {text!r}: write json_object or json_schema:FILE (a JSON schema)")
+    raw = read_text(path, "schema", "--response-format json_schema:FILE")
     try:
-        schema = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise UsageError(f"--response-format {text!r}: cannot be read ({exc.strerror or exc})") from None
+        schema = loads(raw, f"--response-format {text!r}")
     except ValueError as exc:
         raise UsageError(f"--response-format {text!r}: not JSON ({exc})") from None
+    if not isinstance(schema, (dict, bool)):
+        raise UsageError(f"--response-format {text!r}: a JSON schema is an object, not {type(schema).__name__}")
     import jsonschema
 
     try:
