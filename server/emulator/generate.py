@@ -162,8 +162,12 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
     shift = pull_kv(emu, out_spec)  # a decode instance's KV transfer: before its first token
     for em in emu.engine.generate(prompt_tokens, max_tokens, cached, remote=out_spec.kv == "consume",
                                  priority=out_spec.priority):
-        if out >= fault_at and fault in ("drop", "malformed", "error", "stall"):
+        if out >= fault_at and fault in ("drop", "malformed", "error", "stall", "endless"):
             if fault == "drop":
+                raise DropConnection()
+            if fault == "endless":  # bytes without a line end, 64 MiB of them, then the connection closed
+                for _ in range(1024):
+                    yield b"a" * 65536
                 raise DropConnection()
             if fault == "malformed":
                 yield b'data: {"id": "broken\n\n'

@@ -69,6 +69,8 @@ static int add_lines(stream_t *s, const char *p, size_t n, int64_t stamp) {
     while (n) {
         const char *nl = memchr(p, '\n', n);
         size_t take = nl ? (size_t)(nl - p) + 1 : n;
+        if (s->body.linelen + take > LINE_MAX_BYTES)
+            return -1; /* the body is malformed: a stream's line is never this long */
         if (s->body.linelen + take > s->body.linecap) {
             size_t cap = s->body.linecap ? s->body.linecap : 1024;
             while (cap < s->body.linelen + take)

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from gevent import GreenletExit
+from geventhttpclient.response import HTTPConnectionClosed
 from locust.exception import CatchResponseError
 
 from vllm_load.client import rxstamp
@@ -24,6 +25,7 @@ from vllm_load.client.transport_direct import DirectTransport
 from vllm_load.client.openai_api import error_message
 from vllm_load.client.reader_choice import note_read
 from vllm_load.client.rxstamp import CLOCK, NATIVE, STAMPED
+from vllm_load.client.sse import StreamError
 
 
 class SessionTransport:
@@ -98,19 +100,50 @@ class SessionTransport:
         else:  # when this greenlet got to read them
             def arrival() -> float:
                 return perf() - t0
-        readline, feed = raw.readline, decoder.feed
+        feed = decoder.feed
         while True:
-            line = readline(b"\n")
+            line = bounded_readline(raw)
             if not line:
                 break
             at = arrival()
             feed(line, at)
             if decoder.done:  # the E2E ends as the [DONE] landed (its stamp), as the native reader ends it
-                while readline(b"\n"):  # drain the terminating chunk so the connection can be reused
+                while bounded_readline(raw):  # drain the terminating chunk so the connection can be reused
                     pass
                 return t0 + at
         done_at = decoder.end_offset(None)
         return None if done_at is None else t0 + done_at
+
+
+#: a body line longer than this is not an SSE stream's (the native reader's LINE_MAX_BYTES, _rx.h)
+LINE_MAX_BYTES = 16 << 20
+
+
+def bounded_readline(raw: Any, limit: int = LINE_MAX_BYTES) -> bytes:
+    """geventhttpclient's ``readline(b"\\n")``, refused past ``limit`` bytes without a newline: a server sending
+    bytes without one grew its buffer at ~190 MB/s (its ``_body_buffer`` and ``feed`` read here: geventhttpclient
+    <2.8, setup.cfg)."""
+    start = 0
+    while True:
+        buf = raw._body_buffer
+        at = buf.find(b"\n", start)
+        if at >= 0:
+            line = bytes(buf[:at + 1])
+            del buf[:at + 1]
+            return line
+        start = len(buf)
+        if start > limit:
+            raise StreamError(f"a body line over {limit >> 20} MiB without a line end: not an SSE stream")
+        if raw.message_complete:
+            return b""
+        sock = raw._sock
+        if sock is None:
+            raise HTTPConnectionClosed("connection closed.")
+        try:
+            raw.feed(sock.recv(raw.block_size))
+        except BaseException:
+            raw.release()
+            raise
 
 
 def _read_body_native(sock: Any, raw: Any, decoder: Decoder, start_wall: float) -> float | None:
