@@ -80,6 +80,8 @@ CASES = [
     (CHAT, ["--response-format", "json_schema:/dev/zero"], "schema /dev/zero: line 1 is longer than 16 MiB"),
     (CHAT, ["--response-format", "json_schema:{deep}"], "JSON nested over 200 levels deep"),
     (CHAT, ["--response-format", "json_schema:{five}"], "a JSON schema is an object, not int"),
+    # a pattern that nests quantifiers froze the loop on one answer of 34 a's and a '!': -t 5s never ended
+    (CHAT, ["--response-format", "json_schema:{nested}"], "nests quantifiers, which can take exponential time"),
     (CHAT, ["--fault", "1s: exec: " + "x" * 70000], "at most 64 KB a line"),
 ]
 
@@ -87,7 +89,8 @@ CASES = [
 def _made(tmp_path, arg: str) -> str:
     """An argument with its file made: {file}, {bytes:HEX}, {csv_field} (a 200 KB field), {deep}, {five}."""
     arg = arg.replace("{file}", _a_file(tmp_path))
-    made = {"{deep}": '{"properties": ' * 3000 + "{}" + "}" * 3000, "{five}": "5"}
+    made = {"{deep}": '{"properties": ' * 3000 + "{}" + "}" * 3000, "{five}": "5",
+            "{nested}": '{"type": "object", "properties": {"a": {"type": "string", "pattern": "^(\\\\w+\\\\s?)*$"}}}'}
     for mark, text in made.items():
         if mark in arg:
             (tmp_path / mark.strip("{}")).write_text(text)

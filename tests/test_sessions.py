@@ -5,6 +5,7 @@ to what the shared blocks predict; from a generic sessions JSONL and from Weka/A
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 
 import pytest
@@ -196,3 +197,28 @@ def test_a_bad_session_start_is_one_line(tmp_path):
     res = run_in_process(["-f", SESSIONS, "--headless", "-u", "1", "-t", "5s", "--sessions", str(tmp_path / "s.jsonl"),
                           "--session-start", "0.8,0.2", "--run-dir", str(tmp_path / "run")], tmp_path, timeout=60)
     assert res.returncode == 2 and "--session-start '0.8,0.2': need 0 <= MIN <= MAX <= 1" in res.stderr
+
+
+@pytest.mark.slow
+def test_a_replay_whose_last_turns_wait_past_minus_t_ends_at_minus_t(tmp_path):
+    """sessions.py -t 4s whose traces' last turns wait out an 8 s think time never exited (5 of 5, no summary): the
+    user stopped mid-wait parked in its session's ``finally``, in the greenlet Locust was killing."""
+    import subprocess
+    import sys
+    import time
+
+    path = tmp_path / "s.jsonl"
+    path.write_text("".join(json.dumps({"session_id": f"s{i}", "turns": [
+        {"input_tokens": 20, "output_tokens": 4}, {"input_tokens": 30, "output_tokens": 4, "delay": 8.0}]}) + "\n"
+        for i in range(2)))
+    began = time.time()
+    res = subprocess.run([sys.executable, "-m", "locust", "-f", SESSIONS, "--headless", "-u", "2", "-r", "2", "-t",
+                          "3s", "--sessions", str(path), "--sessions-format", "jsonl", "--max-idle", "30",
+                          "--only-summary", "--run-dir", str(tmp_path / "run"), "--allow-untrustworthy"],
+                         cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+                         timeout=120)
+    took = time.time() - began
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert took < 8 + 3 + 20, took  # ended by -t, not by the 8 s wait (nor hung until a timeout)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["summary"]
+    assert summary["requests"] == 2  # the first turns; the second ones were due after -t and never sent

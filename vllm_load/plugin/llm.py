@@ -305,6 +305,10 @@ class LLM(PoolingCalls, SpeechCalls, MediaCalls, SessionCalls):
         assert source is not None
         return source
 
+    def _live_generator(self) -> Generator | None:
+        """This process's generator as it is (None: none), without waiting: for code that must not park."""
+        return generator_of(self._user.environment)
+
     def _generator(self) -> Generator:
         """This process's generator; none (the target failed its check) or draining: wait for the stop."""
         gen = generator_of(self._user.environment)

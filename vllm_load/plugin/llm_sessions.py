@@ -34,11 +34,12 @@ def _turn_request(src: Any, input_tokens: int, output_tokens: int, hash_ids: tup
 
 
 class SessionCalls:
-    """A part of ``LLM`` (``plugin/llm.py``): it needs ``_source()``, ``_generator()``, ``send()`` and the per-greenlet
-    ``_due`` and ``_sessions`` from there."""
+    """A part of ``LLM`` (``plugin/llm.py``): it needs ``_source()``, ``_generator()``, ``_live_generator()``, ``send()``
+    and the per-greenlet ``_due`` and ``_sessions`` from there."""
 
     _source: Any
     _generator: Any
+    _live_generator: Any
     send: Any
     _due: dict
     _sessions: dict
@@ -94,7 +95,9 @@ class SessionCalls:
     def finished(self) -> None:
         """This process sent all of its share (and every request came back): the run ends once every process
         has said so (as a trace replay ends)."""
-        gen = self._generator()
+        gen = self._live_generator()
+        if gen is None or gen.draining:  # the run is ending (a user stopped mid-session, in its finally): it parked
+            return  # here, in a greenlet Locust was killing, and the run never ended (sessions.py -t 4s)
         gevent.spawn(lambda: (gen.idle.wait(), gen.on_trace_done()))
 
     @contextlib.contextmanager

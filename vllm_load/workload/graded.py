@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from vllm_load.errors import UsageError
 from vllm_load.workload.input_files import loads, read_text
+from vllm_load.workload.structured import check_patterns
 from vllm_load.workload.structured import json_valid
 
 KINDS = ("gsm8k", "mmlu", "json")
@@ -90,6 +91,7 @@ def _item(kind: str, row: Any, where: str) -> Item:
             return Item(kind, f"{row['question']}\n{options}\nAnswer with the letter of the right choice.", letter,
                         f"The answer is {letter}.")
         schema = row["schema"]
+        check_patterns(schema, where)  # its answers are checked on the event loop: no exponential pattern
         return Item(kind, str(row["prompt"]), json.dumps(schema),
                     json.dumps(row["example"]) if "example" in row else "")
     except (KeyError, IndexError, ValueError, TypeError) as exc:

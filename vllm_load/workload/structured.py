@@ -7,6 +7,7 @@ closed its object allows only the end, which ``ignore_eos`` would refuse."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,7 @@ def parse_response_format(text: str) -> ResponseFormat | None:
         raise UsageError(f"--response-format {text!r}: not JSON ({exc})") from None
     if not isinstance(schema, (dict, bool)):
         raise UsageError(f"--response-format {text!r}: a JSON schema is an object, not {type(schema).__name__}")
+    check_patterns(schema, f"--response-format {text!r}")
     import jsonschema
 
     try:
@@ -69,3 +71,27 @@ def parse_response_format(text: str) -> ResponseFormat | None:
         raise UsageError(f"--response-format {text!r}: not a JSON schema ({exc.message})") from None
     name = Path(path).stem.replace("-", "_") or "schema"
     return ResponseFormat({"type": "json_schema", "json_schema": {"name": name, "schema": schema}}, json.dumps(schema))
+
+
+#: a group holding a quantifier, itself quantified (``(\w+\s?)*``, ``(a|aa)+``): a backtracking regex engine can take
+#: exponential time to reject an answer with it (34 ``a``s and a ``!`` froze the loop, and ``-t 5s`` never ended)
+_NESTED = re.compile(r"\((?:[^()\\]|\\.)*(?:[*+}]|\|)(?:[^()\\]|\\.)*\)\s*(?:[*+]|\{\d*,\d*\})")
+
+
+def check_patterns(schema: Any, where: str) -> None:
+    """Refuse a schema whose ``pattern`` (or ``patternProperties`` key) nests quantifiers: checked against every
+    answer on the event loop, such a pattern can hold it for minutes (one line, exit 2)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            patterns = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+            if isinstance(node.get("patternProperties"), dict):
+                patterns += list(node["patternProperties"])
+            for pattern in patterns:
+                if _NESTED.search(pattern):
+                    raise UsageError(f"{where}: its pattern {pattern!r} nests quantifiers, which can take exponential "
+                                     "time to check an answer: write it without a quantified group of quantifiers")
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
