@@ -226,3 +226,40 @@ def test_load_lora_loads_an_adapter_for_the_run_and_unloads_it_after(emulator_fa
         bad = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-t", "2s", *args,
                               "--run-dir", str(tmp_path / "bad")], cwd=tmp_path, timeout=60)
         assert bad.returncode == 2 and says in bad.stderr, bad.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ending", ["-t", "SIGTERM", "SIGINT"])
+def test_a_locust_process_unloads_its_adapters_however_its_run_ends(emulator_factory, tmp_path, ending):
+    """The quitting path never called the unload: a real process left its --load-lora adapters on the server."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.helpers import wait_for
+
+    emu = emulator_factory("--ttft", "0.005", "--itl", "0.002", "--allow-runtime-lora-updating")
+
+    def served() -> list[str]:
+        return [m["id"] for m in json.loads(urllib.request.urlopen(emu.url + "/v1/models").read())["data"]]
+
+    before = served()
+    proc = subprocess.Popen([sys.executable, "-m", "locust", "-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t",
+                             "4s" if ending == "-t" else "60s", "--host", emu.url, "--output-tokens", "4",
+                             "--load-lora", "sql-lora=/adapters/sql", "--model", "sql-lora", "--allow-untrustworthy",
+                             "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: "sql-lora" in served(), timeout=60, what="the adapter loaded")
+        if ending != "-t":
+            wait_for(lambda: (tmp_path / "run" / "requests.jsonl").exists()
+                     and (tmp_path / "run" / "requests.jsonl").stat().st_size, timeout=60, what="requests")
+            proc.send_signal(getattr(signal, ending))
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "vllm-load: unloaded LoRA adapter sql-lora from" in out, out[-2000:] + err[-2000:]
+    assert served() == before  # the server left as it was

@@ -221,6 +221,7 @@ def _end(ctl: Controller) -> None:
             _finish_unwritten(ctl, run, col)
     if run is not None:
         run.close()
+    ctl.servers.release()  # --load-lora's adapters off the servers, whichever way the run ended
 
 
 def _csv_catch_up(environment: Any) -> None:

@@ -4,6 +4,7 @@ targets (--load-lora); all of it lives as long as the process."""
 
 from __future__ import annotations
 
+import atexit
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ class Servers:
 
             self.adapters = lora_adapters.LoraAdapters(split_hosts(url or host), opts.api_key,
                                                        lambda line: print(line, flush=True))
+            # unloaded at the run's end (``release``), and on any other way out of the process (a failed start-up's
+            # exit, a signal's): the quitting path alone never did, and the adapters stayed on the server
+            atexit.register(self.adapters.unload)
             self.adapters.load(specs)
         return url
 
@@ -59,9 +63,13 @@ class Servers:
     def is_emulator(self, host: str | None) -> bool:
         return self.emulator is not None and host == self.emulator.url
 
-    def stop(self) -> None:
-        if self.adapters is not None:  # before the emulator goes: it served them
+    def release(self) -> None:
+        """What the run put on the servers, taken back (once): --load-lora's adapters."""
+        if self.adapters is not None:
             self.adapters.unload()
+
+    def stop(self) -> None:
+        self.release()  # before the emulator goes: it served them
         for child in (self.sidecar, self.emulator):
             if child:
                 child.stop()
