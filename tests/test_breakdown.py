@@ -133,3 +133,14 @@ def test_a_spans_start_splits_the_way_to_the_server_from_the_clients_side():
     assert split["before_server"] == pytest.approx(0.005) and split["client_side"] == pytest.approx(0.495)
     e2e = breakdown(late)["tails"]["e2e"]["p99"]["split"]
     assert sum(e2e.values()) == pytest.approx(0.9) and e2e["before_server"] == pytest.approx(0.005)
+
+
+def test_a_tail_whose_server_parts_exceed_the_clients_time_prints_no_negative_share():
+    """A breakdown printed "-10.0 client": the server's parts were longer than the client's own E2E."""
+    from vllm_load.metrics.breakdown import breakdown, tail_lines
+
+    records = [{"ok": True, "ttft": 0.05, "e2e": 0.40, "server_queue": 0.01, "server_prefill": 0.04,
+                "server_decode": 0.36, "server_ttft": 0.05, "client_overhead": 0.0} for _ in range(50)]
+    lines = [line for line in tail_lines(breakdown(records)) if line.startswith("where E2E")]
+    assert lines and all(" -" not in line for line in lines), lines
+    assert "exceed the client's time by 10.0 ms" in lines[0] and "0.0 client" in lines[0]

@@ -83,7 +83,9 @@ def test_the_router_counters_say_what_it_did_about_each_action():
     dead = "http://127.0.0.1:18802"
     grew = router_counters.increase(before, after)
     assert grew["retries"] == 8 and grew["gave_up"] == 2 and grew["failures"] == {dead: 10}
-    assert grew["opened"] == {dead: 1} and grew["served"] == {dead: 10, "http://127.0.0.1:18801": 8}
+    # served: the breaker's successes (the dead worker's 10 processed requests all failed); attempts: processed
+    assert grew["opened"] == {dead: 1} and grew["served"] == {"http://127.0.0.1:18801": 8}
+    assert grew["attempts"] == {dead: 10, "http://127.0.0.1:18801": 8}
     # each action: from its start to the next one's start, the last one to the run's end; a failed read is said
     faults = [{"start": 10.0, "label": "kill at 10 s: kill -9 b", "ok": True, "router_at": before},
               {"start": 12.0, "label": "start at 12 s: ./b", "ok": True, "router_at": after},

@@ -142,9 +142,12 @@ def tail_lines(b: Timing | None) -> list[str]:
             if (tail.value, tail.requests) in said:  # a tail of the same requests: said once
                 continue
             said.add((tail.value, tail.requests))
-            split = ", ".join(f"{v * 1000:.1f} {LABELS[p]}" for p, v in tail.split.items())
+            split = ", ".join(f"{max(0.0, v) * 1000:.1f} {LABELS[p]}" for p, v in tail.split.items())
+            over = -min(0.0, *tail.split.values())
             out.append(f"where {metric.upper()} {q} ({tail.value * 1000:.1f} ms, the {tail.requests} slowest "
-                       f"requests) went, on average: {split} ms")
+                       f"requests) went, on average: {split} ms" + (
+                           f" (the server's parts exceed the client's time by {over * 1000:.1f} ms: the rest is "
+                           "shown as 0; the server counts time the client's clock does not)" if over > 0 else ""))
     for group in GROUPS:  # per replica, per name: TTFT's p99 each
         rows = b.groups(group)
         if rows:

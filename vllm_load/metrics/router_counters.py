@@ -19,10 +19,13 @@ TOTALS = {"vllm_router_retries_total": "retries", "vllm_router_retries_exhausted
 
 def parse(text: str) -> dict[str, Any]:
     """The counters a fault moves: ``retries``, ``gave_up``, ``errors`` (summed over routes), and per worker
-    ``failures`` (its circuit breaker's failure outcomes), ``opened`` (its breaker's moves to open) and ``served``
-    (the requests it processed). Raises ValueError when ``text`` holds no vllm-router counter."""
-    out: dict[str, Any] = {"retries": 0.0, "gave_up": 0.0, "errors": 0.0, "failures": {}, "opened": {}, "served": {}}
-    seen = False
+    ``failures`` (its circuit breaker's failure outcomes), ``opened`` (its breaker's moves to open), ``served`` (its
+    breaker's success outcomes: ``processed_requests_total`` counts the failed attempts too, and a dead worker was
+    said to have served 10) and ``attempts`` (the requests it processed, failed ones included). Raises ValueError
+    when ``text`` holds no vllm-router counter."""
+    out: dict[str, Any] = {"retries": 0.0, "gave_up": 0.0, "errors": 0.0, "failures": {}, "opened": {}, "served": {},
+                           "attempts": {}}
+    seen = outcomes = False
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if not s.name.startswith("vllm_router_"):
@@ -33,12 +36,17 @@ def parse(text: str) -> dict[str, Any]:
                 out[TOTALS[s.name]] += float(s.value)
             elif s.name == "vllm_router_cb_outcomes_total" and s.labels.get("outcome") == "failure":
                 out["failures"][worker] = out["failures"].get(worker, 0.0) + float(s.value)
+            elif s.name == "vllm_router_cb_outcomes_total" and s.labels.get("outcome") == "success":
+                outcomes = True
+                out["served"][worker] = out["served"].get(worker, 0.0) + float(s.value)
             elif s.name == "vllm_router_cb_state_transitions_total" and s.labels.get("to") == "open":
                 out["opened"][worker] = out["opened"].get(worker, 0.0) + float(s.value)
             elif s.name == "vllm_router_processed_requests_total":
-                out["served"][worker] = float(s.value)
+                out["attempts"][worker] = float(s.value)
     if not seen:
         raise ValueError("it serves no vllm_router_* counter")
+    if not outcomes:  # no breaker outcomes: what a worker served is what it processed less its failures
+        out["served"] = {w: n - out["failures"].get(w, 0.0) for w, n in out["attempts"].items()}
     return out
 
 
