@@ -42,3 +42,20 @@ def test_server_kind_vllm_overrides_the_detection(tmp_path, emulator_factory):
     logs = read_log(run_dir / "requests.jsonl")
     # told it is vLLM, the client sends min_tokens, which this server refuses
     assert logs and all(not r["ok"] and "min_tokens" in r["error"] for r in logs) and res.returncode != 0
+
+
+def test_a_standalone_emulator_is_named_as_the_emulator_not_as_vllm(emulator_factory):
+    """A standalone emulator was reported as "vLLM 0.32.0" on the console and in the report."""
+    from argparse import Namespace
+
+    from vllm_load.client.openai_api import server_identity
+    from vllm_load.plugin.target import Target
+
+    emu = emulator_factory("--ttft", "0.005", "--itl", "0.001")
+    version, emulated = server_identity(emu.url)
+    assert version and emulated
+    target = Target(emu.url, "m", "t", 0, False, Namespace(), Namespace(), 1.0, server_version=version,
+                    emulated=True)
+    assert target.kind == f"EMULATOR (standalone, of vLLM {version})"
+    embedded = Target(emu.url, "m", "t", 0, True, Namespace(), Namespace(), 1.0, server_version=version)
+    assert embedded.kind == f"EMULATOR (of vLLM {version})"

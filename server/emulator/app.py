@@ -122,8 +122,10 @@ class Emulator:
         if path == "/reset_prefix_cache" and method == "POST":  # vLLM's (dev mode): the cache emptied
             self.prefix_cache.reset()
             return reply(start_response, 200, b'{"success":true}')
-        if path == "/version":
-            return reply(start_response, 200, orjson.dumps({"version": VERSION}))
+        if path == "/version" and self.owned_by == "vllm":  # a server emulated as another (--owned-by) has none
+            # vLLM's own shape, and a key of the emulator's: a client can tell it from a real vLLM (a standalone one
+            # was reported as "vLLM 0.32.0")
+            return reply(start_response, 200, orjson.dumps({"version": VERSION, "emulator": "vllm-load"}))
         if path == "/v1/models":
             return reply(start_response, 200, self._models())
         if path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter") and method == "POST" and self.runtime_lora:

@@ -103,14 +103,21 @@ def discover_model(host: str, model: str, api_key: str = "", timeout: float = 10
 def server_version(host: str, api_key: str = "", timeout: float = 3.0, headers: dict[str, str] | None = None) -> str:
     """vLLM's version from its /version ({"version": "0.32.0"}), or "" from a server without one (not vLLM, a
     gateway): shown beside the target and compared between runs, never required."""
+    return server_identity(host, api_key, timeout, headers)[0]
+
+
+def server_identity(host: str, api_key: str = "", timeout: float = 3.0, headers: dict[str, str] | None = None
+                    ) -> tuple[str, bool]:
+    """(``server_version``, whether /version says it is vllm-load's emulator: ``"emulator": "vllm-load"``)."""
     sent = {k: v for k, v in (headers or {}).items() if k.lower() not in ("content-type", "accept", "accept-encoding")}
     try:
         req = urllib.request.Request(host.rstrip("/") + "/version", headers={**sent, **auth_header(api_key)})
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            version = json.loads(resp.read()).get("version")
+            data = json.loads(resp.read())
+        version, emulator = data.get("version"), data.get("emulator") == "vllm-load"
     except (urllib.error.URLError, OSError, ValueError, AttributeError):
-        return ""
-    return str(version)[:40] if isinstance(version, (str, int, float)) else ""
+        return "", False
+    return (str(version)[:40] if isinstance(version, (str, int, float)) else ""), emulator
 
 
 def error_message(body: bytes) -> str:

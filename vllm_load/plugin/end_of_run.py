@@ -236,7 +236,9 @@ def _csv_catch_up(environment: Any) -> None:
 
 def _table_title(ctl: Controller, col: Collector) -> str:
     """The console table's title: the run, and whether its target was the built-in emulator."""
-    banner = " (target: built-in EMULATOR, not a real vLLM)" if ctl.target and ctl.target.is_emulator else ""
+    target = ctl.target
+    banner = (" (target: built-in EMULATOR, not a real vLLM)" if target and target.is_emulator else
+              " (target: the vLLM EMULATOR, standalone, not a real vLLM)" if target and target.emulated else "")
     return f"vllm-load LLM metrics, run {col.plan.run_id}{banner}"
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_load.errors import UsageError
-from vllm_load.client.openai_api import auth_header, discover_model, is_credential_header, server_version
+from vllm_load.client.openai_api import auth_header, discover_model, is_credential_header, server_identity
 from vllm_load.client.stream import BodyDefaults
 from vllm_load.workload.lengths import parse_duration
 from vllm_load.plugin.worker_secrets import SECRET_OPTIONS
@@ -130,13 +130,16 @@ class Target:
     #: the replicas users are spread over (--host a,b): each checked like ``host``; () for one target
     hosts: tuple[str, ...] = ()
     model_weights: tuple[float, ...] = ()  # --model a:0.6,b:0.4: each model's share (none: equal turns)
+    emulated: bool = False  # /version says the target is vllm-load's emulator (a standalone one, not embedded)
 
     @property
     def kind(self) -> str:
         """What the numbers describe, in a few words: decided here, kept in config.json (``target_kind``) and
         shown from there (the web UI's header and LLM tab, the console, the report, compare)."""
-        if self.is_emulator:
-            return "EMULATOR" + (f" (of vLLM {self.server_version})" if self.server_version else "")
+        if self.is_emulator or self.emulated:  # the embedded one, or one the user serves (it says so at /version)
+            said = [*([] if self.is_emulator else ["standalone"]),
+                    *([f"of vLLM {self.server_version}"] if self.server_version else [])]
+            return "EMULATOR" + (f" ({', '.join(said)})" if said else "")
         if self.server_kind == "vllm":
             return f"vLLM {self.server_version}" if self.server_version else "vLLM (version unknown)"
         return f"OpenAI-compatible server (owned_by {self.owned_by!r})" if self.owned_by else "OpenAI-compatible server"
@@ -177,11 +180,11 @@ def resolve_target(opts: Any, host: str, is_emulator: bool, apis: frozenset[str]
     if opts.align_with_server:
         checked = align_with_server(host, served.id, tok, opts.api_key, apis)
         print(f"vllm-load: --align-with-server: {checked}", flush=True)
+    version, emulated = server_identity(host, opts.api_key, headers=headers)
     return Target(host, served.id, tok_name, limit, is_emulator, input_spec, output_spec, backoff_max, outage_after,
                   stop_on_outage, tokenizer_source, tuple(models) if len(models) > 1 else (served.id,), warmup,
                   len(trace), trace[-1].at / opts.trace_speed if trace else 0.0, server_kind(opts, served),
-                  served.owned_by, server_version(host, opts.api_key, headers=headers),
-                  model_weights=weights if len(models) > 1 else ())
+                  served.owned_by, version, model_weights=weights if len(models) > 1 else (), emulated=emulated)
 
 
 def _check_inputs(opts: Any) -> None:
