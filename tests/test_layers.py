@@ -262,12 +262,11 @@ def test_the_summary_parts_are_read_by_attribute():
                                                              "tails", "gpus", "sent", "replicas"]
 
 
-def test_modules_stay_small_enough_to_read_and_the_controller_is_its_parts():
-    """No module of vllm_load/ or of the servers over 350 lines, the controller within 250 (it was 473, importing
-    21 of plugin/'s modules; its parts are objects of their own), the emulator's app split by concern (944)."""
-    modules = [*PKG.rglob("*.py"), *(PKG.parent / "server").rglob("*.py")]
-    long = {str(p.relative_to(PKG.parent)): n for p in modules if (n := len(p.read_text().splitlines())) > 350}
-    assert long == {}
+def test_the_controller_is_its_parts():
+    """The controller within 250 lines (it was 473, importing 21 of plugin/'s modules; its parts are objects of their
+    own). The 350-line cap every module had is gone: it squeezed hubs (generator.py held at 346-350 lines through
+    nine features by folding statements) instead of moving features out; ``tests/test_features.py`` holds the
+    features to their own modules instead, and a module is as long as its one job needs."""
     assert len((PKG / "plugin" / "controller.py").read_text().splitlines()) <= 250
 
 

@@ -388,5 +388,5 @@ def test_the_servers_parts_are_merged_exactly_and_exported_live_but_not_rows_of_
     assert not any(r["metric"].startswith("Server queue") for r in table_rows(s))  # said as the tails' split
     fams = {f.name: f for f in text_string_to_metric_families(generate_latest(registry_for(lambda: a)).decode())}
     count = next(x.value for x in fams["vllm_load:server_queue_seconds"].samples
-                 if x.name.endswith("_count") and x.labels.get("name") == "")
+                 if x.name.endswith("_count") and x.labels.get("name") == "(unnamed)")
     assert count == 40
