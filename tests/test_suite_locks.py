@@ -85,7 +85,7 @@ def test_a_quiet_test_moves_its_worker_and_all_it_started_to_the_quiet_group_and
                                                                                           "quiet": "1024"}
     # the controller, whose workers are born there
     assert (base / "background" / "cgroup.procs").read_text() == f"{os.getpid()}\n"
-    subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    _kid = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])  # held: a collected Popen lost the child
     try:
         wait_for(lambda: len(suite_priority.tree()) == 3, timeout=30, what="the child's child")
         suite_priority.move(suite_priority.tree(), "quiet")

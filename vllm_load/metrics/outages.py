@@ -1,7 +1,8 @@
 """Outages: spans where the server could not be reached at all, told apart from a slow or failing server.
 
-Every request lands in 100 ms buckets by when its evidence came: an answer at its first token and at its end, a
-connection-level failure (no HTTP response: refused, reset, connect timeout) or another failure when it was seen. The buckets are counters, so workers ship
+Every request lands in 100 ms buckets at the time its evidence is of: an answer at its first token and at its end;
+a connection-level failure (no HTTP response: refused, reset, connect timeout) or another failure from when the
+server went silent on it (its last chunk, or its send when it got none). The buckets are counters, so workers ship
 them as deltas and the master's merge is exact like every other count. An outage is a span that starts
 with a connection-level failure after the last success and ends with the next success, when it lasted at
 least ``--outage-after`` seconds (an ongoing one ends at "now"). A failure storm is the same with any

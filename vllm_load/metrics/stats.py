@@ -167,10 +167,12 @@ class LLMStats:
         self._pending.append(rec)
         if len(self._pending) >= self.MAX_PENDING:
             self.fold()
-        # the outage buckets hold evidence when it came: a failure when it was seen (its end), an answer when its
-        # first token came and when it ended (a 25 s request on a healthy replica counted only at its start, and a
-        # stream cut by a kill 20 s in started its outage 20 s early)
+        # the outage buckets hold evidence at the time it is of: an answer when its first token came and when it ended
+        # (a 25 s request on a healthy replica counted only at its start), a failure from when the server went silent
+        # on it: its last chunk, or its start when it got none (a stream cut by a kill 20 s in started its outage 20 s
+        # early; a request a stopping vLLM held 30 s without its head is the outage's from its send)
         answered = rec.start + rec.ttft if rec.ttft is not None else None
+        silent = rec.start + (rec.chunk_offsets[-1] if rec.chunk_offsets else 0.0)
         if not rec.ok:
             self.failures += 1
             self.count_error(rec.error or "unknown error")
@@ -179,11 +181,11 @@ class LLMStats:
             if answered is not None:  # it answered before it failed: the server was there then
                 self.ok_buckets[outages.bucket(answered)] += 1
             if rec.connection_failed:
-                self.conn_buckets[outages.bucket(end)] += 1
+                self.conn_buckets[outages.bucket(silent)] += 1
                 if rec.start >= self.conn_error[0]:
                     self.conn_error = (rec.start, rec.error or "")
             else:
-                self.fail_buckets[outages.bucket(end)] += 1
+                self.fail_buckets[outages.bucket(silent)] += 1
             return
         self.ok_buckets[outages.bucket(end)] += 1
         if answered is not None and outages.bucket(answered) != outages.bucket(end):

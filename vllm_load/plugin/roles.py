@@ -10,7 +10,7 @@ from typing import Any
 import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
-from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT
+from vllm_load.errors import EXIT_BAD_INPUT, EXIT_INVALID, EXIT_OUTPUT
 from vllm_load.plugin import run_clock, run_timer, swarm_auth, ui_guard, wire, worker_secrets
 from vllm_load.redact import printable
 from vllm_load.plugin.controller import Controller
@@ -78,13 +78,13 @@ class MasterProcess(Controller):
         swarm_auth.watch_refusals(self.environment.runner)
 
     def _on_fatal(self, msg: Any) -> None:
-        """A worker's failure stops the run; its words are printed escaped, and the exit code is never the wire's:
-        a worker's fatal is bad input (2) or a file it could not write (6), anything else is taken as 2 (a peer sent
-        ``code: 0`` and the run exited 0)."""
+        """A worker's failure stops the run; its words are printed escaped, and the exit code is never the wire's
+        to choose freely: a worker's fatal is bad input (2), a scenario's abort (4) or a file it could not write (6),
+        anything else is taken as 2 (a peer sent ``code: 0`` and the run exited 0)."""
         data = msg.data if isinstance(msg.data, dict) else {}
         code = data.get("code")
         self.fatal(printable(str(data.get("message", "")))[:2000],
-                   code if code in (EXIT_BAD_INPUT, EXIT_OUTPUT) else EXIT_BAD_INPUT)
+                   code if code in (EXIT_BAD_INPUT, EXIT_INVALID, EXIT_OUTPUT) else EXIT_BAD_INPUT)
 
     def _master_runner(self) -> Any:
         return self.environment.runner
