@@ -95,3 +95,29 @@ def test_options_search_finds_by_flag_group_and_meaning(capsys):
     assert "--request-rate" in listed and "--sweep-mode" in listed  # "... or 'rate' (open loop ...)"
     assert listed == {o.flag for o in OPTIONS if re.search(r"(?<![a-z0-9])rate", f"{o.group} {o.flag} {o.help}".lower())}
     assert "--output-tokens" not in listed  # its help says "generate", not "rate"
+
+
+def test_the_web_form_offers_no_option_that_names_a_file():
+    """--response-format json_schema:FILE was on the form: a local caller made every request carry any JSON file of
+    the machine, learnt its values from the refusal, and exhausted memory with /dev/zero."""
+    from vllm_load.options import OPTIONS
+
+    import re
+
+    names_a_file = [o.flag for o in OPTIONS if o.web and (re.search(r"\bFILE\b|\bPATH\b", o.help)
+                                                          or o.flag.endswith(("-file", "-plan", "-dir", "-from")))]
+    assert names_a_file == [], names_a_file
+    assert not next(o for o in OPTIONS if o.flag == "--response-format").web
+
+
+def test_a_schema_refused_says_its_broken_rule_not_the_files_values(tmp_path):
+    import pytest
+
+    from vllm_load.errors import UsageError
+    from vllm_load.workload.structured import parse_response_format
+
+    secret = tmp_path / "creds.json"
+    secret.write_text('{"type": "sk-live-ORACLE-42"}')
+    with pytest.raises(UsageError) as err:
+        parse_response_format(f"json_schema:{secret}")
+    assert "sk-live-ORACLE-42" not in str(err.value) and "not a JSON schema (at type:" in str(err.value)

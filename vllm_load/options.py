@@ -102,7 +102,7 @@ _DECLARED: tuple[Option, ...] = (*group(
         "passes of the dataset); 0: it ends after N", type=float),
     Option("--response-format", "", "structured output: json_object or json_schema:FILE asks every request for JSON "
         "(vLLM's guided decoding; lengths then the model's) and checks every answer: the share valid, "
-        "'valid_output>=99%' gates on it"),
+        "'valid_output>=99%' gates on it", web=False),  # it names a file: off the web form (its content went out)
     Option("--accuracy", [], "accuracy under load: KIND:FILE[:SHARE] (repeatable) makes SHARE (0.1) of the chat "
         "requests a graded set's items, named KIND, each answer graded: gsm8k (question, answer '#### N'), mmlu "
         "(question, choices, answer letter), json (prompt, schema); accuracy and its 95 % interval per set, "

@@ -20,13 +20,14 @@ def render_validity(verdict: Verdict) -> str:
     return "\n".join(f"RUN INVALID: {c.detail}" if c.slo != TRUST else _untrusted(verdict) for c in failed)
 
 
-def _untrusted(verdict: Verdict) -> str:
+def _untrusted(verdict: Verdict, where: str = "above") -> str:
     """The untrustworthy line, with the exit code the run ends with: an invalid run's 4 comes first (the line said
-    5 while the process exited 4)."""
+    5 while the process exited 4); ``where``: where the reasons are (the console's are above it, summary.md's
+    table below)."""
     if verdict.invalid:
         return f"UNTRUSTWORTHY RUN too (exit code {verdict.exit_code}: the run is invalid, which comes first)"
     return (f"UNTRUSTWORTHY RUN: exit code {verdict.exit_code}, so that a gate does not pass on it (the reasons are "
-            "above; --allow-untrustworthy accepts it)")
+            f"{where}; --allow-untrustworthy accepts it)")
 
 
 def _md(text: str) -> str:
@@ -44,7 +45,7 @@ def summary_markdown(summary: dict, verdict: Verdict, title: str, server: dict |
     if verdict.invalid:
         lines += ["**RUN INVALID**", ""] + [f"- {_md(c.detail)}" for c in verdict.invalid] + [""]
     if not verdict.trust.passed:
-        lines += [f"**{_md(_untrusted(verdict))}**", ""]
+        lines += [f"**{_md(_untrusted(verdict, 'below'))}**", ""]
     if verdict.checks:
         lines += [f"**SLO verdict: {word(bool(verdict.slo_passed))}**", "", "| SLO | result | detail |", "|---|---|---|"]
         lines += [f"| `{c.slo}` | {word(c.passed)} | {_md(c.detail)} |" for c in verdict.checks]

@@ -68,7 +68,9 @@ def parse_response_format(text: str) -> ResponseFormat | None:
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
-        raise UsageError(f"--response-format {text!r}: not a JSON schema ({exc.message})") from None
+        where = "/".join(str(x) for x in exc.path) or "its root"  # the rule it broke, never the file's values
+        raise UsageError(f"--response-format {text!r}: not a JSON schema (at {where}: its {exc.validator!r} rule "
+                         "fails)") from None
     name = Path(path).stem.replace("-", "_") or "schema"
     return ResponseFormat({"type": "json_schema", "json_schema": {"name": name, "schema": schema}}, json.dumps(schema))
 
