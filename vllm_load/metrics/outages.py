@@ -1,6 +1,7 @@
 """Outages: spans where the server could not be reached at all, told apart from a slow or failing server.
 
-Every request lands in 100 ms buckets at the time its evidence is of: an answer at its first token and at its end;
+Every request lands in 100 ms buckets at the time its evidence is of: an answer at its first token (at its end
+without one: "to its first answer again");
 a connection-level failure (no HTTP response: refused, reset, connect timeout) or another failure from when the
 server went silent on it (its last chunk, or its send when it got none). The buckets are counters, so workers ship
 them as deltas and the master's merge is exact like every other count. An outage is a span that starts

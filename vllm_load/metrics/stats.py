@@ -167,8 +167,8 @@ class LLMStats:
         self._pending.append(rec)
         if len(self._pending) >= self.MAX_PENDING:
             self.fold()
-        # the outage buckets hold evidence at the time it is of: an answer when its first token came and when it ended
-        # (a 25 s request on a healthy replica counted only at its start), a failure from when the server went silent
+        # the outage buckets hold evidence at the time it is of: an answer when its first token came (its end without
+        # one; a 25 s request on a healthy replica counted only at its start), a failure from when the server went silent
         # on it: its last chunk, or its start when it got none (a stream cut by a kill 20 s in started its outage 20 s
         # early; a request a stopping vLLM held 30 s without its head is the outage's from its send)
         answered = rec.start + rec.ttft if rec.ttft is not None else None
@@ -187,9 +187,7 @@ class LLMStats:
             else:
                 self.fail_buckets[outages.bucket(silent)] += 1
             return
-        self.ok_buckets[outages.bucket(end)] += 1
-        if answered is not None and outages.bucket(answered) != outages.bucket(end):
-            self.ok_buckets[outages.bucket(answered)] += 1
+        self.ok_buckets[outages.bucket(answered if answered is not None else end)] += 1
         folding.count_success(self, rec)
 
     @property
