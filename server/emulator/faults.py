@@ -4,7 +4,7 @@ Kinds: ``500``/``503``/``429`` (HTTP error before streaming), ``drop`` (connecti
 ``malformed`` (a broken SSE line mid-stream), ``error`` (vLLM's ``data: {"error": …}`` mid-stream),
 ``stall`` (silence mid-stream for ``--stall-seconds``, longer than a client timeout), ``slow-headers``
 (the response starts only after ``--stall-seconds``), ``overrun`` (100 times the tokens asked: a server that
-ignores max_tokens), ``endless`` (mid-stream, 64 MiB of bytes without a line end), ``echo`` (HTTP 500 whose text quotes the request's Authorization header: a gateway that echoes
+ignores max_tokens), ``endless`` (mid-stream, 24 MiB of bytes without a line end), ``echo`` (HTTP 500 whose text quotes the request's Authorization header: a gateway that echoes
 the client's token, which the client must never write or print).
 """
 

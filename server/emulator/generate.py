@@ -165,9 +165,10 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
         if out >= fault_at and fault in ("drop", "malformed", "error", "stall", "endless"):
             if fault == "drop":
                 raise DropConnection()
-            if fault == "endless":  # bytes without a line end, 64 MiB of them, then the connection closed
-                for _ in range(1024):
-                    yield b"a" * 65536
+            if fault == "endless":  # bytes without a line end, 24 MiB of them (past the client's 16), then closed
+                chunk = b"a" * 65536
+                for _ in range(384):
+                    yield chunk
                 raise DropConnection()
             if fault == "malformed":
                 yield b'data: {"id": "broken\n\n'
