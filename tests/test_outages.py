@@ -228,3 +228,20 @@ def test_requests_the_runs_end_cancels_are_failures_in_no_outage_or_storm(tmp_pa
     assert summary["failed"] == 3 and summary["outages"] == [], summary["outages"]
     assert "OUTAGE" not in res.stdout and "FAILURE STORM" not in res.stdout
     assert "cancelled after N tokens: the test stopped mid-request" in res.stdout
+
+
+def test_an_answer_and_a_failure_in_one_bucket_may_begin_the_outage():
+    """A request answered (its first token) and was cut 10 ms later, in one 100 ms bucket: the answer's bucket
+    reset the span and its failure was dropped, so a 33 s outage that began there was found 33 s late."""
+    from collections import Counter
+
+    from vllm_load.metrics.outages import LiveOutage, bucket, find_windows
+
+    ok, conn, other = Counter({bucket(9.3): 2, bucket(9.876): 1}), Counter(), Counter({bucket(9.73): 1,
+                                                                                         bucket(9.88): 1})
+    for t in range(427, 600, 3):
+        conn[bucket(t / 10)] += 1
+    windows = find_windows(ok, conn, other, 2.0, now=60.0)
+    assert len(windows) == 1 and abs(windows[0].start - 9.8) < 1e-9 and windows[0].is_outage, windows
+    live = LiveOutage(2.0, horizon=60.0).check(ok, conn, other, 60.0)
+    assert live is not None and abs(live.start - 9.8) < 1e-9

@@ -62,7 +62,10 @@ def find_windows(ok: Counter, conn: Counter, other: Counter, min_seconds: float,
             if start is not None and t - start >= min_seconds:
                 out.append(Window(start, t, attempts, connection, conn_seconds=_span(first, last)))
             start, attempts, connection, first, last = None, 0, 0, None, None
-            continue
+            if not (conn.get(b) or other.get(b)):
+                continue
+            # an answer and a failure in one bucket: a request answered, then went silent (its own first token and
+            # its cut, 10 ms apart): the failures may begin a span here (dropped, they hid a 33 s outage's start)
         if start is None:
             start = t
         attempts += conn.get(b, 0) + other.get(b, 0)
@@ -124,10 +127,10 @@ class LiveOutage:
                 self.carried[1] += conn.get(b, 0)
         self.low = lo
         last_ok = next((b for b in range(hi, lo - 1, -1) if ok.get(b)), None)
-        if last_ok is not None and self.start is not None and last_ok >= self.start:
+        if last_ok is not None and self.start is not None and last_ok > self.start:
             self.start = None  # a success since the span began: it is over
         if self.start is None:
-            first = lo if last_ok is None else last_ok + 1
+            first = lo if last_ok is None else last_ok  # failures in the answer's bucket may begin it (find_windows)
             self.start = next((b for b in range(first, hi + 1) if conn.get(b) or other.get(b)), None)
             self.carried = [0, 0]
             self.conn_first = self.conn_last = None
