@@ -14,6 +14,25 @@ from tests.helpers import ROOT, Proc, counter, run_in_process
 CHAT = str(ROOT / "locustfiles/chat.py")
 
 
+def _fleet_run(tmp_path, delay: str, seconds: str, tokens: str, fault, *extra: str):
+    """Two emulators behind --host a,b and a run with --stop-on-outage 3s and ``fault(a, b)``; the run's result, its
+    summary.json, the two servers and a's own served count (read before they stop)."""
+    a, b = (Proc(["-m", "server.emulator", "--port", "0", "--ttft", delay, "--itl", delay]) for _ in range(2))
+    try:
+        res = run_in_process([
+            "-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", seconds, "--host", f"{a.url},{b.url}",
+            "--input-tokens", "32", "--output-tokens", tokens, "--retry-backoff-max", "0.5s", "--stop-on-outage", "3s",
+            "--fault", fault(a, b), "--run-dir", str(tmp_path / "run"), *extra], cwd=tmp_path, timeout=150)
+        try:
+            a_served = counter(a.url, "vllm:request_success_total")
+        except OSError:  # a killed by the plan too
+            a_served = None
+    finally:
+        a.stop()
+        b.stop()
+    return res, json.loads((tmp_path / "run" / "summary.json").read_text()), (a, b), a_served
+
+
 def _logs(run_dir) -> list[dict]:
     return [json.loads(line) for f in run_dir.glob("requests*.jsonl") for line in f.read_text().splitlines()]
 
@@ -22,21 +41,9 @@ def _logs(run_dir) -> list[dict]:
 def test_a_dead_replica_beside_long_requests_is_its_outage_and_stops_no_healthy_fleet(tmp_path):
     """b killed at 3 s of 16; a serves 4 s requests (80 tokens at 50 ms) that answer only at their end on the
     native reader: the run said "server unreachable since 21.2 s" and --stop-on-outage stopped it."""
-    a = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.05", "--itl", "0.05"])
-    b = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.05", "--itl", "0.05"])
-    run_dir = tmp_path / "run"
-    try:
-        res = run_in_process([
-            "-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "16s", "--host", f"{a.url},{b.url}",
-            "--input-tokens", "32", "--output-tokens", "80", "--retry-backoff-max", "0.5s", "--stop-on-outage", "3s",
-            "--fault", f"3s: kill: kill -9 {b.p.pid}", "--run-dir", str(run_dir), "--allow-untrustworthy"],
-            cwd=tmp_path, timeout=150)
-        a_served = counter(a.url, "vllm:request_success_total")
-    finally:
-        a.stop()
-        b.stop()
-    data = json.loads((run_dir / "summary.json").read_text())
-    summary, logs = data["summary"], _logs(run_dir)
+    res, data, (a, b), a_served = _fleet_run(tmp_path, "0.05", "16s", "80", lambda a, b: f"3s: kill: kill -9 {b.p.pid}",
+                                             "--allow-untrustworthy")
+    summary, logs = data["summary"], _logs(tmp_path / "run")
     kill = summary["faults"][0]
     assert "stopping the run" not in res.stdout + res.stderr and data["stopped"] is None, res.stdout[-3000:]
     assert res.code == data["exit_code"] == 1  # b's requests failed (no error SLO); not stopped, not invalid
@@ -55,19 +62,8 @@ def test_a_dead_replica_beside_long_requests_is_its_outage_and_stops_no_healthy_
 
 @pytest.mark.slow
 def test_a_fleet_whose_every_replica_is_dead_is_stopped_and_every_file_says_so(tmp_path):
-    a = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.01", "--itl", "0.01"])
-    b = Proc(["-m", "server.emulator", "--port", "0", "--ttft", "0.01", "--itl", "0.01"])
+    res, data, _, _ = _fleet_run(tmp_path, "0.01", "60s", "8", lambda a, b: f"2s: kill: kill -9 {a.p.pid} {b.p.pid}")
     run_dir = tmp_path / "run"
-    try:
-        res = run_in_process([
-            "-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "60s", "--host", f"{a.url},{b.url}",
-            "--input-tokens", "32", "--output-tokens", "8", "--retry-backoff-max", "0.5s", "--stop-on-outage", "3s",
-            "--fault", f"2s: kill: kill -9 {a.p.pid} {b.p.pid}", "--run-dir", str(run_dir)], cwd=tmp_path,
-            timeout=150)
-    finally:
-        a.stop()
-        b.stop()
-    data = json.loads((run_dir / "summary.json").read_text())
     kill = data["summary"]["faults"][0]
     assert "stopping the run (--stop-on-outage 3s)" in res.stderr
     assert res.code == data["exit_code"] == 1 and data["stopped"].startswith("server unreachable since")
