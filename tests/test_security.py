@@ -407,8 +407,8 @@ def test_sidecar_and_emulator_refuse_bad_ports_and_intervals_in_one_line():
 
 def test_trace_and_dataset_inputs_that_misbehaved_are_one_line_errors(tmp_path):
     from vllm_load.errors import UsageError
-    from vllm_load.workload import datasets
     from vllm_load.workload.datasets import read_records
+    from vllm_load.workload.input_files import read_text
     from vllm_load.workload.trace import read_trace
 
     bad = {
@@ -429,13 +429,9 @@ def test_trace_and_dataset_inputs_that_misbehaved_are_one_line_errors(tmp_path):
     with endless.open("w") as fh:
         fh.write('{"text": "a"}\n')
         fh.write("y" * (3 << 20))
-    limit = datasets.MAX_LINE_BYTES
-    datasets.MAX_LINE_BYTES = 1 << 20  # the same rule at a smaller size: refused at line 2, not read whole
-    try:
-        with pytest.raises(UsageError, match="line 2 is longer than 1 MiB"):
-            datasets.read_input_text(endless, "dataset", "--dataset", datasets.MAX_LINE_BYTES)
-    finally:
-        datasets.MAX_LINE_BYTES = limit
+    # the same rule at a smaller size: refused at line 2, not read whole
+    with pytest.raises(UsageError, match="line 2 is longer than 1 MiB"):
+        read_text(endless, "dataset", "--dataset", 1 << 20, None)
 
 
 def test_options_that_misbehaved_are_refused_in_one_line(tmp_path):

@@ -19,10 +19,12 @@ _CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@,'\"<>]+@")
 #: a credential written inline in a command or a header: ``--token=X``, ``--api-key X``, ``Authorization: Bearer X``
 _INLINE = re.compile(r"(?i)(--[\w-]*(?:token|key|password|secret)[= ]|\bauthorization:\s*(?:bearer\s+|basic\s+)?)"
                      r"([^\s'\"]+)")
-#: the secrets this process holds (``add_secret``): masked in every text that goes through ``redact_urls``
-_SECRETS: set[str] = set()
+#: the secrets this process holds (``add_secret``), longest first (one inside another), each with its bytes: masked
+#: in every text that goes through ``redact_urls`` (kept in order as they come, not sorted at every line)
+_SECRETS: list[tuple[str, bytes]] = []
 #: what a secret becomes
 MASK = "***"
+_MASK_BYTES = MASK.encode()
 #: shorter values are not masked: "abc" would blank every word that holds it, and says nothing of a real key
 MIN_SECRET = 6
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
@@ -31,13 +33,14 @@ _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 def add_secret(value: str | None) -> None:
     """This process holds ``value`` (an API key, a header's credential, a token): no text it writes or prints
     through ``redact_urls`` carries it from now on, whoever echoed it (a server's 401 text, a gateway's 500)."""
-    if value and len(value) >= MIN_SECRET:
-        _SECRETS.add(value)
+    if value and len(value) >= MIN_SECRET and all(value != known for known, _ in _SECRETS):
+        _SECRETS.append((value, value.encode()))
+        _SECRETS.sort(key=lambda pair: len(pair[0]), reverse=True)
 
 
 def mask_secrets(text: str) -> str:
     """``text`` with every secret of ``add_secret`` replaced by ``MASK`` (the longest first: one inside another)."""
-    for secret in sorted(_SECRETS, key=len, reverse=True) if _SECRETS else ():
+    for secret, _ in _SECRETS:
         if secret in text:
             text = text.replace(secret, MASK)
     return text
@@ -45,10 +48,9 @@ def mask_secrets(text: str) -> str:
 
 def mask_bytes(data: bytes) -> bytes:
     """``mask_secrets`` over bytes already encoded (a batch of the request log's lines)."""
-    for secret in sorted(_SECRETS, key=len, reverse=True) if _SECRETS else ():
-        raw = secret.encode()
+    for _, raw in _SECRETS:
         if raw in data:
-            data = data.replace(raw, MASK.encode())
+            data = data.replace(raw, _MASK_BYTES)
     return data
 
 

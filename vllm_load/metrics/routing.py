@@ -23,13 +23,6 @@ from vllm_load.metrics.summary_parts import Routing
 BLOCK = 16
 
 
-def replica_of(record: dict, header: str | None) -> str | None:
-    """The replica that served a request: a response header naming it, else its server span's service name (each
-    replica's OTEL_SERVICE_NAME, joined by trace id), else the target the client chose."""
-    named = (record.get("headers") or {}).get(header) if header else None
-    return named or record.get("replica") or record.get("target")
-
-
 class Replicas:
     """One name per replica over a run's records, failed requests included: where a target's requests are named by
     the replica that served them (a router's workers, by header or span), a request of that target with no name

@@ -213,21 +213,26 @@ class Verdict:
         return cls(tuple(Check(**c) for c in data.get("slo") or []), validity, int(data.get("exit_code", 0)))
 
 
+def _parts(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """Each feature's part of the summary, by name (``RunSummary.features``)."""
+    return RunSummary.of(summary).features or {}
+
+
 def feature_lines(summary: Mapping[str, Any], options: Mapping[str, Any] | None) -> list[str]:
     """What each feature says of the run (console, summary.md, the report), in the registry's order."""
-    parts = RunSummary.of(summary).features or {}
+    parts = _parts(summary)
     return [line for f in FEATURES if f.name in parts for line in f.lines(parts[f.name], options or {})]
 
 
 def feature_keys(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The keys each feature adds at the top of summary.json (a gate reads them without reading the summary)."""
-    parts = RunSummary.of(summary).features or {}
+    parts = _parts(summary)
     return {k: v for f in FEATURES for k, v in f.json_keys(parts.get(f.name)).items()}
 
 
 def feature_checks(summary: Mapping[str, Any], options: Mapping[str, Any] | None) -> list[tuple[Check, int]]:
     """Each feature's validity checks of the run (``vllm_load/features/``), with the exit code each gives."""
-    parts = RunSummary.of(summary).features or {}
+    parts = _parts(summary)
     return [found for f in FEATURES if f.name in parts for found in f.checks(parts[f.name], options or {})]
 
 

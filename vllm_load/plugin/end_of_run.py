@@ -156,8 +156,7 @@ def stopped(ctl: Controller) -> None:
     if col.profiler is not None:  # the profiled window ends with the run (the drain's requests included)
         col.profiler.stop()
     try:
-        col.signal = ctl.end.first_signal
-        col.write_results(_local_monitor(run))
+        _write_results(ctl, run, col)
         _take_spans(ctl, col)
         _collect_server_side(col, opts)
         if environment.web_ui is not None:  # the web UI links the report as soon as a run stops
@@ -172,6 +171,12 @@ def stopped(ctl: Controller) -> None:
             print(f"vllm-load: run {col.plan.run_id} stopped: report {ctl.end.report} (the LLM tab links it)", flush=True)
     except (OSError, OutputError) as exc:  # no traceback out of Locust's handler: quitting gives the verdict
         _output_failed(run, exc)
+
+
+def _write_results(ctl: Controller, run: Run, col: Collector) -> None:
+    """The run's results, with the first stopping signal the process took (an interrupted run says so)."""
+    col.signal = ctl.end.first_signal
+    col.write_results(_local_monitor(run))
 
 
 def _local_monitor(run: Run) -> Any:
@@ -281,8 +286,7 @@ def _finish(ctl: Controller, run: Run, col: Collector) -> None:
     environment = ctl.environment
     opts = environment.parsed_options
     if col.results is None:  # test_stop wrote them already, after the drain (a signal skips test_stop)
-        col.signal = ctl.end.first_signal
-        col.write_results(_local_monitor(run))
+        _write_results(ctl, run, col)
     _export_otlp(col, opts)
     _take_spans(ctl, col)
     if not col.plan.files.server.exists():

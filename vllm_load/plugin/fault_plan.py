@@ -54,7 +54,6 @@ class Action:
     what: str
     after: bool = False  # 'AT after previous': not before the previous action ended
 
-
     @property
     def label(self) -> str:
         """How the verdict and the charts name it (a command's credentials redacted)."""
@@ -200,10 +199,6 @@ def read_router(url: str) -> dict | str:
             return parse(resp.read().decode())
     except (OSError, ValueError, http.client.HTTPException) as exc:
         return f"--router-metrics {redact_urls(url)} cannot be read ({getattr(exc, 'reason', None) or exc})"
-
-
-#: the most of a command's output kept (its tail): ``exec: yes`` printing without end kept 1.4 GB in 5 s
-OUTPUT_TAIL_BYTES = 64 * 1024
 
 
 #: the most of a command's output kept (its tail): ``exec: yes`` printing without end kept 1.4 GB in 5 s

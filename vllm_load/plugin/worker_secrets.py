@@ -60,12 +60,12 @@ def guard_spawn_messages() -> None:
 
 def read_key_file(opts: Any) -> None:
     """--api-key-file: the key, read by this process from its own file (it wins over --api-key and the
-    environment); one line and exit 2 when it cannot be read. Then every secret the process holds is masked in all
-    it writes and prints (``register``)."""
+    environment); one line and exit 2 when it cannot be read. The key read is masked in all the process writes and
+    prints, as the secrets it was given are since its options were parsed (``register``)."""
     path = getattr(opts, "api_key_file", "")
     if path:
         opts.api_key = read_secret_file(path, "--api-key-file", "key")
-    register(opts)
+        add_secret(opts.api_key)
 
 
 def register(opts: Any) -> None:
@@ -110,6 +110,8 @@ def mask_repr(options: Any) -> None:
         return
     options.__class__ = MaskedNamespace if type(options) is argparse.Namespace else type(
         "Namespace", (MaskedNamespace, type(options)), {})
+
+
 #: the most a secret file may hold: a key, token or password is at most a few KB (``--api-key-file /dev/zero`` was
 #: read until the kernel killed the process at 23.9 GB)
 SECRET_MAX = 64 * 1024

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vllm_load.metrics.slo import SLO, Check
 from vllm_load.metrics.verdict import (  # noqa: F401  (the verdict's parts, where callers found them first)
-    DRIFT_LIMIT, FEATURE_CHECKS, TRUST, Verdict, exit_code, feature_keys, feature_lines, judge, judge_emulator,
+    DRIFT_LIMIT, TRUST, Verdict, exit_code, feature_keys, feature_lines, judge, judge_emulator,
     render_checks, trust_check, validity_checks, word)
 from vllm_load.report.console import render_table
 from vllm_load.rundir.files import RunDir
@@ -16,8 +16,8 @@ from vllm_load.rundir.files import RunDir
 
 def render_validity(verdict: Verdict) -> str:
     """Console lines for the checks that failed (nothing when the run is valid)."""
-    failed = [c for c in verdict.validity if not c.passed and c.slo not in FEATURE_CHECKS]  # the features say theirs
-    return "\n".join(f"RUN INVALID: {c.detail}" if c.slo != TRUST else _untrusted(verdict) for c in failed)
+    lines = [f"RUN INVALID: {c.detail}" for c in verdict.invalid]  # the features' own failures: their lines say them
+    return "\n".join(lines + ([] if verdict.trust.passed else [_untrusted(verdict)]))
 
 
 def _untrusted(verdict: Verdict, where: str = "above") -> str:

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from vllm_load.errors import UsageError
-from vllm_load.workload.input_files import MAX_LINE_BYTES, read_text  # noqa: F401  (MAX_LINE_BYTES: trace.py's)
+from vllm_load.workload.input_files import MAX_LINE_BYTES, read_text
 
 FORMATS = ("sharegpt", "jsonl", "csv")
 
@@ -46,12 +46,6 @@ def guess_format(path: Path) -> str:
 HF_PREFIX = "hf:"
 
 
-def read_input_text(path: Path, kind: str, option: str, max_line: int | None = None) -> str:
-    """A user's input file (a dataset, a trace) as text, or one line saying why it cannot be read
-    (``input_files.read_text``: bounded by line with ``max_line``; a dataset has no total bound)."""
-    return read_text(path, kind, option, max_line, None)
-
-
 def csv_rows(raw: str, path: Path, fail: Any) -> tuple[list[str], list[dict]]:
     """A CSV input's columns and rows; a field over the csv module's limit is one line (no traceback)."""
     reader = csv.DictReader(raw.splitlines())
@@ -69,7 +63,8 @@ def read_records(path: str | Path, fmt: str = "", field: str = "") -> list[Recor
     fmt = fmt or guess_format(p)
     if fmt not in FORMATS:
         raise UsageError(f"--dataset-format {fmt!r} is unknown: use one of {', '.join(FORMATS)}")
-    raw = read_input_text(p, "dataset", "--dataset", None if fmt == "sharegpt" else MAX_LINE_BYTES)
+    # line by line but ShareGPT's one JSON document; a dataset has no total bound
+    raw = read_text(p, "dataset", "--dataset", None if fmt == "sharegpt" else MAX_LINE_BYTES, None)
     records: list[Record] = []
     if fmt == "sharegpt":
         try:

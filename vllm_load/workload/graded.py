@@ -26,8 +26,7 @@ from typing import Any, Callable
 
 from vllm_load.errors import UsageError
 from vllm_load.workload.input_files import loads, read_text
-from vllm_load.workload.structured import check_patterns
-from vllm_load.workload.structured import json_valid
+from vllm_load.workload.structured import check_patterns, json_valid
 
 KINDS = ("gsm8k", "mmlu", "json")
 LETTERS = "ABCD"

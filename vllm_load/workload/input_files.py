@@ -7,6 +7,8 @@ accuracy set, sessions): read in pieces, refused at the first line longer than `
 from __future__ import annotations
 
 import json
+import re
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -67,22 +69,16 @@ def loads(text: str, where: str) -> Any:
         raise UsageError(f"{where}: JSON nested too deep to read") from None
 
 
+#: a JSON string (its escapes included), and anything but a bracket: stripped in C before the depth is counted
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
 def _check_depth(text: str, where: str) -> None:
-    depth = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > MAX_JSON_DEPTH:
-                raise UsageError(f"{where}: JSON nested over {MAX_JSON_DEPTH} levels deep: not an input this takes")
-        elif ch in "]}":
-            depth -= 1
+    """Nesting counted over the text's brackets outside strings, in C (regex, ``accumulate``): the character loop in
+    Python it replaces took 0.178 s for a 2.9 MB Weka trace line (0.024 s here), about 2 min for a 2 GB
+    traces.jsonl, on every load of a public set."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    if max(accumulate(map(_STEP.__getitem__, brackets)), default=0) > MAX_JSON_DEPTH:
+        raise UsageError(f"{where}: JSON nested over {MAX_JSON_DEPTH} levels deep: not an input this takes")

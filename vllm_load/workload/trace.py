@@ -21,7 +21,8 @@ from datetime import datetime
 from pathlib import Path
 
 from vllm_load.errors import UsageError
-from vllm_load.workload.datasets import MAX_LINE_BYTES, csv_rows, read_input_text
+from vllm_load.workload.datasets import csv_rows
+from vllm_load.workload.input_files import MAX_LINE_BYTES, read_text
 
 FORMATS = ("mooncake", "csv")
 _CSV_COLUMNS = {
@@ -54,7 +55,7 @@ def read_trace(path: str | Path, fmt: str = "") -> list[TraceRow]:
     fmt = fmt or guess_format(p)
     if fmt not in FORMATS:
         raise UsageError(f"--trace-format {fmt!r} is unknown: use one of {', '.join(FORMATS)}")
-    raw = read_input_text(p, "trace", "--trace", MAX_LINE_BYTES)
+    raw = read_text(p, "trace", "--trace", MAX_LINE_BYTES, None)
     rows: list[tuple[float, int, int, tuple[int, ...]]] = []
     if fmt == "mooncake":
         for n, line in enumerate(raw.splitlines(), 1):
