@@ -28,7 +28,7 @@ def test_timing_an_action_starts_on_its_planned_time_while_an_earlier_one_still_
     assert abs(second["start"] - (start + 0.5)) < LATE_S  # not after the first one's end (1.5 s)
     assert second["start"] < first["end"] and first["ok"] and second["ok"]
     assert second["started_s"] == round(second["start"] - start, 3) and second["late_s"] < LATE_S
-    assert "(started at" not in second["label"]
+    assert "(started at" not in second["label"] and second["late"] is False
 
 
 def test_timing_after_previous_waits_for_the_previous_action_and_says_it_was_late():
@@ -37,7 +37,7 @@ def test_timing_after_previous_waits_for_the_previous_action_and_says_it_was_lat
     done, said, start = _run(["0s: exec: sleep 1.2", "0.2s after previous: exec: true"])
     first, second = sorted(done, key=lambda d: d["at"])
     assert second["start"] >= first["end"] and second["after_previous"]
-    assert second["late_s"] > 0.9 and "late, after the previous action)" in second["label"]
+    assert second["late_s"] > 0.9 and second["late"] and "late, after the previous action)" in second["label"]
     assert any("late, after the previous action" in line for line in said)
     assert any("(from 0.0 to 1.2 s)" in line or "(from 0.0 to 1.3 s)" in line for line in said)
 

@@ -131,8 +131,8 @@ def test_fault_actions_that_failed_never_ran_or_were_cut_make_the_run_invalid():
     """A failed action exited 0; one planned after -t never ran and nothing said so."""
     from vllm_load.errors import EXIT_INVALID
 
-    faults = ({"label": "kill at 3 s: kill -9 1", "start": 3.0, "end": 3.1, "ok": True, "late_s": 0.0},
-              {"label": "undrain at 45 s: http://r2", "start": 47.0, "end": 47.0, "ok": True, "late_s": 2.0})
+    faults = ({"label": "kill at 3 s: kill -9 1", "start": 3.0, "end": 3.1, "ok": True, "late_s": 0.0, "late": False},
+              {"label": "undrain at 45 s: http://r2", "start": 47.0, "end": 47.0, "ok": True, "late_s": 2.0, "late": True})
     clean = RunEnd(Namespace(), 0.0, 60.0, 50, 60.0, 0, None, "", 0, faults)
     summary = _summary(fault_actions=clean)
     assert judge(summary, [], options={}).exit_code == EXIT_OK

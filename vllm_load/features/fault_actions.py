@@ -33,25 +33,29 @@ class FaultActions(Feature):
                 part["cut"].append(f"{label}: cut by the run's end before it finished")
             elif f.get("ok") is False:
                 part["failed"].append(f"{label}: {f.get('detail', '')}".rstrip(": "))
-            if float(f.get("late_s") or 0.0) > 0.5:
+            if f.get("late"):  # over fault_plan.LATE_S after its planned time
                 part["late"].append(label)
         return part
 
     def checks(self, part: Mapping[str, Any], options: Mapping[str, Any]) -> list[tuple[Check, int]]:
-        wrong = [*part.get("failed", []), *part.get("never_ran", []), *part.get("cut", [])]
+        wrong = _wrong(part)
         if not wrong:
             return [(Check(CHECK, 1.0, True, "every action began and ended" + (
                 f" ({len(part['late'])} late: {'; '.join(part['late'])})" if part.get("late") else "")), 0)]
         return [(Check(CHECK, 0.0, False, "; ".join(wrong)), EXIT_INVALID)]
 
     def lines(self, part: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:
-        wrong = [*part.get("failed", []), *part.get("never_ran", []), *part.get("cut", [])]
         out = [f"vllm-load: fault plan: FAILED {x}" for x in part.get("failed", [])]
         out += [f"vllm-load: fault plan: {x}" for x in (*part.get("never_ran", []), *part.get("cut", []))]
         out += [f"vllm-load: fault plan: LATE {x}" for x in part.get("late", [])]
-        if wrong:
+        if _wrong(part):
             out.append(f"vllm-load: RUN INVALID: not every fault action ran as planned (exit code {EXIT_INVALID})")
         return out
+
+
+def _wrong(part: Mapping[str, Any]) -> list[str]:
+    """The actions that did not run as planned: failed, never began, cut by the run's end."""
+    return [*part.get("failed", []), *part.get("never_ran", []), *part.get("cut", [])]
 
 
 FEATURE = FaultActions()

@@ -152,7 +152,7 @@ def _run_action(action: Action, start_wall: float, done: list[dict], say: Callab
     began = time.time()
     late = began - (start_wall + action.at)
     record = {"at": action.at, "kind": action.kind, "label": action.label, "start": began,
-              "started_s": round(began - start_wall, 3), "late_s": round(max(0.0, late), 3),
+              "started_s": round(began - start_wall, 3), "late_s": round(max(0.0, late), 3), "late": late > LATE_S,
               "after_previous": action.after, "end": None, "ended_s": None, "ok": None, "detail": ""}
     if late > LATE_S:  # every output names an action by its label: a late one says when it really started
         record["label"] = (f"{action.label} (started at {began - start_wall:.1f} s, {late:.1f} s late"
