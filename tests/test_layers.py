@@ -66,7 +66,7 @@ def test_each_c_extension_has_a_stub_that_matches_it():
 #: process runs on besides Locust, and the sidecar and ``tune`` import it rather than the plugin)
 LAYERS = (("errors", "check", "redact", "lifeline", "option_spec", "feature_spec", "features", "emulator_options", "options",
            "option_docs", "metric_table"), ("workload",), ("client",), ("runtime",),
-          ("metrics",), ("rundir",), ("report",), ("plugin",), ("locustfiles", "tune"), ("cli", "__init__"),
+          ("metrics",), ("rundir",), ("report",), ("history",), ("plugin",), ("locustfiles", "tune"), ("cli", "__init__"),
           ("testing",))
 
 

@@ -34,10 +34,16 @@ def main(argv: list[str] | None = None) -> int:
         from vllm_load.tune.run import main as tune_main
 
         return tune_main(argv[1:])
+    if argv[:1] == ["history"]:  # the results store (vllm_load/history/cli.py)
+        from vllm_load.history.cli import main as history_main
+
+        return history_main(argv[1:])
     ap = argparse.ArgumentParser(prog="vllm-load", description="vllm-load reports and verdicts")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("tune", help="find the server configuration that carries the most load within the SLOs "
                    "(vllm-load tune --help)")
+    sub.add_parser("history", help="the results store: list runs, a metric's series and change points, import "
+                   "run directories, the history page (vllm-load history --help)")
     rp = sub.add_parser("report", help="rebuild report.html, summary.json/.md and the SLO verdict of run directories",
                         description="Rebuild a run directory's report.html, summary.json/.md and SLO verdict from its "
                         "files (judged again by other SLOs with --slo); with several run directories, also the sweep "

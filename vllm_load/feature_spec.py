@@ -7,11 +7,17 @@ could read a feature in one place, and every hub grew with every feature. Kept a
 feature is a plain object with these attributes; nothing is generated.
 
 A feature's part of the summary sits under its name in ``RunSummary.features`` (``summary.features["interrupted"]``),
-so the summary's own field list names no feature; ``summary.json`` keeps it there as JSON."""
+so the summary's own field list names no feature; ``summary.json`` keeps it there as JSON.
+
+A feature module sits on the ground floor (the option table reads it) and so imports nothing above it. What a
+feature must do with the layers above (open a store, read the run directory) it names as a hook, ``"module:function"``
+in its own mechanism's package, which the hub that calls it (the plugin, above every such package) imports when the
+run reaches it: ``at_end`` in place of ``summarise``, ``after_run`` once the run's files are written."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +40,8 @@ class RunEnd:
     stopped: str  # why the run was stopped on a failure ('' when it was not)
     stopped_code: int  # and with which exit code
     faults: tuple[dict[str, Any], ...] = ()  # the fault plan's actions as they ran (and those that never began)
+    summary: Mapping[str, Any] | None = None  # the run's summary as measured (before the features' parts)
+    run_dir: str = ""  # the run directory (its config.json written at the start)
 
 
 class Feature:
@@ -49,6 +57,23 @@ class Feature:
     #: the modules (paths under vllm_load/) that carry out what its options ask where only another layer can (the
     #: plugin, which alone touches Locust): they may name its flags; no hub is one
     parts: tuple[str, ...] = ()
+    #: ``"module:function(RunEnd) -> part | None"``: its part computed by its mechanism, above the seam (in place of
+    #: ``summarise``); the collector calls it on the master (or the one process) at the run's end
+    at_end: str = ""
+    #: ``"module:function(run_dir: str, exit_code: int, options: Mapping) -> list[str]"``: what it does once the run's
+    #: files and exit code are final (lines said on the console); called on the master at the end of a run
+    after_run: str = ""
+
+    def hook(self, which: str) -> Callable[..., Any] | None:
+        """Its ``at_end`` or ``after_run`` function (None: it has none)."""
+        target = getattr(self, which)
+        if not target:
+            return None
+        module, _, name = target.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def validate(self, options: Any) -> None:
+        """Refuse bad values of its options before the run (``errors.UsageError``: one line, exit 2)."""
 
     def summarise(self, end: RunEnd) -> dict[str, Any] | None:
         """Its part of the summary (JSON-able), computed once at the run's end; None: it has nothing to say."""
@@ -62,6 +87,11 @@ class Feature:
     def lines(self, part: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:
         """What it says on the console, in summary.md and in the report (one line each, no trailing newline)."""
         return []
+
+    def references(self, part: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+        """The references relative SLOs are judged by (``ttft.p99<=baseline*1.10``), by the SLO's text: its
+        ``baseline`` value (None, with ``why``, when there is none), ``spread`` and what it rests on (``said``)."""
+        return {}
 
     def json_keys(self, part: Mapping[str, Any] | None) -> dict[str, Any]:
         """Keys it adds at the top of summary.json beside the verdict's (a gate reads them without the summary)."""

@@ -14,6 +14,7 @@ Goodput follows ``vllm bench serve``: a request is good when it meets every per-
 
 from __future__ import annotations
 
+import math
 import operator
 import sys
 import re
@@ -74,16 +75,24 @@ class SLO:
     threshold: float  # in base units: seconds, fractions, tokens/s, counts
     name: str | None = None  # ttft[turn 3].p99: judged on the requests of that name= only
     window: str = "run"  # --window: "steady" judges ``WINDOWED`` metrics on the steady window's requests
+    #: a threshold relative to a baseline (``ttft.p99<=baseline*1.10``): ("*", 1.10), ("%", -0.05) for
+    #: ``baseline-5%``, ("+", 0.02) for ``baseline+20ms``; its limit comes from the run's reference (``evaluate``)
+    relative: tuple[str, float] | None = None
 
-    def ok(self, value: float) -> bool:
-        return _OPS[self.op](value, self.threshold)
+    def ok(self, value: float, limit: float | None = None) -> bool:
+        return _OPS[self.op](value, self.threshold if limit is None else limit)
+
+    def limit_of(self, baseline: float) -> float:
+        """A relative SLO's limit, from the baseline's value of its metric."""
+        how, amount = self.relative or ("*", 1.0)
+        return baseline * amount if how == "*" else baseline * (1 + amount) if how == "%" else baseline + amount
 
 
 #: spellings of an earlier release, kept one release with a one-line notice: (old, new, notice)
 _DEPRECATED = {
     "itl_chunk": (ITL, "itl_chunk is now itl (vLLM's name for the gap between chunks); the per-token gap is itl_token"),
 }
-_ALIASES = {"e2el": E2E}  # vLLM's name, accepted as ours
+_ALIASES = {"e2el": E2E, "output_throughput": "output_token_rate"}  # vLLM's names, accepted as ours
 _warned: set[str] = set()
 
 
@@ -93,11 +102,47 @@ def _deprecated(old: str, notice: str) -> None:
         sys.stderr.write(f"vllm-load: deprecated: {notice}\n")
 
 
+_RELATIVE = re.compile(r"^\s*(.+?)\s*(<=|>=|<|>)\s*baseline\s*(?:([*+-])\s*([0-9]*\.?[0-9]+)\s*"
+                       r"(ms|us|s|%|tok/s|req/s|tok)?)?\s*$")
+
+
+def _parse_relative(text: str, m: re.Match[str]) -> SLO:
+    """``METRIC OP baseline[*F | ±X%| ±X UNIT]``: the metric checked as an absolute SLO of the same statistic would
+    be, its limit left to the baseline (a run judged without one cannot be judged)."""
+    left, op, how, number, unit = m.groups()
+    found: SLO | None = None
+    for probe_unit in ("ms", ""):  # a latency needs a time unit, a rate none: the probe only checks the metric
+        probe = f"{left}{op}1{probe_unit}"
+        try:
+            found = parse_slo(probe)
+            break
+        except UsageError as exc:
+            why = str(exc).replace(repr(probe), repr(text.strip()))
+    if found is None:
+        raise UsageError(why)
+    if how is None:
+        relative = ("*", 1.0)
+    elif how == "*":
+        if unit:
+            raise UsageError(f"SLO {text.strip()!r}: a factor takes no unit, e.g. {left}{op}baseline*1.10")
+        relative = ("*", float(number))
+    elif unit == "%":
+        relative = ("%", (1 if how == "+" else -1) * float(number) / 100)
+    else:
+        if found.metric in LATENCY and unit not in ("ms", "s", "us"):
+            raise UsageError(f"SLO {text.strip()!r} needs a time unit or %, e.g. {left}{op}baseline+20ms")
+        relative = ("+", (1 if how == "+" else -1) * float(number) * _UNITS[unit or ""])
+    return replace(found, text=text.strip(), threshold=math.nan, relative=relative)
+
+
 def parse_slo(text: str) -> SLO:
+    rel = _RELATIVE.match(text)
+    if rel:
+        return _parse_relative(text, rel)
     m = _SPEC.match(text)
     if not m:
-        raise UsageError(f"SLO {text!r} is malformed: write METRIC[NAME][.pXX] OP VALUE[UNIT], e.g. ttft.p99<=500ms "
-                         "or ttft[turn 3].p99<=300ms")
+        raise UsageError(f"SLO {text!r} is malformed: write METRIC[NAME][.pXX] OP VALUE[UNIT], e.g. ttft.p99<=500ms, "
+                         "ttft[turn 3].p99<=300ms or, against the run's history, ttft.p99<=baseline*1.10")
     metric, name, stat, op = m.group(1), m.group(2), m.group(3) or "", m.group(4)
     value, unit = float(m.group(5)), m.group(6) or ""
     metric = _ALIASES.get(metric, metric)
@@ -192,15 +237,16 @@ def _refuse_clashes(slos: list[SLO]) -> None:
     seen: dict[tuple, SLO] = {}
     for s in slos:
         side = {"<=": "upper", "<": "upper", ">=": "lower", ">": "lower"}.get(s.op, "exact")
-        key = (s.metric, s.stat, s.name, side)
+        key = (s.metric, s.stat, s.name, side, s.relative is not None)  # a fixed limit beside a baseline's: both
         other = seen.get(key)
         if other is not None:
             what = "twice" if other.threshold == s.threshold and other.op == s.op else "with two thresholds"
             raise UsageError(f"--slo gives {s.metric}{f'[{s.name}]' if s.name else ''}.{s.stat} {what} "
                              f"({other.text.strip()!r} and {s.text.strip()!r}): keep one")
         seen[key] = s
-        opposite = seen.get((s.metric, s.stat, s.name, {"upper": "lower", "lower": "upper"}.get(side, side)))
-        if opposite is not None and opposite is not s:
+        opposite = seen.get((s.metric, s.stat, s.name, {"upper": "lower", "lower": "upper"}.get(side, side),
+                             s.relative is not None))
+        if opposite is not None and opposite is not s and s.relative is None:
             low, high = (opposite, s) if side == "upper" else (s, opposite)
             if low.threshold > high.threshold or (low.threshold == high.threshold and (low.op == ">" or high.op == "<")):
                 raise UsageError(f"--slo {low.text.strip()!r} and {high.text.strip()!r} cannot both hold: fix one")
@@ -212,7 +258,8 @@ def goodput_thresholds(slos: list[SLO], name: str | None = None) -> dict[str, fl
     groups, each request judged by its own class's limits; a name with none and no run-wide ones is not judged)."""
     out: dict[str, float] = {}
     for s in slos:
-        if s.metric in PER_REQUEST and s.op in ("<=", "<") and (s.name is None or s.name == name):
+        if s.metric in PER_REQUEST and s.op in ("<=", "<") and (s.name is None or s.name == name) and \
+                s.relative is None:  # a request is judged by a fixed limit; a baseline's is the run's
             out[s.metric] = min(out.get(s.metric, float("inf")), s.threshold)
     return out
 
@@ -319,12 +366,37 @@ def _show(slo: SLO, value: float) -> str:
     return f"{value:.2f}"
 
 
-def evaluate(slos: list[SLO], summary: Mapping[str, Any], server: dict | None = None) -> list[Check]:
+def value_of(slo: SLO, summary: Mapping[str, Any], server: dict | None = None) -> float | None:
+    """What ``slo`` measures in a run (None: the run did not measure it): a baseline's runs are read by it."""
+    return _value(slo, RunSummary.of(summary), server)[0]
+
+
+def _relative(s: SLO, value: float, ref: Mapping[str, Any] | None) -> Check:
+    """A relative SLO judged against its reference: the baseline's value, its runs and spread (a feature's)."""
+    if not ref or ref.get("baseline") is None:
+        why = (ref or {}).get("why") or ("no baseline was taken for it when the run ended (a relative SLO is "
+                                          "judged against the run's history as it stood then)")
+        return Check(s.text, value, False, f"cannot judge: {why}")
+    base, limit = float(ref["baseline"]), s.limit_of(float(ref["baseline"]))
+    spread = float(ref.get("spread") or 0.0)
+    change = (value - base) / base * 100 if base else 0.0
+    beyond = "beyond the baseline's noise" if abs(value - base) > max(2 * spread, 0.001 * abs(base)) else \
+        "within the baseline's noise"
+    return Check(s.text, value, s.ok(value, limit), f"measured {_show(s, value)} against the baseline's "
+                 f"{_show(s, base)} ({change:+.1f} %; {ref.get('said') or ''}): limit {_show(s, limit)}, {beyond}")
+
+
+def evaluate(slos: list[SLO], summary: Mapping[str, Any], server: dict | None = None,
+             references: Mapping[str, Mapping[str, Any]] | None = None) -> list[Check]:
+    """Each SLO's check; a relative one's limit from ``references`` (by its text: the baseline's value, runs and
+    spread, which a feature computed at the run's end)."""
     summary, checks = RunSummary.of(summary), []
     for s in slos:
         value, why = _value(s, summary, server)
         if value is None:
             checks.append(Check(s.text, None, False, f"cannot judge: {why}"))
+        elif s.relative is not None:
+            checks.append(_relative(s, value, (references or {}).get(s.text)))
         else:
             passed = s.ok(value)
             where = " in the steady window" if s.window == "steady" and s.metric in WINDOWED else ""

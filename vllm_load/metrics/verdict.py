@@ -236,6 +236,12 @@ def feature_checks(summary: Mapping[str, Any], options: Mapping[str, Any] | None
     return [found for f in FEATURES if f.name in parts for found in f.checks(parts[f.name], options or {})]
 
 
+def feature_references(summary: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The references each feature gives relative SLOs (by the SLO's text), from its part of the summary."""
+    parts = _parts(summary)
+    return {k: v for f in FEATURES if f.name in parts for k, v in f.references(parts[f.name]).items()}
+
+
 def judge(summary: Mapping[str, Any], slos: list[SLO], server: dict | None = None, min_requests: int = 1,
           allow_untrustworthy: bool = False, num_requests: int = 0, strict_load: bool = False,
           options: Mapping[str, Any] | None = None) -> Verdict:
@@ -243,7 +249,7 @@ def judge(summary: Mapping[str, Any], slos: list[SLO], server: dict | None = Non
     features' checks come first, and the first that failed gives its own exit code (a run stopped or interrupted
     is that before anything else)."""
     summary = RunSummary.of(summary)
-    checks = evaluate(slos, summary, server)
+    checks = evaluate(slos, summary, server, feature_references(summary))
     own = feature_checks(summary, options)
     validity = validity_checks(summary, slos, min_requests, num_requests, strict_load)
     summary = judge_emulator(summary, server)

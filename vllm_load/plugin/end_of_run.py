@@ -16,6 +16,7 @@ import gevent.event
 from vllm_load.client.openai_api import auth_header, public_url
 from vllm_load.redact import redact_urls
 from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
+from vllm_load.features import FEATURES
 from vllm_load.metrics.verdict import feature_lines, judge, render_checks
 from vllm_load.plugin import interrupt
 from vllm_load.plugin.collector import Collector
@@ -308,12 +309,15 @@ def _finish(ctl: Controller, run: Run, col: Collector) -> None:
     prefix = getattr(opts, "csv_prefix", None)
     if prefix:  # Locust's --csv PREFIX: the LLM table beside Locust's own files
         shutil.copyfile(col.plan.files.llm_csv, f"{prefix}_llm_stats.csv")
+    after = [line for f in FEATURES if (hook := f.hook("after_run")) is not None  # the history records the run
+             for line in hook(str(col.plan.files.path), code, vars(opts))]
     # the end-of-run block, printed once, after Locust's own last tables (Controller._on_quit)
-    ctl.end.block = "".join(_end_lines(ctl, run, col, built, exceptions, code))
+    ctl.end.block = "".join(_end_lines(ctl, run, col, built, exceptions, code, after))
     environment.process_exit_code = code
 
 
-def _end_lines(ctl: Controller, run: Run, col: Collector, built: Any, exceptions: int, code: int) -> list[str]:
+def _end_lines(ctl: Controller, run: Run, col: Collector, built: Any, exceptions: int, code: int,
+               after: list[str]) -> list[str]:
     """The console's last block: the LLM table, why the run stopped or how far it can be trusted, the checks."""
     environment = ctl.environment
     lines = ["\n" + render_table(built.summary, _table_title(ctl, col), server=built.server) + "\n"]
@@ -333,6 +337,7 @@ def _end_lines(ctl: Controller, run: Run, col: Collector, built: Any, exceptions
     from vllm_load.report.trackers import log_run  # --mlflow-uri, --wandb-project: what the directory holds
 
     lines += [line + "\n" for line in log_run(environment.parsed_options, col.plan.files.path)]
+    lines += [line + "\n" for line in after]
     lines.append(f"vllm-load: report {built.report} (exit code {code})\n")
     lines.append(_next_steps(col, built.report) + "\n")
     return lines

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from vllm_load.client.openai_api import public_url
 from vllm_load.errors import UsageError
+from vllm_load.features import FEATURES
 from vllm_load.options import OPTIONS
 from vllm_load.workload.lengths import parse_duration
 from vllm_load.workload.rate_schedule import RateSchedule
@@ -299,6 +300,8 @@ def check_options(environment: Any) -> None:
     """Everything above, and each user and shape class's ``check_options``; raises UsageError."""
     opts = environment.parsed_options
     check_numbers(opts)
+    for feature in FEATURES:  # each feature's own options (vllm_load/features/)
+        feature.validate(opts)
     check_host(environment.host)
     shape, classes = run_classes(environment)
     check_locustfile_options(opts, classes)
