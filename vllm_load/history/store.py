@@ -38,7 +38,11 @@ _TABLES = (
         recorded DOUBLE PRECISION NOT NULL, fingerprint TEXT NOT NULL, target_kind TEXT NOT NULL,
         model TEXT NOT NULL, server_version TEXT NOT NULL, trusted INTEGER NOT NULL, valid INTEGER NOT NULL,
         exit_code INTEGER NOT NULL, verdict TEXT NOT NULL, requests INTEGER NOT NULL, report TEXT NOT NULL,
-        load TEXT NOT NULL, config TEXT NOT NULL, summary TEXT NOT NULL, stats TEXT NOT NULL)""",
+        load TEXT NOT NULL)""",
+    # a run's files as it wrote them, apart from its row: a listing or a series never reads past a row's first page
+    """CREATE TABLE IF NOT EXISTS run_files (
+        run_id TEXT PRIMARY KEY REFERENCES runs (run_id) ON DELETE CASCADE, config TEXT NOT NULL,
+        summary TEXT NOT NULL, stats TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS labels (
         run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE, key TEXT NOT NULL, value TEXT NOT NULL,
         PRIMARY KEY (run_id, key))""",
@@ -61,16 +65,18 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {1: _TABLES}
 _VERSION_TABLE = "CREATE TABLE IF NOT EXISTS vllm_load_schema (version INTEGER NOT NULL)"
 #: the columns of ``runs``, in order (a record's ``row``)
 RUN_COLUMNS = ("run_id", "started", "ended", "recorded", "fingerprint", "target_kind", "model", "server_version",
-               "trusted", "valid", "exit_code", "verdict", "requests", "report", "load", "config", "summary", "stats")
-#: what the listing reads of a run (never its JSON blobs)
-LISTED = RUN_COLUMNS[:15]
+               "trusted", "valid", "exit_code", "verdict", "requests", "report", "load")
+#: the columns of ``run_files``: config.json, summary.json and llm_stats.json as the run wrote them
+FILE_COLUMNS = ("config", "summary", "stats")
+#: what the listing reads of a run
+LISTED = RUN_COLUMNS
 
 
 @dataclass(frozen=True)
 class RunRecord:
     """One run as the store keeps it (built by ``record.of_run_dir``)."""
 
-    row: dict[str, Any]  # RUN_COLUMNS
+    row: dict[str, Any]  # RUN_COLUMNS and FILE_COLUMNS
     labels: dict[str, str] = field(default_factory=dict)
     metrics: list[tuple[str, str, float]] = field(default_factory=list)  # (metric, stat, value)
     slos: list[tuple[str, bool, float | None, str]] = field(default_factory=list)  # (slo, passed, value, detail)
@@ -197,6 +203,8 @@ class Store:
             if cur.rowcount == 0:
                 return False
             rid = rec.run_id
+            self.execute("INSERT INTO run_files (run_id, config, summary, stats) VALUES (%s, %s, %s, %s)",
+                         [rid, *(rec.row[c] for c in FILE_COLUMNS)])
             self._many("INSERT INTO labels (run_id, key, value) VALUES (%s, %s, %s)",
                        [(rid, k, v) for k, v in sorted(rec.labels.items())])
             self._many("INSERT INTO metrics (run_id, metric, stat, value) VALUES (%s, %s, %s, %s)",
@@ -286,5 +294,5 @@ class Store:
         """A run's summary.json and config.json as recorded (the baseline re-reads any metric from them)."""
         import json
 
-        row = self.execute("SELECT summary, config FROM runs WHERE run_id = %s", (run_id,)).fetchone()
+        row = self.execute("SELECT summary, config FROM run_files WHERE run_id = %s", (run_id,)).fetchone()
         return (json.loads(row[0]), json.loads(row[1])) if row else None
