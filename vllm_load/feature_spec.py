@@ -57,6 +57,8 @@ class Feature:
     #: the modules (paths under vllm_load/) that carry out what its options ask where only another layer can (the
     #: plugin, which alone touches Locust): they may name its flags; no hub is one
     parts: tuple[str, ...] = ()
+    #: how the report shows its lines: "invalid" (a run stopped or cut short: red) or "note" (information)
+    tone: str = "invalid"
     #: ``"module:function(RunEnd) -> part | None"``: its part computed by its mechanism, above the seam (in place of
     #: ``summarise``); the collector calls it on the master (or the one process) at the run's end
     at_end: str = ""
@@ -86,6 +88,10 @@ class Feature:
 
     def lines(self, part: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:
         """What it says on the console, in summary.md and in the report (one line each, no trailing newline)."""
+        return []
+
+    def charts(self, part: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Charts it adds to the report (``report/charts.chart``'s form: id, title, axis labels, x, named series)."""
         return []
 
     def references(self, part: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

@@ -107,6 +107,7 @@ class History(Feature):
                "(with ',last N'), or a run id; fewer than asked: the SLO cannot be judged (exit code 3)"),
     )
     parts = ("history/gate.py", "history/record.py", "history/store.py", "history/baseline.py", "history/cli.py")
+    tone = "note"
     at_end = "vllm_load.history.gate:at_end"
     after_run = "vllm_load.history.gate:after_run"
 
@@ -130,6 +131,24 @@ class History(Feature):
         for h in part.get("headline") or []:
             out.append(f"history: {h['label']} {h['shown']}: {h['change']:+.1f} % against {base.get('said')} "
                        f"(spread ±{h['spread_pct']:.1f} %): {'CHANGED' if h['beyond'] else 'no change'}")
+        return out
+
+    def charts(self, part: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """A small trend per headline metric: the baseline's runs, oldest first, and this run last."""
+        out = []
+        for h in part.get("headline") or []:
+            scale, unit = (1000.0, "ms") if h.get("stat") else (1.0, "tok/s")
+            values = [float(v) * scale for v in h.get("values") or []]
+            if not values:
+                continue
+            n = len(values)
+            out.append({"id": f"history-{h['metric']}-{h.get('stat') or 'run'}",
+                        "title": f"{h['label']} against {n} comparable run{'s' if n != 1 else ''}",
+                        "x_label": "run (oldest first; this run last)", "y_label": unit,
+                        "x": [float(i) for i in range(1, n + 2)], "y_range": None, "kind": "level",
+                        "x_integers": True, "height": 140,
+                        "series": [{"label": "comparable runs", "values": [*values, None]},
+                                   {"label": "this run", "values": [*([None] * n), float(h["value"]) * scale]}]})
         return out
 
     def json_keys(self, part: Mapping[str, Any] | None) -> dict[str, Any]:

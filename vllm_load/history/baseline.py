@@ -110,6 +110,7 @@ def headline(summary: Mapping[str, Any], server: dict[str, Any] | None, base: Ba
         b = float(ref["baseline"])
         shown = f"{value * 1000:.1f} ms" if slo.stat else f"{value:.1f}"
         out.append({"label": label, "metric": slo.metric, "stat": slo.stat, "value": value, "baseline": b,
+                    "runs": base.runs[::-1], "values": [float(v) for v in ref["values"]][::-1],  # oldest first
                     "shown": shown, "change": (value - b) / b * 100, "spread_pct": float(ref["spread"]) / b * 100,
                     "beyond": beyond(value, ref)})
     return out

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vllm_load.errors import UsageError
 from vllm_load.feature_spec import RunEnd
 from vllm_load.history.baseline import headline, reference, select
 from vllm_load.history.record import fingerprint, load_of, of_run_dir
@@ -57,8 +56,9 @@ def at_end(end: RunEnd) -> dict[str, Any] | None:
     try:
         with Store.open(url) as store:
             base = select(store, text or "last", fp, end.start_wall, str(config.get("run_id") or ""))
-    except UsageError as exc:
-        why = f"the results store could not be read: {exc}"
+    except Exception as exc:  # noqa: BLE001 - the store's failure (sqlite3's, psycopg's) is said, never the run's end
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        why = f"the results store could not be read: {text}"
         part["baseline"] = {"spec": text, "asked": 0, "runs": [], "why": why, "said": ""}
         part["references"] = {s.text: {"baseline": None, "why": why} for s in slos}
         return part

@@ -48,7 +48,8 @@ def _chart(store: Store, text: str, found: dict[str, Any], index: int) -> dict[s
                    {"label": "highest 10 s window's median", "dash": True,
                     "values": col(lambda p: max(windows[p["run_id"]]) if windows.get(p["run_id"]) else None)}]
     title = f"{text}: {len(found['changes'])} change point{'s' if len(found['changes']) != 1 else ''}"
-    return chart(f"h{index}", title, "run (oldest first)", unit or text, [float(v) for v in x], series, kind="level")
+    return {**chart(f"h{index}", title, "run (oldest first)", unit or text, [float(v) for v in x], series, kind="level"),
+            "x_integers": True}
 
 
 def write_page(store: Store, out: Path, metrics: list[str], fingerprint: str, labels: dict[str, str],

@@ -224,6 +224,18 @@ def feature_lines(summary: Mapping[str, Any], options: Mapping[str, Any] | None)
     return [line for f in FEATURES if f.name in parts for line in f.lines(parts[f.name], options or {})]
 
 
+def feature_said(summary: Mapping[str, Any], options: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The features' lines with the tone the report shows each in ("invalid", "note")."""
+    parts = _parts(summary)
+    return [(line, f.tone) for f in FEATURES if f.name in parts for line in f.lines(parts[f.name], options or {})]
+
+
+def feature_charts(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The charts each feature adds to the report, in the registry's order."""
+    parts = _parts(summary)
+    return [c for f in FEATURES if f.name in parts for c in f.charts(parts[f.name])]
+
+
 def feature_keys(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The keys each feature adds at the top of summary.json (a gate reads them without reading the summary)."""
     parts = _parts(summary)

@@ -43,7 +43,7 @@ from vllm_load.rundir.reqlog import read_log
 from vllm_load.report.csv_export import llm_stats_csv
 from vllm_load.report.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.metrics.verdict import feature_lines
+from vllm_load.metrics.verdict import feature_charts, feature_said
 from vllm_load.metric_table import (
     CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
 
@@ -62,7 +62,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         "report.html.j2", name=run.path.name, run_id=str(run.config.get("run_id")), emulator=run.is_emulator,
         kind=run.target_kind, host=str(run.config.get("host")), model=str(run.config.get("model")), overall=overall,
         invalid=verdict.invalid, untrustworthy=verdict.untrustworthy,
-        said=[line.removeprefix("vllm-load: ") for line in feature_lines(s, run.config.get("options", {}))],
+        said=[(line.removeprefix("vllm-load: "), tone) for line, tone in feature_said(s, run.config.get("options", {}))],
         checks=[{"slo": c.slo, "word": word(c.passed), "detail": c.detail} for c in verdict.checks],
         slo_word=word(bool(verdict.slo_passed)), exit_code=verdict.exit_code,
         summary_rows=summary_rows(s), latency_head=latency[0], latency_rows=latency[1], itl_note=itl_note,
@@ -85,6 +85,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run) + charts.prefill(s),
+                "features": feature_charts(s),
                 "markers": charts.markers(run)})
 
 

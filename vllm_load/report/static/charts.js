@@ -81,12 +81,13 @@
                    value: function (u, v) { return fmt(v); }});
     });
     var xAxis = {label: spec.x_label, labelSize: 20};
+    if (spec.x_integers) xAxis.incrs = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000];  /* runs: no 1.25 */
     if (nines) {
       xAxis.splits = function () { return [0, 0.301, 1, 2, 3]; };
       xAxis.values = function (u, splits) { return splits.map(function (v) { return NINES[String(v)] || ""; }); };
     }
     var opts = {
-      width: Math.min(1100, Math.max(480, host.clientWidth - 20)), height: 240,
+      width: Math.min(1100, Math.max(480, host.clientWidth - 20)), height: spec.height || 240,
       scales: {x: timeline ? {time: false, range: timeRange} : {time: false}, y: spec.y_range ? {range: spec.y_range} : {
         range: function (u, lo, hi) {  /* a flat series gets a range around it, not ±5 % of nothing */
           if (lo == null) return [0, 1];
