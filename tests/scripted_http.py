@@ -19,9 +19,10 @@ import time
 TOKENS = 5
 
 
-def events(body_metrics: bool = False) -> list[bytes]:
+def events(body_metrics: bool = False, absurd: bool = False) -> list[bytes]:
     """The stream's events; with ``body_metrics`` its usage event also carries vLLM's per-request ``metrics``,
-    which the native thread's parser leaves to Python (with the [DONE] after it)."""
+    which the native thread's parser leaves to Python (with the [DONE] after it); ``absurd``: usage counts no server
+    could mean (10^30 prompt tokens, a negative answer, a string of cached tokens)."""
     out = []
     for i in range(TOKENS):
         chunk = {"id": "cmpl-scripted", "object": "text_completion", "model": "m",
@@ -30,6 +31,9 @@ def events(body_metrics: bool = False) -> list[bytes]:
         out.append(b"data: " + json.dumps(chunk).encode() + b"\n\n")
     usage = {"id": "cmpl-scripted", "choices": [],
              "usage": {"prompt_tokens": 8, "completion_tokens": TOKENS, "total_tokens": 8 + TOKENS}}
+    if absurd:
+        usage["usage"] = {"prompt_tokens": 10 ** 30, "completion_tokens": -3, "total_tokens": 1e308,
+                          "prompt_tokens_details": {"cached_tokens": "many"}}
     if body_metrics:
         usage["metrics"] = {"queue_time_ms": 0.1, "time_to_first_token_ms": 10.0, "generation_time_ms": 40.0}
     out.append(b"data: " + json.dumps(usage).encode() + b"\n\n")
@@ -46,8 +50,8 @@ HEAD_CHUNKED = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-
 
 def scenario(name: str) -> tuple[list[bytes], str]:
     """The pieces of one answer, and how the connection ends after it: keep, close or reset."""
-    ev = events(body_metrics=name == "metrics")
-    if name in ("chunked", "metrics"):  # the usual shape: headers alone, one chunk per event, the last chunk alone
+    ev = events(body_metrics=name == "metrics", absurd=name == "absurd")
+    if name in ("chunked", "metrics", "absurd"):  # the usual shape: headers alone, one chunk per event, the last chunk alone
         return [HEAD_CHUNKED, *map(chunk, ev), b"0\r\n\r\n"], "keep"
     if name == "split":  # headers with the first event; chunk sizes, lines and CRLFs cut across pieces
         body = b"".join(chunk(e) for e in ev) + b"0\r\n\r\n"

@@ -91,3 +91,27 @@ def test_a_process_that_loads_it_never_imports_transformers(pair):
     assert out.returncode == 0, out.stderr[-2000:]
     hello = pair[1].apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
     assert out.stdout.split() == [str(len(pair[1](hello, add_special_tokens=False)["input_ids"])), "False"]
+
+
+def test_timing_a_tokenizer_neither_local_nor_cached_is_refused_at_once_when_the_hub_is_out_of_reach(monkeypatch):
+    """huggingface_hub retried an unreachable hub for 50 s of warnings before the one-line error: now one
+    connection (refused here) or offline mode decides, in one line, before anything starts."""
+    import time
+
+    from huggingface_hub import constants
+
+    from vllm_load.errors import UsageError
+    from vllm_load.workload.tokenizer import load_tokenizer
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:1")
+    load_tokenizer.cache_clear()
+    t0 = time.monotonic()
+    with pytest.raises(UsageError, match=r"is not in the Hugging Face cache, and http://127.0.0.1:1 cannot be reached"):
+        load_tokenizer("some-org/never-cached")
+    assert time.monotonic() - t0 < 5.0
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UsageError, match=r"the hub is off \(HF_HUB_OFFLINE\)"):
+        load_tokenizer("some-org/never-cached-either")
+    assert load_tokenizer("builtin").name == "builtin"  # the built-in by its plain name

@@ -112,6 +112,17 @@ def test_bodies_of_every_shape_read_whole_and_reuse_the_connection(scenario, rea
     assert srv.log().count("connection") == 1  # the second request reused the first's connection
 
 
+def test_usage_no_server_could_mean_is_not_taken_and_the_tokens_are_counted(reader):
+    """A usage of 10^30 prompt tokens and -3 answer tokens (a hostile or broken server) crashed a Generator
+    greenlet, or reported 10^32 tokens a second: it is no usage, and the client's own counts stand."""
+    srv = Server("absurd")
+    rec = send(session(srv.url, reader))
+    assert rec.ok, rec.error
+    assert not rec.tokens_from_usage and rec.input_tokens == 8 and rec.output_tokens == TOKENS
+    assert rec.cached_tokens is None
+    srv.log()
+
+
 def test_a_request_built_long_before_its_send_counts_every_line_from_the_send(reader, monkeypatch):
     """A closed loop counts from the send (its kernel stamp), not from the request's build: a new connection's
     connect comes between them. The thread's parsed chunks counted from the send while the lines it leaves to

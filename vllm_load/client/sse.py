@@ -8,13 +8,30 @@ chunk with non-empty text counts as one token and the final ``usage`` corrects t
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import orjson
 
 if TYPE_CHECKING:  # the C extension's result type (absent where it was not built)
     from vllm_load.client._rxnative import Parsed
+
+
+#: the most tokens a usage count may say: no model's context holds 2^31 tokens
+MAX_USAGE_TOKENS = 2 ** 31 - 1
+
+
+def usage_count(value: Any) -> int | None:
+    """A server's token count as an int, or None where it cannot be one (a string, a bool, a fraction, a negative,
+    10^30): such a count is the server's error, and the run counts that request's tokens itself instead (its usage
+    missing) rather than report 10^30 tokens a second, or a crash on a histogram that cannot hold it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not (value.is_integer() and math.isfinite(value)):
+        return None
+    return int(value) if 0 <= value <= MAX_USAGE_TOKENS else None
 
 
 class StreamError(Exception):
@@ -126,14 +143,14 @@ class StreamState:
         new_tokens = None
         if usage:
             before = self.completion_tokens or 0
-            self.prompt_tokens = usage.get("prompt_tokens", self.prompt_tokens)
-            self.completion_tokens = usage.get("completion_tokens", self.completion_tokens)
+            self.prompt_tokens = usage_count(usage.get("prompt_tokens", self.prompt_tokens))
+            self.completion_tokens = usage_count(usage.get("completion_tokens", self.completion_tokens))
             details = usage.get("prompt_tokens_details")
             if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                self.cached_tokens = int(details["cached_tokens"])
+                self.cached_tokens = usage_count(details["cached_tokens"])
             details = usage.get("completion_tokens_details")
             if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
-                self.reasoning_reported = int(details["reasoning_tokens"])
+                self.reasoning_reported = usage_count(details["reasoning_tokens"])
             if data.get("choices") and (self.continuous_usage or not self.streamed):
                 self.continuous_usage = True
                 new_tokens = (self.completion_tokens or 0) - before

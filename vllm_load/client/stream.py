@@ -21,7 +21,7 @@ from gevent import GreenletExit
 
 from vllm_load.client.exchange import Clock, Exchange, Transport
 from vllm_load.client.record import RequestRecord
-from vllm_load.client.sse import StreamState
+from vllm_load.client.sse import StreamState, usage_count
 from vllm_load.client.trace_context import trace_id
 from vllm_load.workload.prompts import Prompt
 from vllm_load.metric_table import CLIP_SECONDS, E2E, SEND_LAG
@@ -169,6 +169,9 @@ def stream_request(transport: Transport, req: ReadyRequest, headers: dict[str, s
     headers = typed(req, headers)
     ex = transport.exchange(req.path, req.body, headers, state, clock, name or req.path, own)
     offsets = state.chunk_times
+    # the counts as the server's usage gave them, each checked once whichever reader or API parsed it
+    state.prompt_tokens, state.completion_tokens = usage_count(state.prompt_tokens), usage_count(state.completion_tokens)
+    state.cached_tokens = usage_count(state.cached_tokens)
     tokens_from_usage = state.completion_tokens is not None and state.prompt_tokens is not None
     rec = RequestRecord(
         **exchanged(req, clock, ex, at, name, own),

@@ -338,7 +338,8 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
             f"(max |drift| {s.input_drift_max_abs} tokens): the tokenizer does not match the server's"
         )
     if s.usage_missing:
-        lines.append(f"note: {s.usage_missing} successful requests had no usage from the server: their output tokens "
+        lines.append(f"note: {s.usage_missing} successful requests had no usage from the server (or one no server could mean: "
+                     "negative, fractional, over 2^31 tokens): their output tokens "
                      "were counted from the stream's deltas (one a delta, at most max_tokens; max_tokens where it "
                      "stopped for length: a lower bound where a server merges tokens), their input tokens are the "
                      "client's own exact count")

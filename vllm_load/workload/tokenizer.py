@@ -48,7 +48,7 @@ MISTRAL_CHAT_TEMPLATE = (
     "{% elif message['role'] == 'tool' %}{{ '[TOOL_RESULTS] ' + message['content'] + ' [/TOOL_RESULTS]' }}"
     "{% endif %}{% endfor %}"
 )
-_ALIASES = {EMULATOR_MODEL: BUILTIN_MISTRAL, "mistral-7b": BUILTIN_MISTRAL}
+_ALIASES = {EMULATOR_MODEL: BUILTIN_MISTRAL, "mistral-7b": BUILTIN_MISTRAL, "builtin": BUILTIN_MISTRAL}
 
 
 def _cache_dir() -> Path:
@@ -224,6 +224,39 @@ def resolve_name(name: str) -> str:
     return _ALIASES.get(name, name)
 
 
+#: how long the hub gets to answer one connection before a tokenizer id neither local nor cached is refused
+HUB_PROBE_S = 3.0
+
+
+def hub_reachable_or_cached(repo: str, name: str) -> None:
+    """A Hugging Face id whose files are not in the local cache, with the hub out of reach (offline mode, or one
+    connection refused or timed out), is refused at once in one line: huggingface_hub's own retries took 50 s of
+    warnings first. Cached files need no hub (the load then runs offline)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    try:
+        cached = any(isinstance(try_to_load_from_cache(repo, f), str)
+                     for f in ("tokenizer_config.json", "tokenizer.json", "tekken.json"))
+    except Exception:  # noqa: BLE001 - not a repository id at all: the hub would refuse it too
+        cached = False
+    if cached:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        return
+    where = f"--tokenizer {name!r} is no local folder and is not in the Hugging Face cache"
+    hint = f"pass --tokenizer with a local folder (the server's tokenizer files) or {BUILTIN_MISTRAL}"
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        raise UsageError(f"{where}, and the hub is off (HF_HUB_OFFLINE): {hint}")
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname or "", url.port or (443 if url.scheme == "https" else 80)),
+                                 timeout=HUB_PROBE_S).close()
+    except OSError as exc:
+        raise UsageError(f"{where}, and {constants.ENDPOINT} cannot be reached ({exc.strerror or exc}): {hint}") from None
+
+
 @functools.lru_cache(maxsize=8)
 def load_tokenizer(name: str) -> Tokenizer:
     """Load by built-in name, local folder, or Hugging Face id (offline when the files are local)."""
@@ -241,6 +274,8 @@ def load_tokenizer(name: str) -> Tokenizer:
     local = Path(path)
     if local.exists():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    else:
+        hub_reachable_or_cached(path, name)
     is_tekken = local.is_dir() and (local / "tekken.json").exists() and not (local / "tokenizer.json").exists()
     if resolved == BUILTIN_MISTRAL:
         return Tokenizer(name=name, hf=BuiltinBackend(local))
