@@ -376,3 +376,14 @@ def test_timing_history_answers_a_10000_run_store_within_2s(tmp_path, capsys):
         took = time.perf_counter() - t0
         assert took < 2.0, (argv, took)
     assert "CHANGE +1" in capsys.readouterr().out  # load0's 15 % from its 300th run (b06000) on
+
+
+def test_a_swarm_is_recorded_once_by_its_master(tmp_path):
+    """The master records the run, once; its workers record nothing (each would have been a run of its own)."""
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "4", "-r", "4", "-t", "2s", "--processes", "2"], tmp_path)
+    assert res.code == 0, res.stdout + res.stderr
+    with Store.open(str(tmp_path / "reports" / "history.sqlite")) as store:
+        (row,) = store.runs()
+        summary = json.loads((tmp_path / res.run_dir / "summary.json").read_text())
+        assert row["requests"] == summary["summary"]["requests"] > 0
+    assert (res.stdout + res.stderr).count(" recorded in ") == 1
