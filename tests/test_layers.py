@@ -64,7 +64,7 @@ def test_each_c_extension_has_a_stub_that_matches_it():
 #: the packages from the bottom up: a module imports from its own package or one listed before it, never after
 #: (``report`` once imported the plugin's options, which now sit at the bottom; ``runtime`` holds what a load
 #: process runs on besides Locust, and the sidecar and ``tune`` import it rather than the plugin)
-LAYERS = (("errors", "check", "redact", "lifeline", "option_spec", "feature_spec", "features", "emulator_options", "options",
+LAYERS = (("version", "errors", "check", "redact", "lifeline", "option_spec", "feature_spec", "features", "emulator_options", "options",
            "option_docs", "metric_table"), ("workload",), ("client",), ("runtime",),
           ("metrics",), ("rundir",), ("report",), ("history",), ("plugin",), ("locustfiles", "tune"), ("cli", "__init__"),
           ("testing",))
@@ -75,6 +75,10 @@ def _layer(name: str) -> int:
 
 
 def test_no_import_runs_upward():
+    """``from vllm_load import __version__`` is an import of the package's face (``__init__``, top layer: its lazy
+    exports point at the plugin), not of a module: it counts as one (report/ once did it unseen). The shipped
+    locustfiles import ``LLMUser`` from it as every user's locustfile does."""
+    known = {m for layer in LAYERS for m in layer}
     offenders = []
     for path in PKG.rglob("*.py"):
         rel = path.relative_to(PKG).parts
@@ -82,13 +86,14 @@ def test_no_import_runs_upward():
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "vllm_load":
                 parts = node.module.split(".")
-                names = [parts[1]] if len(parts) > 1 else [a.name for a in node.names]
+                names = [parts[1]] if len(parts) > 1 else [a.name if a.name in known else "__init__"
+                                                            for a in node.names]
             elif isinstance(node, ast.Import):
                 names = [a.name.split(".")[1] for a in node.names if a.name.startswith("vllm_load.")]
             else:
                 continue
-            offenders += [f"{'/'.join(rel)} -> {n}" for n in names
-                          if n in {m for layer in LAYERS for m in layer} and _layer(n) > _layer(here)]
+            offenders += [f"{'/'.join(rel)} -> {n}" for n in names if n in known and _layer(n) > _layer(here)
+                          and not (here == "locustfiles" and n == "__init__")]  # a locustfile is user code
     assert offenders == []
 
 

@@ -12,7 +12,7 @@ from typing import Any
 # transformers prints "PyTorch was not found …" on import; vllm-load only needs its tokenizers
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-__version__ = "0.1.0"
+from vllm_load.version import __version__  # noqa: F401  (the version, once: vllm_load/version.py)
 _USERS = ("LLMUser", "ChatUser", "CompletionsUser")
 
 

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import yaml
 
-from vllm_load import __version__
+from vllm_load.version import __version__
 from vllm_load.report import charts
 from vllm_load.metrics.breakdown import (API_SERVER, BEFORE_SERVER, CLIENT_SIDE, LABELS, OUTSIDE, TAILS, breakdown,
                                          spans_line)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_load import __version__
+from vllm_load.version import __version__
 from vllm_load.metric_table import E2E, INPUT_TOKENS, OUTPUT_TOKENS, TPOT, TTFT
 from vllm_load.metrics.plateau import steady_point
 from vllm_load.metrics.summary import RunSummary, metric_stats
