@@ -408,3 +408,24 @@ def test_a_sweep_never_crowns_an_untrustworthy_step_and_says_each_steps_trust(tm
         build(d)
     _, best, _ = build_sweep(steps, tmp_path / "out2")
     assert best.startswith("No answer: the step at concurrency 8 (step-8) met every SLO but is untrustworthy")
+
+
+def test_the_report_changes_no_summary_field_its_analyses_are_kept_once(tmp_path):
+    """The analyses of the request logs (the time breakdown, routing, the prefill curve, …) are written into the
+    run's summary once, at the run's end (``report/analyses.complete``); every rebuild renders that summary and
+    writes it no more."""
+    from tests.helpers import ROOT, run_in_process
+
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "2", "-r", "2", "-t", "2s",
+                          "--slo", "ttft.p99<=500ms", "--no-history"], tmp_path)
+    run = tmp_path / res.run_dir
+    stats = run / "llm_stats.json"
+    kept = json.loads(stats.read_text())
+    assert kept["analysed"] == {"slos": ["ttft.p99<=500ms"]}
+    assert kept["summary"]["timing"]["parts"]  # where each request's time went: analysed at the end, and kept
+    before = stats.stat().st_mtime_ns
+    again = build(run)
+    assert stats.stat().st_mtime_ns == before and json.loads(stats.read_text()) == kept  # not written again
+    assert json.loads(json.dumps(again.summary.to_json(), default=str)) == kept["summary"]  # judged what is kept
+    build(run, ["ttft.p99<=400ms"])  # other SLOs: the disruption is judged by their limits, so analysed again
+    assert json.loads(stats.read_text())["analysed"] == {"slos": ["ttft.p99<=400ms"]}

@@ -17,35 +17,33 @@ import yaml
 
 from vllm_load.version import __version__
 from vllm_load.report import charts
-from vllm_load.metrics.breakdown import (API_SERVER, BEFORE_SERVER, CLIENT_SIDE, LABELS, OUTSIDE, TAILS, breakdown,
-                                         spans_line)
+from vllm_load.metrics.breakdown import (API_SERVER, BEFORE_SERVER, CLIENT_SIDE, LABELS, OUTSIDE, spans_line)
 from vllm_load.metrics.client_health import who_fell_behind
-from vllm_load.metrics.disruption import describe as disruption_lines, disruption, limits_of
-from vllm_load.metrics.protection import describe as protection_line, protection
+from vllm_load.metrics.disruption import describe as disruption_lines
+from vllm_load.metrics.protection import describe as protection_line
 from vllm_load.workload.scenarios import describe as scenario_line
 from vllm_load.report.llmd_report import llmd_report
 from vllm_load.report.mlperf_result import mlperf_result
 from vllm_load.metrics.reuse import describe as reuse_line
-from vllm_load.metrics.spans import join
-from vllm_load.metrics.curves import describe_prefill, prefill_curve
-from vllm_load.metrics.routing import Replicas, routing, routing_line
+from vllm_load.metrics.curves import describe_prefill
+from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.summary_parts import ClientVerdict, Routing, Timing
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head,
                                       name_rows, server_cells, spec_line, steady_line, table_rows)
 from vllm_load.report.page import render
-from vllm_load.metrics.verdict import Verdict, judge_emulator, word
+from vllm_load.metrics.verdict import Verdict, word
+from vllm_load.report.analyses import complete
 from vllm_load.report.results import finish
 from vllm_load.metrics.client_health import silent_workers
 from vllm_load.metrics.server import server_summary
-from vllm_load.rundir.files import Run, RunDir, load_run
-from vllm_load.rundir.reqlog import read_log
+from vllm_load.rundir.files import Run, RunDir
 from vllm_load.report.csv_export import llm_stats_csv
 from vllm_load.report.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.metrics.verdict import feature_charts, feature_said
 from vllm_load.metric_table import (
-    CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
+    CLIENT_OVERHEAD, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
 
 
 def render_html(run: Run, verdict: Verdict) -> str:
@@ -89,10 +87,6 @@ def render_html(run: Run, verdict: Verdict) -> str:
                 "markers": charts.markers(run)})
 
 
-#: timing.jsonl: each request's server parts as its spans gave them (--otlp-receiver), beside the request log
-TIMING_FIELDS = ("trace_id", "response_id", "start", "name", "replica", "prefill_replica", TTFT, E2E, SERVER_QUEUE,
-                 SERVER_PREFILL, KV_TRANSFER, SERVER_DECODE, "server_ttft", "server_e2e", "span_ttft",
-                 CLIENT_OVERHEAD, BEFORE_SERVER)
 #: each part's colour in the report's stacked bars
 PART_COLOURS = {SERVER_QUEUE: "#d62728", SERVER_PREFILL: "#1f77b4", KV_TRANSFER: "#9467bd", SERVER_DECODE: "#2ca02c",
                 API_SERVER: "#8c564b", BEFORE_SERVER: "#7f7f7f", CLIENT_OVERHEAD: "#ff7f0e", "client": "#ff7f0e",
@@ -195,38 +189,16 @@ class Built(NamedTuple):
 
 
 def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = "") -> Built:
-    """Regenerate summary.json, summary.md, junit.xml and report.html of one run directory."""
-    run = load_run(run_dir)
+    """Regenerate summary.json, summary.md, junit.xml and report.html of one run directory, from its summary as
+    the run's end completed it (``analyses.complete``: a directory from before is completed first); nothing here
+    changes the summary."""
+    run = complete(run_dir, slo_texts)
     opts = run.config.get("options", {})
     texts = slo_texts if slo_texts else run.slo_texts
     slos = parse_slo_option(texts, str(opts.get("window") or "run"))  # --window, as the run was judged
     title = f"vllm-load run {run.config.get('run_id')}" + (" (target: built-in EMULATOR)" if run.is_emulator else "")
     server = server_summary(run.server)
-    run.summary = judge_emulator(run.summary, server)  # the client's verdict with the emulator's own lateness
-    captured = opts.get("capture_header") or []
     logs = run_logs(run)
-    spans = read_log(run.path / "spans.jsonl") if (run.path / "spans.jsonl").exists() else None
-    joined = join(logs, spans) if spans is not None else None  # the server's spans (--otlp-receiver), per request
-    header = str(captured[0]).lower() if captured else None
-    routed = routing(logs, header, server_hits=server.get("prefix_cache_hits") if server else None)
-    if routed is not None and isinstance(run.summary, RunSummary):  # which replica served what, from the logs
-        run.summary = run.summary.replace(routing=routed)
-    replica = Replicas(logs, header)  # one name per replica, failed requests included
-    if isinstance(run.summary, RunSummary) and run.summary.faults:  # what each fault did to the requests
-        run.summary = run.summary.replace(disruption=disruption(
-            [{**r, "target": replica(r) or r.get("target")} for r in logs], run.summary.faults, limits_of(slos)))
-    if isinstance(run.summary, RunSummary) and (curve := prefill_curve(logs)) is not None:  # TTFT by input length
-        run.summary = run.summary.replace(prefill_curve=curve)
-    if isinstance(run.summary, RunSummary) and opts.get("protect"):  # what the other classes cost --protect's
-        run.summary = run.summary.replace(protection=protection(logs, str(opts["protect"])))
-    parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS, replica)
-    if joined is not None:  # the join, request by request (the logs are the workers' own: left as they were)
-        RunDir(run.path).write_series(RunDir(run.path).timing, [
-            {k: r.get(k) for k in TIMING_FIELDS} for r in logs if r.get("span_ttft") is not None])
-    if joined is not None:
-        parts = Timing({**(parts or {}), "spans": joined})
-    if parts is not None and isinstance(run.summary, RunSummary):  # where each request's time went
-        run.summary = run.summary.replace(timing=parts)
     min_requests = int(opts.get("min_requests", 1) if opts.get("min_requests") is not None else 1)
     plan = run.plan
     # a sweep's --num-requests is each step's (judged there); a run's is the whole run's
