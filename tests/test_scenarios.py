@@ -66,7 +66,7 @@ def test_the_scenario_fixes_its_rules_names_overrides_and_stamps_the_run():
     from argparse import Namespace
 
     from vllm_load.options import OPTIONS
-    from vllm_load.workload.scenarios import apply, stamp
+    from vllm_load.workload.scenarios import apply, describe, stamp, untrusted
 
     defaults = {o.dest: o.default for o in OPTIONS}
     opts = Namespace(**defaults)
@@ -79,11 +79,26 @@ def test_the_scenario_fixes_its_rules_names_overrides_and_stamps_the_run():
     changed = apply("agentx", opts, defaults)
     assert [o.split(" (")[0] for o in changed] == ["--max-idle 5.0", "--seed 7"]
     assert opts.max_idle == 5.0 and opts.session_start == "0.25,0.75"  # an override is kept, the rest applied
-    assert stamp("agentx", (), 100, 5)["valid"] is True  # 5 % is within
-    late = stamp("agentx", (), 100, 6)
+    published = "semianalysis_cc_traces_weka_062126"
+    ok = stamp("agentx", (), 100, 5, seconds=1800.0, corpus=published)
+    assert ok["valid"] is True and ok["kept"] == [  # 5 % is within; the stamp lists the rules it kept
+        "7 options as the rules fix them", "1800 s, at least 900 s", f"the published corpus {published}",
+        "failed share 5.0% within 5%"]
+    assert describe(ok).endswith("VALID (every rule kept: 7 options as the rules fix them; 1800 s, at least 900 s; "
+                                 f"the published corpus {published}; failed share 5.0% within 5%)")
+    late = stamp("agentx", (), 100, 6, seconds=1800.0, corpus=published)
     assert late["valid"] is False and late["invalid_reasons"] == [
         "failed share 6.0% (6 of 100) over the scenario's 5%"]
     assert stamp("agentx", changed, 10, 0)["invalid_reasons"][0].startswith("override: --max-idle 5.0 (")
+    # what the referee refuses: a 30 s run, a local unpinned folder, a run that could not be trusted
+    short = stamp("agentx", (), 100, 0, seconds=29.9, corpus=published)
+    assert short["invalid_reasons"] == ["30 s, under the 900 s the rules ask (-t 900s or more)"]
+    local = stamp("agentx", (), 100, 0, seconds=1800.0, corpus="/data/my-traces")
+    assert local["invalid_reasons"][0].startswith("an unpinned local corpus (/data/my-traces): the rules pin")
+    distrusted = untrusted(ok, "local: its CPU at 100 %")
+    assert distrusted["valid"] is False and distrusted["invalid_reasons"] == [
+        "the run is untrustworthy (local: its CPU at 100 %)"]
+    assert untrusted(distrusted, "local: its CPU at 100 %") == distrusted  # judged once
     with pytest.raises(UsageError, match="give --sessions"):
         apply("agentx", Namespace(**defaults), defaults)
 
@@ -162,9 +177,19 @@ def test_an_agentx_run_over_a_published_set_keeps_the_rules_at_one_instant(tmp_p
     assert all(r["start"] >= instant for r in firsts), (instant, [r["start"] for r in firsts])
     config = json.loads((run_dir / "config.json").read_text())
     assert config["plan"]["seed"] == 42 and config["plan"]["scenario"] == "agentx"
-    scenario = json.loads((run_dir / "summary.json").read_text())["summary"]["scenario"]
-    assert scenario["valid"] is True and scenario["invalid_reasons"] == []
-    assert "scenario: agentx (AIPerf's inferencex-agentx-mvp (InferenceX AgentX)): VALID" in res.stdout
+    data = json.loads((run_dir / "summary.json").read_text())
+    scenario = data["summary"]["scenario"]
+    # the set replayed in seconds: every other rule kept, and not valid for that alone (the referee asks 900 s);
+    # on a busy host the run's distrust is a second reason, never a VALID
+    seconds = data["summary"]["duration_s"]
+    assert scenario["valid"] is False and scenario["invalid_reasons"][0] == (
+        f"{seconds:.0f} s, under the 900 s the rules ask (-t 900s or more)")
+    detail = data["trust"]["detail"]  # the tests accept an untrustworthy run (--allow-untrustworthy): said here
+    assert scenario["invalid_reasons"][1:] == ([] if not detail.startswith("UNTRUSTWORTHY: ") else [
+        "the run is untrustworthy ("
+        f"{detail.removeprefix('UNTRUSTWORTHY: ').removesuffix(' (accepted with --allow-untrustworthy)')})"])
+    assert "the published corpus semianalysis_cc_traces_weka_062126" in scenario["kept"]
+    assert "scenario: agentx (AIPerf's inferencex-agentx-mvp (InferenceX AgentX)): NOT VALID: " in res.stdout
     # the same set with one rule overridden: measured, and stamped not valid with the override named
     other = tmp_path / "other"
     res = run_in_process(["-f", SESSIONS, "--headless", "-u", "2", "-r", "2", "-t", "90s", "--host", emu.url,
@@ -264,10 +289,13 @@ def test_an_mlperf_sweep_point_ends_on_whole_passes_after_its_floor(tmp_path, em
         assert p["whole_passes"] and p["requests"] % 4 == 0 and p["requests"] > 4 and p["seconds"] >= 1.5, p
     logs = [json.loads(x) for f in run_dir.glob("requests*.jsonl") for x in f.read_text().splitlines()]
     assert [sum(r["step"] == k and not r["warmup"] for r in logs) for k in (0, 1)] == [p["requests"] for p in points]
-    assert not scenario["valid"] and scenario["invalid_reasons"] == [
+    reasons = [r for r in scenario["invalid_reasons"] if not r.startswith("the run is untrustworthy (")]
+    assert not scenario["valid"] and reasons == [
         "override: --min-duration 1.5 (the scenario's 0.0: each point at least 600 s (1-32 users) or 1,200 s "
         "(above): the rules' minimum)",
         "2 point(s): the rules ask for 4 concurrency regions (--sweep e.g. 8,64,256,1024)"]
+    trusted = not json.loads((run_dir / "summary.json").read_text())["trust"]["detail"].startswith("UNTRUSTWORTHY")
+    assert trusted == (reasons == scenario["invalid_reasons"])  # a busy host's distrust is one more reason
     assert "mlperf-endpoints (MLPerf Endpoints v1.0 draft rules): NOT VALID" in res.stdout
     for step in sorted((run_dir / "steps").iterdir()):  # each point in the benchmark's result shape
         result = json.loads((step / "performance" / "result_summary.json").read_text())

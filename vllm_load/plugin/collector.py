@@ -192,7 +192,8 @@ class Collector:
                              "sent_span_s": (last - first) if first is not None and last is not None else 0.0}
         if self.plan.scenario:  # --scenario: whether the run kept its rules
             done["scenario"] = stamp(self.plan.scenario, self.plan.scenario_overrides, summary.requests,
-                                     summary.failed, self.stopped, self._points(summary))
+                                     summary.failed, self.stopped, self._points(summary),
+                                     float(summary.duration_s or 0.0), str(getattr(self.opts, "sessions", "") or ""))
         return done
 
     def _points(self, summary: RunSummary) -> list[Point]:

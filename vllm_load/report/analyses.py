@@ -1,7 +1,8 @@
 """The run's analyses of its request logs, made once, when the run ends, and kept in its summary before anything
 judges or renders it: the emulator's own lateness joined to the client's verdict, which replica served what
 (routing), what each fault did (disruption), TTFT by input length (the prefill curve), what the other classes cost
-``--protect``'s, and where each request's time went (with the server's spans, when it sent them).
+``--protect``'s, where each request's time went (with the server's spans, when it sent them), and a scenario's
+stamp held to the run's trust (an untrustworthy run is never VALID for a scenario).
 
 Why here: ``report/html.build`` computed these six after the summary was written and replaced five of its fields
 on every rebuild, so the summary the run wrote was not the one it was judged by. Now ``complete`` writes them into
@@ -23,7 +24,8 @@ from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.metrics.spans import join
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.summary_parts import Timing
-from vllm_load.metrics.verdict import judge_emulator
+from vllm_load.metrics.verdict import UNTRUSTWORTHY, judge_emulator, trust_check
+from vllm_load.workload.scenarios import untrusted
 from vllm_load.metric_table import (
     CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
 from vllm_load.report.vllm_result import run_logs
@@ -42,6 +44,9 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
     slos = parse_slo_option(slo_texts, str(opts.get("window") or "run"))
     server = server_summary(run.server)
     summary = judge_emulator(run.summary, server)  # the client's verdict with the emulator's own lateness
+    trust = trust_check(summary)  # --allow-untrustworthy accepts a run, never a scenario's stamp
+    if summary.scenario and not trust.passed:
+        summary = summary.replace(scenario=untrusted(dict(summary.scenario), trust.detail.removeprefix(UNTRUSTWORTHY)))
     captured = opts.get("capture_header") or []
     logs = run_logs(run)
     spans = read_log(run.path / "spans.jsonl") if (run.path / "spans.jsonl").exists() else None

@@ -8,6 +8,8 @@ named) or the failed share passed. AgentX follows AIPerf's ``inferencex-agentx-m
 --failed-request-threshold 0.05 --trajectory-start-min-ratio 0.25 --trajectory-start-max-ratio 0.75``). AIPerf
 0.13.0's own spec (``common/scenario/inferencex_agentx_mvp.py``) locks streaming, ignore_eos, idle gaps capped at
 10 s, the first turn's cache bust and a 900 s minimum; the t* range and the failure threshold are the command's.
+The stamp holds the run to what the referee checks: the 900 s minimum, a pinned (published) corpus, and a run
+that can be trusted (an untrustworthy one is never VALID: ``untrusted``, applied when the run is judged).
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ class Scenario:
     #: (most users, seconds): each point's duration floor by its concurrency region (a point then ends on a whole
     #: pass of its --num-requests)
     floors: tuple[tuple[float, float], ...] = ()
+    #: the run's own minimum length, seconds (its measured duration; 0: none)
+    min_run_s: float = 0.0
+    #: the corpus must be a published, pinned set (a local folder is the referee's unsafe override)
+    pinned_corpus: bool = False
 
     def floor(self, users: float) -> float:
         return next((seconds for most, seconds in self.floors if users <= most), 0.0)
@@ -46,7 +52,10 @@ AGENTX = Scenario(
            ("no_continuous_usage", False, "the server's token counts")),
     failed_share=0.05, needs=("sessions",),
     needs_why="replays a set: give --sessions (a published name, e.g. semianalysis_cc_traces_weka_062126, or a "
-              "folder of traces)")
+              "folder of traces)",
+    # inferencex-agentx-mvp: --benchmark-duration at least 900 s (its default 1,800), and a pinned with-subagents
+    # corpus; a local trace folder needs AIPerf's --unsafe-override, which turns submission_valid false
+    min_run_s=900.0, pinned_corpus=True)
 
 #: MLPerf Endpoints v1.0, from the endpoints_policies draft (v1.0_rules_dev, as mlcommons/endpoints'
 #: docs/pareto_sweep_support.md cites it; the rules may still move): four mandatory concurrency points, Ultra Low
@@ -128,30 +137,63 @@ def point_reasons(points: list[dict]) -> list[str]:
 
 
 def stamp(name: str, overrides: tuple[str, ...], requests: int, failed: int, aborted: str = "",
-          points: list[Point] | None = None) -> dict:
+          points: list[Point] | None = None, seconds: float = 0.0, corpus: str = "") -> dict:
     """The run's scenario verdict (summary.json's ``scenario``): valid when no option was overridden, the failed
-    share stayed within the threshold, the run was not aborted, and (a floored scenario) every point kept its floor and
-    whole passes; every reason it is not, named."""
+    share stayed within the threshold, the run was not aborted, it lasted the scenario's minimum (``seconds``: its
+    measured duration), its corpus is the published set the rules pin (``corpus``: --sessions), and (a floored
+    scenario) every point kept its floor and whole passes; every reason it is not, named, and every rule it kept
+    (``kept``). Whether the run could be trusted is judged after it (``untrusted``): an untrustworthy run is never
+    valid."""
     scenario = scenario_of(name)
     share = failed / requests if requests else 0.0
     reasons = [f"override: {o}" for o in overrides]
+    kept = [f"{len(scenario.fixed)} options as the rules fix them"] if not overrides else []
+    if scenario.min_run_s:
+        if seconds < scenario.min_run_s:
+            reasons.append(f"{seconds:.0f} s, under the {scenario.min_run_s:g} s the rules ask (-t "
+                           f"{scenario.min_run_s:g}s or more)")
+        else:
+            kept.append(f"{seconds:.0f} s, at least {scenario.min_run_s:g} s")
+    if scenario.pinned_corpus and corpus:
+        from vllm_load.workload.public_sets import is_published
+
+        if is_published(corpus):
+            kept.append(f"the published corpus {corpus}")
+        else:
+            reasons.append(f"an unpinned local corpus ({corpus}): the rules pin a published set (AIPerf runs a local "
+                           "folder only with --unsafe-override, which makes submission_valid false)")
     judged = [p.judge() for p in points or ()]
     if scenario.floors:
         reasons += point_reasons(judged)
     if share > scenario.failed_share:
         reasons.append(f"failed share {share * 100:.1f}% ({failed} of {requests}) over the scenario's "
                        f"{scenario.failed_share * 100:g}%")
+    elif scenario.failed_share < 1:
+        kept.append(f"failed share {share * 100:.1f}% within {scenario.failed_share * 100:g}%")
     if aborted:  # stopped on a failure: the scenario's abort (its message), or any other
         reasons.append(f"stopped: {aborted}")
+    if judged and not any(p["invalid_reasons"] for p in judged):
+        kept.append(f"{len(judged)} points, each floor and whole passes kept")
     out = {"name": name, "follows": scenario.follows, "valid": not reasons, "invalid_reasons": reasons,
-           "overrides": list(overrides), "failed_share": share, "failed_threshold": scenario.failed_share}
+           "overrides": list(overrides), "failed_share": share, "failed_threshold": scenario.failed_share,
+           "kept": kept}
     return {**out, "points": judged} if scenario.floors else out
 
 
+def untrusted(s: dict, why: str) -> dict:
+    """The stamp of a run that could not be trusted (the client could not keep time, a worker was lost): never
+    valid, whatever else it kept (it was stamped VALID on a run that itself exited 5)."""
+    reason = f"the run is untrustworthy ({why})"
+    if reason in s.get("invalid_reasons", []):
+        return s
+    return {**s, "valid": False, "invalid_reasons": [*s.get("invalid_reasons", []), reason]}
+
+
 def describe(s: dict) -> str:
-    """The console's line."""
+    """The console's line: VALID with the rules it kept, or every reason it is not."""
     if s["valid"]:
-        kept = f"{len(s['points'])} points, each floor and whole passes kept" if s.get("points") else \
-            f"failed share {s['failed_share'] * 100:.1f}%"
-        return f"{s['name']} ({s['follows']}): VALID (every rule kept; {kept})"
+        kept = "; ".join(s.get("kept") or []) or (
+            f"{len(s['points'])} points, each floor and whole passes kept" if s.get("points") else
+            f"failed share {s['failed_share'] * 100:.1f}%")
+        return f"{s['name']} ({s['follows']}): VALID (every rule kept: {kept})"
     return f"{s['name']} ({s['follows']}): NOT VALID: " + "; ".join(s["invalid_reasons"])
