@@ -242,8 +242,10 @@ def hub_reachable_or_cached(repo: str, name: str) -> None:
     if cached:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         return
-    where = f"--tokenizer {name!r} is no local folder and is not in the Hugging Face cache"
     hint = f"pass --tokenizer with a local folder (the server's tokenizer files) or {BUILTIN_MISTRAL}"
+    if repo.startswith(("/", ".", "~")) or repo.count("/") > 1:  # a path, not a hub id (ORG/NAME)
+        raise UsageError(f"cannot load tokenizer {name!r}: no such folder: {hint}")
+    where = f"cannot load tokenizer {name!r}: no local folder and not in the Hugging Face cache"
     if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
         raise UsageError(f"{where}, and the hub is off (HF_HUB_OFFLINE): {hint}")
     import socket
