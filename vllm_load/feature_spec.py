@@ -81,6 +81,18 @@ class Feature:
         """Its part of the summary (JSON-able), computed once at the run's end; None: it has nothing to say."""
         return None
 
+    #: the SLO metrics it measures (name -> unit, as ``metrics/slo.RUN_METRICS``): ``integrity>=99.9%``
+    slo_metrics: Mapping[str, str] = {}
+
+    def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Its part from the run's request logs (every process's, every request), made once when the run ends
+        (``report/analyses.complete``): exact across workers, as the logs are. None: nothing to say."""
+        return None
+
+    def slo_value(self, part: Mapping[str, Any], metric: str, name: str | None) -> tuple[float | None, str]:
+        """One of its ``slo_metrics`` as measured (``name``: of the requests of that name=), or None and why not."""
+        return None, "not measured"
+
     def checks(self, part: Mapping[str, Any], options: Mapping[str, Any]) -> list[tuple[Check, int]]:
         """Its validity checks of the run and the exit code each gives when it fails (judged before every other
         check, in the registry's order); ``options`` as config.json keeps them."""

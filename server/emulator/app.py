@@ -182,7 +182,7 @@ class Emulator:
     def _pool(self, environ: dict, start_response: Start, path: str) -> Iterable[bytes]:
         body = post_body(environ)
         self.model_of(body)
-        self.faults.raise_overload(self.faults.pick(environ))
+        self.faults.raise_overload(self.faults.pick(environ, self.engine.running))
         try:
             return reply(start_response, 200, pooling.serve(self, path, body))
         except pooling.PoolingError as exc:
@@ -199,7 +199,7 @@ class Emulator:
             raise HttpError(400, "the emulator streams Responses only: set stream true", "BadRequestError", "stream")
         plan_body = {"model": body.get("model", self.served[0]), "messages": messages,
                      "max_tokens": body.get("max_output_tokens")}
-        model, out = plan(self, True, plan_body, self.faults.pick(environ), responses.input_ids(self, messages))
+        model, out = plan(self, True, plan_body, self.faults.pick(environ, self.engine.running), responses.input_ids(self, messages))
         start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
         return responses.stream(self, model, out)
 
@@ -217,7 +217,7 @@ class Emulator:
             return reply(start_response, 200, orjson.dumps({"input_tokens": len(prompt_ids(self, True, chat))}))
         if not isinstance(chat["max_tokens"], int):
             raise HttpError(400, "max_tokens: Field required", "BadRequestError", "max_tokens")
-        model, out = plan(self, True, chat, self.faults.pick(environ))
+        model, out = plan(self, True, chat, self.faults.pick(environ, self.engine.running))
         if not body.get("stream"):
             return reply(start_response, 200, messages.whole(self, model, out))
         start_response("200 OK", [("Content-Type", "text/event-stream; charset=utf-8"), ("Cache-Control", "no-cache")])
@@ -234,7 +234,7 @@ class Emulator:
         if refused:  # a strict OpenAI-compatible gateway: unknown fields are an error
             raise HttpError(400, f"Unrecognized request argument supplied: {refused[0]}", "BadRequestError",
                             refused[0])
-        fault = self.faults.pick(environ)
+        fault = self.faults.pick(environ, self.engine.running)
         trace = trace_of(environ) if self.spans is not None else None
         model, out = plan(self, chat, body, fault)
         if not body.get("stream"):

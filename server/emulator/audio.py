@@ -101,7 +101,7 @@ def serve(emu: Emulator, environ: dict, start_response: Start, task: str) -> Ite
     decoder, frames = prompt_ids(emu, fields, clip, seconds, task)
     ids = decoder + frames
     body = {"model": fields.get("model") or emu.served[0], "prompt": ids, "max_tokens": max_tokens(fields)}
-    model, out = plan(emu, False, body, emu.faults.pick(environ), ids, cache=False)  # no prefix cache, as vLLM's
+    model, out = plan(emu, False, body, emu.faults.pick(environ, emu.engine.running), ids, cache=False)  # no prefix cache, as vLLM's
     out.decoder_tokens = len(decoder)
     if not flag(fields, "stream"):
         words = itertools.cycle(WORDS)

@@ -87,7 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between vLLM's stats log lines on stderr (0: none)")
     p.add_argument("--fault", action="append", default=[], metavar="KIND:RATE",
                    help="inject a fault into this share of requests (500, 503, 429, drop, malformed, error, stall, "
-                        "slow-headers); a request can also ask for one with the X-Emulator-Fault header")
+                        "slow-headers, overrun, echo, endless, bad-tool); a request can also ask for one with the "
+                        "X-Emulator-Fault header")
+    p.add_argument("--faults-from", type=int, default=0, metavar="N",
+                   help="draw the --fault faults only while at least N requests run, this one included (0: always)")
     p.add_argument("--stall-seconds", type=float, default=30.0, help="length of stall and slow-headers faults")
     p.add_argument("--retry-after", type=float, default=0.0,
                    help="503/429 faults carry this Retry-After header, in seconds (0: none)")
@@ -192,7 +195,7 @@ def check(args: argparse.Namespace) -> None:
 def _faults(args: argparse.Namespace) -> FaultPlan:
     try:
         faults = FaultPlan(dict(parse_fault(f) for f in args.fault), args.stall_seconds, random.Random(args.seed),
-                           retry_after=args.retry_after)
+                           retry_after=args.retry_after, from_running=max(0, args.faults_from))
     except ValueError as exc:
         raise BadArguments(str(exc)) from None
     if sum(faults.rates.values()) > 1.0:

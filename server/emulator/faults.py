@@ -5,7 +5,11 @@ Kinds: ``500``/``503``/``429`` (HTTP error before streaming), ``drop`` (connecti
 ``stall`` (silence mid-stream for ``--stall-seconds``, longer than a client timeout), ``slow-headers``
 (the response starts only after ``--stall-seconds``), ``overrun`` (100 times the tokens asked: a server that
 ignores max_tokens), ``endless`` (mid-stream, 24 MiB of bytes without a line end), ``echo`` (HTTP 500 whose text quotes the request's Authorization header: a gateway that echoes
-the client's token, which the client must never write or print).
+the client's token, which the client must never write or print), ``bad-tool`` (a tool call broken as a busy server's
+parser breaks one, vLLM #48089, #54701: a name the request did not offer, arguments that are not JSON, or an empty
+call delta, in turn; counted in ``vllm_emulator:bad_tool_calls_total{kind}``: the truth a client's check is held to).
+``--faults-from N``: faults strike only while at least N requests run (this one included), so that a verdict can be
+tested where a server breaks under load and not alone.
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ from dataclasses import dataclass, field
 
 from .http import HttpError
 
-KINDS = ("500", "503", "429", "drop", "malformed", "error", "stall", "slow-headers", "overrun", "echo", "endless")
+KINDS = ("500", "503", "429", "drop", "malformed", "error", "stall", "slow-headers", "overrun", "echo", "endless",
+         "bad-tool")
+#: how a bad-tool fault breaks the call, in turn
+BAD_TOOL = ("unknown_tool", "arguments_not_json", "empty_delta")
 HEADER = "HTTP_X_EMULATOR_FAULT"  # WSGI name of the X-Emulator-Fault request header
 
 
@@ -38,14 +45,24 @@ class FaultPlan:
     stall_seconds: float = 30.0
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     retry_after: float = 0.0  # Retry-After seconds on 503/429 faults (0: no header)
+    from_running: int = 0  # draw faults only while this many requests run, this one included (0: always)
+    bad_tools: int = 0  # bad-tool faults struck so far: which breakage comes next
 
-    def pick(self, environ: dict) -> str | None:
+    def pick(self, environ: dict, running: int = 0) -> str | None:
         """The fault for this request: the header's, else one drawn at the configured rates (``echo`` answers here,
-        where the request's headers are)."""
+        where the request's headers are); none while fewer than ``from_running`` requests run, with it."""
+        if self.from_running and running + 1 < self.from_running and not environ.get(HEADER):
+            return None
         kind = self._draw(environ)
         if kind == "echo":
             raise HttpError(500, "upstream refused the credentials " + environ.get("HTTP_AUTHORIZATION", "(none)"),
                             "InternalServerError")
+        return kind
+
+    def bad_tool(self) -> str:
+        """The next bad-tool breakage (in turn, so that a run sees each)."""
+        kind = BAD_TOOL[self.bad_tools % len(BAD_TOOL)]
+        self.bad_tools += 1
         return kind
 
     def _draw(self, environ: dict) -> str | None:

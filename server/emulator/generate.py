@@ -147,6 +147,13 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
     prompt_tokens, max_tokens, cached = len(out_spec.ids), out_spec.max_tokens, out_spec.cached
     tool = out_spec.tool
     pieces = tool_pieces(tool, max_tokens) if tool else iter(out_spec.answer) if out_spec.answer else None
+    broken = emu.faults.bad_tool() if fault == "bad-tool" and tool else None  # how this call is broken, if it is
+    if broken is not None:
+        m.bad_tool_calls.labels(kind=broken, **m.labels).inc()
+        if broken == "unknown_tool":
+            tool = tool + "_unoffered"
+        elif broken == "arguments_not_json":  # the call's closing brace never comes (its piece is not empty)
+            pieces = (p[:-1] if p.endswith('"}') else p for p in tool_pieces(tool, max_tokens))
     answer: list[str] = []
     out, ttft, prev, queue = 0, 0.0, 0.0, 0.0
 
@@ -221,7 +228,9 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
                 if out == n:
                     call = {"id": tool_call_id(), "type": "function", "index": 0,
                             "function": {"name": tool, "arguments": piece}}
-                choice: dict = {"index": 0, "delta": {"tool_calls": [call]}, "logprobs": None,
+                calls = [call, {"index": 0, "function": {"arguments": ""}}] if broken == "empty_delta" and out == n \
+                    else [call]  # an empty call delta after the first (vLLM #54701)
+                choice: dict = {"index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
                                 "finish_reason": finish}
             elif chat:
                 choice = {"index": 0, "delta": {kind: piece}, "logprobs": None, "finish_reason": finish}

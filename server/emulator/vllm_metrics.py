@@ -80,6 +80,9 @@ class VllmMetrics:
         self.late_emissions = g("vllm_emulator:late_emissions", "Chunks produced over 10 ms after they were due.")
         for m in (self.running, self.waiting, self.kv_usage, self.emissions, self.late_emissions):
             m.labels(**self.labels).set(0)
+        # the tool calls its bad-tool fault broke, by how (the truth a client's integrity check is held to)
+        self.bad_tool_calls = Counter("vllm_emulator:bad_tool_calls", "Tool calls the bad-tool fault broke.",
+                                      list(self.labels) + ["kind"], registry=self.registry)
         # like vLLM, expose every series from the start (a scrape before any traffic sees zeros)
         for m in (self.prefix_queries, self.prefix_hits, self.mm_queries, self.mm_hits, self.preemptions,
                   self.prompt_tokens, self.generation_tokens,

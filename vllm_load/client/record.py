@@ -71,6 +71,8 @@ class RequestRecord:
     graded: str | None = None  # --accuracy: the graded set's kind, and whether the answer was right
     correct: bool | None = None
     valid: bool | None = None  # --response-format: the answer's JSON parsed (and validated against the schema)
+    #: a request that offered tools: its answer's tool-call violations (client/tool_integrity.py; [] whole)
+    integrity: list[str] | None = None
     target: str | None = None  # --host a,b: the replica it went to (its metrics are grouped under it too)
     headers: dict[str, str] | None = None  # the response header fields --capture-header asked for
     session: str | None = None  # the session id it carried (self.llm.session, --session-header)

@@ -97,6 +97,7 @@ class StreamState:
     #: tool calls assembled from the streamed deltas, by index: id, type and name arrive once, the
     #: arguments in pieces that are concatenated
     tool_calls: dict[int, dict] = field(default_factory=dict)
+    empty_tool_deltas: int = 0  # call deltas that carried nothing (no id, type, name or arguments): vLLM #54701
     #: the most tokens this stream may carry (``overrun_limit`` of its max_tokens) before it is cut as a protocol
     #: failure; None: no limit. The C parser hands every line past it to ``feed``, which raises.
     limit: int | None = None
@@ -267,6 +268,10 @@ class StreamState:
             if not isinstance(call, dict):
                 raise StreamError(f"malformed tool call delta: {str(call)[:80]}")
             index = int(call.get("index", len(self.tool_calls)))
+            fn = call.get("function") or {}
+            if not (call.get("id") or call.get("type") or (isinstance(fn, dict) and (fn.get("name") or fn.get("arguments")))):
+                self.empty_tool_deltas += 1
+                continue
             have = self.tool_calls.get(index)
             if have is None:
                 have = self.tool_calls[index] = {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
@@ -274,7 +279,6 @@ class StreamState:
                 have["id"] = call["id"]
             if call.get("type"):
                 have["type"] = call["type"]
-            fn = call.get("function") or {}
             if fn.get("name"):
                 have["function"]["name"] = fn["name"]
             if fn.get("arguments"):

@@ -22,6 +22,7 @@ from gevent import GreenletExit
 from vllm_load.client.exchange import Clock, Exchange, Transport
 from vllm_load.client.record import RequestRecord
 from vllm_load.client.sse import StreamState, usage_count
+from vllm_load.client.tool_integrity import check as check_tools
 from vllm_load.client.trace_context import trace_id
 from vllm_load.workload.prompts import Prompt
 from vllm_load.metric_table import CLIP_SECONDS, E2E, SEND_LAG
@@ -55,6 +56,7 @@ class ReadyRequest:
     content_type: str | None = None  # a body that is not JSON (speech to text's multipart form)
     audio_seconds: float | None = None  # speech to text: the clip's length (the real-time factor's denominator)
     streamed: bool = True  # False: one JSON answer, timed to its last byte (pooling, a whole transcription)
+    tools: tuple[Any, ...] = ()  # the tools the body offers: an answer's calls are checked against them
 
     @property
     def path(self) -> str:
@@ -115,8 +117,10 @@ def build_request(api: str, model: str, content: Any, input_tokens: int, max_tok
     body["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
     if defaults.continuous_usage:
         body["stream_options"]["continuous_usage_stats"] = True
+    tools = body.get("tools")
     return ReadyRequest(api, orjson.dumps(body), input_tokens, max_tokens if forced else None, group,
-                        max_tokens=int_or_none(body.get("max_completion_tokens") or body.get("max_tokens")))
+                        max_tokens=int_or_none(body.get("max_completion_tokens") or body.get("max_tokens")),
+                        tools=tuple(tools) if isinstance(tools, list) else ())
 
 
 def merge_body(body: dict[str, Any], defaults: BodyDefaults, extra: dict[str, Any] | None,
@@ -195,6 +199,8 @@ def stream_request(transport: Transport, req: ReadyRequest, headers: dict[str, s
         abandoned=state.abandoned,
     )
     rec.reasoning_tokens, rec.reasoning_source = reasoning_count(state, count_output)
+    if req.tools and rec.ok:  # the answer's tool calls, whole or not (client/tool_integrity.py)
+        rec.integrity = check_tools(req.tools, state.calls, getattr(state, "empty_tool_deltas", 0))
     if state.server_metrics and rec.ok:
         server_parts(rec, state.server_metrics)
     if ex.cancelled is not None:

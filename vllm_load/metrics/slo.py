@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from vllm_load.check import Check  # noqa: F401  (where the SLOs' readers find it)
 from vllm_load.errors import UsageError
+from vllm_load.features import FEATURES
 from vllm_load import metric_table as table
 from vllm_load.metrics.breakdown import PARTS
 from vllm_load.metric_table import E2E, ITL, OUTPUT_TPS, RTF
@@ -53,6 +54,8 @@ _DISRUPTION = {m: m if m != "recovery.seconds" else "recovery_s" for m in
 #: series, the routing, the server's per-request parts, the energy)
 WINDOWED = frozenset({*table.LATENCY, "error_rate", "goodput", "good_request_fraction", "output_token_rate",
                       "request_rate", "input_drift", OUTPUT_TPS})
+#: the features' own SLO metrics, by name: the feature that measures each
+FEATURE_METRICS = {m: f for f in FEATURES for m in f.slo_metrics}
 SERVER_METRICS = {
     "server.kv_cache_usage.max": "%", "server.preemptions": "count", "server.waiting.max": "count",
     "server.running.max": "count", "server.prefix_cache_hit_rate": "%",
@@ -167,6 +170,13 @@ def parse_slo(text: str) -> SLO:
         pass
     elif metric == RTF:
         raise UsageError(f"SLO {text!r} needs a statistic: rtf.p99<=0.5, rtf.p50 …")
+    elif metric in FEATURE_METRICS:  # a feature's own (vllm_load/features/): a share in %
+        if stat:
+            raise UsageError(f"SLO {text!r}: {metric} takes no .{stat}")
+        if unit not in ("%", ""):
+            raise UsageError(f"SLO {text!r}: {metric} is a percentage, e.g. {metric}{op}99.9%")
+        if unit == "":
+            unit = "%" if value > 1 else ""
     elif metric in RUN_METRICS or metric in SERVER_METRICS:
         if stat:
             raise UsageError(f"SLO {text!r}: {metric} takes no .{stat}")
@@ -182,7 +192,7 @@ def parse_slo(text: str) -> SLO:
         if metric == "input_drift" and unit == "%":  # the share of requests that drifted, not tokens
             stat = "share"
     else:
-        known = ", ".join(list(LATENCY) + [RTF] + list(RUN_METRICS) + list(SERVER_METRICS))
+        known = ", ".join(list(LATENCY) + [RTF] + list(RUN_METRICS) + list(FEATURE_METRICS) + list(SERVER_METRICS))
         raise UsageError(f"SLO {text!r} names an unknown metric {metric!r}: use one of {known}")
     return SLO(text.strip(), metric, stat, op, value * _UNITS[unit], name.strip() if name else None)
 
@@ -266,6 +276,10 @@ def goodput_thresholds(slos: list[SLO], name: str | None = None) -> dict[str, fl
 
 
 def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | None, str]:
+    if slo.metric in FEATURE_METRICS:  # a feature's metric, read from its part (vllm_load/features/)
+        feature = FEATURE_METRICS[slo.metric]
+        part = (summary.features or {}).get(feature.name)
+        return feature.slo_value(part, slo.metric, slo.name) if part else (None, "not measured in this run")
     if slo.window == "steady" and slo.metric in WINDOWED:
         if slo.name is not None:
             return None, "the steady window keeps no per-name numbers: judge a named SLO over the run"
@@ -361,7 +375,8 @@ def _show(slo: SLO, value: float) -> str:
         return f"{value:.2f} good req/s"
     if RUN_METRICS.get(slo.metric) == "J":
         return f"{value:.3f} J"
-    if "%" in (SERVER_METRICS.get(slo.metric), RUN_METRICS.get(slo.metric)) or slo.stat == "share":
+    if "%" in (SERVER_METRICS.get(slo.metric), RUN_METRICS.get(slo.metric)) or slo.stat == "share" or \
+            slo.metric in FEATURE_METRICS:
         return f"{value * 100:.2f}%"
     return f"{value:.2f}"
 

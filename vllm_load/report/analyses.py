@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vllm_load.features import FEATURES
 from vllm_load.metrics.breakdown import BEFORE_SERVER, TAILS, breakdown
 from vllm_load.metrics.curves import prefill_curve
 from vllm_load.metrics.disruption import disruption, limits_of
@@ -71,6 +72,13 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
         parts = Timing({**(parts or {}), "spans": joined})
     if parts is not None:  # where each request's time went
         done["timing"] = parts
+    features = dict(summary.features or {})
+    for f in FEATURES:  # each feature's part from the logs (vllm_load/features/)
+        part = f.from_logs(logs, opts)
+        if part is not None:
+            features[f.name] = part
+    if features:
+        done["features"] = features
     return summary.replace(**done) if done else summary
 
 
