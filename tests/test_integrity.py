@@ -93,3 +93,12 @@ def test_tool_calls_whole_alone_and_broken_under_load_as_the_emulator_counted(tm
     assert sum(1 for r in logs if r.get("integrity")) == sum(truth.values())  # and so the request log says
     assert data["integrity"] == part["share"] and not data["slo"][0]["passed"]
     assert "integrity: " in busy.stdout and "answers' tool calls whole" in busy.stdout
+
+
+def test_compare_puts_the_share_of_a_and_b_side_by_side():
+    a = FEATURE.from_logs([{"integrity": []}] * 200, {})
+    b = FEATURE.from_logs([{"integrity": []}] * 160 + [{"integrity": [NOT_JSON]}] * 40, {})
+    (row,) = FEATURE.compare_rows(a, b)
+    assert (row["a"], row["b"], row["significant"]) == (100.0, 80.0, True)
+    (same,) = FEATURE.compare_rows(b, b)
+    assert not same["significant"] and FEATURE.compare_rows(a, None) == []

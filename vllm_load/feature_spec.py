@@ -93,6 +93,11 @@ class Feature:
         """One of its ``slo_metrics`` as measured (``name``: of the requests of that name=), or None and why not."""
         return None, "not measured"
 
+    def compare_rows(self, a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+        """Its rows in ``vllm-load compare`` (A's part against B's): each {metric, title, unit, a, b, delta, pct,
+        significant}, as the comparison's rate rows."""
+        return []
+
     def checks(self, part: Mapping[str, Any], options: Mapping[str, Any]) -> list[tuple[Check, int]]:
         """Its validity checks of the run and the exit code each gives when it fails (judged before every other
         check, in the registry's order); ``options`` as config.json keeps them."""

@@ -81,6 +81,16 @@ class Integrity(Feature):
             out.append(f"integrity: step {step}: {s['whole']} of {s['checked']} whole ({s['share'] * 100:.1f} %)")
         return out
 
+    def compare_rows(self, a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+        """The share whole in A and in B, apart when their Wilson intervals do not overlap."""
+        if not a or not b or a.get("share") is None or b.get("share") is None:
+            return []
+        (alo, ahi), (blo, bhi) = a["interval"], b["interval"]
+        return [{"metric": METRIC, "title": "tool calls whole", "unit": "%", "a": a["share"] * 100,
+                 "b": b["share"] * 100, "delta": (b["share"] - a["share"]) * 100,
+                 "pct": (b["share"] - a["share"]) / a["share"] * 100 if a["share"] else None,
+                 "significant": ahi < blo or bhi < alo}]
+
     def json_keys(self, part: Mapping[str, Any] | None) -> dict[str, Any]:
         return {"integrity": part["share"]} if part else {}
 

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from vllm_load.features import FEATURES
 from vllm_load.metrics.repeats import welch
 from vllm_load.metrics.verdict import UNTRUSTWORTHY, word
 from vllm_load.metric_table import E2E, ITL, ITL_TOKEN, METRICS, TTFO, TTFT
@@ -168,6 +169,8 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
         rates.append({"metric": key, "title": title, "unit": unit, "a": va * scale, "b": vb * scale,
                       "delta": (vb - va) * scale, "pct": ((vb - va) / va * 100) if va else None})
     rates += accuracy_rows(a.summary, b.summary)
+    parts_a, parts_b = a.summary.features or {}, b.summary.features or {}
+    rates += [row for f in FEATURES for row in f.compare_rows(parts_a.get(f.name), parts_b.get(f.name))]
     slo_a, slo_b = _verdicts(a), _verdicts(b)
     verdicts = [{"slo": text, "a": slo_a.get(text), "b": slo_b.get(text), "changed": slo_a.get(text) != slo_b.get(text)}
                 for text in dict.fromkeys([*slo_a, *slo_b])]
