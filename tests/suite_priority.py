@@ -95,12 +95,13 @@ def move(pids: list[int], group: str) -> None:
 
 
 def _write_pids(group: str, pids: list[str] | list[int]) -> None:
-    """Into a cgroup, one write each: a process gone meanwhile fails its own write alone."""
-    with open(os.path.join(group, "cgroup.procs"), "w") as f:
+    """Into a cgroup, one write each: a process gone meanwhile fails its own write alone. Unbuffered: a buffered
+    file kept the failed write and raised it again at its close (ProcessLookupError, when a PostgreSQL backend ended
+    between the listing and the move)."""
+    with open(os.path.join(group, "cgroup.procs"), "wb", buffering=0) as f:
         for pid in pids:
             try:
-                f.write(f"{pid}\n")
-                f.flush()
+                f.write(f"{pid}\n".encode())
             except OSError:
                 pass
 

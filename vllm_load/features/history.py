@@ -101,7 +101,7 @@ class History(Feature):
                shown_default="history.sqlite beside the run directory", web=False),
         Option("--no-history", False, "do not record this run in the results store", action="store_true"),
         Option("--label", [], "a label of the run in the store, KEY=VALUE (repeatable): --label commit=abc123 "
-               "--label vllm=0.33.0; the server's version is one already", action="append"),
+               "--label vllm=0.33.0; the server's version is one already", action="append", web=False),
         Option("--baseline", "", "the runs a relative SLO (ttft.p99<=baseline*1.10, output_throughput>=baseline-5%) "
                "is judged against: 'last N' comparable runs (same load fingerprint, trusted), 'label:KEY=VALUE' "
                "(with ',last N'), or a run id; fewer than asked: the SLO cannot be judged (exit code 3)"),
