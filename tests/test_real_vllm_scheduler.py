@@ -54,7 +54,7 @@ def _mixed(tmp_path, server, policy: str) -> tuple[dict, list[dict], bool]:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "protection: interactive" in res.stdout, res.stdout[-2000:]
     result = json.loads((run_dir / "summary.json").read_text())
-    return (result["summary"]["protection"], [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]],
+    return (result["summary"]["features"]["protection"], [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]],
             bool(result["trust"]["passed"]))
 
 

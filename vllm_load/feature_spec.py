@@ -62,12 +62,15 @@ class Feature:
     #: ``"module:function(RunEnd) -> part | None"``: its part computed by its mechanism, above the seam (in place of
     #: ``summarise``); the collector calls it on the master (or the one process) at the run's end
     at_end: str = ""
+    #: ``"module:function(logs: list[dict], options: Mapping) -> part | None"``: its part from the request logs by its
+    #: mechanism above the seam (in place of ``from_logs``), made once at the run's end by ``report/analyses``
+    at_logs: str = ""
     #: ``"module:function(run_dir: str, exit_code: int, options: Mapping) -> list[str]"``: what it does once the run's
     #: files and exit code are final (lines said on the console); called on the master at the end of a run
     after_run: str = ""
 
     def hook(self, which: str) -> Callable[..., Any] | None:
-        """Its ``at_end`` or ``after_run`` function (None: it has none)."""
+        """Its ``at_end``, ``at_logs`` or ``after_run`` function (None: it has none)."""
         target = getattr(self, which)
         if not target:
             return None
@@ -90,7 +93,8 @@ class Feature:
         return None
 
     def slo_value(self, part: Mapping[str, Any], metric: str, name: str | None) -> tuple[float | None, str]:
-        """One of its ``slo_metrics`` as measured (``name``: of the requests of that name=), or None and why not."""
+        """One of its ``slo_metrics`` as measured (``name``: of the requests of that name=), or None and why not
+        (``part`` is empty where the run has none of it)."""
         return None, "not measured"
 
     def compare_rows(self, a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[dict[str, Any]]:

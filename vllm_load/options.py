@@ -66,7 +66,7 @@ _DECLARED: tuple[Option, ...] = (*group(
     Option("--tool-result-tokens", "200", "agent.py: tokens of each tool result: N, LOW-HIGH, normal:MEAN,STD",
         locustfiles=("agent.py",)),
     Option("--batch-after", "10s", "mixed.py: when the batch class starts sending, from the run's start (the "
-        "interactive class runs alone until then: --protect's baseline)", locustfiles=("mixed.py",)),
+        "interactive class runs alone until then: the protected class's baseline)", locustfiles=("mixed.py",)),
     Option("--batch-input-tokens", "1024", "mixed.py: the batch class's prompt length (as --input-tokens)", locustfiles=("mixed.py",)),
     Option("--batch-output-tokens", "128", "mixed.py: the batch class's answer length (as --input-tokens)", locustfiles=("mixed.py",)),
     Option("--batch-size", 1, "pooling requests: unique texts per embeddings request, documents per rerank request "
@@ -237,9 +237,6 @@ _DECLARED: tuple[Option, ...] = (*group(
     Option("--strict-load", False, "fail the run (exit 4) when the load delivered was not the load asked: an open "
         "loop's sent rate or inter-arrival CV beyond its sampling band, a closed loop's requests in flight under 90 % "
         "of its users (said in every run either way)", action="store_true"),
-    Option("--protect", "", "the requests named NAME are a protected class (mixed.py: interactive): their TTFT and "
-        "ITL p99 alone (before any other request began) against beside the others, as ttft_penalty and itl_penalty "
-        "(SLOs: 'ttft_penalty<=50%')"),
     Option("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)", web=False),
     Option("--retry-backoff-max", "2s", "closed loop: after a connection failure (refused, reset, connect timeout) a "
         "user waits 50 ms, doubling up to this, with jitter (also the cap on a server's Retry-After)"),

@@ -15,8 +15,6 @@ from vllm_load.metrics.records import measured, nearest_rank
 
 #: the fewest requests a side needs to be judged
 MIN_REQUESTS = 10
-#: the SLO metrics (metrics/slo.py): the penalty as a fraction (0.5: p99 half as long again beside the others)
-METRICS = ("ttft_penalty", "itl_penalty")
 
 
 def _p99(values: list[float]) -> float | None:
@@ -53,14 +51,7 @@ def protection(logs: list[dict], name: str) -> dict[str, Any]:
     return out
 
 
-def describe(p: dict[str, Any]) -> str:
-    """``interactive TTFT p99 +412% beside the other classes (21.0 ms alone, 107.5 ms beside), ITL p99 +3% (…)``."""
-    if p.get("why"):
-        return f"{p['name']}: cannot judge: {p['why']}"
-    parts = []
-    for metric, label in ((TTFT, "TTFT"), (ITL, "ITL")):
-        a, b, penalty = p["alone"][f"{metric}_p99"], p["beside"][f"{metric}_p99"], p[f"{metric}_penalty"]
-        if penalty is not None:
-            parts.append(f"{label} p99 {penalty * 100:+.0f}% ({a * 1000:.1f} ms alone, {b * 1000:.1f} ms beside)")
-    return (f"{p['name']} beside the other classes: " + ", ".join(parts or ["no TTFT or gap to compare"])
-            + f"; {p['alone']['requests']} requests alone, {p['beside']['requests']} beside")
+def from_logs(logs: list[dict], options: Any) -> dict[str, Any] | None:
+    """The protection feature's part (``features/protection.py``): the verdict for ``--protect``'s class, if given."""
+    name = options.get("protect") if hasattr(options, "get") else getattr(options, "protect", "")
+    return protection(logs, str(name)) if name else None

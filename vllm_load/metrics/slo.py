@@ -46,8 +46,7 @@ RUN_METRICS = {
     "cache_hits_of_achievable": "%", "replica_imbalance": "", "session_stickiness": "%",
     # a fault plan's disruption (metrics/disruption.py): each action's worst
     "lost_requests": "count", "recovery.seconds": "s", "rehomed_sessions": "count", "goodput_during_fault": "%",
-    "accuracy": "%", "valid_output": "%",  # --accuracy's graded answers; --response-format's valid JSON
-    "ttft_penalty": "%", "itl_penalty": "%"}  # --protect: the protected class beside the others against alone
+    "accuracy": "%", "valid_output": "%"}  # --accuracy's graded answers; --response-format's valid JSON
 _DISRUPTION = {m: m if m != "recovery.seconds" else "recovery_s" for m in
                ("lost_requests", "recovery.seconds", "rehomed_sessions", "goodput_during_fault")}
 #: what --window steady judges on the steady window's requests (the rest is the run's: its outages, the server's
@@ -279,7 +278,7 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
     if slo.metric in FEATURE_METRICS:  # a feature's metric, read from its part (vllm_load/features/)
         feature = FEATURE_METRICS[slo.metric]
         part = (summary.features or {}).get(feature.name)
-        return feature.slo_value(part, slo.metric, slo.name) if part else (None, "not measured in this run")
+        return feature.slo_value(part or {}, slo.metric, slo.name)  # an empty part: the feature says why
     if slo.window == "steady" and slo.metric in WINDOWED:
         if slo.name is not None:
             return None, "the steady window keeps no per-name numbers: judge a named SLO over the run"
@@ -340,12 +339,6 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
     if slo.metric in ("accuracy", "valid_output"):
         found = summary.accuracy if slo.metric == "accuracy" else summary.valid_output
         return (float(found), "") if found is not None else (None, "no answer checked (--accuracy, --response-format)")
-    if slo.metric in ("ttft_penalty", "itl_penalty"):  # metrics/protection.py
-        found = summary.protection or {}
-        if found.get(slo.metric) is None:
-            return None, found.get("why") or ("no class protected (--protect NAME)" if not found else
-                                              f"{found['name']} had no {slo.metric[:-8].upper()} on one side")
-        return float(found[slo.metric]), ""
     if slo.metric in _DISRUPTION:
         value = (summary.disruption or {}).get(_DISRUPTION[slo.metric])
         if not summary.disruption:

@@ -1,7 +1,8 @@
 """The run's analyses of its request logs, made once, when the run ends, and kept in its summary before anything
 judges or renders it: the emulator's own lateness joined to the client's verdict, which replica served what
-(routing), what each fault did (disruption), TTFT by input length (the prefill curve), what the other classes cost
-``--protect``'s, where each request's time went (with the server's spans, when it sent them), and a scenario's
+(routing), what each fault did (disruption), TTFT by input length (the prefill curve), each feature's part from the
+logs (``Feature.from_logs``, ``at_logs``: the protected class's penalty, the tool calls' integrity), where each
+request's time went (with the server's spans, when it sent them), and a scenario's
 stamp held to the run's trust (an untrustworthy run is never VALID for a scenario).
 
 Why here: ``report/html.build`` computed these six after the summary was written and replaced five of its fields
@@ -18,7 +19,6 @@ from vllm_load.features import FEATURES
 from vllm_load.metrics.breakdown import BEFORE_SERVER, TAILS, breakdown
 from vllm_load.metrics.curves import prefill_curve
 from vllm_load.metrics.disruption import disruption, limits_of
-from vllm_load.metrics.protection import protection
 from vllm_load.metrics.routing import Replicas, routing
 from vllm_load.metrics.server import server_summary
 from vllm_load.metrics.slo import parse_slo_option
@@ -63,8 +63,6 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
                                         summary.faults, limits_of(slos))
     if (curve := prefill_curve(logs)) is not None:  # TTFT by input length
         done["prefill_curve"] = curve
-    if opts.get("protect"):  # what the other classes cost --protect's
-        done["protection"] = protection(logs, str(opts["protect"]))
     parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS, replica)
     if joined is not None:  # the join, request by request (the logs are the workers' own: left as they were)
         RunDir(run.path).write_series(RunDir(run.path).timing, [
@@ -74,7 +72,8 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
         done["timing"] = parts
     features = dict(summary.features or {})
     for f in FEATURES:  # each feature's part from the logs (vllm_load/features/)
-        part = f.from_logs(logs, opts)
+        hook = f.hook("at_logs")
+        part = hook(logs, opts) if hook is not None else f.from_logs(logs, opts)
         if part is not None:
             features[f.name] = part
     if features:

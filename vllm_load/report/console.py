@@ -9,7 +9,6 @@ from vllm_load.metrics.breakdown import tail_lines
 from vllm_load.metrics.curves import describe_prefill
 from vllm_load.metrics.delivered import segment_lines
 from vllm_load.metrics.disruption import describe as disruption_lines
-from vllm_load.metrics.protection import describe as protection_line
 from vllm_load.metrics.repeats import interval_text
 from vllm_load.metrics.reuse import describe as reuse_line
 from vllm_load.metrics.routing import routing_line
@@ -287,7 +286,6 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     if s.delivered:
         lines += [f"delivered load: {s.delivered['detail']}", *segment_lines(s.delivered)]
     lines += [f"fault: {line}" for line in disruption_lines(s.disruption)] if s.disruption else []
-    lines += [f"protection: {protection_line(s.protection)}"] if s.protection else []  # --protect
     lines += [f"scenario: {scenario_line(s.scenario)}"] if s.scenario else []  # --scenario
     lines += [f"reuse curve: {reuse}"] if (reuse := reuse_line(s.names)) else []  # locustfiles/reuse.py
     lines += [describe_prefill(s.prefill_curve)] if s.prefill_curve else []  # --input-tokens of a spread

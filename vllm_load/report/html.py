@@ -20,7 +20,6 @@ from vllm_load.report import charts
 from vllm_load.metrics.breakdown import (API_SERVER, BEFORE_SERVER, CLIENT_SIDE, LABELS, OUTSIDE, spans_line)
 from vllm_load.metrics.client_health import who_fell_behind
 from vllm_load.metrics.disruption import describe as disruption_lines
-from vllm_load.metrics.protection import describe as protection_line
 from vllm_load.workload.scenarios import describe as scenario_line
 from vllm_load.report.llmd_report import llmd_report
 from vllm_load.report.mlperf_result import mlperf_result
@@ -77,7 +76,6 @@ def render_html(run: Run, verdict: Verdict) -> str:
         energy=energy_line(s) if s.energy or s.energy_missing else "",
         delivered=(s.delivered or {}).get("detail", ""), schedule=(s.delivered or {}).get("segments") or [],
         disruption=disruption_lines(s.disruption) if s.disruption else [],
-        protection=protection_line(s.protection) if s.protection else "",
         prefill=describe_prefill(s.prefill_curve) if s.prefill_curve else "",
         scenario=scenario_line(s.scenario) if s.scenario else "", reuse=reuse_line(s.names),
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
