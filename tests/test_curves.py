@@ -13,7 +13,8 @@ from tests.helpers import ROOT, run_in_process
 def test_the_curves_fit_what_the_requests_drew():
     """The prefill curve's bins and line on TTFT = 10 ms + 20 ms per 1k input tokens, exactly; the decode curve's on
     ITL = 5 ms + 0.25 ms per user; too few requests, one length, or two levels draw none."""
-    from vllm_load.metrics.curves import decode_curve, describe_decode, describe_prefill, prefill_curve
+    from vllm_load.features.prefill_curve import describe as describe_prefill
+    from vllm_load.metrics.curves import decode_curve, describe_decode, prefill_curve
 
     logs = [{"ok": True, "input_tokens": n, "ttft": 0.010 + 20e-6 * n} for n in range(200, 3400, 100)]
     c = prefill_curve(logs + [{"ok": False, "input_tokens": 99999, "ttft": 9.0}, {"ok": True, "warmup": True,
@@ -40,7 +41,17 @@ def test_the_prefill_curve_finds_the_servers_per_token_prefill_time(tmp_path, em
                           "--num-requests", "48", "--input-tokens", "200-3000", "--output-tokens", "2", "--host",
                           emu.url, "--run-dir", str(run_dir)], tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    curve = json.loads((run_dir / "summary.json").read_text())["summary"]["prefill_curve"]
+    curve = json.loads((run_dir / "summary.json").read_text())["summary"]["features"]["prefill_curve"]
     assert curve["ms_per_1k_tokens"] == pytest.approx(40.0, rel=0.15), curve
     assert sum(p["requests"] for p in curve["points"]) == 48
-    assert "prefill curve: TTFT p50 " in res.stdout and "id='prefill'" in (run_dir / "report.html").read_text()
+    assert "prefill curve: TTFT p50 " in res.stdout and "prefill curve: TTFT p50 " in (run_dir / "report.html").read_text()
+
+
+def test_a_falling_prefill_line_is_said_as_no_prefill_cost():
+    from vllm_load.features.prefill_curve import describe
+
+    c = {"tokens_range": [128, 4096], "intercept_ms": 24.9, "ms_per_1k_tokens": -11.0,
+         "points": [{"tokens": 200 * i} for i in range(8)]}
+    said = describe(c)
+    assert said.startswith("prefill curve: TTFT p50 did not rise with the input length (its line falls 11.00 ms")
+    assert "+ -" not in said

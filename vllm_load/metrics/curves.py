@@ -44,6 +44,11 @@ def prefill_curve(logs: list[dict[str, Any]]) -> dict | None:
             "tokens_range": [ok[0][0], ok[-1][0]]}
 
 
+def prefill_from_logs(logs: list[dict[str, Any]], options: Any) -> dict | None:
+    """The prefill-curve feature's part (``features/prefill_curve.py``): the curve, where the run draws one."""
+    return prefill_curve(logs)
+
+
 def decode_curve(levels: list[float], itl_p50: list[float | None]) -> dict | None:
     """ITL p50 by concurrency across a sweep's levels, and its line (None under 3 levels with an ITL)."""
     pairs = [(float(u), float(i)) for u, i in zip(levels, itl_p50) if i is not None]
@@ -52,12 +57,6 @@ def decode_curve(levels: list[float], itl_p50: list[float | None]) -> dict | Non
     intercept, slope = fit([u for u, _ in pairs], [i for _, i in pairs])
     return {"points": [{"users": u, "itl_p50": i} for u, i in pairs], "intercept_ms": intercept * 1000,
             "ms_per_user": slope * 1000}
-
-
-def describe_prefill(c: dict) -> str:
-    lo, hi = c["tokens_range"]
-    return (f"prefill curve: TTFT p50 {c['intercept_ms']:.1f} ms + {c['ms_per_1k_tokens']:.2f} ms per 1k input tokens "
-            f"({BINS} bins of {lo:,}-{hi:,} tokens)")
 
 
 def describe_decode(c: dict) -> str:

@@ -121,7 +121,6 @@ class RunSummary(Mapping[str, Any]):
     faults: list[dict] = ABSENT
     disruption: dict = ABSENT
     scenario: dict = ABSENT  # --scenario: whether the run kept its rules (workload/scenarios.stamp)
-    prefill_curve: dict = ABSENT  # TTFT by input length and its line, when the prompts' lengths vary (metrics/curves.py)
     trace: TraceKept = ABSENT  # --trace: rows, sent, intended and achieved span (seconds)
     profiled: list[ProfiledWindow] = ABSENT  # --profile-at: each profiler window (seconds into the run)
     #: each feature's part (``vllm_load/features/``), under its name: the summary's fields name no feature
@@ -222,10 +221,12 @@ def upgrade_wire(data: dict) -> dict:
 
 def upgrade_summary(summary: dict) -> dict:
     """The same for a saved summary: metric keys, goodput (then a share) as good_request_fraction, and a part kept
-    before its feature had a module (``protection``) under the features, where its module reads it."""
-    if "protection" in summary:
-        summary = dict(summary)
-        summary["features"] = {**(summary.get("features") or {}), "protection": summary.pop("protection")}
+    before its feature had a module (``protection``, ``prefill_curve``) under the features, where its module reads
+    it."""
+    for moved in ("protection", "prefill_curve"):  # parts kept before their features had modules
+        if moved in summary:
+            summary = dict(summary)
+            summary["features"] = {**(summary.get("features") or {}), moved: summary.pop(moved)}
     if "good_request_fraction" in summary or "metrics" not in summary:
         return summary
     out = dict(summary)

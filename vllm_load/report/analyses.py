@@ -1,7 +1,7 @@
 """The run's analyses of its request logs, made once, when the run ends, and kept in its summary before anything
 judges or renders it: the emulator's own lateness joined to the client's verdict, which replica served what
-(routing), what each fault did (disruption), TTFT by input length (the prefill curve), each feature's part from the
-logs (``Feature.from_logs``, ``at_logs``: the protected class's penalty, the tool calls' integrity), where each
+(routing), what each fault did (disruption), each feature's part from the logs (``Feature.from_logs``, ``at_logs``: the
+protected class's penalty, TTFT by input length, the tool calls' integrity), where each
 request's time went (with the server's spans, when it sent them), and a scenario's
 stamp held to the run's trust (an untrustworthy run is never VALID for a scenario).
 
@@ -17,7 +17,6 @@ from pathlib import Path
 
 from vllm_load.features import FEATURES
 from vllm_load.metrics.breakdown import BEFORE_SERVER, TAILS, breakdown
-from vllm_load.metrics.curves import prefill_curve
 from vllm_load.metrics.disruption import disruption, limits_of
 from vllm_load.metrics.routing import Replicas, routing
 from vllm_load.metrics.server import server_summary
@@ -61,8 +60,6 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
     if summary.faults:  # what each fault did to the requests
         done["disruption"] = disruption([{**r, "target": replica(r) or r.get("target")} for r in logs],
                                         summary.faults, limits_of(slos))
-    if (curve := prefill_curve(logs)) is not None:  # TTFT by input length
-        done["prefill_curve"] = curve
     parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS, replica)
     if joined is not None:  # the join, request by request (the logs are the workers' own: left as they were)
         RunDir(run.path).write_series(RunDir(run.path).timing, [

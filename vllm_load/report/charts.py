@@ -45,19 +45,6 @@ def pareto_steps(points: list[tuple[float, float, Any]], cid: str, title: str) -
                   {"label": "every point", "values": rounded([every[x] for x in xs]), "dash": True}], kind="level")
 
 
-def prefill(s: Any) -> list[dict[str, Any]]:
-    """The prefill curve (``metrics/curves.py``): TTFT p50 and p90 by input length, and the fitted line."""
-    c = s.prefill_curve
-    if not c:
-        return []
-    xs = [p["tokens"] for p in c["points"]]
-    line = [c["intercept_ms"] + c["ms_per_1k_tokens"] * x / 1000 for x in xs]
-    return [chart("prefill-curve", "Prefill curve: TTFT by input length", "input tokens", "TTFT (ms)", xs,
-                  [{"label": "TTFT p50", "values": rounded([p["ttft_p50"] * 1000 for p in c["points"]])},
-                   {"label": "TTFT p90", "values": rounded([p["ttft_p90"] * 1000 for p in c["points"]])},
-                   {"label": "fit", "values": rounded(line), "dash": True}], kind="level")]
-
-
 def rounded(values: list[float | None], digits: int = 3) -> list[float | None]:
     return [None if v is None or (isinstance(v, float) and math.isnan(v)) else round(v, digits) for v in values]
 

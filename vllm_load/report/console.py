@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from vllm_load.metrics.breakdown import tail_lines
-from vllm_load.metrics.curves import describe_prefill
 from vllm_load.metrics.delivered import segment_lines
 from vllm_load.metrics.disruption import describe as disruption_lines
 from vllm_load.metrics.repeats import interval_text
@@ -288,7 +287,6 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     lines += [f"fault: {line}" for line in disruption_lines(s.disruption)] if s.disruption else []
     lines += [f"scenario: {scenario_line(s.scenario)}"] if s.scenario else []  # --scenario
     lines += [f"reuse curve: {reuse}"] if (reuse := reuse_line(s.names)) else []  # locustfiles/reuse.py
-    lines += [describe_prefill(s.prefill_curve)] if s.prefill_curve else []  # --input-tokens of a spread
     if s.valid_output is not None:  # --response-format
         lines.append(f"structured output: {s.valid_output * 100:.1f}% of {s.validated} answers valid JSON "
                      f"({interval_text(s.valid_output_ci)})")

@@ -24,7 +24,6 @@ from vllm_load.workload.scenarios import describe as scenario_line
 from vllm_load.report.llmd_report import llmd_report
 from vllm_load.report.mlperf_result import mlperf_result
 from vllm_load.metrics.reuse import describe as reuse_line
-from vllm_load.metrics.curves import describe_prefill
 from vllm_load.metrics.routing import routing_line
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.summary_parts import ClientVerdict, Routing, Timing
@@ -53,6 +52,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
     client = s.client or ClientVerdict()
     latency, itl_note = latency_table(s)
     changed, rest = _options_split(run.config.get("options", {}))
+    shown = feature_charts(s)  # each feature's charts, in the group each names (its own by default)
     overall = ("invalid" if verdict.invalid or verdict.cut else "untrustworthy" if not verdict.trust.passed else
                {True: "pass", False: "fail", None: "none"}[verdict.slo_passed])
     return render(
@@ -76,12 +76,12 @@ def render_html(run: Run, verdict: Verdict) -> str:
         energy=energy_line(s) if s.energy or s.energy_missing else "",
         delivered=(s.delivered or {}).get("detail", ""), schedule=(s.delivered or {}).get("segments") or [],
         disruption=disruption_lines(s.disruption) if s.disruption else [],
-        prefill=describe_prefill(s.prefill_curve) if s.prefill_curve else "",
         scenario=scenario_line(s.scenario) if s.scenario else "", reuse=reuse_line(s.names),
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
         options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
-        charts={"timeline": charts.timeline(run), "distributions": charts.distributions(run) + charts.prefill(s),
-                "features": feature_charts(s),
+        charts={"timeline": charts.timeline(run),
+                "distributions": charts.distributions(run) + [c for c in shown if c.get("group") == "distributions"],
+                "features": [c for c in shown if c.get("group", "features") == "features"],
                 "markers": charts.markers(run)})
 
 
