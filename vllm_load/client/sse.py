@@ -23,6 +23,16 @@ if TYPE_CHECKING:  # the C extension's result type (absent where it was not buil
 MAX_USAGE_TOKENS = 2 ** 31 - 1
 
 
+def _text(value: Any, what: str) -> str:
+    """A chunk's text field: a string (empty when absent or null); anything else is the server's error, said as one
+    (``"content": true`` crashed the parser, and with it the user's greenlet)."""
+    if not value:
+        return ""
+    if not isinstance(value, str):
+        raise StreamError(f"malformed chunk: {what} is {type(value).__name__}, not text")
+    return value
+
+
 def usage_count(value: Any) -> int | None:
     """A server's token count as an int, or None where it cannot be one (a string, a bool, a fraction, a negative,
     10^30): such a count is the server's error, and the run counts that request's tokens itself instead (its usage
@@ -142,6 +152,8 @@ class StreamState:
             self.server_metrics = metrics
         usage = data.get("usage")
         new_tokens = None
+        if usage and not isinstance(usage, dict):
+            raise StreamError(f"malformed chunk: usage is {type(usage).__name__}, not an object")
         if usage:
             before = self.completion_tokens or 0
             self.prompt_tokens = usage_count(usage.get("prompt_tokens", self.prompt_tokens))
@@ -157,12 +169,21 @@ class StreamState:
                 new_tokens = (self.completion_tokens or 0) - before
             # else: a server that reports usage once, in the chunk of its last choice (transformers serve): the
             # final count, not this chunk's tokens (it was booked as one chunk carrying the whole answer)
-        for choice in data.get("choices") or ():
+        choices = data.get("choices")
+        choices = [] if choices is None else choices
+        if not isinstance(choices, list):
+            raise StreamError(f"malformed chunk: choices is {type(choices).__name__}, not a list")
+        for choice in choices:
+            if not isinstance(choice, dict):
+                raise StreamError(f"malformed chunk: a choice is {type(choice).__name__}, not an object")
             delta = choice.get("delta")
             calls = None
+            if delta and not isinstance(delta, dict):
+                raise StreamError(f"malformed chunk: delta is {type(delta).__name__}, not an object")
             if delta:
-                content = delta.get("content") or ""
-                reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                content = _text(delta.get("content"), "content")
+                reasoning = _text(delta.get("reasoning_content"), "reasoning_content") or \
+                    _text(delta.get("reasoning"), "reasoning")
                 if content:
                     self.content_parts.append(content)
                 if reasoning:
@@ -173,7 +194,7 @@ class StreamState:
                     self._add_tool_calls(calls)
                 answer = bool(content or calls)
             else:
-                text = choice.get("text") or ""
+                text = _text(choice.get("text"), "text")
                 if text:
                     self.content_parts.append(text)
                 answer = bool(text)
@@ -263,26 +284,32 @@ class StreamState:
         self._check_limit()
         return done_at
 
-    def _add_tool_calls(self, calls: list) -> None:
+    def _add_tool_calls(self, calls: Any) -> None:
+        if not isinstance(calls, list):
+            raise StreamError(f"malformed tool call delta: {str(calls)[:80]}")
         for call in calls:
             if not isinstance(call, dict):
                 raise StreamError(f"malformed tool call delta: {str(call)[:80]}")
-            index = int(call.get("index", len(self.tool_calls)))
+            index = call.get("index", len(self.tool_calls))
             fn = call.get("function") or {}
-            if not (call.get("id") or call.get("type") or (isinstance(fn, dict) and (fn.get("name") or fn.get("arguments")))):
+            if isinstance(index, bool) or not isinstance(index, int) or not isinstance(fn, dict):
+                raise StreamError(f"malformed tool call delta: {str(call)[:80]}")
+            cid, kind = _text(call.get("id"), "a tool call's id"), _text(call.get("type"), "a tool call's type")
+            name, args = _text(fn.get("name"), "a tool call's name"), _text(fn.get("arguments"), "its arguments")
+            if not (cid or kind or name or args):
                 self.empty_tool_deltas += 1
                 continue
             have = self.tool_calls.get(index)
             if have is None:
                 have = self.tool_calls[index] = {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
-            if call.get("id"):
-                have["id"] = call["id"]
-            if call.get("type"):
-                have["type"] = call["type"]
-            if fn.get("name"):
-                have["function"]["name"] = fn["name"]
-            if fn.get("arguments"):
-                have["function"]["arguments"] += fn["arguments"]
+            if cid:
+                have["id"] = cid
+            if kind:
+                have["type"] = kind
+            if name:
+                have["function"]["name"] = name
+            if args:
+                have["function"]["arguments"] += args
 
     @property
     def text(self) -> str:
