@@ -108,3 +108,30 @@ class Browser:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+#: what a page probe reads after the page's load: canvases with ink (lines and axes drawn), and the legends' labels
+INKED_JS = ("b.setAttribute('data-inked',[...document.querySelectorAll('.uplot canvas')].filter(c=>{"
+            "const d=c.getContext('2d').getImageData(0,0,c.width,c.height).data;let n=0;"
+            "for(let i=3;i<d.length;i+=4)if(d[i])n++;return n>1000}).length);"
+            "b.setAttribute('data-legend',[...document.querySelectorAll('.u-legend .u-label')].map(e=>e.textContent)"
+            ".join('|'));")
+#: headless Chromium as the page tests run it (no network, no sync, a profile of the test's own)
+HEADLESS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync")
+
+
+def probe_page(browser: str, page: Path, reads: str, profile: Path, size: str = "1280,900") -> tuple[str, dict]:
+    """``page`` as headless Chromium draws it, with ``reads`` (script run on load, ``b`` the body, setting its
+    ``data-*`` attributes) appended: the DOM it dumps and those attributes."""
+    probe = page.with_name("probe-" + page.name)
+    probe.write_text(page.read_text().replace(
+        "</body>", f"<script>window.addEventListener('load',()=>{{const b=document.body;{reads}}})</script></body>"))
+    out = subprocess.run([browser, *HEADLESS, f"--user-data-dir={profile}", f"--window-size={size}", "--dump-dom",
+                          probe.as_uri()], capture_output=True, text=True, timeout=90)
+    import re
+
+    body = out.stdout.split("<body", 1)[1].split(">", 1)[0] if "<body" in out.stdout else ""
+    attr = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body))
+    assert attr, out.stderr[-2000:]
+    return out.stdout, attr

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, free_port, run_in_process, stop_process, wait_for
-from tests.test_results_store import KILLED, WRITER, rec
+from tests.test_results_store import WRITER, kill_a_writer_mid_run, rec
 from vllm_load.history.baseline import select
 from vllm_load.history.cli import main as history
 from vllm_load.history.store import Store
@@ -144,13 +144,7 @@ def test_two_masters_ending_together_lose_nothing_on_postgresql(db):
 
 
 def test_a_killed_writer_leaves_no_part_of_its_run_on_postgresql(db):
-    with Store.open(db) as store:
-        store.record(rec("before", 1.0))
-    proc = subprocess.Popen([sys.executable, "-c", KILLED, db], cwd=ROOT, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
-    assert proc.stdout.readline().strip() == "inside"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=30)
+    kill_a_writer_mid_run(db)
     with Store.open(db) as store:
         assert [r["run_id"] for r in store.runs()] == ["before"]
         assert store.execute("SELECT COUNT(*) FROM labels WHERE run_id = %s", ("killed",)).fetchone()[0] == 0

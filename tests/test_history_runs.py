@@ -9,13 +9,12 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import re
 import statistics
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.browser import INKED_JS, probe_page
 from tests.helpers import ROOT, run_in_process
 from vllm_load.errors import EXIT_OK, EXIT_SLO_MISS
 from vllm_load.history.cli import main as history
@@ -93,22 +92,9 @@ def test_the_history_page_draws_its_charts_in_headless_chromium(series, tmp_path
         pytest.fail("CI must install chromium (.ci/run does)")
     page = tmp_path / "history.html"
     assert history(["--results-db", str(series["store"]), "page", "--out", str(page)]) == 0
-    probe = tmp_path / "probe.html"
-    script = ("<script>window.addEventListener('load',()=>{const b=document.body;"
-              "b.setAttribute('data-inked',[...document.querySelectorAll('.uplot canvas')].filter(c=>{"
-              "const d=c.getContext('2d').getImageData(0,0,c.width,c.height).data;let n=0;"
-              "for(let i=3;i<d.length;i+=4)if(d[i])n++;return n>1000}).length);"
-              "b.setAttribute('data-points',[...document.querySelectorAll('.chart')].map(e=>e.dataset.points).join(','));"
-              "b.setAttribute('data-legend',[...document.querySelectorAll('.u-legend .u-label')].map(e=>e.textContent).join('|'))})"
-              "</script></body>")
-    probe.write_text(page.read_text().replace("</body>", script))
-    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1280,900"]
-    out = subprocess.run([*flags, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=90)
-    attr = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', out.stdout.split("<body", 1)[1].split(">", 1)[0]))
-    assert attr, out.stderr[-2000:]
-    assert 'id="history-charts" data-drawn="4"' in out.stdout and int(attr["inked"]) == 4
+    dom, attr = probe_page(browser, page, INKED_JS + "b.setAttribute('data-points',[...document.querySelectorAll("
+                           "'.chart')].map(e=>e.dataset.points).join(','));", tmp_path / "profile")
+    assert 'id="history-charts" data-drawn="4"' in dom and int(attr["inked"]) == 4
     assert attr["points"] == "8,8,8,8"
     assert "trusted runs" in attr["legend"] and "level (between change points)" in attr["legend"]
-    assert "ttft.p99" in out.stdout and out.stdout.count("<a href=") == 8  # each run's report linked
+    assert "ttft.p99" in dom and dom.count("<a href=") == 8  # each run's report linked

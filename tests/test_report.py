@@ -9,6 +9,8 @@ import subprocess
 
 import pytest
 
+from tests.browser import INKED_JS, probe_page
+
 from vllm_load.cli import main as cli_main
 from vllm_load.client.record import RequestRecord
 from vllm_load.report.html import build
@@ -283,12 +285,6 @@ def test_the_sweep_and_compare_pages_draw_their_charts_in_headless_chromium(tmp_
     runs = [make_run_dir(tmp_path / f"l{u}", users=u, base_ttft=0.1 * u) for u in (2, 4, 8)]
     assert cli_main(["report", *map(str, runs), "--slo", "ttft.p99<=500ms", "--out", str(tmp_path / "sweep")]) == 3
     assert cli_main(["compare", str(runs[0]), str(runs[2]), "--out", str(tmp_path / "cmp")]) == 0
-    probe = ("<script>window.addEventListener('load',()=>{const b=document.body;"
-             "b.setAttribute('data-inked',[...document.querySelectorAll('.uplot canvas')].filter(c=>{"
-             "const d=c.getContext('2d').getImageData(0,0,c.width,c.height).data;let n=0;"
-             "for(let i=3;i<d.length;i+=4)if(d[i])n++;return n>1000}).length);"
-             "b.setAttribute('data-legend',[...document.querySelectorAll('.u-legend .u-label')].map(e=>e.textContent).join('|'))})"
-             "</script></body>")
     from vllm_load.tune.probe import Probe
     from vllm_load.tune.report import write as write_tune
 
@@ -302,14 +298,8 @@ def test_the_sweep_and_compare_pages_draw_their_charts_in_headless_chromium(tmp_
     for page, charts, legend in ((tmp_path / "sweep" / "sweep.html", 3, "Pareto front (tok/s per user)"),
                                  (tmp_path / "cmp" / "compare.html", 4, "B TTFT (ms)"),
                                  (tmp_path / "tune" / "tune.html", 3, "Pareto front (SLOs met) (tok/s per request)")):
-        copy = page.with_name("probe-" + page.name)
-        copy.write_text(page.read_text().replace("</body>", probe))
-        out = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                              f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", copy.as_uri()],
-                             capture_output=True, text=True, timeout=90)
-        attr = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', out.stdout.split("<body", 1)[1].split(">", 1)[0]))
-        assert int(attr.get("inked", 0)) == charts and legend in attr["legend"], (page.name, attr, out.stderr[-1000:])
+        _dom, attr = probe_page(browser, page, INKED_JS, tmp_path / "profile")
+        assert int(attr.get("inked", 0)) == charts and legend in attr["legend"], (page.name, attr)
     assert "Largest concurrency meeting every SLO: 4" in (tmp_path / "sweep" / "sweep.html").read_text()
 
 

@@ -125,8 +125,8 @@ with s.Store.open(sys.argv[1]) as store:
 """
 
 
-def test_a_writer_killed_mid_run_leaves_no_part_of_it(tmp_path):
-    url = str(tmp_path / "h.sqlite")
+def kill_a_writer_mid_run(url: str) -> None:
+    """A store holding one run ("before"), and a writer of a second ("killed") killed inside its transaction."""
     with Store.open(url) as store:
         store.record(rec("before", 1.0))
     proc = subprocess.Popen([sys.executable, "-c", KILLED, url], cwd=ROOT, stdin=subprocess.PIPE,
@@ -134,6 +134,11 @@ def test_a_writer_killed_mid_run_leaves_no_part_of_it(tmp_path):
     assert proc.stdout.readline().strip() == "inside"
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
+
+
+def test_a_writer_killed_mid_run_leaves_no_part_of_it(tmp_path):
+    url = str(tmp_path / "h.sqlite")
+    kill_a_writer_mid_run(url)
     with Store.open(url) as store:  # its lock went with it; the journal rolled back what it had written
         assert [r["run_id"] for r in store.runs()] == ["before"]
         assert store.execute("SELECT COUNT(*) FROM metrics WHERE run_id = 'killed'").fetchone()[0] == 0
