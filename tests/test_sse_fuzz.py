@@ -76,3 +76,37 @@ def test_any_stream_ends_alike_in_both_parsers_and_only_as_a_stream_error(lines)
     for key in ("prompt", "completion", "cached"):  # a usage count no server could mean is not kept
         value = want[key]
         assert value is None or (isinstance(value, int) and 0 <= value <= MAX_USAGE_TOKENS), (key, value)
+
+
+#: the named-event APIs' event types, and any other
+EVENT_TYPES = st.sampled_from(["message_start", "content_block_start", "content_block_delta", "message_delta",
+                               "message_stop", "error", "response.created", "response.output_text.delta",
+                               "response.reasoning_text.delta", "response.output_item.added",
+                               "response.function_call_arguments.delta", "response.completed", "ping", "other"])
+JSONISH = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                        st.dictionaries(st.sampled_from(
+                                                            ["type", "text", "thinking", "partial_json", "index",
+                                                             "id", "name", "usage", "input_tokens", "output_tokens",
+                                                             "cache_read_input_tokens", "delta", "stop_reason",
+                                                             "message", "content_block", "item", "response",
+                                                             "output_index", "error"]), inner, max_size=5)),
+                    max_leaves=12)
+
+
+@settings(max_examples=600, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["messages", "responses"]),
+       st.lists(st.tuples(EVENT_TYPES, st.dictionaries(st.sampled_from(
+           ["delta", "index", "content_block", "message", "usage", "item", "response", "output_index", "error"]),
+           JSONISH, max_size=4)), min_size=1, max_size=5))
+def test_any_named_event_stream_fails_only_as_a_stream_error(api, events):
+    """Anthropic's Messages and the Responses API (every line to Python: the C parser knows chat chunks only)."""
+    from vllm_load.client.messages import MessagesState
+    from vllm_load.client.responses import ResponsesState
+    from vllm_load.client.sse import StreamError
+
+    state = MessagesState() if api == "messages" else ResponsesState()
+    try:
+        for i, (kind, fields) in enumerate(events):
+            state.feed(b"data: " + json.dumps({"type": kind, **fields}).encode() + b"\n", 0.01 * i)
+    except StreamError:
+        pass

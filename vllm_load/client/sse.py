@@ -343,7 +343,14 @@ class NamedEvents(StreamState):
             return
         if self.done:
             raise StreamError(f"data after {self.LAST}")
-        self.event(json_object(payload), now)
+        data = json_object(payload)
+        try:
+            self.event(data, now)
+        except (TypeError, ValueError, AttributeError, KeyError, OverflowError) as exc:  # a field of a shape no
+            # server of this API sends (a string where a count goes, a list where an object does): the request's
+            # failure, said, never the user's greenlet's crash (Hypothesis found them: tests/test_sse_fuzz.py)
+            raise StreamError(f"malformed {type(self).__name__.removesuffix('State')} event "
+                              f"{str(data.get('type'))[:40]!r}: {type(exc).__name__}: {str(exc)[:120]}") from None
 
     def event(self, data: dict, now: float) -> None:
         raise NotImplementedError
