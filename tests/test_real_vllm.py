@@ -377,7 +377,12 @@ def test_real_vllm_stopped_and_restarted_is_one_outage(tmp_path, real_vllm, trac
     # when it got none), to the 100 ms bucket (an answer in the same bucket holds the window to the next one)
     silent = min(r["start"] + (r["chunk_offsets"][-1] if r.get("chunk_offsets") else 0.0)
                  for r in logs(run_dir) if not r["ok"] and not r.get("cancelled"))
-    assert w["start"] - 0.1 <= silent < w["start"] + 0.1 and w["start"] <= stopped + 1.0, (w, silent, stopping)
+    # an answer after that silence (a graceful stop lets a request in flight get its first token, 0.11 s later once)
+    # holds the start to its bucket's end: the outage begins at the later of the two, and no answer lies inside it
+    answered = [r["start"] + (r["ttft"] if r.get("ttft") is not None else r["e2e"]) for r in logs(run_dir) if r["ok"]]
+    began = max([silent, *(t for t in answered if t < w["start"])])
+    assert w["start"] - 0.1 <= began < w["start"] + 0.1 and w["start"] <= stopped + 1.0, (w, silent, began, stopping)
+    assert not [t for t in answered if w["start"] + 0.1 <= t < w["end"] - 0.1], w  # its first bucket may hold one
     assert abs(w["end"] - back) < 1.5, (w, back)
     # the backoff bound at a 0.5 s cap, on what is backed off: connection-level failures (a vLLM shutting down
     # once answered 500 in ~1 ms for 30 s on a kept-alive connection; answers are not backed off)
