@@ -66,7 +66,7 @@ def test_the_scenario_fixes_its_rules_names_overrides_and_stamps_the_run():
     from argparse import Namespace
 
     from vllm_load.options import OPTIONS
-    from vllm_load.workload.scenarios import apply, describe, stamp, untrusted
+    from vllm_load.workload.scenarios import apply, describe, overflows, stamp, untrusted
 
     defaults = {o.dest: o.default for o in OPTIONS}
     opts = Namespace(**defaults)
@@ -80,12 +80,20 @@ def test_the_scenario_fixes_its_rules_names_overrides_and_stamps_the_run():
     assert [o.split(" (")[0] for o in changed] == ["--max-idle 5.0", "--seed 7"]
     assert opts.max_idle == 5.0 and opts.session_start == "0.25,0.75"  # an override is kept, the rest applied
     published = "semianalysis_cc_traces_weka_062126"
-    ok = stamp("agentx", (), 100, 5, seconds=1800.0, corpus=published)
+    ok = stamp("agentx", (), 100, 5, seconds=1800.0, corpus=published, overflowed=1)
     assert ok["valid"] is True and ok["kept"] == [  # 5 % is within; the stamp lists the rules it kept
         "7 options as the rules fix them", "1800 s, at least 900 s", f"the published corpus {published}",
-        "failed share 5.0% within 5%"]
+        "failed share 5.0% within 5%", "context overflows 1.0% within 1%"]
     assert describe(ok).endswith("VALID (every rule kept: 7 options as the rules fix them; 1800 s, at least 900 s; "
-                                 f"the published corpus {published}; failed share 5.0% within 5%)")
+                                 f"the published corpus {published}; failed share 5.0% within 5%; context overflows "
+                                 "1.0% within 1%)")
+    # above 1 % of requests refused for the model's context length: the referee invalidates the run
+    errors = {"HTTP 400: This model's maximum context length is N tokens. However, you requested N tokens": 2,
+              "HTTP 500: engine died": 3}
+    assert overflows(errors) == 2
+    over = stamp("agentx", (), 100, 5, seconds=1800.0, corpus=published, overflowed=overflows(errors))
+    assert over["invalid_reasons"] == ["context overflow: 2 of 100 requests (2.0%) refused for the model's "
+                                       "context length, over the rules' 1%"]
     late = stamp("agentx", (), 100, 6, seconds=1800.0, corpus=published)
     assert late["valid"] is False and late["invalid_reasons"] == [
         "failed share 6.0% (6 of 100) over the scenario's 5%"]

@@ -27,7 +27,7 @@ from vllm_load.plugin.run_timer import run_seconds
 from vllm_load.plugin.sweep import Sweep
 from vllm_load.plugin.target import Target, public_options
 from vllm_load.metrics.energy import energy_summary
-from vllm_load.workload.scenarios import Point, stamp
+from vllm_load.workload.scenarios import Point, overflows, stamp
 from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.metric_table import E2E, TTFT
 from vllm_load.workload.datasets import records_per_request
@@ -193,7 +193,8 @@ class Collector:
         if self.plan.scenario:  # --scenario: whether the run kept its rules
             done["scenario"] = stamp(self.plan.scenario, self.plan.scenario_overrides, summary.requests,
                                      summary.failed, self.stopped, self._points(summary),
-                                     float(summary.duration_s or 0.0), str(getattr(self.opts, "sessions", "") or ""))
+                                     float(summary.duration_s or 0.0), str(getattr(self.opts, "sessions", "") or ""),
+                                     overflows(summary.errors))
         return done
 
     def _points(self, summary: RunSummary) -> list[Point]:

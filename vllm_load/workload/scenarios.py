@@ -36,6 +36,8 @@ class Scenario:
     min_run_s: float = 0.0
     #: the corpus must be a published, pinned set (a local folder is the referee's unsafe override)
     pinned_corpus: bool = False
+    #: the most requests the server may refuse for the model's context length (1: no limit)
+    overflow_share: float = 1.0
 
     def floor(self, users: float) -> float:
         return next((seconds for most, seconds in self.floors if users <= most), 0.0)
@@ -55,7 +57,8 @@ AGENTX = Scenario(
               "folder of traces)",
     # inferencex-agentx-mvp: --benchmark-duration at least 900 s (its default 1,800), and a pinned with-subagents
     # corpus; a local trace folder needs AIPerf's --unsafe-override, which turns submission_valid false
-    min_run_s=900.0, pinned_corpus=True)
+    # ... and turns submission_valid false above 1 % context-overflow errors
+    min_run_s=900.0, pinned_corpus=True, overflow_share=0.01)
 
 #: MLPerf Endpoints v1.0, from the endpoints_policies draft (v1.0_rules_dev, as mlcommons/endpoints'
 #: docs/pareto_sweep_support.md cites it; the rules may still move): four mandatory concurrency points, Ultra Low
@@ -136,8 +139,18 @@ def point_reasons(points: list[dict]) -> list[str]:
     return reasons
 
 
+#: how a server says a request is longer than its model's context (vLLM: "This model's maximum context length is N
+#: tokens. However, you requested …"; OpenAI's "context_length_exceeded")
+_OVERFLOW = ("maximum context length", "context_length_exceeded", "context length")
+
+
+def overflows(errors: dict[str, int] | None) -> int:
+    """The failed requests the server refused for the model's context length, by their reasons' kinds."""
+    return sum(n for kind, n in (errors or {}).items() if any(m in kind.lower() for m in _OVERFLOW))
+
+
 def stamp(name: str, overrides: tuple[str, ...], requests: int, failed: int, aborted: str = "",
-          points: list[Point] | None = None, seconds: float = 0.0, corpus: str = "") -> dict:
+          points: list[Point] | None = None, seconds: float = 0.0, corpus: str = "", overflowed: int = 0) -> dict:
     """The run's scenario verdict (summary.json's ``scenario``): valid when no option was overridden, the failed
     share stayed within the threshold, the run was not aborted, it lasted the scenario's minimum (``seconds``: its
     measured duration), its corpus is the published set the rules pin (``corpus``: --sessions), and (a floored
@@ -170,6 +183,13 @@ def stamp(name: str, overrides: tuple[str, ...], requests: int, failed: int, abo
                        f"{scenario.failed_share * 100:g}%")
     elif scenario.failed_share < 1:
         kept.append(f"failed share {share * 100:.1f}% within {scenario.failed_share * 100:g}%")
+    if scenario.overflow_share < 1:
+        over = overflowed / requests if requests else 0.0
+        if over > scenario.overflow_share:
+            reasons.append(f"context overflow: {overflowed} of {requests} requests ({over * 100:.1f}%) refused for the "
+                           f"model's context length, over the rules' {scenario.overflow_share * 100:g}%")
+        else:
+            kept.append(f"context overflows {over * 100:.1f}% within {scenario.overflow_share * 100:g}%")
     if aborted:  # stopped on a failure: the scenario's abort (its message), or any other
         reasons.append(f"stopped: {aborted}")
     if judged and not any(p["invalid_reasons"] for p in judged):
