@@ -121,3 +121,21 @@ def test_a_schema_refused_says_its_broken_rule_not_the_files_values(tmp_path):
     with pytest.raises(UsageError) as err:
         parse_response_format(f"json_schema:{secret}")
     assert "sk-live-ORACLE-42" not in str(err.value) and "not a JSON schema (at type:" in str(err.value)
+
+
+def test_an_option_says_its_default_once_where_the_default_is_shown():
+    """`vllm-load options` printed `(default: -)` beside a default written in the help (`--run-dir`, `--tokenizer`,
+    `--metric-percentiles`): an option whose default is decided later says it in ``shown_default``, never in its
+    help."""
+    import re
+
+    from vllm_load.options import OPTIONS
+
+    offenders = [o.flag for o in OPTIONS if re.search(r"\(default:|[;,] default:? ", o.help)]
+    assert offenders == []
+    from vllm_load.option_docs import describe
+
+    text = describe("")
+    for flag, shown in (("--run-dir", "reports/<run id>"), ("--tokenizer", "the model name"),
+                        ("--metric-percentiles", "50,90,95,99,99.9")):
+        assert f"{flag}  (default: {shown};" in text

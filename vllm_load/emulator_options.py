@@ -8,9 +8,9 @@ from vllm_load.option_spec import Option, group
 EMULATOR_OPTIONS: tuple[Option, ...] = group(
     "emulator",
     Option("--emulator-profile", "", "embedded emulator: its continuous-batching cost profile (small-gpu, a100-llama8b, "
-        "h100-llama8b, cpu-tiny), or 'fixed' for a fixed TTFT/ITL schedule at any load; default: small-gpu (32 "
-        "sequences at a time: latency grows with load and a queue forms past it), or fixed when --emulator-ttft, "
-        "--emulator-itl, --emulator-tokens-per-chunk or --emulator-spec-tokens is given"),
+        "h100-llama8b, cpu-tiny), or 'fixed' for a fixed TTFT/ITL schedule at any load (small-gpu: 32 sequences at a "
+        "time, latency grows with load and a queue forms past it)", shown_default="small-gpu, or fixed when "
+        "--emulator-ttft, --emulator-itl, --emulator-tokens-per-chunk or --emulator-spec-tokens is given"),
     Option("--emulator-max-num-seqs", 0, "embedded emulator's continuous batching: sequences per batch (vLLM's "
         "--max-num-seqs; a small one gives a small capacity); 0: small-gpu's 32, the other profiles' 256", type=int),
     Option("--emulator-scheduling-policy", "fcfs", "embedded emulator's continuous batching: vLLM's "

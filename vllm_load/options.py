@@ -18,16 +18,17 @@ from vllm_load.option_spec import Option, group
 
 _DECLARED: tuple[Option, ...] = (*group(
     "target",
-    Option("--model", "", "model to request (default: the server's first /v1/models id); several, comma-separated "
-        "(a base model and its LoRA adapters): requests rotate over them, or take each its share with weights "
-        "(base:0.6,lora-a:0.3,lora-b:0.1), and the metrics are grouped per model"),
+    Option("--model", "", "model to request; several, comma-separated (a base model and its LoRA adapters): requests "
+        "rotate over them, or take each its share with weights (base:0.6,lora-a:0.3,lora-b:0.1), and the metrics are "
+        "grouped per model", shown_default="the server's first /v1/models id"),
     Option("--load-lora", [], "NAME=PATH: load this LoRA adapter into every target before the run (vLLM's dynamic "
         "/v1/load_lora_adapter: VLLM_ALLOW_RUNTIME_LORA_UPDATING=True), unloaded at the end; repeat for more; then "
         "--model NAME sends to it", action="append", web=False),
     Option("--tokenizer", "", "tokenizer: HF id, local folder, or a built-in one: builtin:mistral-7b-v0.1 (SentencePiece, "
-        "the emulator's), builtin:mistral-tekken (Tekken, for vLLM's --tokenizer-mode mistral) (default: the model name)", web=False),
-    Option("--api-key", "", "bearer token for the server (never logged, written or shown in the web UI; default: "
-        "$OPENAI_API_KEY, as OpenAI's clients read it)", is_secret=True),
+        "the emulator's), builtin:mistral-tekken (Tekken, for vLLM's --tokenizer-mode mistral)", shown_default="the model name",
+        web=False),
+    Option("--api-key", "", "bearer token for the server (never logged, written or shown in the web UI)",
+        shown_default="$OPENAI_API_KEY, as OpenAI's clients read it", is_secret=True),
     Option("--api-key-file", "", "read the bearer token from this file (each process reads its own: a master sends "
         "no secret to its workers; give every worker this, VLLM_LOAD_API_KEY or OPENAI_API_KEY)", web=False),
     Option("--ca-bundle", "", "https:// targets: verify the server's certificate against these CA certificates (PEM)", web=False),
@@ -52,8 +53,8 @@ _DECLARED: tuple[Option, ...] = (*group(
     Option("--shared-prefix-tokens", 0, "deliberately share this many leading prompt tokens across requests", type=int),
     Option("--seed", -1, "repeatable runs: the same lengths, arrival times, dataset order and trace split every run "
         "(content stays unique per run unless --salt is given too); -1: fresh draws", type=int),
-    Option("--salt", "", "fix the prompts' content too (default: a fresh salt per run, so a repeated run cannot hit "
-        "the prefix cache the last one left)"),
+    Option("--salt", "", "fix the prompts' content too (a fresh salt per run, by default, so that a repeated run cannot "
+        "hit the prefix cache the last one left)", shown_default="a fresh salt per run"),
     Option("--prompt-pool", 32, "prompts prepared ahead per process, off the event loop", type=int),
     Option("--turns", 3, "multiturn.py: turns per conversation (with --dataset: at most this many of each "
         "conversation's user turns)", type=int, locustfiles=("multiturn.py",)),
@@ -177,16 +178,17 @@ _DECLARED: tuple[Option, ...] = (*group(
     Option("--dataset", "", "take prompts from this file (ShareGPT .json, .jsonl, .csv), or from a Hugging Face "
         "dataset saved locally (hf:PATH, a save_to_disk folder; hf:NAME reads the Hub's, which needs network; "
         "pip install 'vllm-load[hf]'), instead of synthetic text", web=False),
-    Option("--dataset-format", "", "sharegpt, jsonl or csv (default: from the file extension)"),
-    Option("--dataset-field", "", "JSONL field or CSV column holding the text (default: text / first column)"),
+    Option("--dataset-format", "", "sharegpt, jsonl or csv", shown_default="from the file extension"),
+    Option("--dataset-field", "", "JSONL field or CSV column holding the text", shown_default="text / first column"),
     Option("--dataset-batch", 0, "classify this many dataset records per prompt under one instruction (1 = the same "
         "instruction with one record, to compare with K); 0: each record is a prompt as it is", type=int),
-    Option("--dataset-answer-tokens", 0, "with --dataset-batch: answer tokens per record (default: the tokens of the "
+    Option("--dataset-answer-tokens", 0, "with --dataset-batch: answer tokens per record (0: the tokens of the "
         "longest answer line the instruction asks for)", type=int),
     Option("--trace", "", "replay a trace: each row sent once by the whole swarm at its timestamp (from the run's "
         "start, latency counted from there), with its input and output length; the run ends with the trace", web=False),
     Option("--trace-format", "", "mooncake (JSON lines: timestamp ms, input_length, output_length, hash_ids) or csv "
-        "(timestamp, input and output length: BurstGPT's and Azure's column names work) (default: from the extension)"),
+        "(timestamp, input and output length: BurstGPT's and Azure's column names work)",
+        shown_default="from the extension"),
     Option("--trace-speed", 1.0, "replay this many times faster than recorded (0.5: half speed)", type=float),
     Option("--trace-block-size", 512, "tokens per hash id of a Mooncake trace: the same id, the same block of "
         "content, so the server's prefix cache sees the reuse the trace recorded", type=int),
@@ -195,7 +197,7 @@ _DECLARED: tuple[Option, ...] = (*group(
         "docs/sessions.md): each turn sent when its predecessor completed plus its recorded delay, subagents forked "
         "and joined, each session on one user with its own --session-header id",
         locustfiles=("sessions.py",), web=False),
-    Option("--sessions-format", "", "sessions.py: weka or jsonl (default: jsonl for .jsonl, else weka)",
+    Option("--sessions-format", "", "sessions.py: weka or jsonl", shown_default="jsonl for .jsonl, else weka",
         choices=["", "weka", "jsonl"], locustfiles=("sessions.py",)),
     Option("--session-start", "", "sessions.py: MIN,MAX (fractions, e.g. 0,1): each user's first session starts at a "
         "turn drawn uniformly in that share of its turns (AgentX's t*), after one warm-up turn, the one before it, "
@@ -237,19 +239,21 @@ _DECLARED: tuple[Option, ...] = (*group(
     Option("--strict-load", False, "fail the run (exit 4) when the load delivered was not the load asked: an open "
         "loop's sent rate or inter-arrival CV beyond its sampling band, a closed loop's requests in flight under 90 % "
         "of its users (said in every run either way)", action="store_true"),
-    Option("--junit", "", "write the SLO verdict as JUnit XML here (default: <run dir>/junit.xml when SLOs are set)", web=False),
+    Option("--junit", "", "write the SLO verdict as JUnit XML here too", shown_default="only <run dir>/junit.xml (every run writes it)",
+           web=False),
     Option("--retry-backoff-max", "2s", "closed loop: after a connection failure (refused, reset, connect timeout) a "
         "user waits 50 ms, doubling up to this, with jitter (also the cap on a server's Retry-After)"),
     Option("--outage-after", "2s", "connection failures with no success for this long are reported as a server outage"),
     Option("--stop-on-outage", "0", "end the run (exit 1) once an outage has lasted this long (0: never)"),
 ), *group(
     "outputs",
-    Option("--run-dir", "", "where the run's files go (default: reports/<run id>); a DIR holding an earlier run is "
-        "left whole, this run going beside it as DIR-<run id>", web=False),
+    Option("--run-dir", "", "where the run's files go; a DIR holding an earlier run is left whole, this run going "
+        "beside it as DIR-<run id>", shown_default="reports/<run id>", web=False),
     Option("--save-detailed", False, "vllm-result.json also holds the per-request arrays (input_lens, output_lens, "
         "ttfts, itls, latencies, errors …), as vllm bench serve --save-detailed", action="store_true"),
     Option("--metric-percentiles", "", "the percentiles shown (console, summary, report, vllm-result.json), as vllm "
-        "bench serve's option, e.g. 25,50,99,99.9; computed exactly from the histograms; default 50,90,95,99,99.9"),
+        "bench serve's option, e.g. 25,50,99,99.9; computed exactly from the histograms",
+        shown_default="50,90,95,99,99.9"),
     Option("--otlp-endpoint", "", "at the run's end, send its LLM metrics over OpenTelemetry (OTLP/HTTP) to this "
         "collector, e.g. http://otel-collector:4318 (the Prometheus export's names and buckets; pip install "
         "'vllm-load[otel]')", web=False),
@@ -301,7 +305,7 @@ _DECLARED: tuple[Option, ...] = (*group(
     Option("--prometheus-url", "", "read the server side from this Prometheus (which scrapes vLLM) over the run's "
         "window, instead of a sidecar, e.g. http://prometheus.monitoring:9090"),
     Option("--prometheus-selector", "", "the label selector of vLLM's series in that Prometheus, e.g. "
-        "'{namespace=\"llm\",pod=~\"vllm-.*\"}' (default: every vllm:* series)"),
+        "'{namespace=\"llm\",pod=~\"vllm-.*\"}'", shown_default="every vllm:* series"),
     Option("--prometheus-token", "", "bearer token of that Prometheus, when it requires one", is_secret=True),
     Option("--dcgm-url", "", "GPU telemetry: a DCGM exporter's /metrics, read every second on the client's clock; "
         "the run reports energy (J), average power, energy per output token and per request, tokens per joule "
