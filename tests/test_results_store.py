@@ -392,3 +392,16 @@ def test_a_swarm_is_recorded_once_by_its_master(tmp_path):
         summary = json.loads((tmp_path / res.run_dir / "summary.json").read_text())
         assert row["requests"] == summary["summary"]["requests"] > 0
     assert (res.stdout + res.stderr).count(" recorded in ") == 1
+
+
+def test_a_store_that_cannot_be_read_at_the_runs_end_says_so_and_keeps_the_baseline_asked(run_dir, tmp_path):
+    """The baseline's spec stays the one asked (the store's error once took its place in summary.json)."""
+    from vllm_load.feature_spec import RunEnd
+    from vllm_load.history.gate import at_end
+
+    broken = tmp_path / "broken.sqlite"
+    broken.write_bytes(b"not a database" * 100)
+    opts = Namespace(baseline="last 3", results_db=str(broken), window="run", no_history=False)
+    part = at_end(RunEnd(opts, 1.0, 2.0, 10, 2.0, 0, None, "", 0, (), None, str(run_dir)))
+    assert part["baseline"]["spec"] == "last 3" and part["baseline"]["runs"] == []
+    assert part["baseline"]["why"].startswith("the results store could not be read: ")

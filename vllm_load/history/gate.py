@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.feature_spec import RunEnd
+from vllm_load.features.history import is_postgres
 from vllm_load.history.baseline import headline, reference, select
 from vllm_load.history.record import fingerprint, load_of, of_run_dir
 from vllm_load.history.store import DEFAULT_FILE, Store, describe
@@ -22,15 +23,19 @@ from vllm_load.metrics.slo import parse_slo_option
 from vllm_load.rundir.files import RunDir
 
 
-def store_url(options: Any, run_dir: str | Path) -> str:
-    """``--results-db``, or the embedded store beside the run directory (``reports/history.sqlite``)."""
-    given = str(getattr(options, "results_db", "") or (options.get("results_db") if isinstance(options, Mapping)
-                                                        else "") or "")
-    return given or str(Path(run_dir).resolve().parent / DEFAULT_FILE)
-
-
 def _option(options: Any, name: str) -> Any:
     return options.get(name) if isinstance(options, Mapping) else getattr(options, name, None)
+
+
+def store_url(options: Any, run_dir: str | Path) -> str:
+    """``--results-db``, or the embedded store beside the run directory (``reports/history.sqlite``)."""
+    return str(_option(options, "results_db") or "") or str(Path(run_dir).resolve().parent / DEFAULT_FILE)
+
+
+def _reason(exc: BaseException) -> str:
+    """A store's failure in one line (sqlite3's, psycopg's and the disk's messages run over several)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__
 
 
 def at_end(end: RunEnd) -> dict[str, Any] | None:
@@ -49,7 +54,7 @@ def at_end(end: RunEnd) -> dict[str, Any] | None:
     url = store_url(opts, end.run_dir)
     if _option(opts, "no_history") and not text and not slos:
         return None
-    if not Path(url).exists() and "://" not in url and not text and not slos:
+    if not is_postgres(url) and not Path(url).exists() and not text and not slos:
         return {"store": describe(url)}  # the first run of a store: nothing to compare with
     part: dict[str, Any] = {"store": describe(url)}
     fp = fingerprint(load_of(config))
@@ -57,8 +62,7 @@ def at_end(end: RunEnd) -> dict[str, Any] | None:
         with Store.open(url) as store:
             base = select(store, text or "last", fp, end.start_wall, str(config.get("run_id") or ""))
     except Exception as exc:  # noqa: BLE001 - the store's failure (sqlite3's, psycopg's) is said, never the run's end
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        why = f"the results store could not be read: {text}"
+        why = f"the results store could not be read: {_reason(exc)}"
         part["baseline"] = {"spec": text, "asked": 0, "runs": [], "why": why, "said": ""}
         part["references"] = {s.text: {"baseline": None, "why": why} for s in slos}
         return part
@@ -80,11 +84,10 @@ def after_run(run_dir: str, exit_code: int, options: Any) -> list[str]:
         rec = of_run_dir(run_dir, exit_code=exit_code)
         with Store.open(url) as store:
             new = store.record(rec)
-            same = len(store.runs(rec.row["fingerprint"]))
+            same = store.count(rec.row["fingerprint"])
     except Exception as exc:  # noqa: BLE001 - a store's failure (sqlite3's, psycopg's, the disk's) costs its record only
-        why = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
-        return [f"history: the run was not recorded in {describe(url)}: {why}; record it later: vllm-load history "
-                f"import {run_dir} --results-db {describe(url)}"]
+        return [f"history: the run was not recorded in {describe(url)}: {_reason(exc)}; record it later: "
+                f"vllm-load history import {run_dir} --results-db {describe(url)}"]
     said = "recorded" if new else "already recorded"
     return [f"history: run {rec.run_id} {said} in {describe(url)} ({same} run{'s' if same != 1 else ''} of this "
             f"load, fingerprint {rec.row['fingerprint']}): vllm-load history list --results-db {describe(url)}"]

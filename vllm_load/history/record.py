@@ -23,7 +23,8 @@ from vllm_load.features.history import parse_labels
 from vllm_load.history.store import RunRecord
 from vllm_load.metrics.summary import RunSummary, metric_stats
 from vllm_load.metrics.verdict import Verdict
-from vllm_load.rundir.files import RunDir, load_run
+from vllm_load.metrics.stats import LLMStats
+from vllm_load.rundir.files import RunDir
 
 #: the option groups whose values shape the load (``options.OPTIONS``' groups)
 LOAD_GROUPS = ("workload", "images and audio", "load shape", "request body", "datasets and traces")
@@ -81,11 +82,11 @@ def _metrics(summary: RunSummary, server: dict[str, Any] | None) -> list[tuple[s
     return out
 
 
-def _windows(path: Path) -> list[tuple[str, float, float, int]]:
-    run = load_run(path)
-    start = run.start
+def _windows(kept: dict[str, Any]) -> list[tuple[str, float, float, int]]:
+    """The 10 s windows' medians, from llm_stats.json as already read (its histograms, wire form)."""
+    start = float(kept.get("start") or 0.0)
     out = []
-    for at, hists in sorted(run.stats.windows.items()):
+    for at, hists in sorted(LLMStats.from_wire(kept["stats"]).windows.items()):
         for metric in WINDOWED:
             h = hists.get(metric)
             if h is not None and h.count:
@@ -124,4 +125,4 @@ def of_run_dir(path: str | Path, labels: dict[str, str] | None = None, exit_code
            "stats": stats}
     slos = [(str(c.get("slo")), bool(c.get("passed")), _finite(c.get("value")), str(c.get("detail") or ""))
             for c in data.get("slo") or []]
-    return RunRecord(row, found, _metrics(summary, data.get("server")), slos, _windows(p))
+    return RunRecord(row, found, _metrics(summary, data.get("server")), slos, _windows(kept))

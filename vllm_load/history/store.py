@@ -220,8 +220,10 @@ class Store:
         if rows:
             self.conn.cursor().executemany(self._sql(text), rows)
 
-    def count(self) -> int:
-        return int(self.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+    def count(self, fingerprint: str = "") -> int:
+        """The runs in the store (``fingerprint``: of that load only)."""
+        where, params = self._where(fingerprint, None, 0.0, 0.0)
+        return int(self.execute(f"SELECT COUNT(*) FROM runs{where}", params).fetchone()[0])
 
     def runs(self, fingerprint: str = "", labels: dict[str, str] | None = None, since: float = 0.0,
              until: float = 0.0, limit: int = 0, newest_first: bool = False, trusted_only: bool = False,
