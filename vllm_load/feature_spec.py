@@ -59,11 +59,11 @@ class Feature:
     parts: tuple[str, ...] = ()
     #: how the report shows its lines: "invalid" (a run stopped or cut short: red) or "note" (information)
     tone: str = "invalid"
-    #: ``"module:function(RunEnd) -> part | None"``: its part computed by its mechanism, above the seam (in place of
-    #: ``summarise``); the collector calls it on the master (or the one process) at the run's end
+    #: ``"module:function(RunEnd) -> part | None"``: its part computed by its mechanism, above the seam (what
+    #: ``summarise`` does by default); the collector calls it on the master (or the one process) at the run's end
     at_end: str = ""
     #: ``"module:function(logs: list[dict], options: Mapping) -> part | None"``: its part from the request logs by its
-    #: mechanism above the seam (in place of ``from_logs``), made once at the run's end by ``report/analyses``
+    #: mechanism above the seam (what ``from_logs`` does by default), made once at the run's end by ``report/analyses``
     at_logs: str = ""
     #: ``"module:function(run_dir: str, exit_code: int, options: Mapping) -> list[str]"``: what it does once the run's
     #: files and exit code are final (lines said on the console); called on the master at the end of a run
@@ -81,16 +81,20 @@ class Feature:
         """Refuse bad values of its options before the run (``errors.UsageError``: one line, exit 2)."""
 
     def summarise(self, end: RunEnd) -> dict[str, Any] | None:
-        """Its part of the summary (JSON-able), computed once at the run's end; None: it has nothing to say."""
-        return None
+        """Its part of the summary (JSON-able), computed once at the run's end; None: it has nothing to say. By
+        default its ``at_end`` hook's, if it names one."""
+        hook = self.hook("at_end")
+        return hook(end) if hook is not None else None
 
     #: the SLO metrics it measures (name -> unit, as ``metrics/slo.RUN_METRICS``): ``integrity>=99.9%``
     slo_metrics: Mapping[str, str] = {}
 
     def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any]) -> dict[str, Any] | None:
         """Its part from the run's request logs (every process's, every request), made once when the run ends
-        (``report/analyses.complete``): exact across workers, as the logs are. None: nothing to say."""
-        return None
+        (``report/analyses.complete``): exact across workers, as the logs are. None: nothing to say. By default its
+        ``at_logs`` hook's, if it names one."""
+        hook = self.hook("at_logs")
+        return hook(logs, options) if hook is not None else None
 
     def slo_value(self, part: Mapping[str, Any], metric: str, name: str | None) -> tuple[float | None, str]:
         """One of its ``slo_metrics`` as measured (``name``: of the requests of that name=), or None and why not

@@ -173,7 +173,8 @@ def stream_request(transport: Transport, req: ReadyRequest, headers: dict[str, s
     headers = typed(req, headers)
     ex = transport.exchange(req.path, req.body, headers, state, clock, name or req.path, own)
     offsets = state.chunk_times
-    # the counts as the server's usage gave them, each checked once whichever reader or API parsed it
+    # the counts as the C reader and the named-event APIs (Messages, Responses) took them from the usage, checked as
+    # the Python parser checks its own while it reads (a count no server could mean is no usage)
     state.prompt_tokens, state.completion_tokens = usage_count(state.prompt_tokens), usage_count(state.completion_tokens)
     state.cached_tokens = usage_count(state.cached_tokens)
     tokens_from_usage = state.completion_tokens is not None and state.prompt_tokens is not None

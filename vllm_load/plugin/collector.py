@@ -173,12 +173,7 @@ class Collector:
         facts = RunEnd(self.opts, self.clock.epoch or self.start_wall, end, int(summary.requests or 0),
                        run_seconds(self.opts), 0 if self.plan.sweep_kind else int(self.plan.num_requests or 0),
                        self.signal, self.stopped, self.stopped_code, tuple(faults), summary, str(self.plan.files.path))
-        parts = {}
-        for f in FEATURES:
-            hook = f.hook("at_end")
-            part = hook(facts) if hook is not None else f.summarise(facts)
-            if part is not None:
-                parts[f.name] = part
+        parts = {f.name: part for f in FEATURES if (part := f.summarise(facts)) is not None}
         return parts or None
 
     def _kept(self, summary: RunSummary) -> dict:

@@ -44,9 +44,11 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
     slos = parse_slo_option(slo_texts, str(opts.get("window") or "run"))
     server = server_summary(run.server)
     summary = judge_emulator(run.summary, server)  # the client's verdict with the emulator's own lateness
-    trust = trust_check(summary)  # --allow-untrustworthy accepts a run, never a scenario's stamp
-    if summary.scenario and not trust.passed:
-        summary = summary.replace(scenario=untrusted(dict(summary.scenario), trust.detail.removeprefix(UNTRUSTWORTHY)))
+    if summary.scenario:  # --allow-untrustworthy accepts a run, never a scenario's stamp
+        trust = trust_check(summary)
+        if not trust.passed:
+            summary = summary.replace(scenario=untrusted(dict(summary.scenario),
+                                                         trust.detail.removeprefix(UNTRUSTWORTHY)))
     captured = opts.get("capture_header") or []
     logs = run_logs(run)
     spans = read_log(run.path / "spans.jsonl") if (run.path / "spans.jsonl").exists() else None
@@ -67,12 +69,8 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
         parts = Timing({**(parts or {}), "spans": joined})
     if parts is not None:  # where each request's time went
         done["timing"] = parts
-    features = dict(summary.features or {})
-    for f in FEATURES:  # each feature's part from the logs (vllm_load/features/)
-        hook = f.hook("at_logs")
-        part = hook(logs, opts) if hook is not None else f.from_logs(logs, opts)
-        if part is not None:
-            features[f.name] = part
+    features = {**(summary.features or {}),  # each feature's part from the logs (vllm_load/features/)
+                **{f.name: part for f in FEATURES if (part := f.from_logs(logs, opts)) is not None}}
     if features:
         done["features"] = features
     return summary.replace(**done) if done else summary
@@ -85,7 +83,7 @@ def complete(run_dir: str | Path, slo_texts: list[str] | None = None) -> Run:
     texts = list(slo_texts) if slo_texts else list(run.slo_texts)
     rd = RunDir(run.path)
     data = json.loads(rd.stats.read_text())
-    if (data.get("analysed") or {}).get("slos") == texts and "analysed" in data:
+    if "analysed" in data and data["analysed"].get("slos") == texts:
         return run
     run.summary = analysed(run, texts)
     data["summary"], data["analysed"] = run.summary, {"slos": texts}
