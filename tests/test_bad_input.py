@@ -83,6 +83,11 @@ CASES = [
     # a pattern that nests quantifiers froze the loop on one answer of 34 a's and a '!': -t 5s never ended
     (CHAT, ["--response-format", "json_schema:{nested}"], "nests quantifiers, which can take exponential time"),
     (CHAT, ["--fault", "1s: exec: " + "x" * 70000], "at most 64 KB a line"),
+    # the results store and its gates (vllm_load/features/history.py)
+    (CHAT, ["--baseline", "lst 3"], "--baseline 'lst 3': write 'last N'"),
+    (CHAT, ["--label", "commit"], "--label 'commit': write KEY=VALUE"),
+    (CHAT, ["--results-db", "postgresql://ci:hunter2@db.example/history"], "a password in the URL would be logged"),
+    (CHAT, ["--slo", "ttft.p99<=baseline*1.1ms"], "a factor takes no unit"),
 ]
 
 
@@ -188,7 +193,7 @@ def test_the_web_forms_start_refuses_mixed_pys_bad_values_with_the_command_lines
 
     opts = get_parser().parse_args(["-f", MIXED])
     env = argparse.Namespace(host="http://127.0.0.1:8000", shape_class=None, user_classes=[Interactive, Batch])
-    shown = {"batch_after", "batch_input_tokens", "protect"}
+    shown = {"batch_after", "batch_input_tokens", "protect", "baseline"}
 
     def screen(form: dict) -> str | None:
         return web_gate.screen_swarm(form, shown, opts, env, validate.check_options)
@@ -197,3 +202,4 @@ def test_the_web_forms_start_refuses_mixed_pys_bad_values_with_the_command_lines
                                                  "a number of seconds")
     assert screen({"batch_input_tokens": ["0"]}).startswith("--batch-input-tokens '0' is not a length")
     assert screen({"batch_after": ["5s"], "protect": ["interactive"]}) is None
+    assert screen({"baseline": ["lst 3"]}).startswith("--baseline 'lst 3': write 'last N'")  # a feature's own check
