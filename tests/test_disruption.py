@@ -140,6 +140,18 @@ def test_sessions_that_move_to_another_replica_are_rehomed():
     assert disruption(logs, [{"start": 3.0}], {})["rehomed_sessions"] == 1
 
 
+def test_a_session_sent_back_to_a_restarted_replica_is_rehomed_by_the_action_whose_window_it_moved_in():
+    """Behind a router, a kill at 3 s and a start at 4 s: session z ran on a before the kill, on b after it (moved
+    in the kill's window); w ran only after both, on b and then, 20 s on, on the restarted a: the start's re-homing,
+    which "one replica before t0 and another after" never counted (all of w's turns were after 4 s)."""
+    logs = [rec(1.0, session="z", target="a"), rec(3.5, session="z", target="b"),
+            rec(6.0, session="w", target="b"), rec(24.0, session="w", target="a"),
+            rec(25.0, session="v", target="b"), rec(26.0, session="v", target="b"),
+            rec(27.0, session="u", target=None), rec(28.0, session="u", target="a")]  # no known home, then one
+    d = disruption(logs, [{"start": 3.0, "label": "kill"}, {"start": 4.0, "label": "start"}], {})
+    assert [a["rehomed_sessions"] for a in d["actions"]] == [1, 1] and d["rehomed_sessions"] == 1
+
+
 def test_a_fleet_that_never_recovers_fails_its_recovery_slo():
     logs = fleet(back_at=99.0)
     d = disruption(logs, [{"start": 10.0, "label": "kill"}], {})

@@ -39,9 +39,10 @@ def _logs(run_dir) -> list[dict]:
 
 @pytest.mark.slow
 def test_a_dead_replica_beside_long_requests_is_its_outage_and_stops_no_healthy_fleet(tmp_path):
-    """b killed at 3 s of 16; a serves 4 s requests (80 tokens at 50 ms) that answer only at their end on the
-    native reader: the run said "server unreachable since 21.2 s" and --stop-on-outage stopped it."""
-    res, data, (a, b), a_served = _fleet_run(tmp_path, "0.05", "16s", "80", lambda a, b: f"3s: kill: kill -9 {b.p.pid}",
+    """b killed at 1 s of 16; a serves 8 s requests (160 tokens at 50 ms), none ended before b had been down 3 s:
+    the run said "server unreachable since 21.2 s" and --stop-on-outage stopped it (a fleet of the targets that had
+    ended a request: b alone, as beside two real vLLMs streaming 2,000-token answers)."""
+    res, data, (a, b), a_served = _fleet_run(tmp_path, "0.05", "16s", "160", lambda a, b: f"1s: kill: kill -9 {b.p.pid}",
                                              "--allow-untrustworthy")
     summary, logs = data["summary"], _logs(tmp_path / "run")
     kill = summary["faults"][0]

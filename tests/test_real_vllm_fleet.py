@@ -99,30 +99,48 @@ def test_through_the_router_each_replicas_requests_and_hits_are_its_own(tmp_path
 SUCCESS = "vllm:request_success_total"
 
 
+def _kill(url: str, at_kill) -> str:
+    """A fault's command that kills the replica at ``url`` (its engine frozen first, its own counters read into
+    ``at_kill`` at the crash: nothing finishes on it between the read and the kill -9)."""
+    pid = f"$(cat {shlex.quote(os.path.join(REAL_VLLM_DIR, f'server-{urlsplit(url).port}.pid'))})"
+    return f"pkill -STOP -g {pid} -f '^VLLM::' && curl -sf {url}/metrics > {at_kill} && kill -KILL -{pid}"
+
+
+def _start(url: str, folder: str, name: str) -> str:
+    """A fault's command that starts the replica ``name`` at ``url`` again, as the fixture started it (it ends once
+    the server answers)."""
+    env = {"R": REAL_VLLM_DIR, "PORT": str(urlsplit(url).port), **_env(name)}
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), "bash", shlex.quote(str(REAL_VLLM_SCRIPT)),
+                     "serve", shlex.quote(folder), "tiny", *FLAGS])
+
+
+def _counted(path) -> float:
+    """vllm:request_success_total (every label set) in a /metrics text saved at a kill."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in path.read_text().splitlines()
+               if line.startswith(SUCCESS + "{"))
+
+
 def test_a_replica_killed_mid_run_and_started_again_leaves_every_request_in_one_bucket(tmp_path, fleet):
     """r2 is killed 3 s into the run (its engine frozen first, so its own counter is read at the crash: nothing
-    finishes on it between the read and the kill -9) and started again at 4 s; the run ends once the new r2 has
+    finishes on it between the read and the kill -9) and started again at 8 s; the run ends once the new r2 has
     served 5 requests. Every request sent is in one bucket: served by r1 or by r2 (their spans; a request r2
     answered in the last seconds before the kill may have lost its span with it), failed or cancelled; the buckets
     equal the client's log and each replica's own counters; the verdict names each action, the router's retries
     (its own counters) and the recovery, and an SLO on the recovery is judged."""
     urls, folder = fleet
-    r2, port = urls[1], urlsplit(urls[1]).port
-    pid = f"$(cat {shlex.quote(os.path.join(REAL_VLLM_DIR, f'server-{port}.pid'))})"
+    r2 = urls[1]
     at_kill = tmp_path / "r2-at-kill.txt"
-    kill = f"pkill -STOP -g {pid} -f '^VLLM::' && curl -sf {r2}/metrics > {at_kill} && kill -KILL -{pid}"
-    start = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in {"R": REAL_VLLM_DIR, "PORT": str(port), **_env("r2")}.items()),
-                      "bash", shlex.quote(str(REAL_VLLM_SCRIPT)), "serve", shlex.quote(folder), "tiny", *FLAGS])
+    kill, start = _kill(r2, at_kill), _start(r2, folder, NAMES[1])
     before = {n: counter(u, SUCCESS) for n, u in zip(NAMES, urls)}
     # the dead worker's circuit breaker is tried again every 2 s (its default waits longer than the restart)
     router = Router(urls, "consistent_hash", None, "--cb-timeout-duration-secs", "2")
     run_dir = tmp_path / "run"
     try:
         res = run_locust(["-f", str(ROOT / "tests" / "locustfiles" / "until_served_again.py"), "--headless", "-u", "4",
-                          "-r", "4", "-t", "240s", "--host", router.url, "--tokenizer", folder, "--turns", "3",
+                          "-r", "4", "-t", "240s", "--host", router.url, "--tokenizer", folder, "--turns", "6",
                           "--think-time", "1-2", "--output-tokens", "8",
                           "--otlp-receiver", f"127.0.0.1:{SPANS_PORT}", "--fault", f"3s: kill: {kill}",
-                          "--fault", f"4s: start: {start}", "--router-metrics", router.metrics_url,
+                          "--fault", f"8s: start: {start}", "--router-metrics", router.metrics_url,
                           "--slo", "recovery.seconds<=200s", "--run-dir", str(run_dir), "--allow-untrustworthy"],
                          tmp_path, timeout=400, env_extra={"VLLM_LOAD_TEST_RESTARTED": r2, "VLLM_LOAD_TEST_SERVED_AGAIN": "5"})
     finally:
@@ -138,7 +156,7 @@ def test_a_replica_killed_mid_run_and_started_again_leaves_every_request_in_one_
     assert sum(g["retries"] for g in grew) >= 1 and sum(g["failures"].get(r2, 0) for g in grew) >= 1, grew
     assert sum(g["opened"].get(r2, 0) for g in grew) >= 1 and not any(g["opened"].get(urls[0]) for g in grew), grew
     verdict = summary["disruption"]["actions"]
-    assert [a["label"].split(":")[0] for a in verdict] == ["kill at 3 s", "start at 4 s"]
+    assert [a["label"].split(":")[0] for a in verdict] == ["kill at 3 s", "start at 8 s"]
     assert "the router: " in res.stdout and "PASS  recovery.seconds<=200s" in res.stdout
     # every request in one bucket, the buckets the client's count
     logs = read_log(run_dir / "requests.jsonl")
@@ -152,8 +170,84 @@ def test_a_replica_killed_mid_run_and_started_again_leaves_every_request_in_one_
     assert len(ok) + len(failed) + len(cancelled) == len(logs) == summary["requests"]
     assert len(ok) == summary["succeeded"]
     # each replica's own counters: r1's increase; r2's up to the kill plus the restarted r2's from 0
-    r2_before_kill = sum(float(line.rsplit(" ", 1)[1]) for line in at_kill.read_text().splitlines()
-                         if line.startswith(SUCCESS + "{"))
+    r2_before_kill = _counted(at_kill)
     assert counter(urls[0], SUCCESS) - before["r1"] == len(served["r1"])
     assert (r2_before_kill - before["r2"]) + counter(r2, SUCCESS) == len(served["r2"]) + len(unjoined)
     assert counter(r2, SUCCESS) >= 5  # the restarted replica served again
+    # sessions re-homed in each action's window (to the next action's start): a turn served by another replica than
+    # the session's turn before, by the replicas' own spans (an answer whose span the kill lost has no known home,
+    # for the verdict too). The router's consistent hash sends sessions back to r2 once it answers again.
+    ends = [a["start"] for a in summary["faults"][1:]] + [float("inf")]
+    for action, judged, until in zip(summary["faults"], verdict, ends):
+        last: dict[str, str] = {}
+        moved = set()
+        for r in sorted(ok, key=lambda r: r["start"]):
+            if r.get("session") and r.get("trace_id") in spans:
+                home = spans[r["trace_id"]]["replica"]
+                if action["start"] <= r["start"] < until and last.get(r["session"], home) != home:
+                    moved.add(r["session"])
+                last[r["session"]] = home
+        assert judged["rehomed_sessions"] == len(moved), (judged, moved)
+    # r2's sessions at the kill moved to r1 (their next turns in the 5 s before the start), and sessions on r1
+    # while r2 was down went back to it: 4 sessions of 6 turns, each half r2's by the hash (both none: 1 in 256)
+    assert sum(a["rehomed_sessions"] for a in verdict) >= 1, verdict
+
+
+LONG = "1000"  # output tokens: 1.3 s alone on a replica, 5-15 s beside the other and the restart
+
+
+def test_a_dead_replica_beside_long_requests_is_its_own_outage_and_stops_no_healthy_fleet(tmp_path, fleet):
+    """--host r1,r2 (no router) with --stop-on-outage 3s: r2 killed at 4 s while r1 streams long answers, started
+    again at 5 s; the run ends once the new r2 has served 2 requests (what still streams is cancelled 3 s into the
+    drain). With 2,000-token answers, none of r1's had ended 3 s after the kill: the fleet looked like r2 alone,
+    "server unreachable" for the run, and --stop-on-outage stopped it (issue 71). Now: no fleet outage, no stop;
+    r2's own outage from the kill (within 1 s) to its server's answer again (the start command ends when it
+    answers: within 2 s); each replica's requests are its own counter's, under one name each (its spans name it;
+    its failed requests, spanless, are its target's)."""
+    urls, folder = fleet
+    r1, r2 = urls
+    at_kill = tmp_path / "r2-at-kill.txt"
+    before = {u: counter(u, SUCCESS) for u in urls}
+    run_dir = tmp_path / "run"
+    res = run_locust(["-f", str(ROOT / "tests" / "locustfiles" / "until_served_again.py"), "--headless", "-u", "4",
+                      "-r", "4", "-t", "240s", "--host", f"{r1},{r2}", "--tokenizer", folder, "--input-tokens", "32",
+                      "--output-tokens", LONG, "--retry-backoff-max", "0.5s", "--stop-on-outage", "3s",
+                      "--drain-timeout", "3",
+                      "--otlp-receiver", f"127.0.0.1:{SPANS_PORT}", "--fault", f"4s: kill: {_kill(r2, at_kill)}",
+                      "--fault", f"5s: start: {_start(r2, folder, NAMES[1])}", "--run-dir", str(run_dir),
+                      "--allow-untrustworthy"],
+                     tmp_path, timeout=400, env_extra={"VLLM_LOAD_TEST_USERS": "chat", "VLLM_LOAD_TEST_RESTARTED": r2,
+                                                       "VLLM_LOAD_TEST_SERVED_AGAIN": "2"})
+    data = json.loads((run_dir / "summary.json").read_text())
+    summary = data["summary"]
+    out = res.stdout + res.stderr
+    kill, start = summary["faults"]
+    assert kill["ok"] and start["ok"], (summary["faults"], out[-3000:])
+    assert "stopping the run" not in out and data["stopped"] is None, out[-3000:]
+    assert summary["outage_seconds"] == 0 and "every target" not in res.stdout  # r1 answered all along
+    logs = read_log(run_dir / "requests.jsonl")
+    on = {u: [r for r in logs if r["target"] == u] for u in urls}
+    # r1's answers all whole (the run's end cancels what is still streaming: --drain-timeout 3s, not 10 s more)
+    assert on[r1] and all(r["ok"] or r["cancelled"] for r in on[r1]), [r["error"] for r in on[r1] if not r["ok"]]
+    assert sum(r["ok"] for r in on[r1]) >= 2
+    assert counter(r1, SUCCESS) - before[r1] == sum(r["ok"] for r in on[r1])  # r1's own count, exactly
+    ok2 = [r for r in on[r2] if r["ok"]]
+    assert (_counted(at_kill) - before[r2]) + counter(r2, SUCCESS) == len(ok2)  # r2's: to the kill, and again
+    mine = [w for w in summary["outages"] if w.get("target") == r2 and w["outage"]]
+    assert len(mine) == 1, summary["outages"]
+    # from the kill (r2's engine frozen: its last chunk came then) to its server's answer again
+    assert abs(mine[0]["start"] - kill["start"]) < 1.0, (mine[0], kill)
+    assert all(r["start"] + r["e2e"] <= mine[0]["start"] + 0.2 for r in ok2 if r["start"] < kill["start"])
+    assert abs(mine[0]["end"] - start["end"]) < 2.0, (mine[0], start)
+    again = min(r["start"] + r["ttft"] for r in ok2 if r["start"] > kill["start"])  # its first answer again
+    assert mine[0]["end"] <= again + 0.2, (mine[0], again)
+    assert f"target {r2}: server unreachable" in res.stdout
+    # every failed request is r2's and failed in its outage (the streams the kill cut at its start); each replica
+    # under one name (its spans'), failed requests included
+    failed = [r for r in logs if not r["ok"] and not r["cancelled"]]
+    assert failed and all(r["target"] == r2 and mine[0]["start"] - 1 <= r["start"] + r["e2e"] <= mine[0]["end"] + 1
+                          for r in failed), [(r["target"], r["start"] + r["e2e"] - mine[0]["start"]) for r in failed]
+    replicas = summary["routing"]["replicas"]
+    assert len(replicas) == 2, replicas
+    assert sum(v["requests"] for v in replicas.values()) == len(logs), replicas
+    assert "2 replicas" in res.stdout

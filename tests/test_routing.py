@@ -77,3 +77,19 @@ def test_a_two_replica_fleet_behind_a_router_is_two_replicas_when_requests_fail(
     direct = [{"start": 0, "ok": False, "target": "http://a"}, {"start": 1, "ok": True, "target": "http://b"}]
     name = Replicas(direct, None)
     assert [name(r) for r in direct] == ["http://a", "http://b"] and routing(direct).unattributed == 0
+
+
+def test_a_replica_named_by_its_spans_keeps_its_name_for_its_failed_requests():
+    """--host a,b with each replica's spans (OTEL_SERVICE_NAME r1, r2): a target whose answers carry one name is that
+    replica, so its failed requests (no span) are r2's too, not a third name "http://b"; a router's target whose
+    answers carry two names leaves its failed ones unattributed."""
+    from vllm_load.metrics.routing import Replicas
+
+    direct = ([{"start": i, "ok": True, "target": "http://a", "replica": "r1"} for i in range(5)]
+              + [{"start": i, "ok": True, "target": "http://b", "replica": "r2"} for i in range(3)]
+              + [{"start": 9 + i, "ok": False, "target": "http://b"} for i in range(4)])
+    found = routing(direct)
+    assert {k: (v["requests"], v["failed"]) for k, v in found.replicas.items()} == {"r1": (5, 0), "r2": (7, 4)}
+    assert found.unattributed == 0
+    routed = [*direct[:8], {"start": 1, "ok": True, "target": "http://b", "replica": "r1"}, direct[-1]]
+    assert Replicas(routed, None)(direct[-1]) is None  # http://b served as r2 and r1: a router, not one replica

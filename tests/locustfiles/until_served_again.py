@@ -1,6 +1,7 @@
-"""multiturn.py's conversations through a fleet, held at ``-u`` users until the replica at
-$VLLM_LOAD_TEST_RESTARTED (its URL) has gone down and, started again, served $VLLM_LOAD_TEST_SERVED_AGAIN requests
-by its own counter (a restarted vLLM counts from 0); then the run ends (``-t`` caps it). A real vLLM restarts in
+"""multiturn.py's conversations (chat.py's single turns with $VLLM_LOAD_TEST_USERS=chat) through a fleet, held at
+``-u`` users until the replica at $VLLM_LOAD_TEST_RESTARTED (its URL) has gone down and, started again, served
+$VLLM_LOAD_TEST_SERVED_AGAIN requests by its own counter (a restarted vLLM counts from 0); then the run ends (``-t``
+caps it). A real vLLM restarts in
 18 s on a quiet 2-core machine and took over 50 s beside 4 users sending without a pause: a fixed -t either ended
 before the restart on a busy host or idled on a quiet one."""
 
@@ -9,7 +10,10 @@ import urllib.request
 
 from locust import LoadTestShape
 
-from vllm_load.locustfiles.multiturn import *  # noqa: F401,F403  (Locust collects the classes of this module)
+if os.environ.get("VLLM_LOAD_TEST_USERS") == "chat":  # single-turn chats: their requests as long as asked
+    from vllm_load.locustfiles.chat import *  # noqa: F401,F403  (Locust collects the classes of this module)
+else:
+    from vllm_load.locustfiles.multiturn import *  # noqa: F401,F403
 
 URL = os.environ.get("VLLM_LOAD_TEST_RESTARTED", "")
 AGAIN = int(os.environ.get("VLLM_LOAD_TEST_SERVED_AGAIN", "5"))

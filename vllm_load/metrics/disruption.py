@@ -11,8 +11,9 @@ Per action, at its start t0 (wall clock, as the logs' starts):
   what the figure rests on, or why there is none);
 - ``lost_requests``: the failures among the requests in flight at t0 or started before the recovery (until the end
   of the run when it never came), cancellations by the run's own end left out;
-- ``rehomed_sessions``: sessions served by one replica before t0 and by another after (the replica each request
-  was grouped under: ``--capture-header``'s, or ``--host a,b``'s target);
+- ``rehomed_sessions``: sessions a turn of which, from t0 to the next action, went to another replica than the
+  session's turn before (``rehomed``; the replica each request was grouped under, ``routing.Replicas``: ``--capture-header``'s, the replica's span, or ``--host a,b``'s
+  target; an answer behind a router with neither has no known home and is left out);
 - ``router`` (with ``--router-metrics``): the router's own counters' increase from t0 to the next action (the
   run's end): retries, requests given up, each worker's failures and breaker (``metrics/router_counters.py``);
 - ``goodput_during_fault``: the share of requests started from t0 to the recovery that succeeded (and met the
@@ -114,7 +115,27 @@ def recovered_at(logs: list[dict], t0: float, limits: dict[str, float]) -> float
     return recovery(logs, t0, limits)[0]
 
 
-def judge_action(logs: list[dict], action: dict, limits: dict[str, float]) -> dict[str, Any]:
+def rehomed(logs: list[dict], t0: float, until: float) -> set[str]:
+    """The sessions a turn of which, started from ``t0`` to ``until``, was served by another replica than the
+    session's turn before it (each answer's known home: ``target``, the replica ``routing.Replicas`` named). A
+    session sent back to a replica started again counts where it moved, however long after ``t0`` that was: a
+    kill-and-restart behind a router moved two sessions 20 s after the start, which "served by one replica before
+    t0 and another after" never saw (all their turns were after it)."""
+    last: dict[str, str] = {}
+    moved: set[str] = set()
+    for r in sorted(logs, key=lambda r: r["start"]):
+        session, home = r.get("session"), r.get("target")
+        if not (session and home and r["ok"]):
+            continue
+        if t0 <= r["start"] < until and last.get(session, home) != home:
+            moved.add(session)
+        last[session] = home
+    return moved
+
+
+def judge_action(logs: list[dict], action: dict, limits: dict[str, float],
+                 until_next: float = math.inf) -> dict[str, Any]:
+    """One action's verdict; ``until_next``: the next action's start (its sessions re-homed are its own)."""
     t0 = float(action["start"])
     running = [r for r in logs if r["start"] < t0 < r["start"] + (r.get(E2E) or 0.0)]
     back, evidence = recovery(logs, t0, limits)
@@ -123,12 +144,7 @@ def judge_action(logs: list[dict], action: dict, limits: dict[str, float]) -> di
     seen = {id(r) for r in running}
     lost = sum(_failed(r) for r in running) + sum(_failed(r) for r in during if id(r) not in seen)
     good = [r for r in during if r["ok"] and r.get("good") is not False]
-    homes: dict[str, tuple[set, set]] = {}
-    for r in logs:
-        if r.get("session") and r.get("target") and r["ok"]:
-            before, after = homes.setdefault(r["session"], (set(), set()))
-            (before if r["start"] < t0 else after).add(r["target"])
-    moved = sum(1 for before, after in homes.values() if before and after and not after <= before)
+    moved = len(rehomed(logs, t0, until_next))
     router = {k: action[k] for k in ("router", "router_error") if k in action}  # --router-metrics' increase
     return {"label": action.get("label", ""), "start": t0, "ok": action.get("ok"), **router,
             "in_flight": {"requests": len(running), "finished": sum(r["ok"] for r in running),
@@ -155,7 +171,9 @@ def disruption(logs: list[dict], actions: list[dict], limits: dict[str, float]) 
     if not actions:
         return None
     kept = sorted((r for r in logs if measured(r)), key=lambda r: r["start"])
-    each = [judge_action(kept, a, limits) for a in actions]
+    starts = [float(a["start"]) for a in actions]
+    each = [judge_action(kept, a, limits, min((t for t in starts if t > float(a["start"])), default=math.inf))
+            for a in actions]
     recoveries = [a["recovery_s"] for a in each]
     goodputs = [a["goodput_during_fault"] for a in each if a["goodput_during_fault"] is not None]
     return {"actions": each, "lost_requests": max(a["lost_requests"] for a in each),

@@ -24,14 +24,21 @@ BLOCK = 16
 
 
 class Replicas:
-    """One name per replica over a run's records, failed requests included: where a target's requests are named by
-    the replica that served them (a router's workers, by header or span), a request of that target with no name
-    (it failed before a replica answered: no span, no header) is not the router's own replica; it is unattributed
-    (None), not a third name for a 2-replica fleet ("3 replicas (http://127.0.0.1:14812 157, r1 48, r2 8)")."""
+    """One name per replica over a run's records, failed requests included. A target whose named requests (by header
+    or span) all carry one name is that replica (``--host a,b``: each target one vLLM): its unnamed requests (failed
+    before it answered: no span, no header) take that name. A target whose requests carry several names is a
+    router: an unnamed request of it is unattributed (None), not a third name for a 2-replica fleet ("3 replicas
+    (http://127.0.0.1:14812 157, r1 48, r2 8)")."""
 
     def __init__(self, records: Iterable[dict], header: str | None) -> None:
         self.header = header
-        self.routed = {r.get("target") for r in records if self._named(r) not in (None, r.get("target"))}
+        names: dict[str, set[str]] = defaultdict(set)
+        for r in records:
+            named = self._named(r)
+            if named not in (None, r.get("target")):
+                names[r.get("target") or ""].add(named)
+        self.routed = {t for t, n in names.items() if len(n) > 1}  # a router's targets: several replicas each
+        self.alias = {t: next(iter(n)) for t, n in names.items() if len(n) == 1}  # a target that is one replica
 
     def _named(self, record: dict) -> str | None:
         named = (record.get("headers") or {}).get(self.header) if self.header else None
@@ -41,7 +48,10 @@ class Replicas:
         named = self._named(record)
         if named:
             return named
-        return None if record.get("target") in self.routed else record.get("target")
+        target = record.get("target")
+        if target in self.alias:
+            return self.alias[target]
+        return None if target in self.routed else target
 
 
 #: where the achieved hits come from: the answers' usage, else the fleet's own counters

@@ -60,7 +60,7 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
         done["routing"] = routed
     replica = Replicas(logs, header)  # one name per replica, failed requests included
     if summary.faults:  # what each fault did to the requests
-        done["disruption"] = disruption([{**r, "target": replica(r) or r.get("target")} for r in logs],
+        done["disruption"] = disruption([{**r, "target": replica(r)} for r in logs],
                                         summary.faults, limits_of(slos))
     parts = breakdown(logs, run.plan.computed_percentiles if run.plan is not None else TAILS, replica)
     if joined is not None:  # the join, request by request (the logs are the workers' own: left as they were)
