@@ -32,6 +32,18 @@ def test_timing_an_action_starts_on_its_planned_time_while_an_earlier_one_still_
     assert "(started at" not in second["label"] and second["late"] is False
 
 
+def test_an_action_after_previous_stays_behind_the_action_written_before_it_whatever_its_own_time():
+    """A rolling update's '0s after previous: undrain' (once the restart ends): sorted by its own 0 s it ran first,
+    before the drain, and the replica stayed drained for the rest of a real fleet's run."""
+    plan = parse_plan(["2s: drain: http://r2", "4s: restart: ./restart.sh", "0s after previous: undrain: http://r2",
+                       "1s: exec: true", "3s: exec: a", "0.5s after previous: exec: b"])
+    assert [(a.kind, a.what) for a in plan] == [("exec", "true"), ("drain", "http://r2"), ("exec", "a"),
+                                                 ("exec", "b"), ("restart", "./restart.sh"), ("undrain", "http://r2")]
+    done, _, _ = _run(["0.3s: exec: sleep 0.5", "0s after previous: exec: true"])
+    first, second = done
+    assert first["kind"] == "exec" and first["at"] == 0.3 and second["start"] >= first["end"]
+
+
 def test_timing_after_previous_waits_for_the_previous_action_and_says_it_was_late():
     action = parse_action("0.2s after previous: exec: true")
     assert action.after and action.at == 0.2

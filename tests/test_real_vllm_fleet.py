@@ -251,3 +251,4 @@ def test_a_dead_replica_beside_long_requests_is_its_own_outage_and_stops_no_heal
     assert len(replicas) == 2, replicas
     assert sum(v["requests"] for v in replicas.values()) == len(logs), replicas
     assert "2 replicas" in res.stdout
+

@@ -88,7 +88,20 @@ def parse_plan(faults: list[str] | None, plan_file: str = "") -> list[Action]:
         for n, line in enumerate(lines, 1):
             if line.strip() and not line.lstrip().startswith("#"):
                 actions.append(parse_action(line, f"--fault-plan {plan_file} line {n}:"))
-    return sorted(actions, key=lambda a: a.at)
+    return in_order(actions)
+
+
+def in_order(actions: list[Action]) -> list[Action]:
+    """The actions by time, each 'after previous' one kept right behind the action written before it (its
+    previous): sorted by their own times, '0s after previous: undrain' went first and ran before the drain it
+    followed, and the replica stayed drained for the rest of the run."""
+    chains: list[list[Action]] = []
+    for a in actions:
+        if a.after and chains:
+            chains[-1].append(a)
+        else:
+            chains.append([a])
+    return [a for chain in sorted(chains, key=lambda c: c[0].at) for a in chain]
 
 
 def check_hooks(actions: list[Action]) -> None:
