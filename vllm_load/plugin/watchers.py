@@ -77,18 +77,12 @@ def watch_outages(environment: Any, run: Run) -> None:
     col = run.collector
     assert col is not None
     stop_after = col.plan.stop_on_outage
-    # --host a,b: every replica is one of the fleet from the start, with or without a request ended on it yet (r1
-    # streaming 2,000-token answers had ended none 6 s in, when r2 was killed: the fleet looked like r2 alone, and
-    # r2's refusals stopped the run as a fleet outage beside two real vLLMs)
-    fleet_targets = set(col.plan.hosts) if len(col.plan.hosts) > 1 else set()
     watches: dict[str | None, LiveOutage] = {}
     down: dict[str | None, str] = {}  # None: the run (every target); else a target's URL
     while True:
         gevent.sleep(1.0)
         now = time.time()
-        seen = col.totals.targets
-        current = {key: _current(watches, key, seen[key], col, now) if key in seen else None
-                   for key in sorted(fleet_targets | set(seen))}
+        current = _targets_now(watches, col, now)
         fleet = len(current) > 1
         run_window = _every_target(current, now) if fleet else _current(watches, None, col.totals, col, now)
         # while every target is down the run's line says it once; the replicas are named again once one answers
@@ -111,6 +105,16 @@ def watch_outages(environment: Any, run: Run) -> None:
                 sys.stderr.flush()
                 end_run(environment)
         run.outage_now = "; ".join(down.values()) or None
+
+
+def _targets_now(watches: dict[str | None, LiveOutage], col: Collector, now: float) -> dict[str, Window | None]:
+    """Each target's outage now. With --host a,b every replica is one of the fleet from the start, with or without
+    a request ended on it yet (r1 streaming 2,000-token answers had ended none 6 s in, when r2 was killed: the fleet
+    looked like r2 alone, and r2's refusals stopped the run as a fleet outage beside two real vLLMs)."""
+    seen = col.totals.targets
+    fleet = set(col.plan.hosts) if len(col.plan.hosts) > 1 else set()
+    return {key: _current(watches, key, seen[key], col, now) if key in seen else None
+            for key in sorted(fleet | set(seen))}
 
 
 def _current(watches: dict[str | None, LiveOutage], key: str | None, t: Any, col: Collector, now: float
