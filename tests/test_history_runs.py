@@ -25,7 +25,7 @@ from vllm_load.metrics.verdict import Verdict
 #: bound: these run on the quiet cores, as every test whose subject is a time the client keeps
 pytestmark = [pytest.mark.slow, pytest.mark.quiet_cores]
 CHAT = str(ROOT / "locustfiles" / "chat.py")
-#: the emulator's time to first token, and 30 % more from the sixth run on: a 60 ms step, three times what the
+#: the emulator's time to first token, and 30 % more from the slowed gate run on: a 60 ms step, three times what the
 #: gate's 10 % allows, so one request a busy host delays by 20 ms in an unchanged run fails no gate of its own
 TTFT, SLOWER = 0.2, 0.26
 GATE = ["--baseline", "last 4", "--slo", "ttft.p99<=baseline*1.10"]

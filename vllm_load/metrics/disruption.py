@@ -12,8 +12,9 @@ Per action, at its start t0 (wall clock, as the logs' starts):
 - ``lost_requests``: the failures among the requests in flight at t0 or started before the recovery (until the end
   of the run when it never came), cancellations by the run's own end left out;
 - ``rehomed_sessions``: sessions a turn of which, from t0 to the next action, went to another replica than the
-  session's turn before (``rehomed``; the replica each request was grouped under, ``routing.Replicas``: ``--capture-header``'s, the replica's span, or ``--host a,b``'s
-  target; an answer behind a router with neither has no known home and is left out);
+  session's turn before (``rehomed``; the replica each request was grouped under, ``routing.Replicas``:
+  ``--capture-header``'s, the replica's span, or ``--host a,b``'s target; an answer behind a router with neither
+  has no known home and is left out);
 - ``router`` (with ``--router-metrics``): the router's own counters' increase from t0 to the next action (the
   run's end): retries, requests given up, each worker's failures and breaker (``metrics/router_counters.py``);
 - ``goodput_during_fault``: the share of requests started from t0 to the recovery that succeeded (and met the
@@ -120,10 +121,11 @@ def rehomed(logs: list[dict], t0: float, until: float) -> set[str]:
     session's turn before it (each answer's known home: ``target``, the replica ``routing.Replicas`` named). A
     session sent back to a replica started again counts where it moved, however long after ``t0`` that was: a
     kill-and-restart behind a router moved two sessions 20 s after the start, which "served by one replica before
-    t0 and another after" never saw (all their turns were after it)."""
+    t0 and another after" never saw (all their turns were after it). ``logs``: by their start, as ``disruption``
+    sorted them once for every action."""
     last: dict[str, str] = {}
     moved: set[str] = set()
-    for r in sorted(logs, key=lambda r: r["start"]):
+    for r in logs:
         session, home = r.get("session"), r.get("target")
         if not (session and home and r["ok"]):
             continue
