@@ -32,7 +32,7 @@ CASES = [
     (CHAT, ["--request-rate", "nan"], "--request-rate nan is not a finite number"),
     (CHAT, ["--burstiness", "nan"], "--burstiness nan is not a finite number"),
     (CHAT, ["--request-timeout", "0"], "--request-timeout must be > 0"),
-    (CHAT, ["--drain-timeout", "-1"], "--drain-timeout must be >= 0"),
+    (CHAT, ["--drain-timeout", "-1"], "--drain-timeout '-1' is not a duration"),
     (CHAT, ["--metrics-port", "70000"], "--metrics-port 70000 is no TCP port"),
     (CHAT, ["--host", "ftp://127.0.0.1:21"], "the ftp:// scheme is not served; use http:// or https://"),
     (CHAT, ["--host", "127.0.0.1:8000"], "has no scheme: write --host http://127.0.0.1:8000"),

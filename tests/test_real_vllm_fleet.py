@@ -252,3 +252,53 @@ def test_a_dead_replica_beside_long_requests_is_its_own_outage_and_stops_no_heal
     assert sum(v["requests"] for v in replicas.values()) == len(logs), replicas
     assert "2 replicas" in res.stdout
 
+
+
+def _idle(url: str) -> str:
+    """A fault's command that waits (at most 60 s) until the replica at ``url`` runs and queues no request: its own
+    vllm:num_requests_running and _waiting (a drain sends it nothing new; what it still streams finishes)."""
+    busy = r"/^vllm:num_requests_(running|waiting)\{/ {n += $NF} END {exit !(n == 0)}"
+    return (f"for i in $(seq 600); do curl -sf {url}/metrics | awk '{busy}' && break; sleep 0.1; done; "
+            f"curl -sf {url}/metrics | awk '{busy}'")
+
+
+def test_a_rolling_restart_drained_first_loses_nothing_and_recovers_at_once(tmp_path, fleet):
+    """--host r1,r2: r2 drained at 2 s, restarted at 4 s (once it runs nothing: killed, and started again; the
+    command ends once it answers), undrained right after; the run ends once the new r2 has served 3 requests. A
+    clean rolling update: the log has no failure, no request started on r2 while it was drained, each replica's
+    requests are its own counters', and the verdict says 0 lost and recovered within 5 s for every action (it said
+    "recovered in 57.5 s" for one with 0 failures, judging lulls in request starts: issue 71)."""
+    urls, folder = fleet
+    r1, r2 = urls
+    at_kill = tmp_path / "r2-at-kill.txt"
+    before = {u: counter(u, SUCCESS) for u in urls}
+    run_dir = tmp_path / "run"
+    restart = f"{_idle(r2)} && {_kill(r2, at_kill)}; {_start(r2, folder, NAMES[1])}"
+    res = run_locust(["-f", str(ROOT / "tests" / "locustfiles" / "until_served_again.py"), "--headless", "-u", "4",
+                      "-r", "4", "-t", "240s", "--host", f"{r1},{r2}", "--tokenizer", folder, "--input-tokens", "32",
+                      "--output-tokens", "64", "--fault", f"2s: drain: {r2}", "--fault", f"4s: restart: {restart}",
+                      "--fault", f"0s after previous: undrain: {r2}", "--slo", "lost_requests<=0",
+                      "--slo", "recovery.seconds<=5s", "--drain-timeout", "10s", "--run-dir", str(run_dir),
+                      "--allow-untrustworthy"],
+                     tmp_path, timeout=400, env_extra={"VLLM_LOAD_TEST_USERS": "chat", "VLLM_LOAD_TEST_RESTARTED": r2,
+                                                       "VLLM_LOAD_TEST_SERVED_AGAIN": "3"})
+    out = res.stdout + res.stderr
+    data = json.loads((run_dir / "summary.json").read_text())
+    summary = data["summary"]
+    drain, restarted, undrain = summary["faults"]
+    assert all(a["ok"] for a in summary["faults"]), (summary["faults"], out[-3000:])
+    assert undrain["start"] >= restarted["end"] - 0.01  # after the restart's command ended: r2 answered again
+    # none late: the undrain waited for the restart as its plan says (it printed "LATE ... 22.0 s late")
+    assert not any(a["late"] for a in summary["faults"]) and "LATE" not in res.stdout, summary["faults"]
+    logs = read_log(run_dir / "requests.jsonl")
+    assert logs and all(r["ok"] for r in logs), [r["error"] for r in logs if not r["ok"]]
+    on = {u: [r for r in logs if r["target"] == u] for u in urls}
+    assert counter(r1, SUCCESS) - before[r1] == len(on[r1])
+    assert (_counted(at_kill) - before[r2]) + counter(r2, SUCCESS) == len(on[r2])
+    assert not [r for r in on[r2] if drain["end"] < r["start"] < undrain["start"]]  # drained: none sent to it
+    assert len([r for r in on[r2] if r["start"] > undrain["start"]]) >= 3  # and it served again once back
+    actions = summary["disruption"]["actions"]
+    assert [a["lost_requests"] for a in actions] == [0, 0, 0], actions
+    assert all(a["recovery_s"] is not None and a["recovery_s"] <= 5.0 for a in actions), actions
+    assert "PASS  lost_requests<=0" in res.stdout and "PASS  recovery.seconds<=5s" in res.stdout, res.stdout[-3000:]
+    assert res.returncode == 0 and data["exit_code"] == 0, out[-3000:]

@@ -150,8 +150,8 @@ _DECLARED: tuple[Option, ...] = (*group(
     Option("--step-duration", 60.0, "seconds per sweep step", type=float, locustfiles=("sweep.py",)),
     Option("--stop-on-slo-miss", False, "end the sweep at the first step that misses an SLO", action="store_true",
         locustfiles=("sweep.py",)),
-    Option("--drain-timeout", 30.0, "at the end of a run, seconds to let in-flight streams finish before they are cancelled",
-        type=float),
+    Option("--drain-timeout", "30s", "at the end of a run, how long (30s, 2m, …) in-flight streams may take to finish "
+        "before they are cancelled"),
 ), *group(
     "request body",
     Option("--no-ignore-eos", False, "do not send ignore_eos/min_tokens (output length is then up to the model)",

@@ -236,7 +236,7 @@ class Controller(Process):
         --drain-timeout) and are reported; once (``Collector.drain_once``)."""
         col = self.run.collector if self.run is not None else None
         if col is not None:
-            col.drain_once(lambda: self._drain(float(self.opts.drain_timeout) if self.opts else 30.0))
+            col.drain_once(lambda: self._drain(parse_duration(getattr(self.opts, "drain_timeout", 30), "--drain-timeout")))
 
     def _drain(self, timeout: float) -> None:
         raise NotImplementedError

@@ -57,7 +57,8 @@ class Action:
     @property
     def label(self) -> str:
         """How the verdict and the charts name it (a command's credentials redacted)."""
-        return f"{self.kind} at {self.at:g} s: {redact_urls(self.what)}"
+        when = f"{self.at:g} s after previous" if self.after else f"{self.at:g} s"
+        return f"{self.kind} at {when}: {redact_urls(self.what)}"
 
 
 #: an action's line at most (a 50 MB command was "OSError: Argument list too long", printed whole)
@@ -138,7 +139,8 @@ def run_plan(actions: list[Action], start_wall: float, done: list[dict], say: Ca
              router: Callable[[], dict | str | None] = lambda: None) -> None:
     """Each action at its planned time from ``start_wall``, in a greenlet of its own (actions overlap: an undrain
     planned at 45 s ran at 76.4 s behind a restart, after the last request had started, and every output said 45 s);
-    one written ``AT after previous`` starts at its time or when the previous action ends, whichever is later. Its
+    one written ``AT after previous`` starts at its time or when the previous action ends, whichever is later (its
+    wait is as planned: ``waited_s``, and late only past that). Its
     record goes into ``done`` as it starts (its end and outcome when it ends), with its planned and actual start;
     killed (the run ended), every action still running is killed with its command's process group.
     ``route(target, drained)`` drains a replica (or brings it back) in every load process; ``router()`` reads the
@@ -161,15 +163,20 @@ def _run_action(action: Action, start_wall: float, done: list[dict], say: Callab
     gevent.sleep(max(0.0, start_wall + action.at - time.time()))
     if after is not None:
         after.join()
+    due = max(start_wall + action.at, time.time())  # an 'after previous' one is due when the previous ended
     counters = router()
     began = time.time()
-    late = began - (start_wall + action.at)
+    late, waited = began - due, due - (start_wall + action.at)
     record = {"at": action.at, "kind": action.kind, "label": action.label, "start": began,
               "started_s": round(began - start_wall, 3), "late_s": round(max(0.0, late), 3), "late": late > LATE_S,
-              "after_previous": action.after, "end": None, "ended_s": None, "ok": None, "detail": ""}
-    if late > LATE_S:  # every output names an action by its label: a late one says when it really started
-        record["label"] = (f"{action.label} (started at {began - start_wall:.1f} s, {late:.1f} s late"
-                           + (", after the previous action)" if action.after else ")"))
+              "after_previous": action.after, "waited_s": round(waited, 3), "end": None, "ended_s": None, "ok": None,
+              "detail": ""}
+    # every output names an action by its label: one that started later than planned says when and why
+    if late > LATE_S:
+        record["label"] = f"{action.label} (started at {began - start_wall:.1f} s, {late:.1f} s late)"
+    elif waited > LATE_S:
+        record["label"] = (f"{action.label} (started at {began - start_wall:.1f} s, when the previous action "
+                           "ended, as planned)")
     if counters is not None:
         record["router_at"] = counters
     done.append(record)
@@ -181,7 +188,7 @@ def _run_action(action: Action, start_wall: float, done: list[dict], say: Callab
         ok, detail = _call(action) if action.kind == "call" else _command(action.what)
     ended = time.time()
     record.update(end=ended, ended_s=round(ended - start_wall, 3), ok=ok, detail=detail)
-    say(f"vllm-load: fault plan: {action.kind} at {action.at:g} s {'done' if ok else 'FAILED'} in "
+    say(f"vllm-load: fault plan: {action.label.split(': ', 1)[0]} {'done' if ok else 'FAILED'} in "
         f"{ended - began:.1f} s (from {began - start_wall:.1f} to {ended - start_wall:.1f} s)"
         + (f": {detail}" if detail else ""))
 

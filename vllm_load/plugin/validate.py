@@ -22,7 +22,7 @@ from vllm_load.plugin.shapes import UsersRamp
 from vllm_load.plugin.target import class_headers
 
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
-_AT_LEAST = {"request_rate": 0.0, "min_duration": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ramp_up_end_rps": 0.0, "drain_timeout": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
+_AT_LEAST = {"request_rate": 0.0, "min_duration": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ramp_up_end_rps": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
              "emulator_itl": 0.0, "audio_seconds": 0.0}
 _POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness", "profile_seconds"}
 #: int options and their least value
@@ -223,6 +223,7 @@ def check_run(opts: Any, *, headless: bool, shape: Any) -> None:
     if shape is None and headless and opts.num_users == 0:
         raise UsageError("-u 0 starts no user: give -u 1 or more")
     warmup = parse_duration(opts.warmup, "--warmup")
+    parse_duration(opts.drain_timeout, "--drain-timeout")
     length, what = (opts.step_duration, "--step-duration") if shape is not None and opts.sweep else (
         opts.run_time, "the run (-t)")
     if getattr(opts, "min_duration", 0.0) and not getattr(opts, "num_requests", 0):

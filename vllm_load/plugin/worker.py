@@ -18,6 +18,7 @@ from vllm_load.plugin import run_clock, swarm_auth, warmup_reset, wire, worker_s
 from vllm_load.plugin.generator import Generator
 from vllm_load.plugin.process import Process
 from vllm_load.plugin.run import Run
+from vllm_load.workload.lengths import parse_duration
 
 #: seconds without the master's heartbeat (sent every second) before a worker stops: a killed master's remote
 #: workers kept sending for Locust's 60 s; a master busy writing a report goes quiet for well under this
@@ -141,7 +142,7 @@ class WorkerProcess(Process):
         """The master asked for the end of the run: drain, then ship the final numbers before Locust quits."""
         runner, gen = self.environment.runner, self.generator
         if gen is not None:
-            self.drain_or_cut(gen, float(self.opts.drain_timeout), self.cut)
+            self.drain_or_cut(gen, parse_duration(self.opts.drain_timeout, "--drain-timeout"), self.cut)
             # Locust's and our final report, before the master quits: WorkerRunner._send_stats is private (checked
             # against Locust 2.40-2.47, setup.cfg's bounds; tests/test_sweep.py fails when it goes)
             runner._send_stats()
