@@ -158,6 +158,12 @@ def test_a_replica_killed_mid_run_and_started_again_leaves_every_request_in_one_
     verdict = summary["disruption"]["actions"]
     assert [a["label"].split(":")[0] for a in verdict] == ["kill at 3 s", "start at 8 s"]
     assert "the router: " in res.stdout and "PASS  recovery.seconds<=200s" in res.stdout
+    # each action's recovery is the end of its last failure, by the log's own timestamps (0: none after it), not
+    # a lull in request starts (a kill whose last failure was 0.83 s after it said "recovered in 37.0 s")
+    fails = [r for r in read_log(run_dir / "requests.jsonl") if not r["ok"] and not r.get("cancelled")]
+    for action, judged in zip(summary["faults"], verdict):
+        ends_after = [r["start"] + r["e2e"] - action["start"] for r in fails if r["start"] + r["e2e"] > action["start"]]
+        assert judged["recovery_s"] == pytest.approx(max(ends_after, default=0.0), abs=0.01), (judged, ends_after)
     # every request in one bucket, the buckets the client's count
     logs = read_log(run_dir / "requests.jsonl")
     spans = {r["trace_id"]: r for r in read_log(run_dir / "spans.jsonl")} if (run_dir / "spans.jsonl").exists() else {}
