@@ -20,7 +20,7 @@ import tracemalloc
 
 from _harness import ENV, start_emulator
 
-from vllm_load.plugin.server_side import LiveServer, fetch_samples
+from vllm_load.plugin.sources.server_side import LiveServer, fetch_samples
 
 
 def one_sample() -> dict:

@@ -69,7 +69,7 @@ MUTATIONS = (
              ("tests/test_spans.py", "tests/test_pd.py")),
     Mutation("gamma arrivals drawn per user, not from the run's one sequence", "vllm_load/plugin/users.py",
              "                due = Due(gen.take_arrival(), gen.schedule_start())",
-             "                from vllm_load.plugin.open_loop import arrival_sequence\n"
+             "                from vllm_load.plugin.load.open_loop import arrival_sequence\n"
              "                own = self.__dict__.setdefault('_own_arrivals', arrival_sequence(\n"
              "                    gen.plan, gen.opts, None, 0.0, 0.0, gen.worker_index))\n"
              "                due = Due(gen.schedule_start() + own.next(), gen.schedule_start())",

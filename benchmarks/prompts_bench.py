@@ -20,7 +20,7 @@ import sys
 import time
 
 from vllm_load.workload.prompts import PromptFactory
-from vllm_load.plugin.generator import SWITCH_INTERVAL
+from vllm_load.plugin.load.generator import SWITCH_INTERVAL
 from vllm_load.workload.tokenizer import BUILTIN_MISTRAL, load_tokenizer
 
 

@@ -1,7 +1,7 @@
 """What one web UI poll costs the load's event loop, by the run's size: every Locust tab polls /stats/requests every
 2 s, on the loop that times the streams. A run of N requests of C chunks each is folded into the run's stats as a
 local runner holds them (per name and per target too), then timed: making the summary (once per second at most,
-``plugin/live_view.LiveView``), and what every poll does with it (the LLM tabs' rows and their JSON).
+``plugin/webui/live_view.LiveView``), and what every poll does with it (the LLM tabs' rows and their JSON).
 
     .venv/bin/python benchmarks/webui_poll.py [--sizes 1000,10000,100000] [--chunks 100]
 
@@ -24,7 +24,7 @@ from vllm_load.client.record import RequestRecord  # noqa: E402
 from vllm_load.metrics.client_health import ClientHealth  # noqa: E402
 from vllm_load.metrics.stats import LLMStats  # noqa: E402
 from vllm_load.metrics.summary import RunSummary  # noqa: E402
-from vllm_load.plugin import webui  # noqa: E402
+from vllm_load.plugin.webui import webui  # noqa: E402
 
 
 def _stats(n: int, chunks: int, seed: int = 1) -> tuple[LLMStats, float]:

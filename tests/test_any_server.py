@@ -153,7 +153,7 @@ def test_reset_prefix_cache_before_a_run_leaves_no_hit_carried_over(tmp_path, em
 
 
 def test_a_server_that_refuses_the_reset_is_said_once(emulator_factory, sidecar_factory, tmp_path):
-    from vllm_load.plugin.server_control import CacheReset
+    from vllm_load.plugin.sources.server_control import CacheReset
 
     emu = emulator_factory()
     other = sidecar_factory("--vllm-url", emu.url, "--out", str(tmp_path / "s.jsonl"))  # an HTTP server without it

@@ -189,7 +189,8 @@ def test_the_web_forms_start_refuses_mixed_pys_bad_values_with_the_command_lines
     from locust.argument_parser import get_parser
 
     from vllm_load.locustfiles.mixed import Batch, Interactive
-    from vllm_load.plugin import validate, web_gate
+    from vllm_load.plugin.prepare import validate
+    from vllm_load.plugin.webui import web_gate
 
     opts = get_parser().parse_args(["-f", MIXED])
     env = argparse.Namespace(host="http://127.0.0.1:8000", shape_class=None, user_classes=[Interactive, Batch])

@@ -18,7 +18,7 @@ from vllm_load.rundir.reqlog import read_log
 
 SLOW_START = '''
 from gevent import monkey
-from vllm_load.plugin import request_source
+from vllm_load.plugin.requests import request_source
 from vllm_load.locustfiles.chat import ChatUser  # noqa: F401
 
 _load = request_source.load_tokenizer

@@ -17,7 +17,7 @@ from vllm_load.metrics import router_counters
 from vllm_load.metrics.disruption import WINDOW_S, describe, disruption, limits_of, recovered_at
 from vllm_load.metrics.slo import parse_slo, parse_slo_option
 from vllm_load.metrics.verdict import judge
-from vllm_load.plugin.fault_plan import parse_action, parse_plan
+from vllm_load.plugin.watch.fault_plan import parse_action, parse_plan
 from vllm_load.tune.server import free_port
 
 
@@ -279,7 +279,7 @@ def test_a_drained_replica_gets_no_new_request_and_its_users_go_to_the_other(emu
 
 
 def test_a_drain_names_a_replica_of_the_runs_hosts():
-    from vllm_load.plugin.fault_plan import check_targets
+    from vllm_load.plugin.watch.fault_plan import check_targets
 
     hosts = ("http://127.0.0.1:8001", "http://127.0.0.1:8002")
     (action,) = check_targets([parse_action("2s: drain: http://127.0.0.1:8002/")], hosts)
@@ -295,7 +295,7 @@ def test_a_worker_that_gets_ready_after_a_drain_hears_the_drains_in_force():
     force, and nothing undrained; the live workers heard each change as it came."""
     from types import SimpleNamespace
 
-    from vllm_load.plugin import wire
+    from vllm_load.plugin.swarm import wire
 
     sent = []
     runner = SimpleNamespace(clients=SimpleNamespace(all=[SimpleNamespace(id="w1", state="running"),

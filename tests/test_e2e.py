@@ -283,7 +283,7 @@ def _slow_start(monkeypatch, starting=None):
     """The generator made 2 s late (a busy host's prompt pools); ``starting`` set as its making begins."""
     import gevent
 
-    from vllm_load.plugin.generator import Generator
+    from vllm_load.plugin.load.generator import Generator
 
     create = Generator.create.__func__
 

@@ -11,7 +11,7 @@ import pytest
 from server.emulator.dcgm import PowerModel
 from tests.helpers import ROOT, run_in_process
 from vllm_load.metrics.energy import energy_summary
-from vllm_load.plugin.dcgm_source import parse
+from vllm_load.plugin.sources.dcgm_source import parse
 
 
 def test_the_power_model_integrates_exactly_and_speaks_dcgm():

@@ -1,4 +1,4 @@
-"""Fault actions on their planned clock (``plugin/fault_plan.run_plan``): each in a greenlet of its own, so one that
+"""Fault actions on their planned clock (``plugin/watch/fault_plan.run_plan``): each in a greenlet of its own, so one that
 runs long delays no other (an undrain planned at 45 s ran at 76.4 s behind a restart), unless the plan asks for the
 order (``AT after previous``); every record holds the planned and the actual start; actions that never began are
 named. The timing bounds are the subject here (0.5 s: the lateness every output flags)."""
@@ -10,8 +10,8 @@ import time
 
 import gevent
 
-from vllm_load.plugin import fault_plan
-from vllm_load.plugin.fault_plan import LATE_S, not_begun, parse_action, parse_plan, run_plan
+from vllm_load.plugin.watch import fault_plan
+from vllm_load.plugin.watch.fault_plan import LATE_S, not_begun, parse_action, parse_plan, run_plan
 
 
 def _run(lines: list[str]) -> tuple[list[dict], list[str], float]:

@@ -40,9 +40,9 @@ def test_each_feature_has_its_own_name_module_and_options():
 
 
 #: the modules every feature used to be written into (issue 70): they loop over the registry and name no feature
-HUBS = ("options.py", "plugin/validate.py", "plugin/request_source.py", "plugin/generator.py", "plugin/llm.py",
-        "plugin/collector.py", "metrics/summary.py", "metrics/verdict.py", "report/console.py", "report/html.py",
-        "report/compare.py", "report/results.py", "plugin/end_of_run.py")
+HUBS = ("options.py", "plugin/prepare/validate.py", "plugin/requests/request_source.py", "plugin/load/generator.py", "plugin/requests/llm.py",
+        "plugin/lifecycle/collector.py", "metrics/summary.py", "metrics/verdict.py", "report/console.py", "report/html.py",
+        "report/compare.py", "report/results.py", "plugin/lifecycle/end_of_run.py")
 
 
 def test_no_module_but_a_features_own_parts_imports_a_feature_module():

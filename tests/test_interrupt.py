@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from vllm_load.plugin import interrupt
+from vllm_load.plugin.lifecycle import interrupt
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import gevent
 
 from tests.helpers import ROOT, wait_for
 from vllm_load import redact
-from vllm_load.plugin import fault_plan, worker_secrets
+from vllm_load.plugin.watch import fault_plan
+from vllm_load.plugin.swarm import worker_secrets
 
 KEY = "sk-live-ORACLE-4242"
 

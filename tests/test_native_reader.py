@@ -131,7 +131,7 @@ BLOCKING = textwrap.dedent("""
     import time
     import gevent
     from locust import events
-    from vllm_load.plugin.users import ChatUser
+    from vllm_load.plugin.load.users import ChatUser
 
     class Blocked(ChatUser):
         pass

@@ -177,7 +177,7 @@ def test_without_retry_after_a_5xx_is_backed_off_too(tmp_path, emulator_factory)
     """Each failure doubles the user's wait from 50 ms, with jitter (x0.5-1.0): the gaps between its attempts are
     at least that (the issue's 503 storm was ~625 a second per user). Ended by its count: a 2 s run once made one
     attempt on a busy host, and a lower bound on the gaps holds however busy it is."""
-    from vllm_load.plugin.llm import BACKOFF_START
+    from vllm_load.plugin.requests.llm import BACKOFF_START
 
     emu = emulator_factory("--fault", "500:1")
     res = run_in_process(["-f", CHAT, "--headless", "-u", "1", "-r", "1", "-t", "60s", "--num-requests", "6",

@@ -336,7 +336,7 @@ def test_a_processes_master_gives_up_on_a_worker_that_never_joins(monkeypatch):
     from argparse import Namespace
 
     from tests.helpers import free_port
-    from vllm_load.plugin import ports
+    from vllm_load.plugin.prepare import ports
 
     for given, kept in ((0, ports.PROCESSES_JOIN_S), (300, 300)):
         monkeypatch.setattr(ports, "_settled", [])

@@ -83,7 +83,7 @@ def test_the_users_ramp_follows_the_same_curves():
     assert [ramp_users("linear", 0, 8, x / 4) for x in range(5)] == [1, 2, 4, 6, 8]  # never 0 users
     # the shape in a child: importing Locust monkey-patches the process, and once ssl is imported (a test before
     # this one may have) the patch recurses in SSLContext
-    check = ("from vllm_load.plugin.shapes import UsersRamp\nr = UsersRamp('exponential', 2, 32, 8.0)\n"
+    check = ("from vllm_load.plugin.lifecycle.shapes import UsersRamp\nr = UsersRamp('exponential', 2, 32, 8.0)\n"
              "print(r.users_at(0.0), r.users_at(4.0), r.users_at(99.0))")
     out = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["2", "8", "32"], out.stderr[-2000:]

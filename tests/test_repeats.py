@@ -82,8 +82,8 @@ def test_a_step_the_shape_begins_before_a_local_runs_generator_exists_is_applied
     generator exists, then begun on it; a master (its workers generate) begins it at once."""
     from types import SimpleNamespace
 
-    from vllm_load.plugin.steps import SweepSteps
-    from vllm_load.plugin.sweep import Sweep
+    from vllm_load.plugin.lifecycle.steps import SweepSteps
+    from vllm_load.plugin.lifecycle.sweep import Sweep
 
     told = []
     col = SimpleNamespace(sweep=Sweep("users"), swarm=False, profiler=None,

@@ -11,8 +11,8 @@ from pathlib import Path
 import gevent
 import pytest
 
-from vllm_load.plugin import run_clock
-from vllm_load.plugin.run_clock import MasterClock, WorkerClock
+from vllm_load.plugin.swarm import run_clock
+from vllm_load.plugin.swarm.run_clock import MasterClock, WorkerClock
 
 
 class Msg:
@@ -151,7 +151,7 @@ def test_locusts_no_limit_line_is_not_said_when_the_plugin_holds_minus_t(caplog)
     from argparse import Namespace
     from types import SimpleNamespace
 
-    from vllm_load.plugin import run_timer
+    from vllm_load.plugin.lifecycle import run_timer
 
     opts = Namespace(headless=True, worker=False, run_time=30)
     run_timer.take_over(opts, SimpleNamespace(shape_class=None))

@@ -18,7 +18,7 @@ from vllm_load.rundir.reqlog import read_log
 LOCUSTFILE = textwrap.dedent("""
     import time
     import gevent
-    from vllm_load.plugin.users import ChatUser, CompletionsUser
+    from vllm_load.plugin.load.users import ChatUser, CompletionsUser
 
     class Stamped(ChatUser):
         pass

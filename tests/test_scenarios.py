@@ -143,7 +143,7 @@ def test_six_percent_failed_aborts_a_run_at_once_and_five_does_not():
     from types import SimpleNamespace
 
     from vllm_load.errors import EXIT_INVALID
-    from vllm_load.plugin.failed_share import FailedShare
+    from vllm_load.plugin.load.failed_share import FailedShare
 
     def records(failed_every: int, n: int) -> list:
         return [SimpleNamespace(ok=(i + 1) % failed_every != 0, warmup=False, cancelled=False, abandoned=False,
@@ -245,7 +245,7 @@ def test_a_scenario_without_what_it_needs_is_one_line(tmp_path):
 
 
 def test_a_floored_share_is_taken_in_whole_passes_until_the_floor_then_ends():
-    from vllm_load.plugin.tickets import Tickets
+    from vllm_load.plugin.load.tickets import Tickets
 
     t = Tickets(3)
     t.restart(floor_s=100.0, now=0.0)  # a floor that passed long ago: one pass, as without one

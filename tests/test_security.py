@@ -455,8 +455,8 @@ def test_a_num_requests_run_that_time_ended_is_invalid(tmp_path, emulator_factor
 
 
 def test_the_web_gate_rules_one_by_one():
-    from vllm_load.plugin.web_gate import allowed_names, host_name, refusal
-    from vllm_load.plugin.worker_secrets import scrub
+    from vllm_load.plugin.webui.web_gate import allowed_names, host_name, refusal
+    from vllm_load.plugin.swarm.worker_secrets import scrub
     from vllm_load.redact import redact_all, redact_urls
 
     names = allowed_names("127.0.0.1", ["ui.internal"])
@@ -480,7 +480,7 @@ def test_no_answer_of_the_ui_may_be_framed_by_another_sites_page():
     """Clickjacking: a page elsewhere that framed the UI could have the operator press its buttons through a
     transparent frame. Every answer (a page, the stats, a refusal) says only the UI's own pages may frame it, over
     whatever the app said."""
-    from vllm_load.plugin.web_gate import GateMiddleware, allowed_names
+    from vllm_load.plugin.webui.web_gate import GateMiddleware, allowed_names
 
     def app(environ, start_response):
         start_response("200 OK", [("Content-Type", "text/html"), ("X-Frame-Options", "ALLOWALL")])
@@ -523,8 +523,8 @@ def test_a_request_cut_while_the_drain_still_waits_is_removed_and_one_cut_after_
     import gevent.event
 
     from vllm_load.client.record import RequestRecord
-    from vllm_load.plugin.generator import Generator
-    from vllm_load.plugin.llm import LLM
+    from vllm_load.plugin.load.generator import Generator
+    from vllm_load.plugin.requests.llm import LLM
 
     recorded: list = []
     gen = SimpleNamespace(draining=False, drain_over=False, idle=gevent.event.Event(), flush_log=lambda: None,
@@ -538,7 +538,7 @@ def test_a_request_cut_while_the_drain_still_waits_is_removed_and_one_cut_after_
 
 
 def test_a_sidecar_that_refuses_the_token_is_not_called_unreachable(sidecar_factory, emulator_factory, tmp_path):
-    from vllm_load.plugin.server_side import fetch_samples
+    from vllm_load.plugin.sources.server_side import fetch_samples
 
     emu = emulator_factory()
     side = sidecar_factory("--vllm-url", emu.url, "--token", "right", "--out", str(tmp_path / "s.jsonl"))
@@ -551,8 +551,8 @@ def test_each_process_reads_its_own_secrets_and_a_wide_master_says_its_port_is_o
     import argparse
 
     from vllm_load.errors import UsageError
-    from vllm_load.plugin.ui_guard import master_warning
-    from vllm_load.plugin.worker_secrets import OwnHeaders, read_key_file, scrub
+    from vllm_load.plugin.webui.ui_guard import master_warning
+    from vllm_load.plugin.swarm.worker_secrets import OwnHeaders, read_key_file, scrub
 
     key_file = tmp_path / "key"
     key_file.write_text("  sk-from-file \n")

@@ -208,7 +208,7 @@ def test_the_server_side_can_come_from_a_prometheus_that_scrapes_vllm(tmp_path, 
 def test_two_sidecars_series_merge_into_the_fleets_on_one_clock():
     """--sidecar-url a,b: at every instant either sampled, each one's latest sample, summed (KV-cache usage: the
     larger); histogram buckets added by bound; a field one replica lacks is left out, not half-summed."""
-    from vllm_load.plugin.server_side import merge_series
+    from vllm_load.plugin.sources.server_side import merge_series
 
     def sample(t, running, kv, prompt, ttft_buckets, extra=None):
         return {"t": t, "t_server": t + 100, "source": "metrics", "running": running, "kv_cache_usage": kv,
@@ -283,7 +283,7 @@ def test_a_sidecar_url_with_credentials_is_read_with_them_as_basic_auth():
 
     from gevent.pywsgi import WSGIServer
 
-    from vllm_load.plugin.server_side import _get
+    from vllm_load.plugin.sources.server_side import _get
 
     seen: list = []
 
@@ -308,7 +308,7 @@ def test_the_live_server_side_keeps_the_numbers_and_the_edges_whole_not_every_sa
     """Every live sample was kept whole (a vLLM's histograms: the client grew ~0.07 MB a second beside a sidecar).
     The numbers of each are kept, the first and the latest whole: the summary is the whole series' own."""
     from vllm_load.metrics.server import server_summary
-    from vllm_load.plugin.server_side import LiveServer
+    from vllm_load.plugin.sources.server_side import LiveServer
 
     def sample(i: int) -> dict:
         return {"t": float(i), "running": i % 5, "waiting": i % 3, "kv_cache_usage": i / 1000,

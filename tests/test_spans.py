@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import ROOT, free_port, run_in_process
 from vllm_load.errors import EXIT_SLO_MISS, UsageError
 from vllm_load.metrics.spans import export_request, join, parse_export
-from vllm_load.plugin.span_receiver import SpanReceiver, parse_address
+from vllm_load.plugin.sources.span_receiver import SpanReceiver, parse_address
 from vllm_load.rundir.reqlog import read_log
 
 CHAT = str(ROOT / "locustfiles" / "chat.py")
@@ -92,7 +92,7 @@ def test_the_receiver_takes_protobuf_exports_from_its_own_host_only():
 
 def test_the_receiver_keeps_at_most_its_cap_of_spans_and_warns_of_a_wide_bind(monkeypatch):
     """Every span sent was kept (three 16 MB exports: 159 -> 686 MB); past the cap the rest is dropped, counted."""
-    from vllm_load.plugin import span_receiver
+    from vllm_load.plugin.sources import span_receiver
 
     monkeypatch.setattr(span_receiver, "MAX_SPANS", 5)
     rx = SpanReceiver("127.0.0.1:0")

@@ -19,8 +19,8 @@ from vllm_load.client import exchange, native, rxstamp
 from vllm_load.client.direct import Connections
 from vllm_load.client.stream import build_request, stream_request
 from vllm_load.client.transport_direct import DirectTransport
-from vllm_load.plugin import transport_session
-from vllm_load.plugin.transport_session import SessionTransport, locust_report
+from vllm_load.plugin.requests import transport_session
+from vllm_load.plugin.requests.transport_session import SessionTransport, locust_report
 
 SERVER = Path(__file__).parent / "scripted_http.py"
 TOKENS = 5

@@ -1,4 +1,4 @@
-"""An authenticated swarm (``plugin/swarm_auth.py``): no process on the master's port without the token changes a
+"""An authenticated swarm (``plugin/swarm/swarm_auth.py``): no process on the master's port without the token changes a
 number, a verdict or the exit code, and the master names it. The forged messages are the ones a hostile local
 process sent: another run's LLM stats in a ``stats`` report, and a fatal message whose ``code: 0`` became the exit
 code."""
@@ -16,7 +16,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from tests.helpers import ROOT, free_port, wait_for
 from tests.test_process_faults import locust, logs
-from vllm_load.plugin import swarm_auth
+from vllm_load.plugin.swarm import swarm_auth
 
 FORGER = r"""
 import sys, time, zmq

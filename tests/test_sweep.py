@@ -80,7 +80,7 @@ def test_the_private_locust_call_a_worker_flush_relies_on_is_there():
 
 def test_a_sweep_owns_its_steps_windows_stats_and_verdicts():
     from vllm_load.metrics.slo import parse_slo_option
-    from vllm_load.plugin.sweep import Sweep
+    from vllm_load.plugin.lifecycle.sweep import Sweep
     from vllm_load.client.record import RequestRecord
 
     sweep = Sweep("rate")
@@ -134,7 +134,7 @@ def test_a_sweeps_first_step_starts_when_the_load_can_not_at_locusts_test_start(
     before it sent one)."""
     import gevent
 
-    from vllm_load.plugin import roles
+    from vllm_load.plugin.lifecycle import roles
 
     made = roles.Generator.create
 

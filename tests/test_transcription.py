@@ -138,7 +138,7 @@ def test_speechs_clips_and_chats_media_come_from_one_maker_and_never_repeat():
     from types import SimpleNamespace
 
     from vllm_load.client.stream import BodyDefaults
-    from vllm_load.plugin.llm_speech import workload_request
+    from vllm_load.plugin.requests.llm_speech import workload_request
     from vllm_load.workload.lengths import parse_length
     from vllm_load.workload.media import WorkloadMedia
 

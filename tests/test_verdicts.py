@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.helpers import ROOT, run_in_process
-from vllm_load.plugin.log_repeats import RepeatFilter
+from vllm_load.plugin.lifecycle.log_repeats import RepeatFilter
 from vllm_load.report.results import validity_checks
 from vllm_load.metrics.slo import parse_slo
 
@@ -69,7 +69,7 @@ def test_a_task_that_raises_the_same_error_every_time_writes_a_bounded_log(tmp_p
     lf = tmp_path / "raising.py"
     lf.write_text(
         "from locust import User, constant, task\n"
-        "import vllm_load.plugin.users  # noqa: F401  (the plugin)\n\n"
+        "import vllm_load.plugin.load.users  # noqa: F401  (the plugin)\n\n"
         "class Broken(User):\n"
         "    wait_time = constant(0)\n\n"
         "    @task\n"
@@ -91,12 +91,12 @@ def test_a_prompt_failure_that_every_request_would_repeat_stops_the_swarm_at_onc
     lf = tmp_path / "badprompts.py"
     lf.write_text(
         "from vllm_load.errors import UsageError\n"
-        "from vllm_load.plugin.request_source import RequestSource\n"
-        "from vllm_load.plugin.users import ChatUser  # noqa: F401\n\n"
+        "from vllm_load.plugin.requests.request_source import RequestSource\n"
+        "from vllm_load.plugin.load.users import ChatUser  # noqa: F401\n\n"
         "def build_request(self, api):\n"
         "    raise UsageError('record 7 is longer than max_model_len: drop it')\n\n"
         "RequestSource.build_request = build_request\n")
-    from vllm_load.plugin.request_source import RequestSource
+    from vllm_load.plugin.requests.request_source import RequestSource
 
     original = RequestSource.build_request  # the locustfile patches the class: this process's later runs need it back
     try:
@@ -163,7 +163,7 @@ def test_repeat_filter_logs_the_first_and_then_each_power_of_ten():
 def test_a_worker_drops_its_shutting_down_line_beside_the_early_web_ui_line():
     """Both filters sit on ``locust.main``; the early one (every role, at import) once hid the worker's from the
     check that adds it, and a --processes 2 run printed "Shutting down (exit code 0)" three times."""
-    from vllm_load.plugin import log_repeats
+    from vllm_load.plugin.lifecycle import log_repeats
 
     logger = logging.getLogger("locust.main")
     before = list(logger.filters)
@@ -240,7 +240,7 @@ def test_a_client_at_its_own_cpu_limit_is_told_to_add_workers(tmp_path, emulator
     lf.write_text(  # a user task that computes between requests: the client's own CPU is the limit
         "import time\n"
         "from locust import task\n"
-        "from vllm_load.plugin.users import ChatUser\n\n"
+        "from vllm_load.plugin.load.users import ChatUser\n\n"
         "class Busy(ChatUser):\n"
         "    @task\n"
         "    def generate(self):\n"
@@ -317,7 +317,7 @@ def test_a_task_raising_in_a_loop_is_named_as_the_cause_not_a_lack_of_workers():
     assert ClientHealth().verdict(user_errors=(60, "x")).cause is None  # a kept time is not blamed on anything
     # the web UI's live summary judges as the end does: the task is named while the run goes on
     from vllm_load.metrics.stats import LLMStats
-    from vllm_load.plugin.webui import live_summary
+    from vllm_load.plugin.webui.webui import live_summary
 
     live = live_summary(LLMStats(), time.time() - 5, health, errors)["client"]
     assert live["cause"] == "user_error" and "in ask (lf.py:9)" in live["advice"], live
@@ -330,7 +330,7 @@ def test_a_user_calling_self_llm_wrongly_is_told_so_with_one_exit_code(tmp_path,
     emu = emulator_factory()
     lf = tmp_path / "wrong.py"
     lf.write_text("from locust import task\n"
-                  "from vllm_load.plugin.users import LLMUser\n\n"
+                  "from vllm_load.plugin.load.users import LLMUser\n\n"
                   "class Mine(LLMUser):\n"
                   "    @task\n"
                   "    def ask(self):\n"

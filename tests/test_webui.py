@@ -305,7 +305,7 @@ def test_a_tab_open_through_the_stop_turns_to_the_judged_numbers_and_links_the_p
 
     import gevent
 
-    from vllm_load.plugin import end_of_run
+    from vllm_load.plugin.lifecycle import end_of_run
 
     # the run's end takes 3 s to write (a long run's report), longer than the UI's 2 s poll: its last poll sees the
     # run stopped before the judged numbers are in, and Locust's UI polls no more
@@ -532,8 +532,8 @@ def test_the_start_form_is_grouped_as_the_command_line_with_short_labels(tmp_pat
     folder."""
     from tests.browser import Browser
     from vllm_load.options import OPTIONS
-    from vllm_load.plugin import web_form
-    from vllm_load.plugin.users import ChatUser
+    from vllm_load.plugin.webui import web_form
+    from vllm_load.plugin.load.users import ChatUser
 
     want = web_form.fields([ChatUser])
     proc, base = _ui(tmp_path)
@@ -583,9 +583,9 @@ def test_the_start_form_is_grouped_as_the_command_line_with_short_labels(tmp_pat
 
 def test_the_form_offers_the_options_a_locustfile_reads_each_once_first_run_first():
     from vllm_load.options import GROUPS
-    from vllm_load.plugin import web_form
-    from vllm_load.plugin.shapes import SweepShape
-    from vllm_load.plugin.users import ChatUser
+    from vllm_load.plugin.webui import web_form
+    from vllm_load.plugin.lifecycle.shapes import SweepShape
+    from vllm_load.plugin.load.users import ChatUser
 
     chat, sweep = web_form.fields([ChatUser]), web_form.fields([ChatUser, SweepShape])
     assert "sweep" in sweep and "sweep" not in chat and "images_per_request" in chat

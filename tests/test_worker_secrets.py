@@ -44,7 +44,7 @@ def test_a_body_the_server_never_takes_stops_the_run_after_twenty_refusals():
     """8,269 HTTP 400 in 8 s: the same 4xx twenty times in a row with nothing taken stops the run (exit 2); after a
     first success a refusal is measured, and 429 (an overloaded server) never stops it."""
     from vllm_load.client.record import RequestRecord
-    from vllm_load.plugin.refusals import Refusals
+    from vllm_load.plugin.load.refusals import Refusals
 
     told: list = []
 

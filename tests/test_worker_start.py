@@ -9,7 +9,8 @@ from gevent import monkey
 from locust import runners
 
 from tests.helpers import ROOT, run_in_process
-from vllm_load.plugin import request_source, worker
+from vllm_load.plugin.requests import request_source
+from vllm_load.plugin.lifecycle import worker
 
 
 def test_a_start_up_longer_than_the_masters_silence_limit_keeps_its_workers(tmp_path, emulator_factory, monkeypatch):

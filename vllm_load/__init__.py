@@ -18,7 +18,7 @@ _USERS = ("LLMUser", "ChatUser", "CompletionsUser")
 
 def __getattr__(name: str) -> Any:
     if name in _USERS:
-        from vllm_load.plugin import users
+        from vllm_load.plugin.load import users
 
         return getattr(users, name)
     if name == "Reply":
@@ -26,7 +26,7 @@ def __getattr__(name: str) -> Any:
 
         return Reply
     if name == "on_fault":  # a locustfile's own fault action (--fault 'AT: call: NAME')
-        from vllm_load.plugin.fault_plan import on_fault
+        from vllm_load.plugin.watch.fault_plan import on_fault
 
         return on_fault
     if name == "UsageError":

@@ -14,7 +14,7 @@ class Option:
         self.flag, self.default, self.help, self.kw = flag, default, help, kw
         #: settable from the web UI's form: not an option that names a file or folder on this machine, or a
         #: destination that receives credentials from the environment (a page that drives the form could point
-        #: them anywhere; plugin/web_gate.py refuses a field the form does not show)
+        #: them anywhere; plugin/webui/web_gate.py refuses a field the form does not show)
         self.web = web
         #: what the default is, said where the option's value is decided later (an empty default that means one)
         self.shown_default = shown_default

@@ -4,7 +4,7 @@ parser, `vllm-load options` and the options table test (docs/options.md) all rea
 They are settable on the command line, in locust.conf / pyproject.toml, from environment variables
 and from the web UI, and Locust ships them to every worker in its spawn messages (so every value
 here must be msgpack-encodable: strings, numbers, booleans). They are read only after start-up: what a
-run decides travels in its plan (plugin/plan.py).
+run decides travels in its plan (plugin/prepare/plan.py).
 """
 
 from __future__ import annotations

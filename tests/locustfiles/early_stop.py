@@ -7,7 +7,7 @@ import gevent
 from locust import events, task
 
 from vllm_load import LLMUser
-from vllm_load.plugin.process import generator_of
+from vllm_load.plugin.lifecycle.process import generator_of
 
 
 @events.test_start.add_listener

@@ -2,7 +2,7 @@
 transport is built from.
 
 A ``Transport`` carries one user's requests (``transport_direct.DirectTransport``: its own keep-alive
-connections read by the native thread; ``plugin/transport_session.SessionTransport``: Locust's session,
+connections read by the native thread; ``plugin/requests/transport_session.SessionTransport``: Locust's session,
 for TLS and users that share a client pool). It is chosen once per user, and how it reads a connection is
 chosen once per connection, never by looking at a socket per request. A ``Decoder`` reads a response's
 body line by line with each line's landing time (``sse.StreamState``: an SSE stream; ``JsonBody``: one

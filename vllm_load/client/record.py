@@ -53,7 +53,7 @@ class RequestRecord:
     #: run's end, never a connection failure (a request queued at a saturated server has no answer head yet)
     cancelled: bool = False
     abandoned: bool = False  # --cancel: the client gave up on it mid-answer on purpose: logged, in no metric
-    steady: bool = False  # started and ended in the run's steady window (plugin/steady.py): measured there too
+    steady: bool = False  # started and ended in the run's steady window (plugin/load/steady.py): measured there too
     segment: int | None = None  # --rate-schedule: the segment its intended start fell in: measured there too
     cached_tokens: int | None = None  # prompt tokens the server's prefix cache held (when its usage says)
     trace_row: int | None = None  # trace replay: the row of the trace this request replayed

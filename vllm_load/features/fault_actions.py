@@ -2,7 +2,7 @@
 
 Why: a fault planned after -t never ran and nothing said so; a failed action (a kill that found no process, a
 restart whose command exited 1) still exited 0; an action cut by the run's end kept ``ok: null`` in summary.json
-only. Each action's planned and actual start are in its record (``plugin/fault_plan.py``); here the run is judged
+only. Each action's planned and actual start are in its record (``plugin/watch/fault_plan.py``); here the run is judged
 on them: any action that failed, never began or was cut makes it invalid (exit 4), and late ones are said."""
 
 from __future__ import annotations

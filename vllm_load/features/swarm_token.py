@@ -1,4 +1,4 @@
-"""An authenticated swarm's option (the mechanism, ZeroMQ CURVE on Locust's sockets, is ``plugin/swarm_auth.py``:
+"""An authenticated swarm's option (the mechanism, ZeroMQ CURVE on Locust's sockets, is ``plugin/swarm/swarm_auth.py``:
 only the plugin touches Locust). A master and its workers given the same token talk over CURVE; a peer without it
 never reaches the run."""
 
@@ -10,7 +10,7 @@ from vllm_load.option_spec import Option, group
 
 class SwarmToken(Feature):
     name = "swarm_token"
-    parts = ("plugin/swarm_auth.py",)
+    parts = ("plugin/swarm/swarm_auth.py",)
     options = group(
         "distributed",
         Option("--swarm-token-file", "", "a swarm's shared secret: master and every worker read this file (or "

@@ -4,4 +4,4 @@
 With no --host, the built-in vLLM emulator is started on 127.0.0.1 and used as the target.
 """
 
-from vllm_load.plugin.users import MessagesUser  # noqa: F401  (Locust collects the User classes of this module)
+from vllm_load.plugin.load.users import MessagesUser  # noqa: F401  (Locust collects the User classes of this module)

@@ -3,5 +3,5 @@
     locust -f locustfiles/sweep.py --headless --sweep 8,16,32,64 --step-duration 30 --slo 'ttft.p99<=1s'
 """
 
-from vllm_load.plugin.shapes import SweepShape  # noqa: F401  (Locust uses the shape class of this module)
-from vllm_load.plugin.users import ChatUser  # noqa: F401
+from vllm_load.plugin.lifecycle.shapes import SweepShape  # noqa: F401  (Locust uses the shape class of this module)
+from vllm_load.plugin.load.users import ChatUser  # noqa: F401

@@ -1,4 +1,4 @@
-"""What each action of a fault plan did to the requests (``plugin/fault_plan.py``), from the request logs: the verdict
+"""What each action of a fault plan did to the requests (``plugin/watch/fault_plan.py``), from the request logs: the verdict
 an operator asks for before a rollout, "how many requests do we lose, which sessions move, how long until latency
 is back within the SLO?".
 

@@ -6,7 +6,7 @@ request's ``traceparent`` (every request of a run carries its own: ``client/trac
 ``time_in_model_prefill`` scheduled to the first token, ``time_in_model_decode`` first to last token,
 ``time_to_first_token`` and ``e2e`` from its arrival, and ``gen_ai.request.id`` (the response id); and the exporting service's ``service.name``
 (a replica's ``OTEL_SERVICE_NAME``: which replica served the request, where a router names none). The receiver
-(``plugin/span_receiver.py``) keeps them as lines of ``spans.jsonl``; here they become each record's server parts
+(``plugin/sources/span_receiver.py``) keeps them as lines of ``spans.jsonl``; here they become each record's server parts
 where the stream's per-request metrics gave none, and the join is counted: spans, joined, unmatched.
 """
 

@@ -97,7 +97,7 @@ class LLMStats:
     names: dict = field(default_factory=dict)
     #: the same per target (--host a,b): each replica's own totals, outages included
     targets: dict = field(default_factory=dict)
-    #: the same over a phase of the run: "steady", its requests that ran in the steady window (``plugin/steady.py``)
+    #: the same over a phase of the run: "steady", its requests that ran in the steady window (``plugin/load/steady.py``)
     phases: dict = field(default_factory=dict)
     #: open loop at a constant rate: every process's actual send times (``delivered``: the load delivered)
     sends: Sends = field(default_factory=Sends)

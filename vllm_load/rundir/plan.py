@@ -1,5 +1,5 @@
 """The run plan: what a run is, decided once on the master (or local runner) when the run starts
-(``plugin/plan.decide``), shipped to every worker in Locust's spawn messages, and kept in ``config.json`` (``plan``),
+(``plugin/prepare/plan.decide``), shipped to every worker in Locust's spawn messages, and kept in ``config.json`` (``plan``),
 from which a finished run reads it back (``Run.plan``). Locust's parsed options stay as the user gave them.
 
 Before it existed, nine values travelled by being written into the parsed options (model, tokenizer,
@@ -51,7 +51,7 @@ class RunPlan:
     sweep_levels: tuple = ()
     #: --host's replicas when it names several (``host`` is then their list): users are spread over them
     hosts: tuple[str, ...] = ()
-    #: the run has a steady window (one load level: no sweep, ramp, trace or shape; ``plugin/steady.py``)
+    #: the run has a steady window (one load level: no sweep, ramp, trace or shape; ``plugin/load/steady.py``)
     steady: bool = False
     #: the open loop's one rate (req/s) when it has one level (``steady``): what the delivered load is judged
     #: against (``metrics/delivered.py``); 0: a closed loop, or a rate that changes

@@ -26,8 +26,8 @@ import gevent
 import gevent.event
 from locust import log as locust_log
 
-from vllm_load.plugin import listeners, log_repeats
-from vllm_load.plugin.process import Process
+from vllm_load.plugin.lifecycle import listeners, log_repeats
+from vllm_load.plugin.lifecycle.process import Process
 from vllm_load.testing.context import captured, environ, greenlets
 from vllm_load.testing.swarm import InProcessChildren, Loaded, Swarm, locustfile_of
 

@@ -22,8 +22,8 @@ from locust.env import Environment
 from locust.event import EventHook, Events
 from locust.main import merge_locustfiles_content
 
-from vllm_load.plugin import listeners
-from vllm_load.plugin.process import process_of
+from vllm_load.plugin.lifecycle import listeners
+from vllm_load.plugin.lifecycle.process import process_of
 from vllm_load.runtime.embedded import CHILDREN, Children, Served, server_package
 
 
