@@ -34,13 +34,13 @@ class Mutation:
 
 
 MUTATIONS = (
-    Mutation("one worker's histograms dropped in the master's merge", "vllm_load/plugin/wire.py",
+    Mutation("one worker's histograms dropped in the master's merge", "vllm_load/plugin/swarm/wire.py",
              "    col.totals.merge(delta)\n",
              "    if len(col.workers_seen) > 1 and client_id == sorted(col.workers_seen)[-1]:\n"
              "        delta.hists.clear()\n"
              "    col.totals.merge(delta)\n",
              ("tests/test_e2e.py::test_master_and_two_workers_merge_exactly",)),
-    Mutation("the steady window closes one request early", "vllm_load/plugin/generator.py",
+    Mutation("the steady window closes one request early", "vllm_load/plugin/load/generator.py",
              "            if self.tickets_taken == self.quota:",
              "            if self.tickets_taken == self.quota - 1:",
              ("tests/test_steady.py::test_a_count_ended_window_closes_as_its_last_request_starts", "tests/test_steady.py")),
@@ -50,7 +50,7 @@ MUTATIONS = (
              "    h[TTFT].__init__()\n"
              "    h[TTFT].record_many(chunk_gaps)\n",
              ("tests/test_metrics.py", "tests/test_e2e.py")),
-    Mutation("--num-requests ignored by one worker", "vllm_load/plugin/generator.py",
+    Mutation("--num-requests ignored by one worker", "vllm_load/plugin/load/generator.py",
              "        if self.plan.num_requests:\n            if self.quota == 0:",
              "        if self.plan.num_requests and self.worker_index != 1:\n            if self.quota == 0:",
              ("tests/test_num_requests.py",)),
@@ -59,30 +59,30 @@ MUTATIONS = (
              "            if False:  # the run's end stopped it",
              ("tests/test_outages.py",)),
     Mutation("the routing verdict's achieved hits from the wrong request (the turn before, maybe another replica)",
-             "vllm_load/metrics/routing.py",
+             "vllm_load/metrics/fleet/routing.py",
              "            achieved += cur.get(\"cached_tokens\") or 0",
              "            achieved += prev.get(\"cached_tokens\") or 0",
              ("tests/test_routing.py",)),
-    Mutation("a span joined to the wrong request (the one before it)", "vllm_load/metrics/spans.py",
+    Mutation("a span joined to the wrong request (the one before it)", "vllm_load/metrics/fleet/spans.py",
              "        found = by_trace.get(r.get(\"trace_id\") or \"\")",
              "        found = by_trace.get(records[records.index(r) - 1].get(\"trace_id\") or \"\")",
              ("tests/test_spans.py", "tests/test_pd.py")),
-    Mutation("gamma arrivals drawn per user, not from the run's one sequence", "vllm_load/plugin/users.py",
+    Mutation("gamma arrivals drawn per user, not from the run's one sequence", "vllm_load/plugin/load/users.py",
              "                due = Due(gen.take_arrival(), gen.schedule_start())",
              "                from vllm_load.plugin.load.open_loop import arrival_sequence\n"
              "                own = self.__dict__.setdefault('_own_arrivals', arrival_sequence(\n"
              "                    gen.plan, gen.opts, None, 0.0, 0.0, gen.worker_index))\n"
              "                due = Due(gen.schedule_start() + own.next(), gen.schedule_start())",
              ("tests/test_arrivals.py",)),
-    Mutation("an SLO comparison inverted (<= judged as >=)", "vllm_load/metrics/slo.py",
+    Mutation("an SLO comparison inverted (<= judged as >=)", "vllm_load/metrics/judge/slo.py",
              "    \"<=\": operator.le,", "    \"<=\": operator.ge,",
              ("tests/test_slo.py",)),
-    Mutation("a secret sent to the workers (the spawn message not scrubbed)", "vllm_load/plugin/worker_secrets.py",
+    Mutation("a secret sent to the workers (the spawn message not scrubbed)", "vllm_load/plugin/swarm/worker_secrets.py",
              "            msg.data = {**msg.data, \"parsed_options\": scrub(msg.data[\"parsed_options\"])}",
              "            msg.data = {**msg.data}",
              ("tests/test_worker_secrets.py",)),
     Mutation("a rate schedule's segments read on a process's own clock, not the run's epoch",
-             "vllm_load/plugin/generator.py",
+             "vllm_load/plugin/load/generator.py",
              "            rec.segment = self.plan.schedule.segment_of(rec.start - epoch)",
              "            rec.segment = self.plan.schedule.segment_of(rec.start - self.start_wall)",
              ("tests/test_rate_schedule.py",)),

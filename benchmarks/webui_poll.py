@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vllm_load.client.record import RequestRecord  # noqa: E402
-from vllm_load.metrics.client_health import ClientHealth  # noqa: E402
+from vllm_load.metrics.judge.client_health import ClientHealth  # noqa: E402
 from vllm_load.metrics.stats import LLMStats  # noqa: E402
 from vllm_load.metrics.summary import RunSummary  # noqa: E402
 from vllm_load.plugin.webui import webui  # noqa: E402

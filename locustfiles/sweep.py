@@ -1,4 +1,4 @@
-"""A sweep over concurrency (or request rate) levels, one step per level: see vllm_load/plugin/shapes.py.
+"""A sweep over concurrency (or request rate) levels, one step per level: see vllm_load/plugin/lifecycle/shapes.py.
 
     locust -f locustfiles/sweep.py --headless --sweep 8,16,32,64 --step-duration 30 --slo 'ttft.p99<=1s'
 

@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import ROOT, run_in_process
 from vllm_load.errors import UsageError
 from vllm_load.rundir.reqlog import read_log
-from vllm_load.metrics.repeats import wilson
+from vllm_load.metrics.judge.repeats import wilson
 from vllm_load.workload.graded import GradedMix, GradedSet, grade, gsm8k_number, load_set, mmlu_letter, parse_accuracy
 
 DATA = ROOT / "tests" / "data"

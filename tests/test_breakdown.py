@@ -1,4 +1,4 @@
-"""Where each request's time went (metrics/breakdown.py): the server's own times of each request (vLLM's per-request
+"""Where each request's time went (metrics/shape/breakdown.py): the server's own times of each request (vLLM's per-request
 metrics; the emulator sends the same) joined to the client's timeline, the tails split into queue, prefill, decode
 and the client's rest, SLOs on the parts; against the emulator here, against a real vLLM in
 test_real_vllm.py (test_every_request_of_a_real_vllm_carries_its_server_parts)."""
@@ -61,7 +61,7 @@ def test_long_prompts_tail_is_the_prefill(tmp_path):
 
 
 def test_tails_are_split_per_replica_and_per_name_where_there_are_several():
-    from vllm_load.metrics.breakdown import breakdown, tail_lines
+    from vllm_load.metrics.shape.breakdown import breakdown, tail_lines
     records = []
     for i in range(200):  # replica b queues, replica a does not; names alternate
         slow = i % 2 == 1
@@ -85,7 +85,7 @@ def test_the_spans_split_the_api_servers_share_from_what_lies_outside_the_server
     """A span's TTFT runs from the request's arrival at the API server: beyond the engine's queue and prefill it is
     the API server's (input processing, the engine busy between steps), the rest of the client's TTFT the client's,
     the network's and the router's. Without spans the rest keeps one name that says all it holds."""
-    from vllm_load.metrics.breakdown import breakdown, tail_lines
+    from vllm_load.metrics.shape.breakdown import breakdown, tail_lines
 
     def rec(ttft: float, span_ttft: float | None) -> dict:
         r = {"ok": True, "ttft": ttft, "e2e": ttft + 0.2, "server_queue": 0.01, "server_prefill": 0.03,
@@ -110,8 +110,8 @@ def test_a_spans_start_splits_the_way_to_the_server_from_the_clients_side():
     start and send lag) is the network's and a router's; the rest outside the server is the client's (its send lag,
     the answer's way back, the read). A router that holds each request 150 ms shows there, not in the client's part;
     a client late to send shows in its own."""
-    from vllm_load.metrics.breakdown import breakdown, tail_lines
-    from vllm_load.metrics.spans import join
+    from vllm_load.metrics.shape.breakdown import breakdown, tail_lines
+    from vllm_load.metrics.fleet.spans import join
 
     def rec(i: int, send_lag: float) -> dict:
         return {"ok": True, "trace_id": f"t{i}", "start": 100.0 + i, "send_lag": send_lag, "ttft": 0.4 + send_lag,
@@ -137,7 +137,7 @@ def test_a_spans_start_splits_the_way_to_the_server_from_the_clients_side():
 
 def test_a_tail_whose_server_parts_exceed_the_clients_time_prints_no_negative_share():
     """A breakdown printed "-10.0 client": the server's parts were longer than the client's own E2E."""
-    from vllm_load.metrics.breakdown import breakdown, tail_lines
+    from vllm_load.metrics.shape.breakdown import breakdown, tail_lines
 
     records = [{"ok": True, "ttft": 0.05, "e2e": 0.40, "server_queue": 0.01, "server_prefill": 0.04,
                 "server_decode": 0.36, "server_ttft": 0.05, "client_overhead": 0.0} for _ in range(50)]

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.helpers import ROOT, run_in_process, run_locust, trusted_or_host_named
-from vllm_load.metrics.client_health import ClientHealth
+from vllm_load.metrics.judge.client_health import ClientHealth
 
 
 def test_verdict_rules():
@@ -249,7 +249,7 @@ def test_many_workers_with_harmless_late_reads_give_one_note():
 def test_a_run_shorter_than_the_start_up_grace_is_judged_on_all_its_sends():
     """The first 2 s of an open loop's sends are left out of the verdict, unless they are all the run has."""
     from vllm_load.client.record import RequestRecord
-    from vllm_load.metrics.client_health import judged_send_lag
+    from vllm_load.metrics.judge.client_health import judged_send_lag
     from vllm_load.metrics.stats import LLMStats
 
     def run(*sends):

@@ -79,7 +79,7 @@ def test_the_stack_waits_for_vllm_to_be_healthy():
 
 
 def test_the_observability_profile_scrapes_both_sides_and_ships_a_dashboard_of_both():
-    from vllm_load.metrics.prometheus import EXPORTED
+    from vllm_load.metrics.fleet.prometheus import EXPORTED
 
     services = load()["services"]
     for name in ("prometheus", "grafana"):

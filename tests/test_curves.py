@@ -1,4 +1,4 @@
-"""Latency curves (metrics/curves.py): TTFT against the prompt's length, ITL against concurrency, each a line
+"""Latency curves (metrics/shape/curves.py): TTFT against the prompt's length, ITL against concurrency, each a line
 fitted through its points; and on a server whose prefill costs a known time per token, the curve finds it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ def test_the_curves_fit_what_the_requests_drew():
     """The prefill curve's bins and line on TTFT = 10 ms + 20 ms per 1k input tokens, exactly; the decode curve's on
     ITL = 5 ms + 0.25 ms per user; too few requests, one length, or two levels draw none."""
     from vllm_load.features.prefill_curve import describe as describe_prefill
-    from vllm_load.metrics.curves import decode_curve, describe_decode, prefill_curve
+    from vllm_load.metrics.shape.curves import decode_curve, describe_decode, prefill_curve
 
     logs = [{"ok": True, "input_tokens": n, "ttft": 0.010 + 20e-6 * n} for n in range(200, 3400, 100)]
     c = prefill_curve(logs + [{"ok": False, "input_tokens": 99999, "ttft": 9.0}, {"ok": True, "warmup": True,

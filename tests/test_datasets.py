@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tests.helpers import ROOT, run_in_process
-from vllm_load.workload.datasets import BATCH_INSTRUCTION, DatasetSource, answer_tokens_per_record, read_records
+from vllm_load.workload.inputs.datasets import BATCH_INSTRUCTION, DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.errors import UsageError
 from vllm_load.workload.prompts import PromptFactory
 from vllm_load.rundir.reqlog import read_log
@@ -117,7 +117,7 @@ def test_hugging_face_datasets_saved_locally_parquet_and_conversations(tmp_path)
     import datasets
 
     from vllm_load.errors import UsageError
-    from vllm_load.workload.datasets import read_records
+    from vllm_load.workload.inputs.datasets import read_records
 
     texts = [f"review number {i}: the kv cache held" for i in range(5)]
     datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": texts, "label": list(range(5))}),

@@ -1,4 +1,4 @@
-"""The load delivered against the load asked (metrics/delivered.py): an open loop's sent rate and inter-arrival CV
+"""The load delivered against the load asked (metrics/shape/delivered.py): an open loop's sent rate and inter-arrival CV
 against its sampling band, a closed loop's requests in flight against its users, and --strict-load's verdict.
 The shipped arrivals pass; arrivals made wrong on purpose (the old per-user gamma processes, a slow sender) are
 flagged; the band's false-flag rate is measured over many seeded draws."""
@@ -12,9 +12,9 @@ import random
 import pytest
 
 from tests.helpers import ROOT, run_in_process
-from vllm_load.metrics.delivered import MIN_GAPS, Sends, delivered, expected_cv, in_flight, in_flight_finding
+from vllm_load.metrics.shape.delivered import MIN_GAPS, Sends, delivered, expected_cv, in_flight, in_flight_finding
 from vllm_load.metrics.stats import LLMStats
-from vllm_load.metrics.verdict import judge
+from vllm_load.metrics.judge.verdict import judge
 from vllm_load.workload.arrivals import ArrivalSequence, constant_gap, unit_gap
 
 

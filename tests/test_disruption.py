@@ -13,10 +13,10 @@ import pytest
 
 from tests.helpers import ROOT, Proc, counter, run_in_process
 from vllm_load.errors import UsageError
-from vllm_load.metrics import router_counters
-from vllm_load.metrics.disruption import WINDOW_S, describe, disruption, limits_of, recovered_at
-from vllm_load.metrics.slo import parse_slo, parse_slo_option
-from vllm_load.metrics.verdict import judge
+from vllm_load.metrics.fleet import router_counters
+from vllm_load.metrics.fleet.disruption import WINDOW_S, describe, disruption, limits_of, recovered_at
+from vllm_load.metrics.judge.slo import parse_slo, parse_slo_option
+from vllm_load.metrics.judge.verdict import judge
 from vllm_load.plugin.watch.fault_plan import parse_action, parse_plan
 from vllm_load.tune.server import free_port
 
@@ -117,7 +117,7 @@ def test_a_latency_slo_holds_the_recovery_until_the_tail_is_back():
 def test_recovery_rests_on_failures_and_breaches_not_on_lulls_in_starts():
     """A drain-restart-undrain with 0 failures was "recovered in 57.5 s"; a kill whose last failure was 0.83 s after
     it, "recovered in 37.0 s"; a kill after which all 12 later requests succeeded, "not recovered"."""
-    from vllm_load.metrics.disruption import recovery
+    from vllm_load.metrics.fleet.disruption import recovery
 
     long = [rec(float(t), e2e=20.0) for t in range(0, 10)]  # 20 s requests, none started from 10 s to 40 s
     back, why = recovery(long + [rec(40.0, e2e=20.0)], 10.0, {})

@@ -10,7 +10,7 @@ import pytest
 
 from server.emulator.dcgm import PowerModel
 from tests.helpers import ROOT, run_in_process
-from vllm_load.metrics.energy import energy_summary
+from vllm_load.metrics.fleet.energy import energy_summary
 from vllm_load.plugin.sources.dcgm_source import parse
 
 

@@ -14,9 +14,9 @@ from vllm_load.errors import EXIT_ERRORS, EXIT_INTERRUPTED, EXIT_OK, EXIT_SLO_MI
 from vllm_load.feature_spec import RunEnd
 from vllm_load.features import FEATURES
 from vllm_load.features.interrupted import CHECK as INTERRUPTED
-from vllm_load.metrics.slo import parse_slo_option
+from vllm_load.metrics.judge.slo import parse_slo_option
 from vllm_load.metrics.summary import RunSummary
-from vllm_load.metrics.verdict import feature_keys, feature_lines, judge
+from vllm_load.metrics.judge.verdict import feature_keys, feature_lines, judge
 from vllm_load.report.results import render_validity
 
 PKG = Path(__file__).resolve().parents[1] / "vllm_load"
@@ -41,7 +41,7 @@ def test_each_feature_has_its_own_name_module_and_options():
 
 #: the modules every feature used to be written into (issue 70): they loop over the registry and name no feature
 HUBS = ("options.py", "plugin/prepare/validate.py", "plugin/requests/request_source.py", "plugin/load/generator.py", "plugin/requests/llm.py",
-        "plugin/lifecycle/collector.py", "metrics/summary.py", "metrics/verdict.py", "report/console.py", "report/html.py",
+        "plugin/lifecycle/collector.py", "metrics/summary.py", "metrics/judge/verdict.py", "report/console.py", "report/html.py",
         "report/compare.py", "report/results.py", "plugin/lifecycle/end_of_run.py")
 
 

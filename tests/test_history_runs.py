@@ -19,7 +19,7 @@ from tests.browser import INKED_JS, probe_page
 from tests.helpers import ROOT, run_in_process
 from vllm_load.errors import EXIT_OK, EXIT_SLO_MISS
 from vllm_load.history.cli import main as history
-from vllm_load.metrics.verdict import Verdict
+from vllm_load.metrics.judge.verdict import Verdict
 
 #: the runs' trust is part of what is judged (a baseline holds trusted runs only) and a 10 % limit is a timing
 #: bound: these run on the quiet cores, as every test whose subject is a time the client keeps

@@ -15,8 +15,8 @@ from tests.helpers import ROOT, run_in_process
 from vllm_load.client.tool_integrity import EMPTY_DELTA, NO_NAME, NOT_JSON, OFF_SCHEMA, UNKNOWN_TOOL, check
 from vllm_load.errors import EXIT_OK, EXIT_SLO_MISS
 from vllm_load.features.integrity import FEATURE
-from vllm_load.metrics.slo import parse_slo, parse_slo_option
-from vllm_load.metrics.verdict import judge
+from vllm_load.metrics.judge.slo import parse_slo, parse_slo_option
+from vllm_load.metrics.judge.verdict import judge
 
 AGENT = str(ROOT / "locustfiles" / "agent.py")
 TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {

@@ -1,4 +1,4 @@
-"""The knee of a sweep's throughput curve (metrics/knee.py, Kneedle): where more load stopped buying throughput."""
+"""The knee of a sweep's throughput curve (metrics/shape/knee.py, Kneedle): where more load stopped buying throughput."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.helpers import ROOT, run_in_process
-from vllm_load.metrics.knee import knee
+from vllm_load.metrics.shape.knee import knee
 from vllm_load.report.sweep import knee_line
 from vllm_load.rundir.files import load_run
 

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from tests.helpers import ROOT, run_in_process, stream_fault
-from vllm_load.client.messages import MessagesState, messages_request
+from vllm_load.client.apis.messages import MessagesState, messages_request
 from vllm_load.rundir.reqlog import read_log
 
 

@@ -356,7 +356,7 @@ def test_the_live_export_says_which_replica_served_what():
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from vllm_load.metrics.prometheus import registry_for
+    from vllm_load.metrics.fleet.prometheus import registry_for
     stats = LLMStats()
     for i in range(5):
         stats.add(rec([0.1, 0.2], [1, 1], e2e=0.2, start=1000.0 + i, target="r1" if i < 3 else "r2",
@@ -375,7 +375,7 @@ def test_the_servers_parts_are_merged_exactly_and_exported_live_but_not_rows_of_
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from vllm_load.metrics.prometheus import registry_for
+    from vllm_load.metrics.fleet.prometheus import registry_for
     from vllm_load.report.console import table_rows
     a, b = LLMStats(), LLMStats()
     for i in range(40):

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import ROOT, Proc, free_port, run_in_process, start_in_process, wait_for
 from tests.test_process_faults import logs
-from vllm_load.metrics.outages import LiveOutage, bucket, find_windows
+from vllm_load.metrics.fleet.outages import LiveOutage, bucket, find_windows
 from vllm_load.rundir.reqlog import read_log
 
 CHAT = str(ROOT / "locustfiles/chat.py")
@@ -235,7 +235,7 @@ def test_an_answer_and_a_failure_in_one_bucket_may_begin_the_outage():
     reset the span and its failure was dropped, so a 33 s outage that began there was found 33 s late."""
     from collections import Counter
 
-    from vllm_load.metrics.outages import LiveOutage, bucket, find_windows
+    from vllm_load.metrics.fleet.outages import LiveOutage, bucket, find_windows
 
     ok, conn, other = Counter({bucket(9.3): 2, bucket(9.876): 1}), Counter(), Counter({bucket(9.73): 1,
                                                                                          bucket(9.88): 1})

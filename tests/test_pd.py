@@ -54,7 +54,7 @@ def test_each_request_splits_into_prefill_kv_transfer_and_decode(tmp_path, pd_pa
     assert timing["spans"] == {"spans": 2 * len(logs), "joined": 2 * len(logs), "unmatched": 0, "requests_without": 0}
     # each request's parts, from the report's join (the same code): its transfer is the emulator's model of it plus
     # one decode step, and the parts add up to the client's E2E with the client's rest >= 0
-    from vllm_load.metrics.spans import join
+    from vllm_load.metrics.fleet.spans import join
     join(logs, read_log(run_dir / "spans.jsonl"))
     for r in logs:
         assert r["prefill_replica"] == "prefill-0" and r["replica"] == "decode-0"

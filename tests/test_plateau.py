@@ -1,11 +1,11 @@
-"""The TPOT plateau (metrics/plateau.py): a step's steady-state window by the decode speed its requests saw, the
+"""The TPOT plateau (metrics/shape/plateau.py): a step's steady-state window by the decode speed its requests saw, the
 basis of an MLPerf Endpoints point."""
 
 from __future__ import annotations
 
 import random
 
-from vllm_load.metrics.plateau import BINS, plateau_start, steady_point
+from vllm_load.metrics.shape.plateau import BINS, plateau_start, steady_point
 
 
 def records(tpots: list[float], tokens: int = 10) -> list[dict]:

@@ -12,8 +12,8 @@ import pytest
 
 from tests.helpers import ROOT, run_in_process, waited_behind
 from vllm_load.features.protection import describe
-from vllm_load.metrics.protection import MIN_REQUESTS, protection
-from vllm_load.metrics.slo import evaluate, parse_slo_option
+from vllm_load.metrics.judge.protection import MIN_REQUESTS, protection
+from vllm_load.metrics.judge.slo import evaluate, parse_slo_option
 from vllm_load.rundir.reqlog import read_log
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.helpers import ROOT, run_in_process
 from vllm_load.errors import UsageError
-from vllm_load.metrics.delivered import by_segment, schedule_finding
+from vllm_load.metrics.shape.delivered import by_segment, schedule_finding
 from vllm_load.workload.arrivals import ArrivalSequence
 from vllm_load.workload.rate_schedule import NEVER_S, Point, RateSchedule
 

@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 
 from tests.helpers import REAL_VLLM_DIR, ROOT, run_locust, serve_real_vllm, waited_behind
-from vllm_load.metrics.reuse import curve
+from vllm_load.metrics.shape.reuse import curve
 from vllm_load.rundir.reqlog import read_log
 
 pytestmark = pytest.mark.skipif(not REAL_VLLM_DIR, reason="no real vLLM installed (.ci/run installs one when it can)")

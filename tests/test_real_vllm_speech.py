@@ -7,7 +7,7 @@ the run's requests and tokens equal the server's /metrics, whose prompt_tokens c
 import pytest
 
 from tests.helpers import REAL_VLLM_DIR, ROOT, counter, run_in_process, serve_real_vllm
-from vllm_load.client.audio import audio_tokens
+from vllm_load.client.apis.audio import audio_tokens
 from vllm_load.rundir.reqlog import read_log
 
 pytestmark = pytest.mark.skipif(not REAL_VLLM_DIR, reason="no real vLLM installed (.ci/run installs one when it can)")

@@ -1,4 +1,4 @@
-"""Named search recipes (metrics/recipes.py): ``--recipe max-goodput[:F]`` becomes the SLOs every run, sweep step and
+"""Named search recipes (metrics/judge/recipes.py): ``--recipe max-goodput[:F]`` becomes the SLOs every run, sweep step and
 tune probe is judged by; bad input is one line."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from vllm_load.errors import UsageError
-from vllm_load.metrics.recipes import Recipe, judged_slos, parse_recipe, with_recipe
-from vllm_load.metrics.slo import goodput_thresholds
+from vllm_load.metrics.judge.recipes import Recipe, judged_slos, parse_recipe, with_recipe
+from vllm_load.metrics.judge.slo import goodput_thresholds
 
 
 @pytest.mark.parametrize("text, share", [("max-goodput", 0.9), ("max-goodput:95%", 0.95), ("max-goodput:0.5", 0.5),

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from vllm_load.metrics.repeats import spread, spread_text, t_quantile
+from vllm_load.metrics.judge.repeats import spread, spread_text, t_quantile
 
 
 @pytest.mark.parametrize("p,df,table", [(0.975, 1, 12.706), (0.975, 2, 4.303), (0.975, 4, 2.776), (0.975, 9, 2.262),
@@ -27,7 +27,7 @@ def test_one_value_has_no_spread():
 
 
 def test_welch_decides_from_the_spread_of_both_sides():
-    from vllm_load.metrics.repeats import welch
+    from vllm_load.metrics.judge.repeats import welch
     a = [100.0, 102.0, 98.0, 101.0, 99.0]
     assert welch(a, [x * 1.10 for x in a])["verdict"] == "higher"  # 10 % up, runs within 2 %: decided
     assert welch(a, [x * 0.9 for x in a])["verdict"] == "lower"

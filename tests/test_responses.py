@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from tests.helpers import ROOT, run_in_process, stream_fault
-from vllm_load.client.responses import ResponsesState
+from vllm_load.client.apis.responses import ResponsesState
 from vllm_load.rundir.reqlog import read_log
 
 

@@ -27,8 +27,8 @@ from vllm_load.history.cli import main as history
 from vllm_load.history.gate import after_run
 from vllm_load.history.record import fingerprint, load_of
 from vllm_load.history.store import SCHEMA_VERSION, RunRecord, Store
-from vllm_load.metrics.slo import parse_slo, parse_slo_option
-from vllm_load.metrics.verdict import judge
+from vllm_load.metrics.judge.slo import parse_slo, parse_slo_option
+from vllm_load.metrics.judge.verdict import judge
 
 CHAT = str(ROOT / "locustfiles" / "chat.py")
 

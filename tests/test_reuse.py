@@ -7,7 +7,7 @@ import json
 import urllib.request
 
 from tests.helpers import ROOT, run_in_process
-from vllm_load.metrics.reuse import curve
+from vllm_load.metrics.shape.reuse import curve
 
 
 def _curve(tmp_path, emulator_factory, flags: list[str], distances: str, requests: int):

@@ -1,10 +1,10 @@
-"""The routing verdict's arithmetic (``metrics/routing.py``), on request records as the logs hold them: each replica's
+"""The routing verdict's arithmetic (``metrics/fleet/routing.py``), on request records as the logs hold them: each replica's
 share, each session's stickiness, and the prefix-cache hits a session made achievable against those its own next
 turn achieved (the real router and fleets: tests/test_router.py, test_real_vllm_fleet.py)."""
 
 from __future__ import annotations
 
-from vllm_load.metrics.routing import BLOCK, routing
+from vllm_load.metrics.fleet.routing import BLOCK, routing
 
 
 def _turn(session: str, start: float, replica: str, input_tokens: int, output_tokens: int, cached: int | None,
@@ -40,8 +40,8 @@ def test_a_failed_turn_makes_nothing_achievable_and_warm_ups_are_left_out():
 def test_hits_the_answers_do_not_carry_are_the_replicas_counters_or_not_known_never_zero():
     """vLLM sends a request's cached tokens only with --enable-prompt-tokens-details: through a router without it,
     the verdict printed "0 of 38400 achievable tokens (0%)" while the replicas' counters rose by 38,400."""
-    from vllm_load.metrics.routing import NO_CACHED_TOKENS, routing_line
-    from vllm_load.metrics.slo import evaluate, parse_slo_option
+    from vllm_load.metrics.fleet.routing import NO_CACHED_TOKENS, routing_line
+    from vllm_load.metrics.judge.slo import evaluate, parse_slo_option
 
     records = [_turn("s", 0.0, "a", 100, 20, None), _turn("s", 1.0, "a", 200, 20, None)]
     unknown = routing(records)
@@ -62,7 +62,7 @@ def test_hits_the_answers_do_not_carry_are_the_replicas_counters_or_not_known_ne
 def test_a_two_replica_fleet_behind_a_router_is_two_replicas_when_requests_fail():
     """A failed request has no span: its replica fell back to the router's URL, a third name ("3 replicas
     (http://127.0.0.1:14812 157, r1 48, r2 8; imbalance 2.21)" for a 2-replica fleet)."""
-    from vllm_load.metrics.routing import Replicas, routing_line
+    from vllm_load.metrics.fleet.routing import Replicas, routing_line
 
     router = "http://127.0.0.1:14812"
     records = ([{"start": i, "ok": True, "target": router, "replica": "r1"} for i in range(48)]
@@ -83,7 +83,7 @@ def test_a_replica_named_by_its_spans_keeps_its_name_for_its_failed_requests():
     """--host a,b with each replica's spans (OTEL_SERVICE_NAME r1, r2): a target whose answers carry one name is that
     replica, so its failed requests (no span) are r2's too, not a third name "http://b"; a router's target whose
     answers carry two names leaves its failed ones unattributed."""
-    from vllm_load.metrics.routing import Replicas
+    from vllm_load.metrics.fleet.routing import Replicas
 
     direct = ([{"start": i, "ok": True, "target": "http://a", "replica": "r1"} for i in range(5)]
               + [{"start": i, "ok": True, "target": "http://b", "replica": "r2"} for i in range(3)]

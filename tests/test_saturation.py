@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import ROOT, Proc, free_port, run_in_process, run_locust
 from vllm_load.rundir.reqlog import read_log
-from vllm_load.metrics.saturation import detect, slope
+from vllm_load.metrics.fleet.saturation import detect, slope
 
 PROFILE = ["--profile", "cpu-tiny", "--max-num-seqs", "2"]  # ~12 req/s at 128 in / 64 out tokens
 

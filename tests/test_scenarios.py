@@ -38,8 +38,8 @@ def published(hub: Path, repo: str, traces: int, turns: int = 6) -> list[dict]:
 
 
 def test_a_published_name_is_found_in_the_local_cache_or_said_where_it_was_looked_for(tmp_path, monkeypatch):
-    from vllm_load.workload.public_sets import resolve
-    from vllm_load.workload.sessions import read_sessions
+    from vllm_load.workload.inputs.public_sets import resolve
+    from vllm_load.workload.inputs.sessions import read_sessions
 
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.delenv("VLLM_LOAD_DATASETS", raising=False)
@@ -115,7 +115,7 @@ def test_the_trajectory_cache_bust_keeps_each_trees_blocks_its_own(tmp_path):
     """AIPerf's first-turn cache bust (a marker per trajectory before its first user turn) as vllm-load's blocks: with
     --cache-bust trajectory (AgentX's), two traces whose global hash ids are equal share no block; within a trace, and
     with its subagent, the blocks repeat as the ids do."""
-    from vllm_load.workload.sessions import Fork, read_sessions
+    from vllm_load.workload.inputs.sessions import Fork, read_sessions
 
     def trace(name: str) -> dict:
         sub = {"t": 0.1, "type": "subagent", "agent_id": "a1", "status": "completed",

@@ -407,9 +407,9 @@ def test_sidecar_and_emulator_refuse_bad_ports_and_intervals_in_one_line():
 
 def test_trace_and_dataset_inputs_that_misbehaved_are_one_line_errors(tmp_path):
     from vllm_load.errors import UsageError
-    from vllm_load.workload.datasets import read_records
-    from vllm_load.workload.input_files import read_text
-    from vllm_load.workload.trace import read_trace
+    from vllm_load.workload.inputs.datasets import read_records
+    from vllm_load.workload.inputs.input_files import read_text
+    from vllm_load.workload.inputs.trace import read_trace
 
     bad = {
         "nan.jsonl": '{"timestamp": 0, "input_length": 4, "output_length": 4}\n'

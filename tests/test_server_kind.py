@@ -48,7 +48,7 @@ def test_a_standalone_emulator_is_named_as_the_emulator_not_as_vllm(emulator_fac
     """A standalone emulator was reported as "vLLM 0.32.0" on the console and in the report."""
     from argparse import Namespace
 
-    from vllm_load.client.openai_api import server_identity
+    from vllm_load.client.apis.openai_api import server_identity
     from vllm_load.plugin.prepare.target import Target
 
     emu = emulator_factory("--ttft", "0.005", "--itl", "0.001")

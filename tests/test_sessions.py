@@ -14,7 +14,7 @@ from tests.helpers import ROOT, run_in_process
 from tests.make_sessions import BLOCK, sessions_jsonl, weka_traces
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.errors import UsageError
-from vllm_load.workload.sessions import Fork, read_sessions
+from vllm_load.workload.inputs.sessions import Fork, read_sessions
 
 SESSIONS = str(ROOT / "locustfiles" / "sessions.py")
 #: how close a turn leaves to its predecessor's completion plus its delay (the issue's bound)

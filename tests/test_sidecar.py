@@ -235,7 +235,7 @@ def test_kv_connector_series_are_read_under_vllms_names():
     prometheus_client writes them: a connector's prefix-cache hits, NIXL's failures and transfer histograms, KV
     offload's byte counters."""
     from server.sidecar.vllm_schema import parse_metrics
-    from vllm_load.metrics.server import server_summary
+    from vllm_load.metrics.fleet.server import server_summary
     text = """# TYPE vllm:external_prefix_cache_queries_total counter
 vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
 # TYPE vllm:external_prefix_cache_hits_total counter
@@ -307,7 +307,7 @@ def test_a_sidecar_url_with_credentials_is_read_with_them_as_basic_auth():
 def test_the_live_server_side_keeps_the_numbers_and_the_edges_whole_not_every_sample():
     """Every live sample was kept whole (a vLLM's histograms: the client grew ~0.07 MB a second beside a sidecar).
     The numbers of each are kept, the first and the latest whole: the summary is the whole series' own."""
-    from vllm_load.metrics.server import server_summary
+    from vllm_load.metrics.fleet.server import server_summary
     from vllm_load.plugin.sources.server_side import LiveServer
 
     def sample(i: int) -> dict:

@@ -9,7 +9,7 @@ from tests.helpers import ROOT, run_in_process
 from vllm_load.errors import UsageError
 from vllm_load.client.record import RequestRecord
 from vllm_load.report.results import exit_code
-from vllm_load.metrics.slo import evaluate, goodput_thresholds, parse_slo, parse_slo_option
+from vllm_load.metrics.judge.slo import evaluate, goodput_thresholds, parse_slo, parse_slo_option
 from vllm_load.report.results import junit_xml
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import MetricSummary
@@ -159,7 +159,7 @@ def test_an_slo_can_judge_the_requests_of_one_name():
 
 
 def test_old_spellings_keep_working_with_one_deprecation_line(capsys):
-    from vllm_load.metrics import slo as slo_mod
+    from vllm_load.metrics.judge import slo as slo_mod
 
     slo_mod._warned.clear()
     assert parse_slo("itl_chunk.p99<=20ms").metric == "itl"

@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import ROOT, free_port, run_in_process
 from vllm_load.errors import EXIT_SLO_MISS, UsageError
-from vllm_load.metrics.spans import export_request, join, parse_export
+from vllm_load.metrics.fleet.spans import export_request, join, parse_export
 from vllm_load.plugin.sources.span_receiver import SpanReceiver, parse_address
 from vllm_load.rundir.reqlog import read_log
 
@@ -190,7 +190,7 @@ def test_spans_alone_give_each_request_its_parts_and_gate_the_run(tmp_path, emul
 def test_a_spans_service_name_says_which_replica_served_the_request():
     """vLLM names no replica in its answers (nor does its router); each replica's OTEL_SERVICE_NAME does, in its
     spans: the routing verdict takes it where no response header names one."""
-    from vllm_load.metrics.routing import routing
+    from vllm_load.metrics.fleet.routing import routing
     spans = parse_export(export_request([_span("a" * 32, "r-1")], "replica-a"))
     spans += parse_export(export_request([_span("b" * 32, "r-2")], "replica-b"))
     spans += parse_export(export_request([_span("c" * 32, "r-3")]))  # OpenTelemetry's default name: no one

@@ -100,8 +100,8 @@ JSONISH = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size
            JSONISH, max_size=4)), min_size=1, max_size=5))
 def test_any_named_event_stream_fails_only_as_a_stream_error(api, events):
     """Anthropic's Messages and the Responses API (every line to Python: the C parser knows chat chunks only)."""
-    from vllm_load.client.messages import MessagesState
-    from vllm_load.client.responses import ResponsesState
+    from vllm_load.client.apis.messages import MessagesState
+    from vllm_load.client.apis.responses import ResponsesState
     from vllm_load.client.sse import StreamError
 
     state = MessagesState() if api == "messages" else ResponsesState()

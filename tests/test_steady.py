@@ -9,7 +9,7 @@ import pytest
 
 from tests.helpers import ROOT, run_in_process
 from vllm_load.client.record import RequestRecord
-from vllm_load.metrics.slo import evaluate, parse_slo_option
+from vllm_load.metrics.judge.slo import evaluate, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.plugin.load.steady import SteadyWindow
 from vllm_load.rundir.reqlog import read_log

@@ -79,7 +79,7 @@ def test_the_private_locust_call_a_worker_flush_relies_on_is_there():
 
 
 def test_a_sweep_owns_its_steps_windows_stats_and_verdicts():
-    from vllm_load.metrics.slo import parse_slo_option
+    from vllm_load.metrics.judge.slo import parse_slo_option
     from vllm_load.plugin.lifecycle.sweep import Sweep
     from vllm_load.client.record import RequestRecord
 
@@ -108,7 +108,7 @@ def test_a_repeated_level_gives_its_mean_and_confidence_interval_over_its_steps(
     """--sweep 2x3,4: the level 2 runs three times (its steps are repeats), with the prefix cache emptied before
     each; the sweep gives each repeated level's mean ± half its 95 % interval over those steps, computed from the
     steps' own numbers."""
-    from vllm_load.metrics.repeats import spread
+    from vllm_load.metrics.judge.repeats import spread
 
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.004")
     run_dir = tmp_path / "run"

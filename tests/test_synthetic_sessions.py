@@ -11,7 +11,7 @@ import pytest
 from tests.helpers import ROOT, run_in_process
 from vllm_load.errors import UsageError
 from vllm_load.rundir.reqlog import read_log
-from vllm_load.workload.sessions import Fork, Turn, read_sessions
+from vllm_load.workload.inputs.sessions import Fork, Turn, read_sessions
 
 SPEC = "synthetic:sessions=6,turns=3-5,system=64,first=100-300,growth=20-80,output=8-24,think=0-0.05,subagents=0.5," \
        "subagent_turns=2,block=16,seed=7"

@@ -8,7 +8,7 @@ from tests.helpers import ROOT, run_in_process
 from tests.make_trace import make_trace
 from tests.test_e2e import load_run
 from vllm_load.errors import UsageError
-from vllm_load.workload.trace import read_trace, share
+from vllm_load.workload.inputs.trace import read_trace, share
 
 BLOCK = 16  # the emulator's prefix-cache block
 TRACE_BLOCK = 512  # Mooncake's

@@ -13,7 +13,7 @@ from email.policy import HTTP
 import pytest
 
 from tests.helpers import ROOT, counter, run_in_process
-from vllm_load.client.audio import audio_tokens, count_input, decoder_prompt, transcription_request
+from vllm_load.client.apis.audio import audio_tokens, count_input, decoder_prompt, transcription_request
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.workload.media import MediaMaker, wav_seconds
 

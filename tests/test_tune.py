@@ -243,7 +243,7 @@ def test_tune_against_a_running_server_with_probes_that_end_by_count(tmp_path, e
 def test_tune_repeats_each_probe_and_gives_its_spread(tmp_path, emulator_factory):
     """--repeat 3: each level probed three times in run directories of their own; its numbers are the repeats'
     means, with the Student-t interval computed from the repeats' own summaries; the tables show mean ± half."""
-    from vllm_load.metrics.repeats import spread
+    from vllm_load.metrics.judge.repeats import spread
     from vllm_load.tune.probe import read_probe
 
     emu = emulator_factory("--ttft", "0.02", "--itl", "0.002")

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import ROOT, run_in_process
 from vllm_load.plugin.lifecycle.log_repeats import RepeatFilter
 from vllm_load.report.results import validity_checks
-from vllm_load.metrics.slo import parse_slo
+from vllm_load.metrics.judge.slo import parse_slo
 
 CHAT = str(ROOT / "locustfiles/chat.py")
 
@@ -263,7 +263,7 @@ def test_a_client_at_its_own_cpu_limit_is_told_to_add_workers(tmp_path, emulator
 
 
 def test_batch_1_and_batch_8_send_the_same_instruction_and_report_records_per_second(tmp_path, emulator_factory):
-    from vllm_load.workload.datasets import BATCH_INSTRUCTION
+    from vllm_load.workload.inputs.datasets import BATCH_INSTRUCTION
 
     received = tmp_path / "received.jsonl"
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.002", "--request-log", str(received))
@@ -295,11 +295,11 @@ def test_batch_1_and_batch_8_send_the_same_instruction_and_report_records_per_se
 def test_a_task_raising_in_a_loop_is_named_as_the_cause_not_a_lack_of_workers():
     """The evidence (a client at its CPU limit) is the same as a real lack of workers; the exceptions, outnumbering
     the requests, name the task and its error instead."""
-    from vllm_load.metrics.client_health import ClientHealth, looping_errors
+    from vllm_load.metrics.judge.client_health import ClientHealth, looping_errors
 
     tb = ('  File "/usr/lib/python3/site-packages/locust/user/task.py", line 340, in execute_task\n    task(self)\n'
           '  File "/home/me/lf.py", line 9, in ask\n    self.llm.chat("hello there")\n'
-          '  File "/work/main/vllm_load/plugin/llm.py", line 126, in chat\n    check_messages(messages)\n')
+          '  File "/work/main/vllm_load/plugin/requests/llm.py", line 126, in chat\n    check_messages(messages)\n')
     errors = [(12339, "self.llm.chat(messages): messages must be a non-empty list", tb), (3, "other", "")]
     assert looping_errors(errors, requests=0) == (12342, "'self.llm.chat(messages): messages must be a non-empty "
                                                          "list' in ask (lf.py:9), 12339 times")
@@ -351,7 +351,7 @@ def test_an_invalid_and_untrustworthy_run_states_one_exit_code_everywhere(tmp_pa
     """The console, summary.md and the report say the exit code the process ends with (they said 5, it exited 4)."""
     from vllm_load.metrics.stats import LLMStats
     from vllm_load.metrics.summary_parts import ClientVerdict
-    from vllm_load.metrics.verdict import judge
+    from vllm_load.metrics.judge.verdict import judge
     from vllm_load.report.results import render_validity, summary_markdown
 
     late = {"saturated": True, "reasons": ["local: event loop lagged 300 ms"], "cause": "client", "advice": "x"}
@@ -367,9 +367,9 @@ def test_an_invalid_and_untrustworthy_run_states_one_exit_code_everywhere(tmp_pa
 def test_summary_md_shows_a_servers_words_as_text_not_as_html_or_table_cells():
     """A server's error text went into summary.md raw: a ``<script>`` in it was HTML to any Markdown viewer, a ``|``
     split the SLO table's row, and backticks could close the table's fence."""
-    from vllm_load.metrics.slo import parse_slo_option
+    from vllm_load.metrics.judge.slo import parse_slo_option
     from vllm_load.metrics.stats import LLMStats
-    from vllm_load.metrics.verdict import judge
+    from vllm_load.metrics.judge.verdict import judge
     from vllm_load.report.results import summary_markdown
 
     summary = LLMStats().summary(duration=1.0).to_json()

@@ -86,7 +86,7 @@ class Feature:
         hook = self.hook("at_end")
         return hook(end) if hook is not None else None
 
-    #: the SLO metrics it measures (name -> unit, as ``metrics/slo.RUN_METRICS``): ``integrity>=99.9%``
+    #: the SLO metrics it measures (name -> unit, as ``metrics/judge/slo.RUN_METRICS``): ``integrity>=99.9%``
     slo_metrics: Mapping[str, str] = {}
 
     def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any]) -> dict[str, Any] | None:

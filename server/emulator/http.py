@@ -10,7 +10,7 @@ import orjson
 from gevent.pywsgi import WSGIHandler, WSGIServer
 
 from vllm_load.client import rxstamp
-from vllm_load.client.openai_api import is_credential_header
+from vllm_load.client.apis.openai_api import is_credential_header
 
 Start = Callable[[str, list], Any]
 

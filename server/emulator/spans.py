@@ -12,7 +12,7 @@ import gevent
 from geventhttpclient import HTTPClient, URL
 
 from vllm_load.client.trace_context import HEADER, trace_id
-from vllm_load.metrics.spans import export_request
+from vllm_load.metrics.fleet.spans import export_request
 
 #: seconds between exports (vLLM's batch exporter: 5 s; shorter here, so that a test's run ends sooner)
 INTERVAL = 0.5

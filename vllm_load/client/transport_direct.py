@@ -12,7 +12,7 @@ from vllm_load.client.direct import ConnectFailed, Connections
 from vllm_load.client.exchange import Clock, Decoder, Exchange, Report, fault, raise_for, retry_after
 from vllm_load.client.reader_choice import BodyState, note_read
 from vllm_load.client.native import LineSink
-from vllm_load.client.openai_api import error_message
+from vllm_load.client.apis.openai_api import error_message
 
 
 class DirectTransport:

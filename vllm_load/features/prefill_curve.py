@@ -1,6 +1,6 @@
 """The prefill curve: TTFT by the prompt's input length, in 8 equal-count bins of a run whose prompts vary
 (``--input-tokens 128-8192``), and its least-squares line (what a prompt costs before its first token, per 1k input
-tokens, and the fixed part). Made from the request logs at the run's end (``metrics/curves.prefill_from_logs``, this
+tokens, and the fixed part). Made from the request logs at the run's end (``metrics/shape/curves.prefill_from_logs``, this
 feature's mechanism: ``at_logs``); said on the console and in the report, and drawn among the distributions.
 
 A line that falls (a negative slope) is no prefill cost: it is said as what it is (TTFT did not rise with the
@@ -13,7 +13,7 @@ from typing import Any
 
 from vllm_load.feature_spec import Feature
 
-#: the bins of the curve (metrics/curves.BINS)
+#: the bins of the curve (metrics/shape/curves.BINS)
 BINS = 8
 
 
@@ -34,8 +34,8 @@ def _rounded(values: list[float]) -> list[float]:
 class PrefillCurve(Feature):
     name = "prefill_curve"
     tone = "note"
-    parts = ("metrics/curves.py",)
-    at_logs = "vllm_load.metrics.curves:prefill_from_logs"
+    parts = ("metrics/shape/curves.py",)
+    at_logs = "vllm_load.metrics.shape.curves:prefill_from_logs"
 
     def lines(self, part: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:
         return [describe(part)]

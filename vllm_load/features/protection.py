@@ -1,6 +1,6 @@
 """A protected class (``--protect interactive``): what the other classes cost it. Its TTFT and inter-token gaps
 alone (its requests that ended before any other class's first) against beside the others (those that began after),
-from the request logs at the run's end (``metrics/protection.py``, this feature's mechanism: ``at_logs``), said on
+from the request logs at the run's end (``metrics/judge/protection.py``, this feature's mechanism: ``at_logs``), said on
 the console, in summary.md and the report, and gated: ``--slo 'ttft_penalty<=50%'``, ``itl_penalty``.
 
 Why a module: it was written into seven hubs (options, slo, console, html, its template, the summary's fields, the
@@ -41,8 +41,8 @@ class Protection(Feature):
                "and ITL p99 alone (before any other request began) against beside the others, as ttft_penalty and "
                "itl_penalty (SLOs: 'ttft_penalty<=50%')"),
     )
-    parts = ("metrics/protection.py", "locustfiles/mixed.py")
-    at_logs = "vllm_load.metrics.protection:from_logs"
+    parts = ("metrics/judge/protection.py", "locustfiles/mixed.py")
+    at_logs = "vllm_load.metrics.judge.protection:from_logs"
     slo_metrics = {m: "%" for m in METRICS}
 
     def slo_value(self, part: Mapping[str, Any], metric: str, name: str | None) -> tuple[float | None, str]:

@@ -15,7 +15,7 @@ from typing import Any
 from vllm_load.errors import EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OUTPUT, EXIT_UNTRUSTWORTHY
 from vllm_load.features.history import parse_baseline, said
 from vllm_load.history.store import Store, describe
-from vllm_load.metrics.slo import SLO, parse_slo, value_of
+from vllm_load.metrics.judge.slo import SLO, parse_slo, value_of
 
 #: a run with one of these exit codes measured nothing a baseline can stand on
 NOT_COMPARABLE = frozenset({EXIT_INVALID, EXIT_UNTRUSTWORTHY, EXIT_OUTPUT, EXIT_INTERRUPTED})

@@ -19,7 +19,7 @@ from vllm_load.features.history import is_postgres
 from vllm_load.history.baseline import headline, reference, select
 from vllm_load.history.record import fingerprint, load_of, of_run_dir
 from vllm_load.history.store import DEFAULT_FILE, Store, describe
-from vllm_load.metrics.slo import parse_slo_option
+from vllm_load.metrics.judge.slo import parse_slo_option
 from vllm_load.rundir.files import RunDir
 
 

@@ -22,7 +22,7 @@ from vllm_load.metric_table import WINDOWED
 from vllm_load.features.history import parse_labels
 from vllm_load.history.store import RunRecord
 from vllm_load.metrics.summary import RunSummary, metric_stats
-from vllm_load.metrics.verdict import Verdict
+from vllm_load.metrics.judge.verdict import Verdict
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.rundir.files import RunDir
 

@@ -34,7 +34,7 @@ import gevent.event
 from locust import task
 
 from vllm_load import LLMUser
-from vllm_load.workload.sessions import Fork, Session, Turn, read_sessions
+from vllm_load.workload.inputs.sessions import Fork, Session, Turn, read_sessions
 
 
 class _Share:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from vllm_load.metrics import outages
-from vllm_load.metrics.delivered import Sends
+from vllm_load.metrics.fleet import outages
+from vllm_load.metrics.shape.delivered import Sends
 from vllm_load.metrics.error_kinds import MAX_KINDS, OTHER, error_kind
 from vllm_load.metrics.histogram import PERCENTILES, Histogram
 from vllm_load.metrics import fold as folding

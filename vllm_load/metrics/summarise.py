@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_load.metrics import outages
+from vllm_load.metrics.fleet import outages
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.summary import RunSummary, name_order
-from vllm_load.metrics.repeats import wilson
+from vllm_load.metrics.judge.repeats import wilson
 from vllm_load.metric_table import INPUT_TOKENS, ITL, OUTPUT_TOKENS, REASONING_TOKENS
 
 

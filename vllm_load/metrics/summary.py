@@ -89,8 +89,8 @@ class RunSummary(Mapping[str, Any]):
     warmup_excluded: int = ABSENT  # requests started during --warmup, left out of every number here
     removed_excluded: int = ABSENT  # requests cut when the load shape removed their user mid-run, likewise
     abandoned_excluded: int = ABSENT  # --cancel: requests the client gave up on mid-answer, likewise
-    timing: Timing | None = ABSENT  # metrics/breakdown.py: where each request's time went (the server's parts)
-    routing: Routing | None = ABSENT  # metrics/routing.py: replicas, sessions' stickiness, prefix-cache hits kept
+    timing: Timing | None = ABSENT  # metrics/shape/breakdown.py: where each request's time went (the server's parts)
+    routing: Routing | None = ABSENT  # metrics/fleet/routing.py: replicas, sessions' stickiness, prefix-cache hits kept
     one_token_chunks: int = ABSENT  # streams whose chunks were each taken for one token (no continuous usage)
     backoffs: int = ABSENT  # closed loop: waits before a next request after a server error (and their total, seconds)
     backoff_s: float = ABSENT
@@ -106,15 +106,15 @@ class RunSummary(Mapping[str, Any]):
     shared_stamps: int = ABSENT  # chunk gaps of 0: two chunks of a stream under one receive stamp
     late_merged_gaps: int = ABSENT  # of those, made by the native reader's late reads (the rest landed together)
     workers_lost_at: dict[str, float | None] = ABSENT  # a lost worker -> seconds into the run of its last report (None: none)
-    energy: Energy | None = ABSENT  # metrics/energy.energy_summary over the run's window (--dcgm-url)
+    energy: Energy | None = ABSENT  # metrics/fleet/energy.energy_summary over the run's window (--dcgm-url)
     energy_missing: str = ABSENT  # why a run with --dcgm-url has no energy block
-    saturation: Saturation | None = ABSENT  # metrics/saturation.Finding.to_json(): when the server stopped keeping up
+    saturation: Saturation | None = ABSENT  # metrics/fleet/saturation.Finding.to_json(): when the server stopped keeping up
     processes: int = ABSENT  # a swarm: its load processes at the start, and how many got ready (sent READY to the master)
     processes_ready: int = ABSENT
     workers_missing: dict[str, float] = ABSENT  # a worker Locust marked missing (no heartbeat ~3 s) -> seconds into the run
     client: ClientVerdict = ABSENT  # ClientHealth.verdict()
     target_request_rate: float = ABSENT
-    #: the load delivered against the asked (``metrics/delivered.py``): an open loop's rate and inter-arrival CV, a
+    #: the load delivered against the asked (``metrics/shape/delivered.py``): an open loop's rate and inter-arrival CV, a
     #: closed loop's requests in flight; each with ``as_asked`` and its one-line ``detail``
     delivered: dict = ABSENT
     #: the fault plan's actions (start and end on the wall clock, outcome) and what each did to the requests

@@ -109,7 +109,7 @@ class GroupTails(Part):
 
 
 class SpansJoined(Part):
-    """--otlp-receiver: how the server's spans joined the run's requests (``metrics/spans.py``)."""
+    """--otlp-receiver: how the server's spans joined the run's requests (``metrics/fleet/spans.py``)."""
 
     spans = Key[int](0)
     joined = Key[int](0)
@@ -118,7 +118,7 @@ class SpansJoined(Part):
 
 
 class Timing(GroupTails):
-    """Where each request's time went (``metrics/breakdown.py``): each server part's statistics, the tails' mean
+    """Where each request's time went (``metrics/shape/breakdown.py``): each server part's statistics, the tails' mean
     splits, the p99 tails per replica and per name where there are several, and how the spans joined."""
 
     NESTED = {**GroupTails.NESTED, "parts": ("map", MetricSummary), "by_replica": ("map", GroupTails),
@@ -161,7 +161,7 @@ class ReplicaRow(Part):
 
 
 class Routing(Part):
-    """The verdict on the router (``metrics/routing.py``): replicas' shares, sessions kept on one replica, and the
+    """The verdict on the router (``metrics/fleet/routing.py``): replicas' shares, sessions kept on one replica, and the
     prefix-cache hits kept of those a replica holding the session's turns could have had."""
 
     NESTED = {"replicas": ("map", ReplicaRow)}
@@ -180,7 +180,7 @@ class Routing(Part):
 
 
 class Saturation(Part):
-    """When the server stopped keeping up (``metrics/saturation.Finding``)."""
+    """When the server stopped keeping up (``metrics/fleet/saturation.Finding``)."""
 
     detected = Key[bool](False)
     text = Key[str]("")
@@ -197,7 +197,7 @@ class Saturation(Part):
 
 
 class Energy(Part):
-    """GPU energy over the run's window (``metrics/energy.energy_summary``, --dcgm-url)."""
+    """GPU energy over the run's window (``metrics/fleet/energy.energy_summary``, --dcgm-url)."""
 
     gpus = Key[int](0)
     source = Key[str]("")

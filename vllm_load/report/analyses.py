@@ -16,15 +16,15 @@ import json
 from pathlib import Path
 
 from vllm_load.features import FEATURES
-from vllm_load.metrics.breakdown import BEFORE_SERVER, TAILS, breakdown
-from vllm_load.metrics.disruption import disruption, limits_of
-from vllm_load.metrics.routing import Replicas, routing
-from vllm_load.metrics.server import server_summary
-from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.metrics.spans import join
+from vllm_load.metrics.shape.breakdown import BEFORE_SERVER, TAILS, breakdown
+from vllm_load.metrics.fleet.disruption import disruption, limits_of
+from vllm_load.metrics.fleet.routing import Replicas, routing
+from vllm_load.metrics.fleet.server import server_summary
+from vllm_load.metrics.judge.slo import parse_slo_option
+from vllm_load.metrics.fleet.spans import join
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.summary_parts import Timing
-from vllm_load.metrics.verdict import UNTRUSTWORTHY, judge_emulator, trust_check
+from vllm_load.metrics.judge.verdict import UNTRUSTWORTHY, judge_emulator, trust_check
 from vllm_load.workload.scenarios import untrusted
 from vllm_load.metric_table import (
     CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.features import FEATURES
-from vllm_load.metrics.repeats import welch
-from vllm_load.metrics.verdict import UNTRUSTWORTHY, word
+from vllm_load.metrics.judge.repeats import welch
+from vllm_load.metrics.judge.verdict import UNTRUSTWORTHY, word
 from vllm_load.metric_table import E2E, ITL, ITL_TOKEN, METRICS, TTFO, TTFT
 from vllm_load.report.console import fmt_number
 from vllm_load.rundir.files import Run, load_run

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from vllm_load.metrics.breakdown import tail_lines
-from vllm_load.metrics.delivered import segment_lines
-from vllm_load.metrics.disruption import describe as disruption_lines
-from vllm_load.metrics.repeats import interval_text
-from vllm_load.metrics.reuse import describe as reuse_line
-from vllm_load.metrics.routing import routing_line
+from vllm_load.metrics.shape.breakdown import tail_lines
+from vllm_load.metrics.shape.delivered import segment_lines
+from vllm_load.metrics.fleet.disruption import describe as disruption_lines
+from vllm_load.metrics.judge.repeats import interval_text
+from vllm_load.metrics.shape.reuse import describe as reuse_line
+from vllm_load.metrics.fleet.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
-from vllm_load.metrics.client_health import silent_workers, who_fell_behind
+from vllm_load.metrics.judge.client_health import silent_workers, who_fell_behind
 from vllm_load.metric_table import BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, SEND_LAG, TTFT
 from vllm_load.metrics.summary import RunSummary, metric_stats
 from vllm_load.metrics.summary_parts import ClientVerdict

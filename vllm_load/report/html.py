@@ -17,29 +17,29 @@ import yaml
 
 from vllm_load.version import __version__
 from vllm_load.report import charts
-from vllm_load.metrics.breakdown import (API_SERVER, BEFORE_SERVER, CLIENT_SIDE, LABELS, OUTSIDE, spans_line)
-from vllm_load.metrics.client_health import who_fell_behind
-from vllm_load.metrics.disruption import describe as disruption_lines
+from vllm_load.metrics.shape.breakdown import (API_SERVER, BEFORE_SERVER, CLIENT_SIDE, LABELS, OUTSIDE, spans_line)
+from vllm_load.metrics.judge.client_health import who_fell_behind
+from vllm_load.metrics.fleet.disruption import describe as disruption_lines
 from vllm_load.workload.scenarios import describe as scenario_line
 from vllm_load.report.llmd_report import llmd_report
 from vllm_load.report.mlperf_result import mlperf_result
-from vllm_load.metrics.reuse import describe as reuse_line
-from vllm_load.metrics.routing import routing_line
+from vllm_load.metrics.shape.reuse import describe as reuse_line
+from vllm_load.metrics.fleet.routing import routing_line
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.summary_parts import ClientVerdict, Routing, Timing
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head,
                                       name_rows, server_cells, spec_line, steady_line, table_rows)
 from vllm_load.report.page import render
-from vllm_load.metrics.verdict import Verdict, word
+from vllm_load.metrics.judge.verdict import Verdict, word
 from vllm_load.report.analyses import complete
 from vllm_load.report.results import finish
-from vllm_load.metrics.client_health import silent_workers
-from vllm_load.metrics.server import server_summary
+from vllm_load.metrics.judge.client_health import silent_workers
+from vllm_load.metrics.fleet.server import server_summary
 from vllm_load.rundir.files import Run, RunDir
 from vllm_load.report.csv_export import llm_stats_csv
 from vllm_load.report.vllm_result import run_logs, vllm_result
-from vllm_load.metrics.slo import parse_slo_option
-from vllm_load.metrics.verdict import feature_charts, feature_said
+from vllm_load.metrics.judge.slo import parse_slo_option
+from vllm_load.metrics.judge.verdict import feature_charts, feature_said
 from vllm_load.metric_table import (
     CLIENT_OVERHEAD, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
 
@@ -92,7 +92,7 @@ PART_COLOURS = {SERVER_QUEUE: "#d62728", SERVER_PREFILL: "#1f77b4", KV_TRANSFER:
 
 
 def timing_view(t: Timing | None, shown: list[str] | None = None) -> dict | None:
-    """Where each request's time went (``metrics/breakdown.py``): each part's statistics in ms, and each tail's mean
+    """Where each request's time went (``metrics/shape/breakdown.py``): each part's statistics in ms, and each tail's mean
     split as a stacked bar (the segments' widths are shares of the tail's value)."""
     if not t:
         return None
@@ -118,7 +118,7 @@ def timing_view(t: Timing | None, shown: list[str] | None = None) -> dict | None
 
 
 def routing_view(r: Routing | None) -> dict | None:
-    """The routing verdict (``metrics/routing.py``): its line and a row per replica."""
+    """The routing verdict (``metrics/fleet/routing.py``): its line and a row per replica."""
     if not r:
         return None
     rows = [(name, row.requests, row.failed, row.input_tokens,

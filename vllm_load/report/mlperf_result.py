@@ -10,7 +10,7 @@ Fields follow ``inference_endpoint/metrics/report.py``'s ``Report`` (mlcommons/e
 The statistics are the exact histograms'; a histogram's buckets come from the request logs (ten equal widths).
 Beside them, the two numbers an Endpoints Pareto point plots: ``tps_per_user`` (1000 / TPOT p90 in ms) and
 ``system_tps``, over the detected TPOT plateau (``steady_state``: its window, or why there is none; then over the
-whole run: ``metrics/plateau.py``). It is a qualification run's point, not a submission: the benchmark's own client, dataset and rules
+whole run: ``metrics/shape/plateau.py``). It is a qualification run's point, not a submission: the benchmark's own client, dataset and rules
 make one.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 from vllm_load.version import __version__
 from vllm_load.metric_table import E2E, INPUT_TOKENS, OUTPUT_TOKENS, TPOT, TTFT
-from vllm_load.metrics.plateau import steady_point
+from vllm_load.metrics.shape.plateau import steady_point
 from vllm_load.metrics.summary import RunSummary, metric_stats
 
 #: our percentile keys -> theirs

@@ -1,5 +1,5 @@
 """The run's LLM metrics over OpenTelemetry (OTLP/HTTP, protobuf) at its end: the same names, buckets and labels as
-the Prometheus export (``metrics/prometheus.py``: vLLM's bucket bounds under the ``vllm_load:`` prefix), built
+the Prometheus export (``metrics/fleet/prometheus.py``: vLLM's bucket bounds under the ``vllm_load:`` prefix), built
 from the merged exact histograms, so that a collector (and whatever it feeds) gets the numbers the summary has.
 
 ``--otlp-endpoint http://collector:4318`` posts one ExportMetricsServiceRequest to ``/v1/metrics``; headers (an
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from vllm_load.errors import UsageError
-from vllm_load.metrics.prometheus import EXPORTED, _cumulative
+from vllm_load.metrics.fleet.prometheus import EXPORTED, _cumulative
 
 
 def _proto() -> Any:

@@ -1,4 +1,4 @@
-"""The end of a run: its verdict (``metrics/verdict.judge``) written as summary.json/.md and JUnit XML, and said."""
+"""The end of a run: its verdict (``metrics/judge/verdict.judge``) written as summary.json/.md and JUnit XML, and said."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import html
 import re
 from pathlib import Path
 
-from vllm_load.metrics.slo import SLO, Check
-from vllm_load.metrics.verdict import (  # noqa: F401  (the verdict's parts, where callers found them first)
+from vllm_load.metrics.judge.slo import SLO, Check
+from vllm_load.metrics.judge.verdict import (  # noqa: F401  (the verdict's parts, where callers found them first)
     DRIFT_LIMIT, TRUST, Verdict, exit_code, feature_keys, feature_lines, judge, judge_emulator,
     render_checks, trust_check, validity_checks, word)
 from vllm_load.report.console import render_table
@@ -80,10 +80,10 @@ __all__ = ["finish", "exit_code", "junit_xml", "render_checks", "render_validity
 
 
 def junit_xml(checks: list[Check], suite: str = "vllm-load SLOs", validity: list[Check] | None = None) -> str:
-    """One test case per SLO (class vllm_load.metrics.slo) and per validity check (class vllm_load.run)."""
+    """One test case per SLO (class vllm_load.metrics.judge.slo) and per validity check (class vllm_load.run)."""
     from xml.sax.saxutils import quoteattr
 
-    cases = [("vllm_load.run", c) for c in validity or []] + [("vllm_load.metrics.slo", c) for c in checks]
+    cases = [("vllm_load.run", c) for c in validity or []] + [("vllm_load.metrics.judge.slo", c) for c in checks]
     failures = sum(not c.passed for _, c in cases)
     out = ['<?xml version="1.0" encoding="UTF-8"?>',
            f"<testsuite name={quoteattr(suite)} tests=\"{len(cases)}\" failures=\"{failures}\" errors=\"0\">"]

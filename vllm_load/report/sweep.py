@@ -6,15 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vllm_load.metrics.knee import knee
-from vllm_load.metrics.recipes import parse_recipe
-from vllm_load.metrics.slo import parse_slo_option  # noqa: E402
-from vllm_load.metrics.verdict import judge, word  # noqa: E402
-from vllm_load.metrics.repeats import spread, spread_text
-from vllm_load.metrics.server import server_summary  # noqa: E402
+from vllm_load.metrics.shape.knee import knee
+from vllm_load.metrics.judge.recipes import parse_recipe
+from vllm_load.metrics.judge.slo import parse_slo_option  # noqa: E402
+from vllm_load.metrics.judge.verdict import judge, word  # noqa: E402
+from vllm_load.metrics.judge.repeats import spread, spread_text
+from vllm_load.metrics.fleet.server import server_summary  # noqa: E402
 from vllm_load.report import charts  # noqa: E402
 from vllm_load.report.mlperf_result import pareto_point  # noqa: E402
-from vllm_load.metrics.curves import decode_curve, describe_decode  # noqa: E402
+from vllm_load.metrics.shape.curves import decode_curve, describe_decode  # noqa: E402
 from vllm_load.report.page import render  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
 from vllm_load.metric_table import E2E, ITL, TTFT
@@ -123,7 +123,7 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
 
 
 def knee_line(runs: list[Run], level: str) -> str:
-    """Where more load stopped buying throughput (metrics/knee.py), '' when the curve has no knee."""
+    """Where more load stopped buying throughput (metrics/shape/knee.py), '' when the curve has no knee."""
     levels = [float(r.concurrency or 0) for r in runs]
     at = knee(levels, [r.summary.output_token_rate for r in runs])
     if at is None:
@@ -135,7 +135,7 @@ def knee_line(runs: list[Run], level: str) -> str:
 
 
 def decode_line(runs: list[Run], level: str) -> str:
-    """ITL p50 against concurrency and its line (metrics/curves.py), '' for a rate sweep or under 3 levels."""
+    """ITL p50 against concurrency and its line (metrics/shape/curves.py), '' for a rate sweep or under 3 levels."""
     if level != "concurrency":
         return ""
     c = decode_curve([float(r.concurrency or 0) for r in runs], [metric_stats(r.summary, ITL).at("p50") for r in runs])

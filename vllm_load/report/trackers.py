@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vllm_load.client.openai_api import public_url
+from vllm_load.client.apis.openai_api import public_url
 from vllm_load.errors import UsageError
 from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
 from vllm_load.metrics.summary import RunSummary

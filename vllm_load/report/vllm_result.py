@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from vllm_load.metric_table import E2E, INPUT_TOKENS, ITL, OUTPUT_TOKENS, SEND_LAG, TPOT, TTFT
-from vllm_load.metrics.server import server_summary
+from vllm_load.metrics.fleet.server import server_summary
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.metrics.summary import RunSummary, metric_stats
 

@@ -15,7 +15,7 @@ from vllm_load.errors import UsageError
 from vllm_load.redact import redact_urls
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary, json_default
-from vllm_load.metrics.verdict import Verdict
+from vllm_load.metrics.judge.verdict import Verdict
 
 #: written into config.json; a reader of a newer format says so instead of misreading it
 FORMAT_VERSION = 1

@@ -54,7 +54,7 @@ class RunPlan:
     #: the run has a steady window (one load level: no sweep, ramp, trace or shape; ``plugin/load/steady.py``)
     steady: bool = False
     #: the open loop's one rate (req/s) when it has one level (``steady``): what the delivered load is judged
-    #: against (``metrics/delivered.py``); 0: a closed loop, or a rate that changes
+    #: against (``metrics/shape/delivered.py``); 0: a closed loop, or a rate that changes
     constant_rate: float = 0.0
     #: --rate-schedule's points, wire form ([at, rate, between, burstiness] each; ``workload/rate_schedule.py``):
     #: the open loop's rate over the run's time; (): none
@@ -97,7 +97,7 @@ class RunPlan:
     def computed_percentiles(self) -> tuple[float, ...]:
         """What the summary computes from the exact histograms: the standard five (compare and the web UI read
         them), the shown ones, and each SLO's (ttft.p75<=1s needs p75)."""
-        from vllm_load.metrics.slo import parse_slo
+        from vllm_load.metrics.judge.slo import parse_slo
 
         wanted = {p for text in self.slos for p in [parse_slo(text).stat] if p.startswith("p")}
         return tuple(sorted({*PERCENTILES, *self.percentiles, *(float(p[1:]) for p in wanted)}))

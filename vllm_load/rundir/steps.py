@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_load.workload.datasets import records_per_request
+from vllm_load.workload.inputs.datasets import records_per_request
 from vllm_load.metrics.histogram import PERCENTILES
 from vllm_load.rundir.files import RunDir, load_series
 from vllm_load.rundir.plan import RunPlan

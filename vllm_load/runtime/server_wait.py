@@ -13,7 +13,7 @@ import urllib.request
 from typing import Callable
 
 from vllm_load.errors import UsageError
-from vllm_load.client.openai_api import auth_header
+from vllm_load.client.apis.openai_api import auth_header
 
 #: seconds between progress lines while waiting
 PROGRESS_EVERY = 10.0

@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vllm_load.metrics.repeats import spread
-from vllm_load.metrics.verdict import Verdict
+from vllm_load.metrics.judge.repeats import spread
+from vllm_load.metrics.judge.verdict import Verdict
 from vllm_load.rundir.reqlog import read_log
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError
 from vllm_load.tune.children import spawning, stop_group
@@ -47,7 +47,7 @@ class Probe:
     short: str = ""  # the probe was too short for its requests (their E2E p99 against its measured window)
     #: an earlier try of this probe missed while its client could not be trusted, so it was run once more: why
     reprobed: str = ""
-    #: --repeat N: each repeat's own probe, and the spread of the main numbers over them (metrics/repeats.spread)
+    #: --repeat N: each repeat's own probe, and the spread of the main numbers over them (metrics/judge/repeats.spread)
     repeats: list[dict] = field(default_factory=list)
     spread: dict = field(default_factory=dict)
 

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_load.metrics.repeats import spread_text
+from vllm_load.metrics.judge.repeats import spread_text
 
 HEAD = ["config", "level", "SLOs", "req/s", "tok/s", "TTFT mean", "TTFT p99", "ITL mean", "ITL p99", "E2E mean",
         "E2E p99", "KV max", "preempt", "waiting max", "prefix hit"]

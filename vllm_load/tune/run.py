@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SLO_MISS, UsageError
-from vllm_load.metrics.recipes import parse_recipe, with_recipe
-from vllm_load.metrics.slo import parse_slo_option
+from vllm_load.metrics.judge.recipes import parse_recipe, with_recipe
+from vllm_load.metrics.judge.slo import parse_slo_option
 from vllm_load.workload.lengths import parse_duration
 from vllm_load.tune.probe import Probe, combine, run_probe
 from vllm_load.tune.report import label, rate_text, trust_note, why_lost, write

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from vllm_load.errors import UsageError
-from vllm_load.workload.input_files import loads, read_text
+from vllm_load.workload.inputs.input_files import loads, read_text
 from vllm_load.workload.structured import check_patterns, json_valid
 
 KINDS = ("gsm8k", "mmlu", "json")

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_load.errors import UsageError
-from vllm_load.workload.input_files import read_text
+from vllm_load.workload.inputs.input_files import read_text
 from vllm_load.workload.lengths import parse_duration
 
 BETWEEN = ("step", "linear")

@@ -168,7 +168,7 @@ def stamp(name: str, overrides: tuple[str, ...], requests: int, failed: int, abo
         else:
             kept.append(f"{seconds:.0f} s, at least {scenario.min_run_s:g} s")
     if scenario.pinned_corpus and corpus:
-        from vllm_load.workload.public_sets import is_published
+        from vllm_load.workload.inputs.public_sets import is_published
 
         if is_published(corpus):
             kept.append(f"the published corpus {corpus}")

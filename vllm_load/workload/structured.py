@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_load.errors import UsageError
-from vllm_load.workload.input_files import loads, read_text
+from vllm_load.workload.inputs.input_files import loads, read_text
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ import gevent.event
 
 from vllm_load.feature_spec import RunEnd
 from vllm_load.features import FEATURES
-from vllm_load.metrics.client_health import ClientHealth
-from vllm_load.metrics.client_monitor import ClientMonitor
-from vllm_load.metrics.delivered import by_segment, delivered, in_flight, in_flight_finding, schedule_finding
+from vllm_load.metrics.judge.client_health import ClientHealth
+from vllm_load.metrics.judge.client_monitor import ClientMonitor
+from vllm_load.metrics.shape.delivered import by_segment, delivered, in_flight, in_flight_finding, schedule_finding
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
-from vllm_load.metrics.router_counters import per_action
+from vllm_load.metrics.fleet.router_counters import per_action
 from vllm_load.runtime.embedded import emulator_mode
 from vllm_load.plugin.prepare.plan import RunPlan
 from vllm_load.plugin.watch.fault_plan import not_begun
@@ -26,11 +26,11 @@ from vllm_load.plugin.swarm.run_clock import MasterClock
 from vllm_load.plugin.lifecycle.run_timer import run_seconds
 from vllm_load.plugin.lifecycle.sweep import Sweep
 from vllm_load.plugin.prepare.target import Target, public_options
-from vllm_load.metrics.energy import energy_summary
+from vllm_load.metrics.fleet.energy import energy_summary
 from vllm_load.workload.scenarios import Point, overflows, stamp
 from vllm_load.rundir.files import FORMAT_VERSION
 from vllm_load.metric_table import E2E, TTFT
-from vllm_load.workload.datasets import records_per_request
+from vllm_load.workload.inputs.datasets import records_per_request
 
 
 @dataclass
@@ -55,7 +55,7 @@ class Collector:
     swarm: bool = False  # a master's (its load processes are workers, each READY before the epoch)
     dcgm: Any = None  # plugin/sources/dcgm_source.DcgmPoller (--dcgm-url): GPU telemetry through the run
     profiler: Any = None  # plugin/sources/server_control.Profiler (--profile-at): the server's profiler windows
-    saturation: Any = None  # metrics/saturation.Finding: when the server stopped keeping up (None: it kept up)
+    saturation: Any = None  # metrics/fleet/saturation.Finding: when the server stopped keeping up (None: it kept up)
     start_wall: float = field(default_factory=time.time)
     end_wall: float | None = None
     drained: bool = False  # the end-of-run drain has begun
@@ -206,7 +206,7 @@ class Collector:
         return out
 
     def _delivered(self) -> dict | None:
-        """The load delivered against the asked (``metrics/delivered.py``): an open loop's sends at its one rate or
+        """The load delivered against the asked (``metrics/shape/delivered.py``): an open loop's sends at its one rate or
         per segment of its rate schedule, a closed loop's requests in flight in its steady window against its users;
         None where neither applies."""
         if self.plan.rate_schedule:

@@ -13,9 +13,9 @@ from typing import Any
 
 import gevent
 
-from vllm_load.client.openai_api import tls_context, use_tls_context
+from vllm_load.client.apis.openai_api import tls_context, use_tls_context
 from vllm_load.errors import EXIT_BAD_INPUT, UsageError, die
-from vllm_load.metrics.recipes import judged_slos
+from vllm_load.metrics.judge.recipes import judged_slos
 from vllm_load.plugin.lifecycle import end_of_run, interrupt, run_timer
 from vllm_load.plugin.prepare import startup, validate
 from vllm_load.plugin.load import warmup_reset

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 import gevent
 import gevent.event
 
-from vllm_load.client.openai_api import auth_header, public_url
+from vllm_load.client.apis.openai_api import auth_header, public_url
 from vllm_load.redact import redact_urls
 from vllm_load.errors import EXIT_ERRORS, EXIT_OK, EXIT_OUTPUT, OutputError
 from vllm_load.features import FEATURES
-from vllm_load.metrics.verdict import feature_lines, judge, render_checks
+from vllm_load.metrics.judge.verdict import feature_lines, judge, render_checks
 from vllm_load.plugin.lifecycle import interrupt
 from vllm_load.plugin.lifecycle.collector import Collector
 from vllm_load.plugin.lifecycle.run import Run

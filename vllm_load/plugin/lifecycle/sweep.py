@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from vllm_load.errors import UsageError
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.metrics.summary import RunSummary
-from vllm_load.metrics.verdict import Verdict, judge
+from vllm_load.metrics.judge.verdict import Verdict, judge
 
 
 def parse_levels(text: str) -> list[float]:
     """Comma-separated levels; ``LEVELxN`` repeats one N times in a row (its steps are repeats of one load: the
-    sweep says their spread, metrics/repeats.py)."""
+    sweep says their spread, metrics/judge/repeats.py)."""
     levels: list[float] = []
     try:
         for part in (x.strip().lower() for x in str(text).split(",")):

@@ -14,8 +14,8 @@ import gevent.event
 from vllm_load.client.direct import Connections
 from vllm_load.client.record import RequestRecord
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OUTPUT, OutputError
-from vllm_load.metrics.client_monitor import ClientMonitor
-from vllm_load.metrics.slo import goodput_thresholds, parse_slo_option
+from vllm_load.metrics.judge.client_monitor import ClientMonitor
+from vllm_load.metrics.judge.slo import goodput_thresholds, parse_slo_option
 from vllm_load.metrics.stats import LLMStats
 from vllm_load.runtime import gc_control
 from vllm_load.plugin.load.drain import Drained
@@ -254,7 +254,7 @@ class Generator:
             self.reqlog.write(rec)
 
     def _count_send(self, rec: RequestRecord) -> None:
-        """Sent: the load delivered, whatever became of it (metrics/delivered.py): a constant rate's sends past its
+        """Sent: the load delivered, whatever became of it (metrics/shape/delivered.py): a constant rate's sends past its
         start-up (wall clock); a rate schedule's every send and its request's segment (seconds from the epoch)."""
         if self.plan.schedule is not None:
             epoch = self.start_wall + self.schedule_start() - self.start_perf  # the run's epoch on this wall clock

@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from typing import Callable
 
-from vllm_load.client.openai_api import auth_header, public_url
+from vllm_load.client.apis.openai_api import auth_header, public_url
 from vllm_load.errors import UsageError
 
 LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"

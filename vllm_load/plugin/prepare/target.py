@@ -9,11 +9,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_load.errors import UsageError
-from vllm_load.client.openai_api import auth_header, discover_model, is_credential_header, server_identity
+from vllm_load.client.apis.openai_api import auth_header, discover_model, is_credential_header, server_identity
 from vllm_load.client.stream import BodyDefaults
 from vllm_load.workload.lengths import parse_duration
 from vllm_load.plugin.swarm.worker_secrets import SECRET_OPTIONS
-from vllm_load.workload.datasets import read_records
+from vllm_load.workload.inputs.datasets import read_records
 from vllm_load.workload.lengths import LengthSpec, parse_length
 from vllm_load.workload.model_mix import parse_models
 from vllm_load.workload.prompts import PromptFactory, prompt_api
@@ -241,7 +241,7 @@ def resolve_targets(opts: Any, hosts: tuple[str, ...], is_emulator: bool, apis: 
 def _check_trace(opts: Any) -> list:
     if not opts.trace:
         return []
-    from vllm_load.workload.trace import read_trace
+    from vllm_load.workload.inputs.trace import read_trace
 
     if opts.dataset:
         raise UsageError("--trace and --dataset both say what to send: pick one")

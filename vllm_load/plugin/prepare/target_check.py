@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from vllm_load.client.pooling import POOLING
+from vllm_load.client.apis.pooling import POOLING
 from vllm_load.errors import UsageError, die
 from vllm_load.plugin.prepare import startup, validate
 from vllm_load.plugin.prepare.servers import Servers

@@ -11,7 +11,7 @@ import math
 from typing import Any
 from urllib.parse import urlsplit
 
-from vllm_load.client.openai_api import public_url
+from vllm_load.client.apis.openai_api import public_url
 from vllm_load.errors import UsageError
 from vllm_load.features import FEATURES
 from vllm_load.options import OPTIONS

@@ -18,10 +18,10 @@ import gevent
 from gevent import getcurrent
 
 from vllm_load.client.exchange import JsonBody, Transport
-from vllm_load.client.pooling import POOLING, pooling_request
+from vllm_load.client.apis.pooling import POOLING, pooling_request
 from vllm_load.client.reply import Reply
-from vllm_load.client.messages import MessagesState, messages_request
-from vllm_load.client.responses import ResponsesState, responses_request
+from vllm_load.client.apis.messages import MessagesState, messages_request
+from vllm_load.client.apis.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
 from vllm_load.client.trace_context import HEADER, new_traceparent
 from vllm_load.client.stream import Placement, ReadyRequest, StreamCancelled, build_request, stream_request

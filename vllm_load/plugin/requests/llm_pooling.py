@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_load.client.pooling import count_each, count_inputs, embeddings_request, rerank_request, score_request
+from vllm_load.client.apis.pooling import count_each, count_inputs, embeddings_request, rerank_request, score_request
 from vllm_load.client.reply import Reply
 
 

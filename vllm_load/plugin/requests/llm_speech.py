@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vllm_load.client.audio import count_input, transcription_request
+from vllm_load.client.apis.audio import count_input, transcription_request
 from vllm_load.client.reply import Reply
 from vllm_load.client.stream import ReadyRequest
 from vllm_load.workload.media import wav_seconds

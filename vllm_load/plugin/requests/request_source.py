@@ -12,15 +12,15 @@ from typing import Any, Callable
 
 import gevent
 
-from vllm_load.client.pooling import POOLING, embeddings_request, rerank_request
-from vllm_load.client.audio import TASKS
-from vllm_load.client.messages import messages_request
-from vllm_load.client.responses import responses_request
+from vllm_load.client.apis.pooling import POOLING, embeddings_request, rerank_request
+from vllm_load.client.apis.audio import TASKS
+from vllm_load.client.apis.messages import messages_request
+from vllm_load.client.apis.responses import responses_request
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, build_request, ready_request
 from vllm_load.plugin.requests.llm_speech import workload_request as speech_request
 from vllm_load.plugin.prepare.plan import RunPlan
 from vllm_load.plugin.prepare.target import DEFAULT_OUTPUT_TOKENS, body_defaults
-from vllm_load.workload.datasets import DatasetSource, answer_tokens_per_record, read_records
+from vllm_load.workload.inputs.datasets import DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.workload.history import HistoryCounter
 from vllm_load.workload.lengths import parse_length
 from vllm_load.workload.media import MediaMaker, WorkloadMedia
@@ -93,7 +93,7 @@ class RequestSource:
                 self.answer_tokens_per_record = o.dataset_answer_tokens or answer_tokens_per_record(
                     self.tokenizer, o.dataset_batch)
         if o.trace:
-            from vllm_load.workload.trace import read_trace, share
+            from vllm_load.workload.inputs.trace import read_trace, share
 
             self.trace = share(off_loop(read_trace, o.trace, o.trace_format), worker_index, plan.processes)
             if not self.trace:  # more processes than rows: nothing to send here

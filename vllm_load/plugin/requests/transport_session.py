@@ -22,7 +22,7 @@ from locust.exception import CatchResponseError
 from vllm_load.client import rxstamp
 from vllm_load.client.exchange import Clock, Decoder, Exchange, Report, Transport, fault, raise_for, retry_after
 from vllm_load.client.transport_direct import DirectTransport
-from vllm_load.client.openai_api import error_message
+from vllm_load.client.apis.openai_api import error_message
 from vllm_load.client.reader_choice import note_read
 from vllm_load.client.rxstamp import CLOCK, NATIVE, STAMPED
 from vllm_load.client.sse import StreamError

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from vllm_load.client.openai_api import auth_header
+from vllm_load.client.apis.openai_api import auth_header
 
 #: sample key -> PromQL over vLLM 0.32's names ({sel} is the selector); the sidecar's keys
 QUERIES = {

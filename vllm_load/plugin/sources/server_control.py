@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, NamedTuple
 
-from vllm_load.client.openai_api import auth_header, public_url
+from vllm_load.client.apis.openai_api import auth_header, public_url
 from vllm_load.errors import UsageError
 
 PATH = "/reset_prefix_cache"

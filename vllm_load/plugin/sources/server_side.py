@@ -12,8 +12,8 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable
 
-from vllm_load.client.openai_api import auth_header, public_url
-from vllm_load.metrics.server import server_summary
+from vllm_load.client.apis.openai_api import auth_header, public_url
+from vllm_load.metrics.fleet.server import server_summary
 
 
 def _get(url: str, token: str, timeout: float) -> bytes:

@@ -1,6 +1,6 @@
 """``--otlp-receiver HOST:PORT``: an OTLP/HTTP trace endpoint in the run (the master of a swarm) that vLLM's
 ``--otlp-traces-endpoint`` exports its per-request spans to, so that the report can say where each request's time
-went on the server without any collector (``metrics/spans.py`` joins them to the requests).
+went on the server without any collector (``metrics/fleet/spans.py`` joins them to the requests).
 
 Protobuf only (``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf`` on vLLM: its default is gRPC). Loopback by
 default; a foreign ``Host`` (DNS rebinding) or any browser ``Origin`` is refused, bodies are bounded."""
@@ -16,7 +16,7 @@ import gevent.event
 from gevent.pywsgi import WSGIServer
 
 from vllm_load.errors import UsageError
-from vllm_load.metrics.spans import parse_export
+from vllm_load.metrics.fleet.spans import parse_export
 from vllm_load.plugin.webui.web_gate import LOOPBACK_NAMES, host_name
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ import argparse
 import os
 from typing import Any
 
-from vllm_load.client.openai_api import is_credential_header
+from vllm_load.client.apis.openai_api import is_credential_header
 from vllm_load.errors import UsageError
 from vllm_load.redact import add_secret
 

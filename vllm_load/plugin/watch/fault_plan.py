@@ -7,7 +7,7 @@ a Python hook of the locustfile's, ``@vllm_load.on_fault("name")``, called with 
 ``undrain`` (WHAT: one of ``--host a,b``'s replicas: no new request goes to it until it is undrained; its users
 send to the next replica meanwhile, ``plugin/load/drain.py``). The kinds other than ``exec`` and ``call`` name what the
 command does to the fleet, for the verdict and the charts. Each action's start and end (seconds from the run's
-start) and outcome are kept; ``metrics/disruption.py`` judges what each did to the requests.
+start) and outcome are kept; ``metrics/fleet/disruption.py`` judges what each did to the requests.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import gevent
 from vllm_load.errors import UsageError
 from vllm_load.plugin.swarm.worker_secrets import fault_env
 from vllm_load.redact import redact_urls
-from vllm_load.workload.input_files import read_text
+from vllm_load.workload.inputs.input_files import read_text
 from vllm_load.workload.lengths import parse_duration
 
 KINDS = ("kill", "stop", "start", "restart", "exec", "call", "drain", "undrain")
@@ -209,10 +209,10 @@ def not_begun(actions: list[Action], done: list[dict], run_s: float) -> list[dic
 
 
 def read_router(url: str) -> dict | str:
-    """The router's counters now (``metrics/router_counters.parse``), or why they cannot be read (one line)."""
+    """The router's counters now (``metrics/fleet/router_counters.parse``), or why they cannot be read (one line)."""
     import urllib.request
 
-    from vllm_load.metrics.router_counters import parse
+    from vllm_load.metrics.fleet.router_counters import parse
 
     try:
         with urllib.request.urlopen(url, timeout=5.0) as resp:

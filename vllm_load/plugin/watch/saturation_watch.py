@@ -1,7 +1,7 @@
 """Watches a run (master or local runner) for over-saturation, every second, from what the run already holds: the
 server's waiting queue (the sidecar's or Prometheus' live samples), else the client's requests in flight (open
 loop), the merged TTFT and completions per second, and the load offered. The judgement is
-``metrics/saturation.detect``; a finding is said once, kept for the summary, and with --stop-over-saturated ends
+``metrics/fleet/saturation.detect``; a finding is said once, kept for the summary, and with --stop-over-saturated ends
 the run (or the sweep) there."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 import gevent
 
-from vllm_load.metrics.saturation import Finding, detect
+from vllm_load.metrics.fleet.saturation import Finding, detect
 from vllm_load.plugin.lifecycle.collector import Collector
 from vllm_load.plugin.lifecycle.run import Run
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import gevent
 import gevent.pool
 
-from vllm_load.metrics.outages import LiveOutage, Window, describe
+from vllm_load.metrics.fleet.outages import LiveOutage, Window, describe
 from vllm_load.plugin.watch import fault_plan, saturation_watch
 from vllm_load.plugin.lifecycle.collector import Collector
 from vllm_load.plugin.lifecycle.run import Run

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from vllm_load.metrics.prometheus import registry_for
+from vllm_load.metrics.fleet.prometheus import registry_for
 from vllm_load.plugin.prepare import startup
 from vllm_load.plugin.webui import webui
 

@@ -20,7 +20,7 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
-from vllm_load.client.openai_api import is_credential_header
+from vllm_load.client.apis.openai_api import is_credential_header
 
 log = logging.getLogger("vllm_load")
 

@@ -30,7 +30,7 @@ from collections import deque
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from vllm_load.client.openai_api import public_url
+from vllm_load.client.apis.openai_api import public_url
 from vllm_load.errors import UsageError
 from vllm_load.plugin.swarm.worker_secrets import read_secret_file
 

@@ -7,9 +7,9 @@ import time
 from html import escape
 from typing import Any, Callable
 
-from vllm_load.metrics.breakdown import tail_lines
-from vllm_load.metrics.client_health import who_fell_behind
-from vllm_load.metrics.routing import routing_line
+from vllm_load.metrics.shape.breakdown import tail_lines
+from vllm_load.metrics.judge.client_health import who_fell_behind
+from vllm_load.metrics.fleet.routing import routing_line
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
 
@@ -275,13 +275,13 @@ def _summary_rows(s: RunSummary, slos: list | None, has_report: bool) -> list[di
     elif "server" in s:
         rows.append({"metric": "Server side", "count": "", "mean": "missing (no sidecar data yet)"})
     if slos:
-        from vllm_load.metrics.slo import evaluate
-        from vllm_load.metrics.verdict import word
+        from vllm_load.metrics.judge.slo import evaluate
+        from vllm_load.metrics.judge.verdict import word
 
         # a live preview of the SLOs on the numbers so far; the run's verdict is judged once, at its end
         rows += [{"metric": f"SLO {c.slo}", "count": word(c.passed), "mean": c.detail}
                  for c in evaluate(slos, s, s.get("server"))]
-    if s.routing:  # the run's verdict on the router (metrics/routing.py), once judged
+    if s.routing:  # the run's verdict on the router (metrics/fleet/routing.py), once judged
         rows.append({"metric": "Routing", "count": "", "mean": routing_line(s.routing)})
     rows += [{"metric": "Where the time went", "count": "", "mean": line} for line in tail_lines(s.timing)]
     if has_report:

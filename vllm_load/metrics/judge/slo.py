@@ -27,11 +27,11 @@ from vllm_load.check import Check  # noqa: F401  (where the SLOs' readers find i
 from vllm_load.errors import UsageError
 from vllm_load.features import FEATURES
 from vllm_load import metric_table as table
-from vllm_load.metrics.breakdown import PARTS
+from vllm_load.metrics.shape.breakdown import PARTS
 from vllm_load.metric_table import E2E, ITL, OUTPUT_TPS, RTF
 from vllm_load.metrics.summary import RunSummary, metric_stats
 
-# the server's parts of each request's time (metrics/breakdown.py) gate as latencies: server_queue.p99<=100ms
+# the server's parts of each request's time (metrics/shape/breakdown.py) gate as latencies: server_queue.p99<=100ms
 LATENCY = (*table.LATENCY, *PARTS)
 #: per-request values that are not times, bounded by a statistic with no unit: output_tps.p10>=20, rtf.p99<=0.5
 PER_REQUEST_RATIOS = (OUTPUT_TPS, RTF)
@@ -42,9 +42,9 @@ RUN_METRICS = {
     "request_rate": "req/s",
     "input_drift": "tok", OUTPUT_TPS: "tok/s", "outage.seconds": "s",
     "energy_per_token": "J", "energy_per_request": "J",  # GPU telemetry (--dcgm-url)
-    # a fleet's routing (metrics/routing.py): from --capture-header's replica, or --host a,b
+    # a fleet's routing (metrics/fleet/routing.py): from --capture-header's replica, or --host a,b
     "cache_hits_of_achievable": "%", "replica_imbalance": "", "session_stickiness": "%",
-    # a fault plan's disruption (metrics/disruption.py): each action's worst
+    # a fault plan's disruption (metrics/fleet/disruption.py): each action's worst
     "lost_requests": "count", "recovery.seconds": "s", "rehomed_sessions": "count", "goodput_during_fault": "%",
     "accuracy": "%", "valid_output": "%"}  # --accuracy's graded answers; --response-format's valid JSON
 _DISRUPTION = {m: m if m != "recovery.seconds" else "recovery_s" for m in

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Union
 
 from vllm_load.errors import UsageError
-from vllm_load.workload.input_files import MAX_LINE_BYTES, loads, read_text
+from vllm_load.workload.inputs.input_files import MAX_LINE_BYTES, loads, read_text
 from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
-from vllm_load.workload.public_sets import is_published, resolve
-from vllm_load.workload.synthetic_sessions import is_synthetic, make
+from vllm_load.workload.inputs.public_sets import is_published, resolve
+from vllm_load.workload.inputs.synthetic_sessions import is_synthetic, make
 
 FORMATS = ("weka", "jsonl")
 

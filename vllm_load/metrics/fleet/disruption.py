@@ -16,7 +16,7 @@ Per action, at its start t0 (wall clock, as the logs' starts):
   ``--capture-header``'s, the replica's span, or ``--host a,b``'s target; an answer behind a router with neither
   has no known home and is left out);
 - ``router`` (with ``--router-metrics``): the router's own counters' increase from t0 to the next action (the
-  run's end): retries, requests given up, each worker's failures and breaker (``metrics/router_counters.py``);
+  run's end): retries, requests given up, each worker's failures and breaker (``metrics/fleet/router_counters.py``);
 - ``goodput_during_fault``: the share of requests started from t0 to the recovery that succeeded (and met the
   per-request SLOs, when there are any).
 
@@ -32,11 +32,11 @@ from typing import Any
 
 from vllm_load.metric_table import E2E, TTFT
 from vllm_load.metrics.records import measured, nearest_rank
-from vllm_load.metrics.router_counters import text as router_text
+from vllm_load.metrics.fleet.router_counters import text as router_text
 
 #: the sliding window the recovery is judged in, and its step (seconds)
 WINDOW_S, STEP_S = 5.0, 0.5
-#: the SLOs these figures are judged by (metrics/slo.py)
+#: the SLOs these figures are judged by (metrics/judge/slo.py)
 METRICS = ("lost_requests", "recovery.seconds", "rehomed_sessions", "goodput_during_fault")
 
 

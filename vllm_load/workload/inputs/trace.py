@@ -21,8 +21,8 @@ from datetime import datetime
 from pathlib import Path
 
 from vllm_load.errors import UsageError
-from vllm_load.workload.datasets import csv_rows
-from vllm_load.workload.input_files import MAX_LINE_BYTES, read_text
+from vllm_load.workload.inputs.datasets import csv_rows
+from vllm_load.workload.inputs.input_files import MAX_LINE_BYTES, read_text
 
 FORMATS = ("mooncake", "csv")
 _CSV_COLUMNS = {

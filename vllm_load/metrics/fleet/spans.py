@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 from vllm_load.metric_table import (CLIENT_OVERHEAD, E2E, KV_TRANSFER, SEND_LAG, SERVER_DECODE, SERVER_PREFILL,
                                     SERVER_QUEUE, TTFT)
-from vllm_load.metrics.breakdown import BEFORE_SERVER
+from vllm_load.metrics.shape.breakdown import BEFORE_SERVER
 
 #: vLLM's span of a request (the others, model loading and KV-cache allocation at start-up, are not requests)
 REQUEST_SPAN = "llm_request"

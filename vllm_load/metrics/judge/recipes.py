@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from vllm_load.errors import UsageError
-from vllm_load.metrics.slo import PER_REQUEST, SLO, parse_slo_option
+from vllm_load.metrics.judge.slo import PER_REQUEST, SLO, parse_slo_option
 
 NAMES = ("max-goodput",)
 DEFAULT_ATTAINMENT = 0.90

@@ -83,7 +83,7 @@ def _value(text: str, key: str, value: str, kind: str) -> Any:
 
 def make(text: str) -> list[Any]:
     """The sessions of a spec, the same in every process (its seed)."""
-    from vllm_load.workload.sessions import Fork, Session, Turn
+    from vllm_load.workload.inputs.sessions import Fork, Session, Turn
 
     spec = parse(text)
     rng = random.Random(f"synthetic/{spec['seed']}")

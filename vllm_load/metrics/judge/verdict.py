@@ -10,8 +10,8 @@ from typing import Any
 
 from vllm_load.features import FEATURES
 from vllm_load.errors import EXIT_ERRORS, EXIT_INVALID, EXIT_OK, EXIT_SLO_MISS, EXIT_UNTRUSTWORTHY
-from vllm_load.metrics.client_health import ADVICE, emulator_finding, silent_workers
-from vllm_load.metrics.slo import SLO, Check, evaluate
+from vllm_load.metrics.judge.client_health import ADVICE, emulator_finding, silent_workers
+from vllm_load.metrics.judge.slo import SLO, Check, evaluate
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.summary_parts import ClientVerdict
 
@@ -68,7 +68,7 @@ def validity_checks(summary: Mapping[str, Any], slos: list[SLO], min_requests: i
                       f"{summary.input_drift_max_abs} tokens): the tokenizer does not match the server's: pass "
                       "--tokenizer with the server's own (or --slo 'input_drift<=100%' to accept drift)")
         out.append(Check(f"prompt-length drift <= {DRIFT_LIMIT:.0%} of requests", share, passed, detail))
-    if strict_load:  # the load delivered was the load asked (metrics/delivered.py): else not the run asked for
+    if strict_load:  # the load delivered was the load asked (metrics/shape/delivered.py): else not the run asked for
         found = summary.delivered or {}
         passed = found.get("as_asked") is not False
         out.append(Check("delivered load as asked (--strict-load)", 1.0 if passed else 0.0, passed,

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from vllm_load.errors import UsageError
-from vllm_load.workload.input_files import MAX_LINE_BYTES, read_text
+from vllm_load.workload.inputs.input_files import MAX_LINE_BYTES, read_text
 
 FORMATS = ("sharegpt", "jsonl", "csv")
 

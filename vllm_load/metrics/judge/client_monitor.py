@@ -1,4 +1,4 @@
-"""The client's own evidence, measured in each load-generating process (``metrics/client_health`` judges it):
+"""The client's own evidence, measured in each load-generating process (``metrics/judge/client_health`` judges it):
 every second its CPU use (psutil), how late a 1 s gevent timer fires (event-loop lag), the streams it holds, how
 long its loop thread sat runnable waiting for a CPU (``/proc/self/schedstat``), the host's steal time and the
 reader's late reads; shipped with each Locust report as the maxima since the last."""
