@@ -122,6 +122,13 @@ def test_recovery_rests_on_failures_and_breaches_not_on_lulls_in_starts():
     long = [rec(float(t), e2e=20.0) for t in range(0, 10)]  # 20 s requests, none started from 10 s to 40 s
     back, why = recovery(long + [rec(40.0, e2e=20.0)], 10.0, {})
     assert back == 10.0 and why.startswith("no failure or answer past the limits ended after the action")
+    # without a latency SLO, slow answers are not judged, and the evidence says so (a server frozen 4 s by SIGSTOP,
+    # every answer late and whole, "recovered in 0.0 s" as if nothing had happened)
+    assert why.endswith("; failures only: slow answers are judged with --slo ttft.p99<=... or e2e.p99<=...")
+    slow = [rec(10.0 + 0.1 * k, e2e=4.0) for k in range(10)] + [rec(15.0 + k, e2e=0.1) for k in range(10)]
+    back, why = recovery(slow, 10.0, limits_of(parse_slo_option(["e2e.p99<=1s"])))
+    assert back == pytest.approx(14.9) and "its last answer past the limits ended 4.9 s after it" in why
+    assert "failures only" not in why
     kill = [rec(9.5, e2e=0.5, ok=False), rec(10.3, e2e=0.53, ok=False)]  # the last ends 10.83 s
     after = [rec(t, e2e=15.0) for t in (11.0, 12.0, 30.0)]  # then long ones, a lull in starts, all succeeded
     back, why = recovery(kill + after, 10.0, {})

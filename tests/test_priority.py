@@ -81,6 +81,11 @@ def test_a_side_too_small_or_no_other_class_is_not_judged():
     assert alone["why"] == "no request but interactive's ran: nothing to compare against"
     check, = evaluate(parse_slo_option(["ttft_penalty<=50%"]), {})
     assert check.detail == "cannot judge: no class protected (--protect NAME)"
+    # a name no request carries (a typo) says so, with the names the run gave (it said "fewer than 10 of nobody's")
+    typo = protection(few, "interactiv")
+    assert typo["why"] == "no request was named 'interactiv': --protect takes a request name the run gave (batch, interactive)"
+    check, = evaluate(parse_slo_option(["ttft_penalty<=50%"]), {"features": {"protection": typo}})
+    assert not check.passed and "no request was named 'interactiv'" in check.detail
 
 
 def _mixed(tmp_path, emulator_factory, policy: str) -> tuple[dict, list[dict]]:

@@ -108,7 +108,9 @@ def recovery(logs: list[dict], t0: float, limits: dict[str, float]) -> tuple[flo
     what = ("no failure or answer past the limits ended after the action" if last_bad is None else
             f"its last {'failure' if _failed(last_bad) else 'answer past the limits'} ended "
             f"{_end(last_bad) - t0:.1f} s after it")
-    return back, f"{what}; {len(good)} requests succeeded after that"
+    judged = "" if any(m in limits for m in (TTFT, E2E)) else (  # a server frozen 4 s "recovered in 0.0 s"
+        "; failures only: slow answers are judged with --slo ttft.p99<=... or e2e.p99<=...")
+    return back, f"{what}; {len(good)} requests succeeded after that{judged}"
 
 
 def recovered_at(logs: list[dict], t0: float, limits: dict[str, float]) -> float | None:

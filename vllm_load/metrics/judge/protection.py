@@ -34,6 +34,11 @@ def protection(logs: list[dict], name: str) -> dict[str, Any]:
     mine = [r for r in kept if r.get("name") == name and r["ok"]]
     others = [r["start"] for r in kept if r.get("name") != name]
     out: dict[str, Any] = {"name": name, "ttft_penalty": None, "itl_penalty": None, "why": None}
+    if not any(r.get("name") == name for r in kept):  # a typo, or a name the locustfile never gives
+        names = sorted({str(r.get("name")) for r in kept if r.get("name")})[:8]
+        out["why"] = (f"no request was named {name!r}: --protect takes a request name the run gave"
+                      + (f" ({', '.join(names)})" if names else " (its requests had no name=)"))
+        return out
     if not others:
         out["why"] = f"no request but {name}'s ran: nothing to compare against"
         return out
