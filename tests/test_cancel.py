@@ -22,13 +22,14 @@ def _series(url: str, name: str, label: str = "") -> float:
                if line.startswith(name) and label in line)
 
 
-def test_a_share_of_the_requests_is_given_up_on_and_the_server_frees_each(tmp_path, emulator_factory):
+@pytest.mark.parametrize("native", ["1", "0"])  # the direct transport, and Locust's session (the Python reader)
+def test_a_share_of_the_requests_is_given_up_on_and_the_server_frees_each(tmp_path, emulator_factory, native):
     # answers of 1 s: the server is still writing when the client gives up after 8 tokens (~80 ms)
     emu = emulator_factory("--ttft", "0.005", "--itl", "0.01")
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "60s", "--num-requests", "12",
                           "--host", emu.url, "--output-tokens", "100", "--cancel", "rate=0.25,after=8tok",
-                          "--run-dir", str(run_dir)], cwd=tmp_path)
+                          "--run-dir", str(run_dir)], cwd=tmp_path, env_extra={"VLLM_LOAD_NATIVE": native})
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
     logs = read_log(run_dir / "requests.jsonl")
     cut = [r for r in logs if r["abandoned"]]
@@ -40,6 +41,12 @@ def test_a_share_of_the_requests_is_given_up_on_and_the_server_frees_each(tmp_pa
     # neither successes nor failures: the measured requests are the others, none failed
     assert summary["abandoned_excluded"] == len(cut) and summary["requests"] == len(logs) - len(cut) >= 12
     assert summary["failed"] == 0 and f"cancelled by the client (--cancel): {len(cut)} requests" in res.stdout
+    # Locust's own table: the cancelled in a row of their own, no failure anywhere (a 50 % cancel share showed as
+    # 50 % failures)
+    stats = res.process.environment.stats
+    mine, apart = stats.get("/v1/chat/completions", "POST"), stats.get("/v1/chat/completions (cancelled)", "POST")
+    assert (mine.num_requests, apart.num_requests) == (len(logs) - len(cut), len(cut))
+    assert stats.total.num_failures == 0
     # the server's view: each one aborted, and nothing left running
     assert wait_for(lambda: _series(emu.url, "vllm:request_success_total", "finished_reason=\"abort\"") == len(cut),
                     timeout=10, what="the server's abort count")

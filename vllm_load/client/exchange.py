@@ -138,6 +138,19 @@ class JsonBody:
         return None
 
 
+#: Locust's row for the requests the client gave up on on purpose (--cancel): apart from the request's own row, and
+#: no failure there (Locust's table showed a 50 % cancel share as 50 % failures)
+CANCELLED = " (cancelled)"
+
+
+def locust_row(name: str, decoder: Decoder, error: str | None) -> tuple[str, str | None]:
+    """The row and the failure (None: none) Locust's table counts an exchange under: a request given up by the
+    client (--cancel) in a row of its own, not failed; every other as itself."""
+    if getattr(decoder, "abandoned", False):
+        return name + CANCELLED, None
+    return name, error
+
+
 def fault(exc: BaseException, tokens: int, ex: Exchange) -> None:
     """Turn what stopped a request into its failure reason (a stop of the user is kept, to raise after)."""
     if isinstance(exc, StreamError):

@@ -9,7 +9,7 @@ import time
 from gevent import GreenletExit
 
 from vllm_load.client.direct import ConnectFailed, Connections
-from vllm_load.client.exchange import Clock, Decoder, Exchange, Report, fault, raise_for, retry_after
+from vllm_load.client.exchange import Clock, Decoder, Exchange, Report, fault, locust_row, raise_for, retry_after
 from vllm_load.client.reader_choice import BodyState, note_read
 from vllm_load.client.native import LineSink
 from vllm_load.client.apis.openai_api import error_message
@@ -40,7 +40,8 @@ class DirectTransport:
         ex = self._exchange(path, body, headers, decoder, clock, own)
         note_read("native")
         if self.report is not None:
-            self.report(name, self.url(path), ex.e2e, decoder.bytes_read, ex.error, clock.start_wall)
+            row, error = locust_row(name, decoder, ex.error)
+            self.report(row, self.url(path), ex.e2e, decoder.bytes_read, error, clock.start_wall)
         return ex
 
     def _exchange(self, path: str, body: bytes, headers: dict[str, str], decoder: Decoder,

@@ -20,7 +20,7 @@ from geventhttpclient.response import HTTPConnectionClosed
 from locust.exception import CatchResponseError
 
 from vllm_load.client import rxstamp
-from vllm_load.client.exchange import Clock, Decoder, Exchange, Report, Transport, fault, raise_for, retry_after
+from vllm_load.client.exchange import Clock, Decoder, Exchange, Report, Transport, fault, locust_row, raise_for, retry_after
 from vllm_load.client.transport_direct import DirectTransport
 from vllm_load.client.apis.openai_api import error_message
 from vllm_load.client.reader_choice import note_read
@@ -72,8 +72,9 @@ class SessionTransport:
             ex.e2e = end - clock.t0
             resp.request_meta["response_time"] = ex.e2e * 1000.0
             resp.request_meta["response_length"] = decoder.bytes_read
-            if ex.error:
-                resp.failure(ex.error)
+            resp.request_meta["name"], error = locust_row(name, decoder, ex.error)
+            if error:
+                resp.failure(error)
             else:
                 resp.success()
         return ex
