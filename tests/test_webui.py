@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -598,3 +599,46 @@ def test_the_form_offers_the_options_a_locustfile_reads_each_once_first_run_firs
     extra = {"input_tokens": {}, "sweep": {}, "turns": {}}
     web_form.keep_used(extra, [ChatUser])
     assert set(extra) == {"input_tokens"}
+
+
+def test_the_user_class_editor_sets_what_it_shows_and_nothing_else(tmp_path):
+    """Locust's ``/user`` (the class picker's editor) set any attribute a POST named on the user class, as given:
+    ``wait_time="boom"`` gave three tracebacks and a run of 0 requests. The gate lets through what Locust's editor
+    sends, each of its type and in range, for a class the run offers, and refuses the rest in one line."""
+    from vllm_load.plugin.webui.web_gate import screen_user
+
+    classes = {"ChatUser": object}
+    assert screen_user(b'{"user_class_name": "ChatUser", "weight": 3, "fixed_count": 0, "tasks": ["chat"], '
+                       b'"host": "http://127.0.0.1:8000"}', classes) is None
+    assert screen_user(b'{"user_class_name": "ChatUser", "wait_time": "boom"}', classes) == (
+        "a user class edit sets user_class_name, host, weight, fixed_count, tasks only, not 'wait_time'")
+    assert screen_user(b'{"user_class_name": "ChatUser", "weight": "3"}', classes) == (
+        "a user class edit's weight is a int, not str")
+    assert screen_user(b'{"user_class_name": "ChatUser", "weight": true}', classes).endswith("not bool")
+    assert screen_user(b'{"user_class_name": "ChatUser", "fixed_count": 10000000}', classes).endswith(
+        "out of range: 0 to 1,000,000")
+    assert screen_user(b'{"user_class_name": "Other"}', classes).startswith("no user class 'Other' in this run")
+    assert screen_user(b'{"user_class_name": "ChatUser", "host": "127.0.0.1"}', classes).startswith("--host")
+    assert screen_user(b"[1]", classes).startswith("a user class edit is a JSON object")
+    assert screen_user(b"{", classes).startswith("a user class edit is a JSON object")
+    # and in the running UI: refused before Locust sets anything, a right edit applied
+    proc, base = _ui(tmp_path, "--class-picker")
+    try:
+        _up(proc, tmp_path, lambda: _target_row(base), "the web UI with its target")
+
+        def post(body: dict) -> tuple[int, bytes]:
+            req = urllib.request.Request(base + "/user", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=30) as r:
+                    return r.status, r.read()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read()
+
+        status, body = post({"user_class_name": "ChatUser", "wait_time": "boom"})
+        assert status == 400 and b"not 'wait_time'" in body, (status, body)
+        assert post({"user_class_name": "ChatUser", "weight": 2, "fixed_count": 0})[0] == 201
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert "Traceback" not in (tmp_path / "locust.out").read_text()

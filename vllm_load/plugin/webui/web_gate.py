@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hmac
+import json
 import logging
 import math
 import os
@@ -182,6 +183,61 @@ def screen_swarm(form: dict[str, list[str]], shown: set[str], opts: Any, environ
     return None
 
 
+#: what Locust's user-class editor sends to ``/user`` (its UI's EditUserForm), each kept to the type it means; every
+#: other key Locust's ``update_user_class`` would set on the class as given (``wait_time="boom"``: three tracebacks
+#: and a run of 0 requests)
+_USER_FIELDS = {"user_class_name": str, "host": str, "weight": int, "fixed_count": int, "tasks": list}
+#: the most users a class's fixed count or weight may say, and the most bytes a ``/user`` body may carry
+MAX_USER_COUNT, MAX_USER_BODY = 1_000_000, 64 * 1024
+
+
+def screen_user(body: bytes, classes: dict[str, Any] | None) -> str | None:
+    """Why a ``/user`` edit is refused (None: Locust may apply it): not Locust's editor's JSON object, a key it does
+    not send, a class the run does not offer, a count that is no whole number in range, a host that is no URL."""
+    if len(body) > MAX_USER_BODY:
+        return f"a user class edit of {len(body) // 1024} KB: at most {MAX_USER_BODY // 1024} KB"
+    try:
+        settings = json.loads(body)
+    except ValueError:
+        return "a user class edit is a JSON object (Locust's user class editor sends one)"
+    if not isinstance(settings, dict):
+        return "a user class edit is a JSON object (Locust's user class editor sends one)"
+    for key, value in settings.items():
+        kind = _USER_FIELDS.get(key)
+        if kind is None:
+            return f"a user class edit sets {', '.join(_USER_FIELDS)} only, not {str(key)[:40]!r}"
+        if not isinstance(value, kind) or isinstance(value, bool):
+            return f"a user class edit's {key} is a {kind.__name__}, not {type(value).__name__}"
+    if settings.get("user_class_name") not in (classes or {}):
+        return f"no user class {str(settings.get('user_class_name'))[:60]!r} in this run (--class-picker offers its own)"
+    for key in ("weight", "fixed_count"):
+        if key in settings and not 0 <= settings[key] <= MAX_USER_COUNT:
+            return f"a user class's {key} {settings[key]} is out of range: 0 to {MAX_USER_COUNT:,}"
+    if not all(isinstance(t, str) for t in settings.get("tasks", [])):
+        return "a user class's tasks are their names"
+    if settings.get("host"):
+        from vllm_load.plugin.prepare.validate import check_host
+
+        try:
+            check_host(settings["host"])
+        except UsageError as exc:
+            return str(exc)
+    return None
+
+
+def _user_refused(request: Any, environment: Any) -> Any:
+    """Flask's answer refusing a ``/user`` edit (said on the console too), or None: Locust may apply it."""
+    from flask import jsonify
+
+    size = request.content_length or 0
+    why = (f"a user class edit of {size // 1024} KB: at most {MAX_USER_BODY // 1024} KB" if size > MAX_USER_BODY
+           else screen_user(request.get_data(cache=True), environment.available_user_classes))
+    if why is None:
+        return None
+    log.warning("vllm-load: the web UI refused a user class edit: %s", why)
+    return jsonify({"success": False, "message": f"vllm-load: {why}"}), 400
+
+
 def login_password(opts: Any, private_file: Callable[[str, str], Any]) -> tuple[str, str]:
     """The --web-login password and where it came from: $VLLM_LOAD_WEB_PASSWORD, --web-password-file, or one made
     for this run and written to a file only this user can read (said by path, never printed)."""
@@ -222,6 +278,8 @@ def install(environment: Any, names: frozenset[str], check: Callable[[Any], None
                                check)
             if why:
                 return jsonify({"success": False, "message": f"vllm-load: {why}", "host": environment.host})
+        if request.method == "POST" and request.path.rstrip("/").endswith("/user"):
+            return _user_refused(request, environment)
         return None
 
     # first of all the app's hooks: the plugin's own (the secret guard, the target check) come after it
