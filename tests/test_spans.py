@@ -90,6 +90,30 @@ def test_the_receiver_takes_protobuf_exports_from_its_own_host_only():
         rx.close()
 
 
+def test_the_receiver_parses_an_export_off_the_event_loop(monkeypatch):
+    """A 16 MB export parsed on the loop held it ~0.3 s, the streams' stamps and the run's trust with it
+    (benchmarks/span_parse.py): it is parsed in gevent's thread pool, and what it held is kept as before."""
+    import threading
+
+    from vllm_load.plugin.sources import span_receiver
+
+    where: list[int] = []
+
+    def parse(body: bytes) -> list:
+        where.append(threading.get_ident())
+        return parse_export(body)
+
+    monkeypatch.setattr(span_receiver, "parse_export", parse)
+    rx = SpanReceiver("127.0.0.1:0")
+    try:
+        assert _post(rx.endpoint, export_request([_span("cd" * 16, "chatcmpl-2")])) == 200
+        assert len(rx.spans) == 1 and rx.spans[0]["trace_id"] == "cd" * 16
+        assert _post(rx.endpoint, b"\xff\xff not protobuf") == 400  # a bad body still one refusal, from the thread
+    finally:
+        rx.close()
+    assert len(where) == 2 and threading.get_ident() not in where
+
+
 def test_the_receiver_keeps_at_most_its_cap_of_spans_and_warns_of_a_wide_bind(monkeypatch):
     """Every span sent was kept (three 16 MB exports: 159 -> 686 MB); past the cap the rest is dropped, counted."""
     from vllm_load.plugin.sources import span_receiver
