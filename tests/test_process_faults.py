@@ -293,6 +293,34 @@ def test_worker_killed_mid_run_the_master_goes_on_and_says_so(tmp_path, emulator
     assert len(survivor) <= summary["requests"] <= len(survivor) + len(per_worker[stopped[0]])
 
 
+def test_timing_a_killed_masters_worker_says_so_and_stops_at_the_silence_limit(tmp_path, emulator_factory):
+    """The master killed -9 mid-run: its remote worker said nothing for 15 s while its users went on sending, then
+    Locust's "Didn't get heartbeat". It now says, 5 s into the silence, how long its users go on and when it stops;
+    and it stops there: no request starts past the limit (timing is the subject: bounds of seconds)."""
+    from vllm_load.plugin.lifecycle.worker import MASTER_SILENCE_S, SILENCE_SAID_S
+
+    run_dir = tmp_path / "run"
+    master, worker = _swarm(tmp_path, emulator_factory, run_dir, 1)
+    remote = worker()
+    try:
+        wait_for(lambda: any(read_log(f) for f in log_files(run_dir, "requests-*.jsonl")), what="the worker sending")
+        master.kill()
+        killed = time.time()
+        master.wait(timeout=10)
+        out, err = remote.communicate(timeout=MASTER_SILENCE_S + 30)
+        gone = time.time()
+    finally:
+        for proc in (master, remote):
+            if proc.poll() is None:
+                proc.kill()
+    text = out + err
+    assert f"no word from the master for {SILENCE_SAID_S:.0f} s (killed, or its host busy)" in text, text[-3000:]
+    assert f"until {MASTER_SILENCE_S} s of silence, then this worker stops" in text
+    assert "Didn't get heartbeat from master" in text and gone - killed < MASTER_SILENCE_S + 15
+    rows = [r for f in log_files(run_dir, "requests-*.jsonl") for r in read_log(f)]
+    assert rows and max(r["start"] for r in rows) < killed + MASTER_SILENCE_S + 2
+
+
 def summary_start(run_dir):
     return json.loads((run_dir / "llm_stats.json").read_text())["start"]
 

@@ -28,6 +28,9 @@ MASTER_SILENCE_S = 15
 #: messages, so its heartbeats wait unread while the tokenizer loads and the pools fill (off the loop, but waited
 #: for there); beside the full suite that took over 15 s, and both workers of a --processes 2 run quit at spawn
 START_SILENCE_S = 120
+#: the master's silence a remote worker says on its console, long before it stops at MASTER_SILENCE_S (a killed
+#: master's workers sent for 15 s more and said nothing until Locust's "Didn't get heartbeat" as they quit)
+SILENCE_SAID_S = 5.0
 _starting = 0  # this process's workers starting a run now (the limit above holds while any does)
 
 
@@ -76,6 +79,7 @@ class WorkerProcess(Process):
             os.setpgid(0, 0)
         # a remote worker whose master went silent stops after this long, not Locust's 60 s (its own line says so)
         runners.MASTER_HEARTBEAT_TIMEOUT = MASTER_SILENCE_S
+        self.environment.runner.greenlet.spawn(self._watch_master)  # Locust's runner kills its group as it quits
 
     def start_run(self) -> None:
         # Locust's limit is one for the process: while any worker here starts (vllm_load.testing runs several in one
@@ -152,6 +156,22 @@ class WorkerProcess(Process):
     def _on_report_to_master(self, data: dict, **_kw: Any) -> None:
         if self.generator is not None:
             wire.add_report(self.generator, data)
+
+    def _watch_master(self) -> None:
+        """Say once when the master has gone silent (killed, or its host busy), how long its users go on sending
+        and when this worker stops; and once when it is heard again."""
+        runner, said = self.environment.runner, False
+        while True:
+            gevent.sleep(1.0)
+            last = getattr(runner, "last_heartbeat_timestamp", None)  # Locust's (bounded as setup.cfg says)
+            silent = time.time() - last if last and not _starting else 0.0
+            if silent >= SILENCE_SAID_S and not said:
+                print(f"vllm-load: worker: no word from the master for {silent:.0f} s (killed, or its host busy): its "
+                      f"users go on sending until {MASTER_SILENCE_S} s of silence, then this worker stops",
+                      flush=True)
+            elif said and silent < SILENCE_SAID_S:
+                print("vllm-load: worker: the master is heard again", flush=True)
+            said = silent >= SILENCE_SAID_S
 
     def _master_gone(self) -> None:
         """The --processes master died (the kernel's parent-death signal): the request log kept, one line, gone at
