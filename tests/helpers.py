@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -333,3 +334,9 @@ def waited_behind(logs: list[dict], protected: str = "interactive", other: str =
     first = min(r["start"] for r in logs if r["name"] == other)
     return [sum(r["start"] < e < r["start"] + r["ttft"] for e in ends)
             for r in logs if r["ok"] and r["name"] == protected and r["start"] > first]
+
+
+def tuned_code(out: Path) -> int:
+    """The exit code a tune owes its own tune.json: 0 with a recommendation, 5 when its best was measured on
+    untrustworthy probes (a busy host: "best measured (not recommended)" exited 0)."""
+    return 0 if json.loads((out / "tune.json").read_text())["recommended_trustworthy"] else 5

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, tuned_code
 from vllm_load.tune.search import CapacitySearch
 
 
@@ -64,7 +64,7 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
             "--out", str(tmp_path / "tune"), "--", "-f", str(ROOT / "locustfiles" / "chat.py"),
             "--input-tokens", "128", "--output-tokens", "32", "--reset-prefix-cache"]
     res = tune(*args, cwd=ROOT)
-    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
+    assert res.returncode == tuned_code(tmp_path / "tune"), res.stdout[-4000:] + res.stderr[-3000:]
     # every probe began with the server's prefix cache emptied (a probe inherits none of the last one's hits)
     logs = list((tmp_path / "tune").rglob("probe-*.log"))
     assert logs and all("vllm-load: prefix cache reset on 1 target(s) before the run" in p.read_text() for p in logs)
@@ -126,7 +126,7 @@ def test_tune_over_the_emulators_batching_finds_capacity_recommends_and_resumes(
     probes_before = sorted(p.name for p in (tmp_path / "tune").rglob("probe-*") if p.is_dir())
     split = args.index("--")
     again = tune(*args[:split], "--resume", *args[split:], cwd=ROOT)
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert again.returncode == tuned_code(tmp_path / "tune"), again.stderr[-2000:]
     assert again.stdout.count("measured before, kept (--resume)") == 4
     assert sorted(p.name for p in (tmp_path / "tune").rglob("probe-*") if p.is_dir()) == probes_before
 
@@ -229,7 +229,7 @@ def test_tune_against_a_running_server_with_probes_that_end_by_count(tmp_path, e
     res = tune("--host", emu.url, "--slo", "ttft.p99<=1s", "--recipe", "max-goodput:95%", "--max-level", "2",
                "--probe-duration", "60s", "--probe-warmup", "0.5s", "--out", str(tmp_path / "tune"), "--", "-f",
                str(ROOT / "locustfiles" / "chat.py"), "--output-tokens", "8", "--num-requests", "30", cwd=ROOT)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == tuned_code(tmp_path / "tune"), res.stdout[-3000:] + res.stderr[-3000:]
     runs = [json.loads(p.read_text()) for p in (tmp_path / "tune").rglob("summary.json")]
     probes = [r["summary"] for r in runs]
     assert len(probes) == 2 and all(s["requests"] == 30 and s["duration_s"] < 30 for s in probes), \
@@ -238,6 +238,14 @@ def test_tune_against_a_running_server_with_probes_that_end_by_count(tmp_path, e
     assert all(any(c["slo"] == "good_request_fraction>=95%" for c in r["slo"]) for r in runs), runs[0]["slo"]
     best = json.loads((tmp_path / "tune" / "as-served" / "result.json").read_text())
     assert f"max goodput at 95% attainment: concurrency 2, {best['goodput']:.2f} good req/s" in res.stdout, res.stdout
+    # the same measurements with a probe the client could not keep time for: the best measured is no
+    # recommendation, and the tune says so in its exit code (it exited 0): --resume re-judges them, probing nothing
+    best["probes"][0]["untrustworthy"] = "the load generator's event loop lagged 310 ms (p99)"
+    (tmp_path / "tune" / "as-served" / "result.json").write_text(json.dumps(best))
+    again = tune("--host", emu.url, "--slo", "ttft.p99<=1s", "--max-level", "2", "--resume", "--out",
+                 str(tmp_path / "tune"), "--", "-f", str(ROOT / "locustfiles" / "chat.py"), cwd=ROOT)
+    assert "measured before, kept (--resume)" in again.stdout and "best measured (not recommended)" in again.stdout
+    assert again.returncode == tuned_code(tmp_path / "tune") == 5, again.stdout[-3000:] + again.stderr[-3000:]
 
 
 def test_tune_repeats_each_probe_and_gives_its_spread(tmp_path, emulator_factory):
@@ -251,7 +259,7 @@ def test_tune_repeats_each_probe_and_gives_its_spread(tmp_path, emulator_factory
     res = tune("--host", emu.url, "--slo", "ttft.p99<=1s", "--max-level", "1", "--probe-duration", "60s",
                "--probe-warmup", "0.5s", "--repeat", "3", "--confidence", "0.9", "--out", str(out), "--",
                "-f", str(ROOT / "locustfiles" / "chat.py"), "--output-tokens", "8", "--num-requests", "20", cwd=ROOT)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.returncode == tuned_code(out), res.stdout[-3000:] + res.stderr[-3000:]
     (result,) = [json.loads(p.read_text()) for p in out.rglob("result.json")]
     (probe,) = result["probes"]
     dirs = sorted(out.rglob("probe-1-r*/summary.json"))

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SLO_MISS, UsageError
+from vllm_load.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SLO_MISS, EXIT_UNTRUSTWORTHY, UsageError
 from vllm_load.metrics.judge.recipes import parse_recipe, with_recipe
 from vllm_load.metrics.judge.slo import parse_slo_option
 from vllm_load.workload.lengths import parse_duration
@@ -159,7 +159,8 @@ def tune(args: argparse.Namespace, locust_args: list[str]) -> int:
         if r is not best:
             print(f"  {label(r['params'])}: {why_lost(r)}", flush=True)
     print(f"vllm-load tune: {out / 'tune.html'}", flush=True)
-    return EXIT_OK
+    # a best measured on untrustworthy probes is no recommendation: a gate on the tune fails as on such a run
+    return EXIT_UNTRUSTWORTHY if note else EXIT_OK
 
 
 def tune_one(args: argparse.Namespace, params: dict, cdir: Path, locust_args: list[str], slos: list[str],
