@@ -295,11 +295,22 @@ def test_the_sweep_and_compare_pages_draw_their_charts_in_headless_chromium(tmp_
     write_tune(tmp_path / "tune", [{"params": {"max_num_seqs": str(k)}, "status": "ok", "reason": "", "capacity": k,
                                     "goodput": k / 2, "probes": [tune_probe(k, True), tune_probe(2 * k, False)]}
                                    for k in (4, 8)], "concurrency", ["ttft.p99<=1s"])
+    # the sweep's throughput: req/s on an axis of its own (on the tok/s axis, 0-250, its 2-5 lay flat at 0)
+    scales = ("const t=window.vllmLoadCharts.find(u=>u.root.parentNode.id==='chart-sweep-throughput');"
+              "b.setAttribute('data-scales',t?['y',t.scales.y.max,'y2',t.scales.y2?t.scales.y2.max:'none',"
+              "t.axes.length].join(' '):'none');")
     for page, charts, legend in ((tmp_path / "sweep" / "sweep.html", 3, "Pareto front (tok/s per user)"),
                                  (tmp_path / "cmp" / "compare.html", 4, "B TTFT (ms)"),
                                  (tmp_path / "tune" / "tune.html", 3, "Pareto front (SLOs met) (tok/s per request)")):
-        _dom, attr = probe_page(browser, page, INKED_JS, tmp_path / "profile")
+        _dom, attr = probe_page(browser, page, INKED_JS + scales, tmp_path / "profile")
         assert int(attr.get("inked", 0)) == charts and legend in attr["legend"], (page.name, attr)
+        if page.name == "sweep.html":
+            _, y_max, _, y2_max, axes = attr["scales"].split()
+            rates = [json.loads((r / "summary.json").read_text())["summary"] for r in runs]
+            # each axis as tall as its own unit's largest value (and 5 % more), three axes drawn
+            assert float(y_max) >= max(s["output_token_rate"] for s in rates) > 3 * float(y2_max), attr["scales"]
+            assert float(y2_max) >= max(s["request_rate"] for s in rates) and axes == "3", attr["scales"]
+            assert "req/s (req/s)" not in attr["legend"] and "req/s" in attr["legend"]
     assert "Largest concurrency meeting every SLO: 4" in (tmp_path / "sweep" / "sweep.html").read_text()
 
 

@@ -20,9 +20,14 @@ NINES_PERCENTILES = [100.0 * (1 - 10 ** -n) for n in NINES]
 
 
 def chart(cid: str, title: str, x_label: str, y_label: str, x: list[float], series: list[dict[str, Any]],
-           y_range: tuple[float, float] | None = None, kind: str = "time") -> dict[str, Any]:
-    return {"id": cid, "title": title, "x_label": x_label, "y_label": y_label, "x": x, "series": series,
-            "y_range": y_range, "kind": kind}
+           y_range: tuple[float, float] | None = None, kind: str = "time", y2_label: str = "") -> dict[str, Any]:
+    """One chart's spec, as static/charts.js draws it; ``y2_label``: the unit of the series marked
+    ``"axis": "y2"``, on a right-hand axis of its own."""
+    out = {"id": cid, "title": title, "x_label": x_label, "y_label": y_label, "x": x, "series": series,
+           "y_range": y_range, "kind": kind}
+    if y2_label:
+        out["y2_label"] = y2_label
+    return out
 
 
 def pareto(points: list[tuple[float, float, Any]]) -> list[tuple[float, float, Any]]:
@@ -153,9 +158,10 @@ def by_level(runs: list[Any], levels: list[float], level: str) -> list[dict[str,
         return rounded([metric_stats(r.summary, key).at(stat) * 1000 if metric_stats(r.summary, key).count
                        else None for r in runs])
     return [
-        chart("sweep-throughput", f"Throughput against the {level}", level, "per s", levels,
+        chart("sweep-throughput", f"Throughput against the {level}", level, "output tok/s", levels,
                [{"label": "output tok/s", "values": rounded([r.summary.output_token_rate for r in runs])},
-                {"label": "requests/s", "values": rounded([r.summary.request_rate for r in runs])}], kind="level"),
+                {"label": "req/s", "values": rounded([r.summary.request_rate for r in runs]), "axis": "y2"}],
+               kind="level", y2_label="req/s"),
         chart("sweep-latency", f"Latency against the {level}", level, "ms", levels,
                [{"label": "TTFT mean", "values": metric(TTFT, "mean")},
                 {"label": "TTFT p99", "values": metric(TTFT, "p99"), "dash": True},

@@ -74,8 +74,9 @@
     var series = [{label: nines ? "percentile" : timeline ? "t (s)" : spec.x_label, value: function (u, v) {
       return v == null ? "-" : nines ? "p" + pctOf(v) : timeline ? v.toFixed(1) + " s" : fmt(v); }}];
     spec.series.forEach(function (s, i) {
-      var unit = s.label.indexOf(spec.y_label) >= 0 ? "" : " (" + spec.y_label + ")";
-      series.push({label: s.label + unit, stroke: COLORS[i % COLORS.length], width: 1.5,
+      var right = s.axis === "y2", axisLabel = right ? spec.y2_label : spec.y_label;
+      var unit = s.label.indexOf(axisLabel) >= 0 ? "" : " (" + axisLabel + ")";
+      series.push({label: s.label + unit, stroke: COLORS[i % COLORS.length], width: 1.5, scale: right ? "y2" : "y",
                    dash: s.dash ? [6, 3] : undefined, spanGaps: true, points: {show: spec.kind === "level"},
                    paths: s.step ? uPlot.paths.stepped({align: -1}) : undefined,
                    value: function (u, v) { return fmt(v); }});
@@ -86,15 +87,22 @@
       xAxis.splits = function () { return [0, 0.301, 1, 2, 3]; };
       xAxis.values = function (u, splits) { return splits.map(function (v) { return NINES[String(v)] || ""; }); };
     }
+    var around = {range: function (u, lo, hi) {  /* a flat series gets a range around it, not ±5 % of nothing */
+      if (lo == null) return [0, 1];
+      if (hi - lo < 1e-9) return [Math.max(0, lo - Math.max(1, Math.abs(lo) * 0.1)), hi + Math.max(1, Math.abs(hi) * 0.1)];
+      return [Math.min(0, lo), hi * 1.05]; }};
+    var scales = {x: timeline ? {time: false, range: timeRange} : {time: false}, y: spec.y_range ? {range: spec.y_range} : around};
+    var axes = [xAxis, {label: spec.y_label, labelSize: 20, size: 60, values: function (u, splits) { return splits.map(fmt); }}];
+    if (spec.y2_label) {  /* a second unit on an axis of its own, on the right: req/s (2-5) drawn on the tok/s axis
+                             (0-250) lay flat at 0 */
+      scales.y2 = around;
+      axes.push({scale: "y2", side: 1, label: spec.y2_label, labelSize: 20, size: 60, grid: {show: false},
+                 values: function (u, splits) { return splits.map(fmt); }});
+    }
     var opts = {
       width: Math.min(1100, Math.max(480, host.clientWidth - 20)), height: spec.height || 240,
-      scales: {x: timeline ? {time: false, range: timeRange} : {time: false}, y: spec.y_range ? {range: spec.y_range} : {
-        range: function (u, lo, hi) {  /* a flat series gets a range around it, not ±5 % of nothing */
-          if (lo == null) return [0, 1];
-          if (hi - lo < 1e-9) return [Math.max(0, lo - Math.max(1, Math.abs(lo) * 0.1)), hi + Math.max(1, Math.abs(hi) * 0.1)];
-          return [Math.min(0, lo), hi * 1.05]; }}},
-      axes: [xAxis, {label: spec.y_label, labelSize: 20, size: 60,
-                     values: function (u, splits) { return splits.map(fmt); }}],
+      scales: scales,
+      axes: axes,
       series: series,
       cursor: timeline ? {sync: {key: sync.key}} : {},
       hooks: timeline ? {draw: [drawMarks]} : {},
