@@ -430,3 +430,34 @@ def test_the_report_changes_no_summary_field_its_analyses_are_kept_once(tmp_path
     assert json.loads(json.dumps(again.summary.to_json(), default=str)) == kept["summary"]  # judged what is kept
     build(run, ["ttft.p99<=400ms"])  # other SLOs: the disruption is judged by their limits, so analysed again
     assert json.loads(stats.read_text())["analysed"] == {"slos": ["ttft.p99<=400ms"]}
+
+
+def test_the_report_and_summary_md_say_what_load_they_measured(tmp_path):
+    """The report named its target twice and said no users, rate, lengths or duration: one Load line now, from what
+    the run kept, in report.html and summary.md; the emulator's target said once (its banner)."""
+    from vllm_load.report.load import load_line
+
+    run = make_run_dir(tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    config["options"].update(input_tokens="256", output_tokens="32", run_time=30, request_rate=0.0)
+    (run / "config.json").write_text(json.dumps(config))
+    built = build(run, ["ttft.p99<=500ms"])
+    want = "4 users, closed loop · input 256 output 32 tokens · asked -t 30 s, ran 31.0 s · 1 load process"
+    page = built.report.read_text()
+    assert f"<p class='load' id='load'><b>Load:</b> {want}</p>" in page
+    assert page.count("Target:") == 1 and "id='emulator-banner'" in page  # the emulator named once
+    assert f"Load: {want}" in (run / "summary.md").read_text()
+    # open loop, a trace, a sweep, a count, an interrupted run: each said as it was asked
+    s = {"duration_s": 12.04, "workers": ["w0", "w1", "w2"]}
+    assert load_line({"num_users": 8, "request_rate": 4.0, "burstiness": 1.0, "input_tokens": "1000-2000",
+                      "num_requests": 200}, s) == (
+        "Load: 4 req/s open loop, Poisson arrivals, over 8 users · input 1000-2000 output 64 tokens · "
+        "asked --num-requests 200, ran 12.0 s · 3 load processes")
+    assert load_line({"trace": "t.jsonl", "trace_speed": 2.0}, {"duration_s": 5.0}).startswith(
+        "Load: a trace replayed at its timestamps (x2) · lengths from the trace · ran 5.0 s")
+    assert load_line({"num_users": 1, "burstiness": float("inf"), "request_rate": 2.0}, {}).startswith(
+        "Load: 2 req/s open loop, constant arrivals")
+    assert load_line({}, {}, {"sweep_kind": "users", "sweep_levels": [1, 2, 4]}).startswith(
+        "Load: a sweep over users: 1, 2, 4")
+    assert load_line({"num_users": 2, "run_time": 40}, {"duration_s": 9.9, "features": {
+        "interrupted": {"by": "SIGINT"}}}).endswith("asked -t 40 s, ran 9.9 s (interrupted) · 1 load process")

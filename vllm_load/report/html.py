@@ -37,6 +37,7 @@ from vllm_load.metrics.judge.client_health import silent_workers
 from vllm_load.metrics.fleet.server import server_summary
 from vllm_load.rundir.files import Run, RunDir
 from vllm_load.report.csv_export import llm_stats_csv
+from vllm_load.report.load import load_line
 from vllm_load.report.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.judge.slo import parse_slo_option
 from vllm_load.metrics.judge.verdict import feature_charts, feature_said
@@ -58,6 +59,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
     return render(
         "report.html.j2", name=run.path.name, run_id=str(run.config.get("run_id")), emulator=run.is_emulator,
         kind=run.target_kind, host=str(run.config.get("host")), model=str(run.config.get("model")), overall=overall,
+        load=load_line(run.config.get("options"), s, run.config.get("plan")).removeprefix("Load: "),
         invalid=verdict.invalid, untrustworthy=verdict.untrustworthy,
         said=[(line.removeprefix("vllm-load: "), tone) for line, tone in feature_said(s, run.config.get("options", {}))],
         checks=[{"slo": c.slo, "word": word(c.passed), "detail": c.detail} for c in verdict.checks],

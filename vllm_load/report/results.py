@@ -11,6 +11,7 @@ from vllm_load.metrics.judge.verdict import (  # noqa: F401  (the verdict's part
     DRIFT_LIMIT, TRUST, Verdict, exit_code, feature_keys, feature_lines, judge, judge_emulator,
     render_checks, trust_check, validity_checks, word)
 from vllm_load.report.console import render_table
+from vllm_load.report.load import load_line
 from vllm_load.rundir.files import RunDir
 
 
@@ -38,7 +39,7 @@ def _md(text: str) -> str:
 
 def summary_markdown(summary: dict, verdict: Verdict, title: str, server: dict | None = None,
                      options: dict | None = None) -> str:
-    lines = [f"# {_md(title)}", ""]
+    lines = [f"# {_md(title)}", "", _md(load_line(options, summary)), ""]
     said = feature_lines(summary, options)  # a run stopped or interrupted says so first
     if said:
         lines += [f"**{_md(line.removeprefix('vllm-load: '))}**" for line in said] + [""]
