@@ -190,6 +190,9 @@ def test_agentx_start_point_warms_the_turn_before_it_and_measures_from_it(tmp_pa
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())["summary"]
     assert summary["warmup_excluded"] == 5 and summary["requests"] == len(logs) - 5
     assert len(made) == 8
+    # said as what they are, with no --warmup given ("started during --warmup" was not so)
+    assert ("warm-up: 5 requests sent as warm-up (started during --warmup, or sent as warm-up by the locustfile)"
+            in res.stdout) and "requests started during --warmup" not in res.stdout
 
 
 def test_a_bad_session_start_is_one_line(tmp_path):

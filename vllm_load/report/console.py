@@ -261,8 +261,10 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
         lines.append(f"cancelled by the client (--cancel): {s.abandoned_excluded} requests given up on mid-answer: "
                      "logged with their partial timings, neither successes nor failures")
     if s.warmup_excluded:
-        lines.append(f"warm-up: {s.warmup_excluded} requests started during --warmup were sent and logged, and "
-                     "left out of every number here")
+        # a locustfile's own warm-up requests too (sessions.py's turn before AgentX's t*: with no --warmup given,
+        # "started during --warmup" was not so)
+        lines.append(f"warm-up: {s.warmup_excluded} requests sent as warm-up (started during --warmup, or sent as "
+                     "warm-up by the locustfile) were logged, and left out of every number here")
     if s.backoffs:
         lines.append(f"backoff: users waited {s.backoffs} times ({s.backoff_s:.1f} s in all) before their next "
                      "request after a connection failure, a 5xx or a broken stream (--retry-backoff-max)")

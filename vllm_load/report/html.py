@@ -133,7 +133,8 @@ def summary_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:
     s = RunSummary.of(s)
     return [
         ("requests (ok / failed)", f"{s.requests} ({s.succeeded} / {s.failed})"),
-        *([("warm-up (excluded)", f"{s.warmup_excluded} requests started during --warmup")]
+        *([("warm-up (excluded)", f"{s.warmup_excluded} requests (during --warmup, or sent as warm-up by the "
+                                  "locustfile)")]
           if s.warmup_excluded else []),
         ("duration", f"{s.duration_s:.1f} s"), ("request rate", f"{s.request_rate:.2f} /s"),
         ("output tokens/s", f"{s.output_token_rate:.1f}"),
