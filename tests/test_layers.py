@@ -147,6 +147,8 @@ FOREIGN_NAMES = {
     ("report/vllm_result.py", "itl"): 1,
     ("report/mlperf_result.py", "ttft"): 1,  # MLPerf Endpoints' Report fields (ttft, tpot: its rollups' names)
     ("report/mlperf_result.py", "tpot"): 1,
+    ("report/load.py", "input_tokens"): 1,  # config.json's options: --input-tokens and --output-tokens as asked
+    ("report/load.py", "output_tokens"): 1,
 }
 
 

@@ -193,6 +193,9 @@ def test_agentx_start_point_warms_the_turn_before_it_and_measures_from_it(tmp_pa
     # said as what they are, with no --warmup given ("started during --warmup" was not so)
     assert ("warm-up: 5 requests sent as warm-up (started during --warmup, or sent as warm-up by the locustfile)"
             in res.stdout) and "requests started during --warmup" not in res.stdout
+    # the start-up line and the report's Load line say where the lengths came from (it said "input 128 output 64")
+    assert "max_model_len 32768 lengths from the sessions" in res.stdout and "output 64 tokens" not in res.stdout
+    assert "lengths from the sessions" in (tmp_path / "run" / "summary.md").read_text()
 
 
 def test_a_bad_session_start_is_one_line(tmp_path):

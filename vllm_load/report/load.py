@@ -40,14 +40,18 @@ def _who(o: Mapping[str, Any], plan: Mapping[str, Any]) -> str:
     return f"{users} users, closed loop" if users is not None else ""
 
 
-def _what(o: Mapping[str, Any]) -> str:
+def lengths_text(o: Mapping[str, Any], input_text: str = "", output_text: str = "") -> str:
+    """What lengths the run sent: the asked ones (``input_text``/``output_text`` as the target resolved them, else the
+    options'), or where they came from (a trace's or sessions' own: the start-up line said "input 128 output 64"
+    for a trace of other lengths)."""
+    asked_in, asked_out = o.get("input_tokens"), o.get("output_tokens")  # the options' (--input-tokens, ...)
     if o.get("trace"):
         return "lengths from the trace"
     if o.get("sessions"):
         return "lengths from the sessions"
     if o.get("dataset"):
-        return "prompts from --dataset" + (f", output {o['output_tokens']} tokens" if o.get("output_tokens") else "")
-    return f"input {o.get('input_tokens') or 128} output {o.get('output_tokens') or 64} tokens"
+        return "prompts from --dataset" + (f", output {asked_out} tokens" if asked_out else "")
+    return f"input {input_text or asked_in or 128} output {output_text or asked_out or 64} tokens"
 
 
 def _how_long(o: Mapping[str, Any], s: Any) -> str:
@@ -69,5 +73,5 @@ def load_line(options: Mapping[str, Any] | None, summary: Any,
     """``Load: 4 users, closed loop · input 128 output 64 tokens · asked -t 30 s, ran 30.2 s · 1 load process``."""
     o, p = options or {}, plan or {}
     processes = len(_get(summary, "workers") or []) or int(p.get("processes") or 1)
-    parts = [_who(o, p), _what(o), _how_long(o, summary), f"{processes} load process{'es' if processes > 1 else ''}"]
+    parts = [_who(o, p), lengths_text(o), _how_long(o, summary), f"{processes} load process{'es' if processes > 1 else ''}"]
     return "Load: " + " · ".join(x for x in parts if x)

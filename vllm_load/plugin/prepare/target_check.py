@@ -12,6 +12,7 @@ from vllm_load.errors import UsageError, die
 from vllm_load.plugin.prepare import startup, validate
 from vllm_load.plugin.prepare.servers import Servers
 from vllm_load.plugin.prepare.target import Target, resolve_targets
+from vllm_load.report.load import lengths_text
 from vllm_load.runtime.server_wait import wait_for_server
 
 log = logging.getLogger("vllm_load")
@@ -33,7 +34,7 @@ class TargetCheck:
             target = self.check()
             apis = self.apis()
             lengths = (f"input {target.input_spec.text} tokens per text" if apis and apis <= POOLING
-                       else f"input {target.input_spec.text} output {target.output_spec.text} tokens")
+                       else lengths_text(getattr(opts, "__dict__", {}), target.input_spec.text, target.output_spec.text))
             print(f"vllm-load: target {target.host} ({target.kind}) model {target.model} tokenizer {target.tokenizer} "
                   f"(from {target.tokenizer_source}) max_model_len {target.max_model_len} {lengths}", flush=True)
             if target.server_kind == "openai":
