@@ -196,6 +196,8 @@ def test_agentx_start_point_warms_the_turn_before_it_and_measures_from_it(tmp_pa
     # the start-up line and the report's Load line say where the lengths came from (it said "input 128 output 64")
     assert "max_model_len 32768 lengths from the sessions" in res.stdout and "output 64 tokens" not in res.stdout
     assert "lengths from the sessions" in (tmp_path / "run" / "summary.md").read_text()
+    # a replay's users wait as the recording did: no "delivered load ... NOT as asked" verdict on them
+    assert summary.get("delivered") is None and "delivered load" not in res.stdout
 
 
 def test_a_bad_session_start_is_one_line(tmp_path):

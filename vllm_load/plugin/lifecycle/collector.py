@@ -215,7 +215,8 @@ class Collector:
             found = delivered(self.totals.sends.times, self.plan.constant_rate, float(self.opts.burstiness))
             return found.to_json() if found is not None else None
         steady = self.totals.phases.get("steady")
-        if steady is None or not steady.requests or steady.first_start is None or self.plan.trace_rows or \
+        replay = self.plan.trace_rows or getattr(self.opts, "sessions", "")  # its waits are the recording's
+        if steady is None or not steady.requests or steady.first_start is None or replay or \
                 steady.failures > 0.1 * steady.requests:  # failing at once is no load to judge
             return None
         window, mean_e2e = steady.last_end - steady.first_start, steady.hists[E2E].mean
