@@ -12,6 +12,9 @@ from typing import Any
 # and every emulator, sidecar and Locust process the suite starts compiled the package from source
 sys.dont_write_bytecode = False
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+# The runs the suite makes write no figures (--no-figures, by its environment variable: ~1 s of matplotlib at each
+# run's end, some 400 runs); the figures' own tests ask for them (tests/test_figures.py)
+os.environ["VLLM_LOAD_NO_FIGURES"] = "true"
 
 import locust  # noqa: E402,F401  (first: see below)
 import pytest

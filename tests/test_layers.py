@@ -142,11 +142,11 @@ FOREIGN_NAMES = {
     ("client/sse.py", "reasoning_tokens"): 2,  # chat's and completions' usage.completion_tokens_details
     ("workload/inputs/trace.py", "input_tokens"): 1,  # a trace file's column names, as other tools write them
     ("workload/inputs/trace.py", "output_tokens"): 1,
-    ("report/vllm_result.py", "ttft"): 1,  # vllm bench serve's result names (mean_ttft_ms, ...)
-    ("report/vllm_result.py", "tpot"): 1,
-    ("report/vllm_result.py", "itl"): 1,
-    ("report/mlperf_result.py", "ttft"): 1,  # MLPerf Endpoints' Report fields (ttft, tpot: its rollups' names)
-    ("report/mlperf_result.py", "tpot"): 1,
+    ("report/exports/vllm_result.py", "ttft"): 1,  # vllm bench serve's result names (mean_ttft_ms, ...)
+    ("report/exports/vllm_result.py", "tpot"): 1,
+    ("report/exports/vllm_result.py", "itl"): 1,
+    ("report/exports/mlperf_result.py", "ttft"): 1,  # MLPerf Endpoints' Report fields (ttft, tpot: its rollups' names)
+    ("report/exports/mlperf_result.py", "tpot"): 1,
     ("report/load.py", "input_tokens"): 1,  # config.json's options: --input-tokens and --output-tokens as asked
     ("report/load.py", "output_tokens"): 1,
 }

@@ -185,7 +185,7 @@ def test_the_vllm_result_writes_latencies_and_queue_times_always_and_vllms_concu
     """vLLM writes latencies and queue_times without --save-detailed; its queue time is the client's own wait
     before the send (here the open loop's send lag); its max_concurrent_requests counts requests alive within
     each second: one request at a time, 0.6 s apart, already makes 3."""
-    from vllm_load.report.vllm_result import _alive_per_second, _peak
+    from vllm_load.report.exports.vllm_result import _alive_per_second, _peak
 
     emu = emulator_factory("--ttft", "0.01", "--itl", "0.005")
     run_dir = tmp_path / "run"

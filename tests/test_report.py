@@ -461,3 +461,21 @@ def test_the_report_and_summary_md_say_what_load_they_measured(tmp_path):
         "Load: a sweep over users: 1, 2, 4")
     assert load_line({"num_users": 2, "run_time": 40}, {"duration_s": 9.9, "features": {
         "interrupted": {"by": "SIGINT"}}}).endswith("asked -t 40 s, ran 9.9 s (interrupted) · 1 load process")
+
+
+def test_every_latency_window_is_plotted_within_the_run_where_its_data_is():
+    """Windows sit on the wall clock's 10 s grid: a run that began 3.4 s into one plotted its first window at its
+    middle, -3.3 s on the run's clock. Each is plotted at the middle of its part within the run."""
+    from vllm_load.report.charts import timeline_of
+
+    stats = LLMStats()
+    t0 = 1_800_000_003.4
+    for i in range(40):  # a request every 0.5 s for 20 s: windows from t0 - 3.4 (to t0 + 6.6), ..., to t0 + 26.6
+        stats.add(RequestRecord(api="chat", start=t0 + i * 0.5, e2e=0.2, ok=True, ttft=0.05, chunk_offsets=[0.05, 0.1],
+                                chunk_tokens=[1, 1], output_tokens=2, input_tokens=8, input_tokens_asked=8,
+                                tokens_from_usage=True))
+    latency = next(c for c in timeline_of(stats, t0, []) if c["id"] == "latency")
+    assert latency["x"][0] == pytest.approx(6.6 / 2) and latency["x"][1] == pytest.approx(6.6 + 5)
+    assert all(x >= 0 for x in latency["x"])
+    last_second = max(stats.tokens_per_second) + 1 - t0  # the last window ends with the run's last second
+    assert latency["x"][-1] == pytest.approx((16.6 + min(26.6, last_second)) / 2, abs=1e-3)

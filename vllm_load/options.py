@@ -251,6 +251,9 @@ _DECLARED: tuple[Option, ...] = (*group(
         "beside it as DIR-<run id>", shown_default="reports/<run id>", web=False),
     Option("--save-detailed", False, "vllm-result.json also holds the per-request arrays (input_lens, output_lens, "
         "ttfts, itls, latencies, errors …), as vllm bench serve --save-detailed", action="store_true"),
+    Option("--no-figures", False, "write no figures: by default the headline charts (latency and throughput over the "
+        "run, a sweep's against its level) are written as PNG and SVG into the run directory's figures/ and shown "
+        "in summary.md, for a CI job summary or a pull request", action="store_true"),
     Option("--metric-percentiles", "", "the percentiles shown (console, summary, report, vllm-result.json), as vllm "
         "bench serve's option, e.g. 25,50,99,99.9; computed exactly from the histograms",
         shown_default="50,90,95,99,99.9"),

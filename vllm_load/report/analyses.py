@@ -28,7 +28,7 @@ from vllm_load.metrics.judge.verdict import UNTRUSTWORTHY, judge_emulator, trust
 from vllm_load.workload.scenarios import untrusted
 from vllm_load.metric_table import (
     CLIENT_OVERHEAD, E2E, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
-from vllm_load.report.vllm_result import run_logs
+from vllm_load.report.exports.vllm_result import run_logs
 from vllm_load.rundir.files import Run, RunDir, load_run
 from vllm_load.rundir.reqlog import read_log
 

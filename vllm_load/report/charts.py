@@ -11,6 +11,7 @@ from typing import Any
 from vllm_load.metric_table import BY_KEY, E2E, ITL, ITL_TOKEN, TPOT, TTFT
 from vllm_load.report.console import ITL_CHUNK_ONLY, ITL_ONE_ROW, table_rows
 from vllm_load.rundir.files import Run
+from vllm_load.metrics.stats import WINDOW_S
 from vllm_load.metrics.summary import metric_stats
 
 #: the distributions' x axis: "nines" (-log10 of the share above), so p50, p90, p99 and p99.9 sit evenly apart
@@ -65,6 +66,16 @@ def prefix_hit_rates(series: list[dict]) -> list[tuple[float, float]]:
     return out
 
 
+def _window_at(w: float, t0: float, end: float | None) -> float:
+    """Where a latency window is plotted, on the run's clock: the middle of its part within the run. Windows sit on
+    the wall clock's 10 s grid, so the first began before the run (plotted at its middle, -3.3 s) and the last may
+    end after it."""
+    lo, hi = max(w, t0), w + WINDOW_S
+    if end is not None:
+        hi = max(lo, min(hi, end))
+    return round((lo + hi) / 2 - t0, 3)
+
+
 def timeline(run: Run) -> list[dict[str, Any]]:
     """Client latency per 10 s window and output tokens/s; beneath, the server's requests, KV cache, token rates and
     prefix-cache hit rate (when the run directory holds its series)."""
@@ -83,10 +94,10 @@ def timeline_of(s: Any, t0: float, server: list[dict]) -> list[dict[str, Any]]:
             series.append({"label": f"{BY_KEY[metric].title} p{p}", "dash": metric != TTFT,
                            "values": rounded([h.percentile(p) * 1000 if h is not None and h.count else None
                                              for _, h in got])})
+    secs = sorted(s.tokens_per_second)
     if wins:
         out.append(chart("latency", "Client latency per 10 s window (by request start)", "seconds since the run started",
-                          "ms", [w + 5 - t0 for w in wins], series))
-    secs = sorted(s.tokens_per_second)
+                          "ms", [_window_at(w, t0, secs[-1] + 1 if secs else None) for w in wins], series))
     if secs:
         out.append(chart("throughput", "Output tokens per second (client)", "seconds since the run started", "tok/s",
                           [x - t0 for x in secs], [{"label": "output tok/s",

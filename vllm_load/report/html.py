@@ -21,8 +21,8 @@ from vllm_load.metrics.shape.breakdown import (API_SERVER, BEFORE_SERVER, CLIENT
 from vllm_load.metrics.judge.client_health import who_fell_behind
 from vllm_load.metrics.fleet.disruption import describe as disruption_lines
 from vllm_load.workload.scenarios import describe as scenario_line
-from vllm_load.report.llmd_report import llmd_report
-from vllm_load.report.mlperf_result import mlperf_result
+from vllm_load.report.exports.llmd_report import llmd_report
+from vllm_load.report.exports.mlperf_result import mlperf_result
 from vllm_load.metrics.shape.reuse import describe as reuse_line
 from vllm_load.metrics.fleet.routing import routing_line
 from vllm_load.metrics.summary import RunSummary
@@ -36,9 +36,9 @@ from vllm_load.report.results import finish
 from vllm_load.metrics.judge.client_health import silent_workers
 from vllm_load.metrics.fleet.server import server_summary
 from vllm_load.rundir.files import Run, RunDir
-from vllm_load.report.csv_export import llm_stats_csv
+from vllm_load.report.exports.csv_export import llm_stats_csv
 from vllm_load.report.load import load_line
-from vllm_load.report.vllm_result import run_logs, vllm_result
+from vllm_load.report.exports.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.judge.slo import parse_slo_option
 from vllm_load.metrics.judge.verdict import feature_charts, feature_said
 from vllm_load.metric_table import (
@@ -214,4 +214,19 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     perf = RunDir(rd.mlperf_result.parent)  # MLPerf Endpoints' layout: performance/result_summary.json
     perf.write(rd.mlperf_result, mlperf_result(run, logs), indent=2)
     rd.write(rd.llm_csv, llm_stats_csv(run.summary))
+    if not opts.get("no_figures"):
+        _figures(run, rd)
     return Built(verdict, out, run.summary, server)
+
+
+#: the report's charts also written as figures (report/figures.py)
+FIGURES = ("latency", "throughput")
+
+
+def _figures(run: Run, rd: RunDir) -> None:
+    """The headline charts as PNG and SVG in figures/, shown at the end of summary.md."""
+    from vllm_load.report.figures import markdown, write_figures
+
+    paths = write_figures([c for c in charts.timeline(run) if c["id"] in FIGURES], rd.figures)
+    if paths:
+        rd.write(rd.summary_md, rd.summary_md.read_text() + "\n" + markdown(paths, rd.path) + "\n")

@@ -13,7 +13,7 @@ from vllm_load.metrics.judge.verdict import judge, word  # noqa: E402
 from vllm_load.metrics.judge.repeats import spread, spread_text
 from vllm_load.metrics.fleet.server import server_summary  # noqa: E402
 from vllm_load.report import charts  # noqa: E402
-from vllm_load.report.mlperf_result import pareto_point  # noqa: E402
+from vllm_load.report.exports.mlperf_result import pareto_point  # noqa: E402
 from vllm_load.metrics.shape.curves import decode_curve, describe_decode  # noqa: E402
 from vllm_load.report.page import render  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
@@ -105,11 +105,11 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
     overall = ("pass" if chosen is not None else "untrustworthy" if passing else "fail"
                if any(v is not None for v in verdicts) else "none")
     code_line = f"The run's exit code: {exit_code}" if exit_code is not None else ""
+    specs = charts.by_level(runs, [r.concurrency or i for i, r in enumerate(runs)], level) + pareto_chart(runs)
     page = render("sweep.html.j2", count=len(runs), emulator=any(r.is_emulator for r in runs), best=best, knee=bend,
                   exit_code=code_line,
                   overall=overall, head=head, rows=rows, repeats_head=REPEAT_HEAD, repeats=repeats,
-                  charts={"sweep": charts.by_level(runs, [r.concurrency or i for i, r in enumerate(runs)], level)
-                          + pareto_chart(runs)})
+                  charts={"sweep": specs})
     rd = RunDir(out_dir)
     rd.write(rd.sweep_html, page)
     md = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -117,6 +117,10 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
         md += ["", "Repeated levels: mean ± half the confidence interval over their steps", "",
                "| " + " | ".join(REPEAT_HEAD) + " |", "|" + "---|" * len(REPEAT_HEAD)]
         md += ["| " + " | ".join(str(c) for c in r) + " |" for r in repeats]
+    if not any((r.config.get("options") or {}).get("no_figures") for r in runs):  # the same charts as files
+        from vllm_load.report.figures import markdown, write_figures
+
+        md += ["", markdown(write_figures(specs, rd.figures), rd.path)]
     rd.write(rd.sweep_md, f"**{best}**" + (f" ({code_line[0].lower()}{code_line[1:]})" if code_line else "") + "\n\n"
              + (f"{bend}\n\n" if bend else "") + "\n".join(md) + "\n")
     return rd.sweep_html, best + (f"; {bend}" if bend else ""), repeats

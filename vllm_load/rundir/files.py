@@ -44,6 +44,7 @@ class RunDir:
     llmd_report = property(lambda self: self.path / "benchmark_report_v0.2.yaml")  # llm-d's Benchmark Report
     mlperf_result = property(lambda self: self.path / "performance" / "result_summary.json")  # MLPerf Endpoints'
     llm_csv = property(lambda self: self.path / "llm_stats.csv")  # one row per metric and name
+    figures = property(lambda self: self.path / "figures")  # the headline charts as PNG and SVG files
 
     def requests(self, worker: str | None) -> Path:
         """The per-request log: one file for a local run, one per worker in a swarm (``worker``: "w3-hostname")."""

@@ -252,7 +252,7 @@ def _export_otlp(col: Collector, opts: Any) -> None:
     """--otlp-endpoint: the run's metrics to an OpenTelemetry collector, once; a failure is said, not fatal."""
     if not getattr(opts, "otlp_endpoint", ""):
         return
-    from vllm_load.report.otlp import export
+    from vllm_load.report.exports.otlp import export
 
     why = export(opts.otlp_endpoint, col.totals, col.measured_from, col.end_wall or time.time(),
                  {"vllm_load.run_id": col.plan.run_id, "vllm_load.model": col.plan.model,
@@ -334,7 +334,7 @@ def _end_lines(ctl: Controller, run: Run, col: Collector, built: Any, exceptions
                      "them; the log shows each kind once)\n")
     if built.verdict.checks:
         lines.append(render_checks(built.verdict.checks) + "\n")
-    from vllm_load.report.trackers import log_run  # --mlflow-uri, --wandb-project: what the directory holds
+    from vllm_load.report.exports.trackers import log_run  # --mlflow-uri, --wandb-project: what the directory holds
 
     lines += [line + "\n" for line in log_run(environment.parsed_options, col.plan.files.path)]
     lines += [line + "\n" for line in after]

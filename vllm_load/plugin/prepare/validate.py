@@ -170,10 +170,10 @@ def _check_exports(opts: Any) -> None:
     """Where the run's numbers go besides its directory (OTLP, MLflow/W&B) and where GPU telemetry comes from."""
     if getattr(opts, "otlp_endpoint", ""):
         check_http_url(opts.otlp_endpoint, "--otlp-endpoint", "http://127.0.0.1:4318")
-        from vllm_load.report.otlp import check_available
+        from vllm_load.report.exports.otlp import check_available
         check_available()
     if getattr(opts, "mlflow_uri", "") or getattr(opts, "wandb_project", ""):
-        from vllm_load.report.trackers import check_available as trackers_available
+        from vllm_load.report.exports.trackers import check_available as trackers_available
         trackers_available(opts)
     if getattr(opts, "router_metrics", ""):
         check_http_url(opts.router_metrics, "--router-metrics", "http://127.0.0.1:29000/metrics")

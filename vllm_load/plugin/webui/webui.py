@@ -217,7 +217,7 @@ class LLMTab:
     def _llm_csv(self) -> Any:
         from flask import Response
 
-        from vllm_load.report.csv_export import llm_stats_csv
+        from vllm_load.report.exports.csv_export import llm_stats_csv
 
         summary = self.summary_source()
         body = llm_stats_csv(summary) if summary else llm_stats_csv({"metrics": {}})

@@ -103,7 +103,7 @@ def pareto_point(run: Any) -> tuple[float, float] | None:
     if path.exists():
         point = json.loads(path.read_text())
     else:
-        from vllm_load.report.vllm_result import run_logs
+        from vllm_load.report.exports.vllm_result import run_logs
 
         point = mlperf_result(run, run_logs(run))
     if point.get("system_tps") is None or point.get("tps_per_user") is None:
