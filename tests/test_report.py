@@ -86,15 +86,17 @@ def test_cli_sweep_and_bad_dir(tmp_path, capsys):
     md = (tmp_path / "sweep" / "sweep.md").read_text().splitlines()
     assert md[0] == "**No run met every SLO**"
     head = next(i for i, line in enumerate(md) if line.startswith("| run |"))  # after the best and the curves' lines
-    assert [row.split("|")[2].strip() for row in md[head + 2:]] == ["2", "4", "8"]
+    rows = md[head + 2:head + 5]  # the table's rows (its figures follow it)
+    assert [row.split("|")[2].strip() for row in rows] == ["2", "4", "8"] and not md[head + 5].startswith("|")
     # latency grows with concurrency (TTFT 0.1 s per user): judged by one SLO, 2 and 4 pass, 8 misses
     levels = [make_run_dir(tmp_path / f"l{u}", users=u, base_ttft=0.1 * u) for u in (2, 4, 8)]
     assert cli_main(["report", *map(str, levels), "--slo", "ttft.p99<=500ms", "--out", str(tmp_path / "sweep2")]) == 3
     md2 = (tmp_path / "sweep2" / "sweep.md").read_text().splitlines()
     assert md2[0] == "**Largest concurrency meeting every SLO: 4**"
     head = next(i for i, line in enumerate(md2) if line.startswith("| run |"))
-    assert [row.split("|")[-3].strip() for row in md2[head + 2:]] == ["PASS", "PASS", "FAIL"]
-    assert [row.split("|")[-2].strip() for row in md2[head + 2:]] == ["trusted"] * 3  # each step's own trust
+    rows2 = md2[head + 2:head + 5]
+    assert [row.split("|")[-3].strip() for row in rows2] == ["PASS", "PASS", "FAIL"]
+    assert [row.split("|")[-2].strip() for row in rows2] == ["trusted"] * 3  # each step's own trust
     assert cli_main(["report", str(tmp_path / "nope")]) == 2
     assert "is not a complete run directory" in capsys.readouterr().err
 
