@@ -130,3 +130,26 @@ esac
                          text=True, timeout=60)
     assert time.monotonic() - started < 30  # not the other wait's 600 s
     assert res.returncode == code and f"finished with exit code {code}" in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_swarm_and_the_sidecar_each_require_a_token_from_the_secret(overlay):
+    """The base's swarm had no swarm token (any pod that reached the master's port could join and change the
+    result) and its sidecar served the server's series to anyone in the cluster: every load process reads
+    VLLM_LOAD_SWARM_TOKEN, and the sidecar and the master VLLM_LOAD_SIDECAR_TOKEN, each from the Secret (required:
+    a pod without it does not start), none on a command line."""
+    def env(doc: dict) -> dict[str, dict]:
+        (container,) = doc["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("valueFrom", {}).get("secretKeyRef", {}) for e in container.get("env", [])}
+
+    pods = {d["metadata"]["name"]: d for d in _docs(overlay) if d["kind"] in ("Deployment", "Job")}
+    want = {"vllm-load-master": {"VLLM_LOAD_SWARM_TOKEN": "swarm-token", "VLLM_LOAD_SIDECAR_TOKEN": "sidecar-token"},
+            "vllm-load-worker": {"VLLM_LOAD_SWARM_TOKEN": "swarm-token"},
+            "vllm-load-sidecar": {"VLLM_LOAD_SIDECAR_TOKEN": "sidecar-token"}}
+    assert set(pods) == set(want)
+    for name, keys in want.items():
+        got = env(pods[name])
+        for var, key in keys.items():
+            assert got[var] == {"name": "vllm-load", "key": key}, (name, got)  # required: no optional: true
+        command = " ".join(pods[name]["spec"]["template"]["spec"]["containers"][0]["command"])
+        assert "token" not in command, command

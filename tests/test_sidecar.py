@@ -327,3 +327,15 @@ def test_the_live_server_side_keeps_the_numbers_and_the_edges_whole_not_every_sa
         assert [s["waiting"] for s in live.samples] == [s["waiting"] for s in series]  # what the watches read
     finally:
         live.stop()
+
+
+def test_the_sidecars_token_comes_from_the_masters_variable_when_not_given(monkeypatch):
+    """On Kubernetes the token comes from a Secret as an environment variable, not a command line a pod spec shows:
+    the sidecar reads VLLM_LOAD_SIDECAR_TOKEN, the name the master's --sidecar-token reads (one secret for both)."""
+    from server.sidecar.app import build_parser
+
+    monkeypatch.setenv("VLLM_LOAD_SIDECAR_TOKEN", "from-the-secret")
+    assert build_parser().parse_args([]).token == "from-the-secret"
+    assert build_parser().parse_args(["--token", "given"]).token == "given"
+    monkeypatch.delenv("VLLM_LOAD_SIDECAR_TOKEN")
+    assert build_parser().parse_args([]).token == ""

@@ -14,6 +14,7 @@ import math
 import hmac
 import ipaddress
 import json
+import os
 import sys
 import threading
 import time
@@ -160,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--listen", default="127.0.0.1:9101", help="HOST:PORT to serve the series on (port 0: free port)")
     ap.add_argument("--out", default="server-series.jsonl", help="JSON-lines file the samples are appended to ('' for none)")
     ap.add_argument("--log-file", default="", help="parse vLLM stats log lines from this file ('-' for stdin) instead of /metrics")
-    ap.add_argument("--token", default="", help="require this bearer token on the HTTP API")
+    ap.add_argument("--token", default=os.environ.get("VLLM_LOAD_SIDECAR_TOKEN", ""),
+                    help="require this bearer token on the HTTP API (default: $VLLM_LOAD_SIDECAR_TOKEN, the name "
+                    "the master's --sidecar-token reads: one secret for both)")
     ap.add_argument("--wait-for-server", default="0",
                     help="wait this long (30s, 15m, …) for vLLM's /health before serving, with a progress line every 10 s")
     return ap
