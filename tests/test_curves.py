@@ -29,6 +29,10 @@ def test_the_curves_fit_what_the_requests_drew():
     assert d["ms_per_user"] == pytest.approx(0.25) and d["intercept_ms"] == pytest.approx(5.0)
     assert describe_decode(d) == "decode curve: ITL p50 5.00 ms + 0.250 ms per concurrent user (4 levels, 1-64 users)"
     assert decode_curve([1, 8, 32], [0.005, None, 0.006]) is None
+    # --repeat 3 of one level is no curve (it printed one over "3 levels, 4-4 users"); repeats of 3 levels are 3
+    assert decode_curve([4, 4, 4], [0.005, 0.0051, 0.0049]) is None
+    r = decode_curve([1, 1, 8, 8, 32, 32], [0.005, 0.005, 0.007, 0.007, 0.013, 0.013])
+    assert describe_decode(r).endswith("(3 levels, 1-32 users)")
 
 
 @pytest.mark.quiet_cores  # the fitted slope is a time the server keeps and the client reads: the test's subject

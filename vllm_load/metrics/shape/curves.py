@@ -50,9 +50,10 @@ def prefill_from_logs(logs: list[dict[str, Any]], options: Any) -> dict | None:
 
 
 def decode_curve(levels: list[float], itl_p50: list[float | None]) -> dict | None:
-    """ITL p50 by concurrency across a sweep's levels, and its line (None under 3 levels with an ITL)."""
+    """ITL p50 by concurrency across a sweep's levels, and its line (None under 3 distinct levels with an ITL: three
+    repeats of one level printed "a decode curve ... (3 levels, 4-4 users)")."""
     pairs = [(float(u), float(i)) for u, i in zip(levels, itl_p50) if i is not None]
-    if len(pairs) < 3:
+    if len({u for u, _ in pairs}) < 3:
         return None
     intercept, slope = fit([u for u, _ in pairs], [i for _, i in pairs])
     return {"points": [{"users": u, "itl_p50": i} for u, i in pairs], "intercept_ms": intercept * 1000,
@@ -62,4 +63,4 @@ def decode_curve(levels: list[float], itl_p50: list[float | None]) -> dict | Non
 def describe_decode(c: dict) -> str:
     users = [p["users"] for p in c["points"]]
     return (f"decode curve: ITL p50 {c['intercept_ms']:.2f} ms + {c['ms_per_user']:.3f} ms per concurrent user "
-            f"({len(users)} levels, {min(users):g}-{max(users):g} users)")
+            f"({len(set(users))} levels, {min(users):g}-{max(users):g} users)")
