@@ -12,31 +12,18 @@ import pytest
 from PIL import Image
 
 from tests.browser import Browser, chromium
-from tests.test_report import make_run_dir
-from vllm_load.cli import main as cli_main
+from tests.test_report import make_pages, make_run_dir
 
 WIDTH, HEIGHT = 1280, 900
 
 
 def _pages(tmp_path):
-    """Each page built from run directories as the commands make them: (name, file)."""
+    """Each page built from run directories as the commands make them: name -> file."""
     from vllm_load.report.html import build
-    from vllm_load.tune.probe import Probe
-    from vllm_load.tune.report import write as write_tune
 
     run = make_run_dir(tmp_path / "run")
     build(run, ["ttft.p99<=500ms"])
-    levels = [make_run_dir(tmp_path / f"l{u}", users=u, base_ttft=0.1 * u) for u in (2, 4, 8)]
-    assert cli_main(["report", *map(str, levels), "--slo", "ttft.p99<=500ms", "--out", str(tmp_path / "sweep")]) == 3
-    assert cli_main(["compare", str(levels[0]), str(levels[2]), "--out", str(tmp_path / "cmp")]) == 0
-
-    def probe(level: float, passed: bool) -> dict:
-        return Probe(level, passed, 0 if passed else 3, "run", request_rate=level / 2, output_token_rate=level * 10,
-                     goodput=level / 2, ttft_p99=0.01 * level, tps_per_user=40.0 - level).to_json()
-    (tmp_path / "tune").mkdir()
-    write_tune(tmp_path / "tune", [{"params": {"max_num_seqs": str(k)}, "status": "ok", "reason": "", "capacity": k,
-                                    "goodput": k / 2, "probes": [probe(k, True), probe(2 * k, False)]}
-                                   for k in (4, 8)], "concurrency", ["ttft.p99<=1s"])
+    make_pages(tmp_path)
     return {"report": run / "report.html", "sweep": tmp_path / "sweep" / "sweep.html",
             "compare": tmp_path / "cmp" / "compare.html", "tune": tmp_path / "tune" / "tune.html"}
 

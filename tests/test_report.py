@@ -44,6 +44,26 @@ def make_run_dir(path, users=4, emulator=True, with_server=True, slo=("ttft.p99<
     return path
 
 
+def make_pages(tmp_path) -> list:
+    """A sweep of three runs (2, 4, 8 users; 2 and 4 meet ttft.p99<=500ms) into sweep/, compare of its first and
+    last into cmp/, and a tune of two configurations into tune/, as the commands write them; the sweep's runs."""
+    from vllm_load.tune.probe import Probe
+    from vllm_load.tune.report import write as write_tune
+
+    runs = [make_run_dir(tmp_path / f"l{u}", users=u, base_ttft=0.1 * u) for u in (2, 4, 8)]
+    assert cli_main(["report", *map(str, runs), "--slo", "ttft.p99<=500ms", "--out", str(tmp_path / "sweep")]) == 3
+    assert cli_main(["compare", str(runs[0]), str(runs[2]), "--out", str(tmp_path / "cmp")]) == 0
+
+    def tune_probe(level: float, passed: bool) -> dict:
+        return Probe(level, passed, 0 if passed else 3, "run", request_rate=level / 2, output_token_rate=level * 10,
+                     goodput=level / 2, ttft_p99=0.01 * level, tps_per_user=40.0 - level).to_json()
+    (tmp_path / "tune").mkdir()
+    write_tune(tmp_path / "tune", [{"params": {"max_num_seqs": str(k)}, "status": "ok", "reason": "", "capacity": k,
+                                    "goodput": k / 2, "probes": [tune_probe(k, True), tune_probe(2 * k, False)]}
+                                   for k in (4, 8)], "concurrency", ["ttft.p99<=1s"])
+    return runs
+
+
 def test_report_files_and_content(tmp_path):
     run = make_run_dir(tmp_path / "run-a")
     built = build(run, ["ttft.p99<=500ms", "server.prefix_cache_hit_rate<=0%", "server.kv_cache_usage.max<=10%"])
@@ -284,19 +304,7 @@ def test_the_sweep_and_compare_pages_draw_their_charts_in_headless_chromium(tmp_
         if os.environ.get("CI"):
             pytest.fail("CI must install chromium (.ci/run does)")
         pytest.skip("chromium is not installed (CI installs it)")
-    runs = [make_run_dir(tmp_path / f"l{u}", users=u, base_ttft=0.1 * u) for u in (2, 4, 8)]
-    assert cli_main(["report", *map(str, runs), "--slo", "ttft.p99<=500ms", "--out", str(tmp_path / "sweep")]) == 3
-    assert cli_main(["compare", str(runs[0]), str(runs[2]), "--out", str(tmp_path / "cmp")]) == 0
-    from vllm_load.tune.probe import Probe
-    from vllm_load.tune.report import write as write_tune
-
-    def tune_probe(level: float, passed: bool) -> dict:
-        return Probe(level, passed, 0 if passed else 3, "run", request_rate=level / 2, output_token_rate=level * 10,
-                     goodput=level / 2, ttft_p99=0.01 * level, tps_per_user=40.0 - level).to_json()
-    (tmp_path / "tune").mkdir()
-    write_tune(tmp_path / "tune", [{"params": {"max_num_seqs": str(k)}, "status": "ok", "reason": "", "capacity": k,
-                                    "goodput": k / 2, "probes": [tune_probe(k, True), tune_probe(2 * k, False)]}
-                                   for k in (4, 8)], "concurrency", ["ttft.p99<=1s"])
+    runs = make_pages(tmp_path)
     # the sweep's throughput: req/s on an axis of its own (on the tok/s axis, 0-250, its 2-5 lay flat at 0)
     scales = ("const t=window.vllmLoadCharts.find(u=>u.root.parentNode.id==='chart-sweep-throughput');"
               "b.setAttribute('data-scales',t?['y',t.scales.y.max,'y2',t.scales.y2?t.scales.y2.max:'none',"

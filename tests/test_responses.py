@@ -50,6 +50,19 @@ def test_a_responses_stream_is_read_like_a_chat_stream():
     assert (st.reasoning_streamed, st.reasoning_reported) == (1, 0)
 
 
+def test_a_hostile_responses_usage_is_no_usage_as_chats_is():
+    """The Responses API's usage went through int() (a server's 10^30, -5 or "9" taken as a count, or a crash):
+    it goes through chat's guard (``sse.usage_count``): no count, and the run counts the tokens itself."""
+    hostile = {"input_tokens": 1e30, "output_tokens": -5, "input_tokens_details": {"cached_tokens": "9"},
+               "output_tokens_details": {"reasoning_tokens": 1.5}}
+    st = ResponsesState()
+    for t, line in enumerate(STREAM[:-3] + events(("response.completed", {"response": {
+            "id": "resp_1", "status": "completed", "usage": hostile}}))):
+        st.feed(line, 0.01 * t)
+    assert st.done and (st.prompt_tokens, st.completion_tokens) == (None, None)
+    assert st.cached_tokens in (None, 0) and st.reasoning_reported is None
+
+
 @pytest.mark.parametrize("lines,reason", [
     (STREAM[:-3], "stream ended before response.completed after 3 tokens"),
     (events(("error", {"error": {"message": "engine dead"}})), "error in stream: engine dead"),

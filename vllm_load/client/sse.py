@@ -44,6 +44,16 @@ def usage_count(value: Any) -> int | None:
     return int(value) if 0 <= value <= MAX_USAGE_TOKENS else None
 
 
+def usage_details(usage: dict, prompt: str, completion: str) -> tuple[int | None, int | None]:
+    """A usage object's cached prompt tokens and reasoning tokens, each a sane count (``usage_count``) or None:
+    ``{prompt}_details.cached_tokens`` and ``{completion}_details.reasoning_tokens`` (chat's prompt_tokens_details,
+    the Responses API's input_tokens_details: one reading for both, the guard included)."""
+    def detail(key: str, field: str) -> int | None:
+        d = usage.get(f"{key}_details")
+        return usage_count(d.get(field)) if isinstance(d, dict) else None
+    return detail(prompt, "cached_tokens"), detail(completion, "reasoning_tokens")
+
+
 class StreamError(Exception):
     """The stream broke the protocol or reported an error; the message is the failure reason."""
 
@@ -158,12 +168,9 @@ class StreamState:
             before = self.completion_tokens or 0
             self.prompt_tokens = usage_count(usage.get("prompt_tokens", self.prompt_tokens))
             self.completion_tokens = usage_count(usage.get("completion_tokens", self.completion_tokens))
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                self.cached_tokens = usage_count(details["cached_tokens"])
-            details = usage.get("completion_tokens_details")
-            if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
-                self.reasoning_reported = usage_count(details["reasoning_tokens"])
+            cached, thought = usage_details(usage, "prompt_tokens", "completion_tokens")
+            self.cached_tokens = self.cached_tokens if cached is None else cached
+            self.reasoning_reported = self.reasoning_reported if thought is None else thought
             if data.get("choices") and (self.continuous_usage or not self.streamed):
                 self.continuous_usage = True
                 new_tokens = (self.completion_tokens or 0) - before

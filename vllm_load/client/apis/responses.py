@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import orjson
 
-from vllm_load.client.sse import NamedEvents, StreamError
+from vllm_load.client.sse import NamedEvents, StreamError, usage_count, usage_details
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, int_or_none, merge_body
 
 #: the answer's and the thinking's delta events
@@ -63,14 +63,12 @@ class ResponsesState(NamedEvents):
     def _end(self, response: dict) -> None:
         usage = response.get("usage")
         if isinstance(usage, dict):
-            self.prompt_tokens = usage.get("input_tokens")
-            self.completion_tokens = usage.get("output_tokens")
-            details = usage.get("input_tokens_details")
-            if isinstance(details, dict) and details.get("cached_tokens") is not None:
-                self.cached_tokens = int(details["cached_tokens"])
-            details = usage.get("output_tokens_details")
-            if isinstance(details, dict) and details.get("reasoning_tokens") is not None:
-                self.reasoning_reported = int(details["reasoning_tokens"])
+            # through the same guard as chat's usage (a count of 10^30 or -5 is no count: int() took it here)
+            names = ("input_tokens", "output_tokens")  # the Responses API's usage names
+            self.prompt_tokens, self.completion_tokens = (usage_count(usage.get(n)) for n in names)
+            cached, reasoning = usage_details(usage, *names)
+            self.cached_tokens = self.cached_tokens if cached is None else cached
+            self.reasoning_reported = self.reasoning_reported if reasoning is None else reasoning
         status = response.get("status")
         reason = (response.get("incomplete_details") or {}).get("reason") if status == "incomplete" else None
         self.finish_reason = "length" if reason == "max_output_tokens" else (reason or "stop")
