@@ -40,6 +40,7 @@ SLOW_MODULES = frozenset({
     "test_faults", "test_compose", "test_kubernetes", "test_packaging", "test_webui", "test_sweep",
     "test_security", "test_router", "test_transformers_serve", "test_real_vllm_fleet", "test_real_vllm_scheduler",
     "test_pd",  # the real vllm-router binary in front of an emulator pair: a real server process
+    "test_page_screenshots",  # a Chromium over four pages
 })
 #: the test that runs the fast selection beside busy loops (the whole suite leaves that selection to it)
 BUSY_SUITE = "test_busy_suite.py::test_the_fast_selection_passes_beside_a_busy_loop_on_every_core"

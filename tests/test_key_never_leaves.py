@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import gevent
+import pytest
 
 from tests.helpers import ROOT, wait_for
 from vllm_load import redact
@@ -78,6 +79,7 @@ def test_credentials_in_a_fault_command_or_header_are_masked_where_written():
     assert worker_secrets.scrub({"fault": ["1s: exec: x --token=1"], "fault_plan": "p", "host": "h"}) == {"host": "h"}
 
 
+@pytest.mark.e2e  # a Locust process's whole console (gevent's own printing included) is what it checks
 def test_a_server_that_echoes_the_key_gets_it_into_no_line_and_no_file(tmp_path, emulator_factory):
     """A gateway's 500 quoting the request's ``Authorization``: the error kind, its example, the request log, the
     stats and the console carry ``***`` instead."""
