@@ -489,3 +489,21 @@ def test_every_latency_window_is_plotted_within_the_run_where_its_data_is():
     assert all(x >= 0 for x in latency["x"])
     last_second = max(stats.tokens_per_second) + 1 - t0  # the last window ends with the run's last second
     assert latency["x"][-1] == pytest.approx((16.6 + min(26.6, last_second)) / 2, abs=1e-3)
+
+
+def test_a_run_where_nothing_completed_prints_no_empty_table_nor_a_read_lag_of_nothing():
+    """It printed the metric table's header over no row, and "each read as it landed, at most 0.0 ms after"."""
+    from vllm_load.report.console import render_table
+
+    client = {"readers": ["native"], "read_lag_max": 0.0021}
+    empty = {**LLMStats().summary(duration=3.0).to_json(), "client": client}
+    text = render_table(empty)
+    assert "no request completed: no metric to show" in text and "requests 0  succeeded 0" in text
+    assert not any(line.startswith("metric") for line in text.splitlines()) and "native reader" not in text
+    stats = LLMStats()  # one that completed: its header and the reader's line, as before
+    stats.add(RequestRecord(api="chat", start=1.0, e2e=0.3, ok=True, ttft=0.1, chunk_offsets=[0.1, 0.2],
+                            chunk_tokens=[1, 1], output_tokens=2, input_tokens=8, input_tokens_asked=8,
+                            tokens_from_usage=True))
+    text = render_table({**stats.summary(duration=3.0).to_json(), "client": client})
+    assert any(line.startswith("metric") for line in text.splitlines())
+    assert "each read as it landed, at most 2.1 ms after" in text

@@ -221,7 +221,10 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
     head = ["metric", "count", "mean", *columns(summary)]
     widths = {h: max(len(h), *(len(str(r[h])) for r in rows)) if rows else len(h) for h in head}
     lines = [title]
-    lines.append("  ".join(h.ljust(widths[h]) if h == "metric" else h.rjust(widths[h]) for h in head))
+    if rows:  # no request completed: no header over an empty table
+        lines.append("  ".join(h.ljust(widths[h]) if h == "metric" else h.rjust(widths[h]) for h in head))
+    else:
+        lines.append("no request completed: no metric to show")
     for r in rows:
         lines.append("  ".join(str(r[h]).ljust(widths[h]) if h == "metric" else str(r[h]).rjust(widths[h]) for h in head))
     s = RunSummary.of(summary)
@@ -297,7 +300,7 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
                   if RunSummary.of(part).accuracy is not None]
     client = s.client or ClientVerdict()
     readers = list(client.readers)
-    if readers == ["native"]:
+    if readers == ["native"] and s.succeeded:  # nothing read: no "at most 0.0 ms after"
         lines.append(f"chunks timed by the native reader: each read as it landed, at most "
                      f"{client.read_lag_max * 1000:.1f} ms after (kernel stamps)")
     elif "clock" in readers:
