@@ -166,8 +166,8 @@ class WorkerProcess(Process):
             last = getattr(runner, "last_heartbeat_timestamp", None)  # Locust's (bounded as setup.cfg says)
             silent = time.time() - last if last and not _starting else 0.0
             if silent >= SILENCE_SAID_S and not said:
-                print(f"vllm-load: worker: no word from the master for {silent:.0f} s (killed, or its host busy): its "
-                      f"users go on sending until {MASTER_SILENCE_S} s of silence, then this worker stops",
+                print(f"vllm-load: worker: no word from the master for over {SILENCE_SAID_S:g} s (killed, or its host "
+                      f"busy): its users go on sending until {MASTER_SILENCE_S} s of silence, then this worker stops",
                       flush=True)
             elif said and silent < SILENCE_SAID_S:
                 print("vllm-load: worker: the master is heard again", flush=True)
