@@ -16,6 +16,9 @@ from vllm_load.emulator_options import EMULATOR_OPTIONS
 from vllm_load.features import FEATURES
 from vllm_load.option_spec import Option, group
 
+#: the lengths a run sends unless told: its prompts' and (with no dataset to give one) its answers'
+DEFAULT_INPUT_TOKENS, DEFAULT_OUTPUT_TOKENS = "128", "64"
+
 _DECLARED: tuple[Option, ...] = (*group(
     "target",
     Option("--model", "", "model to request; several, comma-separated (a base model and its LoRA adapters): requests "
@@ -44,12 +47,12 @@ _DECLARED: tuple[Option, ...] = (*group(
     Option("--request-timeout", 600.0, "seconds without a byte from the server before a request fails", type=float),
 ), *group(
     "workload",
-    Option("--input-tokens", "128", "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD "
+    Option("--input-tokens", DEFAULT_INPUT_TOKENS, "prompt length in tokens as the server counts them: N, LOW-HIGH, normal:MEAN,STD "
         "(multiturn.py: the first user message's; later turns take --turn-input-tokens and carry the conversation; "
         "embeddings.py, rerank.py: each text's)"),
     Option("--output-tokens", "", "output length in tokens (forced with ignore_eos/min_tokens): N, LOW-HIGH, "
         "normal:MEAN,STD (with --dataset: the dataset's answer length, or the answer lines a --dataset-batch "
-        "instruction asks for; the pooling locustfiles generate none)", shown_default="64"),
+        "instruction asks for; the pooling locustfiles generate none)", shown_default=DEFAULT_OUTPUT_TOKENS),
     Option("--shared-prefix-tokens", 0, "deliberately share this many leading prompt tokens across requests", type=int),
     Option("--seed", -1, "repeatable runs: the same lengths, arrival times, dataset order and trace split every run "
         "(content stays unique per run unless --salt is given too); -1: fresh draws", type=int),

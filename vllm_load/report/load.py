@@ -9,10 +9,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-
-def _get(summary: Any, key: str) -> Any:
-    """A summary's field, from summary.json's dict or the report's RunSummary alike."""
-    return summary.get(key) if isinstance(summary, Mapping) else getattr(summary, key, None)
+from vllm_load.metrics.summary import RunSummary
+from vllm_load.options import DEFAULT_INPUT_TOKENS, DEFAULT_OUTPUT_TOKENS
 
 
 def _arrivals(burstiness: Any) -> str:
@@ -51,27 +49,28 @@ def lengths_text(o: Mapping[str, Any], input_text: str = "", output_text: str = 
         return "lengths from the sessions"
     if o.get("dataset"):
         return "prompts from --dataset" + (f", output {asked_out} tokens" if asked_out else "")
-    return f"input {input_text or asked_in or 128} output {output_text or asked_out or 64} tokens"
+    return (f"input {input_text or asked_in or DEFAULT_INPUT_TOKENS} output "
+            f"{output_text or asked_out or DEFAULT_OUTPUT_TOKENS} tokens")
 
 
-def _how_long(o: Mapping[str, Any], s: Any) -> str:
+def _how_long(o: Mapping[str, Any], s: RunSummary) -> str:
     asked = []
     if o.get("run_time"):
         asked.append(f"-t {float(o['run_time']):g} s")
     if o.get("num_requests"):
         asked.append(f"--num-requests {o['num_requests']}")
-    ran = _get(s, "duration_s")
+    ran = s.duration_s
     out = f"asked {' and '.join(asked)}, " if asked else ""
     out += f"ran {float(ran):.1f} s" if ran is not None else ""
-    if ((_get(s, "features") or {}).get("interrupted") or {}).get("by"):
+    if ((s.features or {}).get("interrupted") or {}).get("by"):
         out += " (interrupted)"
     return out
 
 
-def load_line(options: Mapping[str, Any] | None, summary: Any,
+def load_line(options: Mapping[str, Any] | None, summary: Mapping[str, Any],
               plan: Mapping[str, Any] | None = None) -> str:
     """``Load: 4 users, closed loop · input 128 output 64 tokens · asked -t 30 s, ran 30.2 s · 1 load process``."""
-    o, p = options or {}, plan or {}
-    processes = len(_get(summary, "workers") or []) or int(p.get("processes") or 1)
-    parts = [_who(o, p), lengths_text(o), _how_long(o, summary), f"{processes} load process{'es' if processes > 1 else ''}"]
+    o, p, s = options or {}, plan or {}, RunSummary.of(summary)  # summary.json's dict, or the report's RunSummary
+    processes = len(s.workers or []) or int(p.get("processes") or 1)
+    parts = [_who(o, p), lengths_text(o), _how_long(o, s), f"{processes} load process{'es' if processes > 1 else ''}"]
     return "Load: " + " · ".join(x for x in parts if x)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_load.errors import UsageError
+from vllm_load.options import DEFAULT_OUTPUT_TOKENS  # with a dataset: the dataset's own answer length
 from vllm_load.client.apis.openai_api import auth_header, discover_model, is_credential_header, server_identity
 from vllm_load.client.stream import BodyDefaults
 from vllm_load.workload.lengths import parse_duration
@@ -21,8 +22,6 @@ from vllm_load.workload.structured import parse_response_format
 from vllm_load.workload.tokenizer import Tokenizer, load_tokenizer
 from vllm_load.plugin.lifecycle.run_timer import RUN_TIME_ATTR
 
-#: Output length when --output-tokens is not given (with a dataset: the dataset's own answer length).
-DEFAULT_OUTPUT_TOKENS = "64"
 #: body keys the measurement itself sets: --extra-body may not take them over
 _MEASURED_KEYS = ("stream", "messages", "prompt")
 

@@ -19,7 +19,8 @@ from vllm_load.client.apis.responses import responses_request
 from vllm_load.client.stream import BodyDefaults, ReadyRequest, build_request, ready_request
 from vllm_load.plugin.requests.llm_speech import workload_request as speech_request
 from vllm_load.plugin.prepare.plan import RunPlan
-from vllm_load.plugin.prepare.target import DEFAULT_OUTPUT_TOKENS, body_defaults
+from vllm_load.options import DEFAULT_OUTPUT_TOKENS
+from vllm_load.plugin.prepare.target import body_defaults
 from vllm_load.workload.inputs.datasets import DatasetSource, answer_tokens_per_record, read_records
 from vllm_load.workload.history import HistoryCounter
 from vllm_load.workload.lengths import parse_length
