@@ -4,6 +4,7 @@ series drawn. The rest of the suite runs with --no-figures (its environment vari
 
 from __future__ import annotations
 
+import json
 import re
 
 from PIL import Image
@@ -33,8 +34,6 @@ def test_a_run_writes_its_headline_figures_and_shows_them_in_summary_md(tmp_path
             assert colors.get((0x1F, 0x77, 0xB4), 0) > 10  # the first series drawn in its colour (a lone window too)
     # the report's charts, series for series: latency's percentiles, throughput's rates
     html = (run_dir / "report.html").read_text()
-    import json
-
     specs = {c["id"]: c for c in json.loads(re.search(r'id="chart-data">(.*?)</script>', html, re.S)[1])["timeline"]}
     for name in ("latency", "throughput"):
         assert len(_series((figures / f"{name}.svg").read_text())) == len(specs[name]["series"]) >= 1

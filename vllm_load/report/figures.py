@@ -65,9 +65,13 @@ def write_figures(specs: list[dict[str, Any]], folder: Path) -> list[Path]:
 
 
 def markdown(paths: list[Path], base: Path) -> str:
-    """The figures as summary.md shows them: each PNG as an image, its SVG beside it (paths relative to ``base``)."""
+    """The figures as summary.md shows them: each PNG as an image, its SVG beside it (paths relative to ``base``);
+    '' without any."""
+    pngs = [p for p in paths if p.suffix == ".png"]
+    if not pngs:
+        return ""
     lines = ["## Figures", ""]
-    for png in (p for p in paths if p.suffix == ".png"):
+    for png in pngs:
         rel = png.relative_to(base).as_posix()
         lines += [f"![{png.stem}]({rel})", f"([SVG]({rel[:-4]}.svg))", ""]
     return "\n".join(lines)

@@ -37,6 +37,7 @@ from vllm_load.metrics.judge.client_health import silent_workers
 from vllm_load.metrics.fleet.server import server_summary
 from vllm_load.rundir.files import Run, RunDir
 from vllm_load.report.exports.csv_export import llm_stats_csv
+from vllm_load.report.figures import markdown, write_figures
 from vllm_load.report.load import load_line
 from vllm_load.report.exports.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.judge.slo import parse_slo_option
@@ -204,9 +205,10 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     plan = run.plan
     # a sweep's --num-requests is each step's (judged there); a run's is the whole run's
     asked = plan.num_requests if plan is not None and not plan.sweep_kind else 0
-    verdict = finish(run.path, run.summary, slos, server, title, junit, min_requests,
-                     bool(opts.get("allow_untrustworthy")), asked, bool(opts.get("strict_load")), opts)
     rd = RunDir(run.path)
+    shown = "" if opts.get("no_figures") else _figures(run, rd)
+    verdict = finish(run.path, run.summary, slos, server, title, junit, min_requests,
+                     bool(opts.get("allow_untrustworthy")), asked, bool(opts.get("strict_load")), opts, shown)
     out = rd.report
     rd.write(out, render_html(run, verdict))
     rd.write(rd.vllm_result, vllm_result(run, detailed=bool(opts.get("save_detailed"))), indent=1)
@@ -214,8 +216,6 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
     perf = RunDir(rd.mlperf_result.parent)  # MLPerf Endpoints' layout: performance/result_summary.json
     perf.write(rd.mlperf_result, mlperf_result(run, logs), indent=2)
     rd.write(rd.llm_csv, llm_stats_csv(run.summary))
-    if not opts.get("no_figures"):
-        _figures(run, rd)
     return Built(verdict, out, run.summary, server)
 
 
@@ -223,10 +223,6 @@ def build(run_dir: str | Path, slo_texts: list[str] | None = None, junit: str = 
 FIGURES = ("latency", "throughput")
 
 
-def _figures(run: Run, rd: RunDir) -> None:
-    """The headline charts as PNG and SVG in figures/, shown at the end of summary.md."""
-    from vllm_load.report.figures import markdown, write_figures
-
-    paths = write_figures([c for c in charts.timeline(run) if c["id"] in FIGURES], rd.figures)
-    if paths:
-        rd.write(rd.summary_md, rd.summary_md.read_text() + "\n" + markdown(paths, rd.path) + "\n")
+def _figures(run: Run, rd: RunDir) -> str:
+    """The headline charts as PNG and SVG in figures/; summary.md's section showing them ('' when none)."""
+    return markdown(write_figures([c for c in charts.timeline(run) if c["id"] in FIGURES], rd.figures), rd.path)

@@ -59,14 +59,16 @@ def summary_markdown(summary: dict, verdict: Verdict, title: str, server: dict |
 
 def finish(run_dir: Path, summary: dict, slos: list[SLO], server: dict | None, title: str,
            junit_path: str = "", min_requests: int = 1, allow_untrustworthy: bool = False,
-           num_requests: int = 0, strict_load: bool = False, options: dict | None = None) -> Verdict:
+           num_requests: int = 0, strict_load: bool = False, options: dict | None = None,
+           figures: str = "") -> Verdict:
     """Judge the run once and write summary.json / summary.md / junit files into ``run_dir`` (``options`` as
-    config.json keeps them: the features' checks read theirs)."""
+    config.json keeps them: the features' checks read theirs; ``figures``: summary.md's figures section, last)."""
     verdict = judge(summary, slos, server, min_requests, allow_untrustworthy, num_requests, strict_load, options)
     data = {"title": title, **verdict.to_json(), **feature_keys(summary), "summary": summary, "server": server}
     rd = RunDir(run_dir)
     rd.write(rd.summary_json, data, indent=2)
-    rd.write(rd.summary_md, summary_markdown(summary, verdict, title, server, options))
+    rd.write(rd.summary_md, summary_markdown(summary, verdict, title, server, options)
+             + (f"\n{figures}\n" if figures else ""))
     # always: a gate reads junit.xml from every run, the validity checks its test cases when no SLO was given (it
     # was written only with SLOs or a failed check, and the README listed it for every run)
     xml = junit_xml(list(verdict.checks), validity=list(verdict.validity))

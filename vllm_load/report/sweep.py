@@ -14,6 +14,7 @@ from vllm_load.metrics.judge.repeats import spread, spread_text
 from vllm_load.metrics.fleet.server import server_summary  # noqa: E402
 from vllm_load.report import charts  # noqa: E402
 from vllm_load.report.exports.mlperf_result import pareto_point  # noqa: E402
+from vllm_load.report.figures import markdown, write_figures  # noqa: E402
 from vllm_load.metrics.shape.curves import decode_curve, describe_decode  # noqa: E402
 from vllm_load.report.page import render  # noqa: E402
 from vllm_load.rundir.files import Run, RunDir, load_run  # noqa: E402
@@ -117,10 +118,9 @@ def build_sweep(run_dirs: list[str | Path], out_dir: Path, slo_texts: list[str] 
         md += ["", "Repeated levels: mean ± half the confidence interval over their steps", "",
                "| " + " | ".join(REPEAT_HEAD) + " |", "|" + "---|" * len(REPEAT_HEAD)]
         md += ["| " + " | ".join(str(c) for c in r) + " |" for r in repeats]
-    if not any((r.config.get("options") or {}).get("no_figures") for r in runs):  # the same charts as files
-        from vllm_load.report.figures import markdown, write_figures
-
-        md += ["", markdown(write_figures(specs, rd.figures), rd.path)]
+    shown = "" if any((r.config.get("options") or {}).get("no_figures") for r in runs) else markdown(
+        write_figures(specs, rd.figures), rd.path)  # the same charts as files
+    md += ["", shown] if shown else []
     rd.write(rd.sweep_md, f"**{best}**" + (f" ({code_line[0].lower()}{code_line[1:]})" if code_line else "") + "\n\n"
              + (f"{bend}\n\n" if bend else "") + "\n".join(md) + "\n")
     return rd.sweep_html, best + (f"; {bend}" if bend else ""), repeats

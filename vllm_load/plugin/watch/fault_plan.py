@@ -55,10 +55,14 @@ class Action:
     after: bool = False  # 'AT after previous': not before the previous action ended
 
     @property
+    def heading(self) -> str:
+        """``undrain at 0 s after previous``: its kind and planned time, as its label and its end's line begin."""
+        return f"{self.kind} at {self.at:g} s" + (" after previous" if self.after else "")
+
+    @property
     def label(self) -> str:
         """How the verdict and the charts name it (a command's credentials redacted)."""
-        when = f"{self.at:g} s after previous" if self.after else f"{self.at:g} s"
-        return f"{self.kind} at {when}: {redact_urls(self.what)}"
+        return f"{self.heading}: {redact_urls(self.what)}"
 
 
 #: an action's line at most (a 50 MB command was "OSError: Argument list too long", printed whole)
@@ -188,7 +192,7 @@ def _run_action(action: Action, start_wall: float, done: list[dict], say: Callab
         ok, detail = _call(action) if action.kind == "call" else _command(action.what)
     ended = time.time()
     record.update(end=ended, ended_s=round(ended - start_wall, 3), ok=ok, detail=detail)
-    say(f"vllm-load: fault plan: {action.label.split(': ', 1)[0]} {'done' if ok else 'FAILED'} in "
+    say(f"vllm-load: fault plan: {action.heading} {'done' if ok else 'FAILED'} in "
         f"{ended - began:.1f} s (from {began - start_wall:.1f} to {ended - start_wall:.1f} s)"
         + (f": {detail}" if detail else ""))
 

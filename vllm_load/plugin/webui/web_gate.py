@@ -191,11 +191,15 @@ _USER_FIELDS = {"user_class_name": str, "host": str, "weight": int, "fixed_count
 MAX_USER_COUNT, MAX_USER_BODY = 1_000_000, 64 * 1024
 
 
+def _too_big(size: int) -> str | None:
+    return f"a user class edit of {size // 1024} KB: at most {MAX_USER_BODY // 1024} KB" if size > MAX_USER_BODY else None
+
+
 def screen_user(body: bytes, classes: dict[str, Any] | None) -> str | None:
     """Why a ``/user`` edit is refused (None: Locust may apply it): not Locust's editor's JSON object, a key it does
     not send, a class the run does not offer, a count that is no whole number in range, a host that is no URL."""
-    if len(body) > MAX_USER_BODY:
-        return f"a user class edit of {len(body) // 1024} KB: at most {MAX_USER_BODY // 1024} KB"
+    if (big := _too_big(len(body))) is not None:
+        return big
     try:
         settings = json.loads(body)
     except ValueError:
@@ -229,9 +233,9 @@ def _user_refused(request: Any, environment: Any) -> Any:
     """Flask's answer refusing a ``/user`` edit (said on the console too), or None: Locust may apply it."""
     from flask import jsonify
 
-    size = request.content_length or 0
-    why = (f"a user class edit of {size // 1024} KB: at most {MAX_USER_BODY // 1024} KB" if size > MAX_USER_BODY
-           else screen_user(request.get_data(cache=True), environment.available_user_classes))
+    # its declared size first: a body past the bound is not read
+    why = _too_big(request.content_length or 0) or screen_user(request.get_data(cache=True),
+                                                              environment.available_user_classes)
     if why is None:
         return None
     log.warning("vllm-load: the web UI refused a user class edit: %s", why)
