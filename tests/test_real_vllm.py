@@ -416,3 +416,27 @@ def test_profile_at_runs_vllms_profiler_over_the_measured_window(tmp_path, real_
     assert window["targets"] == 1 and -(longest + 0.5) < window["from_s"] < 1.0, (window, longest)
     assert window["to_s"] == pytest.approx(summary["duration_s"], abs=1.0), (window, summary["duration_s"])
     assert list(traces.glob("*.pt.trace.json")), sorted(p.name for p in traces.iterdir())
+
+
+def test_the_greedy_reference_check_against_real_vllm(tmp_path, real_vllm):
+    """--reference on the real server: 3 prompts at temperature 0 alone, then beside 4 users. Whatever the tiny
+    model's answers are (identical or not: the test does not decide it), the verdict's counts equal a comparison of
+    the logged answers made here, and every request of the log (the alone ones too) is one the server counted."""
+    URL, TOKENIZER = real_vllm
+    run_dir = tmp_path / "run"
+    before = counter(URL, "vllm:request_success_total")
+    res = run_in_process(["-f", str(ROOT / "locustfiles/chat.py"), "--headless", "-u", "4", "-r", "4", "-t", "8s",
+                          "--host", URL, "--tokenizer", TOKENIZER, "--input-tokens", "40", "--output-tokens", "8",
+                          "--reference", "3", "--reference-tokens", "12", "--run-dir", str(run_dir),
+                          "--allow-untrustworthy", "--no-history"], tmp_path, timeout=240)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    logs = read_log(run_dir / "requests.jsonl")
+    part = json.loads((run_dir / "summary.json").read_text())["summary"]["features"]["reference"]
+    alone = {r["reference"]["i"]: r["reference"]["ids"] for r in logs if r.get("reference") and r["reference"]["alone"]}
+    beside = [r for r in logs if r.get("reference") and not r["reference"]["alone"]]
+    assert len(alone) == 3 and all(len(ids) >= 1 for ids in alone.values()) and beside
+    same = sum(alone[r["reference"]["i"]] == r["reference"]["ids"] for r in beside)
+    assert part["compared"] == len(beside) and part["identical"] == same, part
+    assert all(r["output_tokens"] == 12 for r in logs if r.get("reference"))  # forced, as the load's lengths
+    assert counter(URL, "vllm:request_success_total") - before == sum(r["ok"] for r in logs)
+    assert f"reference: {same} of {len(beside)} answers beside the load identical" in res.stdout

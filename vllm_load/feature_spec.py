@@ -65,12 +65,16 @@ class Feature:
     #: ``"module:function(logs: list[dict], options: Mapping) -> part | None"``: its part from the request logs by its
     #: mechanism above the seam (what ``from_logs`` does by default), made once at the run's end by ``report/analyses``
     at_logs: str = ""
+    #: ``"module:function(environment, run) -> greenlet | None"``: what it sends itself, once this process's generator
+    #: is ready and before any user starts (a local runner); a greenlet it leaves running beside the load is killed
+    #: with the run
+    before_load: str = ""
     #: ``"module:function(run_dir: str, exit_code: int, options: Mapping) -> list[str]"``: what it does once the run's
     #: files and exit code are final (lines said on the console); called on the master at the end of a run
     after_run: str = ""
 
     def hook(self, which: str) -> Callable[..., Any] | None:
-        """Its ``at_end``, ``at_logs`` or ``after_run`` function (None: it has none)."""
+        """Its ``at_end``, ``at_logs``, ``before_load`` or ``after_run`` function (None: it has none)."""
         target = getattr(self, which)
         if not target:
             return None

@@ -87,10 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between vLLM's stats log lines on stderr (0: none)")
     p.add_argument("--fault", action="append", default=[], metavar="KIND:RATE",
                    help="inject a fault into this share of requests (500, 503, 429, drop, malformed, error, stall, "
-                        "slow-headers, overrun, echo, endless, bad-tool); a request can also ask for one with the "
-                        "X-Emulator-Fault header")
+                        "slow-headers, overrun, echo, endless, bad-tool, diverge); a request can also ask for one with "
+                        "the X-Emulator-Fault header")
     p.add_argument("--faults-from", type=int, default=0, metavar="N",
                    help="draw the --fault faults only while at least N requests run, this one included (0: always)")
+    p.add_argument("--diverge-at", type=int, default=8, metavar="TOKEN",
+                   help="a diverge fault's answer parts from the same prompt's answer alone at this token (0-based)")
     p.add_argument("--stall-seconds", type=float, default=30.0, help="length of stall and slow-headers faults")
     p.add_argument("--retry-after", type=float, default=0.0,
                    help="503/429 faults carry this Retry-After header, in seconds (0: none)")
@@ -195,9 +197,12 @@ def check(args: argparse.Namespace) -> None:
 def _faults(args: argparse.Namespace) -> FaultPlan:
     try:
         faults = FaultPlan(dict(parse_fault(f) for f in args.fault), args.stall_seconds, random.Random(args.seed),
-                           retry_after=args.retry_after, from_running=max(0, args.faults_from))
+                           retry_after=args.retry_after, from_running=max(0, args.faults_from),
+                           diverge_at=args.diverge_at)
     except ValueError as exc:
         raise BadArguments(str(exc)) from None
+    if args.diverge_at < 0:
+        raise BadArguments(f"--diverge-at {args.diverge_at}: a token position is >= 0")
     if sum(faults.rates.values()) > 1.0:
         raise BadArguments("the --fault rates add up to more than 1")
     return faults

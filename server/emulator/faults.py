@@ -7,7 +7,10 @@ Kinds: ``500``/``503``/``429`` (HTTP error before streaming), ``drop`` (connecti
 ignores max_tokens), ``endless`` (mid-stream, 24 MiB of bytes without a line end), ``echo`` (HTTP 500 whose text quotes the request's Authorization header: a gateway that echoes
 the client's token, which the client must never write or print), ``bad-tool`` (a tool call broken as a busy server's
 parser breaks one, vLLM #48089, #54701: a name the request did not offer, arguments that are not JSON, or an empty
-call delta, in turn; counted in ``vllm_emulator:bad_tool_calls_total{kind}``: the truth a client's check is held to).
+call delta, in turn; counted in ``vllm_emulator:bad_tool_calls_total{kind}``: the truth a client's check is held to),
+``diverge`` (a greedy answer that parts from the one the same prompt gets alone, from token ``--diverge-at`` on, as
+batch composition moves a server's greedy answers, lm-evaluation-harness #4019; counted in
+``vllm_emulator:diverged_answers_total``: the truth a reference check is held to).
 ``--faults-from N``: faults strike only while at least N requests run (this one included), so that a verdict can be
 tested where a server breaks under load and not alone.
 """
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from .http import HttpError
 
 KINDS = ("500", "503", "429", "drop", "malformed", "error", "stall", "slow-headers", "overrun", "echo", "endless",
-         "bad-tool")
+         "bad-tool", "diverge")
 #: how a bad-tool fault breaks the call, in turn
 BAD_TOOL = ("unknown_tool", "arguments_not_json", "empty_delta")
 HEADER = "HTTP_X_EMULATOR_FAULT"  # WSGI name of the X-Emulator-Fault request header
@@ -47,6 +50,7 @@ class FaultPlan:
     retry_after: float = 0.0  # Retry-After seconds on 503/429 faults (0: no header)
     from_running: int = 0  # draw faults only while this many requests run, this one included (0: always)
     bad_tools: int = 0  # bad-tool faults struck so far: which breakage comes next
+    diverge_at: int = 8  # a diverge fault's answer parts from its own alone at this token (0-based)
 
     def pick(self, environ: dict, running: int = 0) -> str | None:
         """The fault for this request: the header's, else one drawn at the configured rates (``echo`` answers here,

@@ -5,7 +5,6 @@ that strike mid-stream."""
 
 from __future__ import annotations
 
-import itertools
 import secrets
 import time
 from typing import TYPE_CHECKING, Iterable
@@ -15,7 +14,7 @@ import orjson
 
 from .http import DropConnection, Start, reply
 from .pd import kv_transfer_params, pull_kv
-from .plan import WORDS, Output, tool_call_id, tool_pieces, usage
+from .plan import Output, answer_words, tool_call_id, tool_pieces, usage
 
 if TYPE_CHECKING:
     from .app import Emulator
@@ -60,7 +59,7 @@ def paced(emu: Emulator, out: Output) -> Iterable[int]:
 
 def complete(emu: Emulator, start_response: Start, chat: bool, model: str, out: Output,
              trace: str | None = None) -> list[bytes]:
-    words = itertools.cycle(WORDS)
+    words = answer_words(out.diverge_at)
     prompt_tokens, max_tokens = len(out.ids), out.max_tokens
     text, ttft, last = [], 0.0, 0.0
     m, first, queue = emu.metrics, True, 0.0
@@ -143,7 +142,7 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
     head = (dict(own_head) if own_head else {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk"} if chat
             else {"id": f"cmpl-{rid}", "object": "text_completion"})
     head.update(created=created, model=model)
-    words = itertools.cycle(WORDS)
+    words = answer_words(out_spec.diverge_at)
     prompt_tokens, max_tokens, cached = len(out_spec.ids), out_spec.max_tokens, out_spec.cached
     tool = out_spec.tool
     pieces = tool_pieces(tool, max_tokens) if tool else iter(out_spec.answer) if out_spec.answer else None

@@ -44,6 +44,8 @@ class Output:
     #: the prompt tokens /metrics counts when not all of ``ids``: an encoder-decoder model's (Whisper's) decoder
     #: prompt alone, where its usage adds the audio's frames too (vLLM 0.32, measured)
     decoder_tokens: int | None = None
+    #: a diverge fault: from this token on (0-based) the answer parts from the one the same prompt gets alone
+    diverge_at: int | None = None
 
     def metered(self) -> int:
         return len(self.ids) if self.decoder_tokens is None else self.decoder_tokens
@@ -171,7 +173,20 @@ def plan(emu: Emulator, chat: bool, body: dict, fault: str | None = None,
     priority = body.get("priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise HttpError(400, f"priority must be an integer, got {priority!r}", "BadRequestError", "priority")
-    return model, Output(ids, max_tokens, finish, tool, cached, thinking, kv, answer, priority)
+    diverge_at = None
+    if fault == "diverge" and tool is None and answer is None and max_tokens > emu.faults.diverge_at:
+        diverge_at = emu.faults.diverge_at  # the answer reaches the token it parts at: counted, the check's truth
+        emu.metrics.l(emu.metrics.diverged).inc()
+    return model, Output(ids, max_tokens, finish, tool, cached, thinking, kv, answer, priority,
+                         diverge_at=diverge_at)
+
+
+def answer_words(diverge_at: int | None = None) -> Iterator[str]:
+    """An answer's words, one per token: the cycle of ``WORDS`` (every answer of N tokens the same text), or with
+    ``diverge_at`` the same up to that token and from there on each word one further along the cycle."""
+    if diverge_at is None:
+        return itertools.cycle(WORDS)
+    return (WORDS[(i + (i >= diverge_at)) % len(WORDS)] for i in itertools.count())
 
 
 def usage(emu: Emulator, out: Output, n: int) -> dict:

@@ -83,11 +83,14 @@ class VllmMetrics:
         # the tool calls its bad-tool fault broke, by how (the truth a client's integrity check is held to)
         self.bad_tool_calls = Counter("vllm_emulator:bad_tool_calls", "Tool calls the bad-tool fault broke.",
                                       list(self.labels) + ["kind"], registry=self.registry)
+        # the answers its diverge fault made part from their alone answers (the truth a reference check is held to)
+        self.diverged = Counter("vllm_emulator:diverged_answers", "Answers the diverge fault made part from the same "
+                                "prompt's answer alone.", list(self.labels), registry=self.registry)
         # like vLLM, expose every series from the start (a scrape before any traffic sees zeros)
         for m in (self.prefix_queries, self.prefix_hits, self.mm_queries, self.mm_hits, self.preemptions,
                   self.prompt_tokens, self.generation_tokens,
                   self.ttft, self.itl, self.e2e, self.queue, self.prefill, self.decode, self.req_prompt,
-                  self.req_generation):
+                  self.req_generation, self.diverged):
             m.labels(**self.labels)
         for reason in ("stop", "length", "abort", "error"):
             self.success.labels(finished_reason=reason, **self.labels)

@@ -73,6 +73,9 @@ class RequestRecord:
     valid: bool | None = None  # --response-format: the answer's JSON parsed (and validated against the schema)
     #: a request that offered tools: its answer's tool-call violations (client/tool_integrity.py; [] whole)
     integrity: list[str] | None = None
+    #: a greedy reference prompt's answer (features/reference.py): the prompt's index ("i"), asked alone before the
+    #: load or beside it ("alone"), its tokens ("ids") and how they were known ("by": "text", re-tokenized)
+    reference: dict[str, Any] | None = None
     target: str | None = None  # --host a,b: the replica it went to (its metrics are grouped under it too)
     headers: dict[str, str] | None = None  # the response header fields --capture-header asked for
     session: str | None = None  # the session id it carried (self.llm.session, --session-header)

@@ -34,6 +34,17 @@ def wilson(whole: int, checked: int) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
+def share_rows(metric: str, title: str, a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """A share's row in ``vllm-load compare``: A's and B's, apart when their Wilson intervals do not overlap."""
+    if not a or not b or a.get("share") is None or b.get("share") is None:
+        return []
+    (alo, ahi), (blo, bhi) = a["interval"], b["interval"]
+    return [{"metric": metric, "title": title, "unit": "%", "a": a["share"] * 100, "b": b["share"] * 100,
+             "delta": (b["share"] - a["share"]) * 100,
+             "pct": (b["share"] - a["share"]) / a["share"] * 100 if a["share"] else None,
+             "significant": ahi < blo or bhi < alo}]
+
+
 def _share(rows: list[dict[str, Any]]) -> dict[str, Any]:
     whole = sum(1 for r in rows if not r["integrity"])
     lo, hi = wilson(whole, len(rows))
@@ -82,14 +93,7 @@ class Integrity(Feature):
         return out
 
     def compare_rows(self, a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-        """The share whole in A and in B, apart when their Wilson intervals do not overlap."""
-        if not a or not b or a.get("share") is None or b.get("share") is None:
-            return []
-        (alo, ahi), (blo, bhi) = a["interval"], b["interval"]
-        return [{"metric": METRIC, "title": "tool calls whole", "unit": "%", "a": a["share"] * 100,
-                 "b": b["share"] * 100, "delta": (b["share"] - a["share"]) * 100,
-                 "pct": (b["share"] - a["share"]) / a["share"] * 100 if a["share"] else None,
-                 "significant": ahi < blo or bhi < alo}]
+        return share_rows(METRIC, "tool calls whole", a, b)
 
     def json_keys(self, part: Mapping[str, Any] | None) -> dict[str, Any]:
         return {"integrity": part["share"]} if part else {}

@@ -11,6 +11,7 @@ import gevent
 from locust.runners import MasterRunner, WorkerRunner
 
 from vllm_load.errors import EXIT_BAD_INPUT, EXIT_INVALID, EXIT_OUTPUT
+from vllm_load.features import FEATURES
 from vllm_load.plugin.swarm import run_clock, swarm_auth, wire, worker_secrets
 from vllm_load.plugin.lifecycle import run_timer
 from vllm_load.plugin.webui import ui_guard
@@ -39,7 +40,13 @@ class LocalProcess(Controller):
         if col.sweep is not None:  # and each step's stats its own per-step stats
             col.sweep.stats_source = gen.step_stats
         gen.clock.start_local(gen.start_wall, gen.start_perf)
-        run.timed = run_timer.arm(self.environment, gen.start_wall)  # -t from here: the generator is ready
+        for feature in FEATURES:  # what a feature sends before the load (and beside it): before any user starts
+            hook = feature.hook("before_load")
+            beside = hook(self.environment, run) if hook is not None else None
+            if beside is not None:
+                run.beside.append(beside)
+        # -t from here: the generator is ready, and what a feature sent alone before the load is done
+        run.timed = run_timer.arm(self.environment, time.time())
 
     def _window(self, run: Run) -> Any:
         gen = run.generator

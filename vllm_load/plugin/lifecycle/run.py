@@ -32,6 +32,7 @@ class Run:
     flushed: set = field(default_factory=set)  # workers that sent their final report (a master's drain)
     drained: set = field(default_factory=set)  # the --host replicas a fault plan's drain holds out now
     timed: bool = False  # its -t is armed, from its load's start (plugin/lifecycle/run_timer.py)
+    beside: list = field(default_factory=list)  # greenlets a feature runs beside the load (feature_spec.before_load)
 
     def stop_with(self, message: str, code: int) -> None:
         """The run stops on a failure (``Controller.fatal``): its summary says so (a scenario's stamp reads it)."""
@@ -47,7 +48,7 @@ class Run:
 
     def close(self) -> None:
         """Stop what runs in the background (idempotent): the next run's parts start clean."""
-        for part in (self.warmup, self.watchers):
+        for part in (self.warmup, self.watchers, *self.beside):
             if part is not None:
                 part.kill(block=False)
         if self.live_server is not None:

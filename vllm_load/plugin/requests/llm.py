@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from typing import Any
+from typing import Any, Callable
 
 import gevent
 from gevent import getcurrent
@@ -198,10 +198,10 @@ class LLM(PoolingCalls, SpeechCalls, MediaCalls, SessionCalls):
             raise  # not reached
 
     def send(self, ready: ReadyRequest, *, name: str | None = None, headers: dict[str, str] | None = None,
-             warmup: bool = False) -> Reply:
+             warmup: bool = False, check: Callable[[Any, StreamState], None] | None = None) -> Reply:
         """Send one ready request and record it: the one request path of every user. ``headers`` go with it
-        (over the run's, and over the session's id); ``warmup``: logged, left out of every number (as a request
-        started during --warmup), e.g. the turn that warms a replayed session's cache before its measured part."""
+        (over the run's, and over the session's id); ``warmup``: logged, in no number (a session's cache-warming
+        turn); ``check(record, stream)``: the caller's look at a whole answer before its record is kept (and logged)."""
         gen = self._generator()
         due = self._due.pop(getcurrent(), None)
         target = self._route(gen)
@@ -232,7 +232,7 @@ class LLM(PoolingCalls, SpeechCalls, MediaCalls, SessionCalls):
         rec.target, rec.session = self._served_by(rec, target), self._sessions.get(getcurrent())
         rec.warmup = rec.warmup or warmup
         if rec.ok and isinstance(state, StreamState) and gen.requests is not None:
-            self._check_answer(gen.requests, ready, rec, state)
+            self._check_answer(gen.requests, ready, rec, state, check)
         gen.on_record(rec)
         if due is None:  # closed loop: back off from a server that is gone, failing, or asked us to wait
             self._back_off(gen, rec)
@@ -240,13 +240,16 @@ class LLM(PoolingCalls, SpeechCalls, MediaCalls, SessionCalls):
 
     # -- internals --------------------------------------------------------------------------------------
     @staticmethod
-    def _check_answer(src: RequestSource, ready: ReadyRequest, rec: Any, state: StreamState) -> None:
+    def _check_answer(src: RequestSource, ready: ReadyRequest, rec: Any, state: StreamState,
+                      check: Callable[[Any, StreamState], None] | None) -> None:
         """An answer's content judged: a graded item right or wrong (--accuracy), the JSON asked for valid or not
-        (--response-format)."""
+        (--response-format), and the caller's own check."""
         if ready.graded is not None:
             rec.graded, rec.correct = ready.graded, grade(ready.graded, state.content, ready.expected or "")
         elif src.response_format is not None:
             rec.valid = src.response_format.valid(state.content)
+        if check is not None:
+            check(rec, state)
 
     def _own_headers(self, session_header: str, headers: dict[str, str] | None) -> dict[str, str]:
         """This request's own header fields: a new traceparent (the server's span carries its trace id), the
