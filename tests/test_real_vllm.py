@@ -46,9 +46,9 @@ def _serve(traces) -> list[str]:
                            "torch_profiler_dump_cuda_time_total": False, "torch_profiler_use_gzip": False})
     return ["bash", str(SCRIPT), "serve", os.path.join(REAL_DIR, "tiny"), "tiny", "--profiler-config", profiler,
             "--enable-per-request-metrics", "--otlp-traces-endpoint", f"http://127.0.0.1:{SPANS_PORT}/v1/traces",
-            # two LoRA adapters, and a log line per request naming the adapter that served it (vLLM's counters are
-            # the base model's: model_name="tiny" for every adapter's requests too)
-            "--enable-lora", "--max-loras", "2", "--max-lora-rank", "8", "--enable-log-requests", "--lora-modules",
+            # two LoRA adapters over one slot (the adapter-churn test), and a log line per request naming the adapter
+            # that served it (vLLM's counters are the base model's: model_name="tiny" for every adapter's requests too)
+            "--enable-lora", "--max-loras", "1", "--max-lora-rank", "8", "--enable-log-requests", "--lora-modules",
             *(f"lora-{n}={os.path.join(REAL_DIR, 'tiny-lora', n)}" for n in ("a", "b"))]
 
 
@@ -440,3 +440,26 @@ def test_the_greedy_reference_check_against_real_vllm(tmp_path, real_vllm):
     assert all(r["output_tokens"] == 12 for r in logs if r.get("reference"))  # forced, as the load's lengths
     assert counter(URL, "vllm:request_success_total") - before == sum(r["ok"] for r in logs)
     assert f"reference: {same} of {len(beside)} answers beside the load identical" in res.stdout
+
+
+def test_two_adapters_over_one_slot_of_a_real_vllm(tmp_path, real_vllm):
+    """--model tiny,lora-a,lora-b against the module's vLLM (--max-loras 1): the slots are the server's own word
+    (vllm:lora_requests_info's max_lora), the loads an LRU model of them over the log (vLLM counts none: recomputed
+    here from the log, apart from the feature's code), and each adapter's TTFT set against the base model's."""
+    url, tokenizer = real_vllm
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "1", "-r", "1", "-t", "8s",
+                          "--host", url, "--model", "tiny,lora-a,lora-b", "--input-tokens", "32", "--output-tokens",
+                          "4", "--run-dir", str(run_dir), "--no-history", "--allow-untrustworthy"], cwd=tmp_path,
+                         timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    part = json.loads((run_dir / "summary.json").read_text())["summary"]["features"]["adapter_churn"]
+    assert part["slots"] == 1 and part["slots_from"] == "the server's vllm:lora_requests_info" and part["base"] == "tiny"
+    logs = sorted(read_log(run_dir / "requests.jsonl"), key=lambda r: r["start"])
+    loaded, loads = None, {"lora-a": 0, "lora-b": 0}
+    for r in logs:  # one slot, one request at a time: an adapter is loaded whenever the one before was the other
+        if r["name"] in loads and r["name"] != loaded:
+            loads[r["name"]], loaded = loads[r["name"]] + 1, r["name"]
+    assert {n: a["loads"] for n, a in part["adapters"].items()} == loads and all(loads.values())
+    assert all(part["adapters"][n]["requests"] == sum(r["name"] == n for r in logs) for n in loads)
+    assert part["penalty"] is not None and "adapter churn: 2 adapters over 1 slot(s)" in res.stdout

@@ -93,10 +93,12 @@ class Feature:
     #: the SLO metrics it measures (name -> unit, as ``metrics/judge/slo.RUN_METRICS``): ``integrity>=99.9%``
     slo_metrics: Mapping[str, str] = {}
 
-    def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any]) -> dict[str, Any] | None:
+    def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any],
+                  measured: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """Its part from the run's request logs (every process's, every request), made once when the run ends
-        (``report/analyses.complete``): exact across workers, as the logs are. None: nothing to say. By default its
-        ``at_logs`` hook's, if it names one."""
+        (``report/analyses.complete``): exact across workers, as the logs are; ``measured``: its part as
+        ``summarise`` made it at the run's end (what only the running process could read), which this replaces.
+        None: nothing to say. By default its ``at_logs`` hook's, if it names one."""
         hook = self.hook("at_logs")
         return hook(logs, options) if hook is not None else None
 

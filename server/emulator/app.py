@@ -21,6 +21,7 @@ import orjson
 from . import audio, media, messages, pooling, responses
 from .engine import FixedScheduleEngine
 from .faults import FaultPlan
+from .lora_slots import LoraSlots
 from .generate import VERSION, complete, stream
 from .http import HttpError, Start, error_reply, loggable_headers, post_body, reply
 from .plan import Output, plan, prompt_ids
@@ -62,6 +63,7 @@ class Emulator:
         self.served = list(served_names or [model])  # vLLM's --served-model-name: the ids clients use
         self.loras = list(lora_modules or [])  # adapters served beside the base model (vLLM's --lora-modules)
         self.runtime_lora = False  # --allow-runtime-lora-updating: adapters loaded and unloaded over HTTP
+        self.lora_slots: LoraSlots | None = None  # --max-loras: adapters loaded at once, a load's wait beyond them
         self.reject = list(reject or [])  # body fields answered with 400, like a strict gateway (--reject)
         self._answer_cache: dict[str, list[int]] = {}  # answer text -> its token ids
         self.eos_after = eos_after  # a request without max_tokens ends "on its own" after this many tokens

@@ -19,6 +19,7 @@ from .app import __doc__ as APP_DOC
 from .engine import EngineConfig, FixedScheduleEngine
 from .faults import FaultPlan, parse_fault
 from .http import ArrivalStampingHandler, NoDelayWSGIServer
+from .lora_slots import LoraSlots
 from .profiler import Profiler
 from .scheduler import PROFILES, BatchingEngine, SchedulerConfig
 from .spans import SpanExporter
@@ -44,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model ids clients use (default: --model), as vLLM's flag; /v1/models gives --model as root")
     p.add_argument("--lora-modules", nargs="+", default=[], metavar="NAME",
                    help="LoRA adapters served beside the base model: listed in /v1/models, accepted as model")
+    p.add_argument("--max-loras", type=int, default=0, metavar="N",
+                   help="LoRA slots, as vLLM's flag: at most N adapters loaded at once, the least recently used "
+                        "evicted; a request for one not loaded waits --lora-load-seconds first (0: every adapter loaded)")
+    p.add_argument("--lora-load-seconds", type=float, default=0.05,
+                   help="--max-loras: what loading an adapter into a slot costs the request that needs it")
     p.add_argument("--allow-runtime-lora-updating", action="store_true",
                    default=os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "").lower() in ("1", "true"),
                    help="serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter, as vLLM does with "
@@ -233,6 +239,8 @@ def _app(args: argparse.Namespace, timing_log: IO[str] | None) -> Emulator:
                                                                max(0.0, args.audio_tokens_per_second),
                                                                max(0.0, args.encode_seconds)))
     app.graded = answers
+    if args.max_loras > 0:
+        app.lora_slots = LoraSlots(args.max_loras, max(0.0, args.lora_load_seconds), app.metrics.registry)
     app.owned_by = args.owned_by
     app.stream_style = args.stream_style
     app.per_request_metrics = args.enable_per_request_metrics

@@ -152,6 +152,10 @@ def plan(emu: Emulator, chat: bool, body: dict, fault: str | None = None,
         raise HttpError(400, f"{prompt_tokens + max_tokens} tokens do not fit the KV cache of "
                              f"{emu.engine.cfg.num_gpu_blocks} blocks of {emu.engine.cfg.block_size}", "BadRequestError")
     emu.faults.raise_overload(fault)
+    if emu.lora_slots is not None and model in emu.loras:  # an adapter beyond the loaded ones: its load first
+        wait = emu.lora_slots.use(model)
+        if wait:
+            gevent.sleep(wait)
     cached = 0
     if cache:
         m = emu.metrics

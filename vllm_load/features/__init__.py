@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from vllm_load.feature_spec import Feature
-from vllm_load.features import (fault_actions, history, integrity, interrupted, prefill_curve, protection, reference,
-                                stopped, swarm_token)
+from vllm_load.features import (adapter_churn, fault_actions, history, integrity, interrupted, prefill_curve,
+                                protection, reference, stopped, swarm_token)
 
 FEATURES: tuple[Feature, ...] = (stopped.FEATURE, interrupted.FEATURE, fault_actions.FEATURE, swarm_token.FEATURE,
                                   protection.FEATURE, prefill_curve.FEATURE, integrity.FEATURE, reference.FEATURE,
-                                  history.FEATURE)
+                                  adapter_churn.FEATURE, history.FEATURE)

@@ -123,7 +123,8 @@ class Reference(Feature):
             raise UsageError("--reference with --num-requests: its answers beside the load would count among the N; "
                              "end the run by -t")
 
-    def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any]) -> dict[str, Any] | None:
+    def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any],
+                  measured: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         return compare(logs)
 
     def slo_value(self, part: Mapping[str, Any], metric: str, name: str | None) -> tuple[float | None, str]:

@@ -69,8 +69,9 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
         parts = Timing({**(parts or {}), "spans": joined})
     if parts is not None:  # where each request's time went
         done["timing"] = parts
-    features = {**(summary.features or {}),  # each feature's part from the logs (vllm_load/features/)
-                **{f.name: part for f in FEATURES if (part := f.from_logs(logs, opts)) is not None}}
+    measured = summary.features or {}
+    features = {**measured,  # each feature's part from the logs (vllm_load/features/)
+                **{f.name: part for f in FEATURES if (part := f.from_logs(logs, opts, measured.get(f.name))) is not None}}
     if features:
         done["features"] = features
     return summary.replace(**done) if done else summary
