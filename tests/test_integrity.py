@@ -1,5 +1,6 @@
 """Answers intact under load, tool calls: each answer to a request that offered tools is checked (a name it offered,
-arguments that parse and fit the tool's schema, no empty call delta), and the run's share is judged against the
+arguments that parse and fit the tool's schema, no empty call delta; no call markup left in its content, its tags
+balanced, no special token of the tokenizer in its content), and the run's share is judged against the
 truth. The emulator breaks tool calls only while 8 requests run (``--fault bad-tool:0.3 --faults-from 8``) and
 counts each breakage by kind (``vllm_emulator:bad_tool_calls_total``): alone every call is whole; at 16 users the
 violations equal the emulator's own count, kind by kind, and ``integrity>=99%`` fails."""
@@ -12,7 +13,9 @@ import urllib.request
 import pytest
 
 from tests.helpers import ROOT, run_in_process
-from vllm_load.client.tool_integrity import EMPTY_DELTA, NO_NAME, NOT_JSON, OFF_SCHEMA, UNKNOWN_TOOL, check
+from vllm_load.client.tool_integrity import (EMPTY_DELTA, MARKUP_IN_CONTENT, NO_NAME, NOT_JSON, OFF_SCHEMA,
+                                            NO_CALL, SPECIAL_TOKEN, UNBALANCED, UNKNOWN_TOOL, check, check_text,
+                                            with_text)
 from vllm_load.errors import EXIT_OK, EXIT_SLO_MISS
 from vllm_load.features.integrity import FEATURE
 from vllm_load.metrics.judge.slo import parse_slo, parse_slo_option
@@ -41,6 +44,28 @@ def test_each_violation_is_named(calls, empty, found):
     assert check(TOOLS, calls, empty) == found
 
 
+def test_a_required_call_missing_is_a_fault_unless_it_came_as_markup():
+    assert check(TOOLS, [], 0, required=True) == [NO_CALL]
+    assert check(TOOLS, [_call("search", '{"query": "x"}')], 0, required=True) == []
+    assert with_text([NO_CALL], '<tool_call>{"name": "search"}</tool_call>', "", ()) == [MARKUP_IN_CONTENT]
+    assert with_text([NO_CALL], "no call here", "", ()) == [NO_CALL]
+
+
+@pytest.mark.parametrize("content,reasoning,found", [
+    ("The weather is fine.", "", []),
+    ("", "<think>plan</think>", []),
+    ('<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>', "", [MARKUP_IN_CONTENT]),
+    ('[TOOL_CALLS][{"name": "search"}]', "", [MARKUP_IN_CONTENT]),
+    ("<think>still thinking", "", [UNBALANCED]),
+    ("", "I think</think>", [UNBALANCED]),
+    ("done</s>", "", [SPECIAL_TOKEN]),
+    ("a <s> in prose", "", [SPECIAL_TOKEN]),
+    ("<tool_call>{}", "", [MARKUP_IN_CONTENT, UNBALANCED]),
+])
+def test_an_answers_text_beside_its_calls_is_checked(content, reasoning, found):
+    assert check_text(content, reasoning, ("</s>", "<s>", "<unk>")) == found
+
+
 def test_the_share_per_name_its_interval_and_the_slo():
     logs = ([{"name": "call", "integrity": []}] * 90 + [{"name": "call", "integrity": [UNKNOWN_TOOL]}] * 10 +
             [{"name": "answer", "integrity": []}] * 50 + [{"name": "plain"}] * 7)  # no tools: not checked
@@ -56,7 +81,7 @@ def test_the_share_per_name_its_interval_and_the_slo():
     assert verdict.checks[0].detail == "measured 93.33%"
     with pytest.raises(Exception, match="takes no .p99"):
         parse_slo("integrity.p99>=99%")
-    assert FEATURE.lines(part, {})[0].startswith("integrity: 140 of 150 answers' tool calls whole (93.3 %, 95 % "
+    assert FEATURE.lines(part, {})[0].startswith("integrity: 140 of 150 answers to requests with tools whole (calls and text) (93.3 %, 95 % "
                                                  "interval 88.2-96.3 %): 10 unknown_tool")
 
 
@@ -92,7 +117,7 @@ def test_tool_calls_whole_alone_and_broken_under_load_as_the_emulator_counted(tm
     logs = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()]
     assert sum(1 for r in logs if r.get("integrity")) == sum(truth.values())  # and so the request log says
     assert data["integrity"] == part["share"] and not data["slo"][0]["passed"]
-    assert "integrity: " in busy.stdout and "answers' tool calls whole" in busy.stdout
+    assert "integrity: " in busy.stdout and "answers to requests with tools whole (calls and text)" in busy.stdout
 
 
 def test_compare_puts_the_share_of_a_and_b_side_by_side():

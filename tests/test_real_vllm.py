@@ -48,6 +48,9 @@ def _serve(traces) -> list[str]:
             "--enable-per-request-metrics", "--otlp-traces-endpoint", f"http://127.0.0.1:{SPANS_PORT}/v1/traces",
             # two LoRA adapters over one slot (the adapter-churn test), and a log line per request naming the adapter
             # that served it (vLLM's counters are the base model's: model_name="tiny" for every adapter's requests too)
+            # a tool parser (pythonic: it needs no token of its own in the tokenizer) for tool_choice required,
+            # which vLLM's structured outputs write
+            "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
             "--enable-lora", "--max-loras", "1", "--max-lora-rank", "8", "--enable-log-requests", "--lora-modules",
             *(f"lora-{n}={os.path.join(REAL_DIR, 'tiny-lora', n)}" for n in ("a", "b"))]
 
@@ -463,3 +466,47 @@ def test_two_adapters_over_one_slot_of_a_real_vllm(tmp_path, real_vllm):
     assert {n: a["loads"] for n, a in part["adapters"].items()} == loads and all(loads.values())
     assert all(part["adapters"][n]["requests"] == sum(r["name"] == n for r in logs) for n in loads)
     assert part["penalty"] is not None and "adapter churn: 2 adapters over 1 slot(s)" in res.stdout
+
+
+def test_tool_calls_of_a_real_vllm_are_judged_as_an_independent_check_of_the_logged_calls(tmp_path, real_vllm):
+    """agent.py against the real server (tool_choice required: vLLM's structured outputs write the call), each tool
+    call capped at 12 tokens by --extra-body: the random weights' calls are cut short or whole, whatever they are. The
+    verdict's counts equal a check made here of the calls the log kept (json and jsonschema, apart from the
+    feature's code)."""
+    import jsonschema
+
+    url, tokenizer = real_vllm
+    run_dir = tmp_path / "run"
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "agent.py"), "--headless", "-u", "2", "-r", "2", "-t", "8s",
+                          "--host", url, "--input-tokens", "40", "--output-tokens", "4", "--tool-rounds", "1",
+                          "--tool-result-tokens", "8", "--extra-body", '{"max_tokens": 12}', "--run-dir",
+                          str(run_dir), "--no-history", "--allow-untrustworthy"], cwd=tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    part = json.loads((run_dir / "summary.json").read_text())["summary"]["features"]["integrity"]
+    schema = {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}
+    checked = [r for r in read_log(run_dir / "requests.jsonl") if r.get("integrity") is not None and not r["warmup"]]
+    kinds: dict[str, int] = {}
+    whole = 0
+    for r in checked:
+        found = set()
+        for call in r.get("tool_calls") or []:
+            if call["function"].get("name") != "search_documents":
+                found.add("unknown_tool")
+                continue
+            try:
+                args = json.loads(call["function"].get("arguments") or "{}")
+            except ValueError:
+                found.add("arguments_not_json")
+                continue
+            if not jsonschema.Draft202012Validator(schema).is_valid(args):
+                found.add("arguments_off_schema")
+        if not r.get("tool_calls") and r["name"].startswith("tool call"):  # tool_choice required: a call is due
+            found.add("no_call")
+        found |= set(r["integrity"]) & {"empty_delta", "tool_markup_in_content", "markup_unbalanced",
+                                        "special_token_in_content"}  # what only the stream showed
+        whole += not found
+        for k in found:
+            kinds[k] = kinds.get(k, 0) + 1
+    assert checked and part["checked"] == len(checked) and part["whole"] == whole and part["kinds"] == kinds, part
+    # cut at 12 tokens, vLLM's required call never closed and it sent none: each such answer is a fault counted
+    assert kinds.get("no_call", 0) > 0 or any(r.get("tool_calls") for r in checked), kinds

@@ -6,8 +6,8 @@ Kinds: ``500``/``503``/``429`` (HTTP error before streaming), ``drop`` (connecti
 (the response starts only after ``--stall-seconds``), ``overrun`` (100 times the tokens asked: a server that
 ignores max_tokens), ``endless`` (mid-stream, 24 MiB of bytes without a line end), ``echo`` (HTTP 500 whose text quotes the request's Authorization header: a gateway that echoes
 the client's token, which the client must never write or print), ``bad-tool`` (a tool call broken as a busy server's
-parser breaks one, vLLM #48089, #54701: a name the request did not offer, arguments that are not JSON, or an empty
-call delta, in turn; counted in ``vllm_emulator:bad_tool_calls_total{kind}``: the truth a client's check is held to),
+parser breaks one, vLLM #48089, #54701: a name the request did not offer, arguments that are not JSON, an empty
+call delta, the call left in the content as markup, or the call beside an unclosed tag or a special token, in turn; counted in ``vllm_emulator:bad_tool_calls_total{kind}``: the truth a client's check is held to),
 ``diverge`` (a greedy answer that parts from the one the same prompt gets alone, from token ``--diverge-at`` on, as
 batch composition moves a server's greedy answers, lm-evaluation-harness #4019; counted in
 ``vllm_emulator:diverged_answers_total``: the truth a reference check is held to).
@@ -24,8 +24,11 @@ from .http import HttpError
 
 KINDS = ("500", "503", "429", "drop", "malformed", "error", "stall", "slow-headers", "overrun", "echo", "endless",
          "bad-tool", "diverge")
-#: how a bad-tool fault breaks the call, in turn
-BAD_TOOL = ("unknown_tool", "arguments_not_json", "empty_delta")
+#: how a bad-tool fault breaks the call, in turn: its name, its arguments, an empty delta after it, the call left in
+#: the content as its markup (no tool call: the parser did not take it), or the call whole beside broken text (an
+#: unclosed <think>, a special token of the tokenizer)
+BAD_TOOL = ("unknown_tool", "arguments_not_json", "empty_delta", "tool_markup_in_content", "markup_unbalanced",
+            "special_token_in_content")
 HEADER = "HTTP_X_EMULATOR_FAULT"  # WSGI name of the X-Emulator-Fault request header
 
 

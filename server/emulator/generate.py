@@ -14,7 +14,7 @@ import orjson
 
 from .http import DropConnection, Start, reply
 from .pd import kv_transfer_params, pull_kv
-from .plan import Output, answer_words, tool_call_id, tool_pieces, usage
+from .plan import Output, answer_words, markup_pieces, tool_call_id, tool_pieces, usage
 
 if TYPE_CHECKING:
     from .app import Emulator
@@ -153,6 +153,9 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
             tool = tool + "_unoffered"
         elif broken == "arguments_not_json":  # the call's closing brace never comes (its piece is not empty)
             pieces = (p[:-1] if p.endswith('"}') else p for p in tool_pieces(tool, max_tokens))
+        elif broken == "tool_markup_in_content":  # the answer is text: the call's markup, no tool call
+            pieces, tool = markup_pieces(tool, max_tokens), None
+    beside = {"markup_unbalanced": "<think>", "special_token_in_content": eos_text(emu)}.get(broken or "")
     answer: list[str] = []
     out, ttft, prev, queue = 0, 0.0, 0.0, 0.0
 
@@ -231,6 +234,8 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
                     else [call]  # an empty call delta after the first (vLLM #54701)
                 choice: dict = {"index": 0, "delta": {"tool_calls": calls}, "logprobs": None,
                                 "finish_reason": finish}
+                if beside and out == n:  # the call whole, broken text beside it in its first delta
+                    choice["delta"]["content"] = beside
             elif chat:
                 choice = {"index": 0, "delta": {kind: piece}, "logprobs": None, "finish_reason": finish}
             else:
@@ -264,6 +269,11 @@ def _stream(emu: Emulator, chat: bool, model: str, out_spec: Output, include_usa
                                 "sent": [round(x, 7) for x in sent],
                                 "done": round(perf() - received, 7)}).decode() + "\n")
     emu.cache_answer(out_spec, "".join(answer))
+
+
+def eos_text(emu: Emulator) -> str:
+    """The tokenizer's end-of-sequence token as text (``</s>``): a special token no answer's content should hold."""
+    return str(getattr(getattr(emu.tok, "hf", None), "eos_token", None) or "</s>")
 
 
 def per_request_metrics(queue: float, ttft: float, last: float, tokens: int) -> dict:

@@ -82,6 +82,15 @@ def tool_pieces(name: str, n: int) -> Iterator[str]:
     yield '"}'
 
 
+def markup_pieces(name: str, n: int) -> Iterator[str]:
+    """A call the parser did not take, as the content a hermes-style model writes (``<tool_call>{...}</tool_call>``),
+    in ``n`` pieces."""
+    pieces = list(tool_pieces(name, n))
+    pieces[0] = f'<tool_call>{{"name": "{name}", "arguments": ' + pieces[0]
+    pieces[-1] += "}</tool_call>"
+    return iter(pieces)
+
+
 def tool_call_id() -> str:
     """Nine letters and digits: the id shape Mistral's tokenizer accepts back in the history (vLLM's too)."""
     return "".join(secrets.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") for _ in range(9))

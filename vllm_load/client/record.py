@@ -73,6 +73,8 @@ class RequestRecord:
     valid: bool | None = None  # --response-format: the answer's JSON parsed (and validated against the schema)
     #: a request that offered tools: its answer's tool-call violations (client/tool_integrity.py; [] whole)
     integrity: list[str] | None = None
+    #: and its answer's calls as assembled (name, arguments): the evidence the check judged, in the request log
+    tool_calls: list[dict[str, Any]] | None = None
     #: a greedy reference prompt's answer (features/reference.py): the prompt's index ("i"), asked alone before the
     #: load or beside it ("alone"), its tokens ("ids") and how they were known ("by": "text", re-tokenized)
     reference: dict[str, Any] | None = None

@@ -57,6 +57,7 @@ class ReadyRequest:
     audio_seconds: float | None = None  # speech to text: the clip's length (the real-time factor's denominator)
     streamed: bool = True  # False: one JSON answer, timed to its last byte (pooling, a whole transcription)
     tools: tuple[Any, ...] = ()  # the tools the body offers: an answer's calls are checked against them
+    call_required: bool = False  # its tool_choice asks for a call ("required", or a function named): none is a fault
 
     @property
     def path(self) -> str:
@@ -120,7 +121,8 @@ def build_request(api: str, model: str, content: Any, input_tokens: int, max_tok
     tools = body.get("tools")
     return ReadyRequest(api, orjson.dumps(body), input_tokens, max_tokens if forced else None, group,
                         max_tokens=int_or_none(body.get("max_completion_tokens") or body.get("max_tokens")),
-                        tools=tuple(tools) if isinstance(tools, list) else ())
+                        tools=tuple(tools) if isinstance(tools, list) else (),
+                        call_required=body.get("tool_choice") == "required" or isinstance(body.get("tool_choice"), dict))
 
 
 def merge_body(body: dict[str, Any], defaults: BodyDefaults, extra: dict[str, Any] | None,
@@ -201,7 +203,8 @@ def stream_request(transport: Transport, req: ReadyRequest, headers: dict[str, s
     )
     rec.reasoning_tokens, rec.reasoning_source = reasoning_count(state, count_output)
     if req.tools and rec.ok:  # the answer's tool calls, whole or not (client/tool_integrity.py)
-        rec.integrity = check_tools(req.tools, state.calls, getattr(state, "empty_tool_deltas", 0))
+        rec.integrity = check_tools(req.tools, state.calls, getattr(state, "empty_tool_deltas", 0), req.call_required)
+        rec.tool_calls = [dict(c, function=dict(c.get("function") or {})) for c in state.calls] or None
     if state.server_metrics and rec.ok:
         server_parts(rec, state.server_metrics)
     if ex.cancelled is not None:

@@ -17,7 +17,18 @@ import orjson
 #: the violations, each named once
 UNKNOWN_TOOL, NOT_JSON, OFF_SCHEMA, EMPTY_DELTA, NO_NAME = (
     "unknown_tool", "arguments_not_json", "arguments_off_schema", "empty_delta", "no_name")
-KINDS = (UNKNOWN_TOOL, NOT_JSON, OFF_SCHEMA, EMPTY_DELTA, NO_NAME)
+#: the answer's text: a tool call's markup left in the content (the parser did not take it), reasoning or tool markup
+#: opened and not closed (or closed unopened), a special token of the tokenizer in the content
+MARKUP_IN_CONTENT, UNBALANCED, SPECIAL_TOKEN = "tool_markup_in_content", "markup_unbalanced", "special_token_in_content"
+#: a request whose tool_choice required a call ("required", or a function named) got an answer without one
+NO_CALL = "no_call"
+KINDS = (UNKNOWN_TOOL, NOT_JSON, OFF_SCHEMA, EMPTY_DELTA, NO_NAME, MARKUP_IN_CONTENT, UNBALANCED, SPECIAL_TOKEN, NO_CALL)
+#: the tool-call markup of the models vLLM's tool parsers read (hermes, qwen3, llama3_json, mistral, granite, ...):
+#: in the content of an answer to a request with tools, the parser let a call through as text
+TOOL_MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "<|python_tag|>", "<|tool_call|>", "<function=",
+                "<|tool_calls_section_begin|>")
+#: the open and close tags that come in pairs (reasoning parsers' and hermes-style tool calls')
+PAIRS = (("<think>", "</think>"), ("<tool_call>", "</tool_call>"))
 
 
 @functools.lru_cache(maxsize=256)
@@ -45,9 +56,10 @@ def offered(tools: Sequence[Any]) -> dict[str, bytes | None]:
     return out
 
 
-def check(tools: Sequence[Any], calls: Sequence[dict[str, Any]], empty_deltas: int) -> list[str]:
-    """The violations in an answer's assembled ``calls`` against the request's ``tools`` (empty: whole)."""
-    found: list[str] = [EMPTY_DELTA] * min(empty_deltas, 1)
+def check(tools: Sequence[Any], calls: Sequence[dict[str, Any]], empty_deltas: int, required: bool = False) -> list[str]:
+    """The violations in an answer's assembled ``calls`` against the request's ``tools`` (empty: whole); ``required``:
+    its tool_choice asked for a call."""
+    found: list[str] = [EMPTY_DELTA] * min(empty_deltas, 1) + [NO_CALL] * (required and not calls)
     names = offered(tools)
     for call in calls:
         fn = call.get("function") or {}
@@ -67,4 +79,24 @@ def check(tools: Sequence[Any], calls: Sequence[dict[str, Any]], empty_deltas: i
         validator = _validator(schema) if schema is not None else None
         if validator is not None and not validator.is_valid(args):
             found.append(OFF_SCHEMA)
+    return found
+
+
+def with_text(found: list[str], content: str, reasoning: str, special: Sequence[str]) -> list[str]:
+    """The calls' violations and the text's, as one answer's: a call left in the content as markup is that fault,
+    not also a call missing."""
+    text = check_text(content, reasoning, special)
+    return [k for k in found if not (k == NO_CALL and MARKUP_IN_CONTENT in text)] + text
+
+
+def check_text(content: str, reasoning: str, special: Sequence[str]) -> list[str]:
+    """The violations in an answer's text to a request that offered tools: tool markup in its content, a pair of
+    tags unbalanced in its content or reasoning, a special token of the tokenizer (``special``) in its content."""
+    found = []
+    if any(m in content for m in TOOL_MARKERS):
+        found.append(MARKUP_IN_CONTENT)
+    if any(text.count(a) != text.count(b) for text in (content, reasoning) for a, b in PAIRS):
+        found.append(UNBALANCED)
+    if any(tok and tok in content for tok in special):
+        found.append(SPECIAL_TOKEN)
     return found

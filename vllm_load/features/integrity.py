@@ -1,7 +1,8 @@
 """Answers intact under load, first part: every answer to a request that offered tools has its tool calls checked
 (``client/tool_integrity.py``: a name the request offered, arguments that parse and fit the tool's schema, no empty
-call delta), and the run says the share whole, per name and per sweep step, with its Wilson interval, the violations
-by kind, and gates on it: ``--slo 'integrity>=99.9%'``.
+call delta) and its text (no call markup left in it, its tags balanced, no special token of the tokenizer), and the
+run says the share whole, per name and per sweep step, with its Wilson interval, the violations by kind, and gates on
+it: ``--slo 'integrity>=99.9%'``.
 
 Why: a busy server's parser can break calls it makes whole alone (vLLM #48089, #54701), and a load test that times
 answers without reading them passes it. Each request's check is in its record (``integrity`` in the request log);
@@ -84,17 +85,17 @@ class Integrity(Feature):
         lo, hi = part["interval"]
         said = f"95 % interval {lo * 100:.1f}-{hi * 100:.1f} %"
         if part["whole"] == part["checked"]:
-            return [f"integrity: every answer's tool calls whole ({part['checked']} of {part['checked']} checked; "
-                    f"{said})"]
+            return [f"integrity: every answer to a request with tools whole, its calls and its text "
+                    f"({part['checked']} of {part['checked']} checked; {said})"]
         kinds = ", ".join(f"{n} {k}" for k, n in part["kinds"].items())
-        out = [f"integrity: {part['whole']} of {part['checked']} answers' tool calls whole "
+        out = [f"integrity: {part['whole']} of {part['checked']} answers to requests with tools whole (calls and text) "
                f"({part['share'] * 100:.1f} %, {said}): {kinds}"]
         for step, s in (part.get("steps") or {}).items():
             out.append(f"integrity: step {step}: {s['whole']} of {s['checked']} whole ({s['share'] * 100:.1f} %)")
         return out
 
     def compare_rows(self, a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-        return share_rows(METRIC, "tool calls whole", a, b)
+        return share_rows(METRIC, "answers with tools whole", a, b)
 
     def json_keys(self, part: Mapping[str, Any] | None) -> dict[str, Any]:
         return {"integrity": part["share"]} if part else {}

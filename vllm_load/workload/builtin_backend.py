@@ -46,6 +46,15 @@ class BuiltinBackend:
         env.filters["tojson"] = _tojson
         self._template = env.from_string(self.chat_template)
 
+    @property
+    def eos_token(self) -> str:
+        return str(self._special["eos_token"])
+
+    @property
+    def all_special_tokens(self) -> list[str]:
+        """As transformers': the special tokens' texts (``<s>``, ``</s>``, ``<unk>``)."""
+        return [str(v) for v in self._special.values() if v]
+
     def get_vocab(self) -> dict[str, int]:
         return self._tokenizer.get_vocab(with_added_tokens=True)
 

@@ -141,6 +141,16 @@ class Tokenizer:
     def has_chat_template(self) -> bool:
         return self.mistral_common or bool(getattr(self.hf, "chat_template", None))
 
+    @functools.cached_property
+    def special_texts(self) -> tuple[str, ...]:
+        """The special tokens' texts (``</s>``, ``<|im_end|>``): none of them belongs in an answer's content. Those
+        of a single character or of plain words are left out (a byte-level tokenizer may name ``a`` special)."""
+        found = set(getattr(self.hf, "all_special_tokens", None) or ())
+        for tok in (getattr(self.hf, "added_tokens_decoder", None) or {}).values():
+            if getattr(tok, "special", False):
+                found.add(str(tok.content))
+        return tuple(sorted(t for t in found if len(t) > 1 and not t.isalnum()))
+
     @property
     def model_max_length(self) -> int:
         value = int(getattr(self.hf, "model_max_length", 0) or 0)

@@ -23,6 +23,7 @@ from vllm_load.client.reply import Reply
 from vllm_load.client.apis.messages import MessagesState, messages_request
 from vllm_load.client.apis.responses import ResponsesState, responses_request
 from vllm_load.client.sse import StreamState
+from vllm_load.client.tool_integrity import with_text
 from vllm_load.client.trace_context import HEADER, new_traceparent
 from vllm_load.client.stream import Placement, ReadyRequest, StreamCancelled, build_request, stream_request
 from vllm_load.plugin.load.generator import Generator
@@ -244,6 +245,9 @@ class LLM(PoolingCalls, SpeechCalls, MediaCalls, SessionCalls):
                       check: Callable[[Any, StreamState], None] | None) -> None:
         """An answer's content judged: a graded item right or wrong (--accuracy), the JSON asked for valid or not
         (--response-format), and the caller's own check."""
+        if rec.integrity is not None and src.tokenizer is not None:  # tools offered: the answer's text checked too
+            rec.integrity = with_text(rec.integrity, state.content, "".join(state.reasoning_parts),
+                                      src.tokenizer.special_texts)
         if ready.graded is not None:
             rec.graded, rec.correct = ready.graded, grade(ready.graded, state.content, ready.expected or "")
         elif src.response_format is not None:
