@@ -197,7 +197,9 @@ def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_process_
         # (CI's busy host: 17 of ~250 once, each counted by the run). A reader waiting on the blocked loop would merge
         # most gaps, four of every five chunks of a 50 ms block; the run must count every merge it made
         assert shared <= 0.1 * gaps and shared <= summary["late_merged_gaps"], (shared, gaps, summary["client"])
-        assert statistics.quantiles(errors, n=100)[98] < 0.001, sorted(errors)[-10:]
+        # p99 under 1 ms on a quiet VM, 1.38 ms once beside CI's full suite: the bound is 3 ms, far under the ~40 ms
+        # a reader waiting on the blocked loop puts on every gap it does not merge
+        assert statistics.quantiles(errors, n=100)[98] < 0.003, sorted(errors)[-10:]
         assert max(errors) < 0.025, sorted(errors)[-10:]
     else:
         # the fallback reads when the loop gets round to it: the chunks that queued during a block
