@@ -209,13 +209,15 @@ _DECLARED: tuple[Option, ...] = (*group(
     Option("--session-align", "none", "sessions.py with --session-start: 'instant' starts every user's first session "
         "at one instant, once every user of the process sent its warm-up turn (AIPerf's t*); 'none': each after its "
         "own warm-up", choices=["none", "instant"], locustfiles=("sessions.py",)),
-    Option("--scenario", "", "a public workload's rules as one option: 'agentx' (sessions.py: AIPerf's "
-        "inferencex-agentx-mvp: t* in 25-75 % of each session, at one instant, idle gaps capped at 10 s, seed 42, exact "
-        "output lengths, the server's token counts; aborted past 5 % failed requests; docs/sessions.md), "
+    Option("--scenario", "", "a public workload's rules as one option: 'agentx-mvp' (sessions.py: AIPerf's "
+        "inferencex-agentx-mvp spec: exact output lengths, a fresh cache-bust marker on every play, idle time capped at "
+        "10 s system-wide with no per-turn cap, traces recycled until -t (900 s or more); t* anywhere in a trace), "
+        "'agentx' (sessions.py: AIPerf 0.14's inferencex-agentx preset: those rules, and t* in 25-75 % at one instant, "
+        "seed 42, the server's token counts, aborted past 10 % failed requests; docs/sessions.md), "
         "'mlperf-endpoints' (any locustfile, a --sweep of concurrencies or one: MLPerf Endpoints v1.0's draft rules: "
         "each point at least 600 s (1-32 users) or 1,200 s, then whole passes of its --num-requests; a qualification "
         "run, not a submission; docs/load-and-tune.md); the run is stamped valid or not, every override named",
-        choices=["", "agentx", "mlperf-endpoints"]),
+        choices=["", "agentx-mvp", "agentx", "mlperf-endpoints"]),
     Option("--reuse-distance", "0", "reuse.py: tokens of other work between a prefix and its return, e.g. "
         "0,4096,16384: the reuse curve gives each distance's cached share (where the server's cache forgets)",
         locustfiles=("reuse.py",)),
@@ -224,7 +226,14 @@ _DECLARED: tuple[Option, ...] = (*group(
         "(AIPerf's AgentX first-turn cache bust; --scenario agentx sets it); 'none': blocks shared as the ids say",
         choices=["none", "trajectory"], locustfiles=("sessions.py",)),
     Option("--max-idle", 10.0, "sessions.py: the longest wait between a turn's completion and the next turn (a "
-        "recorded coffee break is cut to this; AgentX's cap is 10 s)", type=float, locustfiles=("sessions.py",)),
+        "recorded coffee break is cut to this; 'inf': none, as AgentX's rules ask, which cap idle time system-wide "
+        "instead: --system-idle-cap)", type=float, locustfiles=("sessions.py",)),
+    Option("--system-idle-cap", 0.0, "sessions.py: while no request of the process is in flight, every pending turn "
+        "moves earlier by the same amount so the next is due within this many seconds, their spacing kept (AIPerf's "
+        "--system-idle-gap-cap-seconds; AgentX's 10 s); 0: off", type=float, locustfiles=("sessions.py",)),
+    Option("--recycle", False, "sessions.py: replay the sessions again from their first turn when all were replayed, "
+        "each play's content its own under --cache-bust trajectory, until -t (AgentX's lanes); off: the run ends "
+        "once every session was replayed", action="store_true", locustfiles=("sessions.py",)),
 ), *group(
     "SLOs and gates",
     Option("--slo", [], "an SLO like 'ttft.p99<=500ms' or a YAML/TOML file of them; repeat for more",

@@ -16,8 +16,15 @@ session as it would at that point, and the warm-up is logged but left out of the
 before it are not sent; a user's later sessions start at their first turn. With --session-align instant, every user's
 first session goes on at one instant, once every user of the process sent its warm-up (AIPerf aligns t* so).
 
---scenario agentx fixes these rules as AIPerf's inferencex-agentx-mvp does, aborts a run past 5 % failed requests and
-stamps it valid or not (docs/sessions.md); --sessions then also takes a public set's published name.
+--system-idle-cap S (AgentX's system-wide idle cap): while none of the process's requests is in flight, every pending
+turn moves earlier by one amount, so the next goes S seconds after the system went idle, their spacing kept (each
+session holds its next turn pending from the moment its last request ended). --recycle replays the sessions again
+from their first turn once all were replayed (ids marked ~2, ~3..., each play's blocks its own under --cache-bust
+trajectory) until -t, as AgentX's lanes do.
+
+--scenario agentx-mvp / agentx set these rules as AIPerf's inferencex-agentx-mvp spec and its inferencex-agentx preset
+do, abort a run past the preset's failed share and stamp it valid or not (docs/sessions.md); --sessions then also
+takes a public set's published name.
 
 Written only against vllm-load's public API: copy it to start your own.
 """
@@ -34,15 +41,24 @@ import gevent.event
 from locust import task
 
 from vllm_load import LLMUser
-from vllm_load.workload.inputs.sessions import Fork, Session, Turn, read_sessions
+from vllm_load.workload.inputs.sessions import Fork, Session, Turn, read_sessions, replayed
 
 
 class _Share:
-    """This process's share of the sessions in one run, taken in turn by its users."""
+    """This process's share of the sessions in one run, taken in turn by its users (again from the first, each play's
+    ids and blocks its own, with --recycle)."""
 
-    def __init__(self, sessions: list[Session]) -> None:
-        self.queue = sessions
-        self.left = len(sessions)  # sessions of the share not yet finished
+    def __init__(self, sessions: list[Session], recycle: bool, cache_bust: bool) -> None:
+        self.sessions, self.queue = sessions, list(sessions)
+        self.left = len(sessions)  # sessions of the share not yet finished (never 0 while recycling)
+        self.recycle, self.cache_bust, self.play = recycle and bool(sessions), cache_bust, 1
+
+    def take(self) -> Session | None:
+        if not self.queue and self.recycle:
+            self.play += 1
+            self.queue = [replayed(s, self.play, self.cache_bust) for s in self.sessions]
+            self.left += len(self.queue)
+        return self.queue.pop(0) if self.queue else None
 
 
 class _Instant:
@@ -55,7 +71,7 @@ class _Instant:
 
 class SessionReplay(LLMUser):
     uses_options = frozenset({"sessions", "sessions_format", "max_idle", "session_start", "session_align", "scenario",
-                              "cache_bust"})
+                              "cache_bust", "system_idle_cap", "recycle"})
 
     @classmethod
     def check_options(cls, options: Any) -> None:
@@ -75,15 +91,19 @@ class SessionReplay(LLMUser):
         first, self.started = not getattr(self, "started", False), True
         opts = self.llm.options
         aligned = first and opts.session_start and opts.session_align == "instant"
-        if not share.queue:
+        # this user's next turn, pending from the end of its last request (--system-idle-cap: it is still to come)
+        pending = getattr(self, "pending", None) or self.llm.timer()
+        session = share.take()
+        if session is None:
+            self.llm.cancel_timer(pending)
             if aligned:  # nothing to replay here: not waited for at the instant
                 self._aligned()
             gevent.event.Event().wait()  # the share is replayed: wait for the run's end
-        session = share.queue.pop(0)
+            return
         try:
             if first and opts.session_start:
                 session = self._warm(session, start_range(opts.session_start))
-            self._play(session, self._aligned() if aligned else time.time())
+            _end, self.pending = self._play(session, self._aligned() if aligned else time.time(), pending)
         finally:
             share.left -= 1
             if share.left == 0:
@@ -101,7 +121,8 @@ class SessionReplay(LLMUser):
     def _take_share(self) -> _Share:
         """A run's first replay here reads the sessions and takes this process's share (none: it is done at once)."""
         o = self.llm.options
-        share = _Share(self.llm.share(read_sessions(o.sessions, o.sessions_format, o.cache_bust == "trajectory")))
+        bust = o.cache_bust == "trajectory"
+        share = _Share(self.llm.share(read_sessions(o.sessions, o.sessions_format, bust)), bool(o.recycle), bust)
         if not share.queue:
             self.llm.finished()
         return share
@@ -121,30 +142,59 @@ class SessionReplay(LLMUser):
                                                 block_size=session.block_size), name="warm-up", warmup=True)
         return Session(session.id, session.steps[turns[k]:], session.block_size)  # due its delay after the warm-up
 
-    def _play(self, session: Session, ready_at: float) -> float:
+    def _play(self, session: Session, ready_at: float, pending: Any) -> tuple[float, Any]:
         """One session: its turns in order, each after its predecessor's completion plus its delay; its subagents
-        in greenlets of their own (their own session ids), joined where the recording waited for them. Returns
-        when its last answer ended."""
+        in greenlets of their own (their own session ids), joined where the recording waited for them. ``pending``
+        is its first turn's timer (``self.llm.timer()``), each later one taken as the turn before it returns. Returns
+        when its last answer ended, and the timer of what comes next."""
         cap = float(self.llm.options.max_idle)
         forks: list[gevent.Greenlet] = []
-        with self.llm.session(session.id):
-            for step in session.steps:
-                if isinstance(step, Fork):
-                    child = gevent.spawn(self._play, step.session, time.time())
-                    if step.join:
-                        forks.append(child)
-                    continue
-                ready = self.llm.turn_request(step.input_tokens, step.output_tokens, hash_ids=step.hash_ids,
-                                              block_size=session.block_size)  # built while the turn waits
-                if forks:  # the turn after a subagent waits for it: its delay counts from the later end
-                    gevent.joinall(forks)
-                    ready_at = max([ready_at, *(f.value for f in forks if f.value)])
-                    forks = []
-                reply = self.llm.send_at(ready, ready_at + min(step.delay, cap),
-                                         name="subagent" if "::" in session.id else "turn")
-                ready_at = reply.end or time.time()
-            gevent.joinall(forks)
-        return ready_at
+        try:
+            with self.llm.session(session.id):
+                for step in session.steps:
+                    if isinstance(step, Fork):
+                        child = gevent.spawn(self._subagent, step.session, step.join)
+                        if step.join:
+                            forks.append(child)
+                        continue
+                    ready = self.llm.turn_request(step.input_tokens, step.output_tokens, hash_ids=step.hash_ids,
+                                                  block_size=session.block_size)  # built while the turn waits
+                    if forks:  # the turn after a subagent waits for it: its delay counts from the later end
+                        ready_at = max(ready_at, self._join(forks, pending))
+                        forks = []
+                    pending.at = ready_at + min(step.delay, cap)
+                    reply = self.llm.send_at(ready, pending, name="subagent" if "::" in session.id else "turn")
+                    pending = self.llm.timer()  # the next turn, pending before anything else runs
+                    ready_at = reply.end or time.time()
+                self._join(forks, pending)
+        except BaseException:
+            self.llm.cancel_timer(pending)
+            raise
+        return ready_at, pending
+
+    def _subagent(self, session: Session, join: bool) -> tuple[float, Any]:
+        """A subagent's session (its first turn pending from its launch). One its parent does not wait for lets go
+        of its last timer itself; a joined one's is the parent's to let go once it has taken over (``_join``)."""
+        end, pending = self._play(session, time.time(), self.llm.timer())
+        if not join:
+            self.llm.cancel_timer(pending)
+        return end, pending
+
+    def _join(self, forks: list[gevent.Greenlet], pending: Any) -> float:
+        """Wait for the subagents the next turn waits on, and return when the last ended. Meanwhile the parent's
+        turn is not imminent (it comes after theirs: due never, so an idle shift moves their timers); each ended
+        subagent's last timer holds the system busy until the parent's due time is set."""
+        pending.at = math.inf
+        gevent.joinall(forks)
+        pending.at = -math.inf
+        for f in forks:
+            if f.value:
+                self.llm.cancel_timer(f.value[1])
+        return max((f.value[0] for f in forks if f.value), default=-math.inf)
+
+    def on_stop(self) -> None:
+        if getattr(self, "pending", None) is not None:
+            self.llm.cancel_timer(self.pending)
 
 
 def start_range(text: str) -> tuple[float, float]:

@@ -1,15 +1,23 @@
 """Named scenarios: a public workload's rules as one option (``--scenario agentx``), and the run's stamp of whether
 it kept them.
 
-A scenario fixes options to the values its rules give, aborts a run whose failed share passes its threshold, and
-stamps the run ``scenario_valid``: false when an option it fixes was given another value (each such override
-named) or the failed share passed. AgentX follows AIPerf's ``inferencex-agentx-mvp`` as InferenceX runs it
-(``aiperf profile --scenario inferencex-agentx-mvp --streaming --use-server-token-count --random-seed 42
---failed-request-threshold 0.05 --trajectory-start-min-ratio 0.25 --trajectory-start-max-ratio 0.75``). AIPerf
-0.13.0's own spec (``common/scenario/inferencex_agentx_mvp.py``) locks streaming, ignore_eos, idle gaps capped at
-10 s, the first turn's cache bust and a 900 s minimum; the t* range and the failure threshold are the command's.
-The stamp holds the run to what the referee checks: the 900 s minimum, a pinned (published) corpus, and a run
-that can be trusted (an untrustworthy one is never VALID: ``untrusted``, applied when the run is judged).
+A scenario locks options to the values its rules give (``fixed``: another value given is an override, named, and the
+run is not valid), fills in its defaults where an option was left at its own (``defaults``: a value given is the
+user's, honoured, as AIPerf honours explicit flags), aborts a run whose failed share passes its threshold, and stamps
+the run ``scenario_valid``.
+
+The two AgentX scenarios are read from AIPerf's own code (ai-dynamo/aiperf ``src/aiperf/common/scenario/``):
+``agentx-mvp`` is ``inferencex_agentx_mvp.py``'s ScenarioSpec (``require_ignore_eos``, ``require_streaming``: vllm-load
+always streams; ``require_cache_bust=FIRST_TURN_PREFIX``, a fresh marker on every play; ``system_idle_gap_cap_seconds=
+10.0``; ``forbid_inter_turn_delay_cap``; ``require_loader``: the published with-subagents sets;
+``min_benchmark_duration_seconds=900``, ``default_benchmark_duration_seconds=1800``; t* defaults 0.0-1.0; the timing
+mode AGENTIC_REPLAY: lanes replay their traces for the whole duration). ``agentx`` is AIPerf 0.14's
+``inferencex-agentx`` preset: the MVP's locks unchanged (its test ``test_new_scenario_keeps_mvp_invariants``), and its
+defaults (``tests/.../test_agentx_command.py``): 3,600 s, seed 42, ``failed_request_threshold=0.10``, t* 0.25-0.75,
+the server's token counts, 8 lanes. The stamp holds the run to what the referee checks: the 900 s minimum, a pinned
+(published) corpus, context overflows within 1 %, and a run that can be trusted (an untrustworthy one is never
+VALID: ``untrusted``, applied when the run is judged). Not yet carried out: the preset's 10 warm-up requests per lane,
+its 1,800 s warm-up grace and its 300 s per-trace idle cap.
 """
 
 from __future__ import annotations
@@ -24,16 +32,20 @@ from vllm_load.errors import UsageError
 class Scenario:
     name: str
     follows: str  # the public rule it reproduces
-    #: option (dest) -> the value the scenario fixes, and why, as the stamp names an override
+    #: option (dest) -> the value the scenario locks, and why, as the stamp names an override
     fixed: tuple[tuple[str, Any, str], ...]
     failed_share: float  # the run is aborted, and not valid, past this share of failed requests (1: never)
     needs: tuple[str, ...] = ()  # options that must be given (dest)
     needs_why: str = ""  # what the missing option is, in the one line that asks for it
+    #: option (dest) -> the value filled in where the option was left at its own default (a value given is honoured)
+    defaults: tuple[tuple[str, Any, str], ...] = ()
     #: (most users, seconds): each point's duration floor by its concurrency region (a point then ends on a whole
     #: pass of its --num-requests)
     floors: tuple[tuple[float, float], ...] = ()
     #: the run's own minimum length, seconds (its measured duration; 0: none)
     min_run_s: float = 0.0
+    #: the run length the rules default to: a replay that recycles its traces runs until -t, which must be given
+    default_run_s: float = 0.0
     #: the corpus must be a published, pinned set (a local folder is the referee's unsafe override)
     pinned_corpus: bool = False
     #: the most requests the server may refuse for the model's context length (1: no limit)
@@ -43,22 +55,37 @@ class Scenario:
         return next((seconds for most, seconds in self.floors if users <= most), 0.0)
 
 
+_NEEDS_SET = ("replays a set: give --sessions (a published name, e.g. semianalysis_cc_traces_weka_062126, or a "
+              "folder of traces)")
+#: inferencex_agentx_mvp.py's locks, as vllm-load's options (streaming is always on here)
+_AGENTX_LOCKS = (
+    ("no_ignore_eos", False, "exact output lengths (require_ignore_eos)"),
+    ("cache_bust", "trajectory", "a fresh marker before each play's first turn (require_cache_bust first_turn_prefix)"),
+    ("system_idle_cap", 10.0, "idle time capped at 10 s system-wide, every pending timer shifted together "
+                              "(system_idle_gap_cap_seconds)"),
+    ("max_idle", float("inf"), "no per-turn idle cap (forbid_inter_turn_delay_cap: clamping parent and subagent "
+                               "delays apart distorts their relative timing)"),
+    ("recycle", True, "lanes replay their traces from turn 0 for the whole duration (agentic replay)"))
+
+AGENTX_MVP = Scenario(
+    "agentx-mvp", "AIPerf's inferencex-agentx-mvp spec (InferenceX AgentX MVP)",
+    fixed=_AGENTX_LOCKS,
+    defaults=(("session_start", "0,1", "t* anywhere in a trace (default_trajectory_start_*_ratio 0.0-1.0)"),),
+    failed_share=1.0, needs=("sessions",), needs_why=_NEEDS_SET,
+    # --benchmark-duration at least 900 s (its default 1,800), a pinned with-subagents corpus (a local trace folder
+    # needs AIPerf's --unsafe-override, which turns submission_valid false), and submission_valid false above 1 %
+    # context-overflow errors
+    min_run_s=900.0, default_run_s=1800.0, pinned_corpus=True, overflow_share=0.01)
+
 AGENTX = Scenario(
-    "agentx", "AIPerf's inferencex-agentx-mvp (InferenceX AgentX)",
-    fixed=(("session_start", "0.25,0.75", "each session's t* drawn in 25-75 % of its turns"),
-           ("session_align", "instant", "every user's t* at one instant"),
-           ("max_idle", 10.0, "idle gaps capped at 10 s"),
-           ("cache_bust", "trajectory", "each trajectory's content its own (the first turn's cache bust)"),
-           ("seed", 42, "random seed 42"),
-           ("no_ignore_eos", False, "exact output lengths (ignore_eos)"),
-           ("no_continuous_usage", False, "the server's token counts")),
-    failed_share=0.05, needs=("sessions",),
-    needs_why="replays a set: give --sessions (a published name, e.g. semianalysis_cc_traces_weka_062126, or a "
-              "folder of traces)",
-    # inferencex-agentx-mvp: --benchmark-duration at least 900 s (its default 1,800), and a pinned with-subagents
-    # corpus; a local trace folder needs AIPerf's --unsafe-override, which turns submission_valid false
-    # ... and turns submission_valid false above 1 % context-overflow errors
-    min_run_s=900.0, pinned_corpus=True, overflow_share=0.01)
+    "agentx", "AIPerf 0.14's inferencex-agentx preset (InferenceX AgentX)",
+    fixed=_AGENTX_LOCKS,
+    defaults=(("session_start", "0.25,0.75", "t* in 25-75 % of each trace (trajectory_start_*_ratio)"),
+              ("session_align", "instant", "every lane's t* at one instant"),
+              ("seed", 42, "random seed 42"),
+              ("no_continuous_usage", False, "the server's token counts (use_server_token_count)")),
+    failed_share=0.10, needs=("sessions",), needs_why=_NEEDS_SET,
+    min_run_s=900.0, default_run_s=3600.0, pinned_corpus=True, overflow_share=0.01)
 
 #: MLPerf Endpoints v1.0, from the endpoints_policies draft (v1.0_rules_dev, as mlcommons/endpoints'
 #: docs/pareto_sweep_support.md cites it; the rules may still move): four mandatory concurrency points, Ultra Low
@@ -74,7 +101,7 @@ MLPERF_ENDPOINTS = Scenario(
 #: the mandatory points: how many, and the first one's region
 MLPERF_POINTS, ULTRA_LOW = 4, 32
 
-SCENARIOS: dict[str, Scenario] = {s.name: s for s in (AGENTX, MLPERF_ENDPOINTS)}
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (AGENTX_MVP, AGENTX, MLPERF_ENDPOINTS)}
 
 
 def scenario_of(name: str) -> Scenario:
@@ -83,14 +110,20 @@ def scenario_of(name: str) -> Scenario:
     return SCENARIOS[name]
 
 
-def apply(name: str, opts: Any, defaults: dict[str, Any]) -> tuple[str, ...]:
+def apply(name: str, opts: Any, defaults: dict[str, Any], run_s: float | None = None) -> tuple[str, ...]:
     """Set the scenario's values on ``opts`` where the option was left at its default; an option given another value
     is kept, and named in what this returns (the run is then not valid for the scenario). A missing required option
-    is one line."""
+    is one line, and so is a missing -t (``run_s`` 0; None: not checked here) where the scenario runs for a duration."""
     scenario = scenario_of(name)
     for dest in scenario.needs:
         if not getattr(opts, dest, None):
             raise UsageError(f"--scenario {name} {scenario.needs_why}")
+    if scenario.default_run_s and run_s is not None and not run_s:
+        raise UsageError(f"--scenario {name} replays its traces for a duration: give -t {scenario.default_run_s:g}s "
+                         f"(the rules' default; at least {scenario.min_run_s:g} s for a valid run)")
+    for dest, value, _why in scenario.defaults:
+        if getattr(opts, dest, defaults.get(dest)) == defaults.get(dest):
+            setattr(opts, dest, value)
     overrides = []
     for dest, value, why in scenario.fixed:
         given = getattr(opts, dest, defaults.get(dest))

@@ -22,6 +22,7 @@ from vllm_load.plugin.load.drain import Drained
 from vllm_load.plugin.load.open_loop import ScheduleEnd, arrival_sequence, is_open_loop
 from vllm_load.plugin.prepare.plan import RunPlan
 from vllm_load.plugin.load.failed_share import FailedShare
+from vllm_load.plugin.load.idle_shift import IdleShift
 from vllm_load.plugin.load.refusals import Refusals
 from vllm_load.plugin.requests.request_source import RequestSource
 from vllm_load.plugin.swarm.run_clock import WorkerClock
@@ -68,6 +69,7 @@ class Generator:
     fold_slice: int = 256  # chunks per fold slice, by the reader the run's target gets (FOLD_SLICE_*)
     in_flight: int = 0
     idle: Any = None  # gevent Event, set while no request is in flight
+    idle_shift: IdleShift | None = None  # --system-idle-cap: a replay's pending turns, shifted while none is in flight
     folder: Any = None  # greenlet folding finished requests into the stats while the loop is idle
     #: a failure every request would repeat (prompts cannot be built): the plugin stops the run with it
     on_fatal: Any = field(default=lambda message, code=EXIT_BAD_INPUT: None)
@@ -106,9 +108,7 @@ class Generator:
         rt.fold_slice = cls.FOLD_SLICE_NATIVE if Connections.reads_natively(plan.urls[0]) else cls.FOLD_SLICE_PYTHON
         if on_fatal is not None:  # before the pools start: their first prompts may already fail
             rt.on_fatal = on_fatal
-        rt.watches = (Refusals(rt.on_fatal, bool(getattr(opts, "worker", False)), bool(getattr(opts, "api_key", ""))),
-                      *([FailedShare(scenario_of(plan.scenario).failed_share, plan.scenario, rt.on_fatal)]
-                        if plan.scenario else []))
+        rt._watch(opts, plan)
         if on_trace_done is not None:
             rt.on_trace_done = on_trace_done
         rt.tickets = Tickets(plan.share(worker_index) if plan.num_requests else 0)
@@ -139,6 +139,15 @@ class Generator:
         rt.folder = gevent.spawn(rt._fold_when_idle)
         return rt
 
+
+    def _watch(self, opts: Any, plan: RunPlan) -> None:
+        """What watches every finished request: refusals, a scenario's failed share, --system-idle-cap's shift."""
+        cap = float(getattr(opts, "system_idle_cap", 0.0) or 0.0)
+        self.idle_shift = IdleShift(cap, lambda: self.in_flight) if cap > 0 else None
+        self.watches = (
+            Refusals(self.on_fatal, bool(getattr(opts, "worker", False)), bool(getattr(opts, "api_key", ""))),
+            *([FailedShare(scenario_of(plan.scenario).failed_share, plan.scenario, self.on_fatal)]
+              if plan.scenario else []), *([self.idle_shift] if self.idle_shift is not None else []))
     def _prepare_generation(self) -> None:
         self.headers = request_headers(self.opts)
         self.session_header = str(getattr(self.opts, "session_header", "") or "X-Session-ID")

@@ -76,10 +76,12 @@ def decide(opts: Any, target: Target, slos: list[str], sidecar_url: str, total_u
                    scenario_overrides=scenario_applied(opts))
 
 
-def scenario_applied(opts: Any) -> tuple[str, ...]:
+def scenario_applied(opts: Any, run_s: float | None = None) -> tuple[str, ...]:
     """--scenario: its fixed values set on ``opts`` where they were left at their defaults (idempotent: the web UI's
-    every start checks again), and the options given other values (none without a scenario)."""
+    every start checks again), and the options given other values (none without a scenario). ``run_s``: the -t
+    asked, checked against a scenario that runs for a duration (the start-up's check of a headless run; the
+    plan's, later, finds -t taken over by the run timer)."""
     from vllm_load.options import OPTIONS
 
     name = getattr(opts, "scenario", "")
-    return apply(name, opts, {o.dest: o.default for o in OPTIONS}) if name else ()
+    return apply(name, opts, {o.dest: o.default for o in OPTIONS}, run_s) if name else ()

@@ -17,13 +17,14 @@ from vllm_load.features import FEATURES
 from vllm_load.options import OPTIONS
 from vllm_load.workload.lengths import parse_duration
 from vllm_load.workload.rate_schedule import RateSchedule
+from vllm_load.plugin.lifecycle.run_timer import run_seconds
 from vllm_load.plugin.prepare.plan import ramp_kind, scenario_applied, why_no_window
 from vllm_load.plugin.lifecycle.shapes import UsersRamp
 from vllm_load.plugin.prepare.target import class_headers
 
 #: float options and the least value each takes (inclusive unless the name is in _POSITIVE)
 _AT_LEAST = {"request_rate": 0.0, "min_duration": 0.0, "ramp_up": 0.0, "ramp_up_start_rps": 0.0, "ramp_up_end_rps": 0.0, "temperature": 0.0, "emulator_ttft": 0.0,
-             "emulator_itl": 0.0, "audio_seconds": 0.0}
+             "emulator_itl": 0.0, "audio_seconds": 0.0, "system_idle_cap": 0.0}
 _POSITIVE = {"request_timeout", "step_duration", "trace_speed", "burstiness", "profile_seconds"}
 #: int options and their least value
 _INT_AT_LEAST = {"ramp_up_start_users": 0, "ramp_up_end_users": 0, "emulator_max_num_seqs": 0, "prompt_pool": 1, "max_concurrency": 1, "emulator_tokens_per_chunk": 1, "batch_size": 1,
@@ -32,7 +33,7 @@ _INT_AT_LEAST = {"ramp_up_start_users": 0, "ramp_up_end_users": 0, "emulator_max
 #: images per request, or an hour of audio, outlasted -t in start-up alone); more is no load a server is sized for
 _AT_MOST = {"images_per_request": 64, "audio_seconds": 120.0, "videos_per_request": 8, "video_frames": 256}
 #: may be infinite: vLLM's --burstiness inf is a constant rate
-_INFINITE_OK = {"burstiness"}
+_INFINITE_OK = {"burstiness", "max_idle"}  # --max-idle inf: no per-turn cap (AgentX)
 
 
 def split_hosts(host: str | None) -> tuple[str, ...]:
@@ -306,9 +307,10 @@ def check_options(environment: Any) -> None:
     check_host(environment.host)
     shape, classes = run_classes(environment)
     check_locustfile_options(opts, classes)
-    scenario_applied(opts)  # --scenario: its values, before the classes' checks read them
+    headless = bool(opts.headless or getattr(opts, "autostart", False))
+    scenario_applied(opts, run_seconds(opts) if headless else None)  # its values, before the classes' checks
     class_headers(getattr(opts, "class_header", None))
-    check_run(opts, headless=bool(opts.headless or getattr(opts, "autostart", False)), shape=shape)
+    check_run(opts, headless=headless, shape=shape)
     if getattr(opts, "profile_at", ""):
         from vllm_load.plugin.sources.server_control import profile_point
 

@@ -5,6 +5,7 @@ end of this process's share, and the session id every request inside ``session()
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from gevent import getcurrent
 
 from vllm_load.client.reply import Reply
 from vllm_load.client.stream import ReadyRequest, ready_request
+from vllm_load.plugin.load.idle_shift import Pending
 
 
 @dataclass(frozen=True)
@@ -64,16 +66,37 @@ class SessionCalls:
         return src.offload(_turn_request, src, int(input_tokens), int(output_tokens), tuple(hash_ids),
                            int(block_size), model, group)
 
-    def send_at(self, ready: ReadyRequest, at: float, *, name: str | None = None,
+    def timer(self, at: float = -math.inf) -> Pending:
+        """A session's next turn, pending from now, for ``send_at``; set its ``at`` once its due time is known. Take
+        it before the request it follows returns: --system-idle-cap then sees a turn still to come (imminent until
+        its ``at`` is set) and never moves the other turns past it."""
+        shift = self._generator().idle_shift
+        return shift.timer(at) if shift is not None else Pending(at)
+
+    def cancel_timer(self, pending: Pending) -> None:
+        """A ``timer`` whose turn will not be sent (also as the run stops: it never parks)."""
+        gen = self._live_generator()
+        shift = gen.idle_shift if gen is not None else None
+        if shift is not None:
+            shift.cancel(pending)
+
+    def send_at(self, ready: ReadyRequest, at: float | Pending, *, name: str | None = None,
                 headers: dict[str, str] | None = None, warmup: bool = False) -> Reply:
         """Send ``ready`` at the wall-clock time ``at`` (at once, if that has passed), timed from ``at``: a send
         the client made late counts its lateness in the request's latency and its ``send_lag``, as an open loop's
-        arrival does (a replay's turn is due at its predecessor's completion plus its delay)."""
+        arrival does (a replay's turn is due at its predecessor's completion plus its delay). ``at`` may be a
+        ``timer``: --system-idle-cap may then move it earlier while the process is idle."""
         gen = self._generator()
-        wait = at - time.time()
+        shift = gen.idle_shift
+        if isinstance(at, Pending):
+            pending = at
+        else:
+            pending = shift.timer(at) if shift is not None else Pending(at)
+        due = shift.wait(pending) if shift is not None else pending.at
+        wait = due - time.time()
         if wait > 0:
             gevent.sleep(wait)
-        self._due[getcurrent()] = Due(time.perf_counter() - (time.time() - at), gen.schedule_start())
+        self._due[getcurrent()] = Due(time.perf_counter() - (time.time() - due), gen.schedule_start())
         return self.send(ready, name=name, headers=headers, warmup=warmup)
 
     def share(self, items: list[Any]) -> list[Any]:

@@ -91,6 +91,19 @@ def own_blocks(session: Session, tree: str = "") -> Session:
     return Session(session.id, steps, session.block_size)
 
 
+def replayed(session: Session, play: int, cache_bust: bool = False) -> Session:
+    """A session's ``play``-th replay (from 1) as a session of its own: its ids (and its subagents') marked with the
+    play after the first, and with ``cache_bust`` its blocks its own for that play (a fresh marker on every play, as
+    AgentX's lanes recycle their traces), so that no replay finds an earlier one's prompts in the server's cache."""
+    out = session if play <= 1 else _renamed(session, f"~{play}")
+    return own_blocks(out) if cache_bust else out
+
+
+def _renamed(session: Session, mark: str) -> Session:
+    steps = tuple(Fork(_renamed(st.session, mark), st.join) if isinstance(st, Fork) else st for st in session.steps)
+    return Session(session.id + mark, steps, session.block_size)
+
+
 def _read(path: str | Path, fmt: str) -> list[Session]:
     if is_synthetic(str(path)):
         return make(str(path))
