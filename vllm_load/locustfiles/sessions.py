@@ -92,7 +92,7 @@ class SessionReplay(LLMUser):
         opts = self.llm.options
         aligned = first and opts.session_start and opts.session_align == "instant"
         # this user's next turn, pending from the end of its last request (--system-idle-cap: it is still to come)
-        pending = getattr(self, "pending", None) or self.llm.timer()
+        pending, self.pending = getattr(self, "pending", None) or self.llm.timer(), None  # _play lets it go on a failure
         session = share.take()
         if session is None:
             self.llm.cancel_timer(pending)
