@@ -139,7 +139,6 @@ class Generator:
         rt.folder = gevent.spawn(rt._fold_when_idle)
         return rt
 
-
     def _watch(self, opts: Any, plan: RunPlan) -> None:
         """What watches every finished request: refusals, a scenario's failed share, --system-idle-cap's shift."""
         cap = float(getattr(opts, "system_idle_cap", 0.0) or 0.0)
@@ -148,6 +147,7 @@ class Generator:
             Refusals(self.on_fatal, bool(getattr(opts, "worker", False)), bool(getattr(opts, "api_key", ""))),
             *([FailedShare(scenario_of(plan.scenario).failed_share, plan.scenario, self.on_fatal)]
               if plan.scenario else []), *([self.idle_shift] if self.idle_shift is not None else []))
+
     def _prepare_generation(self) -> None:
         self.headers = request_headers(self.opts)
         self.session_header = str(getattr(self.opts, "session_header", "") or "X-Session-ID")

@@ -88,11 +88,10 @@ class SessionCalls:
         ``timer``: --system-idle-cap may then move it earlier while the process is idle."""
         gen = self._generator()
         shift = gen.idle_shift
-        if isinstance(at, Pending):
-            pending = at
+        if shift is not None:
+            due = shift.wait(at if isinstance(at, Pending) else shift.timer(at))
         else:
-            pending = shift.timer(at) if shift is not None else Pending(at)
-        due = shift.wait(pending) if shift is not None else pending.at
+            due = at.at if isinstance(at, Pending) else at
         wait = due - time.time()
         if wait > 0:
             gevent.sleep(wait)
