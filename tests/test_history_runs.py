@@ -1,5 +1,5 @@
 """The history over real runs of the emulator: runs of one load, the server 30 % slower to its first token
-(``--emulator-ttft``) from the gate's second run on. A gate of ``ttft.p99<=baseline*1.10`` against the last 4
+(``--emulator-ttft``) from the gate's second run on. A gate of ``ttft.p50<=baseline*1.10`` against the last 4
 trusted runs passes the unchanged run and fails the slowed one, naming the baseline's runs and judging by their own
 summaries; `vllm-load history show` finds no change point among the unchanged runs and one at the first slowed one;
 the history page draws its charts in a real browser. What a busy host distrusts is run again and left out, as the
@@ -26,9 +26,10 @@ from vllm_load.metrics.judge.verdict import Verdict
 pytestmark = [pytest.mark.slow, pytest.mark.quiet_cores]
 CHAT = str(ROOT / "locustfiles" / "chat.py")
 #: the emulator's time to first token, and 30 % more from the slowed gate run on: a 60 ms step, three times what the
-#: gate's 10 % allows, so one request a busy host delays by 20 ms in an unchanged run fails no gate of its own
+#: gate's 10 % allows. The gate and the change points judge the median of a run's ~18 requests: its p99 is its slowest
+#: one, which CI's busy host delayed by 50 ms in an unchanged run (+14.7 %, a failed gate and a change point there)
 TTFT, SLOWER = 0.2, 0.26
-GATE = ["--baseline", "last 4", "--slo", "ttft.p99<=baseline*1.10"]
+GATE = ["--baseline", "last 4", "--slo", "ttft.p50<=baseline*1.10"]
 #: at most this many runs of a kind: a busy host distrusts a run now and then (its event loop lagged), and a
 #: baseline holds trusted runs only, so the series runs until it has the trusted runs it needs
 TRIES = 4
@@ -56,14 +57,14 @@ def _until_trusted(cwd: Path, ttft: float, need: int, *extra: str) -> list:
 
 
 def _said(runs) -> list[tuple[str, float, bool]]:
-    """Each run's id, TTFT p99 and trust: what a failed assertion shows."""
-    return [(json.loads((d / "config.json").read_text())["run_id"], s["summary"]["metrics"]["ttft"]["p99"],
+    """Each run's id, TTFT p50 and trust: what a failed assertion shows."""
+    return [(json.loads((d / "config.json").read_text())["run_id"], s["summary"]["metrics"]["ttft"]["p50"],
              _trusted((r, s, d))) for r, s, d in runs]
 
 
 def _changes(store: Path, capsys) -> dict:
     capsys.readouterr()
-    assert history(["--results-db", str(store), "show", "ttft.p99", "--json"]) == 0
+    assert history(["--results-db", str(store), "show", "ttft.p50", "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -79,7 +80,7 @@ def series(tmp_path_factory):
     store = cwd / "reports" / "history.sqlite"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert history(["--results-db", str(store), "show", "ttft.p99", "--json"]) == 0
+        assert history(["--results-db", str(store), "show", "ttft.p50", "--json"]) == 0
     after_unchanged = json.loads(out.getvalue())
     slowed_gate = _until_trusted(cwd, SLOWER, 1, *GATE)
     first_slowed = len(runs)
@@ -94,20 +95,20 @@ def test_the_gate_passes_the_unchanged_run_and_fails_the_slowed_one_naming_its_b
     runs = series["runs"]
     said = _said(runs)
     ids = [i for i, _, _ in said]
-    p99 = [v for _, v, _ in said]
+    p50 = [v for _, v, _ in said]
     for n in (series["unchanged_gate"], series["slowed_gate"]):
         res, data, _ = runs[n]
         check = data["slo"][0]
         before = [i for i in range(n) if said[i][2]][-4:]  # the last 4 trusted runs before it
         baseline_ids = [ids[i] for i in before][::-1]  # newest first
         assert data["baseline_runs"] == baseline_ids, said
-        base = statistics.median(p99[i] for i in before)  # the baseline's own summaries, not the store's copy
-        assert check["value"] == p99[n]
+        base = statistics.median(p50[i] for i in before)  # the baseline's own summaries, not the store's copy
+        assert check["value"] == p50[n]
         assert f"against the baseline's {base * 1000:.2f} ms" in check["detail"]
         assert "median of 4 runs: " + ", ".join(baseline_ids[:3]) in check["detail"]
         unchanged = n == series["unchanged_gate"]
         assert res.code == (EXIT_OK if unchanged else EXIT_SLO_MISS), (n, check, said, res.stdout[-3000:])
-        assert check["passed"] == unchanged and (p99[n] <= base * 1.10) == unchanged, (check, said)
+        assert check["passed"] == unchanged and (p50[n] <= base * 1.10) == unchanged, (check, said)
     slowed = runs[series["slowed_gate"]][0].stdout
     assert "history: TTFT p99" in slowed and "CHANGED" in slowed
 

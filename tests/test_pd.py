@@ -61,11 +61,12 @@ def test_each_request_splits_into_prefill_kv_transfer_and_decode(tmp_path, pd_pa
         model = LATENCY + PER_TOKEN * r["input_tokens"]
         assert model <= r["kv_transfer"] <= model + 0.004 + 0.02, (r["kv_transfer"], model)  # + a step, + a busy host
         parts = r["server_queue"] + r["server_prefill"] + r["kv_transfer"] + r["server_decode"]
-        assert 0 <= r["e2e"] - parts <= 0.1, (r["e2e"], parts)
+        assert r["e2e"] >= parts, (r["e2e"], parts)  # no part counted twice: the server's parts fit in the client's
         assert r["client_overhead"] >= 0
     # the rest (client, network, the router's two hops) is small beside every part: a part left out (the transfer's
     # 16-27 ms, the decode's 60) moves every request's rest. 215 requests here: median 10 ms, p75 13, max 53 (a
-    # few of them the router's or the VM's scheduling: 50 ms, the bound each request had, failed 2 runs in 5)
+    # few of them the router's or the VM's scheduling: 50 ms, the bound each request had, failed 2 runs in 5, and CI's
+    # busy host gave one 112 ms: the median is what a missing part moves, a single request's rest is the host's)
     rests = sorted(r["e2e"] - (r["server_queue"] + r["server_prefill"] + r["kv_transfer"] + r["server_decode"])
                    for r in logs)
     assert rests[len(rests) // 2] <= 0.02, rests

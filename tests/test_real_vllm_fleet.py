@@ -210,8 +210,8 @@ def test_a_dead_replica_beside_long_requests_is_its_own_outage_and_stops_no_heal
     again at 5 s; the run ends once the new r2 has served 2 requests (what still streams is cancelled 3 s into the
     drain). With 2,000-token answers, none of r1's had ended 3 s after the kill: the fleet looked like r2 alone,
     "server unreachable" for the run, and --stop-on-outage stopped it (issue 71). Now: no fleet outage, no stop;
-    r2's own outage from the kill (within 1 s) to its server's answer again (the start command ends when it
-    answers: within 2 s); each replica's requests are its own counter's, under one name each (its spans name it;
+    r2's own outage from the kill (within 1 s) to its server's first answer again in the log (the start command
+    ends when it is ready: no sooner); each replica's requests are its own counter's, under one name each (its spans name it;
     its failed requests, spanless, are its target's)."""
     urls, folder = fleet
     r1, r2 = urls
@@ -247,9 +247,14 @@ def test_a_dead_replica_beside_long_requests_is_its_own_outage_and_stops_no_heal
     # from the kill (r2's engine frozen: its last chunk came then) to its server's answer again
     assert abs(mine[0]["start"] - kill["start"]) < 1.0, (mine[0], kill)
     assert all(r["start"] + r["e2e"] <= mine[0]["start"] + 0.2 for r in ok2 if r["start"] < kill["start"])
-    assert abs(mine[0]["end"] - start["end"]) < 2.0, (mine[0], start)
-    again = min(r["start"] + r["ttft"] for r in ok2 if r["start"] > kill["start"])  # its first answer again
-    assert mine[0]["end"] <= again + 0.2, (mine[0], again)
+    # to its first answer again, as the log has it (the outage's buckets are 100 ms). The server answers again after
+    # the start command says it is ready (2 s or 37 s later: CI's busy host once took 101 s to start it and 36 s more
+    # to its first token), and the client asks it again at once: its first request after the start within 3 s
+    again = min(r["start"] + r["ttft"] for r in ok2 if r["start"] > kill["start"])
+    assert again - 0.2 <= mine[0]["end"] <= again + 0.2, (mine[0], again)
+    assert mine[0]["end"] >= start["end"] - 0.2, (mine[0], start)
+    asked = min(r["start"] for r in on[r2] if r["start"] + r["e2e"] >= start["end"])
+    assert asked <= start["end"] + 3.0, (asked - start["end"], start)
     assert f"target {r2}: server unreachable" in res.stdout
     # every failed request is r2's and failed in its outage (the streams the kill cut at its start); each replica
     # under one name (its spans'), failed requests included
