@@ -98,15 +98,15 @@ def _violations(url: str) -> dict[str, float]:
 def test_tool_calls_whole_alone_and_broken_under_load_as_the_emulator_counted(tmp_path, emulator_factory):
     emu = emulator_factory("--fault", "bad-tool:0.3", "--faults-from", "8", "--seed", "3", "--ttft", "0.02",
                            "--itl", "0.005")
-    args = ["-f", AGENT, "--headless", "-t", "5s", "--host", emu.url, "--slo", "integrity>=99%", "--no-history"]
+    args = ["-f", AGENT, "--headless", "--host", emu.url, "--slo", "integrity>=99%", "--no-history"]
     for d in ("alone", "busy"):
         (tmp_path / d).mkdir()
-    alone = run_in_process([*args, "-u", "1", "-r", "1"], tmp_path / "alone")
+    alone = run_in_process([*args, "-t", "2s", "-u", "1", "-r", "1"], tmp_path / "alone")  # whole: a few suffice
     data = json.loads((tmp_path / "alone" / alone.run_dir / "summary.json").read_text())
     part = data["summary"]["features"]["integrity"]
     assert alone.code == EXIT_OK and part["checked"] > 0 and part["whole"] == part["checked"]
     assert _violations(emu.url) == {}  # alone, the server broke none
-    busy = run_in_process([*args, "-u", "16", "-r", "16"], tmp_path / "busy")
+    busy = run_in_process([*args, "-t", "5s", "-u", "16", "-r", "16"], tmp_path / "busy")
     run_dir = tmp_path / "busy" / busy.run_dir
     data = json.loads((run_dir / "summary.json").read_text())
     part = data["summary"]["features"]["integrity"]
