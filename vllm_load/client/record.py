@@ -56,6 +56,9 @@ class RequestRecord:
     steady: bool = False  # started and ended in the run's steady window (plugin/load/steady.py): measured there too
     segment: int | None = None  # --rate-schedule: the segment its intended start fell in: measured there too
     cached_tokens: int | None = None  # prompt tokens the server's prefix cache held (when its usage says)
+    #: a replayed turn's prompt tokens in leading blocks an earlier prompt of the run had sent: what a prefix cache
+    #: holding them could hit (workload/block_reuse.py); None for a prompt not made of a trace's blocks
+    reusable_tokens: int | None = None
     trace_row: int | None = None  # trace replay: the row of the trace this request replayed
     name: str | None = None  # the user's name= for the request: its LLM metrics are grouped under it too
     ttfo: float | None = None  # the answer's first chunk (None: the stream carried no answer)

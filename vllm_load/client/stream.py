@@ -58,6 +58,8 @@ class ReadyRequest:
     streamed: bool = True  # False: one JSON answer, timed to its last byte (pooling, a whole transcription)
     tools: tuple[Any, ...] = ()  # the tools the body offers: an answer's calls are checked against them
     call_required: bool = False  # its tool_choice asks for a call ("required", or a function named): none is a fault
+    #: a replayed turn's prompt tokens in leading blocks an earlier prompt of the run sent (workload/block_reuse.py)
+    reusable: int | None = None
 
     @property
     def path(self) -> str:
@@ -195,6 +197,7 @@ def stream_request(transport: Transport, req: ReadyRequest, headers: dict[str, s
         finish_reason=state.finish_reason,
         response_id=state.response_id,
         cached_tokens=state.cached_tokens,
+        reusable_tokens=req.reusable,
         trace_row=req.row,
         ttfo=state.answer_at,
         late_merged=state.late_merged,

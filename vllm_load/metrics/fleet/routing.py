@@ -4,8 +4,9 @@ Which replica served each request comes from the fleet: a response header naming
 embedded emulator sends ``X-Vllm-Load-Replica``), else the replica's own span of it (``--otlp-receiver``: its
 ``OTEL_SERVICE_NAME``), else the target the client chose (``--host a,b``). Per replica:
 its requests and tokens; per session (``self.llm.session``, ``--session-header``): whether all its turns stayed on
-one replica; and the prefix-cache hits the sessions made achievable against those achieved (the server's
-``cached_tokens`` per request; vLLM sends them only with --enable-prompt-tokens-details: without them, the replicas'
+one replica; and the prefix-cache hits the sessions made achievable (a replayed turn's: the blocks an earlier
+prompt of its load process sent ahead of it, workload/block_reuse.py; a conversation's turn: its previous turn's
+prompt and answer) against those achieved (the server's ``cached_tokens`` per request; vLLM sends them only with --enable-prompt-tokens-details: without them, the replicas'
 own ``vllm:prefix_cache_hits`` over the run from their sidecars, else "not known", never 0: a run through a router
 printed 0 % while the replicas' counters rose by every achievable token). A router that spreads one session's
 turns over replicas loses the hits the conversation's shared prefix would have had: a run can look green while one
@@ -21,6 +22,8 @@ from vllm_load.metrics.summary_parts import Routing
 
 #: vLLM's KV-cache block (its default --block-size): the prefix cache hits whole blocks only
 BLOCK = 16
+#: a replayed turn's tokens in blocks an earlier prompt sent (client/record.py)
+REUSABLE = "reusable_tokens"
 
 
 class Replicas:
@@ -92,17 +95,9 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
     counts = [row["requests"] for row in replicas.values()]
     multi = {s: sorted(rs, key=lambda x: x["start"]) for s, rs in turns.items() if len(rs) > 1}
     sticky = sum(1 for rs in multi.values() if len({x["replica"] for x in rs}) == 1)
-    achievable, achieved = 0, 0
     told = any(row["cached_tokens"] is not None for row in replicas.values())
-    for rs in multi.values():
-        for prev, cur in zip(rs, rs[1:]):
-            if not (prev.get("ok") and cur.get("ok")) or cur.get(INPUT_TOKENS) is None:
-                continue
-            # the turn repeats the last turn's prompt and answer: what a replica holding them could hit, in whole
-            # blocks, the last prompt token always computed
-            shared = (prev.get(INPUT_TOKENS) or 0) + (prev.get(OUTPUT_TOKENS) or 0)
-            achievable += min(shared, cur[INPUT_TOKENS] - 1) // block * block
-            achieved += cur.get("cached_tokens") or 0
+    replayed = [r for r in records if r.get(REUSABLE) is not None]
+    achievable, achieved = _by_blocks(replayed, block) if replayed else _by_turns(multi.values(), block)
     source, unknown = ANSWERS, ""
     if not told:
         if server_hits is not None:
@@ -124,6 +119,33 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
         "cache_hits_unknown": unknown,
         "unattributed": unattributed,
     })
+
+
+def _by_blocks(records: list[dict], block: int) -> tuple[int, int]:
+    """Achievable and achieved hits of replayed turns, each by the blocks an earlier prompt sent ahead of it (its
+    record's ``reusable_tokens``: a primed first turn's, a subagent's on its parent's prefix), in the server's whole
+    blocks, the last prompt token always computed."""
+    achievable = achieved = 0
+    for r in records:
+        if r.get("ok") and r.get(INPUT_TOKENS) is not None:
+            achievable += min(r[REUSABLE], r[INPUT_TOKENS] - 1) // block * block
+            achieved += r.get("cached_tokens") or 0
+    return achievable, achieved
+
+
+def _by_turns(sessions: Iterable[list[dict]], block: int) -> tuple[int, int]:
+    """Achievable and achieved hits of conversations that send their history again: each turn repeats its last
+    turn's prompt and answer, what a replica holding them could hit, in whole blocks, the last prompt token always
+    computed."""
+    achievable = achieved = 0
+    for rs in sessions:
+        for prev, cur in zip(rs, rs[1:]):
+            if not (prev.get("ok") and cur.get("ok")) or cur.get(INPUT_TOKENS) is None:
+                continue
+            shared = (prev.get(INPUT_TOKENS) or 0) + (prev.get(OUTPUT_TOKENS) or 0)
+            achievable += min(shared, cur[INPUT_TOKENS] - 1) // block * block
+            achieved += cur.get("cached_tokens") or 0
+    return achievable, achieved
 
 
 def routing_line(r: Routing | None) -> str:

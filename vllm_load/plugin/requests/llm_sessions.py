@@ -5,9 +5,11 @@ end of this process's share, and the session id every request inside ``session()
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -17,6 +19,7 @@ from gevent import getcurrent
 from vllm_load.client.reply import Reply
 from vllm_load.client.stream import ReadyRequest, ready_request
 from vllm_load.plugin.load.idle_shift import Pending
+from vllm_load.workload.block_reuse import BlockReuse
 
 
 @dataclass(frozen=True)
@@ -27,12 +30,24 @@ class Due:
     schedule_start: float  # when the schedule (the run's, or a sweep step's rate) began
 
 
+#: each load process's memory of the blocks its prompts sent (its request source's: one per process)
+_SENT: weakref.WeakKeyDictionary[Any, BlockReuse] = weakref.WeakKeyDictionary()
+
+
 def _turn_request(src: Any, input_tokens: int, output_tokens: int, hash_ids: tuple[int, ...], block_size: int,
                   model: str, group: str | None) -> ReadyRequest:
-    """A session turn's request, in the prompt thread: the blocks' content at its exact length, or unique text."""
+    """A session turn's request, in the prompt thread: the blocks' content at its exact length, or unique text;
+    with the blocks, the tokens an earlier prompt of this process sent ahead of it (what a prefix cache could hit)."""
     f = src.factory("chat")
-    prompt = f.from_blocks(hash_ids, block_size, input_tokens) if hash_ids else f.make(input_tokens)
-    return ready_request("chat", model, prompt, output_tokens, src.defaults, group)
+    if not hash_ids:
+        return ready_request("chat", model, f.make(input_tokens), output_tokens, src.defaults, group)
+    prompt = f.from_blocks(hash_ids, block_size, input_tokens)
+    sent = _SENT.get(src)
+    if sent is None:
+        sent = _SENT[src] = BlockReuse()
+    reusable = min(sent.send(hash_ids, block_size, input_tokens - f.overhead), input_tokens - 1)
+    return dataclasses.replace(ready_request("chat", model, prompt, output_tokens, src.defaults, group),
+                               reusable=reusable)
 
 
 class SessionCalls:
