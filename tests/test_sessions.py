@@ -287,3 +287,26 @@ def test_the_cache_verdict_counts_every_hit_the_blocks_allow_as_the_server_count
     paired, _ = _by_turns([sorted(rs, key=lambda r: r["start"]) for rs in by_session.values()], SERVER_BLOCK)
     assert paired < hits, (paired, hits)
     assert f"prefix-cache hits {hits} of {hits} achievable tokens (100%)" in res.stdout
+
+
+def test_a_weka_replay_starts_each_first_session_at_its_t_star_by_recorded_time(tmp_path, emulator_factory):
+    """--session-start 0.25,0.75 --seed 42 over Weka traces: each user's first session is warmed with the turn before
+    its first turn at or after t* (drawn over the trace's recorded duration as AIPerf draws it), measured from it."""
+    from vllm_load.workload.inputs.t_star import first_measured
+
+    weka_traces(tmp_path / "traces", count=6)
+    sessions = {s.id: s for s in read_sessions(tmp_path / "traces")}
+    logs, _res = _replay(tmp_path, emulator_factory, tmp_path / "traces", "--session-start", "0.25,0.75",
+                         "--seed", "42")
+    by_session = defaultdict(list)
+    for r in logs:
+        by_session[r["session"]].append(r)
+    warmed = [sid for sid, rs in by_session.items() if any(r["warmup"] for r in rs)]
+    assert warmed
+    for sid in warmed:
+        turns = [x for x in sessions[sid].steps if not isinstance(x, Fork)]
+        k, at = first_measured(sessions[sid], (0.25, 0.75), 42)
+        assert at is not None and k >= 1
+        own = sorted((r for r in by_session[sid]), key=lambda r: r["start"])
+        assert [r["input_tokens"] for r in own] == [t.input_tokens for t in turns[k - 1:]]
+        assert own[0]["warmup"] and not any(r["warmup"] for r in own[1:])

@@ -202,8 +202,9 @@ _DECLARED: tuple[Option, ...] = (*group(
         locustfiles=("sessions.py",), web=False),
     Option("--sessions-format", "", "sessions.py: weka or jsonl", shown_default="jsonl for .jsonl, else weka",
         choices=["", "weka", "jsonl"], locustfiles=("sessions.py",)),
-    Option("--session-start", "", "sessions.py: MIN,MAX (fractions, e.g. 0,1): each user's first session starts at a "
-        "turn drawn uniformly in that share of its turns (AgentX's t*), after one warm-up turn, the one before it, "
+    Option("--session-start", "", "sessions.py: MIN,MAX (fractions, e.g. 0,1): each user's first session starts at its "
+        "first turn at or after t*, drawn uniformly in that share of the trace's recorded duration as AIPerf draws "
+        "it (seeded by --seed; a sessions JSONL without recorded times: that share of its turns), after one warm-up turn, the one before it, "
         "which carries the whole history so far and is left out of the numbers; later sessions start at their first "
         "turn. Empty: every session from its first turn", locustfiles=("sessions.py",)),
     Option("--session-align", "none", "sessions.py with --session-start: 'instant' starts every user's first session "

@@ -10,7 +10,9 @@ on one replica; --capture-header NAME then tells the run's routing verdict which
 the sessions over its processes; the run ends when every session was replayed.
 
 --session-start MIN,MAX (AgentX's t*): a server mostly serves sessions already under way, so each user's first
-session starts at a turn drawn uniformly in that share of its turns (the same draw run after run), after one
+session starts at its first turn at or after t*, drawn uniformly in that share of the trace's recorded duration as
+AIPerf draws it (seeded by --seed, 0 unset: the same draw run after run; sessions without recorded times, a
+sessions JSONL, by that share of their turns), after one
 warm-up turn, the one just before it, which carries the whole history so far: the server's cache holds the
 session as it would at that point, and the warm-up is logged but left out of the numbers. The turns and subagents
 before it are not sent; a user's later sessions start at their first turn. With --session-align instant, every user's
@@ -32,7 +34,6 @@ Written only against vllm-load's public API: copy it to start your own.
 from __future__ import annotations
 
 import math
-import random
 import time
 from typing import Any
 
@@ -42,6 +43,7 @@ from locust import task
 
 from vllm_load import LLMUser
 from vllm_load.workload.inputs.sessions import Fork, Session, Turn, read_sessions, replayed
+from vllm_load.workload.inputs.t_star import first_measured
 
 
 class _Share:
@@ -128,11 +130,12 @@ class SessionReplay(LLMUser):
         return share
 
     def _warm(self, session: Session, ratios: tuple[float, float]) -> Session:
-        """AgentX's t*: the session from a turn drawn in ``ratios`` of its turns on, after the turn before it is
-        sent as a warm-up (left out of the numbers). Returns what is left to replay."""
+        """AgentX's t*: the session from its first turn at or after t* (drawn in ``ratios`` of the trace's recorded
+        duration as AIPerf draws it, seeded by --seed, 0 unset: workload/inputs/t_star.py; by the turns' share
+        without recorded times), after the turn before it is sent as a warm-up (left out of the numbers). Returns
+        what is left to replay."""
         turns = [i for i, step in enumerate(session.steps) if isinstance(step, Turn)]
-        draw = random.Random(f"t*/{session.id}").uniform(*ratios)  # the same start run after run
-        k = min(len(turns) - 1, math.floor(draw * len(turns)))
+        k, _at = first_measured(session, ratios, max(0, int(self.llm.options.seed)))
         if k <= 0:
             return session
         before = session.steps[turns[k - 1]]

@@ -18,6 +18,7 @@ call's end (``t`` + ``api_time``) and this call's ``t`` (AIPerf's end-to-start d
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ class Turn:
     output_tokens: int
     delay: float  # seconds after the previous turn's completion (the session's start, for its first)
     hash_ids: tuple[int, ...] = ()  # the prompt's content blocks: the same id, the same block, across the run
+    at: float | None = None  # when the recording sent it, seconds from its trace's start (Weka's t; None: not said)
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def own_blocks(session: Session, tree: str = "") -> Session:
     share as recorded (its warm-up turn, its subagents)."""
     tree = tree or session.id
     steps = tuple(Fork(own_blocks(st.session, tree), st.join) if isinstance(st, Fork)
-                  else Turn(st.input_tokens, st.output_tokens, st.delay, tuple(_block(h, tree) for h in st.hash_ids))
+                  else dataclasses.replace(st, hash_ids=tuple(_block(h, tree) for h in st.hash_ids))
                   for st in session.steps)
     return Session(session.id, steps, session.block_size)
 
@@ -266,7 +268,7 @@ def _weka_step(sid: str, req: dict, block_size: int, salt: str | None,
         delay = max(0.0, t - prev_end) if prev_end is not None else 0.0
     end = t + _seconds(req.get("api_time") or 0.0, "api_time")
     turn = Turn(_count(req["in"], "in", 1, MAX_TOKENS), max(1, _count(req["out"], "out", 0, MAX_TOKENS)), delay,
-                tuple(_block(h, salt) for h in _hash_ids(req.get("hash_ids") or ())))
+                tuple(_block(h, salt) for h in _hash_ids(req.get("hash_ids") or ())), t)
     return turn, end
 
 
