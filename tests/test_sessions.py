@@ -292,7 +292,7 @@ def test_the_cache_verdict_counts_every_hit_the_blocks_allow_as_the_server_count
 def test_a_weka_replay_starts_each_first_session_at_its_t_star_by_recorded_time(tmp_path, emulator_factory):
     """--session-start 0.25,0.75 --seed 42 over Weka traces: each user's first session is warmed with the turn before
     its first turn at or after t* (drawn over the trace's recorded duration as AIPerf draws it), measured from it."""
-    from vllm_load.workload.inputs.t_star import first_measured
+    from vllm_load.workload.inputs.t_star import start
 
     weka_traces(tmp_path / "traces", count=6)
     sessions = {s.id: s for s in read_sessions(tmp_path / "traces")}
@@ -304,9 +304,27 @@ def test_a_weka_replay_starts_each_first_session_at_its_t_star_by_recorded_time(
     warmed = [sid for sid, rs in by_session.items() if any(r["warmup"] for r in rs)]
     assert warmed
     for sid in warmed:
-        turns = [x for x in sessions[sid].steps if not isinstance(x, Fork)]
-        k, at = first_measured(sessions[sid], (0.25, 0.75), 42)
-        assert at is not None and k >= 1
+        cut = start(sessions[sid], (0.25, 0.75), 42)
+        assert cut.at is not None and [w for w, _ in cut.warm] == [sid]  # these traces' subagents never straddle t*
+        kept = [x for x in cut.rest.steps if not isinstance(x, Fork)]
         own = sorted((r for r in by_session[sid]), key=lambda r: r["start"])
-        assert [r["input_tokens"] for r in own] == [t.input_tokens for t in turns[k - 1:]]
+        assert [r["input_tokens"] for r in own] == [cut.warm[0][1].input_tokens, *(t.input_tokens for t in kept)]
         assert own[0]["warmup"] and not any(r["warmup"] for r in own[1:])
+
+
+def test_a_subagent_live_at_t_star_is_warmed_beside_its_parent_and_measured_from_it(tmp_path, emulator_factory):
+    """t* = 15 s of a trace whose subagent's calls are at 1, 12 and 16 s: the replay warms the root with its 10 s
+    call and the subagent with its 12 s one (each under its own session id), then measures the root from its 20 s
+    call and the subagent from its 16 s one; the calls before (0 s, 1 s) and a subagent wholly before t* never go."""
+    from tests.test_t_star import _agent
+
+    (tmp_path / "traces").mkdir()
+    trace = _agent(tmp_path / "traces" / "t.json", {"live": [1.0, 12.0, 16.0], "early": [1.0, 2.0]})
+    assert trace.id == "tr"
+    logs, _res = _replay(tmp_path, emulator_factory, tmp_path / "traces", "--session-start", "0.5,0.5",
+                         "--max-idle", "0.05")
+    said = sorted((r["session"], r["warmup"], r["input_tokens"]) for r in logs)
+    warm = [(s, n) for s, w, n in said if w]
+    assert [s for s, _ in warm] == ["tr", "tr::sa:live"]
+    measured = [s for s, w, _ in said if not w]
+    assert measured.count("tr") == 2 and measured.count("tr::sa:live") == 1 and "tr::sa:early" not in measured

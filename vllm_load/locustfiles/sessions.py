@@ -12,10 +12,10 @@ the sessions over its processes; the run ends when every session was replayed.
 --session-start MIN,MAX (AgentX's t*): a server mostly serves sessions already under way, so each user's first
 session starts at its first turn at or after t*, drawn uniformly in that share of the trace's recorded duration as
 AIPerf draws it (seeded by --seed, 0 unset: the same draw run after run; sessions without recorded times, a
-sessions JSONL, by that share of their turns), after one
-warm-up turn, the one just before it, which carries the whole history so far: the server's cache holds the
-session as it would at that point, and the warm-up is logged but left out of the numbers. The turns and subagents
-before it are not sent; a user's later sessions start at their first turn. With --session-align instant, every user's
+sessions JSONL, by that share of their turns). Each chain live at t* (the session, a subagent) is warmed first
+with its last turn before it, which carries the chain's whole history so far: the server's cache holds the session
+as it would at that point, and the warm-ups are logged but left out of the numbers. What ended before t* is not
+sent; a user's later sessions start at their first turn. With --session-align instant, every user's
 first session goes on at one instant, once every user of the process sent its warm-up (AIPerf aligns t* so).
 
 --system-idle-cap S (AgentX's system-wide idle cap): while none of the process's requests is in flight, every pending
@@ -43,7 +43,7 @@ from locust import task
 
 from vllm_load import LLMUser
 from vllm_load.workload.inputs.sessions import Fork, Session, Turn, read_sessions, replayed
-from vllm_load.workload.inputs.t_star import first_measured
+from vllm_load.workload.inputs.t_star import start
 
 
 class _Share:
@@ -103,9 +103,15 @@ class SessionReplay(LLMUser):
             gevent.event.Event().wait()  # the share is replayed: wait for the run's end
             return
         try:
+            rest: Session | None = session
             if first and opts.session_start:
-                session = self._warm(session, start_range(opts.session_start))
-            _end, self.pending = self._play(session, self._aligned() if aligned else time.time(), pending)
+                rest = self._warm(session, start_range(opts.session_start))
+            ready_at = self._aligned() if aligned else time.time()
+            if rest is None:  # the whole trace was before t*: nothing of it is measured
+                self.llm.cancel_timer(pending)
+                self.pending = None
+            else:
+                _end, self.pending = self._play(rest, ready_at, pending)
         finally:
             share.left -= 1
             if share.left == 0:
@@ -129,21 +135,20 @@ class SessionReplay(LLMUser):
             self.llm.finished()
         return share
 
-    def _warm(self, session: Session, ratios: tuple[float, float]) -> Session:
-        """AgentX's t*: the session from its first turn at or after t* (drawn in ``ratios`` of the trace's recorded
-        duration as AIPerf draws it, seeded by --seed, 0 unset: workload/inputs/t_star.py; by the turns' share
-        without recorded times), after the turn before it is sent as a warm-up (left out of the numbers). Returns
-        what is left to replay."""
-        turns = [i for i, step in enumerate(session.steps) if isinstance(step, Turn)]
-        k, _at = first_measured(session, ratios, max(0, int(self.llm.options.seed)))
-        if k <= 0:
-            return session
-        before = session.steps[turns[k - 1]]
-        assert isinstance(before, Turn)
-        with self.llm.session(session.id):
-            self.llm.send(self.llm.turn_request(before.input_tokens, before.output_tokens, hash_ids=before.hash_ids,
-                                                block_size=session.block_size), name="warm-up", warmup=True)
-        return Session(session.id, session.steps[turns[k]:], session.block_size)  # due its delay after the warm-up
+    def _warm(self, session: Session, ratios: tuple[float, float]) -> Session | None:
+        """AgentX's t*: the session from t* (drawn in ``ratios`` of the trace's recorded duration as AIPerf draws it,
+        seeded by --seed, 0 unset; by the turns' share without recorded times: workload/inputs/t_star.py), after each
+        chain live at t* (the session, a subagent) is warmed with its last turn before it, all at once and left out of
+        the numbers. Returns what is left to replay (None: nothing of it is after t*)."""
+        cut = start(session, ratios, max(0, int(self.llm.options.seed)))
+        warm = [gevent.spawn(self._warm_one, sid, turn, session.block_size) for sid, turn in cut.warm]
+        gevent.joinall(warm, raise_error=True)
+        return cut.rest
+
+    def _warm_one(self, sid: str, turn: Turn, block_size: int) -> None:
+        with self.llm.session(sid):
+            self.llm.send(self.llm.turn_request(turn.input_tokens, turn.output_tokens, hash_ids=turn.hash_ids,
+                                                block_size=block_size), name="warm-up", warmup=True)
 
     def _play(self, session: Session, ready_at: float, pending: Any) -> tuple[float, Any]:
         """One session: its turns in order, each after its predecessor's completion plus its delay; its subagents
