@@ -161,7 +161,7 @@ def test_six_percent_failed_aborts_a_run_at_once_and_five_does_not():
 
     def records(failed_every: int, n: int) -> list:
         return [SimpleNamespace(ok=(i + 1) % failed_every != 0, warmup=False, cancelled=False, abandoned=False,
-                                removed=False) for i in range(n)]
+                                removed=False, name="turn", session="s") for i in range(n)]
 
     told: list = []
     watch = FailedShare(0.05, "agentx", lambda message, code: told.append((message, code)))
@@ -174,6 +174,29 @@ def test_six_percent_failed_aborts_a_run_at_once_and_five_does_not():
     for rec in records(20, 400):  # 5 % exactly: never over
         watch.add(rec)
     assert told == []
+
+
+def test_a_root_sessions_failed_warm_up_aborts_the_run_and_a_subagents_does_not():
+    """AIPerf's trajectory_warmup_failed: the cache the measured turns stand on was never primed."""
+    from types import SimpleNamespace
+
+    from vllm_load.errors import EXIT_INVALID
+    from vllm_load.plugin.load.failed_share import FailedShare
+
+    def warm_up(session: str, ok: bool, cancelled: bool = False, status: int | None = 500):
+        return SimpleNamespace(ok=ok, warmup=True, cancelled=cancelled, abandoned=False, removed=False,
+                               name="warm-up", session=session, status=status)
+
+    told: list = []
+    watch = FailedShare(0.10, "agentx", lambda message, code: told.append((message, code)))
+    for rec in (warm_up("t1", True), warm_up("t1::sa:a", False), warm_up("t2", False, cancelled=True),
+                SimpleNamespace(**{**vars(warm_up("t3", False)), "name": "turn"})):
+        watch.add(rec)  # a whole one, a subagent's, one the run's end cut, and a --warmup request: none aborts
+    assert told == []
+    watch.add(warm_up("t4", False, status=None))
+    watch.add(warm_up("t5", False))
+    assert told == [("--scenario agentx: session t4's warm-up failed (no answer): the run is aborted before it "
+                     "measures and not valid for the scenario (AIPerf's trajectory_warmup_failed)", EXIT_INVALID)]
 
 
 @pytest.mark.slow  # two replays (the fast selection keeps the rules', the names' and the abort's own tests)
