@@ -94,6 +94,12 @@ def test_through_the_router_each_replicas_requests_and_hits_are_its_own(tmp_path
         n: after[n][1] - before[n][1] for n in NAMES}
     assert routing["session_stickiness"] == 1.0
     assert "PASS  session_stickiness>=100%" in res.stdout
+    # what the blocks allowed is what the replicas hit, request by request (the turns' trailing unique words and the
+    # answers are in no later prompt: pairing a turn with the last one's prompt and answer counted them as
+    # achievable), and the routing verdict's achievable hits are the replicas' own
+    assert [min(r["reusable_tokens"], r["input_tokens"] - 1) // BLOCK * BLOCK for r in logs] == [
+        r["cached_tokens"] for r in logs]
+    assert routing["cache_hits_achievable"] == routing["cache_hits_achieved"] == hits, routing
 
 
 SUCCESS = "vllm:request_success_total"

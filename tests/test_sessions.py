@@ -244,49 +244,53 @@ def _agent_sessions(path, count: int = 6) -> None:
             ids = ids + [base + 10 + 2 * k, base + 11 + 2 * k]
             turns.append({"input_tokens": BLOCK * len(ids) + 24, "output_tokens": 3, "delay": 0.02,
                           "hash_ids": list(ids)})
-        sub = [{"input_tokens": BLOCK * (2 + 2 + j) + 24, "output_tokens": 3, "delay": 0.02,
-                "hash_ids": [base, base + 1, base + 500, base + 501, *range(base + 502, base + 502 + j)]}
-               for j in range(2)]
+        sub = [{"input_tokens": BLOCK * (3 + j) + 24, "output_tokens": 3, "delay": 0.02,
+                "hash_ids": [base, base + 1, *range(base + 500, base + 501 + j)]} for j in range(2)]
         turns.insert(1, {"subagent": {"session_id": f"s{s}::sa:1", "turns": sub}, "join": True})
         rows.append({"session_id": f"s{s}", "block_size": BLOCK, "turns": turns})
     path.write_text("".join(json.dumps(x) + "\n" for x in rows))
 
 
-def test_the_cache_verdict_counts_every_hit_the_blocks_allow_as_the_server_counted_them(tmp_path, emulator_factory):
+def test_the_cache_verdict_counts_every_hit_the_blocks_allow_as_the_server_counted_them(tmp_path, emulator_factory,
+                                                                                         sidecar_factory):
     """AgentX's cache line left out the hits its warm-up exists to make and the subagents' on their parents' prefix
     (14 % of them, issue 73): each turn was paired with its session's previous one. Now a replayed turn's achievable
-    hits are the blocks an earlier prompt sent ahead of it; with a cache that evicts nothing they equal what the
-    server hit, request by request, and the emulator's own counter (warm-ups included) equals the answers' sum."""
+    hits are the blocks an earlier prompt sent ahead of it, in the server's own blocks (32 tokens here: its
+    vllm:cache_config_info through the sidecar); with a cache that evicts nothing they equal what the server hit,
+    request by request, and the emulator's own counter (warm-ups included) equals the answers' sum."""
     from tests.helpers import counter
-    from vllm_load.metrics.fleet.routing import BLOCK as SERVER_BLOCK, _by_turns
+    from vllm_load.metrics.fleet.routing import _by_turns
 
+    server_block = 32
     _agent_sessions(tmp_path / "agents.jsonl")
     emu = emulator_factory("--enable-prompt-tokens-details", "--ttft", "0.005", "--itl", "0.002", "--replica-name",
-                           "r1")
+                           "r1", "--block-size", str(server_block))
+    side = sidecar_factory("--vllm-url", emu.url, "--interval", "250ms", "--out", str(tmp_path / "series.jsonl"))
     run_dir = tmp_path / "run"
     res = run_in_process(["-f", SESSIONS, "--headless", "-u", "3", "-r", "3", "-t", "60s", "--host", emu.url,
                           "--sessions", str(tmp_path / "agents.jsonl"), "--session-start", "0.5,0.5",
-                          "--capture-header", "X-Vllm-Load-Replica", "--run-dir", str(run_dir), "--no-history"],
-                         tmp_path, timeout=120)
+                          "--capture-header", "X-Vllm-Load-Replica", "--sidecar-url", side.url, "--run-dir",
+                          str(run_dir), "--no-history"], tmp_path, timeout=120)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     logs = read_log(run_dir / "requests.jsonl")
     assert all(r["ok"] for r in logs) and any(r["warmup"] for r in logs)
     # request by request, what the blocks allowed is what the server hit (whole server blocks)
-    assert [min(r["reusable_tokens"], r["input_tokens"] - 1) // SERVER_BLOCK * SERVER_BLOCK for r in logs] == [
+    assert [min(r["reusable_tokens"], r["input_tokens"] - 1) // server_block * server_block for r in logs] == [
         r["cached_tokens"] for r in logs]
+    assert any(r["reusable_tokens"] % server_block for r in logs)  # in 16-token blocks some would count more
     assert sum(r["cached_tokens"] for r in logs) == counter(emu.url, "vllm:prefix_cache_hits_total")
     routing = json.loads((run_dir / "summary.json").read_text())["summary"]["routing"]
     measured = [r for r in logs if not r["warmup"]]
     hits = sum(r["cached_tokens"] for r in measured)
     assert routing["cache_hits_achievable"] == routing["cache_hits_achieved"] == hits > 0, routing
-    assert routing["cache_hits_of_achievable"] == 1.0
+    assert routing["cache_hits_of_achievable"] == 1.0 and routing["cache_block"] == server_block
     # pairing each turn with its previous one counted fewer: the primed first turns and the subagents' were missing
     by_session = defaultdict(list)
     for r in measured:
         by_session[r["session"]].append(r)
-    paired, _ = _by_turns([sorted(rs, key=lambda r: r["start"]) for rs in by_session.values()], SERVER_BLOCK)
+    paired, _ = _by_turns([sorted(rs, key=lambda r: r["start"]) for rs in by_session.values()], server_block)
     assert paired < hits, (paired, hits)
-    assert f"prefix-cache hits {hits} of {hits} achievable tokens (100%)" in res.stdout
+    assert f"prefix-cache hits {hits} of {hits} achievable tokens in the server's 32-token blocks (100%)" in res.stdout
 
 
 def test_a_weka_replay_starts_each_first_session_at_its_t_star_by_recorded_time(tmp_path, emulator_factory):

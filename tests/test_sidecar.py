@@ -54,6 +54,17 @@ def test_real_vllm_0_32_metrics_map_to_the_schema():
     assert [b[0] for b in h["ttft"]["buckets"]][:4] == [0.001, 0.005, 0.01, 0.02]
 
 
+def test_the_kv_block_is_read_from_vllms_cache_config_info():
+    """vLLM 0.32 on CPU, its line verbatim (../shared/notes/vllm-0.32-cpu-metrics.txt): its block of 128 tokens is
+    what the routing verdict counts achievable hits in (16, vLLM's GPU default, counted hits it never makes)."""
+    line = ('vllm:cache_config_info{_block_size_resolved="True",block_size="128",cache_dtype="auto",'
+            'enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.92",num_gpu_blocks="512"} 1.0')
+    text = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n" \
+           "# TYPE vllm:cache_config_info gauge\n" + line + "\n"
+    assert parse_metrics(text)["block_size"] == 128
+    assert "block_size" not in parse_metrics(REAL.replace("block_size", "x_block"))
+
+
 def test_v0_names_map_to_the_same_schema():
     s = parse_metrics(V0_TEXT)
     assert (s["running"], s["waiting"], s["swapped"]) == (7, 3, 1)

@@ -80,6 +80,7 @@ class Emulator:
         if getattr(engine, "spec", None) is not None:
             self.metrics.enable_spec_decode(engine.spec.tokens)
         self.prefix_cache = PrefixCache(engine.cfg.block_size, engine.cfg.num_gpu_blocks)
+        self.metrics.cache_config(engine.cfg.block_size, engine.cfg.num_gpu_blocks)
         self.mm_cache = media.MultiModalCache()
         self._preemptions_seen = 0
         self.created = int(time.time())

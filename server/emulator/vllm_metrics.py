@@ -95,6 +95,14 @@ class VllmMetrics:
         for reason in ("stop", "length", "abort", "error"):
             self.success.labels(finished_reason=reason, **self.labels)
 
+    def cache_config(self, block_size: int, num_gpu_blocks: int) -> None:
+        """vLLM's ``vllm:cache_config_info`` (an info gauge, 1, the cache's config in its labels): its block size is
+        what the routing verdict counts achievable hits in, read through a sidecar."""
+        labels = {"block_size": str(block_size), "enable_prefix_caching": "True", "num_gpu_blocks": str(num_gpu_blocks),
+                  **({} if self.naming == "v0" else {"engine": "0"})}
+        Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", list(labels),
+              registry=self.registry).labels(**labels).set(1.0)
+
     def enable_spec_decode(self, positions: int) -> None:
         """vLLM's speculative-decoding counters, which it exposes only when a drafter is configured."""
         labels = list(self.labels)

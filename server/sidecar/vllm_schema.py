@@ -101,6 +101,10 @@ def parse_metrics(text: str) -> dict[str, Any]:
                 if s.name.endswith("_total"):
                     per[s.labels.get("position", "")] = per.get(s.labels.get("position", ""), 0.0) + s.value
             out[key] = per
+    fam = families.get("vllm:cache_config_info")
+    sizes = [s.labels.get("block_size", "") for s in fam.samples] if fam else []
+    if sizes and all(x.isdigit() for x in sizes):  # the KV block the prefix cache hits in whole
+        out["block_size"] = max(int(x) for x in sizes)
     fam = families.get("vllm:request_success")
     if fam:
         reasons: dict[str, float] = {}

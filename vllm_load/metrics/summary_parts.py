@@ -176,6 +176,8 @@ class Routing(Part):
     cache_hits_of_achievable = Key[float]()
     cache_hits_source = Key[str]("", "where the achieved hits come from: the answers' usage, or the replicas' counters")
     cache_hits_unknown = Key[str]("", "why the achieved hits are not known")
+    cache_block = Key[int](16, "the server's KV block the achievable hits are counted in: its vllm:cache_config_info "
+                           "block_size through a sidecar, else vLLM's default 16")
     unattributed = Key[int](0, "failed requests through a router that named no replica (no span, no header)")
 
 

@@ -55,7 +55,8 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
     joined = join(logs, spans) if spans is not None else None  # the server's spans (--otlp-receiver), per request
     header = str(captured[0]).lower() if captured else None
     done: dict = {}
-    routed = routing(logs, header, server_hits=server.get("prefix_cache_hits") if server else None)
+    routed = routing(logs, header, block=(server or {}).get("block_size"),
+                     server_hits=server.get("prefix_cache_hits") if server else None)
     if routed is not None:  # which replica served what, from the logs
         done["routing"] = routed
     replica = Replicas(logs, header)  # one name per replica, failed requests included

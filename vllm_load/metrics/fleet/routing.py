@@ -64,11 +64,12 @@ NO_CACHED_TOKENS = ("not known: the answers carry no cached tokens (start vLLM w
                     "or give each replica's sidecar: --sidecar-url a,b)")
 
 
-def routing(records: Iterable[dict], header: str | None = None, block: int = BLOCK,
+def routing(records: Iterable[dict], header: str | None = None, block: int | None = None,
             server_hits: float | None = None) -> Routing | None:
     """The verdict over the measured requests (warm-up and removed ones aside); None when no request says its
-    replica. ``server_hits``: the fleet's own prefix-cache hits over the run (tokens), read when no answer carried
-    its cached tokens."""
+    replica. ``block``: the server's KV block (its vllm:cache_config_info, through a sidecar; None: vLLM's default).
+    ``server_hits``: the fleet's own prefix-cache hits over the run (tokens), read when no answer carried its cached
+    tokens."""
     replicas: dict[str, dict[str, int | None]] = defaultdict(lambda: {"requests": 0, "failed": 0, INPUT_TOKENS: 0,
                                                                       "cached_tokens": None})
     turns: dict[str, list[dict]] = defaultdict(list)
@@ -97,6 +98,7 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
     sticky = sum(1 for rs in multi.values() if len({x["replica"] for x in rs}) == 1)
     told = any(row["cached_tokens"] is not None for row in replicas.values())
     replayed = [r for r in records if r.get(REUSABLE) is not None]
+    block = block or BLOCK
     achievable, achieved = _by_blocks(replayed, block) if replayed else _by_turns(multi.values(), block)
     source, unknown = ANSWERS, ""
     if not told:
@@ -117,6 +119,7 @@ def routing(records: Iterable[dict], header: str | None = None, block: int = BLO
         "cache_hits_of_achievable": min(1.0, achieved / achievable) if achievable and achieved is not None else None,
         "cache_hits_source": source,
         "cache_hits_unknown": unknown,
+        "cache_block": block,
         "unattributed": unattributed,
     })
 
@@ -158,10 +161,11 @@ def routing_line(r: Routing | None) -> str:
         out += f"; {r.unattributed} failed requests named no replica (no span or header: they failed before one answered)"
     if r.session_stickiness is not None:
         out += f"; {r.sticky_sessions} of {r.sessions} sessions kept on one replica ({r.session_stickiness:.0%})"
+    blocks = f" in the server's {r.cache_block}-token blocks" if r.cache_block != BLOCK else ""
     if r.cache_hits_of_achievable is not None:
-        out += (f"; prefix-cache hits {r.cache_hits_achieved} of {r.cache_hits_achievable} achievable tokens "
+        out += (f"; prefix-cache hits {r.cache_hits_achieved} of {r.cache_hits_achievable} achievable tokens{blocks} "
                 f"({r.cache_hits_of_achievable:.0%}" + (f", from {COUNTERS})" if r.cache_hits_source == COUNTERS
                                                          else ")"))
     elif r.cache_hits_achievable and r.cache_hits_unknown:
-        out += f"; prefix-cache hits of {r.cache_hits_achievable} achievable tokens {r.cache_hits_unknown}"
+        out += f"; prefix-cache hits of {r.cache_hits_achievable} achievable tokens{blocks} {r.cache_hits_unknown}"
     return out

@@ -35,6 +35,8 @@ def server_summary(series: list[dict]) -> dict | None:
     }
     if hits is not None:  # tokens: the routing verdict's achieved hits when the answers carry none
         out["prefix_cache_hits"] = hits
+    if last.get("block_size"):  # the KV block (vllm:cache_config_info): the routing verdict counts hits in it
+        out["block_size"] = int(last["block_size"])
     mm_queries = delta("mm_cache_queries_total")
     if mm_queries:  # items: a multimodal run's images, clips and videos the processor cache already held
         out["mm_cache_queries"], out["mm_cache_hits"] = mm_queries, delta("mm_cache_hits_total") or 0.0

@@ -48,7 +48,7 @@ def fetch_samples(sidecar_url: str, start: float, end: float, token: str = "", t
 
 #: per-replica values that do not add up over replicas: the fleet's is the largest (a cache's usage, a hit-rate
 #: gauge); every other number (requests running and waiting, counters, rates) and histogram bucket is summed
-MAXED = frozenset({"kv_cache_usage", "cpu_cache_usage", "prefix_cache_hit_rate_gauge"})
+MAXED = frozenset({"kv_cache_usage", "cpu_cache_usage", "prefix_cache_hit_rate_gauge", "block_size"})
 
 
 def merge_series(series: list[list[dict]]) -> list[dict]:
