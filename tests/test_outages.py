@@ -130,7 +130,9 @@ def test_a_server_killed_and_restarted_is_one_outage_with_bounded_retries(tmp_pa
     assert "vllm-load: OUTAGE: server unreachable since" in out and "the server answers again" in out, out[-3000:] + err[-3000:]
     assert "OUTAGE: server unreachable from" in out and "connection refused" in w["text"]
     # the retries during the outage are not the client's lateness (beside busy loops the cause is their contention)
-    assert not summary["client"]["saturated"] or summary["client"]["cause"] == "contention", summary["client"]
+    # (or the host's: once beside the full suite at a load average of 15, a late read with the process's CPU low and
+    # no wait in its own report; what would be the retries' is the client's own CPU or its loop blocked)
+    assert not summary["client"]["saturated"] or summary["client"]["cause"] in ("contention", "host"), summary["client"]
     assert res.code == 3 and "FAIL  outage.seconds<=0" in out
     assert "id='outages'" in (run_dir / "report.html").read_text()
     assert "server unreachable from" in (run_dir / "summary.md").read_text()
