@@ -195,8 +195,11 @@ def test_gaps_read_10ms_while_the_loop_is_blocked_50ms(reader, emulator_process_
         # on this VM, p99 under 1 ms in that run; the failure this guards reads 0 and ~50 ms, and shares stamps)
         # the reader thread held off its CPU past a gap merges that stream's next chunk into the kernel's segment
         # (CI's busy host: 17 of ~250 once, each counted by the run). A reader waiting on the blocked loop would merge
-        # most gaps, four of every five chunks of a 50 ms block; the run must count every merge it made
-        assert shared <= 0.1 * gaps and shared <= summary["late_merged_gaps"], (shared, gaps, summary["client"])
+        # most gaps, four of every five chunks of a 50 ms block; the run must count every merge its late reads made.
+        # Two chunks the kernel delivered in one segment read together on time: no late read, none counted (1 of
+        # 1,392 gaps once beside the full suite, with 0 late reads): at most 1 % of the gaps so
+        assert shared <= 0.1 * gaps, (shared, gaps, summary["client"])
+        assert shared - summary["late_merged_gaps"] <= 0.01 * gaps, (shared, gaps, summary["client"])
         # p99 under 1 ms on a quiet VM, 1.38 ms once beside CI's full suite: the bound is 3 ms, far under the ~40 ms
         # a reader waiting on the blocked loop puts on every gap it does not merge
         assert statistics.quantiles(errors, n=100)[98] < 0.003, sorted(errors)[-10:]
