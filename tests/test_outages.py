@@ -247,3 +247,22 @@ def test_an_answer_and_a_failure_in_one_bucket_may_begin_the_outage():
     assert len(windows) == 1 and abs(windows[0].start - 9.8) < 1e-9 and windows[0].is_outage, windows
     live = LiveOutage(2.0, horizon=60.0).check(ok, conn, other, 60.0)
     assert live is not None and abs(live.start - 9.8) < 1e-9
+
+
+def test_a_first_answer_the_runs_end_cancelled_ends_the_outage_it_came_in():
+    """A restarted replica's first answers again streamed 137 s on a busy host and were cut by the run's end: the
+    outage ran to the run's end (238 s after the kill, its first token 101.9 s after it). The answer is evidence the
+    server was there again; the cancel says nothing of it."""
+    from vllm_load.client.record import RequestRecord
+    from vllm_load.metrics.fleet.outages import find_windows
+    from vllm_load.metrics.stats import LLMStats
+
+    stats = LLMStats()
+    for k in range(40):  # refused every 0.25 s for 10 s
+        stats.add(RequestRecord("chat", 1000.0 + k * 0.25, 0.0, False, error="connection failed: refused"))
+    cut = RequestRecord("chat", 1010.2, 50.0, False, error="cancelled after 870 tokens", ttft=0.25,
+                        chunk_offsets=[0.25, 49.9], chunk_tokens=[1, 869], cancelled=True)
+    stats.add(cut)
+    windows = find_windows(stats.ok_buckets, stats.conn_buckets, stats.fail_buckets, 2.0, now=1100.0)
+    assert len(windows) == 1 and not windows[0].ongoing
+    assert windows[0].start == pytest.approx(1000.0) and windows[0].end == pytest.approx(1010.4)

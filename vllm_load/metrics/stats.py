@@ -176,7 +176,9 @@ class LLMStats:
         if not rec.ok:
             self.failures += 1
             self.count_error(rec.error or "unknown error")
-            if rec.cancelled:  # the run's end stopped it: neither refused nor answered badly, in no outage or storm
+            if rec.cancelled:  # the run's end stopped it: neither refused nor answered badly, in no outage or storm;
+                if answered is not None:  # but it was answered (a restarted replica's 1,000-token answers, cut by
+                    self.ok_buckets[outages.bucket(answered)] += 1  # the run's end, ended its outage at the end)
                 return
             if answered is not None:  # it answered before it failed: the server was there then
                 self.ok_buckets[outages.bucket(answered)] += 1
