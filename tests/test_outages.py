@@ -266,3 +266,28 @@ def test_a_first_answer_the_runs_end_cancelled_ends_the_outage_it_came_in():
     windows = find_windows(stats.ok_buckets, stats.conn_buckets, stats.fail_buckets, 2.0, now=1100.0)
     assert len(windows) == 1 and not windows[0].ongoing
     assert windows[0].start == pytest.approx(1000.0) and windows[0].end == pytest.approx(1010.4)
+
+
+def test_a_storm_on_one_replica_is_its_own_not_every_targets():
+    """--host r1,r2, r2 killed: its two cut streams fail and it refuses; r1 streams long answers whose first tokens
+    leave 2.4 s without one. The run's window was "every target: every request failed" (a failure storm) though r1
+    never failed: a run-level window is every target's only when each target failed in it too."""
+    from vllm_load.client.record import RequestRecord
+    from vllm_load.metrics.stats import LLMStats
+
+    stats = LLMStats()
+
+    def add(target: str, rec: RequestRecord) -> None:
+        stats.add(rec)
+        stats.targeted(target).add(rec)
+
+    add("r1", RequestRecord("chat", 999.0, 20.0, True, ttft=0.5, chunk_offsets=[0.5, 20.0], chunk_tokens=[1, 999]))
+    for k in range(2):  # r2's two streams the kill cut, then its refusals
+        add("r2", RequestRecord("chat", 995.0, 8.9, False, error="connection closed mid-stream", status=200, ttft=0.2,
+                                chunk_offsets=[0.2, 8.9], chunk_tokens=[1, 100]))
+    for k in range(8):
+        add("r2", RequestRecord("chat", 1006.5 + k * 0.5, 0.0, False, error="connection failed: refused"))
+    add("r1", RequestRecord("chat", 1006.2, 20.0, True, ttft=0.1, chunk_offsets=[0.1, 20.0], chunk_tokens=[1, 999]))
+    summary = stats.summary(30.0, now=1030.0)
+    assert [w.get("target") for w in summary.outages] == ["r2"], summary.outages
+    assert not any(w["text"].startswith("every target") for w in summary.outages)

@@ -251,16 +251,20 @@ def test_a_dead_replica_beside_long_requests_is_its_own_outage_and_stops_no_heal
     mine = [w for w in summary["outages"] if w.get("target") == r2 and w["outage"]]
     assert len(mine) == 1, summary["outages"]
     # from the kill (r2's engine frozen: its last chunk came then) to its server's answer again
-    assert abs(mine[0]["start"] - kill["start"]) < 1.0, (mine[0], kill)
+    # (the cut streams' last chunk, in the log: a busy host's r2 once went 1.07 s without a chunk before the kill)
+    cut = [r for r in on[r2] if not r["ok"] and not r["cancelled"] and r["start"] < kill["start"]]
+    silent = min(r["start"] + (r["chunk_offsets"][-1] if r["chunk_offsets"] else 0.0) for r in cut)
+    assert silent - 0.1 <= mine[0]["start"] <= silent + 1e-6 and silent <= kill["start"] + 1.0, (mine[0], silent, kill)
     assert all(r["start"] + r["e2e"] <= mine[0]["start"] + 0.2 for r in ok2 if r["start"] < kill["start"])
-    # to its first answer again, as the log has it (the outage's buckets are 100 ms). The server answers again after
-    # the start command says it is ready (2 s or 37 s later: CI's busy host once took 101 s to start it and 36 s more
-    # to its first token), and the client asks it again at once: its first request after the start within 3 s
+    # to its first answer again, as the log has it (the outage's buckets are 100 ms), 2 s or 37 s after the start
+    # command says it is ready (CI's busy host once took 101 s to start it and 36 s more to its first token), and the
+    # client asks it again at once: its first request after the start within 3 s
     # (a first answer of a request the run's end then cancelled counts: on a busy host r2's first answers again
     # streamed 137 s and were cut at 870 tokens, and the outage ran to the run's end)
     again = min(r["start"] + r["ttft"] for r in on[r2] if r["start"] > kill["start"] and r["ttft"] is not None)
     assert again - 0.2 <= mine[0]["end"] <= again + 0.2, (mine[0], again)
-    assert mine[0]["end"] >= start["end"] - 0.2, (mine[0], start)
+    assert mine[0]["end"] >= start["start"], (mine[0], start)  # not before r2 was started again (the command's
+    # end comes later: it polls /health every 0.5 s, and r2 once answered 1.6 s before it noticed)
     asked = min(r["start"] for r in on[r2] if r["start"] + r["e2e"] >= start["end"])
     assert asked <= start["end"] + 3.0, (asked - start["end"], start)
     assert f"target {r2}: server unreachable" in res.stdout

@@ -105,12 +105,13 @@ def summarise(self: Any, duration: float | None = None, records_per_request: int
                           for t in sorted(self.targets)}
         if outage_after is not None:
             own = {t: self.targets[t].outage_windows(outage_after, now) for t in sorted(self.targets)}
-            # the run's own window is every target's only when each was unreachable in it too: one replica down
-            # while the other answered, slowly enough to leave a second without an answer (beside the full suite),
-            # was called "every target" and hid the replica's own outage
+            # the run's own window is every target's only when each was unreachable (a storm: failing) in it too:
+            # one replica down while the other answered, slowly enough to leave a second without an answer (beside
+            # the full suite), was called "every target" and hid the replica's own outage; the streams a kill cut,
+            # with the other replica's long answers still streaming, were "every target: every request failed"
             out["outages"] = [{**w, "text": "every target: " + w["text"]} for w in out["outages"]
-                              if not w["outage"] or all(any(x.is_outage and x.start < w["end"] and w["start"] < x.end
-                                                            for x in windows) for windows in own.values())]
+                              if all(any((x.is_outage or not w["outage"]) and x.start < w["end"] and w["start"] < x.end
+                                         for x in windows) for windows in own.values())]
             out["outage_seconds"] = sum(w["seconds"] for w in out["outages"] if w["outage"])  # the run's: every target
             for t, windows in own.items():
                 sub = self.targets[t]
