@@ -103,15 +103,9 @@ class SessionReplay(LLMUser):
             gevent.event.Event().wait()  # the share is replayed: wait for the run's end
             return
         try:
-            rest: Session | None = session
             if first and opts.session_start:
-                rest = self._warm(session, start_range(opts.session_start))
-            ready_at = self._aligned() if aligned else time.time()
-            if rest is None:  # the whole trace was before t*: nothing of it is measured
-                self.llm.cancel_timer(pending)
-                self.pending = None
-            else:
-                _end, self.pending = self._play(rest, ready_at, pending)
+                session = self._warm(session, start_range(opts.session_start))
+            _end, self.pending = self._play(session, self._aligned() if aligned else time.time(), pending)
         finally:
             share.left -= 1
             if share.left == 0:
@@ -135,11 +129,11 @@ class SessionReplay(LLMUser):
             self.llm.finished()
         return share
 
-    def _warm(self, session: Session, ratios: tuple[float, float]) -> Session | None:
+    def _warm(self, session: Session, ratios: tuple[float, float]) -> Session:
         """AgentX's t*: the session from t* (drawn in ``ratios`` of the trace's recorded duration as AIPerf draws it,
         seeded by --seed, 0 unset; by the turns' share without recorded times: workload/inputs/t_star.py), after each
         chain live at t* (the session, a subagent) is warmed with its last turn before it, all at once and left out of
-        the numbers. Returns what is left to replay (None: nothing of it is after t*)."""
+        the numbers. Returns what is left to replay."""
         cut = start(session, ratios, max(0, int(self.llm.options.seed)))
         warm = [gevent.spawn(self._warm_one, sid, turn, session.block_size) for sid, turn in cut.warm]
         gevent.joinall(warm, raise_error=True)

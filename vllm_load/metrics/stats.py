@@ -176,12 +176,11 @@ class LLMStats:
         if not rec.ok:
             self.failures += 1
             self.count_error(rec.error or "unknown error")
-            if rec.cancelled:  # the run's end stopped it: neither refused nor answered badly, in no outage or storm;
-                if answered is not None:  # but it was answered (a restarted replica's 1,000-token answers, cut by
-                    self.ok_buckets[outages.bucket(answered)] += 1  # the run's end, ended its outage at the end)
+            if answered is not None:  # it answered before it failed or the run's end stopped it: the server was
+                self.ok_buckets[outages.bucket(answered)] += 1  # there then (a restarted replica's 1,000-token answers,
+                # cut by the run's end, once left its outage running to the end)
+            if rec.cancelled:  # the run's end stopped it: neither refused nor answered badly, in no outage or storm
                 return
-            if answered is not None:  # it answered before it failed: the server was there then
-                self.ok_buckets[outages.bucket(answered)] += 1
             if rec.connection_failed:
                 self.conn_buckets[outages.bucket(silent)] += 1
                 if rec.start >= self.conn_error[0]:

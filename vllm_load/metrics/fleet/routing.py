@@ -124,29 +124,32 @@ def routing(records: Iterable[dict], header: str | None = None, block: int | Non
     })
 
 
+def _hittable(shared: int, input_tokens: int, block: int) -> int:
+    """Of ``shared`` prompt tokens, what a prefix cache hits: whole blocks, the last prompt token always computed."""
+    return min(shared, input_tokens - 1) // block * block
+
+
 def _by_blocks(records: list[dict], block: int) -> tuple[int, int]:
     """Achievable and achieved hits of replayed turns, each by the blocks an earlier prompt sent ahead of it (its
-    record's ``reusable_tokens``: a primed first turn's, a subagent's on its parent's prefix), in the server's whole
-    blocks, the last prompt token always computed."""
+    record's ``reusable_tokens``: a primed first turn's, a subagent's on its parent's prefix)."""
     achievable = achieved = 0
     for r in records:
         if r.get("ok") and r.get(INPUT_TOKENS) is not None:
-            achievable += min(r[REUSABLE], r[INPUT_TOKENS] - 1) // block * block
+            achievable += _hittable(r[REUSABLE], r[INPUT_TOKENS], block)
             achieved += r.get("cached_tokens") or 0
     return achievable, achieved
 
 
 def _by_turns(sessions: Iterable[list[dict]], block: int) -> tuple[int, int]:
     """Achievable and achieved hits of conversations that send their history again: each turn repeats its last
-    turn's prompt and answer, what a replica holding them could hit, in whole blocks, the last prompt token always
-    computed."""
+    turn's prompt and answer, what a replica holding them could hit."""
     achievable = achieved = 0
     for rs in sessions:
         for prev, cur in zip(rs, rs[1:]):
             if not (prev.get("ok") and cur.get("ok")) or cur.get(INPUT_TOKENS) is None:
                 continue
             shared = (prev.get(INPUT_TOKENS) or 0) + (prev.get(OUTPUT_TOKENS) or 0)
-            achievable += min(shared, cur[INPUT_TOKENS] - 1) // block * block
+            achievable += _hittable(shared, cur[INPUT_TOKENS], block)
             achieved += cur.get("cached_tokens") or 0
     return achievable, achieved
 

@@ -45,7 +45,7 @@ def _turn_request(src: Any, input_tokens: int, output_tokens: int, hash_ids: tup
     sent = _SENT.get(src)
     if sent is None:
         sent = _SENT[src] = BlockReuse()
-    reusable = min(sent.send(hash_ids, block_size, input_tokens - f.overhead), input_tokens - 1)
+    reusable = sent.send(hash_ids, block_size, input_tokens - f.overhead)  # the verdict keeps the last token out
     return dataclasses.replace(ready_request("chat", model, prompt, output_tokens, src.defaults, group),
                                reusable=reusable)
 

@@ -38,6 +38,11 @@ def sample_t_star(lo_ratio: float, hi_ratio: float, seed: int, trace_id: str, du
     return max(float(np.random.default_rng(seed_for_trace_lane(seed, trace_id, lane)).uniform(lo, hi)), 0.0)
 
 
+def _us(turn: Turn) -> float:
+    """A call's recorded time in microseconds (AIPerf's arrival_offset_us)."""
+    return round((turn.at or 0.0) * 1e6)
+
+
 def recorded_times(session: Session) -> list[float] | None:
     """Every call's recorded time in microseconds, its subagents' included; None when a call has none."""
     out: list[float] = []
@@ -50,7 +55,7 @@ def recorded_times(session: Session) -> list[float] | None:
         elif step.at is None:
             return None
         else:
-            out.append(round(step.at * 1e6))  # AIPerf's arrival_offset_us
+            out.append(_us(step))
     return out
 
 
@@ -60,7 +65,7 @@ class Start:
     and t* in seconds of the trace's clock (None: cut by the turns' share)."""
 
     warm: tuple[tuple[str, Turn], ...]
-    rest: Session | None
+    rest: Session
     at: float | None
 
 
@@ -77,11 +82,8 @@ def start(session: Session, ratios: tuple[float, float], seed: int) -> Start:
     t_star = sample_t_star(ratios[0], ratios[1], seed, session.id, max(times, default=0.0))
     warm: list[tuple[str, Turn]] = []
     rest = _cut(session, t_star, warm, dropped=False)
+    assert rest is not None  # t* is at most the duration: the latest call, the root's or a subagent's, is kept
     return Start(tuple(warm), rest, t_star / 1e6)
-
-
-def _us(turn: Turn) -> float:
-    return round((turn.at or 0.0) * 1e6)
 
 
 def _cut(session: Session, t_star: float, warm: list[tuple[str, Turn]], dropped: bool) -> Session | None:
