@@ -10,6 +10,25 @@ from vllm_load.errors import UsageError
 from vllm_load.workload.prompt_pool import PromptError, PromptPool
 
 
+class NativeGate:
+    """Holds the producer's native thread until the test opens it. A gevent Event waited on in that thread raised
+    gevent's "This operation would block forever" (its hub had nothing else to run) whenever the thread reached it
+    before the test set it: the fast selection's flake of issue 76. A native lock blocks the thread itself."""
+
+    def __init__(self) -> None:
+        import gevent.monkey
+
+        self._lock = gevent.monkey.get_original("_thread", "allocate_lock")()
+        self._lock.acquire()
+
+    def wait(self) -> None:
+        self._lock.acquire()
+        self._lock.release()
+
+    def set(self) -> None:
+        self._lock.release()
+
+
 def test_items_come_in_order_from_the_producer_thread():
     counter = itertools.count()
     pool = PromptPool(lambda: next(counter), size=4)
@@ -25,9 +44,7 @@ def test_gets_that_wait_for_a_refill_get_the_items_in_the_order_they_came():
     so the n-th get of a seeded run has the n-th draw: taking the refill first, it once gave a seeded run's
     lengths to other arrivals."""
     import gevent
-    import gevent.event
-
-    gate = gevent.event.Event()  # holds the producer's second batch: the test lands it itself
+    gate = NativeGate()  # holds the producer's second batch: the test lands it itself
     counter = itertools.count()
 
     def make():
@@ -56,9 +73,7 @@ def test_gets_that_wait_for_a_refill_get_the_items_in_the_order_they_came():
 
 def test_a_get_killed_while_it_waits_does_not_hold_the_line():
     import gevent
-    import gevent.event
-
-    gate = gevent.event.Event()
+    gate = NativeGate()
     counter = itertools.count()
     def make():
         if next(counter) >= 4:  # the second batch waits for the test

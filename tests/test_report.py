@@ -507,3 +507,64 @@ def test_a_run_where_nothing_completed_prints_no_empty_table_nor_a_read_lag_of_n
     text = render_table({**stats.summary(duration=3.0).to_json(), "client": client})
     assert any(line.startswith("metric") for line in text.splitlines())
     assert "each read as it landed, at most 2.1 ms after" in text
+
+
+def test_the_reports_configuration_says_values_as_a_person_reads_them(tmp_path):
+    """The Configuration table printed JSON: ``"emulator/mistral"`` in quotes, ``null``, ``true``; the untrustworthy
+    banner ran its reasons on after its own sentence ("accepts it. local: ...")."""
+    run = make_run_dir(tmp_path / "run")
+    config = json.loads((run / "config.json").read_text())
+    extra = {"tokenizer": "emulator/mistral-7b-v0.1", "host": None, "headless": True, "header": ["X-A: 1", "X-B: 2"]}
+    (run / "config.json").write_text(json.dumps({**config, "options": {**config.get("options", {}), **extra}}))
+    _distrust(run)
+    page = html.unescape(build(run).report.read_text())
+    table = page.split("id='options-changed'")[1].split("</div>")[0]
+    cells = dict(re.findall(r"<tr><td>([^<]*)</td><td>([^<]*)</td></tr>", table))
+    assert cells["tokenizer"] == "emulator/mistral-7b-v0.1" and cells["headless"] == "on", cells
+    assert cells["header"] == "X-A: 1, X-B: 2"
+    every = page.split("id='options-default'")[1].split("</details>")[0]
+    assert '"' not in table + every and "null" not in table + every and ">true<" not in table + every
+    banner = page.split("id='run-untrustworthy'")[1].split("</div>")[0]
+    assert "accepts it. What fell behind, by process: " in banner
+
+
+def _gapped_run(path, stalls, base=0.010):
+    """A run of 90 requests over 45 s, each of 20 chunks 10 ms apart (``base``) but for one stall per request: the
+    i-th request's is ``stalls[i % len(stalls)]`` seconds, so a window's ITL tail is the stalls it holds."""
+    stats, t0 = LLMStats(), 1_800_000_000.0
+    for i in range(90):
+        gaps = [base] * 18 + [stalls[i % len(stalls)]]
+        offs = [0.02]
+        for g in gaps:
+            offs.append(offs[-1] + g)
+        stats.add(RequestRecord(api="chat", start=t0 + i * 0.5, e2e=offs[-1], ok=True, ttft=0.02, chunk_offsets=offs,
+                                chunk_tokens=[1] * 20, output_tokens=20, input_tokens=128, input_tokens_asked=128,
+                                tokens_from_usage=True))
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"run_id": path.name, "host": "http://127.0.0.1:1",
+                                                  "target_is_emulator": True, "model": "m", "options": {}}))
+    (path / "llm_stats.json").write_text(json.dumps({
+        "run_id": path.name, "start": t0, "end": t0 + 46, "summary": stats.summary(duration=46.0).to_json(),
+        "stats": stats.to_wire()}))
+    return path
+
+
+def test_compare_judges_each_statistic_by_its_own_window_spread_and_the_per_chunk_itl_by_the_per_token_windows(
+        tmp_path):
+    """Two runs of one load differed by 10-19 % in their ITL tails: the per-chunk ITL had no windows (so a 5 %
+    threshold judged it) and every statistic was judged by the spread of the windows' medians. Here each run's ITL
+    p99 wanders from window to window (its stalls, 30-90 ms, come in runs of their own) while the medians do not:
+    a second run whose p99 lies within that wander is no change; every gap 3 ms longer is."""
+    from vllm_load.report.compare import compare
+    from vllm_load.rundir.files import load_run
+
+    wander = [0.03] * 20 + [0.09] * 20 + [0.05] * 20  # windows of 20 requests: their stalls differ by window
+    a = load_run(_gapped_run(tmp_path / "a", wander))
+    b = load_run(_gapped_run(tmp_path / "b", [0.035] * 20 + [0.08] * 20 + [0.06] * 20))
+    rows = {(r["metric"], r["stat"]): r for r in compare(a, b)["metrics"]}
+    assert ("itl_token", "p99") not in rows  # one token a chunk: the per-chunk row says it once
+    p99 = rows[("itl", "p99")]
+    assert abs(p99["pct"]) > 5 and p99["noise"] is not None and not p99["significant"], p99
+    slower = load_run(_gapped_run(tmp_path / "slower", wander, base=0.013))
+    moved = {(r["metric"], r["stat"]): r for r in compare(a, slower)["metrics"]}
+    assert moved[("itl", "p50")]["significant"] and moved[("itl", "p50")]["delta"] == pytest.approx(3.0, abs=0.1)

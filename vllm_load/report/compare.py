@@ -3,8 +3,8 @@
 Every metric's mean and percentiles, the run's rates and the SLO verdicts, A against B. A change is flagged
 when it is larger than both the histograms' error (0.1 % relative, HdrHistogram's 3 significant digits) and
 the runs' own noise: for TTFT, ITL per token and E2E, the spread (standard deviation) of the 10 s windows'
-medians within each run, combined over the two runs (a run that wanders by 5 ms between its own windows
-cannot show a 2 ms change). Metrics without windows have no noise estimate: a change of theirs is flagged only
+same statistic within each run (their medians for p50, their p99s for p99), combined over the two runs (a run
+that wanders by 5 ms between its own windows cannot show a 2 ms change). Metrics without windows have no noise estimate: a change of theirs is flagged only
 beyond a stated relative threshold (``--threshold``, 5 % by default), and the output says so (two nearly equal runs
 showed 17 "changed" lines of +0.2 % before). A percentile is flagged only when, besides, the two runs' sampling
 intervals of it are apart (``percentile_interval``).
@@ -21,7 +21,7 @@ from vllm_load.features import FEATURES
 from vllm_load.metrics.judge.repeats import welch
 from vllm_load.metrics.judge.verdict import UNTRUSTWORTHY, word
 from vllm_load.metric_table import E2E, ITL, ITL_TOKEN, METRICS, TTFO, TTFT
-from vllm_load.report.console import fmt_number
+from vllm_load.report.console import fmt_number, shown
 from vllm_load.rundir.files import Run, load_run
 from vllm_load.metrics.summary import accuracy_rows, metric_stats
 
@@ -34,13 +34,19 @@ RATES = (("request_rate", "request rate", "req/s"), ("output_token_rate", "outpu
          ("error_rate", "error rate", "%"), ("goodput", "goodput (good req/s)", "req/s"))
 
 
-def window_noise(run: Run, key: str) -> float | None:
-    """Standard deviation (seconds) of the run's per-window medians of ``key``; None without 2 windows."""
-    medians = [ms[key].percentile(50) for _, ms in sorted(run.stats.windows.items()) if key in ms and ms[key].count]
-    if len(medians) < 2:
+def window_noise(run: Run, key: str, stat: str = "p50") -> float | None:
+    """Standard deviation (seconds) of the run's per-window ``stat`` of ``key`` (``mean`` or ``pNN``); None without
+    2 windows. Each statistic is judged by its own spread: a tail wanders between windows far more than the median,
+    and two runs of one load differed by 10-19 % in ITL p99.9 while their medians' spread allowed 2 %."""
+    values = [_stat_of(ms[key], stat) for _, ms in sorted(run.stats.windows.items()) if key in ms and ms[key].count]
+    if len(values) < 2:
         return None
-    mean = sum(medians) / len(medians)
-    return math.sqrt(sum((m - mean) ** 2 for m in medians) / (len(medians) - 1))
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((m - mean) ** 2 for m in values) / (len(values) - 1))
+
+
+def _stat_of(h: Any, stat: str) -> float:
+    return h.mean if stat == "mean" else h.percentile(float(stat[1:]))
 
 
 #: options that name a run rather than set it up: a difference in them is no difference in setup
@@ -100,17 +106,6 @@ def setup_differences(a: Run, b: Run) -> list[dict[str, Any]]:
     return out
 
 
-def shown(value: Any) -> str:
-    """An option's value as a person reads it, not as Python prints it (``--host: A None``, ``--headless: A True``)."""
-    if value is None or value == "" or value == []:
-        return "not set"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    if isinstance(value, (list, tuple)):
-        return ", ".join(shown(v) for v in value)
-    return str(value)
-
-
 def percentile_interval(h: Any, p: float, z: float = 1.96) -> tuple[float, float] | None:
     """A ``Histogram``'s ``p``-th percentile's 95 % interval from its sampling alone: ranks n*q +- z*sqrt(n q (1-q))
     read back as values; a rank past the largest leaves that side open (the p99 of 40 requests lies above their
@@ -136,6 +131,11 @@ def _intervals_apart(a: Run, b: Run, key: str, stat: str) -> bool | None:
     return ia[1] < ib[0] or ib[1] < ia[0]
 
 
+def _same_numbers(a: Run, b: Run, twin: str, ma: Any, mb: Any) -> bool:
+    """Whether ``twin``'s statistics equal ``ma``'s in A and ``mb``'s in B."""
+    return all(metric_stats(s.summary, twin).at(st) == mm.at(st) for s, mm in ((a, ma), (b, mb)) for st in STATS)
+
+
 def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, Any]:
     """``threshold``: the relative change a metric without a noise estimate must exceed to be flagged."""
     rows = []
@@ -144,12 +144,15 @@ def compare(a: Run, b: Run, threshold: float = DEFAULT_THRESHOLD) -> dict[str, A
         if not ma.count or not mb.count:
             continue
         twin = _SAME_AS.get(m.key)
-        if twin and all(metric_stats(s.summary, twin).at(st) == mm.at(st) for s, mm in ((a, ma), (b, mb))
-                        for st in STATS):
+        if twin and _same_numbers(a, b, twin, ma, mb):
             continue  # the same numbers as its twin in both runs: said once
-        na, nb = window_noise(a, m.key), window_noise(b, m.key)
-        noise = math.sqrt(na ** 2 + nb ** 2) if na is not None and nb is not None else None
+        # the per-chunk ITL has no windows of its own; where each chunk is one token it is the per-token ITL, whose
+        # windows are its noise (without them its p99 of two runs of one load was flagged beyond a 5 % threshold)
+        windowed = ITL_TOKEN if m.key == ITL and _same_numbers(a, b, ITL, metric_stats(a.summary, ITL_TOKEN),
+                                                                 metric_stats(b.summary, ITL_TOKEN)) else m.key
         for stat in STATS:
+            na, nb = window_noise(a, windowed, stat), window_noise(b, windowed, stat)
+            noise = math.sqrt(na ** 2 + nb ** 2) if na is not None and nb is not None else None
             va, vb = ma[stat], mb[stat]
             delta = vb - va
             floor = HIST_ERROR * max(abs(va), abs(vb))

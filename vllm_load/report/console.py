@@ -30,6 +30,20 @@ def fmt_number(value: float) -> str:
     return f"{value:.1f}" if abs(value) >= 100 else f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
 
 
+def shown(value: Any) -> str:
+    """An option's value as a person reads it, not as Python prints it (``--host: A None``, ``--headless: A True``,
+    the report's Configuration once quoting strings and printing ``null``)."""
+    if value is None or value == "" or value == []:
+        return "not set"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(shown(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={shown(v)}" for k, v in value.items())
+    return str(value)
+
+
 def table_rows(summary: Mapping[str, Any]) -> list[dict]:
     summary, rows = RunSummary.of(summary), []
     reasoned = bool(summary.reasoning_requests)

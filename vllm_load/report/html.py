@@ -8,7 +8,6 @@ per window and output tokens/s, the server's running/waiting requests, KV-cache 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -28,7 +27,7 @@ from vllm_load.metrics.fleet.routing import routing_line
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.metrics.summary_parts import ClientVerdict, Routing, Timing
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head,
-                                      name_rows, server_cells, spec_line, steady_line, table_rows)
+                                      name_rows, server_cells, shown, spec_line, steady_line, table_rows)
 from vllm_load.report.page import render
 from vllm_load.metrics.judge.verdict import Verdict, word
 from vllm_load.report.analyses import complete
@@ -54,7 +53,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
     client = s.client or ClientVerdict()
     latency, itl_note = latency_table(s)
     changed, rest = _options_split(run.config.get("options", {}))
-    shown = feature_charts(s)  # each feature's charts, in the group each names (its own by default)
+    drawn = feature_charts(s)  # each feature's charts, in the group each names (its own by default)
     overall = ("invalid" if verdict.invalid or verdict.cut else "untrustworthy" if not verdict.trust.passed else
                {True: "pass", False: "fail", None: "none"}[verdict.slo_passed])
     return render(
@@ -81,10 +80,10 @@ def render_html(run: Run, verdict: Verdict) -> str:
         disruption=disruption_lines(s.disruption) if s.disruption else [],
         scenario=scenario_line(s.scenario) if s.scenario else "", reuse=reuse_line(s.names),
         timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
-        options_changed=[(k, json.dumps(v)) for k, v in changed], options_default=[(k, json.dumps(v)) for k, v in rest],
+        options_changed=[(k, shown(v)) for k, v in changed], options_default=[(k, shown(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run),
-                "distributions": charts.distributions(run) + [c for c in shown if c.get("group") == "distributions"],
-                "features": [c for c in shown if c.get("group", "features") == "features"],
+                "distributions": charts.distributions(run) + [c for c in drawn if c.get("group") == "distributions"],
+                "features": [c for c in drawn if c.get("group", "features") == "features"],
                 "markers": charts.markers(run)})
 
 
