@@ -75,7 +75,7 @@ def test_through_the_router_each_replicas_requests_and_hits_are_its_own(tmp_path
     finally:
         router.stop()
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "the trace was replayed" in res.stdout
+    assert "every session was replayed" in res.stdout
     after = {n: (counter(u, "vllm:prefix_cache_hits_total"), counter(u, "vllm:request_success_total"))
              for n, u in zip(NAMES, urls)}
     logs = [r for r in read_log(run_dir / "requests.jsonl") if r["ok"]]

@@ -265,7 +265,7 @@ def test_injected_failures_past_the_threshold_abort_the_run_and_stamp_it(tmp_pat
                          env_extra={"HF_HUB_CACHE": str(tmp_path / "hub"), "VLLM_LOAD_DATASETS": None}, timeout=180)
     assert res.returncode == 4, res.stdout[-3000:] + res.stderr[-3000:]
     assert "over the scenario's 10%: the run is aborted and not valid for the scenario" in res.stderr
-    assert "the trace was replayed" not in res.stdout
+    assert "every session was replayed" not in res.stdout
     scenario = json.loads((run_dir / "summary.json").read_text())["summary"]["scenario"]
     assert scenario["valid"] is False and any(r.startswith("stopped: --scenario agentx:")
                                               for r in scenario["invalid_reasons"])

@@ -27,7 +27,7 @@ def _replay(tmp_path, emulator_factory, source, *extra):
     res = run_in_process(["-f", SESSIONS, "--headless", "-u", "5", "-r", "5", "-t", "90s", "--host", emu.url,
                           "--sessions", str(source), *extra, "--run-dir", str(run_dir)], tmp_path, timeout=180)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "the trace was replayed: stopping the run" in res.stdout  # it ended by itself, not by -t
+    assert "every session was replayed: stopping the run" in res.stdout  # it ended by itself, not by -t
     return read_log(run_dir / "requests.jsonl"), res
 
 

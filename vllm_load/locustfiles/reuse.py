@@ -8,7 +8,13 @@ cached share of the prefix, and the share falls to 0 where the server's KV cache
 can no longer hold the prefix beside the work since. A second user's trials are work between the first's too: run
 -u 1 for the curve of one stream. Each user walks the distances in turn, every answer one token.
 
-vLLM reports cached tokens in its usage only with --enable-prompt-tokens-details (and the emulator likewise).
+vLLM reports cached tokens in its usage only with --enable-prompt-tokens-details (and the emulator likewise:
+without it the curve says n/a). A small cache forgets within seconds; with the emulator (64 blocks of 16 tokens,
+so a 256-token prefix outlives 768 tokens of work and not 1,024):
+
+    vllm-load-emulator --port 8123 --num-gpu-blocks 64 --block-size 16 --enable-prompt-tokens-details &
+    locust -f locustfiles/reuse.py --headless -u 1 -t 40s --host http://127.0.0.1:8123 --input-tokens 256 \
+        --reuse-distance 0,512,768,1024,2048
 
 Written only against vllm-load's public API: copy it to start your own.
 """

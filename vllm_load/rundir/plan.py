@@ -117,6 +117,16 @@ class RunPlan:
         return base + (index % self.processes < extra)
 
     @property
+    def share_end(self) -> str:
+        """What every load process finished when its share ended the run (a session replay said "the trace was
+        replayed")."""
+        if self.num_requests:
+            return f"{self.num_requests} requests completed (--num-requests)"
+        if self.rate_schedule_ends:
+            return "the rate schedule reached its last row"
+        return "the trace was replayed" if self.trace_rows else "every session was replayed"
+
+    @property
     def draws(self) -> str:
         """What every random draw of the run is seeded from: --seed (repeatable runs), else the run's salt."""
         return f"seed {self.seed}" if self.seed is not None else self.salt

@@ -211,9 +211,7 @@ class Controller(Process):
         run.shares_done += 1
         if run.shares_done < run.plan.processes:
             return
-        print(f"vllm-load: {run.plan.num_requests} requests completed (--num-requests): stopping the run"
-              if run.plan.num_requests else "vllm-load: the rate schedule reached its last row: stopping the run" if
-              run.plan.rate_schedule_ends else "vllm-load: the trace was replayed: stopping the run", flush=True)
+        print(f"vllm-load: {run.plan.share_end}: stopping the run", flush=True)
         wire.end_run(self.environment)
 
     def begin_step(self, step: int, level: float) -> None:
