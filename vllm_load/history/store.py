@@ -92,8 +92,16 @@ def _sqlite_file(url: str) -> Path:
 
 
 def describe(url: str) -> str:
-    """The store as said on the console and in logs: a PostgreSQL URL without its credentials."""
-    return redact_urls(url) if history.is_postgres(url) else str(_sqlite_file(url))
+    """The store as said on the console and in logs: a PostgreSQL URL without its credentials; a file under the
+    working folder by its path from there, as the report's path is said (the embedded store is kept by its
+    absolute path, and a README run printed a temporary folder's)."""
+    if history.is_postgres(url):
+        return redact_urls(url)
+    path = _sqlite_file(url)
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
 
 
 def check_url(url: str) -> None:
