@@ -117,3 +117,18 @@ def test_timing_a_tokenizer_neither_local_nor_cached_is_refused_at_once_when_the
     with pytest.raises(UsageError, match=r"cannot load tokenizer '/no/such/folder': no such folder"):
         load_tokenizer("/no/such/folder")
     assert load_tokenizer("builtin").name == "builtin"  # the built-in by its plain name
+
+
+def test_a_tokenizer_that_cannot_load_is_refused_before_the_emulator_starts(tmp_path):
+    """An unreachable tokenizer name was refused only after the embedded emulator had started (issue 76 item 3):
+    the options' check refuses it first, in one line, exit 2, with nothing started."""
+    from tests.helpers import run_in_process
+
+    res = run_in_process(["-f", str(ROOT / "locustfiles" / "chat.py"), "--headless", "-u", "1", "-t", "5s",
+                          "--tokenizer", "some-org/never-cached"], tmp_path,
+                         env_extra={"HF_ENDPOINT": "http://127.0.0.1:1", "HF_HUB_OFFLINE": "0",
+                                    "HF_HUB_CACHE": str(tmp_path / "hub")})
+    assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    out = res.stdout + res.stderr
+    assert "cannot load tokenizer 'some-org/never-cached'" in out and "EMULATOR" not in out
+    assert not (tmp_path / "reports").exists() or not any((tmp_path / "reports").glob("2*"))

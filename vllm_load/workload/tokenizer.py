@@ -269,25 +269,34 @@ def hub_reachable_or_cached(repo: str, name: str) -> None:
         raise UsageError(f"{where}, and {constants.ENDPOINT} cannot be reached ({exc.strerror or exc}): {hint}") from None
 
 
-@functools.lru_cache(maxsize=8)
-def load_tokenizer(name: str) -> Tokenizer:
-    """Load by built-in name, local folder, or Hugging Face id (offline when the files are local)."""
+def check_name(name: str) -> str:
+    """``name`` as it is loaded (a built-in's folder, a local folder, a hub id), refused in one line (UsageError)
+    where it cannot be: an unknown built-in, a missing folder, a hub id neither cached nor reachable. The options'
+    check calls it for a given --tokenizer before anything starts (an embedded emulator was started first)."""
     resolved = resolve_name(name)
     if resolved.startswith("builtin:") and resolved not in (BUILTIN_MISTRAL, BUILTIN_TEKKEN):
         raise UsageError(f"--tokenizer {name!r} is no built-in tokenizer: the built-ins are {BUILTIN_MISTRAL} and "
                          f"{BUILTIN_TEKKEN}")
-    os.environ.setdefault(PARALLELISM_ENV, "true")
     if resolved == BUILTIN_MISTRAL:
-        path: str = str(_builtin_mistral_dir())
+        path = str(_builtin_mistral_dir())
     elif resolved == BUILTIN_TEKKEN:
         path = str(_builtin_tekken_dir())
     else:
         path = resolved
-    local = Path(path)
-    if local.exists():
+    if Path(path).exists():
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
     else:
         hub_reachable_or_cached(path, name)
+    return path
+
+
+@functools.lru_cache(maxsize=8)
+def load_tokenizer(name: str) -> Tokenizer:
+    """Load by built-in name, local folder, or Hugging Face id (offline when the files are local)."""
+    resolved = resolve_name(name)
+    os.environ.setdefault(PARALLELISM_ENV, "true")
+    path = check_name(name)
+    local = Path(path)
     is_tekken = local.is_dir() and (local / "tekken.json").exists() and not (local / "tokenizer.json").exists()
     if resolved == BUILTIN_MISTRAL:
         return Tokenizer(name=name, hf=BuiltinBackend(local))

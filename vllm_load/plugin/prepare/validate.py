@@ -17,6 +17,7 @@ from vllm_load.features import FEATURES
 from vllm_load.options import OPTIONS
 from vllm_load.workload.lengths import parse_duration
 from vllm_load.workload.rate_schedule import RateSchedule
+from vllm_load.workload.tokenizer import check_name
 from vllm_load.plugin.lifecycle.run_timer import run_seconds
 from vllm_load.plugin.prepare.plan import ramp_kind, scenario_applied, why_no_window
 from vllm_load.plugin.lifecycle.shapes import UsersRamp
@@ -302,6 +303,8 @@ def check_options(environment: Any) -> None:
     """Everything above, and each user and shape class's ``check_options``; raises UsageError."""
     opts = environment.parsed_options
     check_numbers(opts)
+    if getattr(opts, "tokenizer", ""):  # before the embedded emulator starts: an unknown one is refused at once
+        check_name(opts.tokenizer)
     for feature in FEATURES:  # each feature's own options (vllm_load/features/)
         feature.validate(opts)
     check_host(environment.host)
