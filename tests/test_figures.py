@@ -81,3 +81,25 @@ def test_a_sweep_writes_its_charts_against_the_level_as_figures(tmp_path):
     assert len(_series((figures / "sweep-latency.svg").read_text())) == 4
     md = (tmp_path / "sweep" / "sweep.md").read_text()
     assert "![sweep-throughput](figures/sweep-throughput.png)" in md
+
+
+def test_compare_and_tune_write_their_headline_charts_as_figures(tmp_path, monkeypatch):
+    """compare's distributions (A against B, on the nines axis) and tune's curves (TTFT p99 and output tokens/s
+    against the load, the Pareto front) as files beside their pages, shown in compare.md and tune.md; the suite's
+    --no-figures variable turns them off, as a run's."""
+    from tests.test_report import make_pages
+
+    monkeypatch.delenv("VLLM_LOAD_NO_FIGURES")
+    make_pages(tmp_path)
+    compared = tmp_path / "cmp" / "figures"
+    assert sorted(p.name for p in compared.glob("*.png")) == ["ab-e2e.png", "ab-itl.png", "ab-tpot.png", "ab-ttft.png"]
+    svg = (compared / "ab-ttft.svg").read_text()
+    assert _series(svg) == ["series-0", "series-1"] and "p99.9" in svg  # A and B; the nines named as the page names
+    assert "![ab-ttft](figures/ab-ttft.png)" in (tmp_path / "cmp" / "compare.md").read_text()
+    tuned = tmp_path / "tune" / "figures"
+    assert {"tune-latency", "tune-throughput"} <= {p.stem for p in tuned.glob("*.png")}
+    assert len(_series((tuned / "tune-latency.svg").read_text())) == 2  # a series per configuration
+    assert "![tune-throughput](figures/tune-throughput.png)" in (tmp_path / "tune" / "tune.md").read_text()
+    monkeypatch.setenv("VLLM_LOAD_NO_FIGURES", "true")
+    make_pages(tmp_path / "off")
+    assert not (tmp_path / "off" / "cmp" / "figures").exists() and not (tmp_path / "off" / "tune" / "figures").exists()

@@ -71,7 +71,7 @@ def test_the_subcommands_help_shows_defaults_descriptions_and_examples(capsys):
         cli_main(["tune", "--help"])
     tune = capsys.readouterr().out
     assert "(default: 30s)" in tune and "(default: concurrency)" in tune
-    assert "example (the embedded emulator's max_num_seqs" in tune and "--grid max_num_seqs=2,4" in tune
+    assert "example (a --serve'd emulator, tuning its max_num_seqs" in tune and "--grid max_num_seqs=2,4" in tune
     with pytest.raises(SystemExit):
         cli_main(["compare", "--help"])
     compare = capsys.readouterr().out

@@ -21,7 +21,9 @@ from vllm_load.features import FEATURES
 from vllm_load.metrics.judge.repeats import welch
 from vllm_load.metrics.judge.verdict import UNTRUSTWORTHY, word
 from vllm_load.metric_table import E2E, ITL, ITL_TOKEN, METRICS, TTFO, TTFT
+from vllm_load.report import charts
 from vllm_load.report.console import fmt_number, shown
+from vllm_load.report.figures import markdown, off_by_environment, write_figures
 from vllm_load.rundir.files import Run, load_run
 from vllm_load.metrics.summary import accuracy_rows, metric_stats
 
@@ -341,7 +343,6 @@ def render_console(c: dict) -> str:
 def render_html(c: dict, a: Run, b: Run) -> str:
     """compare.html (``templates/compare.html.j2``): the setup's differences, every metric, the SLOs, the
     distributions overlaid (interactive)."""
-    from vllm_load.report import charts
     from vllm_load.report.page import render
 
     metrics = [{"flagged": r["significant"],
@@ -360,7 +361,11 @@ def run_compare(dir_a: str, dir_b: str, out: str = "", threshold: float = DEFAUL
     c = compare(a, b, threshold)
     target = Path(out) if out else Path(dir_b) / "compare"
     target.mkdir(parents=True, exist_ok=True)
-    (target / "compare.md").write_text(render_markdown(c))
+    md = render_markdown(c)
+    if not off_by_environment() and not any((r.config.get("options") or {}).get("no_figures") for r in (a, b)):
+        shown = markdown(write_figures(charts.a_against_b(a, b), target / "figures"), target)
+        md += f"\n{shown}\n" if shown else ""
+    (target / "compare.md").write_text(md)
     (target / "compare.json").write_text(json.dumps(c, indent=1))
     (target / "compare.html").write_text(render_html(c, a, b))
     return c, target

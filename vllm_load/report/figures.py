@@ -7,6 +7,7 @@ test (or a reader) can count what was drawn."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ def draw(spec: dict[str, Any], folder: Path) -> list[Path]:
     ax.set_title(spec["title"], fontsize=10, loc="left")
     ax.set_xlabel("t (s)" if spec.get("kind") == "time" else spec["x_label"], fontsize=9)
     ax.set_ylabel(spec["y_label"], fontsize=9)
+    if spec.get("kind") == "nines":  # the x axis counts nines (0 .. 3): ticks named as the page names them
+        ax.set_xticks([0.0, math.log10(2), 1.0, 2.0, 3.0], ["p0", "p50", "p90", "p99", "p99.9"])
     if spec.get("y_range"):
         ax.set_ylim(*spec["y_range"])
     else:
@@ -57,6 +60,12 @@ def draw(spec: dict[str, Any], folder: Path) -> list[Path]:
         for path in out:
             fig.savefig(path, format=path.suffix[1:])
     return out
+
+
+def off_by_environment() -> bool:
+    """``VLLM_LOAD_NO_FIGURES`` (--no-figures' variable) set: read by the commands that are no Locust run (compare,
+    tune), which have no parser of their own to read it."""
+    return os.environ.get("VLLM_LOAD_NO_FIGURES", "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def write_figures(specs: list[dict[str, Any]], folder: Path) -> list[Path]:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_load.report.figures import markdown, off_by_environment, write_figures
 from vllm_load.metrics.judge.repeats import spread_text
 
 HEAD = ["config", "level", "SLOs", "req/s", "tok/s", "TTFT mean", "TTFT p99", "ITL mean", "ITL p99", "E2E mean",
@@ -180,9 +181,15 @@ def render_html(results: list[dict], best: dict | None, mode: str) -> str:
                   charts={"tune": curves(results, unit)})
 
 
-def write(out: Path, results: list[dict], mode: str, slos: list[str]) -> dict | None:
+def write(out: Path, results: list[dict], mode: str, slos: list[str], figures: bool = True) -> dict | None:
+    """tune.md, tune.json, tune.html and (unless ``figures`` is off: the probes' --no-figures) its charts as PNG
+    and SVG in ``figures/``, shown in tune.md."""
     best = recommend(results)
     md = render_markdown(results, best, mode)
+    if figures and not off_by_environment():
+        shown = markdown(write_figures(curves(results, "users" if mode == "concurrency" else "req/s"),
+                                       out / "figures"), out)
+        md += f"\n{shown}\n" if shown else ""
     (out / "tune.md").write_text(md)
     (out / "tune.json").write_text(json.dumps({"mode": mode, "slos": slos, "recommended": best and best["params"],
                                                "recommended_trustworthy": bool(best) and not doubtful(best),

@@ -44,8 +44,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vllm-load tune", description=__doc__.splitlines()[0],
         formatter_class=_Help,
-        epilog="After --: the options of a normal run, passed to every probe as they are.\n\nexample (the embedded "
-        "emulator's max_num_seqs, 8 s probes):\n  vllm-load tune --serve 'vllm-load-emulator --port {port} "
+        epilog="After --: the options of a normal run, passed to every probe as they are.\n\nexample (a --serve'd emulator, tuning its "
+        "max_num_seqs, 8 s probes):\n  vllm-load tune --serve 'vllm-load-emulator --port {port} "
         "--profile cpu-tiny --max-num-seqs {max_num_seqs}' \\\n      --grid max_num_seqs=2,4 --slo 'ttft.p99<=500ms' --probe-duration 8s "
         "--probe-warmup 2s \\\n      -- --output-tokens 64\nexample (a running server):\n  vllm-load tune --host "
         "http://HOST:8000 --slo 'ttft.p99<=500ms' --search rate")
@@ -144,7 +144,7 @@ def tune(args: argparse.Namespace, locust_args: list[str]) -> int:
         print(f"vllm-load tune: {label(params)}: {result['status']}, capacity {cap} "
               f"({len(result['probes'])} probes){'' if result['status'] == 'ok' else ': ' + result['reason']}",
               flush=True)
-    best = write(out, results, args.search, slos)
+    best = write(out, results, args.search, slos, figures="--no-figures" not in locust_args)
     if best is None:
         print(f"vllm-load tune: no configuration met the SLOs ({out / 'tune.md'})", flush=True)
         return EXIT_SLO_MISS
