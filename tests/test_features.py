@@ -3,6 +3,7 @@ looping over the registry, and the first features judged through it (a run stopp
 
 from __future__ import annotations
 
+import json
 import ast
 import re
 from argparse import Namespace
@@ -147,3 +148,36 @@ def test_fault_actions_that_failed_never_ran_or_were_cut_make_the_run_invalid():
     said = "\n".join(feature_lines(summary, {}))
     assert "FAILED exec at 5 s: false: exit 1" in said and "planned after the run's end" in said
     assert "restart at 50 s: y: cut by the run's end" in said and "RUN INVALID" in said
+
+
+def test_the_routing_verdict_is_a_feature_read_from_an_older_summary_too(tmp_path):
+    """The routing verdict moved onto the seam (issue 70): its part sits under the features, its SLO metrics are
+    the feature's, a summary written before keeps its top-level part there, and the report shows its line and its
+    table of replicas in its own section (not as a banner at the top)."""
+    from tests.test_report import make_run_dir
+    from vllm_load.metrics.judge.slo import FEATURE_METRICS, RUN_METRICS, evaluate, parse_slo_option
+    from vllm_load.metrics.summary import upgrade_summary
+    from vllm_load.report.html import build
+
+    part = {"source": "the x-replica response header", "replicas": {"r1": {"requests": 3, "failed": 0,
+            "input_tokens": 300, "cached_tokens": 32}, "r2": {"requests": 1, "failed": 1, "input_tokens": 100}},
+            "replica_imbalance": 1.5, "sessions": 2, "sticky_sessions": 1, "session_stickiness": 0.5,
+            "cache_hits_achievable": 64, "cache_hits_achieved": 32, "cache_hits_of_achievable": 0.5,
+            "cache_hits_source": "the answers' cached tokens", "cache_block": 16}
+    assert {"session_stickiness", "cache_hits_of_achievable", "replica_imbalance"} <= set(FEATURE_METRICS)
+    assert not {"session_stickiness", "cache_hits_of_achievable", "replica_imbalance"} & set(RUN_METRICS)
+    old = upgrade_summary({"requests": 4, "routing": part})
+    assert "routing" not in old and old["features"]["routing"] == part
+    sticky, = evaluate(parse_slo_option(["session_stickiness>=100%"]), old)
+    assert not sticky.passed and sticky.value == 0.5
+    run = make_run_dir(tmp_path / "run")
+    data = json.loads((run / "llm_stats.json").read_text())
+    data["summary"]["routing"] = part  # as a run of the last version wrote it
+    (run / "llm_stats.json").write_text(json.dumps(data))
+    (run / "config.json").write_text(json.dumps({**json.loads((run / "config.json").read_text()),
+                                                 "options": {"capture_header": ["x-replica"]}}))
+    page = build(run).report.read_text()
+    assert "id='routing-replicas'" in page and "<td>r1</td>" in page and "<td>not known</td>" in page
+    line = page.split("id='routing-line'>")[1].split("</p>")[0]
+    assert line.startswith("routing (") and "1 of 2 sessions kept on one replica (50%)" in line
+    assert "feature-line'>routing (" not in page  # its line is in its section, not a banner

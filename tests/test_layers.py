@@ -250,7 +250,7 @@ def _part_reads(tree: ast.AST) -> list[tuple[int, str, str]]:
 
 
 def test_the_summary_parts_are_read_by_attribute():
-    """The summary's nested parts (``summary_parts``: the client's verdict, timing, routing, saturation, energy,
+    """The summary's nested parts (``summary_parts``: the client's verdict, timing, saturation, energy,
     trace, clock, outages, profiler windows) are read by their declared keys as attributes: none is read by string
     key anywhere in the package (the parts' own module, which declares them, aside)."""
     found = []
@@ -264,9 +264,9 @@ def test_the_summary_parts_are_read_by_attribute():
     old = ('c = s.client or {}\nc.get("reasons")\ns.client["cause"]\n(s.client or {}).get("saturated")\n'
            'client["advice"]\nrun.summary.saturation["text"]\nfor w in (s.outages or []): w["outage"]\n'
            '[w["text"] for w in summary.outages]\ns.timing.get("tails")\nenergy.get("gpus")\n'
-           'def f(s, r: Routing | None):\n    t = s.trace\n    t["sent"]\n    r["replicas"]\n')
+           'def f(s, r: Saturation | None):\n    t = s.trace\n    t["sent"]\n    r["onset_s"]\n')
     assert [k for _, _, k in _part_reads(ast.parse(old))] == ["cause", "saturated", "advice", "text", "outage", "text",
-                                                             "tails", "gpus", "sent", "replicas"]
+                                                             "tails", "gpus", "sent", "onset_s"]
 
 
 def test_the_controller_is_its_parts():

@@ -87,7 +87,7 @@ def test_through_the_router_each_replicas_requests_and_hits_are_its_own(tmp_path
     assert achieved > 0 and achieved == hits, (achieved, hits)
     # which replica served each request, from its spans: each one's requests are its own count
     summary = json.loads((run_dir / "summary.json").read_text())["summary"]
-    routing, spans = summary["routing"], summary["timing"]["spans"]
+    routing, spans = summary["features"]["routing"], summary["timing"]["spans"]
     assert spans["joined"] == turns and spans["unmatched"] == 0
     assert set(routing["replicas"]) == set(NAMES)  # 12 sessions over 2 replicas: both serve (1 in 2,048 not)
     assert {n: routing["replicas"][n]["requests"] for n in NAMES} == {
@@ -273,7 +273,7 @@ def test_a_dead_replica_beside_long_requests_is_its_own_outage_and_stops_no_heal
     failed = [r for r in logs if not r["ok"] and not r["cancelled"]]
     assert failed and all(r["target"] == r2 and mine[0]["start"] - 1 <= r["start"] + r["e2e"] <= mine[0]["end"] + 1
                           for r in failed), [(r["target"], r["start"] + r["e2e"] - mine[0]["start"]) for r in failed]
-    replicas = summary["routing"]["replicas"]
+    replicas = summary["features"]["routing"]["replicas"]
     assert len(replicas) == 2, replicas
     assert sum(v["requests"] for v in replicas.values()) == len(logs), replicas
     assert "2 replicas" in res.stdout

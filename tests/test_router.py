@@ -39,7 +39,7 @@ def _run(tmp_path, router, users, requests, *slos):
                       str(requests), "--host", router.url, "--turns", "4", "--output-tokens", "8", "--capture-header",
                       REPLICA,
                       *(a for s in slos for a in ("--slo", s)), "--run-dir", str(run_dir)], tmp_path, timeout=120)
-    routing = json.loads((run_dir / "summary.json").read_text())["summary"].get("routing")
+    routing = json.loads((run_dir / "summary.json").read_text())["summary"]["features"].get("routing")
     return res, run_dir, routing
 
 

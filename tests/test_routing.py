@@ -40,7 +40,8 @@ def test_a_failed_turn_makes_nothing_achievable_and_warm_ups_are_left_out():
 def test_hits_the_answers_do_not_carry_are_the_replicas_counters_or_not_known_never_zero():
     """vLLM sends a request's cached tokens only with --enable-prompt-tokens-details: through a router without it,
     the verdict printed "0 of 38400 achievable tokens (0%)" while the replicas' counters rose by 38,400."""
-    from vllm_load.metrics.fleet.routing import NO_CACHED_TOKENS, routing_line
+    from vllm_load.features.routing import describe as routing_line
+    from vllm_load.metrics.fleet.routing import NO_CACHED_TOKENS
     from vllm_load.metrics.judge.slo import evaluate, parse_slo_option
 
     records = [_turn("s", 0.0, "a", 100, 20, None), _turn("s", 1.0, "a", 200, 20, None)]
@@ -50,7 +51,7 @@ def test_hits_the_answers_do_not_carry_are_the_replicas_counters_or_not_known_ne
     assert unknown.replicas["a"].cached_tokens is None
     line = routing_line(unknown)
     assert "(0%)" not in line and "of 112 achievable tokens not known: the answers carry no cached tokens" in line
-    check, = evaluate(parse_slo_option(["cache_hits_of_achievable>=0.9"]), {"routing": unknown})
+    check, = evaluate(parse_slo_option(["cache_hits_of_achievable>=0.9"]), {"features": {"routing": dict(unknown)}})
     assert not check.passed and "not known: the answers carry no cached tokens" in check.detail, check
     counted = routing(records, server_hits=112.0)  # the fleet's own counters over the run (its sidecars)
     assert counted.cache_hits_achieved == 112 and counted.cache_hits_of_achievable == 1.0
@@ -62,7 +63,8 @@ def test_hits_the_answers_do_not_carry_are_the_replicas_counters_or_not_known_ne
 def test_a_two_replica_fleet_behind_a_router_is_two_replicas_when_requests_fail():
     """A failed request has no span: its replica fell back to the router's URL, a third name ("3 replicas
     (http://127.0.0.1:14812 157, r1 48, r2 8; imbalance 2.21)" for a 2-replica fleet)."""
-    from vllm_load.metrics.fleet.routing import Replicas, routing_line
+    from vllm_load.features.routing import describe as routing_line
+    from vllm_load.metrics.fleet.routing import Replicas
 
     router = "http://127.0.0.1:14812"
     records = ([{"start": i, "ok": True, "target": router, "replica": "r1"} for i in range(48)]

@@ -279,7 +279,7 @@ def test_the_cache_verdict_counts_every_hit_the_blocks_allow_as_the_server_count
         r["cached_tokens"] for r in logs]
     assert any(r["reusable_tokens"] % server_block for r in logs)  # in 16-token blocks some would count more
     assert sum(r["cached_tokens"] for r in logs) == counter(emu.url, "vllm:prefix_cache_hits_total")
-    routing = json.loads((run_dir / "summary.json").read_text())["summary"]["routing"]
+    routing = json.loads((run_dir / "summary.json").read_text())["summary"]["features"]["routing"]
     measured = [r for r in logs if not r["warmup"]]
     hits = sum(r["cached_tokens"] for r in measured)
     assert routing["cache_hits_achievable"] == routing["cache_hits_achieved"] == hits > 0, routing

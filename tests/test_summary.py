@@ -84,8 +84,6 @@ def test_the_nested_parts_are_read_by_attribute_and_written_as_before():
                    "by_replica": {"a": {"requests": 2, "tails": {"ttft": {"p99": {"value": 0.4, "requests": 1,
                                                                                    "split": {}}}}}},
                    "spans": {"spans": 5, "joined": 4, "unmatched": 1, "requests_without": 0}},
-        "routing": {"source": "x", "replicas": {"a": {"requests": 2, "failed": 0, "input_tokens": 9,
-                                                     "cached_tokens": 3}}, "session_stickiness": None},
         "outages": [{"start": 1.0, "end": 3.5, "outage": True, "text": "down"}],
         "saturation": None,
     }
@@ -97,8 +95,6 @@ def test_the_nested_parts_are_read_by_attribute_and_written_as_before():
         assert isinstance(s.timing.tail("ttft"), Tail) and s.timing.tail("ttft").value == 0.5
         assert s.timing.groups("replica")["a"].tail("ttft").value == 0.4 and s.timing.groups("name") == {}
         assert s.timing.spans.unmatched == 1
-        assert s.routing.replicas["a"].input_tokens == 9 and s.routing.session_stickiness is None
-        assert s.routing.cache_hits_of_achievable is None and s.routing.replica_imbalance == 1.0
         assert isinstance(s.outages[0], OutageWindow) and s.outages[0].outage and s.outages[0].seconds == 0.0
         assert s.saturation is None and s.energy is None  # given as None, and absent
         assert s.to_json() == {"format": FORMAT, **given}  # the same objects, written as they were given

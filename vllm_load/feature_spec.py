@@ -94,11 +94,14 @@ class Feature:
     slo_metrics: Mapping[str, str] = {}
 
     def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any],
-                  measured: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+                  measured: Mapping[str, Any] | None = None,
+                  server: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         """Its part from the run's request logs (every process's, every request), made once when the run ends
         (``report/analyses.complete``): exact across workers, as the logs are; ``measured``: its part as
-        ``summarise`` made it at the run's end (what only the running process could read), which this replaces.
-        None: nothing to say. By default its ``at_logs`` hook's, if it names one."""
+        ``summarise`` made it at the run's end (what only the running process could read), which this replaces;
+        ``server``: the server's side over the run (``metrics/fleet/server.server_summary``: its KV block, its
+        counters), None without a sidecar. None: nothing to say. By default its ``at_logs`` hook's, if it names
+        one."""
         hook = self.hook("at_logs")
         return hook(logs, options) if hook is not None else None
 
@@ -120,6 +123,11 @@ class Feature:
     def lines(self, part: Mapping[str, Any], options: Mapping[str, Any]) -> list[str]:
         """What it says on the console, in summary.md and in the report (one line each, no trailing newline)."""
         return []
+
+    def section(self, part: Mapping[str, Any]) -> dict[str, Any] | None:
+        """A section of the report of its own (its ``id``, ``title``, a table's ``head``, ``rows`` and ``table_id``), where the
+        report shows its lines too (not as a banner at the top); None: it has none."""
+        return None
 
     def charts(self, part: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Charts it adds to the report (``report/charts.chart``'s form: id, title, axis labels, x, named series)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from vllm_load.feature_spec import Feature
 from vllm_load.features import (adapter_churn, fault_actions, history, integrity, interrupted, prefill_curve,
-                                protection, reference, stopped, swarm_token)
+                                protection, reference, routing, stopped, swarm_token)
 
 FEATURES: tuple[Feature, ...] = (stopped.FEATURE, interrupted.FEATURE, fault_actions.FEATURE, swarm_token.FEATURE,
                                   protection.FEATURE, prefill_curve.FEATURE, integrity.FEATURE, reference.FEATURE,
-                                  adapter_churn.FEATURE, history.FEATURE)
+                                  adapter_churn.FEATURE, routing.FEATURE, history.FEATURE)

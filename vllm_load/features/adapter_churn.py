@@ -110,7 +110,8 @@ class AdapterChurn(Feature):
             raise UsageError(f"--max-loras {options.max_loras}: a slot count is >= 1 (0: the server's word)")
 
     def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any],
-                  measured: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+                  measured: Mapping[str, Any] | None = None,
+                  server: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         models = tuple((measured or {}).get("models") or ())
         if len(models) < 2:
             return None

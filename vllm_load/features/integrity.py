@@ -60,7 +60,8 @@ class Integrity(Feature):
     slo_metrics = {METRIC: "%"}
 
     def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any],
-                  measured: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+                  measured: Mapping[str, Any] | None = None,
+                  server: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         rows = [r for r in logs if r.get("integrity") is not None and not r.get("warmup")]
         if not rows:
             return None

@@ -124,7 +124,8 @@ class Reference(Feature):
                              "end the run by -t")
 
     def from_logs(self, logs: list[dict[str, Any]], options: Mapping[str, Any],
-                  measured: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+                  measured: Mapping[str, Any] | None = None,
+                  server: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
         return compare(logs)
 
     def slo_value(self, part: Mapping[str, Any], metric: str, name: str | None) -> tuple[float | None, str]:

@@ -10,7 +10,7 @@ from typing import Any, Final
 
 from vllm_load.metric_table import ITL, ITL_TOKEN
 from vllm_load.metrics.summary_parts import (ClientVerdict, Energy, MetricSummary, OutageWindow, ProfiledWindow,
-                                             Routing, Saturation, SUMMARY_PARTS, Timing, TraceKept, WorkerOffset,
+                                             Saturation, SUMMARY_PARTS, Timing, TraceKept, WorkerOffset,
                                              wrap_parts)
 
 
@@ -90,7 +90,6 @@ class RunSummary(Mapping[str, Any]):
     removed_excluded: int = ABSENT  # requests cut when the load shape removed their user mid-run, likewise
     abandoned_excluded: int = ABSENT  # --cancel: requests the client gave up on mid-answer, likewise
     timing: Timing | None = ABSENT  # metrics/shape/breakdown.py: where each request's time went (the server's parts)
-    routing: Routing | None = ABSENT  # metrics/fleet/routing.py: replicas, sessions' stickiness, prefix-cache hits kept
     one_token_chunks: int = ABSENT  # streams whose chunks were each taken for one token (no continuous usage)
     backoffs: int = ABSENT  # closed loop: waits before a next request after a server error (and their total, seconds)
     backoff_s: float = ABSENT
@@ -221,9 +220,9 @@ def upgrade_wire(data: dict) -> dict:
 
 def upgrade_summary(summary: dict) -> dict:
     """The same for a saved summary: metric keys, goodput (then a share) as good_request_fraction, and a part kept
-    before its feature had a module (``protection``, ``prefill_curve``) under the features, where its module reads
+    before its feature had a module (``protection``, ``prefill_curve``, ``routing``) under the features, where its module reads
     it."""
-    for moved in ("protection", "prefill_curve"):  # parts kept before their features had modules
+    for moved in ("protection", "prefill_curve", "routing"):  # parts kept before their features had modules
         if moved in summary:
             summary = dict(summary)
             summary["features"] = {**(summary.get("features") or {}), moved: summary.pop(moved)}

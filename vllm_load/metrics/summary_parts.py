@@ -259,7 +259,7 @@ class ProfiledWindow(Part):
 #: RunSummary's fields that hold parts: field -> (shape, part class)
 SUMMARY_PARTS: dict[str, tuple[str, type[Part]]] = {
     "metrics": ("map", MetricSummary), "client": ("one", ClientVerdict), "timing": ("one", Timing),
-    "routing": ("one", Routing), "saturation": ("one", Saturation), "energy": ("one", Energy), "trace": ("one", TraceKept),
+    "saturation": ("one", Saturation), "energy": ("one", Energy), "trace": ("one", TraceKept),
     "clock": ("map", WorkerOffset), "outages": ("list", OutageWindow), "profiled": ("list", ProfiledWindow),
 }
 

@@ -1,7 +1,7 @@
 """The run's analyses of its request logs, made once, when the run ends, and kept in its summary before anything
-judges or renders it: the emulator's own lateness joined to the client's verdict, which replica served what
-(routing), what each fault did (disruption), each feature's part from the logs (``Feature.from_logs``, ``at_logs``: the
-protected class's penalty, TTFT by input length, the tool calls' integrity), where each
+judges or renders it: the emulator's own lateness joined to the client's verdict, what each fault did
+(disruption), each feature's part from the logs (``Feature.from_logs``, ``at_logs``: the protected class's penalty,
+TTFT by input length, the tool calls' integrity, which replica served what), where each
 request's time went (with the server's spans, when it sent them), and a scenario's
 stamp held to the run's trust (an untrustworthy run is never VALID for a scenario).
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from vllm_load.features import FEATURES
 from vllm_load.metrics.shape.breakdown import BEFORE_SERVER, TAILS, breakdown
 from vllm_load.metrics.fleet.disruption import disruption, limits_of
-from vllm_load.metrics.fleet.routing import Replicas, routing
+from vllm_load.metrics.fleet.routing import Replicas
 from vllm_load.metrics.fleet.server import server_summary
 from vllm_load.metrics.judge.slo import parse_slo_option
 from vllm_load.metrics.fleet.spans import join
@@ -55,10 +55,6 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
     joined = join(logs, spans) if spans is not None else None  # the server's spans (--otlp-receiver), per request
     header = str(captured[0]).lower() if captured else None
     done: dict = {}
-    routed = routing(logs, header, block=(server or {}).get("block_size"),
-                     server_hits=server.get("prefix_cache_hits") if server else None)
-    if routed is not None:  # which replica served what, from the logs
-        done["routing"] = routed
     replica = Replicas(logs, header)  # one name per replica, failed requests included
     if summary.faults:  # what each fault did to the requests
         done["disruption"] = disruption([{**r, "target": replica(r)} for r in logs],
@@ -72,7 +68,7 @@ def analysed(run: Run, slo_texts: list[str]) -> RunSummary:
         done["timing"] = parts
     measured = summary.features or {}
     features = {**measured,  # each feature's part from the logs (vllm_load/features/)
-                **{f.name: part for f in FEATURES if (part := f.from_logs(logs, opts, measured.get(f.name))) is not None}}
+                **{f.name: part for f in FEATURES if (part := f.from_logs(logs, opts, measured.get(f.name), server)) is not None}}
     if features:
         done["features"] = features
     return summary.replace(**done) if done else summary

@@ -10,7 +10,6 @@ from vllm_load.metrics.shape.delivered import segment_lines
 from vllm_load.metrics.fleet.disruption import describe as disruption_lines
 from vllm_load.metrics.judge.repeats import interval_text
 from vllm_load.metrics.shape.reuse import describe as reuse_line
-from vllm_load.metrics.fleet.routing import routing_line
 from vllm_load.metrics.histogram import PERCENTILES, percentile_key
 from vllm_load.metrics.judge.client_health import silent_workers, who_fell_behind
 from vllm_load.metric_table import BY_KEY, E2E, INPUT_TOKENS, ITL, METRICS, OUTPUT_TOKENS, REASONING_ONLY, SEND_LAG, TTFT
@@ -268,8 +267,6 @@ def render_table(summary: Mapping[str, Any], title: str = "LLM metrics", server:
         lines.append(f"reasoning: {s.reasoning_tokens} of the output tokens ({share:.1f}%) over "
                      f"{s.reasoning_requests} requests; TTFT is the first reasoning token, TTFO the first answer "
                      f"token{counted}")
-    if s.routing:
-        lines.append(routing_line(s.routing))
     lines += tail_lines(s.timing)
     if s.removed_excluded:
         lines.append(f"load shape: {s.removed_excluded} requests were cut when their users were removed mid-run (a "

@@ -23,9 +23,8 @@ from vllm_load.workload.scenarios import describe as scenario_line
 from vllm_load.report.exports.llmd_report import llmd_report
 from vllm_load.report.exports.mlperf_result import mlperf_result
 from vllm_load.metrics.shape.reuse import describe as reuse_line
-from vllm_load.metrics.fleet.routing import routing_line
 from vllm_load.metrics.summary import RunSummary
-from vllm_load.metrics.summary_parts import ClientVerdict, Routing, Timing
+from vllm_load.metrics.summary_parts import ClientVerdict, Timing
 from vllm_load.report.console import (ITL_CHUNK_ONLY, ITL_ONE_ROW, NAME_HEAD, columns, energy_line, group_head,
                                       name_rows, server_cells, shown, spec_line, steady_line, table_rows)
 from vllm_load.report.page import render
@@ -40,7 +39,7 @@ from vllm_load.report.figures import markdown, write_figures
 from vllm_load.report.load import load_line
 from vllm_load.report.exports.vllm_result import run_logs, vllm_result
 from vllm_load.metrics.judge.slo import parse_slo_option
-from vllm_load.metrics.judge.verdict import feature_charts, feature_said
+from vllm_load.metrics.judge.verdict import feature_charts, feature_said, feature_sections
 from vllm_load.metric_table import (
     CLIENT_OVERHEAD, KV_TRANSFER, SERVER_DECODE, SERVER_PREFILL, SERVER_QUEUE, TTFT)
 
@@ -79,7 +78,7 @@ def render_html(run: Run, verdict: Verdict) -> str:
         delivered=(s.delivered or {}).get("detail", ""), schedule=(s.delivered or {}).get("segments") or [],
         disruption=disruption_lines(s.disruption) if s.disruption else [],
         scenario=scenario_line(s.scenario) if s.scenario else "", reuse=reuse_line(s.names),
-        timing=timing_view(s.timing, s.percentiles), routing=routing_view(s.routing),
+        timing=timing_view(s.timing, s.percentiles), sections=feature_sections(s),
         options_changed=[(k, shown(v)) for k, v in changed], options_default=[(k, shown(v)) for k, v in rest],
         charts={"timeline": charts.timeline(run),
                 "distributions": charts.distributions(run) + [c for c in drawn if c.get("group") == "distributions"],
@@ -117,15 +116,6 @@ def timing_view(t: Timing | None, shown: list[str] | None = None) -> dict | None
               for group in ("replica", "name") for label, g in t.groups(group).items()]
     return {"rows": rows, "head": ["part", "key", "requests", "mean ms", *cols, "max"], "bars": bars, "legend": legend,
             "groups": groups, "spans": spans_line(t.spans) if t.spans else ""}
-
-
-def routing_view(r: Routing | None) -> dict | None:
-    """The routing verdict (``metrics/fleet/routing.py``): its line and a row per replica."""
-    if not r:
-        return None
-    rows = [(name, row.requests, row.failed, row.input_tokens,
-             row.cached_tokens if row.cached_tokens is not None else "not known") for name, row in r.replicas.items()]
-    return {"line": routing_line(r), "rows": rows}
 
 
 def summary_rows(s: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -16,12 +16,12 @@ replica serves everything, or while every turn misses its cache.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Iterable
+from collections.abc import Mapping
+from typing import Any, Iterable
 from vllm_load.metric_table import INPUT_TOKENS, OUTPUT_TOKENS
+from vllm_load.features.routing import ANSWERS, BLOCK, COUNTERS, NO_CACHED_TOKENS
 from vllm_load.metrics.summary_parts import Routing
 
-#: vLLM's KV-cache block (its default --block-size): the prefix cache hits whole blocks only
-BLOCK = 16
 #: a replayed turn's tokens in blocks an earlier prompt sent (client/record.py)
 REUSABLE = "reusable_tokens"
 
@@ -57,11 +57,15 @@ class Replicas:
         return None if target in self.routed else target
 
 
-#: where the achieved hits come from: the answers' usage, else the fleet's own counters
-ANSWERS, COUNTERS = "the answers' cached tokens", "the replicas' own vllm:prefix_cache_hits (sidecars)"
-#: why the achieved hits are not known, and what gives them
-NO_CACHED_TOKENS = ("not known: the answers carry no cached tokens (start vLLM with --enable-prompt-tokens-details, "
-                    "or give each replica's sidecar: --sidecar-url a,b)")
+def from_logs(logs: list[dict], options: Mapping[str, Any], server: Mapping[str, Any] | None) -> dict | None:
+    """The routing feature's part (``features/routing.py``): the verdict over the run's logs, replicas named by
+    --capture-header's first header, hits counted in the server's own block and, without the answers' cached
+    tokens, by its own counters."""
+    captured = options.get("capture_header") or []
+    header = str(captured[0]).lower() if captured else None
+    found = routing(logs, header, block=(server or {}).get("block_size"),
+                    server_hits=server.get("prefix_cache_hits") if server else None)
+    return dict(found) if found is not None else None
 
 
 def routing(records: Iterable[dict], header: str | None = None, block: int | None = None,
@@ -152,23 +156,3 @@ def _by_turns(sessions: Iterable[list[dict]], block: int) -> tuple[int, int]:
             achievable += _hittable(shared, cur[INPUT_TOKENS], block)
             achieved += cur.get("cached_tokens") or 0
     return achievable, achieved
-
-
-def routing_line(r: Routing | None) -> str:
-    """One console line: the replicas' shares, the sessions' stickiness, the hits kept."""
-    if not r:
-        return ""
-    shares = ", ".join(f"{name} {row.requests}" for name, row in r.replicas.items())
-    out = f"routing ({r.source}): {len(r.replicas)} replicas ({shares}; imbalance {r.replica_imbalance:.2f})"
-    if r.unattributed:
-        out += f"; {r.unattributed} failed requests named no replica (no span or header: they failed before one answered)"
-    if r.session_stickiness is not None:
-        out += f"; {r.sticky_sessions} of {r.sessions} sessions kept on one replica ({r.session_stickiness:.0%})"
-    blocks = f" in the server's {r.cache_block}-token blocks" if r.cache_block != BLOCK else ""
-    if r.cache_hits_of_achievable is not None:
-        out += (f"; prefix-cache hits {r.cache_hits_achieved} of {r.cache_hits_achievable} achievable tokens{blocks} "
-                f"({r.cache_hits_of_achievable:.0%}" + (f", from {COUNTERS})" if r.cache_hits_source == COUNTERS
-                                                         else ")"))
-    elif r.cache_hits_achievable and r.cache_hits_unknown:
-        out += f"; prefix-cache hits of {r.cache_hits_achievable} achievable tokens{blocks} {r.cache_hits_unknown}"
-    return out

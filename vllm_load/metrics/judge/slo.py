@@ -42,8 +42,6 @@ RUN_METRICS = {
     "request_rate": "req/s",
     "input_drift": "tok", OUTPUT_TPS: "tok/s", "outage.seconds": "s",
     "energy_per_token": "J", "energy_per_request": "J",  # GPU telemetry (--dcgm-url)
-    # a fleet's routing (metrics/fleet/routing.py): from --capture-header's replica, or --host a,b
-    "cache_hits_of_achievable": "%", "replica_imbalance": "", "session_stickiness": "%",
     # a fault plan's disruption (metrics/fleet/disruption.py): each action's worst
     "lost_requests": "count", "recovery.seconds": "s", "rehomed_sessions": "count", "goodput_during_fault": "%",
     "accuracy": "%", "valid_output": "%"}  # --accuracy's graded answers; --response-format's valid JSON
@@ -324,17 +322,6 @@ def _value(slo: SLO, summary: RunSummary, server: dict | None) -> tuple[float | 
                         "energy_per_request_j", None)
         if value is None:
             return None, summary.energy_missing or "no GPU telemetry (give --dcgm-url)"
-        return float(value), ""
-    if slo.metric in ("cache_hits_of_achievable", "replica_imbalance", "session_stickiness"):
-        found = summary.routing
-        if not found:
-            return None, ("no request said which replica served it: give --capture-header NAME (a response header "
-                          "naming the replica), or --host a,b")
-        value = getattr(found, slo.metric)  # one of the Routing part's keys, by the SLO's name
-        if value is None:
-            return None, "no session had two turns" if slo.metric != "cache_hits_of_achievable" else \
-                f"the prefix-cache hits are {found.cache_hits_unknown}" if found.cache_hits_unknown else \
-                "no turn could hit the prefix cache (sessions of one turn)"
         return float(value), ""
     if slo.metric in ("accuracy", "valid_output"):
         found = summary.accuracy if slo.metric == "accuracy" else summary.valid_output

@@ -225,9 +225,18 @@ def feature_lines(summary: Mapping[str, Any], options: Mapping[str, Any] | None)
 
 
 def feature_said(summary: Mapping[str, Any], options: Mapping[str, Any] | None) -> list[tuple[str, str]]:
-    """The features' lines with the tone the report shows each in ("invalid", "note")."""
+    """The features' lines with the tone the report shows each in ("invalid", "note"), but for those a feature's
+    section of the report holds (``feature_sections``)."""
     parts = _parts(summary)
-    return [(line, f.tone) for f in FEATURES if f.name in parts for line in f.lines(parts[f.name], options or {})]
+    return [(line, f.tone) for f in FEATURES if f.name in parts and f.section(parts[f.name]) is None
+            for line in f.lines(parts[f.name], options or {})]
+
+
+def feature_sections(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The report's sections of the features that have one: each its id, title, lines and table."""
+    parts = _parts(summary)
+    return [{**found, "lines": f.lines(parts[f.name], {})} for f in FEATURES if f.name in parts
+            and (found := f.section(parts[f.name])) is not None]
 
 
 def feature_charts(summary: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from vllm_load.metrics.shape.breakdown import tail_lines
 from vllm_load.metrics.judge.client_health import who_fell_behind
-from vllm_load.metrics.fleet.routing import routing_line
+from vllm_load.features import FEATURES
 from vllm_load.metrics.summary import RunSummary
 from vllm_load.report.console import COLUMNS, NAME_HEAD, name_rows, server_cells, table_rows
 
@@ -281,8 +281,9 @@ def _summary_rows(s: RunSummary, slos: list | None, has_report: bool) -> list[di
         # a live preview of the SLOs on the numbers so far; the run's verdict is judged once, at its end
         rows += [{"metric": f"SLO {c.slo}", "count": word(c.passed), "mean": c.detail}
                  for c in evaluate(slos, s, s.get("server"))]
-    if s.routing:  # the run's verdict on the router (metrics/fleet/routing.py), once judged
-        rows.append({"metric": "Routing", "count": "", "mean": routing_line(s.routing)})
+    parts = s.features or {}  # what each feature says of the run (vllm_load/features/), once the run has judged it
+    rows += [{"metric": f.name.replace("_", " ").capitalize(), "count": "", "mean": line}
+             for f in FEATURES if f.name in parts for line in f.lines(parts[f.name], {})]
     rows += [{"metric": "Where the time went", "count": "", "mean": line} for line in tail_lines(s.timing)]
     if has_report:
         rows.append({"metric": "Report of the last run", "count": "", "mean": "/vllm-load/report"})
