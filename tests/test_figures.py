@@ -101,5 +101,7 @@ def test_compare_and_tune_write_their_headline_charts_as_figures(tmp_path, monke
     assert len(_series((tuned / "tune-latency.svg").read_text())) == 2  # a series per configuration
     assert "![tune-throughput](figures/tune-throughput.png)" in (tmp_path / "tune" / "tune.md").read_text()
     monkeypatch.setenv("VLLM_LOAD_NO_FIGURES", "true")
-    make_pages(tmp_path / "off")
-    assert not (tmp_path / "off" / "cmp" / "figures").exists() and not (tmp_path / "off" / "tune" / "figures").exists()
+    from vllm_load.report.compare import run_compare
+
+    _, off = run_compare(str(tmp_path / "l2"), str(tmp_path / "l8"), str(tmp_path / "off"))
+    assert not (off / "figures").exists() and "## Figures" not in (off / "compare.md").read_text()
