@@ -1,5 +1,5 @@
-"""The history over real runs of the emulator: runs of one load, the server 15 % slower to its first token
-(``--emulator-ttft``) from the gate's second run on. A gate of ``ttft.p99<=baseline*1.10`` against the last 4
+"""The history over real runs of the emulator: runs of one load, the server 30 % slower to its first token
+(``--emulator-ttft``) from the gate's second run on. A gate of ``ttft.p50<=baseline*1.10`` against the last 4
 trusted runs passes the unchanged run and fails the slowed one, naming the baseline's runs and judging by their own
 summaries; `vllm-load history show` finds no change point among the unchanged runs and one at the first slowed one;
 the history page draws its charts in a real browser. What a busy host distrusts is run again and left out, as the
@@ -25,20 +25,18 @@ from vllm_load.metrics.judge.verdict import Verdict
 #: bound: these run on the quiet cores, as every test whose subject is a time the client keeps
 pytestmark = [pytest.mark.slow, pytest.mark.quiet_cores]
 CHAT = str(ROOT / "locustfiles" / "chat.py")
-#: the emulator's time to first token, and 15 % more from the slowed gate run on (issue 74's series): a 30 ms step.
-#: The gate and the change points judge each run's TTFT p99, over 8 users' two-token answers for 6 s (~220 requests,
-#: so the p99 is about the third slowest): with 2 users for 3 s (~18 requests) it was the slowest one, which CI's
-#: busy host delayed by 50 ms in an unchanged run (+14.7 %, a failed gate and a change point there)
-TTFT, SLOWER = 0.2, 0.23
-STAT = "ttft.p99"
-GATE = ["--baseline", "last 4", "--slo", f"{STAT}<=baseline*1.10"]
+#: the emulator's time to first token, and 30 % more from the slowed gate run on: a 60 ms step, three times what the
+#: gate's 10 % allows. The gate and the change points judge the median of a run's ~18 requests: its p99 is its slowest
+#: one, which CI's busy host delayed by 50 ms in an unchanged run (+14.7 %, a failed gate and a change point there)
+TTFT, SLOWER = 0.2, 0.26
+GATE = ["--baseline", "last 4", "--slo", "ttft.p50<=baseline*1.10"]
 #: at most this many runs of a kind: a busy host distrusts a run now and then (its event loop lagged), and a
 #: baseline holds trusted runs only, so the series runs until it has the trusted runs it needs
 TRIES = 4
 
 
 def _run(cwd: Path, ttft: float, *extra: str):
-    res = run_in_process(["-f", CHAT, "--headless", "-u", "8", "-r", "8", "-t", "6s", "--output-tokens", "2",
+    res = run_in_process(["-f", CHAT, "--headless", "-u", "2", "-r", "2", "-t", "3s", "--output-tokens", "16",
                           "--emulator-ttft", str(ttft), *extra], cwd, emulator_process=True)
     run_dir = cwd / res.run_dir
     return res, json.loads((run_dir / "summary.json").read_text()), run_dir
@@ -59,14 +57,14 @@ def _until_trusted(cwd: Path, ttft: float, need: int, *extra: str) -> list:
 
 
 def _said(runs) -> list[tuple[str, float, bool]]:
-    """Each run's id, TTFT p99 and trust: what a failed assertion shows."""
-    return [(json.loads((d / "config.json").read_text())["run_id"], s["summary"]["metrics"]["ttft"]["p99"],
+    """Each run's id, TTFT p50 and trust: what a failed assertion shows."""
+    return [(json.loads((d / "config.json").read_text())["run_id"], s["summary"]["metrics"]["ttft"]["p50"],
              _trusted((r, s, d))) for r, s, d in runs]
 
 
 def _changes(store: Path, capsys) -> dict:
     capsys.readouterr()
-    assert history(["--results-db", str(store), "show", STAT, "--json"]) == 0
+    assert history(["--results-db", str(store), "show", "ttft.p50", "--json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -82,7 +80,7 @@ def series(tmp_path_factory):
     store = cwd / "reports" / "history.sqlite"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert history(["--results-db", str(store), "show", STAT, "--json"]) == 0
+        assert history(["--results-db", str(store), "show", "ttft.p50", "--json"]) == 0
     after_unchanged = json.loads(out.getvalue())
     slowed_gate = _until_trusted(cwd, SLOWER, 1, *GATE)
     first_slowed = len(runs)
@@ -97,20 +95,20 @@ def test_the_gate_passes_the_unchanged_run_and_fails_the_slowed_one_naming_its_b
     runs = series["runs"]
     said = _said(runs)
     ids = [i for i, _, _ in said]
-    p99 = [v for _, v, _ in said]
+    p50 = [v for _, v, _ in said]
     for n in (series["unchanged_gate"], series["slowed_gate"]):
         res, data, _ = runs[n]
         check = data["slo"][0]
         before = [i for i in range(n) if said[i][2]][-4:]  # the last 4 trusted runs before it
         baseline_ids = [ids[i] for i in before][::-1]  # newest first
         assert data["baseline_runs"] == baseline_ids, said
-        base = statistics.median(p99[i] for i in before)  # the baseline's own summaries, not the store's copy
-        assert check["value"] == p99[n]
+        base = statistics.median(p50[i] for i in before)  # the baseline's own summaries, not the store's copy
+        assert check["value"] == p50[n]
         assert f"against the baseline's {base * 1000:.2f} ms" in check["detail"]
         assert "median of 4 runs: " + ", ".join(baseline_ids[:3]) in check["detail"]
         unchanged = n == series["unchanged_gate"]
         assert res.code == (EXIT_OK if unchanged else EXIT_SLO_MISS), (n, check, said, res.stdout[-3000:])
-        assert check["passed"] == unchanged and (p99[n] <= base * 1.10) == unchanged, (check, said)
+        assert check["passed"] == unchanged and (p50[n] <= base * 1.10) == unchanged, (check, said)
     slowed = runs[series["slowed_gate"]][0].stdout
     assert "history: TTFT p99" in slowed and "CHANGED" in slowed
 
@@ -126,7 +124,7 @@ def test_history_finds_no_change_in_unchanged_runs_and_one_at_the_first_slowed_o
     # the change is at the first trusted slowed run: an untrusted run is left out of the statistics
     first = next(i for i in range(series["first_slowed"], len(runs)) if said[i][2])
     assert [c["run_id"] for c in found["changes"]] == [ids[first]], (found["changes"], said)
-    assert 0.08 < found["changes"][0]["shift"] < 0.25, (found["changes"], said)
+    assert 0.2 < found["changes"][0]["shift"] < 0.4, (found["changes"], said)
 
 
 def test_the_history_page_draws_its_charts_in_headless_chromium(series, tmp_path):
