@@ -117,6 +117,38 @@ class UIHere:
         return out.stdout + out.stderr
 
 
+class WallClockMoves:
+    """How far the host's wall clock moved against the monotonic one while a block ran (the span of
+    ``time.time() - perf_counter()``, sampled every 5 ms by a greenlet of its own, beside a block that waits
+    cooperatively): a VM's clock is set while it runs (CI's moved 19.5 ms in 4 s once), and a record's ``start`` is
+    wall time, so a test comparing the starts of a long run with its schedule allows for this much."""
+
+    def __init__(self) -> None:
+        self.leads: list[float] = []
+        self._sampler: Any = None
+
+    def _sample(self) -> None:
+        import gevent
+
+        while True:
+            self.leads.append(time.time() - time.perf_counter())
+            gevent.sleep(0.005)
+
+    def __enter__(self) -> WallClockMoves:
+        import gevent
+
+        self._sampler = gevent.spawn(self._sample)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._sampler.kill()
+        self.leads.append(time.time() - time.perf_counter())
+
+    @property
+    def span(self) -> float:
+        return max(self.leads) - min(self.leads) if self.leads else 0.0
+
+
 def wait_for(cond: Callable[[], Any], timeout: float = 60.0, what: str = "", poll: float = 0.1) -> Any:
     """Poll an observable condition until it holds (its value is returned) or the deadline passes.
 

@@ -84,7 +84,7 @@ typedef struct {
     int on;
     int match;          /* how much of CRLF CRLF the raw bytes scanned so far end with */
     size_t seen;        /* raw bytes scanned so far for the header block's end */
-    double start;       /* the request's start (time.time() clock) */
+    double start;       /* the request's start (perf_counter clock) */
     int from_send;      /* closed loop: offsets count from the kernel's stamp of the send, as the loop does */
     long long limit;    /* the parser's token limit (sse_state.limit; 0: none) */
     int accepted;       /* the head was taken here: */
@@ -151,6 +151,16 @@ static inline int64_t realtime_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* a kernel stamp (CLOCK_REALTIME, the only clock the kernel stamps with) read just now, moved onto CLOCK_MONOTONIC
+ * (Python's perf_counter): the wall clock's lead over the monotonic one is taken now, so a step or slew of the wall
+ * clock (a VM's clock set while it runs) drops out of every offset; `*lag` is how long ago the stamp was */
+static inline int64_t monotonic_of_stamp(int64_t stamp, int64_t *lag) {
+    int64_t mono = monotonic_ns(), real = realtime_ns();
+    if (lag)
+        *lag = real - stamp;
+    return stamp - real + mono;
 }
 
 /* a message header over one buffer, with room for its control messages (the kernel's stamps) */

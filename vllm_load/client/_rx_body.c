@@ -529,14 +529,15 @@ void rx_read_one(Reader *r, int fd, stream_t *s, char *buf) {
     }
     int late = 0;
     if (stamp) {
-        int64_t lag = realtime_ns() - stamp;
+        int64_t lag;
+        stamp = monotonic_of_stamp(stamp, &lag);
         if (lag > r->lag_max_ns)
             r->lag_max_ns = lag;
         r->lag_reads++;
         late = lag > LATE_NS;
         r->late_reads += late;
     } else {
-        stamp = realtime_ns(); /* no kernel stamp: this thread reads at once, so its clock is close */
+        stamp = monotonic_ns(); /* no kernel stamp: this thread reads at once, so its clock is close */
     }
     if (s->parse.sse)
         s->parse.sse->late = late; /* the chunks this read completes: a gap of 0 among them is this read's doing */

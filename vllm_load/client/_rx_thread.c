@@ -31,7 +31,7 @@ static void read_errqueue(int fd, stream_t *s) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPING) {
                 struct scm_timestamping ts;
                 memcpy(&ts, CMSG_DATA(c), sizeof ts);
-                int64_t ns = (int64_t)ts.ts[0].tv_sec * 1000000000LL + ts.ts[0].tv_nsec;
+                int64_t ns = monotonic_of_stamp((int64_t)ts.ts[0].tv_sec * 1000000000LL + ts.ts[0].tv_nsec, NULL);
                 if (ns > s->tx_ns)
                     s->tx_ns = ns;
             }

@@ -251,9 +251,9 @@ static PyObject *Reader_send(Reader *r, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
-/* body(fd, chunked, length, start_wall=None): the response's headers are parsed; from now on this thread
+/* body(fd, chunked, length, start_perf=None): the response's headers are parsed; from now on this thread
  * decodes its body (chunked, or `length` bytes, or until close when length < 0) and cuts it into lines.
- * With start_wall (the request's start, time.time() clock) it also parses them as SSE (_sse.c), chunk
+ * With start (the request's start, perf_counter clock) it also parses them as SSE (_sse.c), chunk
  * offsets counted from it, and hands the result over once, with the body's end (drain(), lines()). */
 static PyObject *Reader_body(Reader *r, PyObject *args) {
     int fd, chunked;
@@ -262,14 +262,14 @@ static PyObject *Reader_body(Reader *r, PyObject *args) {
     long long limit = 0;
     if (!PyArg_ParseTuple(args, "ipL|OL", &fd, &chunked, &length, &start, &limit))
         return NULL;
-    double start_wall = 0.0;
+    double start_perf = 0.0;
     if (start != Py_None) {
-        start_wall = PyFloat_AsDouble(start);
-        if (start_wall == -1.0 && PyErr_Occurred())
+        start_perf = PyFloat_AsDouble(start);
+        if (start_perf == -1.0 && PyErr_Occurred())
             return NULL;
     }
     sse_state *parse = NULL;
-    if (start != Py_None && !(parse = sse_new(start_wall)))
+    if (start != Py_None && !(parse = sse_new(start_perf)))
         return PyErr_NoMemory();
     if (parse)
         parse->limit = limit;
@@ -284,17 +284,17 @@ static PyObject *Reader_body(Reader *r, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* expect(fd, start_wall, from_send) -> bool: a request is about to be sent on fd; when its answer's header
+/* expect(fd, start_perf, from_send) -> bool: a request is about to be sent on fd; when its answer's header
  * block is an HTTP/1.1 200 with known framing, this thread takes it and goes on into the body as
  * body(fd, chunked, length, start) would (accepted(fd) says what it read), so the event loop wakes once,
  * at the body's end. Anything else is left raw for head(fd), with state 4 reported once (drain, lines).
- * start: start_wall, or with from_send the kernel's stamp of the send when later (a closed loop counts
+ * start: start_perf, or with from_send the kernel's stamp of the send when later (a closed loop counts
  * from the send). True when the answer was already settled (queued before the call): no wake comes. */
 static PyObject *Reader_expect(Reader *r, PyObject *args) {
     int fd, from_send;
-    double start_wall;
+    double start_perf;
     long long limit = 0;
-    if (!PyArg_ParseTuple(args, "idp|L", &fd, &start_wall, &from_send, &limit))
+    if (!PyArg_ParseTuple(args, "idp|L", &fd, &start_perf, &from_send, &limit))
         return NULL;
     stream_t *s = lock_stream(r, fd);
     if (!s)
@@ -307,7 +307,7 @@ static PyObject *Reader_expect(Reader *r, PyObject *args) {
     s->exp.on = 1;
     s->exp.match = 0;
     s->exp.seen = 0;
-    s->exp.start = start_wall;
+    s->exp.start = start_perf;
     s->exp.from_send = from_send;
     s->exp.limit = limit;
     s->last_read_ns = monotonic_ns(); /* a timeout counts from the send */
@@ -327,7 +327,7 @@ static PyStructSequence_Field accepted_fields[] = {
     {"chunked", "Transfer-Encoding: chunked"},
     {"length", "Content-Length (-1: none, until close)"},
     {"keep_alive", "the connection may serve the next request"},
-    {"start", "the request's start (time.time()) the thread timed the answer from"},
+    {"start", "the request's start (perf_counter) the thread timed the answer from"},
     {NULL, NULL}};
 static PyStructSequence_Desc accepted_desc = {"_rxnative.Accepted", "The head the thread took for expect().",
                                               accepted_fields, 4};
@@ -393,7 +393,7 @@ static void take_lines(stream_t *s, int fd, took_t *t, int flush) {
         s->parse.on = 0;
     }
     if (s->body.state != BODY_RUNNING && s->body.linelen) {
-        seg_t *last = rx_new_seg(s->body.line, s->body.linelen, realtime_ns());
+        seg_t *last = rx_new_seg(s->body.line, s->body.linelen, monotonic_ns());
         if (last) {
             rx_append_seg(&s->body.lhead, &s->body.ltail, last);
             s->body.nlines++;
@@ -487,7 +487,7 @@ static PyObject *Reader_quiet(Reader *r, PyObject *arg) {
     return PyFloat_FromDouble(last ? (double)(monotonic_ns() - last) * 1e-9 : 0.0);
 }
 
-/* sent(fd) -> float | None: the kernel's stamp of the latest send leaving (time.time() clock), cleared */
+/* sent(fd) -> float | None: the kernel's stamp of the latest send leaving (on the perf_counter clock), cleared */
 static PyObject *Reader_sent(Reader *r, PyObject *arg) {
     int fd = fd_arg(arg);
     if (fd < 0)
@@ -638,10 +638,10 @@ static PyMethodDef Reader_methods[] = {
     {"head", (PyCFunction)Reader_head, METH_O, "head(fd) -> a complete header block | None | b'' (ended)"},
     {"send", (PyCFunction)Reader_send, METH_VARARGS, "send(fd, data) -> bytes sent (0: buffer full), GIL held"},
     {"body", (PyCFunction)Reader_body, METH_VARARGS,
-     "body(fd, chunked, length, start_wall=None, limit=0): decode the body into lines (and parse them as SSE; "
+     "body(fd, chunked, length, start_perf=None, limit=0): decode the body into lines (and parse them as SSE; "
      "past limit tokens the lines go to Python)."},
     {"expect", (PyCFunction)Reader_expect, METH_VARARGS,
-     "expect(fd, start_wall, from_send, limit=0) -> settled: take a 200's head here and go on into its body."},
+     "expect(fd, start_perf, from_send, limit=0) -> settled: take a 200's head here and go on into its body."},
     {"accepted", (PyCFunction)Reader_accepted, METH_O,
      "accepted(fd) -> (chunked, length, keep_alive, start) | None: the head expect() took."},
     {"lines", (PyCFunction)Reader_lines, METH_VARARGS, "lines(fd, flush=False) -> (lines, state, body_bytes, parsed)"},
@@ -667,16 +667,16 @@ static PyTypeObject ReaderType = {
     .tp_methods = Reader_methods,
 };
 
-/* parse_sse(lines, start_wall) -> (parsed, taken): the thread's SSE parser over (line, stamp_ns) pairs, as it
+/* parse_sse(lines, start_perf) -> (parsed, taken): the thread's SSE parser over (line, stamp_ns) pairs, as it
  * runs on a body's lines: the result StreamState.absorb takes, and how many lines it took before the first
  * one it leaves to Python (len(lines) when none). For tests and tools; the thread calls sse_line itself. */
 static PyObject *parse_sse(PyObject *self, PyObject *args) {
     PyObject *lines;
-    double start_wall;
+    double start_perf;
     long long limit = 0;
-    if (!PyArg_ParseTuple(args, "O!d|L", &PyList_Type, &lines, &start_wall, &limit))
+    if (!PyArg_ParseTuple(args, "O!d|L", &PyList_Type, &lines, &start_perf, &limit))
         return NULL;
-    sse_state *st = sse_new(start_wall);
+    sse_state *st = sse_new(start_perf);
     if (!st)
         return PyErr_NoMemory();
     st->limit = limit;
@@ -706,7 +706,7 @@ static PyObject *parse_sse(PyObject *self, PyObject *args) {
 
 static PyMethodDef module_methods[] = {
     {"parse_sse", parse_sse, METH_VARARGS,
-     "parse_sse([(line, stamp_ns[, late])], start_wall, limit=0) -> (parsed, lines taken)"},
+     "parse_sse([(line, stamp_ns[, late])], start_perf, limit=0) -> (parsed, lines taken)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -19,11 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-sse_state *sse_new(double start_wall) {
+sse_state *sse_new(double start_perf) {
     js_init();
     sse_state *st = calloc(1, sizeof(sse_state));
     if (st) {
-        st->start_wall = start_wall;
+        st->start_perf = start_perf;
         st->prompt = st->completion = st->cached = st->reasoning_reported = -1;
     }
     return st;
@@ -313,7 +313,7 @@ static int add_chunk(sse_state *st, double offset, long long tokens) {
 }
 
 static double offset_of(const sse_state *st, int64_t ns) {
-    return stamp_seconds(ns) - st->start_wall; /* as Python computes it from the stamp it would get */
+    return stamp_seconds(ns) - st->start_perf; /* as Python computes it from the stamp it would get */
 }
 
 /* commit a parsed line: StreamState.feed's updates, in its order */

@@ -13,8 +13,8 @@ typedef struct {
 } sse_buf;
 
 typedef struct {
-    double start_wall;  /* the request's start (time.time() clock): offsets count from it */
-    double *offsets;    /* token-bearing chunks: their stamps minus start_wall */
+    double start_perf;  /* the request's start (the stamps' perf_counter clock): offsets count from it */
+    double *offsets;    /* token-bearing chunks: their stamps minus start_perf */
     long long *tokens;  /* and how many tokens each carried */
     size_t n, cap;
     sse_buf id, content, reasoning, text, finish;
@@ -40,13 +40,13 @@ typedef struct {
 
 enum { SSE_OK = 0, SSE_PYTHON = 1, SSE_NOMEM = -1 };
 
-/* a kernel stamp as the time.time() float the thread hands Python (lines' stamps, send stamps), and from which
+/* a stamp (on CLOCK_MONOTONIC: perf_counter) as the float the thread hands Python (lines' stamps, send stamps), and from which
  * the parser's offsets are computed: one conversion, so an offset is bit for bit what Python would compute */
 static inline double stamp_seconds(int64_t ns) {
     return (double)(ns / 1000000000LL) + (double)(ns % 1000000000LL) * 1e-9;
 }
 
-sse_state *sse_new(double start_wall);
+sse_state *sse_new(double start_perf);
 void sse_free(sse_state *st);
 /* One line (its newline included), stamped stamp_ns. SSE_OK: taken; SSE_PYTHON: a line this parser leaves
  * to StreamState.feed (an error event, tool calls, several choices, anything malformed or unusual), with

@@ -65,8 +65,10 @@ class Transport(Protocol):
 
 @dataclass(slots=True)
 class Clock:
-    """A request's start: ``t0`` on perf_counter (its intended start in an open loop), ``start_wall`` the
-    same instant on the wall clock the kernel's stamps use."""
+    """A request's start: ``t0`` on perf_counter (its intended start in an open loop), the clock every stamp of
+    its answer is on (``client/rxstamp.py`` moves the kernel's onto it), and ``start_wall`` the same instant on the
+    wall clock, for the record and Locust: a wall clock set while the request runs moves neither its offsets nor
+    its E2E."""
 
     now_perf: float
     now_wall: float
@@ -83,8 +85,8 @@ class Clock:
 
     def sent_at(self, tx: float | None) -> None:
         """Closed loop: count from the send itself (the kernel's stamp of it leaving), not from building it."""
-        if tx is not None and not self.open_loop and tx >= self.now_wall:
-            self.t0, self.start_wall = self.now_perf + (tx - self.now_wall), tx
+        if tx is not None and not self.open_loop and tx >= self.now_perf:
+            self.t0, self.start_wall = tx, self.now_wall + (tx - self.now_perf)
 
 
 @dataclass(slots=True)

@@ -51,8 +51,8 @@ class BodyOutcome:
 
 @dataclass(slots=True)
 class _Body:
-    sink: Any  # feed_lines(lines, start_wall) -> the offset of the line that completed the stream, or None
-    start_wall: float
+    sink: Any  # feed_lines(lines, start) -> the offset of the line that completed the stream, or None
+    start: float
     waiter: Waiter
     timeout: float | None
     deadline: float
@@ -68,7 +68,7 @@ class LineSink(list):
 
     parses_sse = False
 
-    def feed_lines(self, lines: list[tuple[bytes, float]], start_wall: float) -> None:
+    def feed_lines(self, lines: list[tuple[bytes, float]], start: float) -> None:
         self.extend(line for line, _stamp in lines)
 
 
@@ -160,8 +160,8 @@ class NativeReads:
         if body.settle:
             taken = self.reader.accepted(fd)
             if taken is not None:
-                body.start_wall, body.settle = taken.start, False
-        return body.sink.feed_lines(lines, body.start_wall)
+                body.start, body.settle = taken.start, False
+        return body.sink.feed_lines(lines, body.start)
 
     def _sweep(self) -> None:
         if not self.waiters and not self.bodies:
@@ -196,14 +196,14 @@ class NativeReads:
         except Exception:  # noqa: BLE001 - the request fails anyway, for the reason the caller gives
             pass
 
-    def expect(self, fd: int, sink: Any, start_wall: float, from_send: bool, timeout: float | None) -> _Body:
+    def expect(self, fd: int, sink: Any, start: float, from_send: bool, timeout: float | None) -> _Body:
         """Before a request is sent on ``fd``: the thread takes its answer's head itself when it is a 200 it can
         frame, and reads the body on into ``sink`` (a ``StreamState``), so the request wakes this process once,
         at its end (``response``). Registered before the send: whatever comes is applied when it is drained."""
-        body = _Body(sink, start_wall, Waiter(), timeout, _deadline(timeout), True, settle=True)
+        body = _Body(sink, start, Waiter(), timeout, _deadline(timeout), True, settle=True)
         self.bodies[fd] = body
         # bytes queued before the request are not its answer; the thread's parser cuts the body at sink.limit tokens
-        if self.reader.expect(fd, start_wall, from_send, sink.limit or 0):
+        if self.reader.expect(fd, start, from_send, sink.limit or 0):
             del self.bodies[fd]
             raise ConnectionResetError("the connection had bytes queued before the request was sent")
         return body
@@ -228,7 +228,7 @@ class NativeReads:
             self._flush(fd, body)
             raise
 
-    def stream_body(self, fd: int, chunked: bool, length: int, sink: Any, start_wall: float,
+    def stream_body(self, fd: int, chunked: bool, length: int, sink: Any, start: float,
                     timeout: float | None) -> BodyOutcome:
         """Read a response body (its headers parsed, none of it yet) until it ends: the thread decodes it and,
         for a ``StreamState`` sink, parses its SSE too, handed over at the end (``sink.absorb``); lines it
@@ -236,8 +236,8 @@ class NativeReads:
         with their stamps, batch by batch. This greenlet wakes once, at the end (or on an error, a protocol
         fault, a timeout)."""
         parsed = sink.parses_sse  # StreamState: the thread parses the SSE itself (_sse.c)
-        self.reader.body(fd, chunked, length, start_wall if parsed else None, (sink.limit or 0) if parsed else 0)
-        body = _Body(sink, start_wall, Waiter(), timeout, _deadline(timeout), parsed)
+        self.reader.body(fd, chunked, length, start if parsed else None, (sink.limit or 0) if parsed else 0)
+        body = _Body(sink, start, Waiter(), timeout, _deadline(timeout), parsed)
         outcome = self._feed(fd, body)  # what arrived with the headers
         if outcome is not None:
             return outcome

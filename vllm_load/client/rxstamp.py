@@ -6,8 +6,11 @@ to wake the greenlet that reads it, so the client's own load (hundreds of stream
 chunks, request turnover, a GC pass) stays out of TTFT and inter-token gaps. Where stamps are not
 available (TLS sockets, other systems) reads fall back to the clock at read time.
 
-Stamps are CLOCK_REALTIME, the only clock the kernel stamps with: ``RxSocket.rx`` is a ``time.time()``
-value, compared with a ``time.time()`` read next to the request's ``perf_counter`` start.
+Stamps are CLOCK_REALTIME, the only clock the kernel stamps with, and a wall clock is set while it runs (a CI
+machine's VM clock was stepped 21 s forward mid-run, then moved 0.5 ms every 80 ms: one request read 21.6 s and
+every E2E 0.5 % long). So a stamp is moved onto ``perf_counter`` as it is read, by the wall clock's lead over it at
+that moment (``on_perf``), and ``RxSocket.rx`` counts from the request's ``perf_counter`` start: only a step
+between a packet's landing and its read (microseconds) can still reach an offset.
 """
 
 from __future__ import annotations
@@ -42,6 +45,12 @@ def enable(sock: Any) -> bool:
         return False
 
 
+def on_perf(stamp: float) -> tuple[float, float]:
+    """A wall-clock stamp read just now, on the ``perf_counter`` clock, and how long ago it was."""
+    perf, wall = time.perf_counter(), time.time()
+    return stamp - wall + perf, wall - stamp
+
+
 def stamp_of(ancdata: list[tuple[int, int, bytes]]) -> float | None:
     """The receive stamp in a ``recvmsg`` answer's ancillary data, as a ``time.time()`` value."""
     for level, kind, data in ancdata:
@@ -58,7 +67,7 @@ NATIVE, STAMPED, CLOCK = "native", "stamped", "clock"
 class RxSocket(gevent.socket.socket):
     """A gevent socket whose reads keep the kernel's stamp of the data they return in ``rx``.
 
-    ``rx`` is the stamp of the last packet the latest ``recv`` consumed (``time.time()`` at the read
+    ``rx`` is the stamp of the last packet the latest ``recv`` consumed, on ``perf_counter`` (the clock at the read
     if the kernel gave none; unused when ``stamped`` is False), so a line taken from bytes a read returned belongs to that read.
     ``tx`` is the clock just before a request's first send: building the request (Locust, headers,
     the connection pool) can wait on the GIL or other greenlets, and is the client's time, not the server's.
@@ -113,7 +122,7 @@ class RxSocket(gevent.socket.socket):
 
     def sendall(self, data: Any, flags: int = 0) -> None:
         if self.tx is None:
-            self.tx = time.time()
+            self.tx = time.perf_counter()
         super().sendall(data, flags)
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
@@ -132,12 +141,11 @@ class RxSocket(gevent.socket.socket):
             return super().recv(bufsize, flags)
         data, ancdata, _flags, _addr = self.recvmsg(bufsize, ANCBUF, flags)
         stamp = stamp_of(ancdata) if ancdata else None
-        now = time.time()
         if stamp is None:
-            self.rx = now
+            self.rx = time.perf_counter()
         else:
-            self.rx = stamp
-            native.python_lag.note(now - stamp)
+            self.rx, lag = on_perf(stamp)
+            native.python_lag.note(lag)
         return data
 
 

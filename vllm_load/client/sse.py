@@ -245,14 +245,14 @@ class StreamState:
         if self.cancel_after is not None:
             self.limit = self.cancel_after - 1 if self.limit is None else min(self.limit, self.cancel_after - 1)
 
-    def feed_lines(self, lines: list[tuple[bytes, float]], start_wall: float) -> float | None:
+    def feed_lines(self, lines: list[tuple[bytes, float]], start: float) -> float | None:
         """Feed the native reader's (line, landing stamp) pairs; the offset of the line that completed the
         stream (its ``[DONE]``) when one of them did."""
         feed, done_at, was_done = self.feed, None, self.done
         for line, stamp in lines:
-            feed(line, stamp - start_wall)
+            feed(line, stamp - start)
             if not was_done and self.done:
-                done_at, was_done = stamp - start_wall, True
+                done_at, was_done = stamp - start, True
         return done_at
 
     def absorb(self, p: Parsed) -> float | None:

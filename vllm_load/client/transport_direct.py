@@ -54,7 +54,7 @@ class DirectTransport:
         complete = False
         end = None
         try:
-            expect = ((decoder, clock.start_wall, not clock.open_loop) if decoder.parses_sse and not conns.capture
+            expect = ((decoder, clock.t0, not clock.open_loop) if decoder.parses_sse and not conns.capture
                       else None)
             answer = conns.open(path, headers, body, expect, own)
             conn, head = answer.conn, answer.head
@@ -64,7 +64,7 @@ class DirectTransport:
             fd = conn.fd
             if head.status != 200:
                 parts = LineSink()
-                out = conns.reads.stream_body(fd, head.chunked, head.length, parts, clock.start_wall, conns.timeout)
+                out = conns.reads.stream_body(fd, head.chunked, head.length, parts, clock.t0, conns.timeout)
                 complete = out.state == BodyState.COMPLETE
                 ex.error = f"HTTP {head.status}: {error_message(b''.join(parts))}"
                 if head.status in (429, 503):
@@ -75,7 +75,7 @@ class DirectTransport:
                     out = answer.body
                 else:
                     clock.sent_at(conns.reads.reader.sent(fd))
-                    out = conns.reads.stream_body(fd, head.chunked, head.length, decoder, clock.start_wall,
+                    out = conns.reads.stream_body(fd, head.chunked, head.length, decoder, clock.t0,
                                                   conns.timeout)
                 decoder.bytes_read = out.body_bytes
                 raise_for(out)

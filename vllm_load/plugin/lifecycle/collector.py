@@ -4,6 +4,7 @@ A worker has none; in a local run the totals are the generator's own stats (the 
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,15 @@ from vllm_load.metric_table import E2E, TTFT
 from vllm_load.workload.inputs.datasets import records_per_request
 
 
+log = logging.getLogger("vllm_load")
+WALL_MOVE_S = 0.05  # a wall clock set by more than this while a run went is said
+
+
+def wall_lead() -> float:
+    """The wall clock's lead over perf_counter now: it changes only when the wall clock is set."""
+    return time.time() - time.perf_counter()
+
+
 @dataclass
 class Collector:
     opts: Any  # Locust's parsed options, read only
@@ -58,6 +68,11 @@ class Collector:
     saturation: Any = None  # metrics/fleet/saturation.Finding: when the server stopped keeping up (None: it kept up)
     start_wall: float = field(default_factory=time.time)
     end_wall: float | None = None
+    #: the wall clock's lead over perf_counter at start_wall and at end_wall: a VM's clock set while the run goes
+    #: (CI's was stepped 21 s forward once) is taken out of the run's duration, as the stamps take it out of each
+    #: request's timings (client/rxstamp.py)
+    start_lead: float = field(default_factory=lambda: wall_lead())
+    end_lead: float | None = None
     drained: bool = False  # the end-of-run drain has begun
     #: set when that drain is over: a second stop during it (the -t limit reached while an earlier stop's drain
     #: still waits) waits for it too, not cancelling the requests the first stop let finish
@@ -109,6 +124,21 @@ class Collector:
         first = self.totals.first_start
         return max(self.start_wall + self.plan.warmup, first if first is not None else 0.0)
 
+    def mark_end(self) -> None:
+        """The run ended now (once): its end on the wall clock, and how far that clock was set since the start."""
+        if self.end_wall is not None:
+            return
+        self.end_wall, self.end_lead = time.time(), wall_lead()
+        moved = self.wall_moved(self.end_wall)
+        if abs(moved) >= WALL_MOVE_S:
+            log.warning("the host's wall clock was set by %+.3f s while the run went: the timings and the run's "
+                        "duration are on the monotonic clock and leave it out", moved)
+
+    def wall_moved(self, end: float) -> float:
+        """How far the wall clock was set between the run's start and ``end`` (its end, else now)."""
+        lead = self.end_lead if self.end_lead is not None and end == self.end_wall else wall_lead()
+        return lead - self.start_lead
+
     def write_results(self, monitor: ClientMonitor | None = None) -> RunSummary:
         """Exact summary plus the raw histograms, so a report can be rebuilt from the run dir alone."""
         end = self.end_wall or time.time()
@@ -135,7 +165,7 @@ class Collector:
         """The run's summary (``results``) up to ``end`` (default: the run's end, else now), judged from the merged
         totals, without touching the disk."""
         end = end or self.end_wall or time.time()
-        summary = self.totals.summary(duration=max(1e-9, end - self.measured_from),
+        summary = self.totals.summary(duration=max(1e-9, end - self.measured_from - self.wall_moved(end)),
                                       records_per_request=records_per_request(
             self.opts.dataset, self.opts.dataset_batch), outage_after=self.plan.outage_after, now=end,
             percentiles=self.plan.computed_percentiles, shown=self.plan.shown_percentiles)
@@ -283,4 +313,4 @@ class Collector:
         self.health = ClientHealth()
         self.saturation = None
         self.workers_seen = set()
-        self.start_wall = time.time()
+        self.start_wall, self.start_lead = time.time(), wall_lead()

@@ -148,7 +148,7 @@ def stopped(ctl: Controller) -> None:
     col = run.collector if run is not None else None
     if run is None or col is None:
         return
-    col.end_wall = time.time()
+    col.mark_end()
     opts = environment.parsed_options
     if col.faults and getattr(opts, "router_metrics", ""):  # the router's doing up to the end, for the last action
         from vllm_load.plugin.watch.fault_plan import read_router
@@ -217,7 +217,7 @@ def _end(ctl: Controller) -> None:
         if col.profiler is not None:  # a signal skips test_stop
             col.profiler.stop()
         _csv_catch_up(ctl.environment)
-        col.end_wall = col.end_wall or time.time()
+        col.mark_end()
         try:
             if run.fatal and run.fatal_code == EXIT_OUTPUT:  # files already missing: no report to build
                 raise OutputError(run.fatal)

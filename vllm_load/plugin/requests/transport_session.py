@@ -86,10 +86,10 @@ class SessionTransport:
         note_read(reader)  # what the run says timed its chunks is what did
         if reader != CLOCK:
             clock.sent_at(sock.take_tx())
-        t0, start_wall = clock.t0, clock.start_wall
+        t0 = clock.t0
         if reader == NATIVE and not raw._body_buffer and not raw.message_complete:
             try:  # the native thread decodes the body; the hub feeds each line with its own stamp
-                done_at = _read_body_native(sock, raw, decoder, start_wall)
+                done_at = _read_body_native(sock, raw, decoder, t0)
             finally:
                 raw.release()  # back to the pool when the body ended cleanly, else closed
             done_at = decoder.end_offset(done_at)
@@ -97,7 +97,7 @@ class SessionTransport:
         perf = time.perf_counter
         if reader == STAMPED:  # when the line's bytes reached this host
             def arrival() -> float:
-                return sock.rx - start_wall
+                return sock.rx - t0
         else:  # when this greenlet got to read them
             def arrival() -> float:
                 return perf() - t0
@@ -147,7 +147,7 @@ def bounded_readline(raw: Any, limit: int = LINE_MAX_BYTES) -> bytes:
             raise
 
 
-def _read_body_native(sock: Any, raw: Any, decoder: Decoder, start_wall: float) -> float | None:
+def _read_body_native(sock: Any, raw: Any, decoder: Decoder, t0: float) -> float | None:
     """Read a 200 response's body with the native thread (``client/native.py``): every line is fed to
     ``decoder`` with its own landing time, with no greenlet switch per chunk. Returns the offset of the
     line that completed the stream (its ``[DONE]``), or None; raises what the Python reader would have
@@ -155,7 +155,7 @@ def _read_body_native(sock: Any, raw: Any, decoder: Decoder, start_wall: float) 
     chunked = "chunked" in str(raw.get("transfer-encoding") or "").lower()
     length = raw.content_length
     length = -1 if chunked or length is None else length  # -1: until the server closes
-    out = sock._native.stream_body(sock._fd, chunked, length, decoder, start_wall, sock.timeout)
+    out = sock._native.stream_body(sock._fd, chunked, length, decoder, t0, sock.timeout)
     decoder.bytes_read = out.body_bytes
     raise_for(out)
     raw.message_complete = True  # read to its end: the connection can serve the next request
