@@ -481,3 +481,25 @@ def test_an_expected_answer_cut_anywhere_is_taken_and_a_closed_one_is_left_to_py
         peer.close()
         assert _settled(reader, fd)[1] == native.DECLINED and reader.head(fd) == b""
         reader.unwatch(fd)
+
+
+def test_a_stamp_read_across_a_wall_clock_set_is_taken_at_its_read(monkeypatch):
+    """The Python reader's half of ``monotonic_of_stamp`` (benchmarks/wall_clock_step.py measures the C thread's
+    against the emulator: a 3 s step once made one gap in 5,544 read 3 s): a stamp is moved onto perf_counter by the
+    wall clock's lead; when that lead moved since the previous read, the clock was set while the stamp waited, so
+    the read's own time stands in, and the next stamp, of the set clock, is exact again."""
+    from vllm_load.client import rxstamp
+
+    wall = {"lead": 1_000.0}
+    monkeypatch.setattr(rxstamp.time, "time", lambda: time.perf_counter() + wall["lead"])
+    monkeypatch.setattr(rxstamp, "_lead_seen", [])
+    landed = time.perf_counter() - 0.002
+    at, age = rxstamp.on_perf(landed + wall["lead"])
+    assert at == pytest.approx(landed, abs=1e-6) and age == pytest.approx(0.002, abs=1e-3)
+    wall["lead"] += 3.0  # the wall clock set 3 s forward while the next packet waited
+    before = time.perf_counter()
+    at, age = rxstamp.on_perf(landed + 1_000.0)  # stamped before the set: 3 s early on the set clock
+    assert before <= at <= time.perf_counter() and age == 0.0
+    landed = time.perf_counter() - 0.001
+    at, age = rxstamp.on_perf(landed + wall["lead"])
+    assert at == pytest.approx(landed, abs=1e-6) and age == pytest.approx(0.001, abs=1e-3)

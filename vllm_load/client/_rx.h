@@ -124,6 +124,7 @@ typedef struct {
     /* how long after landing (kernel stamp) segments were read, since the last take_lag(): a read later
      * than a stream's token gap is where two of its chunks can share a stamp */
     int64_t lag_max_ns;
+    int64_t lead_ns; /* the wall clock's lead over the monotonic one at the latest stamped read (monotonic_of_stamp) */
     unsigned long long lag_reads, late_reads;
     int priority; /* what the thread got: PRIO_NAMES */
 } Reader;
@@ -153,14 +154,21 @@ static inline int64_t realtime_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+/* the wall clock was set between two reads when its lead over the monotonic clock moved by more than this */
+#define CLOCK_SET_NS 1000000
+
 /* a kernel stamp (CLOCK_REALTIME, the only clock the kernel stamps with) read just now, moved onto CLOCK_MONOTONIC
- * (Python's perf_counter): the wall clock's lead over the monotonic one is taken now, so a step or slew of the wall
- * clock (a VM's clock set while it runs) drops out of every offset; `*lag` is how long ago the stamp was */
-static inline int64_t monotonic_of_stamp(int64_t stamp, int64_t *lag) {
-    int64_t mono = monotonic_ns(), real = realtime_ns();
+ * (Python's perf_counter) by the wall clock's lead over it now, so a wall clock set while the run goes (a VM's)
+ * drops out of every offset. `*seen` is the lead at the reader's previous read: when it moved since, the clock
+ * was set while this stamp waited and the stamp may predate it (a 3 s step made one gap in 5,544 read 3 s), so
+ * the read's own time stands in (off by how late the read was) and `*lag` is 0; else `*lag` is the stamp's age */
+static inline int64_t monotonic_of_stamp(int64_t stamp, int64_t *seen, int64_t *lag) {
+    int64_t mono = monotonic_ns(), real = realtime_ns(), lead = real - mono, was = *seen;
+    *seen = lead;
+    int set = was && (lead - was > CLOCK_SET_NS || was - lead > CLOCK_SET_NS);
     if (lag)
-        *lag = real - stamp;
-    return stamp - real + mono;
+        *lag = set ? 0 : real - stamp;
+    return set ? mono : stamp - lead;
 }
 
 /* a message header over one buffer, with room for its control messages (the kernel's stamps) */

@@ -530,7 +530,7 @@ void rx_read_one(Reader *r, int fd, stream_t *s, char *buf) {
     int late = 0;
     if (stamp) {
         int64_t lag;
-        stamp = monotonic_of_stamp(stamp, &lag);
+        stamp = monotonic_of_stamp(stamp, &r->lead_ns, &lag);
         if (lag > r->lag_max_ns)
             r->lag_max_ns = lag;
         r->lag_reads++;

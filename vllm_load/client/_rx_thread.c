@@ -15,7 +15,7 @@
  */
 #include "_rx.h"
 
-static void read_errqueue(int fd, stream_t *s) {
+static void read_errqueue(Reader *r, int fd, stream_t *s) {
     for (int i = 0; i < 64; i++) {
         union {
             char space[512];
@@ -31,7 +31,8 @@ static void read_errqueue(int fd, stream_t *s) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPING) {
                 struct scm_timestamping ts;
                 memcpy(&ts, CMSG_DATA(c), sizeof ts);
-                int64_t ns = monotonic_of_stamp((int64_t)ts.ts[0].tv_sec * 1000000000LL + ts.ts[0].tv_nsec, NULL);
+                int64_t ns = monotonic_of_stamp((int64_t)ts.ts[0].tv_sec * 1000000000LL + ts.ts[0].tv_nsec,
+                                                &r->lead_ns, NULL);
                 if (ns > s->tx_ns)
                     s->tx_ns = ns;
             }
@@ -49,7 +50,7 @@ static void handle_event(Reader *r, const struct epoll_event *ev, char *buf) {
     if (!s || !s->active || s->gen != gen || s->eof || s->err)
         return; /* unwatched, or an event of a closed fd whose number was reused */
     if (ev->events & EPOLLERR)
-        read_errqueue(fd, s); /* before the data: the request left before its answer came */
+        read_errqueue(r, fd, s); /* before the data: the request left before its answer came */
     if (!s->raw.paused)
         rx_read_one(r, fd, s, buf);
 }

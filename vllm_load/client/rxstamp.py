@@ -45,10 +45,22 @@ def enable(sock: Any) -> bool:
         return False
 
 
+#: the wall clock was set between two reads when its lead over perf_counter moved by more than this (_rx.h's)
+CLOCK_SET_S = 0.001
+_lead_seen: list[float] = []  # the lead at this process's previous stamped read
+
+
 def on_perf(stamp: float) -> tuple[float, float]:
-    """A wall-clock stamp read just now, on the ``perf_counter`` clock, and how long ago it was."""
+    """A wall-clock stamp read just now, on the ``perf_counter`` clock, and how long ago it was: when the wall
+    clock was set since the previous read the stamp may predate it, and the read's own time stands in (age 0), as
+    the native thread does (``_rx.h``'s ``monotonic_of_stamp``)."""
     perf, wall = time.perf_counter(), time.time()
-    return stamp - wall + perf, wall - stamp
+    lead = wall - perf
+    was = _lead_seen[0] if _lead_seen else lead
+    _lead_seen[:] = [lead]
+    if abs(lead - was) > CLOCK_SET_S:
+        return perf, 0.0
+    return stamp - lead, wall - stamp
 
 
 def stamp_of(ancdata: list[tuple[int, int, bytes]]) -> float | None:
