@@ -6,7 +6,8 @@ of its choosing (``dataset=…&host=…``), write anywhere (``run_dir``, ``html_
 second ``host`` field. Here, before Locust or any plugin hook sees a request:
 
 - ``Host`` must name this UI: 127.0.0.1, localhost, ::1, ``--web-host``, ``--web-allowed-host`` (a rebinding DNS
-  name is refused);
+  name is refused). Not Flask's ``TRUSTED_HOSTS``: Werkzeug (3.1) cuts each trusted name at its first ``:``, so
+  no IPv6 name (``::1``, ``[::1]``) ever matches and a UI on ``--web-host ::1`` would refuse its own page;
 - a request that changes state (any method but GET/HEAD) must come from the UI's own origin (``Origin``, else
   ``Referer``; a browser sends one of them on every cross-site POST, and ``Sec-Fetch-Site`` where it can);
 - no CORS header leaves (a foreign page cannot read an answer);
