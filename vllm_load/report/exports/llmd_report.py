@@ -114,6 +114,6 @@ def llmd_report(run: Any, version: str = "") -> dict:
             "throughput": {"input_token_rate": rate(tokens_in, "tokens/s"),
                            "output_token_rate": rate(tokens_out, "tokens/s"),
                            "total_token_rate": rate(tokens_in + tokens_out, "tokens/s"),
-                           "requests_rate": rate(succeeded, "queries/s")}}}},
+                           "request_rate": rate(succeeded, "queries/s")}}}},
     }
     return report
