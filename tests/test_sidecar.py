@@ -350,3 +350,29 @@ def test_the_sidecars_token_comes_from_the_masters_variable_when_not_given(monke
     assert build_parser().parse_args(["--token", "given"]).token == "given"
     monkeypatch.delenv("VLLM_LOAD_SIDECAR_TOKEN")
     assert build_parser().parse_args([]).token == ""
+
+
+def test_a_foreign_host_or_a_browser_page_is_refused(tmp_path, sidecar_factory):
+    """DNS rebinding: a page on evil.example that rebinds its name to this machine sends ``Host: evil.example``,
+    and any page's fetch carries an ``Origin``: the sidecar serves no page, so it refuses both (403, the reason in
+    one line), and answers its own names and each --allowed-host (the name a Kubernetes Service gives it)."""
+    log = tmp_path / "vllm.log"
+    log.write_text("")
+    side = sidecar_factory("--log-file", str(log), "--allowed-host", "side.internal", "--out", "")
+    port = side.url.rsplit(":", 1)[1]
+
+    def status(**headers: str) -> tuple[int, str]:
+        req = urllib.request.Request(side.url + "/health", headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    assert status()[0] == 200
+    assert status(Host=f"side.internal:{port}")[0] == 200 and status(Host=f"localhost:{port}")[0] == 200
+    code, body = status(Host=f"evil.example:{port}")
+    assert code == 403 and "not this sidecar's name" in json.loads(body)["error"]
+    assert status(Host=f"127.0.0.1.evil.example:{port}")[0] == 403
+    assert status(Origin="http://evil.example")[0] == 403
+    assert status(**{"Sec-Fetch-Site": "cross-site"})[0] == 403

@@ -4,7 +4,10 @@
     python -m server.sidecar --log-file vllm.log     # or --log-file - : parse vLLM's stats log lines
 
 GET /series?start=T0&end=T1 returns the samples of a window as JSON-lines; GET /health tells the
-sidecar's clock, so a Locust master on another machine can put both sides on one clock.
+sidecar's clock, so a Locust master on another machine can put both sides on one clock. A request whose ``Host``
+is not one of the sidecar's names (loopback, ``--listen``'s host, this machine's names when it listens on every
+interface, each ``--allowed-host``) or that a browser page sent (``Origin``, a cross-site ``Sec-Fetch-Site``) is
+refused: a page elsewhere that rebound its DNS name to this machine could otherwise read the series.
 """
 
 from __future__ import annotations
@@ -108,10 +111,23 @@ def follow_log(stream: IO[str], series: Series, stop: threading.Event, follow: b
             series.add(sample)
 
 
-def make_handler(series: Series, token: str, scrape: Callable[[], None] | None = None
-                 ) -> type[BaseHTTPRequestHandler]:
+def foreign(host_header: str, origin: str | None, fetch_site: str | None, names: frozenset[str]) -> str | None:
+    """Why a request comes from outside the sidecar's callers (None: it does not): a foreign ``Host``, or any
+    browser page (the sidecar has none of its own, so no page may read it)."""
+    from vllm_load.host_names import host_name
+
+    if host_name(host_header) not in names:
+        return f"Host {host_header[:100]!r} is not this sidecar's name (add --allowed-host NAME)"
+    if origin is not None or (fetch_site or "none").lower() not in ("none", "same-origin"):
+        return "a browser page may not read the sidecar"
+    return None
+
+
+def make_handler(series: Series, token: str, scrape: Callable[[], None] | None = None,
+                 names: frozenset[str] = frozenset({"127.0.0.1", "localhost", "::1"})) -> type[BaseHTTPRequestHandler]:
     """``scrape``: take a sample now (``/series?fresh=1``: a run's end reads a series that includes its last
-    requests, instead of one up to an interval old); None when the samples come from a log."""
+    requests, instead of one up to an interval old); None when the samples come from a log. ``names``: the
+    ``Host`` names it answers to."""
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:  # quiet: the sidecar's output is its data
             pass
@@ -124,6 +140,10 @@ def make_handler(series: Series, token: str, scrape: Callable[[], None] | None =
             self.wfile.write(body)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            why = foreign(self.headers.get("Host") or "", self.headers.get("Origin"),
+                          self.headers.get("Sec-Fetch-Site"), names)
+            if why is not None:
+                return self._send(403, json.dumps({"error": why}).encode())
             if token and not hmac.compare_digest((self.headers.get("Authorization") or "").encode(),
                                                  f"Bearer {token}".encode()):
                 return self._send(401, b'{"error": "missing or wrong bearer token"}')
@@ -164,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--token", default=os.environ.get("VLLM_LOAD_SIDECAR_TOKEN", ""),
                     help="require this bearer token on the HTTP API (default: $VLLM_LOAD_SIDECAR_TOKEN, the name "
                     "the master's --sidecar-token reads: one secret for both)")
+    ap.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                    help="a name the sidecar answers to besides loopback, --listen's host and (listening on every "
+                    "interface) this machine's names: the one the master's --sidecar-url uses (repeatable)")
     ap.add_argument("--wait-for-server", default="0",
                     help="wait this long (30s, 15m, …) for vLLM's /health before serving, with a progress line every 10 s")
     return ap
@@ -201,7 +224,7 @@ def build(argv: list[str]) -> Sidecar:
         sys.stderr.write(f"sidecar: warning: serving on {host} without --token: anyone who reaches it can read the series\n")
     try:
         return Sidecar.bind(host, port, args.vllm_url, interval, Path(args.out) if args.out else None, args.token,
-                            log_file=args.log_file)
+                            log_file=args.log_file, allowed=tuple(args.allowed_host))
     except OSError as exc:
         raise BadArguments(f"{exc}: check --out and --listen") from None
 
@@ -239,10 +262,12 @@ class Sidecar:
 
     @classmethod
     def bind(cls, host: str, port: int, vllm_url: str, interval: float, out: Path | None, token: str = "",
-             log_file: str = "") -> Sidecar:
+             log_file: str = "", allowed: tuple[str, ...] = ()) -> Sidecar:
+        from vllm_load.host_names import allowed_names
+
         series = Series(out)
         scrape = None if log_file else (lambda: scrape_once(vllm_url, series, max(1.0, 2 * interval)))
-        server = ThreadingHTTPServer((host, port), make_handler(series, token, scrape))
+        server = ThreadingHTTPServer((host, port), make_handler(series, token, scrape, allowed_names(host, allowed)))
         stopping = threading.Event()
         if log_file:
             stream = sys.stdin if log_file == "-" else open(log_file, encoding="utf-8", errors="replace")

@@ -26,7 +26,6 @@ import logging
 import math
 import os
 import secrets
-import socket
 import time
 from collections import deque
 from typing import Any, Callable
@@ -34,12 +33,11 @@ from urllib.parse import urlsplit
 
 from vllm_load.client.apis.openai_api import public_url
 from vllm_load.errors import UsageError
+from vllm_load.host_names import LOOPBACK_NAMES, allowed_names, host_name  # noqa: F401  (the gate's names)
 from vllm_load.plugin.swarm.worker_secrets import read_secret_file
 
 log = logging.getLogger("vllm_load")
 
-#: what the UI answers as its own name, whatever --web-host is
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 #: the methods that only read
 _SAFE_METHODS = frozenset({"GET", "HEAD"})
 #: Locust's own form fields (the rest are the custom options the form shows)
@@ -50,32 +48,6 @@ _MULTIPLE = frozenset({"user_classes"})
 #: what an anonymous request may reach with --web-login: the login page, its form's target and its assets
 _OPEN_PATHS = ("/login", "/login_submit", "/assets/", "/favicon")
 PASSWORD_ENV = "VLLM_LOAD_WEB_PASSWORD"
-
-
-def host_name(host_header: str) -> str:
-    """The name part of a ``Host`` header (``[::1]:8089`` -> ``::1``), lower-cased."""
-    value = (host_header or "").strip().lower()
-    if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value[1:]
-    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
-
-
-def allowed_names(web_host: str, extra: list[str] | tuple[str, ...] = ()) -> frozenset[str]:
-    """Host names the UI answers to: loopback, the bind address, this machine's names when it binds every
-    interface, and each --web-allowed-host."""
-    names = set(LOOPBACK_NAMES) | {h.strip().lower() for h in extra if h and h.strip()}
-    if web_host and web_host not in ("*", "0.0.0.0", "::", ""):
-        names.add(host_name(web_host))
-    elif web_host in ("*", "0.0.0.0", "::", ""):  # reached by this machine's own names and addresses
-        names.update({socket.gethostname().lower(), socket.getfqdn().lower()})
-        try:
-            import psutil
-
-            names.update(a.address.split("%")[0].lower() for addrs in psutil.net_if_addrs().values()
-                         for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6))
-        except Exception:  # noqa: BLE001 - without psutil's view, the names above and --web-allowed-host
-            pass
-    return frozenset(names)
 
 
 def refusal(method: str, host_header: str, origin: str | None, referer: str | None, fetch_site: str | None,
