@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -127,6 +129,12 @@ def test_a_headless_run_serves_prometheus_metrics_on_its_port(emulator_factory, 
 
     try:
         assert wait_for(scraped, timeout=60, what="a scrape with finished requests") > 0
+        # a page that rebound its name to this machine, and any browser page, read nothing (host_names.guard)
+        for headers in ({"Host": f"evil.example:{port}"}, {"Origin": "http://evil.example"}):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(req, timeout=5)
+            assert err.value.code == 403, headers
     finally:
         proc.wait(timeout=60)
 

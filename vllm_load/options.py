@@ -286,7 +286,8 @@ _DECLARED: tuple[Option, ...] = (*group(
         "'vllm-load[wandb]')", web=False),
     Option("--metrics-port", 0, "serve the client's metrics in Prometheus' format on this port (headless runs; with "
         "the web UI they are on its port, /metrics); 0: off", type=int, web=False),
-    Option("--metrics-host", "127.0.0.1", "address of --metrics-port (0.0.0.0 exposes it beyond this host)", web=False),
+    Option("--metrics-host", "127.0.0.1", "address of --metrics-port (0.0.0.0 exposes it beyond this host; it answers "
+        "to this machine's names and each --web-allowed-host, and to no browser page)", web=False),
 ), *group(
     "web UI",
     Option("--web-allowed-host", [], "a host name the web UI answers to besides 127.0.0.1, localhost and --web-host "

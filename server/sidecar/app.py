@@ -111,23 +111,13 @@ def follow_log(stream: IO[str], series: Series, stop: threading.Event, follow: b
             series.add(sample)
 
 
-def foreign(host_header: str, origin: str | None, fetch_site: str | None, names: frozenset[str]) -> str | None:
-    """Why a request comes from outside the sidecar's callers (None: it does not): a foreign ``Host``, or any
-    browser page (the sidecar has none of its own, so no page may read it)."""
-    from vllm_load.host_names import host_name
-
-    if host_name(host_header) not in names:
-        return f"Host {host_header[:100]!r} is not this sidecar's name (add --allowed-host NAME)"
-    if origin is not None or (fetch_site or "none").lower() not in ("none", "same-origin"):
-        return "a browser page may not read the sidecar"
-    return None
-
-
 def make_handler(series: Series, token: str, scrape: Callable[[], None] | None = None,
                  names: frozenset[str] = frozenset({"127.0.0.1", "localhost", "::1"})) -> type[BaseHTTPRequestHandler]:
     """``scrape``: take a sample now (``/series?fresh=1``: a run's end reads a series that includes its last
     requests, instead of one up to an interval old); None when the samples come from a log. ``names``: the
     ``Host`` names it answers to."""
+    from vllm_load.host_names import refusal
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:  # quiet: the sidecar's output is its data
             pass
@@ -140,10 +130,10 @@ def make_handler(series: Series, token: str, scrape: Callable[[], None] | None =
             self.wfile.write(body)
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            why = foreign(self.headers.get("Host") or "", self.headers.get("Origin"),
-                          self.headers.get("Sec-Fetch-Site"), names)
+            why = refusal(self.headers.get("Host") or "", self.headers.get("Origin"),
+                          self.headers.get("Sec-Fetch-Site"), names, "this sidecar")
             if why is not None:
-                return self._send(403, json.dumps({"error": why}).encode())
+                return self._send(403, json.dumps({"error": why + " (add --allowed-host NAME)"}).encode())
             if token and not hmac.compare_digest((self.headers.get("Authorization") or "").encode(),
                                                  f"Bearer {token}".encode()):
                 return self._send(401, b'{"error": "missing or wrong bearer token"}')

@@ -86,13 +86,17 @@ def reachable(host: str) -> str | None:
     return None
 
 
-def serve_metrics(registry: Any, host: str, port: int) -> None:
-    """--metrics-port: Prometheus' scrape endpoint beside a headless run (127.0.0.1 unless --metrics-host)."""
+def serve_metrics(registry: Any, host: str, port: int, allowed: tuple[str, ...] = ()) -> None:
+    """--metrics-port: Prometheus' scrape endpoint beside a headless run (127.0.0.1 unless --metrics-host), which
+    answers only to this machine's names and no browser page (host_names.guard)."""
     from gevent.pywsgi import WSGIServer
     from prometheus_client import make_wsgi_app
 
+    from vllm_load.host_names import allowed_names, guard
+
+    app = guard(make_wsgi_app(registry), allowed_names(host, allowed), "this run's metrics endpoint")
     try:
-        server = WSGIServer((host, port), make_wsgi_app(registry), log=None, error_log=None)
+        server = WSGIServer((host, port), app, log=None, error_log=None)
         server.start()
     except OSError as exc:
         raise UsageError(f"--metrics-port {port} on {host} cannot be served ({exc.strerror or exc}): pick a free "

@@ -18,7 +18,7 @@ from gevent.pywsgi import WSGIServer
 
 from vllm_load.errors import UsageError
 from vllm_load.metrics.fleet.spans import parse_export
-from vllm_load.plugin.webui.web_gate import LOOPBACK_NAMES, host_name
+from vllm_load.host_names import LOOPBACK_NAMES, host_name
 
 log = logging.getLogger(__name__)
 PATH = "/v1/traces"

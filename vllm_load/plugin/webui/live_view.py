@@ -35,7 +35,8 @@ class LiveView:
                      metrics_registry=lambda: registry, live_source=self.series,
                      target_source=lambda: ctl.target, swarm_check=self.swarm_check).install()
         if opts.metrics_port:
-            startup.serve_metrics(registry, opts.metrics_host, int(opts.metrics_port))
+            startup.serve_metrics(registry, opts.metrics_host, int(opts.metrics_port),
+                                  tuple(opts.web_allowed_host or ()))
 
     def status(self) -> str | None:
         """The run's fatal error, the target's failed check, or an outage going on now."""
