@@ -65,7 +65,7 @@ def test_each_c_extension_has_a_stub_that_matches_it():
 #: the packages from the bottom up: a module imports from its own package or one listed before it, never after
 #: (``report`` once imported the plugin's options, which now sit at the bottom; ``runtime`` holds what a load
 #: process runs on besides Locust, and the sidecar and ``tune`` import it rather than the plugin)
-LAYERS = (("version", "errors", "check", "redact", "lifeline", "option_spec", "feature_spec", "features", "emulator_options", "options",
+LAYERS = (("version", "errors", "check", "redact", "lifeline", "host_names", "option_spec", "feature_spec", "features", "emulator_options", "options",
            "option_docs", "metric_table"), ("workload",), ("client",), ("runtime",),
           ("metrics",), ("rundir",), ("report",), ("history",), ("plugin",), ("locustfiles", "tune"), ("cli", "__init__"),
           ("testing",))
