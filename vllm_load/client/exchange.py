@@ -24,7 +24,7 @@ from vllm_load.client.reader_choice import BodyState
 from vllm_load.client.sse import StreamError
 
 #: a transport's report of one exchange to Locust's request event:
-#: (name, url, response_time_s, response_length, error, start_wall)
+#: (name, url, response_time_s, response_length, error, start_wall: the wall-clock start Locust records)
 Report = Callable[[str, str, float, int, "str | None", float], None]
 
 
@@ -40,7 +40,7 @@ class Decoder(Protocol):
 
     def feed(self, line: bytes, now: float) -> None: ...
 
-    def feed_lines(self, lines: list[tuple[bytes, float]], start_wall: float) -> float | None: ...
+    def feed_lines(self, lines: list[tuple[bytes, float]], start: float) -> float | None: ...
 
     def incomplete(self) -> str | None:
         """Why a body that ended cleanly on the wire is still not a whole answer, or None."""
@@ -121,9 +121,9 @@ class JsonBody:
         self.bytes_read += len(line)
         self.last_at = now
 
-    def feed_lines(self, lines: list[tuple[bytes, float]], start_wall: float) -> None:
+    def feed_lines(self, lines: list[tuple[bytes, float]], start: float) -> None:
         for line, stamp in lines:
-            self.feed(line, stamp - start_wall)
+            self.feed(line, stamp - start)
         return None
 
     def end_offset(self, done_at: float | None) -> float | None:
