@@ -250,7 +250,10 @@ def test_a_locust_process_unloads_its_adapters_however_its_run_ends(emulator_fac
                              "4s" if ending == "-t" else "60s", "--host", emu.url, "--output-tokens", "4",
                              "--load-lora", "sql-lora=/adapters/sql", "--model", "sql-lora", "--allow-untrustworthy",
                              "--run-dir", str(tmp_path / "run")], cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # SIGINT as in a terminal: a suite started in the background (nohup ... &) hands its
+                            # children SIGINT ignored, and the run went on to its -t (62 s, over the test's budget)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: "sql-lora" in served(), timeout=60, what="the adapter loaded")
         if ending != "-t":
