@@ -455,7 +455,8 @@ def test_a_num_requests_run_that_time_ended_is_invalid(tmp_path, emulator_factor
 
 
 def test_the_web_gate_rules_one_by_one():
-    from vllm_load.plugin.webui.web_gate import allowed_names, host_name, refusal
+    from vllm_load.host_names import allowed_names, host_name
+    from vllm_load.plugin.webui.web_gate import refusal
     from vllm_load.plugin.swarm.worker_secrets import scrub
     from vllm_load.redact import redact_all, redact_urls
 
@@ -480,7 +481,8 @@ def test_no_answer_of_the_ui_may_be_framed_by_another_sites_page():
     """Clickjacking: a page elsewhere that framed the UI could have the operator press its buttons through a
     transparent frame. Every answer (a page, the stats, a refusal) says only the UI's own pages may frame it, over
     whatever the app said."""
-    from vllm_load.plugin.webui.web_gate import GateMiddleware, allowed_names
+    from vllm_load.host_names import allowed_names
+    from vllm_load.plugin.webui.web_gate import GateMiddleware
 
     def app(environ, start_response):
         start_response("200 OK", [("Content-Type", "text/html"), ("X-Frame-Options", "ALLOWALL")])

@@ -112,11 +112,13 @@ def follow_log(stream: IO[str], series: Series, stop: threading.Event, follow: b
 
 
 def make_handler(series: Series, token: str, scrape: Callable[[], None] | None = None,
-                 names: frozenset[str] = frozenset({"127.0.0.1", "localhost", "::1"})) -> type[BaseHTTPRequestHandler]:
+                 names: frozenset[str] | None = None) -> type[BaseHTTPRequestHandler]:
     """``scrape``: take a sample now (``/series?fresh=1``: a run's end reads a series that includes its last
     requests, instead of one up to an interval old); None when the samples come from a log. ``names``: the
-    ``Host`` names it answers to."""
-    from vllm_load.host_names import refusal
+    ``Host`` names it answers to (default: loopback's)."""
+    from vllm_load.host_names import LOOPBACK_NAMES, refusal
+
+    names = LOOPBACK_NAMES if names is None else names
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: Any) -> None:  # quiet: the sidecar's output is its data

@@ -71,7 +71,7 @@ class Collector:
     #: the wall clock's lead over perf_counter at start_wall and at end_wall: a VM's clock set while the run goes
     #: (CI's was stepped 21 s forward once) is taken out of the run's duration, as the stamps take it out of each
     #: request's timings (client/rxstamp.py)
-    start_lead: float = field(default_factory=lambda: wall_lead())
+    start_lead: float = field(default_factory=wall_lead)
     end_lead: float | None = None
     drained: bool = False  # the end-of-run drain has begun
     #: set when that drain is over: a second stop during it (the -t limit reached while an earlier stop's drain

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 from vllm_load.errors import UsageError
 from vllm_load.plugin.prepare import validate
+from vllm_load.host_names import allowed_names
 from vllm_load.plugin.webui import web_gate
 from vllm_load.runtime.embedded import private_temp_file
 from vllm_load.plugin.prepare.target import Target
@@ -22,7 +23,7 @@ def install_gate(environment: Any, opts: Any, check: Callable[[Any], None]) -> N
     if opts.web_login:
         password, source = web_gate.login_password(opts, private_temp_file)
         print(f"vllm-load: --web-login: the password is in {source}", flush=True)
-    names = web_gate.allowed_names(opts.web_host, tuple(opts.web_allowed_host or ()))
+    names = allowed_names(opts.web_host, tuple(opts.web_allowed_host or ()))
     web_gate.install(environment, names, check, password)
 
 
@@ -92,7 +93,7 @@ def serve_metrics(registry: Any, host: str, port: int, allowed: tuple[str, ...] 
     from gevent.pywsgi import WSGIServer
     from prometheus_client import make_wsgi_app
 
-    from vllm_load.host_names import allowed_names, guard
+    from vllm_load.host_names import guard
 
     app = guard(make_wsgi_app(registry), allowed_names(host, allowed), "this run's metrics endpoint")
     try:

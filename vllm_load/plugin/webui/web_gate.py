@@ -33,7 +33,7 @@ from urllib.parse import urlsplit
 
 from vllm_load.client.apis.openai_api import public_url
 from vllm_load.errors import UsageError
-from vllm_load.host_names import LOOPBACK_NAMES, allowed_names, host_name  # noqa: F401  (the gate's names)
+from vllm_load.host_names import host_name
 from vllm_load.plugin.swarm.worker_secrets import read_secret_file
 
 log = logging.getLogger("vllm_load")
